@@ -1,0 +1,56 @@
+"""The one exception hierarchy of envbuild and envrun.
+
+Every error a user can cause or meet derives from :class:`EnvbuildError`. The CLIs map
+:class:`InputError` (bad lockfile, bad arguments, hostile input) to exit status 2 and every other
+:class:`EnvbuildError` to exit status 1, printing the message as one line without a traceback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class EnvbuildError(Exception):
+    """Base of every error envbuild raises on purpose."""
+
+    exit_code = 1
+
+
+class InputError(EnvbuildError):
+    """The user's input is invalid: nothing was changed, exit status 2."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True, order=True)
+class Problem:
+    """One problem in an input file, located by file, line and field path."""
+
+    file: str
+    line: int
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line else self.file
+        return f"{where}: {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
+
+
+class LockfileError(InputError):
+    """A lockfile failed validation; carries every problem found, not just the first."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = sorted(problems)
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+
+class RemoteError(EnvbuildError):
+    """A remote (git server, package index, registry) could not be reached or answered wrongly."""
+
+
+class CacheError(EnvbuildError):
+    """The local cache is unusable (permissions, disk full) in a way envbuild cannot repair."""
+
+
+class EngineError(EnvbuildError):
+    """The container engine is unreachable or a build failed."""

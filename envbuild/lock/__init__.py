@@ -1,0 +1,19 @@
+"""The lockfile: model, strict reading, canonical writing, schema, diff and export. No network, no git."""
+
+from envbuild.lock.io import dump_lock, load_lock, parse_lock, write_lock
+from envbuild.lock.model import (
+    LOCK_VERSION,
+    PYPI_SIMPLE,
+    BaseImage,
+    Install,
+    Lock,
+    Package,
+    PackageFile,
+    Platform,
+    Source,
+)
+
+__all__ = [
+    "LOCK_VERSION", "PYPI_SIMPLE", "BaseImage", "Install", "Lock", "Package", "PackageFile", "Platform",
+    "Source", "dump_lock", "load_lock", "parse_lock", "write_lock",
+]

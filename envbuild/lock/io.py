@@ -1,0 +1,199 @@
+"""Reading a lockfile strictly and writing it canonically."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+from packaging.utils import (
+    InvalidSdistFilename,
+    InvalidWheelFilename,
+    canonicalize_name,
+    parse_sdist_filename,
+    parse_wheel_filename,
+)
+from packaging.version import InvalidVersion, Version
+
+from envbuild.errors import LockfileError, Problem
+from envbuild.lock.model import LOCK_VERSION, Lock
+from envbuild.lock.typed import Decoder
+
+HEADER = "# envbuild lockfile: written by `envbuild lock`; every pin is checked by `envbuild lock verify`.\n"
+
+
+def load_lock(path: str | os.PathLike[str]) -> Lock:
+    """Read and validate a lockfile; raise :class:`LockfileError` listing every problem."""
+    file = str(path)
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise LockfileError([Problem(file, 0, "", f"cannot read: {exc.strerror or exc}")]) from None
+    return parse_lock(data, file)
+
+
+def parse_lock(data: bytes | str, file: str = "<lock>") -> Lock:
+    text = data.decode("utf-8", errors="strict") if isinstance(data, bytes) else data
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark else 0
+        reason = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise LockfileError([Problem(file, line, "", f"not valid YAML: {reason}")]) from None
+    if root is None:
+        raise LockfileError([Problem(file, 0, "", "empty file; a lock needs version, name and sources")])
+    _check_version(root, file)
+    decoder = Decoder(file)
+    lock = decoder.decode(Lock, root, "")
+    if lock is not None:
+        decoder.problems.extend(_cross_checks(lock, root, file))
+    if decoder.problems or lock is None:
+        raise LockfileError(decoder.problems)
+    return lock
+
+
+def _check_version(root: yaml.Node, file: str) -> None:
+    """Give a missing and an unsupported version their own, clear messages before anything else."""
+    if not isinstance(root, yaml.MappingNode):
+        return
+    for key, value in root.value:
+        if key.value == "version":
+            if isinstance(value, yaml.ScalarNode) and value.tag.endswith(":int") and int(value.value) != LOCK_VERSION:
+                raise LockfileError([Problem(
+                    file, value.start_mark.line + 1, "version",
+                    f"unsupported lockfile version {value.value}; this envbuild reads version {LOCK_VERSION} (upgrade envbuild)",
+                )])
+            return
+    raise LockfileError([Problem(file, 1, "version", f"required key is missing (add `version: {LOCK_VERSION}`)")])
+
+
+def _line_of(root: yaml.Node, *path: Any) -> int:
+    """The line of a node addressed by keys and indexes, for cross-field problems."""
+    node = root
+    for step in path:
+        if isinstance(step, int) and isinstance(node, yaml.SequenceNode):
+            node = node.value[step]
+        elif isinstance(node, yaml.MappingNode):
+            node = next((v for k, v in node.value if k.value == step), node)
+    return node.start_mark.line + 1
+
+
+def _cross_checks(lock: Lock, root: yaml.Node, file: str) -> list[Problem]:
+    problems: list[Problem] = []
+    seen: dict[str, int] = {}
+    for i, source in enumerate(lock.sources):
+        if source is None:
+            continue
+        if source.name in seen:
+            problems.append(Problem(file, _line_of(root, "sources", i, "name"), f"sources[{i}].name",
+                                    f"duplicate source name {source.name!r} (first at sources[{seen[source.name]}])"))
+        seen.setdefault(source.name, i)
+    seen = {}
+    for i, package in enumerate(lock.packages):
+        if package is None:
+            continue
+        key = canonicalize_name(package.name)
+        if key in seen:
+            problems.append(Problem(file, _line_of(root, "packages", i, "name"), f"packages[{i}].name",
+                                    f"duplicate package {package.name!r} (first at packages[{seen[key]}])"))
+        seen.setdefault(key, i)
+        names: set[str] = set()
+        for j, dist in enumerate(package.files):
+            if dist is None:
+                continue
+            where = f"packages[{i}].files[{j}].filename"
+            line = _line_of(root, "packages", i, "files", j, "filename")
+            if dist.filename in names:
+                problems.append(Problem(file, line, where, f"duplicate file {dist.filename!r}"))
+            names.add(dist.filename)
+            if message := _filename_mismatch(package.name, package.version, dist.filename):
+                problems.append(Problem(file, line, where, message))
+    return problems
+
+
+def _filename_mismatch(name: str, version: str, filename: str) -> str | None:
+    try:
+        if filename.endswith(".whl"):
+            file_name, file_version, _, _ = parse_wheel_filename(filename)
+        else:
+            file_name, file_version = parse_sdist_filename(filename)
+    except (InvalidWheelFilename, InvalidSdistFilename) as exc:
+        return f"not a valid distribution filename: {exc}"
+    try:
+        wanted = Version(version)
+    except InvalidVersion:
+        return None  # reported on the version field already
+    if file_name != canonicalize_name(name) or file_version != wanted:
+        return f"{filename!r} is not a file of {name} {version}"
+    return None
+
+
+# --- writing ------------------------------------------------------------------------------------
+
+
+class _FlowMap(dict):
+    """A mapping written on one line: used for package files, which are many and short."""
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+_Dumper.add_representer(_FlowMap, lambda d, data: d.represent_mapping("tag:yaml.org,2002:map", data.items(), flow_style=True))
+
+
+def _plain(value: Any) -> Any:
+    """Dataclass tree to plain data, in field order, leaving out absent and empty optional fields."""
+    if dataclasses.is_dataclass(value):
+        out = {}
+        for f in dataclasses.fields(value):
+            item = getattr(value, f.name)
+            if item is None or (item == () and f.default == ()):
+                continue
+            out[f.name] = _plain(item)
+        return out
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return dict(sorted(value.items()))
+    return value
+
+
+_LOCK_KEY_ORDER = ("version", "name", "platform", "base_image", "index", "source_date_epoch", "sources",
+                   "requirements", "packages")
+
+
+def canonical(lock: Lock) -> Lock:
+    """The same lock with packages and their files in canonical order."""
+    packages = tuple(
+        dataclasses.replace(p, files=tuple(sorted(p.files, key=lambda f: f.filename)))
+        for p in sorted(lock.packages, key=lambda p: canonicalize_name(p.name))
+    )
+    return dataclasses.replace(lock, packages=packages)
+
+
+def dump_lock(lock: Lock) -> str:
+    """Canonical text of a lock: the same lock always gives the same bytes."""
+    plain = _plain(canonical(lock))
+    data = {key: plain[key] for key in _LOCK_KEY_ORDER if key in plain}
+    for package in data.get("packages", []):
+        package["files"] = [_FlowMap(f) for f in package.get("files", [])]
+    body = yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=4096, allow_unicode=True)
+    return HEADER + body
+
+
+def write_lock(path: str | os.PathLike[str], lock: Lock) -> None:
+    """Write atomically: a reader sees the old lock or the new one, never half of one."""
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(dump_lock(lock))
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
