@@ -1,0 +1,22 @@
+"""The `envbuild` command: `lock verify|update|diff|export|schema` (and, as they land, `image`, `check`)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from envbuild import __version__
+from envbuild.cli.common import ArgumentParser, add_global_options, run
+from envbuild.cli.lock import add_lock_commands
+
+
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(prog="envbuild", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"envbuild {__version__}")
+    add_global_options(parser)
+    commands = parser.add_subparsers(metavar="COMMAND")
+    add_lock_commands(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run("envbuild", build_parser(), argv)

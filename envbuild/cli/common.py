@@ -1,0 +1,82 @@
+"""What every envbuild/envrun command shares: error mapping to exit codes, progress, source options."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import traceback
+from pathlib import Path
+from typing import Callable, Sequence
+
+from envbuild.config import load_config
+from envbuild.errors import EnvbuildError, InputError, LockfileError
+from envbuild.mirrors import Mirrors
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a usage error is an :class:`InputError` (exit 2, one line) rather than SystemExit."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise InputError(f"{self.prog}: {message}")
+
+
+def run(prog: str, parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
+    """Parse, dispatch to ``args.handler(args) -> int``, and map the project's errors to exit codes."""
+    debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    try:
+        args = parser.parse_args(argv)
+        handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)
+        if handler is None:
+            parser.print_help(sys.stderr)
+            return 2
+        return handler(args)
+    except LockfileError as exc:
+        for problem in exc.problems:
+            print(f"{prog}: error: {problem}", file=sys.stderr)
+        return exc.exit_code
+    except EnvbuildError as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+
+
+class Progress:
+    """Progress lines on stderr, safe to call from worker threads; silent with --quiet."""
+
+    def __init__(self, prog: str, quiet: bool = False) -> None:
+        self.prog, self.quiet, self._lock = prog, quiet, threading.Lock()
+
+    def __call__(self, message: str) -> None:
+        if not self.quiet:
+            with self._lock:
+                print(f"{self.prog}: {message}", file=sys.stderr, flush=True)
+
+
+def add_global_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+
+
+def add_source_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--mirror", action="append", default=[], metavar="FROM=TO",
+                        help="rewrite repository URLs starting with FROM to start with TO (repeatable; "
+                             "like git's url.<base>.insteadOf; also `mirrors:` in the config file)")
+    parser.add_argument("--cache-dir", type=Path, help="cache of bare repositories and files "
+                        "(default: config cache_dir, $ENVBUILD_CACHE or ~/.cache/envbuild)")
+    parser.add_argument("--offline", action="store_true", help="check against the cache alone; no network")
+    parser.add_argument("--config", type=Path, help="config file (default: $ENVBUILD_CONFIG or ~/.config/envbuild/config.yaml)")
+    parser.add_argument("--jobs", type=int, default=8, help="parallel fetches (default 8)")
+
+
+def source_settings(args: argparse.Namespace) -> tuple[Path, Mirrors]:
+    """The cache directory and mirrors in force: command line over config file over defaults."""
+    config = load_config(args.config)
+    mirrors = config.mirrors.merged(Mirrors.parse(args.mirror))
+    if args.jobs < 1:
+        raise InputError(f"--jobs: expected a positive number, got {args.jobs}")
+    return (args.cache_dir or config.cache_dir), mirrors

@@ -1,0 +1,122 @@
+"""`envbuild lock verify|update|diff|export|schema`: thin wrappers over envbuild.verify / update / lock."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from envbuild.cli.common import Progress, add_source_options, source_settings
+from envbuild.lock import dump_lock, load_lock, write_lock
+from envbuild.lock.diff import diff_locks, render_changes
+from envbuild.report import render_json, render_verify
+
+
+def add_lock_commands(subparsers: argparse._SubParsersAction) -> None:
+    lock = subparsers.add_parser("lock", help="verify, update, compare and export lockfiles")
+    commands = lock.add_subparsers(metavar="COMMAND")
+    lock.set_defaults(handler=lambda args: _usage(lock))
+
+    verify = commands.add_parser("verify", help="check every pin of a lock against its upstream")
+    verify.add_argument("lockfile", type=Path)
+    verify.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    verify.add_argument("--strict", action="store_true", help="a branch that moved on (behind) fails too")
+    add_source_options(verify)
+    verify.set_defaults(handler=cmd_verify)
+
+    update = commands.add_parser("update", help="move pins to their refs' current commits; re-resolve packages")
+    update.add_argument("lockfile", type=Path)
+    update.add_argument("names", nargs="*", metavar="NAME", help="sources to update (default: all, and packages)")
+    update.add_argument("--packages", action=argparse.BooleanOptionalAction, default=None,
+                        help="re-resolve the package closure (default: only when no NAME is given)")
+    update.add_argument("--dry-run", action="store_true", help="print what would change; write nothing")
+    update.add_argument("--json", action="store_true")
+    add_source_options(update)
+    update.set_defaults(handler=cmd_update)
+
+    diff = commands.add_parser("diff", help="pin changes between two locks")
+    diff.add_argument("old", type=Path)
+    diff.add_argument("new", type=Path)
+    diff.add_argument("--json", action="store_true")
+    add_source_options(diff)
+    diff.set_defaults(handler=cmd_diff)
+
+    export = commands.add_parser("export", help="the lock as requirements.txt, pylock.toml or a vcstool .repos file")
+    export.add_argument("lockfile", type=Path)
+    export.add_argument("--format", required=True, choices=("requirements", "pylock", "repos"))
+    export.add_argument("-o", "--output", type=Path, help="write here instead of stdout")
+    export.set_defaults(handler=cmd_export)
+
+    schema = commands.add_parser("schema", help="print the JSON schema of the lockfile format")
+    schema.set_defaults(handler=cmd_schema)
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    lock = load_lock(args.lockfile)  # before the heavier imports: a bad lock fails fast
+    from envbuild.verify import VerifyOptions, verify_lock
+
+    cache_dir, mirrors = source_settings(args)
+    options = VerifyOptions(cache_dir=cache_dir, mirrors=mirrors, offline=args.offline, strict=args.strict, jobs=args.jobs)
+    report = verify_lock(lock, str(args.lockfile), options, Progress("envbuild", args.quiet))
+    sys.stdout.write(render_json(report.to_json()) if args.json else render_verify(report))
+    return 0 if report.ok else 1
+
+
+def cmd_update(args: argparse.Namespace) -> int:
+    from envbuild.git.cache import GitCache
+    from envbuild.update import update_lock
+
+    lock = load_lock(args.lockfile)
+    cache_dir, mirrors = source_settings(args)
+    cache = GitCache(cache_dir / "git")
+    new = update_lock(lock, args.names, cache, mirrors=mirrors, packages=args.packages,
+                      progress=Progress("envbuild", args.quiet))
+    changes = diff_locks(lock, new, _commit_counter(cache, mirrors))
+    if not args.dry_run and dump_lock(new) != args.lockfile.read_text(encoding="utf-8"):
+        write_lock(args.lockfile, new)
+    sys.stdout.write(render_json({"lock": str(args.lockfile), "written": not args.dry_run and bool(changes),
+                                  "changes": [c.to_json() for c in changes]})
+                     if args.json else render_changes(changes))
+    return 0
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from envbuild.git.cache import GitCache
+
+    old, new = load_lock(args.old), load_lock(args.new)
+    cache_dir, mirrors = source_settings(args)
+    changes = diff_locks(old, new, _commit_counter(GitCache(cache_dir / "git"), mirrors))
+    sys.stdout.write(render_json({"old": str(args.old), "new": str(args.new), "changes": [c.to_json() for c in changes]})
+                     if args.json else render_changes(changes))
+    return 0
+
+
+def _commit_counter(cache, mirrors):  # type: ignore[no-untyped-def]
+    from envbuild.sources import count_commits
+
+    return lambda old, new: count_commits(new.repo, old.commit, new.commit, cache, mirrors=mirrors)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from envbuild.lock import export
+
+    lock = load_lock(args.lockfile)
+    render = {"requirements": export.export_requirements, "pylock": export.export_pylock, "repos": export.export_repos}
+    text = render[args.format](lock)
+    if args.output:
+        args.output.write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from envbuild.lock.schema import schema_text
+
+    sys.stdout.write(schema_text())
+    return 0

@@ -1,0 +1,107 @@
+"""Differences between two locks, as typed changes; pure (commit counts come from a callback)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from packaging.utils import canonicalize_name
+
+from envbuild.lock.model import Lock, Package, Source
+
+CommitCounter = Callable[[Source, Source], "int | None"]
+
+
+@dataclass(frozen=True)
+class Change:
+    kind: str                  # "source" | "package" | "base_image" | "platform" | "requirements"
+    name: str
+    action: str                # "added" | "removed" | "changed"
+    fields: tuple[tuple[str, str, str], ...] = ()   # (field, old, new)
+    commits: int | None = None  # for a moved source: commits from old to new, when the cache knows
+
+    def to_json(self) -> dict:
+        data = {"kind": self.kind, "name": self.name, "action": self.action,
+                "fields": [{"field": f, "old": o, "new": n} for f, o, n in self.fields]}
+        if self.commits is not None:
+            data["commits"] = self.commits
+        return data
+
+
+def _source_fields(source: Source) -> dict[str, str]:
+    install = source.install
+    return {
+        "repo": source.repo, "ref": source.ref, "ref_type": source.ref_type, "commit": source.commit,
+        "tree": source.tree or "", "install": "" if install is None else
+        f"{install.mode} {' '.join(f'{k}={v}' for k, v in sorted(install.env.items()))}".strip(),
+    }
+
+
+def _package_fields(package: Package) -> dict[str, str]:
+    return {"version": package.version, "index": package.index or "",
+            "files": ", ".join(f"{f.filename}:{f.sha256[:12]}" for f in sorted(package.files, key=lambda f: f.filename))}
+
+
+def _changed(old: dict[str, str], new: dict[str, str]) -> tuple[tuple[str, str, str], ...]:
+    return tuple((key, old[key], new[key]) for key in old if old[key] != new[key])
+
+
+def diff_locks(old: Lock, new: Lock, count_commits: CommitCounter | None = None) -> list[Change]:
+    changes: list[Change] = []
+    old_sources = {s.name: s for s in old.sources}
+    new_sources = {s.name: s for s in new.sources}
+    for name in sorted(old_sources.keys() | new_sources.keys()):
+        before, after = old_sources.get(name), new_sources.get(name)
+        if before is None:
+            changes.append(Change("source", name, "added", _changed(dict.fromkeys(_source_fields(after), ""), _source_fields(after))))
+        elif after is None:
+            changes.append(Change("source", name, "removed"))
+        elif fields := _changed(_source_fields(before), _source_fields(after)):
+            moved = before.commit != after.commit and count_commits is not None
+            changes.append(Change("source", name, "changed", fields, count_commits(before, after) if moved else None))
+    old_packages = {canonicalize_name(p.name): p for p in old.packages}
+    new_packages = {canonicalize_name(p.name): p for p in new.packages}
+    for key in sorted(old_packages.keys() | new_packages.keys()):
+        before, after = old_packages.get(key), new_packages.get(key)
+        if before is None:
+            changes.append(Change("package", after.name, "added", (("version", "", after.version),)))
+        elif after is None:
+            changes.append(Change("package", before.name, "removed", (("version", before.version, ""),)))
+        elif fields := _changed(_package_fields(before), _package_fields(after)):
+            changes.append(Change("package", after.name, "changed", fields))
+    if old.base_image != new.base_image:
+        describe = lambda image: "" if image is None else f"{image.name}@{image.digest or '(unpinned)'}"  # noqa: E731
+        changes.append(Change("base_image", (new.base_image or old.base_image).name, "changed",
+                              (("image", describe(old.base_image), describe(new.base_image)),)))
+    if old.platform != new.platform:
+        changes.append(Change("platform", "platform", "changed", (("platform", str(old.platform), str(new.platform)),)))
+    if old.requirements != new.requirements:
+        changes.append(Change("requirements", "requirements", "changed",
+                              (("requirements", " ".join(old.requirements), " ".join(new.requirements)),)))
+    return changes
+
+
+def render_changes(changes: list[Change]) -> str:
+    """Readable, one block per pin: `~ source megatron-lm: commit dc0ee41ada17… → ba7b5ebce12a… (12 commits)`."""
+    if not changes:
+        return "no changes\n"
+    mark = {"added": "+", "removed": "-", "changed": "~"}
+    lines = []
+    for change in changes:
+        head = f"{mark[change.action]} {change.kind.replace('_', '-')} {change.name}"
+        if change.action == "removed" and change.kind == "source":
+            lines.append(f"{head}: removed")
+            continue
+        if change.kind == "package" and change.action != "changed":
+            lines.append(f"{head} {change.fields[0][2] or change.fields[0][1]}")
+            continue
+        lines.append(f"{head}:")
+        for field, old, new in change.fields:
+            suffix = ""
+            if field == "commit" and change.commits is not None:
+                suffix = f" ({change.commits} commit{'s' if change.commits != 1 else ''})"
+            if field == "files":
+                lines.append(f"    files changed")
+                continue
+            lines.append(f"    {field}: {old or '(none)'} -> {new or '(none)'}{suffix}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,188 @@
+"""The lock model: strict reading with every problem located, canonical writing, schema agreement."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from envbuild.errors import LockfileError
+from envbuild.lock import dump_lock, load_lock, parse_lock, write_lock
+from envbuild.lock.schema import SCHEMA_PATH, lock_schema, schema_text
+
+REPO = Path(__file__).resolve().parents[1]
+REAL_LOCK = REPO / "lockfiles" / "glm5_2-ascend.lock.yaml"
+SHA = "ba7b5ebce12af60627a80985792a1449ce45f46c"
+MINIMAL = textwrap.dedent(f"""\
+    version: 1
+    name: tiny
+    sources:
+      - name: lib
+        repo: https://example.org/lib.git
+        ref: main
+        ref_type: branch
+        commit: {SHA}
+    """)
+
+
+def problems(text: str) -> list[str]:
+    with pytest.raises(LockfileError) as info:
+        parse_lock(text, "t.lock.yaml")
+    return [str(p) for p in info.value.problems]
+
+
+def test_minimal_lock_is_valid() -> None:
+    lock = parse_lock(MINIMAL, "t.lock.yaml")
+    assert lock.name == "tiny"
+    assert lock.sources[0].commit == SHA
+    assert lock.packages == () and lock.base_image is None
+
+
+def test_real_lock_loads_and_is_canonical() -> None:
+    lock = load_lock(REAL_LOCK)
+    assert len(lock.sources) == 9
+    megatron = lock.source("megatron-lm")
+    assert (megatron.ref, megatron.ref_type, megatron.commit) == ("core_v0.18.0", "tag", SHA)
+    assert megatron.tree == "ca75dcd22650c9e91a79e20467d14303d636d9c4"
+    assert lock.source("megatron-bridge").tree == "eeab5d9b763ff5c764c8e093d6e5c00b4386a038"
+    assert lock.platform is not None and (lock.platform.arch, lock.platform.python) == ("aarch64", "3.12")
+    assert REAL_LOCK.read_text() == dump_lock(lock), "the committed lock is not in canonical form"
+
+
+def test_writing_is_deterministic_and_round_trips(tmp_path: Path) -> None:
+    lock = load_lock(REAL_LOCK)
+    first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    write_lock(first, lock)
+    write_lock(second, load_lock(first))
+    assert first.read_bytes() == second.read_bytes()
+    assert load_lock(second) == lock
+
+
+def test_every_problem_is_reported_at_once_with_line_and_field() -> None:
+    text = textwrap.dedent("""\
+        version: 1
+        name: Bad Name
+        colour: blue
+        sources:
+          - name: ../escape
+            repo: ext::sh -c touch% /tmp/pwned
+            ref: -main
+            ref_type: branchy
+            commit: ba7b5eb
+          - name: ok
+            repo: "--upload-pack=evil"
+            ref: main
+            ref_type: branch
+            commit: 1234567890123456789012345678901234567890
+            tree: ZZ
+        """)
+    found = problems(text)
+    expected = [
+        ("t.lock.yaml:2: name:", "safe name"),
+        ("t.lock.yaml:3: colour:", "unknown key"),
+        ("t.lock.yaml:5: sources[0].name:", "safe name"),
+        ("t.lock.yaml:6: sources[0].repo:", "remote helper"),
+        ("t.lock.yaml:7: sources[0].ref:", "branch or tag"),
+        ("t.lock.yaml:8: sources[0].ref_type:", "branch | tag"),
+        ("t.lock.yaml:9: sources[0].commit:", "40 lowercase hex"),
+        ("t.lock.yaml:11: sources[1].repo:", "option"),
+        ("t.lock.yaml:14: sources[1].commit:", "quote it"),
+        ("t.lock.yaml:15: sources[1].tree:", "40 lowercase hex"),
+    ]
+    assert len(found) == len(expected), found
+    for line, (prefix, words) in zip(found, expected):
+        assert line.startswith(prefix) and words in line, line
+
+
+@pytest.mark.parametrize("url, words", [
+    ("http://example.org/x.git", "scheme"),
+    ("-oProxyCommand=evil", "option"),
+    ("ext::ssh evil", "remote helper"),
+    ("fd::3", "remote helper"),
+    ("https://user:secret@example.org/x.git", "password"),
+    ("https:///nohost.git", "no host"),
+    ("/srv/git/local.git", "scheme"),
+    ("https://example.org/a b.git", "whitespace"),
+])
+def test_hostile_repository_urls_are_refused(url: str, words: str) -> None:
+    found = problems(MINIMAL.replace("https://example.org/lib.git", json.dumps(url)))
+    assert len(found) == 1 and "sources[0].repo" in found[0] and words in found[0], found
+
+
+@pytest.mark.parametrize("url", [
+    "https://github.com/NVIDIA/Megatron-LM.git", "ssh://git@example.org/x.git", "git@example.org:org/x.git",
+    "git://127.0.0.1:9418/x.git", "file:///srv/git/x.git",
+])
+def test_allowed_repository_urls(url: str) -> None:
+    assert parse_lock(MINIMAL.replace("https://example.org/lib.git", url)).sources[0].repo == url
+
+
+def test_duplicates_and_mismatched_package_files() -> None:
+    text = MINIMAL + textwrap.dedent(f"""\
+          - name: lib
+            repo: https://example.org/other.git
+            ref: v1
+            ref_type: tag
+            commit: {SHA}
+        packages:
+          - name: Six
+            version: "1.16.0"
+            files:
+              - {{filename: six-1.16.0-py2.py3-none-any.whl, sha256: "{'a' * 64}"}}
+              - {{filename: six-1.16.0-py2.py3-none-any.whl, sha256: "{'a' * 64}"}}
+              - {{filename: numpy-1.0-py3-none-any.whl, sha256: "{'b' * 64}"}}
+          - name: six
+            version: "1.16.0"
+        """)
+    found = problems(text)
+    assert any("sources[1].name" in p and "duplicate source name 'lib'" in p for p in found), found
+    assert any("packages[0].files[1].filename" in p and "duplicate file" in p for p in found), found
+    assert any("packages[0].files[2].filename" in p and "not a file of Six 1.16.0" in p for p in found), found
+    assert any("packages[1].name" in p and "duplicate package" in p for p in found), found
+
+
+def test_versions_missing_and_unsupported_have_their_own_errors() -> None:
+    assert problems("name: x\nsources: []\n") == ["t.lock.yaml:1: version: required key is missing (add `version: 1`)"]
+    (found,) = problems(MINIMAL.replace("version: 1", "version: 2"))
+    assert "unsupported lockfile version 2" in found and "upgrade envbuild" in found
+
+
+@pytest.mark.parametrize("text, words", [
+    ("", "empty file"),
+    ("version: 1\nname: [unclosed\n", "not valid YAML"),
+    ("- just\n- a list\n", "expected a mapping"),
+    ("version: 1\nversion: 1\nname: x\nsources: []\n", "duplicate key"),
+    ("version: 1\nname: x\n", "sources: required key is missing"),
+    ("version: 1\nname: x\nsources: {}\n", "expected a list"),
+    ("version: 1\nname: x\nsources: []\nplatform: {os: linux, arch: aarch64, python: 3.12}\n", "quote it"),
+])
+def test_malformed_documents(text: str, words: str) -> None:
+    found = problems(text)
+    assert any(words in p for p in found), found
+
+
+def test_unreadable_file_names_the_file(tmp_path: Path) -> None:
+    with pytest.raises(LockfileError) as info:
+        load_lock(tmp_path / "absent.lock.yaml")
+    assert "absent.lock.yaml" in str(info.value) and "cannot read" in str(info.value)
+
+
+def test_committed_schema_matches_the_model() -> None:
+    assert SCHEMA_PATH.read_text() == schema_text(), "regenerate with: python -m envbuild.lock.schema"
+
+
+def test_schema_agrees_with_the_validator_on_samples() -> None:
+    schema = lock_schema()
+    jsonschema.Draft202012Validator.check_schema(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    real = yaml.safe_load(REAL_LOCK.read_text())
+    assert not list(validator.iter_errors(real))
+    for bad in ({**real, "colour": 1}, {**real, "sources": [{**real["sources"][0], "commit": "ba7b5eb"}]},
+                {**real, "sources": [{**real["sources"][0], "ref_type": "sha"}]}):
+        assert list(validator.iter_errors(bad)), bad
+        with pytest.raises(LockfileError):
+            parse_lock(yaml.safe_dump(bad))
