@@ -1,0 +1,1 @@
+"""`envbuild check`: nightly verify + rebuild + reproducibility comparison, with reports and history."""

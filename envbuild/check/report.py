@@ -1,0 +1,135 @@
+"""The check's typed result and its three renderings: JSON (scripts), Markdown (CI job summary) and an
+HTML page with a per-pin x per-night status grid drawn from the history. All pure."""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from envbuild.check.history import HistoryEntry
+from envbuild.results import VerifyReport
+
+
+@dataclass(frozen=True)
+class FileDifference:
+    path: str
+    change: Literal["added", "removed", "changed"]
+    aspects: tuple[str, ...] = ()          # content, size, mode, owner, mtime, type, link
+    first_difference: str | None = None    # for text files: where the bytes first differ, and both sides
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "change": self.change, "aspects": list(self.aspects),
+                "first_difference": self.first_difference}
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One part of the image that differs between two builds: a layer, or the image config."""
+
+    where: str                              # "layer 3" or "config"
+    old: str = ""                           # layer digest or config value
+    new: str = ""
+    files: tuple[FileDifference, ...] = ()
+    omitted: int = 0                        # further file differences not listed
+
+    def to_json(self) -> dict[str, Any]:
+        return {"where": self.where, "old": self.old, "new": self.new,
+                "files": [f.to_json() for f in self.files], "omitted": self.omitted}
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    verify: VerifyReport
+    reproducible: bool
+    image_ids: tuple[str, ...] = ()
+    differences: tuple[Difference, ...] = ()
+    compared_with: str = ""                 # "history" or "second build"
+    note: str = ""                          # why no build happened, when none did
+    record: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.verify.ok and self.reproducible
+
+    def to_json(self) -> dict[str, Any]:
+        data = {"ok": self.ok, "verify": self.verify.to_json(), "reproducible": self.reproducible,
+                "image_ids": list(self.image_ids), "differences": [d.to_json() for d in self.differences]}
+        if self.compared_with:
+            data["compared_with"] = self.compared_with
+        if self.note:
+            data["note"] = self.note
+        return data
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(report: CheckReport) -> str:
+    verdict = "✅ every pin holds and the image reproduced" if report.ok else "❌ check failed"
+    lines = [f"## envbuild check: `{report.verify.lock_path}`", "", f"**{verdict}**", ""]
+    lines += ["| kind | name | status | detail |", "| --- | --- | --- | --- |"]
+    for r in report.verify.results:
+        lines.append(f"| {r.kind} | {_md(r.name)} | `{r.status}` | {_md(r.detail)} |")
+    lines.append("")
+    if report.note:
+        lines.append(f"Image: not rebuilt — {_md(report.note)}")
+    else:
+        ids = " vs ".join(f"`{i}`" for i in report.image_ids)
+        state = "reproduced" if report.reproducible else "**did not reproduce**"
+        lines.append(f"Image {state} (compared with {report.compared_with or 'a second build'}): {ids}")
+    for diff in report.differences:
+        lines += ["", f"### {diff.where} differs", ""]
+        if diff.old or diff.new:
+            lines.append(f"- before: `{diff.old}`\n- after: `{diff.new}`")
+        for f in diff.files:
+            aspects = f" ({', '.join(f.aspects)})" if f.aspects else ""
+            lines.append(f"- {f.change}: `{f.path}`{aspects}")
+            if f.first_difference:
+                lines.append(f"  - first difference: {_md(f.first_difference)}")
+        if diff.omitted:
+            lines.append(f"- … and {diff.omitted} more")
+    return "\n".join(lines) + "\n"
+
+
+_COLOURS = {"ok": "#2e7d32", "behind": "#f9a825", "reproduced": "#2e7d32", "not reproduced": "#c62828",
+            "not built": "#757575"}
+
+
+def _cell(status: str | None) -> str:
+    if status is None:
+        return '<td class="none">–</td>'
+    colour = _COLOURS.get(status, "#c62828")
+    return f'<td style="background:{colour}" title="{html.escape(status)}">{html.escape(status)}</td>'
+
+
+def render_html(history: list[HistoryEntry], lock_path: str, nights: int = 30) -> str:
+    """A self-contained page: one row per pin (and one for the image), one column per run."""
+    runs = [e for e in history if e.lock == lock_path][-nights:]
+    pins = sorted({pin for e in runs for pin in e.pins})
+    head = "".join(f"<th>{html.escape(e.time[:10])}<br><small>{html.escape(e.time[11:16])}</small></th>" for e in runs)
+    rows = []
+    for pin in pins:
+        cells = "".join(_cell(e.pins.get(pin)) for e in runs)
+        rows.append(f"<tr><th class=pin>{html.escape(pin)}</th>{cells}</tr>")
+    image = "".join(_cell("not built" if e.reproducible is None else "reproduced" if e.reproducible else "not reproduced")
+                    for e in runs)
+    rows.append(f"<tr><th class=pin>image</th>{image}</tr>")
+    title = html.escape(f"envbuild check: {lock_path}")
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
+<style>
+body {{ font: 14px system-ui, sans-serif; margin: 2em; }}
+table {{ border-collapse: collapse; }}
+th, td {{ border: 1px solid #ccc; padding: 4px 6px; text-align: center; }}
+td {{ color: #fff; font-size: 12px; }}
+td.none {{ color: #999; }}
+th.pin {{ text-align: left; font-family: monospace; }}
+</style></head>
+<body><h1>{title}</h1>
+<p>{len(runs)} run(s); newest on the right.</p>
+<table><tr><th>pin</th>{head}</tr>
+{chr(10).join(rows)}
+</table></body></html>
+"""
