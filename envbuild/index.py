@@ -1,0 +1,237 @@
+"""The only module that talks to a package index (PEP 503/691 Simple API), over HTTP(S) or file://.
+
+JSON (PEP 691) is asked for first; an index that only speaks HTML (PEP 503, as many mirrors do) is
+read too, so a per-package index such as Ascend's is not refused for its format. Every failure to
+reach or understand an index becomes a :class:`RemoteError` naming the index and the package.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urldefrag, urljoin, urlsplit
+from urllib.request import url2pathname
+
+import requests
+from packaging.utils import canonicalize_name
+
+from envbuild.errors import RemoteError
+
+JSON_TYPE = "application/vnd.pypi.simple.v1+json"
+# PEP 691's recommended negotiation: JSON preferred, HTML accepted from indexes that lack JSON.
+ACCEPT = f"{JSON_TYPE}, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.01"
+TIMEOUT = (10.0, 60.0)  # connect, read: a large project page (torch) takes a while to send
+RETRIES = 3
+BACKOFF = 0.5
+
+
+@dataclass(frozen=True)
+class IndexFile:
+    """One file an index lists for a project."""
+
+    filename: str
+    url: str
+    sha256: str | None
+    yanked: bool
+    yanked_reason: str | None = None
+    requires_python: str | None = None
+
+
+@dataclass(frozen=True)
+class ProjectPage:
+    """What an index lists for one project; ``found`` is False when the index does not know it (404)."""
+
+    index: str
+    name: str
+    files: tuple[IndexFile, ...]
+    found: bool = True
+
+    def file(self, filename: str) -> IndexFile | None:
+        return next((f for f in self.files if f.filename == filename), None)
+
+
+def project_url(index: str, name: str) -> str:
+    return f"{index.rstrip('/')}/{canonicalize_name(name)}/"
+
+
+class IndexClient:
+    """Fetches project pages, one request per (index, project) per run, safe to share between threads."""
+
+    def __init__(self, session: requests.Session | None = None, *, timeout: tuple[float, float] = TIMEOUT,
+                 retries: int = RETRIES) -> None:
+        self.session = session or requests.Session()
+        self.timeout = timeout
+        self.retries = retries
+        self._lock = threading.Lock()
+        # A future per key, so two threads asking for one page wait for one request instead of making two.
+        self._pages: dict[tuple[str, str], Future[ProjectPage]] = {}
+        # An index found out of reach is not asked again this run: one wait per index, not per package.
+        self._down: dict[str, str] = {}
+        self.requests_made = 0
+
+    def project(self, index: str, name: str) -> ProjectPage:
+        key = (index.rstrip("/"), canonicalize_name(name))
+        with self._lock:
+            future = self._pages.get(key)
+            owner = future is None
+            if owner:
+                future = self._pages[key] = Future()
+        assert future is not None
+        if owner:
+            try:
+                future.set_result(self._fetch(*key))
+            except BaseException as exc:
+                future.set_exception(exc)
+        return future.result()
+
+    def _fetch(self, index: str, name: str) -> ProjectPage:
+        url = project_url(index, name)
+        if urlsplit(index).scheme == "file":
+            return _read_file_index(index, name, url)
+        response = self._get(index, name, url)
+        if response.status_code == 404:
+            return ProjectPage(index, name, (), found=False)
+        if response.status_code != 200:
+            raise RemoteError(f"index {index} answered HTTP {response.status_code} for {name} ({url})")
+        ctype = response.headers.get("Content-Type", "").split(";")[0].strip().lower()
+        if ctype == JSON_TYPE or ctype.endswith("+json") or ctype == "application/json":
+            return _parse_json(index, name, response.content, response.url or url)
+        if ctype in ("text/html", "application/vnd.pypi.simple.v1+html"):
+            return _parse_html(index, name, response.text, response.url or url)
+        raise RemoteError(f"index {index} answered {name} with unexpected content type {ctype or 'none'!r} "
+                          f"({url}); is it a PEP 503/691 simple index?")
+
+    def _get(self, index: str, name: str, url: str) -> requests.Response:
+        if index in self._down:
+            raise RemoteError(f"index {index} out of reach: {self._down[index]} (while fetching {name})")
+        last: Exception | None = None
+        for attempt in range(self.retries):
+            if attempt:
+                time.sleep(BACKOFF * 2 ** (attempt - 1))
+            with self._lock:
+                self.requests_made += 1
+            try:
+                response = self.session.get(url, headers={"Accept": ACCEPT}, timeout=self.timeout)
+            except (requests.ConnectionError, requests.Timeout) as exc:
+                last = exc
+                if _is_name_error(exc):
+                    break  # an unknown host will not resolve a second later; do not make the user wait
+                continue
+            except requests.RequestException as exc:
+                raise RemoteError(f"index {index} out of reach for {name}: {_reason(exc)}") from None
+            if response.status_code >= 500:
+                last = RemoteError(f"HTTP {response.status_code}")
+                continue
+            return response
+        assert last is not None
+        reason = _reason(last)
+        if not isinstance(last, RemoteError):
+            self._down[index] = reason
+        raise RemoteError(f"index {index} out of reach: {reason} (while fetching {name})") from None
+
+
+def _is_name_error(exc: BaseException) -> bool:
+    return "NameResolutionError" in repr(exc) or "Name or service not known" in str(exc)
+
+
+def _reason(exc: BaseException) -> str:
+    """A plain reason ("connection refused") instead of urllib3's nested repr."""
+    text = repr(exc)
+    for needle, reason in (("Connection refused", "connection refused"),
+                           ("NameResolutionError", "host name does not resolve"),
+                           ("Name or service not known", "host name does not resolve"),
+                           ("No route to host", "no route to host"),
+                           ("Network is unreachable", "network is unreachable"),
+                           ("CERTIFICATE_VERIFY_FAILED", "TLS certificate verification failed"),
+                           ("Connection reset", "connection reset by peer")):
+        if needle in text:
+            return reason
+    if isinstance(exc, requests.Timeout):
+        return "timed out"
+    if isinstance(exc, RemoteError):
+        return str(exc)
+    return str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+
+
+def _read_file_index(index: str, name: str, url: str) -> ProjectPage:
+    """A file:// index is a directory per project holding ``index.json`` (PEP 691) or ``index.html``."""
+    directory = Path(url2pathname(urlsplit(url).path))
+    for leaf, parse in (("index.json", _parse_json), ("index.html", _parse_html)):
+        path = directory / leaf
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise RemoteError(f"index {index}: cannot read {path}: {exc.strerror or exc}") from None
+        body: Any = data if leaf.endswith(".json") else data.decode("utf-8", "replace")
+        return parse(index, name, body, path.as_uri())
+    if not Path(url2pathname(urlsplit(index).path)).is_dir():
+        raise RemoteError(f"index {index} out of reach: no such directory")
+    return ProjectPage(index, name, (), found=False)
+
+
+def _malformed(index: str, name: str, why: str) -> RemoteError:
+    return RemoteError(f"index {index} answered a malformed page for {name}: {why}")
+
+
+def _parse_json(index: str, name: str, body: bytes, base: str) -> ProjectPage:
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _malformed(index, name, f"not JSON ({exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("files"), list):
+        raise _malformed(index, name, "no 'files' list (PEP 691)")
+    files = []
+    for i, item in enumerate(data["files"]):
+        if not isinstance(item, dict) or not isinstance(item.get("filename"), str) \
+                or not isinstance(item.get("url"), str) or not isinstance(item.get("hashes", {}), dict):
+            raise _malformed(index, name, f"files[{i}] lacks a filename, url or hashes mapping")
+        yanked = item.get("yanked", False)
+        sha = item.get("hashes", {}).get("sha256")
+        files.append(IndexFile(
+            filename=item["filename"], url=urljoin(base, item["url"]),
+            sha256=sha.lower() if isinstance(sha, str) else None,
+            yanked=bool(yanked), yanked_reason=yanked if isinstance(yanked, str) and yanked else None,
+            requires_python=item.get("requires-python") if isinstance(item.get("requires-python"), str) else None,
+        ))
+    return ProjectPage(index, name, tuple(files))
+
+
+class _Anchors(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.anchors: list[dict[str, str | None]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "a":
+            self.anchors.append(dict(attrs))
+
+
+def _parse_html(index: str, name: str, body: str, base: str) -> ProjectPage:
+    parser = _Anchors()
+    try:
+        parser.feed(body)
+    except Exception as exc:  # html.parser is lenient; this is only for pathological input
+        raise _malformed(index, name, f"unreadable HTML ({exc})") from None
+    files = []
+    for anchor in parser.anchors:
+        href = anchor.get("href")
+        if not href:
+            continue
+        url, fragment = urldefrag(urljoin(base, href))
+        algo, _, digest = fragment.partition("=")
+        yanked = "data-yanked" in anchor
+        files.append(IndexFile(
+            filename=unquote(urlsplit(url).path.rsplit("/", 1)[-1]), url=url,
+            sha256=digest.lower() if algo == "sha256" and digest else None,
+            yanked=yanked, yanked_reason=(anchor.get("data-yanked") or None) if yanked else None,
+            requires_python=anchor.get("data-requires-python"),
+        ))
+    return ProjectPage(index, name, tuple(files))

@@ -1,0 +1,195 @@
+"""Resolve a lock's package closure for the lock's platform, which need not be this machine's.
+
+uv does the resolution (it can target another platform with ``--python-platform``); this module then
+asks the index for each pinned version's files and keeps exactly those the lock's platform can
+install, with their sha256s, so the image can install with ``--require-hashes`` and no resolver.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
+from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.tags import Tag, compatible_tags, cpython_tags
+from packaging.utils import (
+    InvalidSdistFilename,
+    InvalidWheelFilename,
+    canonicalize_name,
+    parse_sdist_filename,
+    parse_wheel_filename,
+)
+from packaging.version import InvalidVersion, Version
+
+from envbuild.errors import EnvbuildError, InputError, RemoteError
+from envbuild.index import IndexClient, IndexFile
+from envbuild.lock.model import PYPI_SIMPLE, Lock, Package, PackageFile, Platform
+
+# The glibc floor the lock's platform promises; uv resolves for the same (`<arch>-manylinux_2_28`).
+GLIBC = (2, 28)
+SDIST_SUFFIXES = (".tar.gz", ".zip")
+UV_TIMEOUT = 900
+
+
+class ResolutionError(EnvbuildError):
+    """uv found no solution, or failed; the message carries uv's own explanation."""
+
+
+def uv_platform(platform: Platform) -> str:
+    return f"{platform.arch}-manylinux_{GLIBC[0]}_{GLIBC[1]}"
+
+
+@lru_cache(maxsize=None)
+def supported_tags(platform: Platform) -> frozenset[Tag]:
+    """Every wheel tag CPython ``platform.python`` on glibc-``GLIBC`` Linux of that arch installs."""
+    major, minor = (int(x) for x in platform.python.split("."))
+    arch = platform.arch
+    platforms = [f"manylinux_{GLIBC[0]}_{m}_{arch}" for m in range(GLIBC[1], 4, -1)]
+    # The legacy aliases name glibc 2.17 (manylinux2014), 2.12 (manylinux2010) and 2.5 (manylinux1);
+    # the latter two only ever existed for x86 arches.
+    platforms.append(f"manylinux2014_{arch}")
+    if arch == "x86_64":
+        platforms += [f"manylinux2010_{arch}", f"manylinux1_{arch}"]
+    platforms.append(f"linux_{arch}")
+    interpreter = f"cp{major}{minor}"
+    tags = list(cpython_tags((major, minor), abis=[interpreter], platforms=platforms))
+    tags += compatible_tags((major, minor), interpreter=interpreter, platforms=platforms)
+    return frozenset(tags)
+
+
+def file_version(filename: str, name: str) -> Version | None:
+    """The version a distribution file carries, or None if it is not a wheel/sdist of ``name``."""
+    try:
+        if filename.endswith(".whl"):
+            file_name, version, _, _ = parse_wheel_filename(filename)
+        elif filename.endswith(SDIST_SUFFIXES):
+            file_name, version = parse_sdist_filename(filename)
+        else:
+            return None
+    except (InvalidWheelFilename, InvalidSdistFilename, InvalidVersion):
+        return None
+    return version if file_name == canonicalize_name(name) else None
+
+
+def select_files(files: Iterable[IndexFile], name: str, version: str, platform: Platform) -> list[IndexFile]:
+    """The files of ``name==version`` installable on ``platform``: its compatible wheels, else its sdists."""
+    wanted = Version(version)
+    tags = supported_tags(platform)
+    wheels: list[IndexFile] = []
+    sdists: list[IndexFile] = []
+    for f in files:
+        if file_version(f.filename, name) != wanted or not f.sha256:
+            continue  # a file without a sha256 cannot be locked
+        if f.filename.endswith(".whl"):
+            if not parse_wheel_filename(f.filename)[3].isdisjoint(tags):
+                wheels.append(f)
+        else:
+            sdists.append(f)
+    # An sdist next to a usable wheel would only invite a build on the image; keep it only when it is all
+    # there is (vllm-ascend, for one, publishes no wheel).
+    chosen = wheels or sdists
+    return sorted(chosen, key=lambda f: f.filename)
+
+
+def parse_pins(text: str) -> list[tuple[str, str]]:
+    """``name==version`` pins from ``uv pip compile`` output (comments, options and markers ignored)."""
+    pins = []
+    for raw in text.splitlines():
+        line = raw.split(" #", 1)[0].strip()
+        if not line or line.startswith(("#", "-")):
+            continue
+        try:
+            req = Requirement(line.rstrip("\\").strip())
+        except InvalidRequirement as exc:
+            raise ResolutionError(f"cannot read uv's output line {raw!r}: {exc}") from None
+        exact = [s.version for s in req.specifier if s.operator in ("==", "===")]
+        if len(exact) != 1:
+            raise ResolutionError(f"uv's output line {raw!r} is not an exact pin")
+        pins.append((req.name, exact[0]))
+    return pins
+
+
+def run_uv_compile(requirements: Sequence[str], platform: Platform, index: str) -> str:
+    """Run ``uv pip compile`` for another platform, isolated from any project or user uv config."""
+    from uv import find_uv_bin  # imported late: only `lock update` needs the binary
+
+    with tempfile.TemporaryDirectory(prefix="envbuild-resolve-") as tmp:
+        req_in = Path(tmp) / "requirements.in"
+        req_in.write_text("".join(f"{r}\n" for r in requirements), encoding="utf-8")
+        cmd = [find_uv_bin(), "pip", "compile", str(req_in), "--python-platform", uv_platform(platform),
+               "--python-version", platform.python, "--index-url", index, "--no-header", "--no-annotate",
+               "--no-config", "--no-python-downloads", "--color", "never", "--quiet"]
+        try:
+            proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=UV_TIMEOUT,
+                                  stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise ResolutionError(f"uv pip compile against {index} did not finish in {UV_TIMEOUT} s") from None
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+        raise ResolutionError(f"uv could not resolve {', '.join(requirements)} for {uv_platform(platform)} "
+                              f"CPython {platform.python} against {index}:\n{tail}")
+    return proc.stdout
+
+
+def resolve_packages(lock: Lock, *, progress: Callable[[str], None] | None = None,
+                     client: IndexClient | None = None, jobs: int = 8) -> tuple[Package, ...]:
+    """The full closure of ``lock.requirements`` for ``lock.platform``, every installable file hashed.
+
+    Packages the lock ties to their own ``index`` are not given to uv (that index may not speak to uv,
+    or be out of reach); they are kept, their files re-listed when their index answers.
+    """
+    if lock.platform is None:
+        raise InputError(f"lock {lock.name!r} has no platform; add `platform: {{os: linux, arch: ..., python: ...}}`")
+    say = progress or (lambda _msg: None)
+    client = client or IndexClient()
+    platform = lock.platform
+    default_index = (lock.index or PYPI_SIMPLE).rstrip("/")
+    pinned = {canonicalize_name(p.name): p for p in lock.packages if p.index}
+    roots = [r for r in lock.requirements if canonicalize_name(Requirement(r).name) not in pinned]
+
+    pins: list[tuple[str, str]] = []
+    if roots:
+        say(f"resolving {len(roots)} requirement(s) with uv for {uv_platform(platform)} CPython {platform.python}")
+        pins = parse_pins(run_uv_compile(roots, platform, default_index))
+        say(f"uv pinned {len(pins)} package(s); listing their files")
+    for name, version in pins:
+        if (own := pinned.get(canonicalize_name(name))) and own.version != version:
+            say(f"warning: uv wants {name}=={version}, the lock keeps {own.name}=={own.version} from {own.index}")
+
+    def from_index(pin: tuple[str, str]) -> Package:
+        name, version = pin
+        page = client.project(default_index, name)
+        chosen = select_files(page.files, name, version, platform)
+        if not chosen:
+            say(f"warning: {default_index} lists no file of {name} {version} installable on {uv_platform(platform)}")
+        return Package(name=name, version=version, files=_to_files(chosen))
+
+    def refresh(package: Package) -> Package:
+        index = lock.index_for(package)
+        try:
+            page = client.project(index, package.name)
+        except RemoteError as exc:
+            say(f"warning: keeping {package.name} {package.version} as locked: {exc}")
+            return package
+        chosen = select_files(page.files, package.name, package.version, platform)
+        if not chosen:
+            say(f"warning: keeping {package.name} {package.version} as locked: {index} lists no installable file of it")
+            return package
+        return dataclasses.replace(package, files=_to_files(chosen))
+
+    todo = [p for p in pins if canonicalize_name(p[0]) not in pinned]
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            resolved = list(pool.map(from_index, todo)) + list(pool.map(refresh, pinned.values()))
+    except RemoteError as exc:
+        raise RemoteError(f"cannot list files after resolving: {exc}") from None
+    return tuple(sorted(resolved, key=lambda p: canonicalize_name(p.name)))
+
+
+def _to_files(chosen: list[IndexFile]) -> tuple[PackageFile, ...]:
+    return tuple(PackageFile(filename=f.filename, sha256=f.sha256 or "") for f in chosen)

@@ -1,0 +1,196 @@
+"""A real PEP 691/503 index on 127.0.0.1, serving real (tiny, hand-built) wheels and sdists.
+
+Tests build distributions with :func:`make_wheel` / :func:`make_sdist`, put them in a directory and
+serve it with :class:`PyIndex`; the index can then be made to misbehave (yank, re-hash, drop a file,
+answer garbage) to reach every verification status. pip and uv can install from it too.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import tarfile
+import threading
+import zipfile
+from collections.abc import Iterable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
+
+JSON_TYPE = "application/vnd.pypi.simple.v1+json"
+
+
+def _record_hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def make_wheel(directory: Path, name: str, version: str, tag: str = "py3-none-any",
+               requires: Iterable[str] = ()) -> Path:
+    """A valid, installable wheel with one module, built with zipfile (no build backend, no network)."""
+    dist = canonicalize_name(name).replace("-", "_")
+    info = f"{dist}-{version}.dist-info"
+    metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    metadata += "".join(f"Requires-Dist: {r}\n" for r in requires)
+    files = {
+        f"{dist}/__init__.py": f"__version__ = {version!r}\n".encode(),
+        f"{info}/METADATA": metadata.encode(),
+        f"{info}/WHEEL": f"Wheel-Version: 1.0\nGenerator: pyindex\nRoot-Is-Purelib: true\nTag: {tag}\n".encode(),
+    }
+    record = "".join(f"{path},{_record_hash(data)},{len(data)}\n" for path, data in files.items())
+    files[f"{info}/RECORD"] = (record + f"{info}/RECORD,,\n").encode()
+    path = directory / f"{dist}-{version}-{tag}.whl"
+    with zipfile.ZipFile(path, "w") as zf:
+        for arcname, data in files.items():
+            zf.writestr(zipfile.ZipInfo(arcname, date_time=(2020, 1, 1, 0, 0, 0)), data)
+    return path
+
+
+def make_sdist(directory: Path, name: str, version: str) -> Path:
+    """A minimal sdist (PKG-INFO and pyproject.toml) with fixed mtimes, so its sha256 is stable."""
+    dist = canonicalize_name(name).replace("-", "_")
+    root = f"{dist}-{version}"
+    members = {
+        f"{root}/PKG-INFO": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{root}/pyproject.toml": f'[project]\nname = "{name}"\nversion = "{version}"\n'.encode(),
+    }
+    path = directory / f"{root}.tar.gz"
+    with tarfile.open(path, "w:gz", format=tarfile.PAX_FORMAT) as tar:
+        for arcname, data in members.items():
+            ti = tarfile.TarInfo(arcname)
+            ti.size, ti.mtime = len(data), 1577836800
+            tar.addfile(ti, io.BytesIO(data))
+    return path
+
+
+def _project_of(filename: str) -> str:
+    if filename.endswith(".whl"):
+        return parse_wheel_filename(filename)[0]
+    return parse_sdist_filename(filename)[0]
+
+
+class PyIndex:
+    """Serves ``root``'s distributions at ``<url>/<project>/`` (JSON or HTML) and ``/files/<name>``.
+
+    Use as a context manager; ``url`` is the index URL to put in a lock.
+    """
+
+    def __init__(self, root: Path, *, html_only: bool = False) -> None:
+        self.root = root
+        self.html_only = html_only
+        self.yanked: dict[str, str | bool] = {}
+        self.hashes: dict[str, str] = {}
+        self.hidden: set[str] = set()
+        self.raw: dict[str, tuple[int, str, bytes]] = {}  # project -> (status, content type, body)
+        self.requests: list[str] = []
+        self._server: ThreadingHTTPServer | None = None
+
+    # --- misbehaviour -------------------------------------------------------------------------
+    def yank(self, filename: str, reason: str | bool = True) -> None:
+        self.yanked[filename] = reason
+
+    def rehash(self, filename: str, sha256: str) -> None:
+        self.hashes[filename] = sha256
+
+    def hide(self, filename: str) -> None:
+        self.hidden.add(filename)
+
+    def answer(self, project: str, body: bytes, status: int = 200, content_type: str = JSON_TYPE) -> None:
+        self.raw[canonicalize_name(project)] = (status, content_type, body)
+
+    # --- content ------------------------------------------------------------------------------
+    def sha256(self, filename: str) -> str:
+        return hashlib.sha256((self.root / filename).read_bytes()).hexdigest()
+
+    def files_of(self, project: str) -> list[dict[str, Any]]:
+        out = []
+        for path in sorted(self.root.iterdir()):
+            if path.name in self.hidden or not path.name.endswith((".whl", ".tar.gz")):
+                continue
+            if _project_of(path.name) != canonicalize_name(project):
+                continue
+            out.append({"filename": path.name, "url": f"/files/{path.name}",
+                        "hashes": {"sha256": self.hashes.get(path.name, self.sha256(path.name))},
+                        "yanked": self.yanked.get(path.name, False)})
+        return out
+
+    def page(self, project: str, as_json: bool) -> tuple[int, str, bytes]:
+        if (key := canonicalize_name(project)) in self.raw:
+            return self.raw[key]
+        files = self.files_of(project)
+        if not files and not any(_project_of(p.name) == key for p in self.root.iterdir()):
+            return 404, "text/plain", b"not found"
+        if as_json:
+            body = {"meta": {"api-version": "1.1"}, "name": key, "files": files}
+            return 200, JSON_TYPE, json.dumps(body).encode()
+        links = []
+        for f in files:
+            yanked = f["yanked"]
+            attr = "" if yanked is False else f' data-yanked="{"" if yanked is True else yanked}"'
+            links.append(f'<a href="{f["url"]}#sha256={f["hashes"]["sha256"]}"{attr}>{f["filename"]}</a><br/>')
+        html = "<!DOCTYPE html><html><body>" + "\n".join(links) + "</body></html>"
+        return 200, "text/html", html.encode()
+
+    # --- serving ------------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        assert self._server is not None, "start the index first (use it as a context manager)"
+        return f"http://127.0.0.1:{self._server.server_address[1]}/simple"
+
+    def __enter__(self) -> PyIndex:
+        index = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_HEAD(self) -> None:  # noqa: N802 (uv asks HEAD before fetching a wheel's metadata)
+                self._head_only = True
+                self.do_GET()
+
+            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+                if not getattr(self, "_head_only", False):
+                    index.requests.append(self.path)
+                parts = [p for p in self.path.split("?")[0].split("/") if p]
+                if len(parts) == 2 and parts[0] == "files" and (index.root / parts[1]).is_file():
+                    self._send(200, "application/octet-stream", (index.root / parts[1]).read_bytes())
+                elif len(parts) == 2 and parts[0] == "simple":
+                    as_json = JSON_TYPE in self.headers.get("Accept", "") and not index.html_only
+                    self._send(*index.page(parts[1], as_json))
+                else:
+                    self._send(404, "text/plain", b"not found")
+
+            def _send(self, status: int, content_type: str, body: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if not getattr(self, "_head_only", False):
+                    self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def write_file_index(root: Path, dists: Path) -> str:
+    """A file:// PEP 691 index of ``dists``: ``root/<project>/index.json``; returns its URL."""
+    projects: dict[str, list[dict[str, Any]]] = {}
+    for path in sorted(dists.iterdir()):
+        if path.name.endswith((".whl", ".tar.gz")):
+            projects.setdefault(_project_of(path.name), []).append({
+                "filename": path.name, "url": path.as_uri(),
+                "hashes": {"sha256": hashlib.sha256(path.read_bytes()).hexdigest()}})
+    for project, files in projects.items():
+        (root / project).mkdir(parents=True, exist_ok=True)
+        (root / project / "index.json").write_text(json.dumps({"meta": {"api-version": "1.0"}, "name": project,
+                                                               "files": files}))
+    return root.as_uri()
