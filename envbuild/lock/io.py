@@ -181,7 +181,8 @@ def dump_lock(lock: Lock) -> str:
     plain = _plain(canonical(lock))
     data = {key: plain[key] for key in _LOCK_KEY_ORDER if key in plain}
     for package in data.get("packages", []):
-        package["files"] = [_FlowMap(f) for f in package.get("files", [])]
+        if "files" in package:
+            package["files"] = [_FlowMap(f) for f in package["files"]]
     body = yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=4096, allow_unicode=True)
     return HEADER + body
 
