@@ -1,0 +1,7 @@
+"""Git access for envbuild: :mod:`envbuild.git.remote` runs git, :mod:`envbuild.git.cache` keeps the
+bare repositories that source verification reads."""
+
+from envbuild.git.cache import GitCache
+from envbuild.git.remote import GitError, GitRunner, RefListing
+
+__all__ = ["GitCache", "GitError", "GitRunner", "RefListing"]

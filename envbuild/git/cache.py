@@ -1,0 +1,211 @@
+"""A local cache of bare, partial-clone repositories: one per effective (post-mirror) URL.
+
+Layout under ``root`` (``<cache_dir>/git``)::
+
+    <slug>-<sha256(url)[:24]>.git/     the bare repository (commits and tags only where the server allows)
+    <slug>-<sha256(url)[:24]>.flock    the lock that serialises fetches into it
+    .tmp-*/                            repositories being created (renamed into place when complete)
+
+Consistency rests on three rules. A repository appears only complete, by an atomic rename. Every
+write (a fetch, a cleanup) happens under an ``fcntl.flock`` on the ``.flock`` file, which the kernel
+releases when the holder dies, so a killed verify never blocks the next one; since all writers hold
+it, any ``*.lock`` or temporary pack found under it was left by a killed git and is removed. Reads take
+no lock: git publishes packs and refs atomically, and upstream refs live in their own namespace
+(``refs/upstream/heads/*``, ``refs/upstream/tags/*``) that only fetches write.
+
+The last ref listing is kept beside the objects (``envbuild-ls-remote``, replaced atomically) so
+``--offline`` can answer from the refs the cache last saw.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from envbuild.errors import CacheError
+from envbuild.git.remote import GitError, GitRunner, RefListing
+
+LISTING_FILE = "envbuild-ls-remote"
+URL_FILE = "envbuild-url"
+# Temporary repositories older than this belong to a dead process (creation takes milliseconds).
+STALE_TMP_SECONDS = 3600.0
+
+
+@dataclass(frozen=True)
+class CachedRepo:
+    url: str
+    path: Path
+    lock_path: Path
+
+    def exists(self) -> bool:
+        return (self.path / "config").is_file()
+
+
+def cache_key(url: str) -> str:
+    """A safe directory name: a readable slug of the URL's last component plus a hash of the whole URL."""
+    last = url.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1]
+    last = last[:-4] if last.endswith(".git") else last
+    slug = re.sub(r"[^a-z0-9._-]+", "-", last.lower()).strip(".-")[:40] or "repo"
+    return f"{slug}-{hashlib.sha256(url.encode('utf-8')).hexdigest()[:24]}"
+
+
+class GitCache:
+    """Bare repositories keyed by URL. Thread- and process-safe; see the module docstring."""
+
+    def __init__(self, root: Path, *, git: GitRunner | None = None) -> None:
+        self.root = Path(root)
+        self.git = git or GitRunner()
+
+    def repo(self, url: str) -> CachedRepo:
+        key = cache_key(url)
+        return CachedRepo(url, self.root / f"{key}.git", self.root / f"{key}.flock")
+
+    def ensure(self, url: str) -> CachedRepo:
+        """The repository for ``url``, created (atomically) if absent."""
+        repo = self.repo(url)
+        if repo.exists():
+            return repo
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._remove_stale_tmp()
+            tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{repo.path.stem}-", dir=self.root))
+        except OSError as exc:
+            raise CacheError(f"{self.root}: cannot create the git cache: {exc.strerror}") from None
+        try:
+            self.git.init_bare(tmp)
+            (tmp / URL_FILE).write_text(url + "\n", encoding="utf-8")
+            os.rename(tmp, repo.path)
+        except OSError:
+            # Another process created it first (rename onto a non-empty directory fails): use theirs.
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not repo.exists():
+                raise CacheError(f"{repo.path}: cannot create the cache repository") from None
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return repo
+
+    @contextmanager
+    def locked(self, url: str) -> Iterator[CachedRepo]:
+        """Hold the repository's write lock; on entry, clear what a killed git left behind."""
+        repo = self.ensure(url)
+        try:
+            fd = os.open(repo.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise CacheError(f"{repo.lock_path}: cannot open the cache lock: {exc.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            remove_stale_files(repo.path)
+            yield repo
+        finally:
+            os.close(fd)  # closing releases the flock
+
+    # -- refs ----------------------------------------------------------------------------------
+
+    def list_refs(self, url: str) -> RefListing:
+        """One ``git ls-remote``; the answer is also kept for ``--offline``."""
+        repo = self.ensure(url)
+        listing = self.git.ls_remote(repo.path, url)
+        _write_atomic(repo.path / LISTING_FILE, listing.raw)
+        return listing
+
+    def cached_listing(self, url: str) -> RefListing | None:
+        try:
+            return RefListing.parse((self.repo(url).path / LISTING_FILE).read_text(encoding="utf-8"))
+        except OSError:
+            return None
+
+    def namespace_refs(self, url: str) -> dict[str, str]:
+        repo = self.repo(url)
+        return self.git.namespace_refs(repo.path) if repo.exists() else {}
+
+    # -- objects -------------------------------------------------------------------------------
+
+    def commit_trees(self, url: str, shas: Iterable[str]) -> dict[str, str]:
+        """{commit: tree} for the commits of ``shas`` the cache holds (no network)."""
+        repo = self.repo(url)
+        return self.git.commit_trees(repo.path, shas) if repo.exists() else {}
+
+    def fetch(self, url: str, refspecs: Sequence[str], *, wanted: Iterable[str] = (),
+              prune: bool = False, fresh: dict[str, str] | None = None) -> bool | None:
+        """Fetch ``refspecs`` under the lock. Skipped (returns None) when, once the lock is held, every
+        ``wanted`` commit is already present (another verify fetched it meanwhile) or the upstream
+        namespace already equals ``fresh``. Otherwise returns whether the server honoured the filter."""
+        wanted = set(wanted)
+        with self.locked(url) as repo:
+            if fresh is not None and self.git.namespace_refs(repo.path) == fresh:
+                return None
+            if wanted and wanted <= set(self.git.commit_trees(repo.path, wanted)):
+                return None
+            return self.git.fetch(repo.path, url, refspecs, prune=prune)
+
+    def left_right(self, url: str, commit: str, head: str) -> tuple[int, int]:
+        return self.git.left_right(self.repo(url).path, commit, head)
+
+    def reachable_from_any(self, url: str, commit: str, tips: Iterable[str]) -> bool:
+        return self.git.reachable_from_any(self.repo(url).path, commit, tips)
+
+    def count_range(self, url: str, old: str, new: str) -> int | None:
+        """Commits in ``new``'s history but not ``old``'s, when the cache holds both; else None."""
+        if not {old, new} <= set(self.commit_trees(url, [old, new])):
+            return None
+        try:
+            return self.git.count_range(self.repo(url).path, old, new)
+        except GitError:
+            return None
+
+    def _remove_stale_tmp(self) -> None:
+        now = time.time()
+        for entry in self.root.glob(".tmp-*"):
+            try:
+                if now - entry.stat().st_mtime > STALE_TMP_SECONDS:
+                    shutil.rmtree(entry, ignore_errors=True)
+            except OSError:
+                pass
+
+
+def remove_stale_files(repo: Path) -> list[Path]:
+    """Remove what a killed git leaves in a bare repository. Call only under the repository's lock:
+    then no git of ours is writing, so every one of these is stale."""
+    removed: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(repo):
+        here = Path(dirpath)
+        for name in filenames:
+            # *.lock: ref, packed-refs, config and shallow locks; tmp_*: half-received packs and
+            # indexes; pack-*.keep: index-pack's marker, left when fetch died before updating refs.
+            if name.endswith(".lock") or name.startswith("tmp_") or (name.startswith("pack-") and name.endswith(".keep")):
+                _unlink(here / name, removed)
+        for name in list(dirnames):
+            if name.startswith(("incoming-", "tmp_objdir-")):  # fetch quarantine directories
+                shutil.rmtree(here / name, ignore_errors=True)
+                removed.append(here / name)
+                dirnames.remove(name)
+    return removed
+
+
+def _unlink(path: Path, removed: list[Path]) -> None:
+    try:
+        path.unlink()
+        removed.append(path)
+    except FileNotFoundError:
+        pass
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

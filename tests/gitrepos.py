@@ -1,0 +1,296 @@
+"""Test helpers: real git repositories built in tmp_path, served by real ``git daemon`` processes on
+127.0.0.1 (one allowing partial clone, one not), and a throttling TCP proxy to catch a fetch halfway.
+
+Fixtures here are imported explicitly by the test modules that use them (no conftest.py). Every
+process started here is stopped by its PID (daemons by their own process group) in a finalizer.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+_IDENTITY = {
+    "GIT_AUTHOR_NAME": "Test", "GIT_AUTHOR_EMAIL": "test@example.invalid",
+    "GIT_COMMITTER_NAME": "Test", "GIT_COMMITTER_EMAIL": "test@example.invalid",
+    "GIT_CONFIG_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0",
+}
+
+
+def git(*args: str, cwd: Path | None = None, stdin: bytes | None = None) -> str:
+    """Run git for test setup (never envbuild's code path), failing loudly."""
+    env = {**os.environ, **_IDENTITY}
+    proc = subprocess.run(["git", *args], cwd=cwd, input=stdin, capture_output=True, env=env, timeout=120)
+    if proc.returncode != 0:
+        raise AssertionError(f"git {' '.join(args)} failed: {proc.stderr.decode(errors='replace')}")
+    return proc.stdout.decode().strip()
+
+
+@dataclass
+class Repo:
+    """A non-bare upstream repository with helpers to shape its history."""
+
+    path: Path
+    _n: int = 0
+
+    def commit(self, message: str | None = None, *, files: dict[str, str] | None = None) -> str:
+        self._n += 1
+        for name, text in (files or {f"file{self._n}.txt": f"content {self._n}\n"}).items():
+            (self.path / name).parent.mkdir(parents=True, exist_ok=True)
+            (self.path / name).write_text(text)
+        git("add", "-A", cwd=self.path)
+        git("commit", "-q", "-m", message or f"commit {self._n}", cwd=self.path)
+        return self.rev("HEAD")
+
+    def rev(self, expr: str) -> str:
+        return git("rev-parse", "--verify", expr, cwd=self.path)
+
+    def tree(self, commit: str) -> str:
+        return self.rev(f"{commit}^{{tree}}")
+
+    def checkout(self, branch: str, *, create_at: str | None = None) -> None:
+        if create_at:
+            git("checkout", "-q", "-b", branch, create_at, cwd=self.path)
+        else:
+            git("checkout", "-q", branch, cwd=self.path)
+
+    def tag(self, name: str, at: str, *, annotated: bool = False) -> None:
+        git("tag", *(["-a", "-m", name] if annotated else []), name, at, cwd=self.path)
+
+    def force_branch(self, branch: str, at: str) -> None:
+        """What a force-push does upstream: move the branch, then collect the abandoned commits."""
+        git("checkout", "-q", "--detach", cwd=self.path)
+        git("branch", "-f", branch, at, cwd=self.path)
+        git("checkout", "-q", branch, cwd=self.path)
+        git("reflog", "expire", "--expire=now", "--all", cwd=self.path)
+        git("gc", "-q", "--prune=now", cwd=self.path)
+
+
+def make_repo(path: Path) -> Repo:
+    path.mkdir(parents=True)
+    git("init", "-q", "-b", "main", str(path))
+    return Repo(path)
+
+
+def fast_import_repo(path: Path, *, commits: int, files: int, seed: int = 1, touch: int = 5,
+                     lines: int = 40, tag_every: int = 500) -> Path:
+    """A long history made fast with ``git fast-import``, shaped like source code: ``files`` files of
+    ``lines`` lines in the first commit, then each commit edits a few lines of ``touch`` files (so
+    packs delta-compress as real histories do); annotated tags every ``tag_every`` commits; a branch
+    ``side`` with one commit of its own off the middle of ``main``."""
+    rng = random.Random(seed)
+    words = [f"w{rng.randrange(10**6):06d}" for _ in range(4096)]
+
+    def line() -> str:
+        return " ".join(rng.choices(words, k=rng.randint(3, 12)))
+
+    def data(payload: bytes) -> bytes:
+        return b"data %d\n" % len(payload) + payload + b"\n"
+
+    content = [[line() for _ in range(lines)] for _ in range(files)]
+    path.mkdir(parents=True)
+    git("init", "-q", "--bare", "-b", "main", str(path))
+    proc = subprocess.Popen(["git", "fast-import", "--quiet"], cwd=path, stdin=subprocess.PIPE,
+                            env={**os.environ, **_IDENTITY})
+    assert proc.stdin is not None
+    out = proc.stdin
+    when = 1_700_000_000
+    for n in range(1, commits + 1):
+        when += 60
+        out.write(b"commit refs/heads/main\nmark :%d\n" % n)
+        out.write(b"committer Test <test@example.invalid> %d +0000\n" % when + data(b"commit %d" % n))
+        if n > 1:
+            out.write(b"from :%d\n" % (n - 1))
+        changed = range(files) if n == 1 else rng.sample(range(files), min(touch, files))
+        for f in changed:
+            if n > 1:
+                for _ in range(rng.randint(1, 3)):
+                    content[f][rng.randrange(lines)] = line()
+            blob = ("\n".join(content[f]) + "\n").encode()
+            out.write(b"M 100644 inline dir%d/file%d.txt\n" % (f % 50, f) + data(blob))
+        if n % tag_every == 0:
+            out.write(b"tag v%d\nfrom :%d\ntagger Test <test@example.invalid> %d +0000\n" % (n, n, when)
+                      + data(b"release %d" % n))
+    out.write(b"commit refs/heads/side\ncommitter Test <test@example.invalid> %d +0000\n" % when
+              + data(b"side work") + b"from :%d\n" % max(1, commits // 2)
+              + b"M 100644 inline side.txt\n" + data(b"side\n"))
+    out.close()
+    assert proc.wait(timeout=600) == 0
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_port(port: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.02)
+    raise AssertionError(f"nothing listening on 127.0.0.1:{port} after {timeout} s")
+
+
+def stop_process_group(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a process we started in its own session, and its children, by its PID."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=5)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+    else:
+        # The daemon is gone, but a forked per-connection child may still be running in its group.
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@dataclass
+class GitDaemon:
+    """``git daemon --export-all --base-path=base`` on 127.0.0.1, with or without partial clone."""
+
+    base: Path
+    allow_filter: bool
+    port: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> "GitDaemon":
+        self.port = free_port()
+        config = ["-c", f"uploadpack.allowFilter={'true' if self.allow_filter else 'false'}"]
+        self.proc = subprocess.Popen(
+            ["git", *config, "daemon", "--export-all", "--reuseaddr", "--informative-errors",
+             f"--base-path={self.base}", "--listen=127.0.0.1", f"--port={self.port}", str(self.base)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            env={**os.environ, **_IDENTITY})
+        wait_for_port(self.port)
+        return self
+
+    def url(self, name: str) -> str:
+        return f"git://127.0.0.1:{self.port}/{name}"
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process_group(self.proc)
+
+
+@dataclass
+class Served:
+    """One directory of upstream repositories served three ways."""
+
+    base: Path
+    filtering: GitDaemon
+    plain: GitDaemon
+
+    def repo(self, name: str) -> Repo:
+        return make_repo(self.base / name)
+
+    def url(self, name: str, transport: str) -> str:
+        if transport == "daemon-filter":
+            return self.filtering.url(name)
+        if transport == "daemon-nofilter":
+            return self.plain.url(name)
+        if transport == "file":
+            return (self.base / name).as_uri()
+        raise ValueError(transport)
+
+
+@pytest.fixture(scope="session")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    base = tmp_path_factory.mktemp("upstream")
+    filtering = GitDaemon(base, allow_filter=True).start()
+    try:
+        plain = GitDaemon(base, allow_filter=False).start()
+    except BaseException:
+        filtering.stop()
+        raise
+    try:
+        yield Served(base, filtering, plain)
+    finally:
+        filtering.stop()
+        plain.stop()
+
+
+@dataclass
+class ThrottlingProxy:
+    """A TCP proxy to a local port that forwards server-to-client bytes slowly while ``delay`` > 0, so
+    a test can catch a fetch halfway. Runs in daemon threads; ``close()`` stops accepting."""
+
+    target_port: int
+    delay: float = 0.05
+    chunk: int = 16384
+    port: int = 0
+    _server: socket.socket | None = None
+    _sockets: list[socket.socket] = field(default_factory=list)
+
+    def start(self) -> "ThrottlingProxy":
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._server.getsockname()[1])
+        threading.Thread(target=self._accept, daemon=True).start()
+        return self
+
+    def _accept(self) -> None:
+        assert self._server is not None
+        while True:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            self._sockets += [client, upstream]
+            threading.Thread(target=self._pipe, args=(client, upstream, False), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, True), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, slow: bool) -> None:
+        try:
+            while data := src.recv(self.chunk):
+                dst.sendall(data)
+                if slow and self.delay:
+                    time.sleep(self.delay)
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for sock in self._sockets:
+            sock.close()
+
+
+def child_pids(pid: int) -> list[int]:
+    """Direct children of ``pid`` (from /proc), to find the git a subprocess started."""
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            children.append(int(stat.parent.name))
+    return children
