@@ -1,0 +1,153 @@
+"""A content-addressed cache of package files: ``<cache_dir>/files/sha256/<hex>``.
+
+A file enters the cache only after its sha256 has been checked, by an atomic rename of a temporary
+file written in the same directory, so a reader sees a whole, verified file or nothing. Concurrent
+fetches of one file are serialised by an advisory lock per hash (released by the kernel when a process
+dies); temporary files left by a killed download are removed by the next fetch of that hash, and are
+never mistaken for cache entries because their names are not 64-hex.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import io
+import os
+import re
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from envbuild.errors import CacheError, RemoteError
+
+Download = Callable[[str, BinaryIO], None]
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_CHUNK = 1 << 20
+
+
+class FileHashError(RemoteError):
+    """A downloaded or cached file does not have the sha256 the lock records."""
+
+    def __init__(self, filename: str, url: str, expected: str, actual: str) -> None:
+        self.filename, self.url, self.expected, self.actual = filename, url, expected, actual
+        super().__init__(f"{filename}: sha256 {actual} does not match the lock's {expected} (from {url}); "
+                         "nothing was cached — check the index or the lock")
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class _HashingWriter(io.RawIOBase):
+    """Passes writes to a file while hashing them, so a download is read once."""
+
+    def __init__(self, out: BinaryIO) -> None:
+        self._out = out
+        self.digest = hashlib.sha256()
+        self.size = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:  # type: ignore[override]
+        view = memoryview(data).cast("B")
+        self.digest.update(view)
+        self.size += len(view)
+        self._out.write(view)
+        return len(view)
+
+
+class FileCache:
+    """Package files by sha256 under ``root/files/sha256``."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self.dir = self.root / "files" / "sha256"
+
+    def path_for(self, sha256: str) -> Path:
+        if not _HEX64.fullmatch(sha256):
+            raise ValueError(f"not a full lowercase sha256: {sha256!r}")
+        return self.dir / sha256
+
+    def get(self, sha256: str, *, size: int | None = None, verify: bool = False) -> Path | None:
+        """The cached file, or None. ``size`` is a cheap check; ``verify`` re-hashes the whole file.
+
+        A file that fails either check is removed, so the next :meth:`fetch` downloads it again.
+        """
+        path = self.path_for(sha256)
+        try:
+            info = path.stat()
+        except FileNotFoundError:
+            return None
+        bad = (size is not None and info.st_size != size) or (verify and sha256_file(path) != sha256)
+        if bad:
+            with self._locked(sha256):
+                path.unlink(missing_ok=True)
+            return None
+        return path
+
+    def fetch(self, url: str, sha256: str, filename: str, download: Download) -> Path:
+        """The verified file for *sha256*, calling ``download(url, out)`` only when it is not cached."""
+        if found := self.get(sha256):
+            return found
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with self._locked(sha256):
+            target = self.path_for(sha256)
+            if target.exists():  # another process finished it while we waited
+                return target
+            for stale in self.dir.glob(f".tmp-{sha256}-*"):
+                stale.unlink(missing_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".tmp-{sha256}-", dir=self.dir)
+            try:
+                with os.fdopen(fd, "wb") as out:
+                    writer = _HashingWriter(out)
+                    download(url, writer)  # type: ignore[arg-type]
+                    out.flush()
+                    os.fsync(out.fileno())
+                actual = writer.digest.hexdigest()
+                if actual != sha256:
+                    raise FileHashError(filename, url, sha256, actual)
+                os.chmod(tmp, 0o444)
+                os.replace(tmp, target)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+            return target
+
+    def clean_temporary(self) -> int:
+        """Remove temporary files no running fetch holds; returns how many were removed."""
+        removed = 0
+        for stale in sorted(self.dir.glob(".tmp-*")) if self.dir.is_dir() else []:
+            sha = stale.name[len(".tmp-"):len(".tmp-") + 64]
+            if not _HEX64.fullmatch(sha):
+                continue
+            with self._locked(sha, blocking=False) as held:
+                if held:
+                    stale.unlink(missing_ok=True)
+                    removed += 1
+        return removed
+
+    @contextlib.contextmanager
+    def _locked(self, sha256: str, blocking: bool = True) -> Iterator[bool]:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        lock_path = self.dir / f".lock-{sha256}"
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise CacheError(f"{lock_path}: cannot open the cache lock: {exc.strerror}") from None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+            except BlockingIOError:
+                yield False
+                return
+            yield True
+        finally:
+            os.close(fd)

@@ -1,0 +1,82 @@
+"""The host side of the in-image check: what to run inside the image, and judging its report (pure).
+
+The engine runs :func:`inimage_command` in a container of the built (not yet tagged) image, with no
+network, and passes the JSON it prints to :func:`compare_inimage` with the context's manifest. Any
+mismatch fails the build.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from envbuild.image import inimage_check
+from envbuild.image.context import IMAGE_META
+
+SCRIPT = Path(inimage_check.__file__)
+IMAGE_SCRIPT = f"{IMAGE_META}/inimage_check.py"
+IMAGE_MANIFEST = f"{IMAGE_META}/manifest.json"
+
+
+def inimage_command() -> list[str]:
+    return ["python3", "-I", IMAGE_SCRIPT, IMAGE_MANIFEST]
+
+
+def _same_version(a: str, b: str) -> bool:
+    try:
+        return Version(a) == Version(b)
+    except InvalidVersion:
+        return a == b
+
+
+def compare_inimage(report: dict | str, manifest: dict) -> list[str]:
+    """Every way the image differs from the manifest, one line each; empty when it matches."""
+    if isinstance(report, str):
+        try:
+            report = json.loads(report)
+        except json.JSONDecodeError as exc:
+            return [f"the in-image check printed no JSON report: {exc}"]
+    assert isinstance(report, dict)
+    problems: list[str] = []
+    if report.get("report_version") != inimage_check.REPORT_VERSION:
+        problems.append(f"in-image report version {report.get('report_version')!r}, expected "
+                        f"{inimage_check.REPORT_VERSION}")
+    if report.get("lock_sha256") != manifest["lock_sha256"]:
+        problems.append(f"the image's manifest is for lock {report.get('lock_sha256')}, "
+                        f"not {manifest['lock_sha256']}")
+    want_python = manifest.get("python")
+    if want_python and not str(report.get("python", "")).startswith(want_python + "."):
+        problems.append(f"python3 in the image is {report.get('python')}, the lock's platform.python is {want_python}")
+
+    installed: dict[str, list[str]] = {canonicalize_name(k): v for k, v in report.get("distributions", {}).items()}
+    for package in manifest.get("packages", []):
+        name, version = canonicalize_name(package["name"]), package["version"]
+        found = installed.get(name, [])
+        if not found:
+            problems.append(f"package {name}: not installed (the lock pins {version})")
+        elif len(found) > 1:
+            problems.append(f"package {name}: several versions installed ({', '.join(found)}); the lock pins {version}")
+        elif not _same_version(found[0], version):
+            problems.append(f"package {name}: {found[0]} installed, the lock pins {version}")
+
+    sources = report.get("sources", {})
+    for source in manifest.get("sources", []):
+        name, seen = source["name"], sources.get(source["name"])
+        if seen is None:
+            problems.append(f"source {name}: not reported by the in-image check")
+            continue
+        if not seen.get("exists"):
+            problems.append(f"source {name}: {source['path']} does not exist in the image")
+            continue
+        if seen.get("commit_marker") != source["commit"]:
+            problems.append(f"source {name}: marker says commit {seen.get('commit_marker')}, the lock pins {source['commit']}")
+        if seen.get("unreadable"):
+            problems.append(f"source {name}: files of commit {source['commit']} missing in the image: "
+                            f"{', '.join(seen['unreadable'][:5])}")
+        if seen.get("tree") != source["tree"]:
+            problems.append(f"source {name}: the installed files have tree {seen.get('tree')}, "
+                            f"commit {source['commit']} has tree {source['tree']} (a file was changed at build time)")
+    return problems

@@ -1,0 +1,156 @@
+"""The build record: SLSA provenance v1 and a CycloneDX 1.5 SBOM. Pure; no clock unless given."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from urllib.parse import quote
+
+from packaging.utils import canonicalize_name
+
+from envbuild import __version__
+from envbuild.image.context import ContextPlan, SourcePlan
+
+STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+SLSA_PROVENANCE = "https://slsa.dev/provenance/v1"
+BUILD_TYPE = "https://github.com/envbuild/envbuild/image/v1"
+DEFAULT_BUILDER = "https://github.com/envbuild/envbuild/image@v1"
+# uuid5 namespace for SBOM serial numbers: the same image always gets the same serial.
+_SBOM_NAMESPACE = uuid.UUID("6f1d8a3e-3c55-5b8e-9d5a-0e6b2f9c7a41")
+
+
+@dataclass(frozen=True)
+class BuildRecord:
+    provenance: dict
+    sbom: dict
+
+    def files(self) -> dict[str, bytes]:
+        """File name -> bytes, for writing next to the result."""
+        return {"provenance.intoto.json": render_record_json(self.provenance),
+                "sbom.cdx.json": render_record_json(self.sbom)}
+
+
+def render_record_json(data: dict) -> bytes:
+    return (json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
+
+
+def _hex(digest: str) -> str:
+    return digest.split(":", 1)[1] if ":" in digest else digest
+
+
+def source_uri(source: SourcePlan) -> str:
+    kind = "tags" if source.ref_type == "tag" else "heads"
+    return f"git+{source.repo}@refs/{kind}/{source.ref}"
+
+
+def package_purl(name: str, version: str) -> str:
+    return f"pkg:pypi/{canonicalize_name(name)}@{quote(version, safe='.+!')}"
+
+
+def source_purl(source: SourcePlan) -> str:
+    return f"pkg:generic/{source.name}@{source.commit}?vcs_url={quote('git+' + source.repo + '@' + source.commit, safe='')}"
+
+
+def resolved_dependencies(plan: ContextPlan, trees: dict[str, str]) -> list[dict]:
+    deps: list[dict] = []
+    if plan.base_digest:
+        deps.append({"name": "base_image", "uri": f"docker://{plan.base_name}",
+                     "digest": {"sha256": _hex(plan.base_digest)}})
+    else:
+        deps.append({"name": "base_image", "uri": f"docker://{plan.base_name}", "annotations": {"unpinned": True}})
+    for source in plan.sources:
+        item = {"name": source.name, "uri": source_uri(source), "digest": {"gitCommit": source.commit},
+                "annotations": {"install": source.mode, "ref_type": source.ref_type}}
+        if tree := trees.get(source.name) or source.tree:
+            item["annotations"]["gitTree"] = tree
+        deps.append(item)
+    for file in plan.files:
+        deps.append({"name": file.filename, "uri": package_purl(file.package, file.version),
+                     "digest": {"sha256": file.sha256}})
+    return deps
+
+
+def provenance(plan: ContextPlan, *, image_id: str, lock_path: str, tags: Sequence[str] = (),
+               trees: dict[str, str] | None = None, dockerfile_sha256: str | None = None,
+               builder_id: str = DEFAULT_BUILDER, started_on: str | None = None,
+               finished_on: str | None = None) -> dict:
+    """An in-toto Statement v1 with a SLSA provenance v1 predicate for the image *image_id*."""
+    subject_name = tags[0].rsplit(":", 1)[0] if tags and ":" in tags[0].rsplit("/", 1)[-1] else (
+        tags[0] if tags else plan.lock_name)
+    internal: dict = {"source_date_epoch": plan.epoch, "layer_order": [s.name for s in plan.sources]}
+    if dockerfile_sha256:
+        internal["dockerfile_sha256"] = dockerfile_sha256
+    metadata: dict = {"invocationId": f"{plan.lock_sha256}:{_hex(image_id)}"}
+    if started_on:
+        metadata["startedOn"] = started_on
+    if finished_on:
+        metadata["finishedOn"] = finished_on
+    return {
+        "_type": STATEMENT_TYPE,
+        "subject": [{"name": subject_name, "digest": {"sha256": _hex(image_id)},
+                     **({"annotations": {"tags": sorted(tags)}} if tags else {})}],
+        "predicateType": SLSA_PROVENANCE,
+        "predicate": {
+            "buildDefinition": {
+                "buildType": BUILD_TYPE,
+                "externalParameters": {"lock": {"path": lock_path, "sha256": plan.lock_sha256},
+                                       "tags": sorted(tags)},
+                "internalParameters": internal,
+                "resolvedDependencies": resolved_dependencies(plan, trees or {}),
+            },
+            "runDetails": {
+                "builder": {"id": builder_id, "version": {"envbuild": __version__}},
+                "metadata": metadata,
+            },
+        },
+    }
+
+
+def sbom(plan: ContextPlan, *, image_id: str, image_name: str | None = None,
+         timestamp: str | None = None) -> dict:
+    """A CycloneDX 1.5 SBOM of the image: the lock's packages and sources."""
+    components: list[dict] = []
+    by_package: dict[tuple[str, str], list[str]] = {}
+    for file in plan.files:
+        by_package.setdefault((canonicalize_name(file.package), file.version), []).append(file.sha256)
+    for (name, version), hashes in sorted(by_package.items()):
+        purl = package_purl(name, version)
+        components.append({"type": "library", "bom-ref": purl, "name": name, "version": version, "purl": purl,
+                           "hashes": [{"alg": "SHA-256", "content": h} for h in sorted(hashes)]})
+    for source in sorted(plan.sources, key=lambda s: s.name):
+        purl = source_purl(source)
+        components.append({
+            "type": "library", "bom-ref": purl, "name": source.name, "version": source.commit, "purl": purl,
+            "hashes": [{"alg": "SHA-1", "content": source.commit}],
+            "externalReferences": [{"type": "vcs", "url": f"git+{source.repo}@{source.commit}",
+                                    "comment": f"{source.ref_type} {source.ref}"}],
+            "properties": [{"name": "envbuild:install", "value": source.mode}],
+        })
+    metadata: dict = {
+        "component": {"type": "container", "bom-ref": image_id, "name": image_name or plan.lock_name,
+                      "version": image_id},
+        "tools": {"components": [{"type": "application", "name": "envbuild", "version": __version__}]},
+        "properties": [{"name": "envbuild:lock_sha256", "value": plan.lock_sha256}],
+    }
+    if timestamp:
+        metadata["timestamp"] = timestamp
+    return {
+        "bomFormat": "CycloneDX",
+        "specVersion": "1.5",
+        "serialNumber": f"urn:uuid:{uuid.uuid5(_SBOM_NAMESPACE, image_id + plan.lock_sha256)}",
+        "version": 1,
+        "metadata": metadata,
+        "components": components,
+        "dependencies": [{"ref": image_id, "dependsOn": [c["bom-ref"] for c in components]}],
+    }
+
+
+def build_record(plan: ContextPlan, *, image_id: str, lock_path: str, tags: Sequence[str] = (),
+                 trees: dict[str, str] | None = None, dockerfile_sha256: str | None = None) -> BuildRecord:
+    return BuildRecord(
+        provenance(plan, image_id=image_id, lock_path=lock_path, tags=tags, trees=trees,
+                   dockerfile_sha256=dockerfile_sha256),
+        sbom(plan, image_id=image_id, image_name=tags[0] if tags else None),
+    )
