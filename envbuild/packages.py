@@ -27,12 +27,15 @@ def verify_packages(lock: Lock, *, jobs: int = 8, progress: Callable[[str], None
 
     def check(package: Package) -> PinResult:
         result = verify_package(package, lock.index_for(package), client)
-        if progress:
+        if progress and result.status != "ok":  # one line per problem, not per package: locks hold hundreds
             progress(f"package {package.name} {package.version}: {result.status}")
         return result
 
     if not lock.packages:
         return []
+    indexes = sorted({lock.index_for(p) for p in lock.packages})
+    if progress:
+        progress(f"checking {len(lock.packages)} packages on {len(indexes)} index(es): {', '.join(indexes)}")
     with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(lock.packages)))) as pool:
         return list(pool.map(check, lock.packages))
 

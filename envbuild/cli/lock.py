@@ -45,6 +45,8 @@ def add_lock_commands(subparsers: argparse._SubParsersAction) -> None:
     export.add_argument("lockfile", type=Path)
     export.add_argument("--format", required=True, choices=("requirements", "pylock", "repos"))
     export.add_argument("-o", "--output", type=Path, help="write here instead of stdout")
+    export.add_argument("--offline", action="store_true",
+                        help="pylock: do not ask the index for file URLs; files are referred to as files/<name>")
     export.set_defaults(handler=cmd_export)
 
     schema = commands.add_parser("schema", help="print the JSON schema of the lockfile format")
@@ -106,8 +108,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     from envbuild.lock import export
 
     lock = load_lock(args.lockfile)
-    render = {"requirements": export.export_requirements, "pylock": export.export_pylock, "repos": export.export_repos}
-    text = render[args.format](lock)
+    if args.format == "pylock" and not args.offline:
+        from envbuild.packages import package_file_urls
+
+        text = export.export_pylock(lock, urls=package_file_urls(lock))  # PEP 751 wants a url per file
+    else:
+        text = export.export_lock(lock, args.format)
     if args.output:
         args.output.write_text(text, encoding="utf-8")
     else:

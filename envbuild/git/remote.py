@@ -16,6 +16,7 @@ channel, so a URL containing ``=`` or spaces cannot be misparsed). Reads additio
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -83,6 +84,8 @@ def last_error_line(stderr: str) -> str:
     if not errors:
         return lines[-1]
     first = lines[errors[-1]].split(":", 1)[1].strip()
+    # "unable to access 'URL/': Could not resolve host: x" — the URL is in the result already; keep the cause.
+    first = re.sub(r"^unable to access '[^']*': ", "", first)
     # git daemon failures put the actual errno on the line after "fatal: unable to connect to host:".
     if errors[-1] + 1 < len(lines) and first.endswith(":"):
         return f"{first} {lines[errors[-1] + 1]}"

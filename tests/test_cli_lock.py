@@ -1,0 +1,158 @@
+"""`envbuild lock …` end to end: real repositories on a real git daemon, the CLI as a user calls it."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from envbuild.cli import main
+from envbuild.lock import load_lock
+from tests.gitrepos import Repo, Served, served  # noqa: F401  (served is a fixture)
+
+pytestmark = pytest.mark.gitdaemon
+
+
+@pytest.fixture(scope="module")
+def upstream(served: Served) -> tuple[Served, Repo, list[str]]:
+    repo = served.repo("cli-upstream")
+    commits = [repo.commit(files={"setup.py": f"# {i}\n"}) for i in range(4)]
+    repo.tag("v1.0", commits[1], annotated=True)
+    return served, repo, commits
+
+
+def write_lock(path: Path, url: str, *, ref: str = "main", ref_type: str = "branch", commit: str,
+               tree: str | None = None) -> Path:
+    tree_line = f"\n    tree: {tree}" if tree else ""
+    path.write_text(textwrap.dedent(f"""\
+        version: 1
+        name: cli
+        sources:
+          - name: lib
+            repo: {url}
+            ref: {ref}
+            ref_type: {ref_type}
+            commit: {commit}""") + tree_line + "\n")
+    return path
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_verify_ok_behind_and_strict(upstream, tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    served, repo, commits = upstream
+    cache = str(tmp_path / "cache")
+    lock = write_lock(tmp_path / "ok.yaml", served.url("cli-upstream", "daemon-filter"), commit=commits[-1])
+    code, out, _ = run(capsys, "lock", "verify", str(lock), "--cache-dir", cache)
+    assert code == 0 and "source  lib   ok" in out.replace("  ", "  ") and "OK:" in out
+
+    behind = write_lock(tmp_path / "behind.yaml", served.url("cli-upstream", "daemon-filter"), commit=commits[1])
+    code, out, _ = run(capsys, "lock", "verify", str(behind), "--cache-dir", cache, "--json")
+    data = json.loads(out)
+    assert code == 0 and data["ok"] is True and data["lock"] == str(behind)
+    (result,) = data["results"]
+    assert (result["kind"], result["name"], result["status"], result["ahead"]) == ("source", "lib", "behind", 2)
+    assert set(result) >= {"kind", "name", "status", "detail"}
+
+    code, out, _ = run(capsys, "lock", "verify", str(behind), "--cache-dir", cache, "--strict", "--json")
+    assert code == 1 and json.loads(out)["ok"] is False
+
+
+def test_verify_failures_exit_1_and_name_the_status(upstream, tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    served, repo, commits = upstream
+    lock = write_lock(tmp_path / "moved.yaml", served.url("cli-upstream", "daemon-filter"), ref="v1.0",
+                      ref_type="tag", commit=commits[2])
+    code, out, _ = run(capsys, "lock", "verify", str(lock), "--cache-dir", str(tmp_path / "c"))
+    assert code == 1 and "tag-moved" in out and "FAILED" in out
+    lock = write_lock(tmp_path / "type.yaml", served.url("cli-upstream", "daemon-filter"), ref="v1.0",
+                      ref_type="branch", commit=commits[1])
+    code, out, _ = run(capsys, "lock", "verify", str(lock), "--cache-dir", str(tmp_path / "c"), "--json")
+    assert code == 1 and json.loads(out)["results"][0]["status"] == "ref-type-changed"
+
+
+def test_mirror_from_command_line_and_config(upstream, tmp_path: Path, capsys, monkeypatch) -> None:  # noqa: ANN001
+    served, repo, commits = upstream
+    lock = write_lock(tmp_path / "m.yaml", "https://git.example.invalid/org/cli-upstream", commit=commits[-1])
+    cache = str(tmp_path / "cache")
+    code, out, _ = run(capsys, "lock", "verify", str(lock), "--cache-dir", cache, "--json", "--offline")
+    assert code == 1 and json.loads(out)["results"][0]["status"] == "unreachable"
+
+    mirror = f"https://git.example.invalid/org/={served.url('', 'daemon-filter')}"
+    code, out, _ = run(capsys, "lock", "verify", str(lock), "--cache-dir", cache, "--json", "--mirror", mirror)
+    (result,) = json.loads(out)["results"]
+    assert code == 0 and result["status"] == "ok" and result["url"].startswith("git://127.0.0.1:")
+
+    config = tmp_path / "config.yaml"
+    config.write_text(f"mirrors:\n  'https://git.example.invalid/org/': '{served.url('', 'daemon-nofilter')}'\n"
+                      f"cache_dir: {tmp_path / 'cfg-cache'}\n")
+    monkeypatch.setenv("ENVBUILD_CONFIG", str(config))
+    code, out, _ = run(capsys, "lock", "verify", str(lock), "--json")
+    assert code == 0 and json.loads(out)["results"][0]["status"] == "ok"
+    assert (tmp_path / "cfg-cache" / "git").is_dir()
+    # Offline now answers from the cache the config named.
+    code, out, _ = run(capsys, "lock", "verify", str(lock), "--json", "--offline")
+    assert code == 0, out
+
+
+def test_bad_input_exits_2_with_one_line_per_problem(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: 1\nname: x\nsources:\n  - name: a\n    repo: ext::sh\n    ref: main\n"
+                   "    ref_type: branch\n    commit: abc\n")
+    code, out, err = run(capsys, "lock", "verify", str(bad))
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 2 and all(line.startswith(f"envbuild: error: {bad}:") for line in lines)
+    assert "Traceback" not in err
+    code, _, err = run(capsys, "lock", "verify", str(tmp_path / "none.yaml"))
+    assert code == 2 and "cannot read" in err
+    good = write_lock(tmp_path / "good.yaml", "https://example.invalid/x.git", commit="a" * 40)
+    code, _, err = run(capsys, "lock", "verify", str(good), "--mirror", "no-equals-sign")
+    assert code == 2 and "--mirror" in err
+    code, _, err = run(capsys, "lock", "frobnicate")
+    assert code == 2 and "invalid choice" in err
+
+
+def test_update_moves_the_branch_pin_and_diff_counts_commits(upstream, tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    served, repo, commits = upstream
+    cache = str(tmp_path / "cache")
+    url = served.url("cli-upstream", "daemon-filter")
+    old = write_lock(tmp_path / "old.yaml", url, commit=commits[0])
+    new = tmp_path / "new.yaml"
+    new.write_bytes(old.read_bytes())
+
+    code, out, _ = run(capsys, "lock", "update", str(new), "--cache-dir", cache, "--dry-run")
+    assert code == 0 and commits[-1] in out and new.read_bytes() == old.read_bytes()
+
+    code, out, _ = run(capsys, "lock", "update", str(new), "--cache-dir", cache)
+    assert code == 0 and f"commit: {commits[0]} -> {commits[-1]} (3 commits)" in out
+    updated = load_lock(new).sources[0]
+    assert updated.commit == commits[-1] and updated.tree == repo.tree(commits[-1])
+    first = new.read_bytes()
+    code, out, _ = run(capsys, "lock", "update", str(new), "--cache-dir", cache)
+    assert code == 0 and out == "no changes\n" and new.read_bytes() == first  # deterministic, idempotent
+
+    code, out, _ = run(capsys, "lock", "diff", str(old), str(new), "--cache-dir", cache, "--json")
+    (change,) = json.loads(out)["changes"]
+    assert change["commits"] == 3 and {f["field"] for f in change["fields"]} == {"commit", "tree"}
+
+
+def test_update_of_an_unknown_name_is_refused(upstream, tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    served, _, commits = upstream
+    lock = write_lock(tmp_path / "l.yaml", served.url("cli-upstream", "file"), commit=commits[0])
+    before = lock.read_bytes()
+    code, _, err = run(capsys, "lock", "update", str(lock), "nosuch", "--cache-dir", str(tmp_path / "c"))
+    assert code == 2 and "nosuch: no such source" in err and lock.read_bytes() == before
+
+
+def test_export_repos_and_schema(upstream, tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    served, _, commits = upstream
+    lock = write_lock(tmp_path / "l.yaml", served.url("cli-upstream", "file"), commit=commits[0])
+    code, out, _ = run(capsys, "lock", "export", str(lock), "--format", "repos")
+    assert code == 0 and f"version: {commits[0]}" in out
+    code, out, _ = run(capsys, "lock", "schema")
+    assert code == 0 and json.loads(out)["title"].startswith("envbuild lockfile")
