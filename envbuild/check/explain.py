@@ -1,0 +1,154 @@
+"""Explain why two builds of one lock gave different images: which layers differ and, in them, which
+files were added, removed or changed, with the first differing bytes of text files. A diffoscope-style
+summary, not the whole tree. Reads two ``docker save`` archives (legacy or OCI layout); pure file I/O."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from envbuild.check.report import Difference, FileDifference
+from envbuild.image.normalize import _member as archive_member  # the one reader of saved archives
+
+_HEAD = 64 * 1024  # bytes of a file compared for "first difference"
+
+
+@dataclass(frozen=True)
+class _Entry:
+    kind: str
+    mode: int
+    owner: str
+    size: int
+    mtime: int
+    link: str
+    digest: str
+    head: bytes
+
+
+class _Image:
+    def __init__(self, path: Path) -> None:
+        self.tar = tarfile.open(path, mode="r:")
+        manifest = json.loads(self._read(self.tar, "manifest.json"))
+        if not isinstance(manifest, list) or len(manifest) != 1:
+            raise ValueError(f"{path}: manifest.json must describe one image")
+        self.config: dict[str, Any] = json.loads(self._read(self.tar, manifest[0]["Config"]))
+        self.layers: list[str] = manifest[0]["Layers"]
+        self.diff_ids: list[str] = self.config.get("rootfs", {}).get("diff_ids", [])
+
+    @staticmethod
+    def _read(tar: tarfile.TarFile, name: str) -> bytes:
+        handle = tar.extractfile(archive_member(tar, name))
+        assert handle is not None
+        return handle.read()
+
+    def entries(self, index: int) -> dict[str, _Entry]:
+        handle = self.tar.extractfile(archive_member(self.tar, self.layers[index]))
+        assert handle is not None
+        entries: dict[str, _Entry] = {}
+        with tarfile.open(fileobj=handle, mode="r:") as layer:
+            for info in layer:
+                digest, head = "", b""
+                if info.isfile():
+                    data = layer.extractfile(info)
+                    assert data is not None
+                    sha = hashlib.sha256()
+                    head = data.read(_HEAD)
+                    sha.update(head)
+                    while chunk := data.read(1 << 20):
+                        sha.update(chunk)
+                    digest = sha.hexdigest()
+                kind = "file" if info.isfile() else "dir" if info.isdir() else "symlink" if info.issym() \
+                    else "hardlink" if info.islnk() else "other"
+                entries[info.name.lstrip("./").rstrip("/") or "."] = _Entry(
+                    kind, info.mode, f"{info.uid}:{info.gid}", info.size, int(info.mtime), info.linkname, digest, head)
+        return entries
+
+    def close(self) -> None:
+        self.tar.close()
+
+
+def _is_text(data: bytes) -> bool:
+    if b"\0" in data[:8192]:
+        return False
+    try:
+        data[:8192].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return exc.start > 8000  # a multi-byte character cut at the edge
+    return True
+
+
+def first_difference(old: bytes, new: bytes, context: int = 24) -> str:
+    """Where two byte strings first differ, with a little of each side: ``offset 12: '…' vs '…'``."""
+    limit = min(len(old), len(new))
+    at = next((i for i in range(limit) if old[i] != new[i]), limit)
+    start = max(0, at - context)
+    show = lambda data: data[start:at + context].decode("utf-8", "replace")  # noqa: E731
+    return f"offset {at}: {show(old)!r} vs {show(new)!r}"
+
+
+def _compare_entries(old: dict[str, _Entry], new: dict[str, _Entry]) -> list[FileDifference]:
+    found: list[FileDifference] = []
+    for path in sorted(old.keys() | new.keys()):
+        a, b = old.get(path), new.get(path)
+        if a is None:
+            found.append(FileDifference(path, "added"))
+        elif b is None:
+            found.append(FileDifference(path, "removed"))
+        elif a != b:
+            aspects = [name for name, x, y in (
+                ("type", a.kind, b.kind), ("content", a.digest, b.digest), ("size", a.size, b.size),
+                ("mode", a.mode, b.mode), ("owner", a.owner, b.owner), ("mtime", a.mtime, b.mtime),
+                ("link", a.link, b.link)) if x != y]
+            detail = None
+            if "content" in aspects and _is_text(a.head) and _is_text(b.head):
+                detail = first_difference(a.head, b.head)
+            found.append(FileDifference(path, "changed", tuple(aspects), detail))
+    return found
+
+
+def _config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[FileDifference]:
+    """Config fields that differ (rootfs aside: the layers say that), as pseudo-paths."""
+    def flat(value: Any, prefix: str) -> dict[str, str]:
+        if isinstance(value, dict):
+            out: dict[str, str] = {}
+            for key in value:
+                out.update(flat(value[key], f"{prefix}.{key}" if prefix else key))
+            return out
+        if isinstance(value, list) and all(isinstance(v, dict) for v in value):
+            out = {}
+            for i, item in enumerate(value):
+                out.update(flat(item, f"{prefix}[{i}]"))
+            return out
+        return {prefix: json.dumps(value, sort_keys=True)}
+
+    a = flat({k: v for k, v in old.items() if k != "rootfs"}, "")
+    b = flat({k: v for k, v in new.items() if k != "rootfs"}, "")
+    return [FileDifference(key, "added" if key not in a else "removed" if key not in b else "changed",
+                           (), None if key not in a or key not in b else f"{a[key]} vs {b[key]}")
+            for key in sorted(a.keys() | b.keys()) if a.get(key) != b.get(key)]
+
+
+def explain(old_archive: Path, new_archive: Path, *, max_files: int = 40) -> tuple[Difference, ...]:
+    """Every part that differs between two saved images; nothing when they are the same image."""
+    old, new = _Image(old_archive), _Image(new_archive)
+    try:
+        differences: list[Difference] = []
+        config = _config_differences(old.config, new.config)
+        if config:
+            differences.append(Difference("config", files=tuple(config[:max_files]), omitted=max(0, len(config) - max_files)))
+        for index in range(max(len(old.diff_ids), len(new.diff_ids))):
+            a = old.diff_ids[index] if index < len(old.diff_ids) else ""
+            b = new.diff_ids[index] if index < len(new.diff_ids) else ""
+            if a == b:
+                continue
+            files = _compare_entries(old.entries(index) if a else {}, new.entries(index) if b else {})
+            differences.append(Difference(f"layer {index}", a or "(none)", b or "(none)",
+                                          tuple(files[:max_files]), max(0, len(files) - max_files)))
+        return tuple(differences)
+    finally:
+        old.close()
+        new.close()

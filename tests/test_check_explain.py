@@ -1,0 +1,59 @@
+"""Explaining an image mismatch: layers, files and first differing bytes, from two saved archives."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from envbuild.check.explain import explain, first_difference
+from envbuild.image.normalize import normalize_image
+from tests.test_image_normalize import BASE_DIFF, build
+
+
+@pytest.mark.parametrize("oci", [False, True], ids=["docker-save", "oci"])
+def test_same_image_has_no_differences(tmp_path: Path, oci: bool) -> None:
+    a = normalize_image(build(tmp_path, "a", mtime=1.75e9, container="c" * 64, created="2026-01-01T00:00:00Z", oci=oci),
+                        tmp_path / "na.tar", base_diff_ids=[BASE_DIFF], epoch=1_700_000_000)
+    b = normalize_image(build(tmp_path, "b", mtime=1.76e9, container="d" * 64, created="2026-01-02T00:00:00Z",
+                              shuffle=3, oci=oci),
+                        tmp_path / "nb.tar", base_diff_ids=[BASE_DIFF], epoch=1_700_000_000)
+    assert a.image_id == b.image_id
+    assert explain(tmp_path / "na.tar", tmp_path / "nb.tar") == ()
+
+
+def test_a_build_time_stamp_is_named_with_its_first_differing_bytes(tmp_path: Path) -> None:
+    old = build(tmp_path, "old", mtime=1.0e9, container="c" * 64, created="2026-01-01T00:00:00Z",
+                extra=b"BUILT = '2026-11-01 02:00:00'\n")
+    new = build(tmp_path, "new", mtime=1.0e9, container="c" * 64, created="2026-01-01T00:00:00Z",
+                extra=b"BUILT = '2026-11-02 02:00:07'\n")
+    (layer,) = explain(old, new)
+    assert layer.where == "layer 1" and layer.old != layer.new
+    (changed,) = layer.files
+    assert changed.path == "opt/envbuild/src/a.py" and changed.change == "changed"
+    assert changed.aspects == ("content",)
+    assert changed.first_difference is not None and "offset 29" in changed.first_difference
+    assert "2026-11-01" in changed.first_difference and "2026-11-02" in changed.first_difference
+
+
+def test_unnormalised_builds_show_mtimes_owners_and_config_noise(tmp_path: Path) -> None:
+    old = build(tmp_path, "old", mtime=1.0e9, container="c" * 64, created="2026-01-01T00:00:00Z")
+    new = build(tmp_path, "new", mtime=1.1e9, container="d" * 64, created="2026-01-02T00:00:00Z", owner=(1000, 1000))
+    differences = {d.where: d for d in explain(old, new)}
+    assert set(differences) == {"config", "layer 1", "layer 2"}
+    config_fields = {f.path for f in differences["config"].files}
+    assert {"created", "container"} <= config_fields
+    a_py = next(f for f in differences["layer 1"].files if f.path == "opt/envbuild/src/a.py")
+    assert set(a_py.aspects) == {"owner", "mtime"}
+
+
+def test_limits_the_listing(tmp_path: Path) -> None:
+    old = build(tmp_path, "old", mtime=1.0e9, container="c" * 64, created="2026-01-01T00:00:00Z")
+    new = build(tmp_path, "new", mtime=1.1e9, container="c" * 64, created="2026-01-01T00:00:00Z")
+    layer = next(d for d in explain(old, new, max_files=2) if d.where == "layer 1")
+    assert len(layer.files) == 2 and layer.omitted > 0
+
+
+def test_first_difference() -> None:
+    assert first_difference(b"abc", b"abd") == "offset 2: 'abc' vs 'abd'"
+    assert first_difference(b"ab", b"abc").startswith("offset 2:")
