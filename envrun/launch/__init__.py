@@ -1,0 +1,40 @@
+"""Launchers: run a :class:`~envrun.plan.RunPlan` on one backend, stream its output, stop it on Ctrl-C.
+
+Each backend is one module and the only place that talks to its engine (a subprocess, Ray's job
+API, dockerd); the engines' packages are imported only when that backend is used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+from envrun.plan import RunPlan
+
+LogSink = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    exit_code: int | None       # None when the job never reported one (stopped, lost)
+    interrupted: bool = False   # stopped on Ctrl-C
+    detail: str = ""
+
+
+class Launcher(Protocol):
+    def launch(self, plan: RunPlan, log: LogSink) -> LaunchResult:
+        """Run the job to its end; on KeyboardInterrupt stop it and return ``interrupted=True``."""
+
+
+def launcher_for(plan: RunPlan) -> Launcher:
+    if plan.backend == "local":
+        from envrun.launch.local import LocalLauncher
+
+        return LocalLauncher()
+    if plan.backend == "ray":
+        from envrun.launch.ray_backend import RayLauncher
+
+        return RayLauncher(plan.ray_address or "")
+    from envrun.launch.docker_backend import DockerLauncher
+
+    return DockerLauncher()

@@ -1,0 +1,62 @@
+"""The local backend: the trainer as a child process of this one (already inside the image)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+
+from envbuild.errors import InputError
+from envrun.launch import LaunchResult, LogSink
+from envrun.plan import RunPlan
+
+STOP_GRACE_SECONDS = 20.0
+
+
+class LocalLauncher:
+    def launch(self, plan: RunPlan, log: LogSink) -> LaunchResult:
+        try:
+            # A session of its own: a terminal's Ctrl-C reaches only us, and we stop the whole group.
+            child = subprocess.Popen(
+                list(plan.argv), env={**os.environ, **plan.env}, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                text=True, errors="replace", bufsize=1,
+            )
+        except FileNotFoundError:
+            raise InputError(f"{plan.argv[0]}: entry point not found on PATH") from None
+        assert child.stdout is not None
+        try:
+            for line in child.stdout:
+                log(line)
+            return LaunchResult(child.wait())
+        except KeyboardInterrupt:
+            code = _stop(child, log)
+            return LaunchResult(code, interrupted=True, detail="stopped on Ctrl-C")
+
+
+def _signal_group(child: subprocess.Popen[str], sig: int) -> None:
+    try:
+        os.killpg(child.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _stop(child: subprocess.Popen[str], log: LogSink) -> int | None:
+    """SIGINT to the job's process group (what a trainer expects from Ctrl-C), SIGKILL after a grace
+    period or a second Ctrl-C; the job's last words still go to the log."""
+    _signal_group(child, signal.SIGINT)
+    killer = threading.Timer(STOP_GRACE_SECONDS, _signal_group, (child, signal.SIGKILL))
+    killer.start()
+    try:
+        assert child.stdout is not None
+        for line in child.stdout:
+            log(line)
+    except KeyboardInterrupt:
+        _signal_group(child, signal.SIGKILL)
+    finally:
+        killer.cancel()
+    try:
+        return child.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        return None

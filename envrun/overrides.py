@@ -1,0 +1,200 @@
+"""Hydra overrides: merging the recipe's with the user's, and checking them against verl's config.
+
+Validation composes the config the trainer will compose (same config tree, same name, same
+overrides, Hydra's own compose API), but first checks each override on its own so that an error
+names the override at fault and, for an unknown key, the closest key that exists.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from envbuild.errors import InputError
+from envrun.recipe import override_key, override_prefix
+
+_MISSING = object()
+
+
+class OverrideError(InputError):
+    """One or more overrides do not fit the config schema; nothing was started (exit 2)."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__(f"{len(problems)} override(s) do not fit the verl config; nothing started:\n  "
+                         + "\n  ".join(problems))
+
+
+def merge_overrides(recipe: Iterable[str], later: Iterable[str]) -> tuple[str, ...]:
+    """Apply ``later`` overrides over ``recipe``'s: the last one of a key wins, in the place of the first.
+
+    A plain ``key=value`` replacing a recipe's ``+key=...`` keeps the ``+``: the user means "this
+    value instead", and the key only exists because the recipe adds it. ``~key`` drops a key the
+    recipe added, and deletes one the config has.
+    """
+    merged: dict[str, str] = {}
+    added_by_recipe: set[str] = set()
+    for override in recipe:
+        key = override_key(override)
+        merged[key] = override
+        if override_prefix(override) in ("+", "++"):
+            added_by_recipe.add(key)
+    for override in later:
+        key, prefix = override_key(override), override_prefix(override)
+        if prefix == "~" and key in added_by_recipe:
+            merged.pop(key, None)
+            continue
+        if prefix == "" and key in added_by_recipe:
+            override = (override_prefix(merged[key]) if key in merged else "++") + override
+        merged[key] = override
+    return tuple(merged.values())
+
+
+@dataclass(frozen=True)
+class ConfigSchema:
+    """A composed config's key set, for naming unknown keys and finding the closest one."""
+
+    config: Any                 # an omegaconf DictConfig, composed without overrides
+    keys: frozenset[str]        # every dotted path, interior nodes included
+    groups: frozenset[str]      # Hydra config groups (selectable with ``group=option``)
+
+    def value(self, key: str) -> Any:
+        from omegaconf import OmegaConf
+
+        return OmegaConf.select(self.config, key, default=_MISSING, throw_on_missing=False)
+
+    def closest(self, key: str) -> str | None:
+        """A sibling with a similar name first (a typo), else a similar full path (a misplaced key)."""
+        parent, _, leaf = key.rpartition(".")
+        siblings = sorted(k.rpartition(".")[2] for k in self.keys if k.rpartition(".")[0] == parent)
+        matches = difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.6)
+        if matches:
+            return f"{parent}.{matches[0]}" if parent else matches[0]
+        matches = difflib.get_close_matches(key, sorted(self.keys), n=1, cutoff=0.85)
+        return matches[0] if matches else None
+
+
+def load_schema(config_dir: Path, config_name: str) -> ConfigSchema:
+    config = _compose(config_dir, config_name, [])
+    from omegaconf import OmegaConf
+
+    keys: set[str] = set()
+    _flatten(OmegaConf.to_container(config, resolve=False), "", keys)
+    groups = {str(p.relative_to(config_dir)) for p in config_dir.rglob("*") if p.is_dir() and any(p.glob("*.yaml"))}
+    return ConfigSchema(config, frozenset(keys), frozenset(groups))
+
+
+def validate_overrides(overrides: Iterable[str], config_dir: Path, config_name: str) -> None:
+    """Raise :class:`OverrideError` naming every override the config will not take."""
+    overrides = list(overrides)
+    problems = _syntax_problems(overrides)
+    bad = {p.split(": ", 1)[0] for p in problems}
+    schema = load_schema(config_dir, config_name)
+    problems += key_problems([o for o in overrides if o not in bad], schema)
+    if problems:
+        raise OverrideError(problems)
+    try:
+        _compose(config_dir, config_name, overrides)
+    except Exception as exc:  # Hydra's composition errors have no common base worth naming
+        raise OverrideError([f"the verl config ({config_name}) rejects the overrides: {_first_line(exc)}"]) from None
+
+
+def key_problems(overrides: list[str], schema: ConfigSchema) -> list[str]:
+    """Keys that do not exist (``key=``, ``~key``) or already do (``+key=``), and values of the wrong
+    kind for a key whose default is a boolean or a number; each with a fix."""
+    problems, added = [], set()
+    parsed = _parsed_values(overrides)
+    for override in overrides:
+        key, prefix = override_key(override), override_prefix(override)
+        if key.split("@", 1)[0].replace(".", "/") in schema.groups or key in schema.groups:
+            continue
+        known = key in schema.keys or any(key == a or key.startswith(a + ".") for a in added)
+        if prefix in ("", "~") and not known:
+            closest = schema.closest(key)
+            hint = f"; did you mean {closest}?" if closest else ""
+            add = " (or add it with +" + key + "=..., if verl reads it)" if prefix == "" else ""
+            problems.append(f"{override}: unknown key {key} in the verl config{hint}{add}")
+        elif prefix == "+" and schema.value(key) not in (_MISSING, None):
+            problems.append(f"{override}: {key} already exists in the verl config; drop the '+' to change it")
+        elif prefix == "" and (mismatch := _type_mismatch(schema.value(key), parsed.get(override))):
+            problems.append(f"{override}: {key} {mismatch}")
+        if prefix in ("+", "++"):
+            added.add(key)
+    return problems
+
+
+def _type_mismatch(default: Any, value: Any) -> str | None:
+    """verl's configs are untyped YAML, so Hydra takes ``total_epochs=abc``; the trainer would fail later.
+
+    Only what verl's dataclasses would refuse too: a non-boolean for a boolean default (OmegaConf
+    takes 0 and 1), a non-number for a numeric one (YAML authors write ``1`` for a float, so int and
+    float are not told apart).
+    """
+    if value is _MISSING or value is None or default in (_MISSING, None) or isinstance(value, str) and "${" in value:
+        return None
+    if isinstance(default, bool):
+        if isinstance(value, bool) or (isinstance(value, int) and value in (0, 1)):
+            return None
+        return f"expects a boolean (True/False; default {default!r}), got {value!r}"
+    if isinstance(default, (int, float)):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return None
+        return f"expects a number (default {default!r}), got {value!r}"
+    return None
+
+
+def _parsed_values(overrides: list[str]) -> dict[str, Any]:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser, values = OverridesParser.create(), {}
+    for override in overrides:
+        try:
+            values[override] = parser.parse_overrides([override])[0].value()
+        except Exception:  # reported by _syntax_problems
+            values[override] = _MISSING
+    return values
+
+
+def _syntax_problems(overrides: list[str]) -> list[str]:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser, problems = OverridesParser.create(), []
+    for override in overrides:
+        try:
+            parsed = parser.parse_overrides([override])[0]
+        except OverrideParseException as exc:
+            problems.append(f"{override}: not a valid Hydra override: {_first_line(exc)}")
+            continue
+        if parsed.is_sweep_override():
+            problems.append(f"{override}: a sweep (a,b or range) is not a single run; quote the value or pick one")
+    return problems
+
+
+def _compose(config_dir: Path, config_name: str, overrides: list[str]) -> Any:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    if not (Path(config_dir) / f"{config_name}.yaml").is_file():
+        raise InputError(f"{config_dir}: no {config_name}.yaml; is this verl's trainer/config?")
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base=None):
+            return compose(config_name=config_name, overrides=overrides)
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def _flatten(node: Any, prefix: str, out: set[str]) -> None:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            path = f"{prefix}.{key}" if prefix else str(key)
+            out.add(path)
+            _flatten(value, path, out)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]

@@ -1,0 +1,152 @@
+"""Preflight: the checks that must pass before a job starts, each a typed line of a report.
+
+The outside world comes in through injected callables (image labels, the checkpoint audit, the NPU
+probe), so the checks run the same in tests with small fakes and in production with the real thing.
+"""
+
+from __future__ import annotations
+
+import glob
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from envbuild.errors import EnvbuildError, InputError
+from envrun.plan import CheckResult, RunPlan
+
+LOCK_LABEL = "io.envbuild.lock.sha256"
+CHECKS = ("image-lock-label", "npus", "model", "data")
+PARQUET_MAGIC = b"PAR1"
+
+ImageLabels = Callable[[str], "dict[str, str]"]   # image ref -> labels; raises EnvbuildError if absent
+Audit = Callable[[Path], Any]                      # model dir -> report with .ok, .missing, .to_json()
+NpuProbe = Callable[[], CheckResult]
+
+
+class PreflightError(InputError):
+    """A preflight check failed; nothing was started (exit 2)."""
+
+
+@dataclass(frozen=True)
+class PreflightEnv:
+    image_labels: ImageLabels | None = None
+    audit: Audit | None = None
+    npu_probe: NpuProbe | None = None
+
+
+def run_preflight(plan: RunPlan, env: PreflightEnv, *, dry_run: bool = False,
+                  skip: Iterable[str] = ()) -> tuple[CheckResult, ...]:
+    skip = set(skip)
+    unknown = skip - set(CHECKS)
+    if unknown:
+        raise InputError(f"--skip-check: unknown check {sorted(unknown)[0]} (checks: {', '.join(CHECKS)})")
+    results = []
+    for name, check in (("image-lock-label", lambda: check_image_label(plan, env.image_labels)),
+                        ("npus", lambda: check_npus(plan, env.npu_probe, dry_run)),
+                        ("model", lambda: check_model(plan, env.audit)),
+                        ("data", lambda: check_data(plan.data_files))):
+        results.append(CheckResult(name, "skip", "skipped by --skip-check") if name in skip else check())
+    return tuple(results)
+
+
+def failed(results: Iterable[CheckResult]) -> list[CheckResult]:
+    return [r for r in results if r.status == "fail"]
+
+
+def check_image_label(plan: RunPlan, image_labels: ImageLabels | None) -> CheckResult:
+    name = "image-lock-label"
+    if not plan.image:
+        return CheckResult(name, "skip", f"no --image; the {plan.backend} backend runs in the current image")
+    if image_labels is None:
+        return CheckResult(name, "fail", f"{plan.image}: cannot read its labels (no container engine)")
+    try:
+        labels = image_labels(plan.image)
+    except EnvbuildError as exc:
+        return CheckResult(name, "fail", f"{plan.image}: {exc}")
+    found = (labels or {}).get(LOCK_LABEL)
+    if found is None:
+        return CheckResult(name, "fail", f"{plan.image} has no {LOCK_LABEL} label; build it with `envbuild image build`")
+    if found != plan.lock_sha256:
+        return CheckResult(name, "fail", f"{plan.image} was built from lock sha256 {found}, not {plan.lock_file} "
+                                         f"(sha256 {plan.lock_sha256}); rebuild the image or pass the lock it was built from")
+    return CheckResult(name, "ok", f"{plan.image} carries {LOCK_LABEL}={found}")
+
+
+def check_npus(plan: RunPlan, probe: NpuProbe | None, dry_run: bool) -> CheckResult:
+    if dry_run:
+        return CheckResult("npus", "skip", "dry run")
+    if plan.backend == "ray":
+        return CheckResult("npus", "skip", "the Ray cluster's nodes run the job; verl checks their NPUs")
+    return (probe or probe_npus)()
+
+
+def probe_npus() -> CheckResult:
+    devices = sorted(d for d in glob.glob("/dev/davinci[0-9]*"))
+    if not devices:
+        return CheckResult("npus", "fail", "no /dev/davinci* device: no Ascend NPU visible on this host")
+    npu_smi = shutil.which("npu-smi") or ("/usr/local/bin/npu-smi" if Path("/usr/local/bin/npu-smi").exists() else None)
+    if npu_smi is None:
+        return CheckResult("npus", "fail", f"{len(devices)} /dev/davinci* devices but no npu-smi (driver not installed?)")
+    try:
+        done = subprocess.run([npu_smi, "info"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return CheckResult("npus", "fail", f"npu-smi info failed: {exc}")
+    if done.returncode != 0:
+        return CheckResult("npus", "fail", f"npu-smi info exited {done.returncode}: {done.stderr.strip()[:200]}")
+    return CheckResult("npus", "ok", f"{len(devices)} devices ({', '.join(devices)}); npu-smi info ok")
+
+
+def default_audit(model_dir: Path) -> Any:
+    from envrun.checkpoint.audit import audit_checkpoint  # another module's cost; only when checking
+
+    return audit_checkpoint(model_dir)
+
+
+def check_model(plan: RunPlan, audit: Audit | None) -> CheckResult:
+    model = plan.model
+    if model is None:
+        return CheckResult("model", "skip", "the model path is set by an override, not --model")
+    if not model.is_dir():
+        return CheckResult("model", "fail", f"{model}: not a directory; pass the model directory holding config.json")
+    if not plan.lenient_checkpoint:
+        return CheckResult("model", "ok", f"{model}: a directory")
+    try:
+        report = (audit or default_audit)(model)
+    except EnvbuildError as exc:
+        return CheckResult("model", "fail", f"{model}: checkpoint unreadable: {exc}")
+    if not report.ok:
+        missing = list(getattr(report, "missing", ()))
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        unexpected = list(getattr(report, "unexpected", ()))
+        more = f"; unexpected: {', '.join(unexpected[:5])}" if unexpected else ""
+        return CheckResult("model", "fail", f"{model}: checkpoint audit failed (checkpoint.strict=False "
+                                            f"tolerates only the MTP layers): missing: {shown or '-'}{more}")
+    return CheckResult("model", "ok", f"{model}: checkpoint audit ok (only MTP layers may be absent)")
+
+
+def check_data(files: tuple[Path, ...]) -> CheckResult:
+    if not files:
+        return CheckResult("data", "skip", "the data files are set by overrides, not --data")
+    problems = [p for p in map(_parquet_problem, files) if p]
+    if problems:
+        return CheckResult("data", "fail", "; ".join(problems))
+    return CheckResult("data", "ok", f"{len(files)} parquet file(s)")
+
+
+def _parquet_problem(path: Path) -> str | None:
+    try:
+        with path.open("rb") as f:
+            head = f.read(4)
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(size - 4, 0))
+            tail = f.read(4)
+    except FileNotFoundError:
+        return f"{path}: no such file"
+    except OSError as exc:
+        return f"{path}: cannot read: {exc.strerror or exc}"
+    if size < 12 or head != PARQUET_MAGIC or tail != PARQUET_MAGIC:
+        return f"{path}: not a parquet file (no PAR1 magic at start and end)"
+    return None

@@ -1,0 +1,158 @@
+"""Recipes: a training job as data (entry point, config name, Hydra overrides, runtime env).
+
+A recipe file is read strictly, with line-numbered problems, by the same decoder as the lockfile.
+Another job is another file under ``envrun/recipes/``, not more code.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import yaml
+
+from envbuild.errors import LockfileError, Problem
+from envbuild.lock.model import ENV_NAME, SAFE_NAME, check_env
+from envbuild.lock.typed import Decoder, mfield
+
+RECIPE_VERSION = 1
+RECIPES_DIR = Path(__file__).parent / "recipes"
+# The parameters the command line offers; a recipe says which override key each one sets.
+PARAMETERS = ("model", "train_files", "val_files", "nnodes", "npus_per_node")
+REQUIRED_PARAMETERS = ("model", "train_files")
+_OVERRIDE = r"(?:\+\+|\+|~)?[A-Za-z_][A-Za-z0-9_./@-]*(?:=.*)?"
+_KEY = r"[A-Za-z_][A-Za-z0-9_./@-]*"
+
+
+class RecipeError(LockfileError):
+    """A recipe file failed validation: every problem, each with its file and line (exit 2)."""
+
+
+def _check_override(value: str) -> str | None:
+    if not re.fullmatch(_OVERRIDE, value, flags=re.S):
+        return f"{value!r} is not a Hydra override (key=value, +key=value, ++key=value or ~key)"
+    if "\n" in value or "\0" in value:
+        return f"{value!r} contains a newline or NUL"
+    return None
+
+
+def _check_parameters(params: dict[str, str]) -> str | None:
+    for name, key in params.items():
+        if name not in PARAMETERS:
+            return f"unknown parameter {name!r} (known: {', '.join(PARAMETERS)})"
+        if not re.fullmatch(_KEY, key or ""):
+            return f"{name}: {key!r} is not a config key"
+    return None
+
+
+@dataclass(frozen=True)
+class OverrideGroup:
+    """Overrides that belong together (data, actor, rollout, ...), in the order Hydra gets them."""
+
+    group: str = mfield(pattern=SAFE_NAME, expect="a short lowercase name")
+    overrides: tuple[str, ...] = mfield((), check=lambda vs: next(filter(None, map(_check_override, vs)), None))
+
+
+@dataclass(frozen=True)
+class LenientCheckpoint:
+    """A lenient checkpoint setting, why it is needed, and the check that keeps it safe."""
+
+    override: str = mfield(check=_check_override)
+    reason: str
+    guard: Literal["checkpoint-audit"]
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One training job: how to start it and every Hydra override it passes."""
+
+    recipe: Literal[1]
+    name: str = mfield(pattern=SAFE_NAME, expect="a safe name such as grpo-glm5")
+    entry_point: tuple[str, ...]
+    config_name: str = mfield(pattern=r"[A-Za-z0-9_./-]+", expect="a Hydra config name")
+    override_groups: tuple[OverrideGroup, ...]
+    description: str = ""
+    lock: str | None = mfield(None, description="default lockfile, relative to the current directory or the checkout")
+    verl_package: str = "verl"
+    runtime_env: dict[str, str] = mfield(default_factory=dict, check=check_env)
+    parameters: dict[str, str] = mfield(default_factory=dict, check=_check_parameters)
+    lenient_checkpoint: LenientCheckpoint | None = None
+
+    def runtime_env_overrides(self) -> tuple[str, ...]:
+        """The runtime env as Ray workers get it, through verl's ray_init (upstream's own spelling)."""
+        return tuple(f"++ray_kwargs.ray_init.runtime_env.env_vars.{k}='{v}'" for k, v in self.runtime_env.items())
+
+    def overrides(self) -> tuple[str, ...]:
+        """Every override of the recipe, in order: runtime env, groups, then the lenient checkpoint."""
+        out = list(self.runtime_env_overrides())
+        for group in self.override_groups:
+            out.extend(group.overrides)
+        if self.lenient_checkpoint is not None:
+            out.append(self.lenient_checkpoint.override)
+        return tuple(out)
+
+
+def recipe_path(name_or_path: str) -> Path:
+    """A shipped recipe by name (``grpo-glm5``) or a recipe file by path."""
+    candidate = Path(name_or_path)
+    if candidate.suffix in (".yaml", ".yml") or candidate.exists():
+        return candidate
+    return RECIPES_DIR / f"{name_or_path}.yaml"
+
+
+def shipped_recipes() -> tuple[str, ...]:
+    return tuple(sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")))
+
+
+def load_recipe(path: Path) -> Recipe:
+    file = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RecipeError([Problem(file, 0, "", f"cannot read: {getattr(exc, 'strerror', None) or exc}")]) from None
+    return parse_recipe(text, file)
+
+
+def parse_recipe(text: str, file: str = "<recipe>") -> Recipe:
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        reason = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise RecipeError([Problem(file, mark.line + 1 if mark else 0, "", f"not valid YAML: {reason}")]) from None
+    if root is None:
+        raise RecipeError([Problem(file, 0, "", "empty file; a recipe needs recipe, name, entry_point, config_name, override_groups")])
+    decoder = Decoder(file)
+    recipe = decoder.decode(Recipe, root, "")
+    if recipe is not None:
+        decoder.problems.extend(_cross_checks(recipe, file))
+    if decoder.problems or recipe is None:
+        raise RecipeError(decoder.problems)
+    return recipe
+
+
+def _cross_checks(recipe: Recipe, file: str) -> list[Problem]:
+    problems = []
+    if not recipe.entry_point:
+        problems.append(Problem(file, 0, "entry_point", "must name a program, e.g. [python3, -m, verl.trainer.main_ppo]"))
+    seen: dict[str, str] = {}
+    for override in recipe.overrides():
+        key = override_key(override)
+        if key in seen:
+            problems.append(Problem(file, 0, "override_groups", f"{key} is set twice ({seen[key]!r} and {override!r})"))
+        seen[key] = override
+    for name in recipe.runtime_env:
+        if not re.fullmatch(ENV_NAME, name):
+            problems.append(Problem(file, 0, "runtime_env", f"{name!r} is not an environment variable name"))
+    return problems
+
+
+def override_key(override: str) -> str:
+    """The config key an override addresses, without its ``+``/``++``/``~`` prefix and value."""
+    return override.lstrip("+~").split("=", 1)[0]
+
+
+def override_prefix(override: str) -> str:
+    return override[: len(override) - len(override.lstrip("+~"))]

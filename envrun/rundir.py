@@ -1,0 +1,78 @@
+"""A run directory: what was run, with what, what it printed and how it ended.
+
+Layout::
+
+    plan.json       the resolved command, environment, backend, image and lock digests
+    command.txt     the command as one shell line (to rerun by hand)
+    preflight.json  every preflight line
+    output.log      the job's output, as streamed
+    status.json     {"status": "succeeded" | "failed" | "interrupted" | "error", "exit_code": N}
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Literal, TextIO
+
+from envbuild.errors import CacheError
+from envrun.plan import RunPlan, plan_to_json
+
+Status = Literal["succeeded", "failed", "interrupted", "error"]
+
+
+def default_run_dir(recipe: str, base: Path = Path("runs")) -> Path:
+    return base / f"{recipe}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+
+
+class RunDir:
+    """Writes a run's record as it happens; ``log`` is safe to call from a log-streaming thread."""
+
+    def __init__(self, path: Path, echo: TextIO | None | Literal["stdout"] = "stdout") -> None:
+        self.path = Path(path)
+        try:
+            self.path.mkdir(parents=True, exist_ok=False)
+        except FileExistsError:
+            raise CacheError(f"{self.path}: run directory exists; pick another --run-dir") from None
+        except OSError as exc:
+            raise CacheError(f"{self.path}: cannot create the run directory: {exc.strerror or exc}") from None
+        self._log = (self.path / "output.log").open("a", encoding="utf-8")
+        self._echo, self._lock = echo, threading.Lock()
+
+    def record_plan(self, plan: RunPlan, image_digest: str | None = None) -> None:
+        document = plan_to_json(plan)
+        document["image_digest"] = image_digest
+        _write_json(self.path / "plan.json", document)
+        (self.path / "command.txt").write_text(plan.command_line + "\n", encoding="utf-8")
+        _write_json(self.path / "preflight.json", [c.to_json() for c in plan.preflight])
+
+    def log(self, text: str) -> None:
+        """One chunk of output (a line with its newline, usually)."""
+        with self._lock:
+            self._log.write(text)
+            self._log.flush()
+            echo = sys.stdout if self._echo == "stdout" else self._echo  # sys.stdout as of now
+            if echo is not None:
+                echo.write(text)
+                echo.flush()
+
+    def finish(self, status: Status, exit_code: int | None, detail: str = "") -> None:
+        document: dict[str, Any] = {"status": status, "exit_code": exit_code}
+        if detail:
+            document["detail"] = detail
+        _write_json(self.path / "status.json", document)
+        with self._lock:
+            self._log.close()
+
+
+def read_status(path: Path) -> dict[str, Any]:
+    return json.loads((Path(path) / "status.json").read_text(encoding="utf-8"))
+
+
+def _write_json(path: Path, document: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    tmp.replace(path)

@@ -1,0 +1,92 @@
+"""The local backend, end to end: the CLI runs tests/fake_trainer.py, which checks the plan's argv and env."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from envrun.cli_run import main_for_tests
+from envrun.rundir import read_status
+from tests.test_plan import REPO, Tiny, dry_run_json, tiny_setup
+
+
+def expect_file(tiny: Tiny, capsys: pytest.CaptureFixture[str], *extra: str) -> list[str]:
+    """Write what the fake trainer must receive (from the dry run) and return the --env that names it."""
+    path = tiny.tmp / "expect.json"
+    env = ["--env", f"FAKE_TRAINER_EXPECT={path}"]
+    plan = dry_run_json(tiny, capsys, *env, *extra)
+    path.write_text(json.dumps({"args": plan["argv"][2:], "env": plan["env"]}))
+    return env
+
+
+@pytest.fixture()
+def tiny(tmp_path: Path) -> Tiny:
+    return tiny_setup(tmp_path)
+
+
+def test_local_run_passes_argv_and_env(tiny: Tiny, capsys: pytest.CaptureFixture[str]) -> None:
+    env = expect_file(tiny, capsys, "-o", "trainer.total_epochs=3")
+    run_dir = tiny.tmp / "run"
+    assert main_for_tests(tiny.args(*env, "-o", "trainer.total_epochs=3", "--run-dir", str(run_dir))) == 0
+    assert "fake trainer: ok" in capsys.readouterr().out
+    assert read_status(run_dir) == {"status": "succeeded", "exit_code": 0}
+    assert "fake trainer: ok" in (run_dir / "output.log").read_text()
+
+
+def test_trainer_failure_is_recorded(tiny: Tiny, capsys: pytest.CaptureFixture[str]) -> None:
+    env = expect_file(tiny, capsys)
+    run_dir = tiny.tmp / "run"
+    # A different value than the expectation: the fake trainer sees it and fails.
+    assert main_for_tests(tiny.args(*env, "-o", "trainer.total_epochs=7", "--run-dir", str(run_dir))) == 1
+    assert read_status(run_dir)["status"] == "failed"
+    assert "expected 'trainer.total_epochs=2'" in (run_dir / "output.log").read_text()
+
+
+def test_ctrl_c_stops_the_job_and_records_interrupted(tiny: Tiny, capsys: pytest.CaptureFixture[str]) -> None:
+    env = expect_file(tiny, capsys)
+    run_dir = tiny.tmp / "run"
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "envrun.cli_run", *tiny.args(*env, "--run-dir", str(run_dir))],
+        cwd=REPO, env={**os.environ, "FAKE_TRAINER_SLEEP": "120"}, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert cli.stdout is not None
+        for line in cli.stdout:  # wait until the trainer is really running
+            if "fake trainer: sleeping" in line:
+                break
+        cli.send_signal(signal.SIGINT)
+        rest = cli.communicate(timeout=30)[0]
+    finally:
+        cli.kill()
+    assert cli.returncode == 130
+    assert "fake trainer: interrupted" in rest
+    status = read_status(run_dir)
+    assert status["status"] == "interrupted" and status["exit_code"] == 130
+    assert "fake trainer: interrupted" in (run_dir / "output.log").read_text()
+
+
+@pytest.mark.network
+def test_grpo_glm5_locally_with_the_fake_trainer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tiny = tiny_setup(tmp_path)
+    cache = tmp_path / "cache"
+    expect = tmp_path / "expect.json"
+    args = ["grpo-glm5", "--model", str(tiny.model), "--data", str(tiny.data), "--cache-dir", str(cache), "-q",
+            "--nnodes", "1", "--npus-per-node", "1", "--entry-point", f"{sys.executable} {REPO}/tests/fake_trainer.py",
+            "--env", f"FAKE_TRAINER_EXPECT={expect}"]
+    assert main_for_tests([*args, "--dry-run", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    expect.write_text(json.dumps({"args": plan["argv"][2:], "env": plan["env"]}))
+    run_dir = tmp_path / "run"
+    # No NPU here: the check is skipped, and the run records that it was.
+    assert main_for_tests([*args, "--skip-check", "npus", "--run-dir", str(run_dir)]) == 0
+    assert read_status(run_dir)["status"] == "succeeded"
+    recorded = json.loads((run_dir / "plan.json").read_text())
+    assert recorded["argv"] == plan["argv"]
+    assert {"name": "npus", "status": "skip", "detail": "skipped by --skip-check"} in recorded["preflight"]

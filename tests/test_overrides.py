@@ -1,0 +1,106 @@
+"""Overrides against verl 0.9.1's real config (from PyPI, through envrun.verlconfig) and merge rules."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from envbuild.errors import RemoteError
+from envbuild.lock.io import load_lock
+from envrun.cli_run import main_for_tests
+from envrun.overrides import OverrideError, merge_overrides, validate_overrides
+from envrun.recipe import load_recipe, recipe_path
+from envrun.verlconfig import VerlWheel, verl_config_dir, verl_wheel_from_lock
+from tests.test_plan import LOCK, tiny_setup
+
+VERL_091 = VerlWheel("verl", "0.9.1", "verl-0.9.1-py3-none-any.whl",
+                     "db6e6f2a8d9d5808d9ec32d357a42319fdc6967df688ff9d9810050f49bfdd14", "https://pypi.org/simple")
+
+
+def test_merge_last_wins_in_place() -> None:
+    merged = merge_overrides(["a=1", "+b=2", "c=3"], ["a=9", "b=8", "d=4", "a=10", "~c"])
+    assert merged == ("a=10", "+b=8", "~c", "d=4")
+
+
+def test_merge_delete_of_an_added_key_drops_it() -> None:
+    assert merge_overrides(["+b=2"], ["~b"]) == ()
+
+
+def test_the_lock_pins_the_verl_wheel() -> None:
+    wheel = verl_wheel_from_lock(load_lock(LOCK), str(LOCK))
+    assert (wheel.filename, wheel.sha256) == (VERL_091.filename, VERL_091.sha256)
+
+
+@pytest.fixture(scope="module")
+def verl_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="module")
+def verl_config(verl_cache: Path) -> Path:
+    return verl_config_dir(VERL_091, verl_cache)
+
+
+@pytest.mark.network
+def test_verl_091_accepts_every_recipe_override(verl_config: Path) -> None:
+    assert (verl_config / "ppo_megatron_trainer.yaml").is_file()
+    assert not list(verl_config.parent.parent.parent.glob("verl/*.py"))  # only the config tree is kept
+    recipe = load_recipe(recipe_path("grpo-glm5"))
+    validate_overrides([*recipe.overrides(), "actor_rollout_ref.model.path=/m", "data.train_files=/d.parquet",
+                        "data.val_files=/d.parquet"], verl_config, recipe.config_name)
+
+
+@pytest.mark.network
+def test_cached_config_is_reused_offline(verl_config: Path, verl_cache: Path) -> None:
+    assert verl_config_dir(VERL_091, verl_cache, offline=True) == verl_config
+
+
+@pytest.mark.network
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("actor_rollout_ref.actor.optim.lrr=1e-5", "unknown key actor_rollout_ref.actor.optim.lrr in the verl config; did you mean actor_rollout_ref.actor.optim.lr?"),
+        ("trainer.nnode=2", "did you mean trainer.nnodes?"),
+        ("+trainer.nnodes=2", "trainer.nnodes already exists"),
+        ("trainer.total_epochs=many", "expects a number"),
+        ("trainer.nnodes=1,2", "a sweep"),
+        ("~trainer.no_such_key", "unknown key trainer.no_such_key"),
+    ],
+)
+def test_bad_override_is_named(verl_config: Path, override: str, expected: str) -> None:
+    with pytest.raises(OverrideError) as info:
+        validate_overrides(["trainer.nnodes=4", override], verl_config, "ppo_megatron_trainer")
+    assert expected in str(info.value)
+    assert info.value.exit_code == 2
+
+
+@pytest.mark.network
+def test_grpo_glm5_dry_run_and_unknown_override_through_the_cli(
+        verl_cache: Path, verl_config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tiny = tiny_setup(tmp_path)
+    args = ["grpo-glm5", "--model", str(tiny.model), "--data", str(tiny.data), "--cache-dir", str(verl_cache), "-q"]
+    assert main_for_tests([*args, "--dry-run", "--json", "--nnodes", "2"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["argv"][:6] == ["python3", "-m", "verl.trainer.main_ppo", "--config-name=ppo_megatron_trainer",
+                                "++ray_kwargs.ray_init.runtime_env.env_vars.VERL_VLLM_ASCEND_GLM52_PATCH='1'",
+                                "data.train_batch_size=64"]
+    assert "trainer.nnodes=2" in plan["argv"] and "trainer.nnodes=32" not in plan["argv"]
+    assert "actor_rollout_ref.actor.checkpoint.strict=False" in plan["argv"]
+    assert plan["env"] == {"VERL_VLLM_ASCEND_GLM52_PATCH": "1"}
+    assert [c["status"] for c in plan["preflight"] if c["name"] == "model"] == ["ok"]
+
+    run_dir = tmp_path / "run"
+    assert main_for_tests([*args, "-o", "trainer.nnode=2", "--run-dir", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "trainer.nnode=2: unknown key trainer.nnode" in err and "did you mean trainer.nnodes?" in err
+    assert not run_dir.exists()
+
+
+@pytest.mark.network
+def test_wrong_sha256_is_refused(tmp_path: Path) -> None:
+    wrong = VerlWheel(**{**VERL_091.__dict__, "sha256": "0" * 64})
+    with pytest.raises(RemoteError, match="sha256"):
+        verl_config_dir(wrong, tmp_path)
+    assert not (tmp_path / "verl-config" / ("0" * 64)).exists()
