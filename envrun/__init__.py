@@ -1,0 +1,1 @@
+"""envrun: run training jobs from locked images, with preflight checks such as the checkpoint audit."""

@@ -1,0 +1,251 @@
+"""Audit a Hugging Face checkpoint directory from config.json and safetensors headers only.
+
+Why: verl saves HF weights with ``checkpoint.strict=False`` because the MTP layers are absent from
+the trained model, and that leniency would equally let a lost ``lm_head`` or expert shard pass
+(upstream-facts §4). The audit is the check that only the MTP layers are missing. It never reads
+tensor data, so it costs a few megabytes of headers even for a checkpoint of a terabyte.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from envbuild.errors import InputError
+from envrun.checkpoint.layout import ModelLayout, derive_expectation, load_layout, split_layer_name
+from envrun.checkpoint.safetensors_header import read_safetensors_header
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+class CheckpointIndexError(InputError):
+    """model.safetensors.index.json is not JSON or does not map tensor names to shard file names."""
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    """The outcome of :func:`audit_checkpoint`; ``ok`` is the only field a caller must look at."""
+
+    ok: bool
+    missing: tuple[str, ...]          # lost tensors outside the MTP layers
+    unexpected: tuple[str, ...]       # tensors no loader asks for, or that the index does not place
+    mtp_layers: tuple[int, ...]
+    mtp_present: bool                 # every tensor of every MTP layer is there
+    mtp_missing: tuple[str, ...]      # tolerated: a lenient export drops the MTP layers
+    shards_missing: tuple[str, ...]   # files the index names that do not exist
+    shards_unindexed: tuple[str, ...] # *.safetensors files in the directory no loader will open
+    shards: tuple[str, ...]           # files whose headers were read
+    layout: ModelLayout
+    tensors: int                      # tensors found where the index says they are
+    bytes_read: int                   # config + index + headers; tensor data is never read
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON document of issue 4 §4, with extra keys after the four that are promised."""
+        return {
+            "ok": self.ok,
+            "missing": list(self.missing),
+            "unexpected": list(self.unexpected),
+            "mtp": {"layers": list(self.mtp_layers), "present": self.mtp_present},
+            "mtp_missing": list(self.mtp_missing),
+            "shards_missing": list(self.shards_missing),
+            "shards_unindexed": list(self.shards_unindexed),
+            "shards": len(self.shards),
+            "tensors": self.tensors,
+            "num_hidden_layers": self.layout.num_hidden_layers,
+            "first_k_dense_replace": self.layout.first_k_dense_replace,
+            "n_routed_experts": self.layout.n_routed_experts,
+            "tie_word_embeddings": self.layout.tie_word_embeddings,
+        }
+
+
+def audit_checkpoint(model_dir: Path) -> AuditReport:
+    """Audit ``model_dir``. Raises :class:`InputError` (exit 2) for input that cannot be read at all."""
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise InputError(f"{model_dir}: not a directory; pass the model directory holding config.json")
+    config_path = model_dir / "config.json"
+    layout = load_layout(config_path)
+    bytes_read = config_path.stat().st_size
+
+    # transformers tries the single file before the index, so an audit must look where it looks.
+    single, index_path = model_dir / SINGLE_FILE, model_dir / INDEX_FILE
+    if single.is_file():
+        weight_map = None
+    elif index_path.is_file():
+        weight_map = _read_index(index_path)
+        bytes_read += index_path.stat().st_size
+    else:
+        raise InputError(f"{model_dir}: neither {SINGLE_FILE} nor {INDEX_FILE}; not a safetensors checkpoint")
+
+    shard_names = sorted(set(weight_map.values())) if weight_map is not None else [SINGLE_FILE]
+    held: dict[str, frozenset[str]] = {}
+    shards_missing: list[str] = []
+    for shard in shard_names:
+        path = model_dir / shard
+        if not path.is_file():
+            shards_missing.append(shard)
+            continue
+        header = read_safetensors_header(path)
+        held[shard] = frozenset(header.tensors)
+        bytes_read += header.bytes_read
+
+    if weight_map is None:
+        present = set(held[SINGLE_FILE])
+        misplaced: set[str] = set()
+        unindexed: set[str] = set()
+    else:
+        # A tensor counts only where the index places it: that is the only place a loader looks.
+        present = {name for name, shard in weight_map.items() if name in held.get(shard, ())}
+        misplaced = set(weight_map) - present
+        unindexed = {name for shard, names in held.items() for name in names if weight_map.get(name) != shard}
+
+    expect = derive_expectation(layout, present)
+    mtp = set(layout.mtp_layers)
+    lost = (expect.required | expect.mtp_required | misplaced) - present
+    # MTP tensors are tolerated however they went missing, even ones the index still lists: the
+    # loaders skip MTP keys, and a lenient save may keep an index entry for a tensor it dropped.
+    lost_mtp = {name for name in lost if _layer_of(name) in mtp}
+    missing = lost - lost_mtp
+    unexpected = (present - expect.required - expect.mtp_required - expect.allowed) | unindexed
+
+    return AuditReport(
+        ok=not missing and not unexpected and not shards_missing,
+        missing=natural_sorted(missing),
+        unexpected=natural_sorted(unexpected),
+        mtp_layers=layout.mtp_layers,
+        # With no MTP layers declared there is nothing to be present; false keeps "present" meaning
+        # "the run can train MTP" rather than "nothing is lost".
+        mtp_present=bool(mtp) and not lost_mtp,
+        mtp_missing=natural_sorted(lost_mtp),
+        shards_missing=tuple(shards_missing),
+        shards_unindexed=_unindexed_files(model_dir, set(shard_names)),
+        shards=tuple(sorted(held)),
+        layout=layout,
+        tensors=len(present),
+        bytes_read=bytes_read,
+    )
+
+
+def _read_index(path: Path) -> dict[str, str]:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise CheckpointIndexError(f"{path}: not readable JSON ({exc})") from exc
+    weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointIndexError(f"{path}: weight_map must be a non-empty object of tensor name -> shard file")
+    bad = sorted(
+        str(shard) for shard in set(map(str, weight_map.values())) if not _is_shard_file_name(shard)
+    ) + sorted(str(n) for n, s in weight_map.items() if not isinstance(s, str))
+    if bad:
+        # A path with a separator could point the audit (and a loader) outside the model directory.
+        raise CheckpointIndexError(f"{path}: weight_map names {bad[0]!r}, not a .safetensors file name in this directory")
+    return dict(weight_map)
+
+
+def _is_shard_file_name(name: str) -> bool:
+    return name.endswith(".safetensors") and "/" not in name and "\\" not in name and name not in (".", "..")
+
+
+def _unindexed_files(model_dir: Path, named: set[str]) -> tuple[str, ...]:
+    # Reported, not failed: a stale shard left from an earlier save is ignored by every loader,
+    # but a person looking at the directory should know it is not part of the checkpoint.
+    return tuple(sorted(p.name for p in model_dir.glob("*.safetensors") if p.name not in named))
+
+
+def _layer_of(name: str) -> int | None:
+    split = split_layer_name(name)
+    return split[0] if split else None
+
+
+_DIGITS = re.compile(r"([0-9]+)")
+# "05" folded into a range would print as "5", a different name; only canonical numbers fold.
+_CANONICAL_INT = re.compile(r"0|[1-9][0-9]*")
+
+
+def _natural_key(name: str) -> tuple[Any, ...]:
+    # split() with a group alternates text and number, so position i has the same type in every key.
+    return tuple(int(part) if i % 2 else part for i, part in enumerate(_DIGITS.split(name)))
+
+
+def natural_sorted(names: set[str] | list[str]) -> tuple[str, ...]:
+    """Sort so that layer 10 follows layer 9: deterministic and readable."""
+    return tuple(sorted(names, key=_natural_key))
+
+
+def abbreviate_names(names: list[str] | tuple[str, ...]) -> list[str]:
+    """Fold names that differ in one number into ranges, innermost number first.
+
+    ``model.layers.5.mlp.experts.{0..255}.down_proj.weight`` instead of 256 lines, and then
+    ``model.layers.{3..77}.mlp.experts.{0..255}.down_proj.weight`` when every MoE layer lost it.
+    """
+    # Each name becomes tokens split on ".", numbers as sets so that folding is a set union.
+    items: list[tuple[str | frozenset[int], ...]] = [
+        tuple(frozenset([int(t)]) if _CANONICAL_INT.fullmatch(t) else t for t in name.split(".")) for name in names
+    ]
+    depth = max((sum(isinstance(t, frozenset) for t in item) for item in items), default=0)
+    for k in range(depth):
+        groups: dict[tuple[Any, ...], set[int]] = {}
+        for item in items:
+            positions = [i for i, t in enumerate(item) if isinstance(t, frozenset)]
+            if len(positions) <= k:
+                groups.setdefault(item, set())
+                continue
+            pos = positions[-1 - k]
+            key = item[:pos] + (None,) + item[pos + 1:]
+            groups.setdefault(key, set()).update(item[pos])  # type: ignore[arg-type]
+        items = [
+            tuple(frozenset(nums) if t is None else t for t in key) if nums else key
+            for key, nums in groups.items()
+        ]
+    # Order groups by their smallest numbers, so "layers.7" follows "layers.{3..5}".
+    items.sort(key=lambda item: tuple((1, 0, t) if isinstance(t, str) else (0, min(t), "") for t in item))
+    return [".".join(t if isinstance(t, str) else _render_numbers(t) for t in item) for item in items]
+
+
+def _render_numbers(numbers: frozenset[int]) -> str:
+    ordered = sorted(numbers)
+    if len(ordered) == 1:
+        return str(ordered[0])
+    runs: list[list[int]] = [[ordered[0], ordered[0]]]
+    for n in ordered[1:]:
+        if n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return "{" + ",".join(str(a) if a == b else f"{a}..{b}" for a, b in runs) + "}"
+
+
+def render_audit(report: AuditReport, model_dir: Path, limit: int = 40) -> str:
+    """The human summary: what was checked, the verdict, then what is missing or unexpected."""
+    lay = report.layout
+    dense = sum(not lay.is_moe(i) for i in range(lay.num_hidden_layers))
+    lines = [
+        f"checkpoint {model_dir}: {'OK' if report.ok else 'NOT OK'}",
+        f"  layers: {lay.num_hidden_layers} ({dense} dense, {lay.num_hidden_layers - dense} MoE), "
+        f"experts: {lay.n_routed_experts} routed + {lay.n_shared_experts} shared, "
+        f"lm_head: {'tied' if lay.tie_word_embeddings else 'own'}",
+        f"  shards: {len(report.shards)} read, {len(report.shards_missing)} missing; tensors: {report.tensors}",
+    ]
+    if report.mtp_layers:
+        state = "present" if report.mtp_present else f"absent ({len(report.mtp_missing)} tensors missing, tolerated)"
+        lines.append(f"  MTP layers {_render_numbers(frozenset(report.mtp_layers))}: {state}")
+    else:
+        lines.append("  MTP layers: none declared")
+    for title, names in (
+        ("missing shard files", report.shards_missing),
+        ("missing", report.missing),
+        ("unexpected", report.unexpected),
+        ("shard files not in the index (ignored by loaders)", report.shards_unindexed),
+    ):
+        if names:
+            folded = abbreviate_names(names)
+            lines.append(f"  {title} ({len(names)}):")
+            lines.extend(f"    {n}" for n in folded[:limit])
+            if len(folded) > limit:
+                lines.append(f"    ... and {len(folded) - limit} more groups")
+    return "\n".join(lines)

@@ -1,0 +1,75 @@
+"""The envrun command line: parse arguments, call one library function, map errors to exit codes.
+
+Each subcommand registers itself with ``_add_<name>(subparsers)`` and sets ``handler``, a function of
+the parsed namespace returning the exit status; a new subcommand (``grpo-glm5``, ...) is one more
+``_add_*`` function and one line in :func:`build_parser`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+from envbuild.errors import EnvbuildError
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="envrun", description="Run training jobs from locked images.")
+    parser.add_argument("--debug", action="store_true", help="show a traceback for errors")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _add_checkpoint(commands)
+    return parser
+
+
+def _add_checkpoint(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    checkpoint = commands.add_parser("checkpoint", help="inspect Hugging Face checkpoints")
+    actions = checkpoint.add_subparsers(dest="action", metavar="ACTION", required=True)
+    audit = actions.add_parser(
+        "audit",
+        help="check a checkpoint is complete except, at most, its MTP layers (reads headers only)",
+        description="Exit 0 if complete (MTP layers may be absent), 1 if anything else is missing "
+        "or unexpected, 2 if the input cannot be read.",
+    )
+    audit.add_argument("model_dir", type=Path, metavar="MODEL_DIR")
+    audit.add_argument("--json", action="store_true", help="print the report as JSON")
+    audit.set_defaults(handler=_checkpoint_audit)
+
+
+def _checkpoint_audit(args: argparse.Namespace) -> int:
+    # Imported here so that `envrun --help` and other subcommands do not pay for it.
+    from envrun.checkpoint.audit import audit_checkpoint, render_audit
+
+    report = audit_checkpoint(args.model_dir)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        print(render_audit(report, args.model_dir))
+    return 0 if report.ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help or a usage error (argparse printed it): status, not an exit
+        return exc.code if isinstance(exc.code, int) else 2
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except EnvbuildError as exc:
+        if args.debug:
+            traceback.print_exc()
+        # One line: messages may carry several problems joined by newlines (LockfileError).
+        message = str(exc).replace("\n", "; ")
+        print(f"envrun: error: {message}", file=sys.stderr)
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
