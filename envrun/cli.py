@@ -10,26 +10,25 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import traceback
-from collections.abc import Callable
 from pathlib import Path
 
-from envbuild.errors import EnvbuildError
-
-Handler = Callable[[argparse.Namespace], int]
-
+from envbuild.cli.common import ArgumentParser, add_global_options, run
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="envrun", description="Run training jobs from locked images.")
-    parser.add_argument("--debug", action="store_true", help="show a traceback for errors")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    from envrun.cli_run import add_run_commands
+
+    parser = ArgumentParser(prog="envrun", description="Run training jobs from locked images.")
+    add_global_options(parser)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_checkpoint(commands)
+    add_run_commands(commands)
     return parser
 
 
 def _add_checkpoint(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     checkpoint = commands.add_parser("checkpoint", help="inspect Hugging Face checkpoints")
-    actions = checkpoint.add_subparsers(dest="action", metavar="ACTION", required=True)
+    actions = checkpoint.add_subparsers(dest="action", metavar="ACTION")
+    checkpoint.set_defaults(handler=lambda args: (checkpoint.print_help(sys.stderr), 2)[1])
     audit = actions.add_parser(
         "audit",
         help="check a checkpoint is complete except, at most, its MTP layers (reads headers only)",
@@ -54,21 +53,7 @@ def _checkpoint_audit(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help or a usage error (argparse printed it): status, not an exit
-        return exc.code if isinstance(exc.code, int) else 2
-    handler: Handler = args.handler
-    try:
-        return handler(args)
-    except EnvbuildError as exc:
-        if args.debug:
-            traceback.print_exc()
-        # One line: messages may carry several problems joined by newlines (LockfileError).
-        message = str(exc).replace("\n", "; ")
-        print(f"envrun: error: {message}", file=sys.stderr)
-        return exc.exit_code
+    return run("envrun", build_parser(), argv)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,10 @@ def run(prog: str, parser: argparse.ArgumentParser, argv: Sequence[str] | None) 
     """Parse, dispatch to ``args.handler(args) -> int``, and map the project's errors to exit codes."""
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
     try:
-        args = parser.parse_args(argv)
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exc:  # --help / --version printed and asked to stop: a status, not an exit
+            return exc.code if isinstance(exc.code, int) else 0
         handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)
         if handler is None:
             parser.print_help(sys.stderr)
