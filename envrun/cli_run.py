@@ -118,6 +118,22 @@ def prepare(args: argparse.Namespace, progress: Progress) -> tuple[Recipe, RunPl
     return recipe, plan.with_preflight(results)
 
 
+def _audit_exports(plan: RunPlan, exports: "ExportSpec", record: "RunDir", progress: Progress) -> list[str]:
+    """The lenient save's guard: every HF export the run wrote may lack the MTP layers and nothing else."""
+    from envrun.exports import audit_exports
+
+    where, audits = audit_exports(plan.overrides, plan.env, exports)
+    record.record_json("exports.json", {"where": where, "exports": [a.to_json() for a in audits]})
+    progress(f"export audit: {where}")
+    bad = []
+    for audit in audits:
+        if not audit.ok:
+            lost = audit.error or ", ".join([*audit.missing[:3], *audit.unexpected[:3]])
+            bad.append(f"{audit.path}: {lost}")
+            print(f"envrun: export audit FAILED: {audit.path}: {lost}", file=sys.stderr)  # a result, not progress
+    return bad
+
+
 def run_recipe_command(args: argparse.Namespace) -> int:
     progress = Progress("envrun", getattr(args, "quiet", False))
     recipe, plan = prepare(args, progress)
@@ -128,10 +144,16 @@ def run_recipe_command(args: argparse.Namespace) -> int:
         raise PreflightError("preflight failed, nothing started: " + "; ".join(f"{c.name}: {c.detail}" for c in problems))
     if args.dry_run:
         return 0
-    return launch_and_record(plan, args.run_dir, progress, as_json=args.json)
+    exports = None
+    if recipe.lenient_checkpoint is not None:
+        from envrun.exports import ExportSpec
+
+        exports = ExportSpec(recipe.lenient_checkpoint.export_dir_key, recipe.lenient_checkpoint.export_pattern)
+    return launch_and_record(plan, args.run_dir, progress, as_json=args.json, exports=exports)
 
 
-def launch_and_record(plan: RunPlan, run_dir: Path | None, progress: Progress, as_json: bool = False) -> int:
+def launch_and_record(plan: RunPlan, run_dir: Path | None, progress: Progress, as_json: bool = False,
+                      exports: "ExportSpec | None" = None) -> int:
     from envrun.launch import launcher_for
     from envrun.rundir import RunDir, default_run_dir
 
@@ -149,11 +171,16 @@ def launch_and_record(plan: RunPlan, run_dir: Path | None, progress: Progress, a
     except BaseException as exc:
         record.finish("error", None, detail=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         raise
+    detail = result.detail
     if result.interrupted:
         status, code = "interrupted", 130
     else:
         status, code = ("succeeded" if result.exit_code == 0 else "failed"), (result.exit_code if result.exit_code is not None else 1)
-    record.finish(status, result.exit_code, result.detail)  # type: ignore[arg-type]
+    if status == "succeeded" and exports is not None:
+        bad = _audit_exports(plan, exports, record, progress)
+        if bad:
+            status, code, detail = "failed", 1, "export audit: " + "; ".join(bad)
+    record.finish(status, result.exit_code, detail)  # type: ignore[arg-type]
     progress(f"{status} (exit {result.exit_code}); record in {record.path}")
     if as_json:
         print(json.dumps({"status": status, "exit_code": result.exit_code, "run_dir": str(record.path)}, sort_keys=True))

@@ -62,6 +62,10 @@ class LenientCheckpoint:
     override: str = mfield(check=_check_override)
     reason: str
     guard: Literal["checkpoint-audit"]
+    export_dir_key: str = mfield("trainer.default_local_dir", pattern=_KEY, expect="a config key",
+                                 description="the override naming the trainer's checkpoint directory")
+    export_pattern: str = mfield("global_step_*/actor/huggingface",
+                                 description="glob of HF exports under it, audited after the run")
 
 
 @dataclass(frozen=True)

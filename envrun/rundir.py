@@ -59,6 +59,9 @@ class RunDir:
                 echo.write(text)
                 echo.flush()
 
+    def record_json(self, name: str, document: Any) -> None:
+        _write_json(self.path / name, document)
+
     def finish(self, status: Status, exit_code: int | None, detail: str = "") -> None:
         document: dict[str, Any] = {"status": status, "exit_code": exit_code}
         if detail:

@@ -2,13 +2,15 @@
 
 ``FAKE_TRAINER_EXPECT`` names a JSON file ``{"args": [...], "env": {...}}``: the arguments after the
 program and the environment entries it must see. Exit 0 when both match, 1 (with the difference)
-otherwise. ``FAKE_TRAINER_SLEEP`` seconds: wait after the check (for Ctrl-C tests); SIGINT exits 130.
+otherwise. ``FAKE_TRAINER_EXPORT=FROM=TO`` copies a checkpoint directory as a run's HF export.
+``FAKE_TRAINER_SLEEP`` seconds: wait after the check (for Ctrl-C tests); SIGINT exits 130.
 Runnable as ``python tests/fake_trainer.py`` or ``python -m tests.fake_trainer``.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import os
 import sys
 import time
@@ -35,6 +37,9 @@ def main(args: list[str]) -> int:
         print(f"fake trainer: {problem}", flush=True)
     if problems:
         return 1
+    if export := os.environ.get("FAKE_TRAINER_EXPORT"):  # "FROM=TO": save HF weights as the trainer would
+        source, _, target = export.partition("=")
+        shutil.copytree(source, target)
     print(f"fake trainer: ok, {len(args)} arguments and {len(expect.get('env', {}))} env entries match", flush=True)
     seconds = float(os.environ.get("FAKE_TRAINER_SLEEP", "0"))
     if seconds:

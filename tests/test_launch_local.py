@@ -90,3 +90,34 @@ def test_grpo_glm5_locally_with_the_fake_trainer(tmp_path: Path, capsys: pytest.
     recorded = json.loads((run_dir / "plan.json").read_text())
     assert recorded["argv"] == plan["argv"]
     assert {"name": "npus", "status": "skip", "detail": "skipped by --skip-check"} in recorded["preflight"]
+
+
+@pytest.mark.parametrize("drop, ok", [((), True), (("lm_head.weight",), False)], ids=["only-mtp-missing", "lm_head-lost"])
+def test_exported_weights_are_audited_after_the_run(tiny: Tiny, capsys: pytest.CaptureFixture[str],
+                                                    drop: tuple[str, ...], ok: bool) -> None:
+    from tests.ckptgen import CheckpointSpec, write_checkpoint
+
+    saved = tiny.tmp / "saved"  # what the lenient save wrote: never the MTP layers, maybe worse
+    write_checkpoint(saved, CheckpointSpec(include_mtp=False), drop=drop)
+    ckpts = tiny.tmp / "ckpts"
+    extra = ["-o", f"trainer.default_local_dir={ckpts}",
+             "--env", f"FAKE_TRAINER_EXPORT={saved}={ckpts}/global_step_1/actor/huggingface"]
+    env = expect_file(tiny, capsys, *extra)
+    run_dir = tiny.tmp / "run"
+    code = main_for_tests(tiny.args(*env, *extra, "--run-dir", str(run_dir)))
+    record = json.loads((run_dir / "exports.json").read_text())
+    (audit,) = record["exports"]
+    assert audit["path"].endswith("global_step_1/actor/huggingface") and audit["ok"] is ok
+    if ok:
+        assert code == 0 and read_status(run_dir)["status"] == "succeeded"
+    else:
+        status = read_status(run_dir)
+        assert code == 1 and status["status"] == "failed" and "lm_head.weight" in status["detail"]
+        assert "export audit FAILED" in capsys.readouterr().err
+
+
+def test_no_export_directory_is_said_not_hidden(tiny: Tiny, capsys: pytest.CaptureFixture[str]) -> None:
+    env = expect_file(tiny, capsys)
+    run_dir = tiny.tmp / "run"
+    assert main_for_tests(tiny.args(*env, "--run-dir", str(run_dir))) == 0
+    assert "exports not checked" in json.loads((run_dir / "exports.json").read_text())["where"]

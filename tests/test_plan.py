@@ -23,7 +23,7 @@ LOCK = REPO / "lockfiles" / "glm5_2-ascend.lock.yaml"
 FAKE_TRAINER = REPO / "tests" / "fake_trainer.py"
 
 TINY_CONFIG = """\
-trainer: {nnodes: 1, n_gpus_per_node: 1, total_epochs: 1, logger: [console]}
+trainer: {nnodes: 1, n_gpus_per_node: 1, total_epochs: 1, logger: [console], default_local_dir: null}
 model: {path: null}
 data: {train_files: null, val_files: null, batch: 8}
 ckpt: {strict: true}
