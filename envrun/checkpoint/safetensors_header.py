@@ -117,7 +117,10 @@ def _pread_exact(fd: int, size: int, offset: int) -> bytes:
 
 def _parse_header(path: Path, raw: bytes) -> tuple[dict[str, TensorInfo], dict[str, str]]:
     try:
-        doc = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
+        text = raw.decode("utf-8")
+        doc = json.loads(text)
+        if isinstance(doc, dict) and _may_hide_duplicates(raw, len(doc)):
+            doc = json.loads(text, object_pairs_hook=_no_duplicate_keys)
     except (UnicodeDecodeError, ValueError) as exc:
         raise SafetensorsHeaderError(path, f"malformed header: not valid UTF-8 JSON ({exc})") from exc
     if not isinstance(doc, dict):
@@ -141,6 +144,13 @@ def _parse_header(path: Path, raw: bytes) -> tuple[dict[str, TensorInfo], dict[s
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise SafetensorsHeaderError(path, f"malformed header: {problems[0]}{more}")
     return tensors, metadata
+
+
+def _may_hide_duplicates(raw: bytes, entries: int) -> bool:
+    """json.loads keeps the last of duplicate keys silently. A duplicate tensor entry, or a duplicate key
+    inside one, leaves more occurrences of an entry's keys in the text than there are entries: counting
+    them (C speed) decides whether the slow, exact check (a Python hook per object) is needed at all."""
+    return any(raw.count(key) > entries for key in (b'"dtype"', b'"shape"', b'"data_offsets"'))
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
