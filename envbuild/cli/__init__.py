@@ -6,6 +6,8 @@ from typing import Sequence
 
 from envbuild import __version__
 from envbuild.cli.common import ArgumentParser, add_global_options, run
+from envbuild.cli.image import add_image_command
+from envbuild.cli.check import add_check_command
 from envbuild.cli.lock import add_lock_commands
 
 
@@ -15,6 +17,8 @@ def build_parser() -> ArgumentParser:
     add_global_options(parser)
     commands = parser.add_subparsers(metavar="COMMAND")
     add_lock_commands(commands)
+    add_check_command(commands)
+    add_image_command(commands)
     return parser
 
 

@@ -1,0 +1,107 @@
+"""A small, real lock to build images from: three git sources served by a real ``git daemon``, two tiny
+wheels on a local PEP 691 index, and the test base image pinned by digest in the local registry.
+
+- ``alpha``: a setuptools project (pyproject.toml), pinned by the tag ``v1.0``, installed editable;
+- ``beta``: a setuptools project on branch ``main``, installed as a wheel built in the image;
+- ``gamma``: plain files on branch ``main``, copied only (``install: none``);
+- packages ``tinyone`` 1.0 and ``tinytwo`` 2.0 (wheels built by :func:`tests.pyindex.make_wheel`).
+
+Everything builds offline: the base image has python3-setuptools, wheel and pip, the Dockerfile runs
+pip with ``--no-index --no-build-isolation``. Used by ``tests/test_image_build.py`` (through fixtures)
+and by ``benchmarks/bench_image.py`` (directly).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from envbuild.lock import Lock, Package, PackageFile, Source, write_lock
+from envbuild.lock.model import BaseImage, Install, Platform
+from tests.gitrepos import Repo, make_repo
+from tests.pyindex import PyIndex, make_wheel
+
+LOCK_NAME = "imagetest"
+# Fixed by the lock, so a moved pin changes only its own layers (the default epoch, the newest
+# pinned commit's date, would move with it).
+EPOCH = 1767225600  # 2026-01-01
+SOURCE_NAMES = ("alpha", "beta", "gamma")
+WHEELS = (("tinyone", "1.0"), ("tinytwo", "2.0"))
+
+
+def _project(name: str, version: str) -> dict[str, str]:
+    return {
+        "pyproject.toml": f'[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n\n'
+                          f'[project]\nname = "{name}"\nversion = "{version}"\n\n'
+                          f'[tool.setuptools]\npackages = ["{name}"]\n',
+        f"{name}/__init__.py": f'"""The {name} test project."""\nVERSION = "{version}"\n',
+        "README.md": f"# {name}\n",
+    }
+
+
+def make_sources(base: Path) -> dict[str, Repo]:
+    """The three upstream repositories under ``base`` (the directory a git daemon serves)."""
+    repos = {name: make_repo(base / name) for name in SOURCE_NAMES}
+    repos["alpha"].commit("alpha 1.0", files=_project("alpha", "1.0"))
+    repos["alpha"].tag("v1.0", "HEAD")
+    repos["beta"].commit("beta 0.1", files=_project("beta", "0.1"))
+    repos["gamma"].commit("gamma data", files={"data/table.csv": "a,b\n1,2\n", "run.sh": "#!/bin/sh\necho gamma\n"})
+    return repos
+
+
+def make_wheels(directory: Path) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    return [make_wheel(directory, name, version) for name, version in WHEELS]
+
+
+@dataclass
+class ImageLockEnv:
+    """Upstreams for one lock: ``url(name)`` maps a source name to its served URL."""
+
+    repos: dict[str, Repo]
+    urls: dict[str, str]
+    index: PyIndex
+    base_name: str  # "127.0.0.1:5000/envbuild-test/base:tag"
+    base_digest: str
+    arch: str = field(default_factory=platform.machine)
+    python: str = "3.11"  # Debian bookworm's, in the test base image
+
+    def pins(self) -> dict[str, str]:
+        return {"alpha": self.repos["alpha"].rev("v1.0^{commit}"), "beta": self.repos["beta"].rev("main"),
+                "gamma": self.repos["gamma"].rev("main")}
+
+    def lock(self, *, name: str = LOCK_NAME, pins: dict[str, str] | None = None) -> Lock:
+        pins = {**self.pins(), **(pins or {})}
+        refs = {"alpha": ("v1.0", "tag", "editable"), "beta": ("main", "branch", "wheel"),
+                "gamma": ("main", "branch", "none")}
+        sources = tuple(
+            Source(name=n, repo=self.urls[n], ref=refs[n][0], ref_type=refs[n][1], commit=pins[n],  # type: ignore[arg-type]
+                   tree=self.repos[n].tree(pins[n]), install=Install(mode=refs[n][2]))  # type: ignore[arg-type]
+            for n in SOURCE_NAMES)
+        packages = tuple(
+            Package(name=n, version=v, files=(PackageFile(f.name, self.index.sha256(f.name)),))
+            for n, v in WHEELS for f in [next(self.index.root.glob(f"{n}-{v}-*.whl"))])
+        return Lock(version=1, name=name, sources=sources,
+                    platform=Platform(os="linux", arch=self.arch, python=self.python, cann="9.1.0"),  # type: ignore[arg-type]
+                    base_image=BaseImage(name=self.base_name, digest=self.base_digest),
+                    index=self.index.url, source_date_epoch=EPOCH,
+                    requirements=tuple(f"{n}=={v}" for n, v in WHEELS), packages=packages)
+
+    def write(self, path: Path, lock: Lock | None = None) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_lock(path, lock or self.lock())
+        return path
+
+
+def with_source(lock: Lock, name: str, **changes: object) -> Lock:
+    """The lock with one source's fields changed."""
+    return dataclasses.replace(lock, sources=tuple(dataclasses.replace(s, **changes) if s.name == name else s
+                                                   for s in lock.sources))
+
+
+def with_file_hash(lock: Lock, package: str, sha256: str) -> Lock:
+    return dataclasses.replace(lock, packages=tuple(
+        dataclasses.replace(p, files=tuple(dataclasses.replace(f, sha256=sha256) for f in p.files))
+        if p.name == package else p for p in lock.packages))

@@ -1,0 +1,97 @@
+"""envbuild.engine against the real dockerd of scripts/services: build progress and failures, save/load,
+run without network, tags, and the one-line error when no engine answers."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import docker
+import pytest
+
+from envbuild.engine import Engine, split_tag
+from envbuild.errors import EngineError
+from tests.baseimage import BaseImage
+
+
+@pytest.fixture(scope="module")
+def engine(docker_client: docker.DockerClient) -> Engine:
+    return Engine(docker_client)
+
+
+def _context(tmp_path: Path, dockerfile: str) -> Path:
+    (tmp_path / "Dockerfile").write_text(dockerfile)
+    (tmp_path / "hello.txt").write_text("hello\n")
+    return tmp_path
+
+
+@pytest.mark.docker
+def test_build_reports_each_step_and_the_cache(tmp_path: Path, engine: Engine, base_image: BaseImage) -> None:
+    marker = uuid.uuid4().hex
+    context = _context(tmp_path, f"FROM {base_image.tag}\nCOPY hello.txt /hello.txt\nRUN echo {marker} > /m\n")
+    lines: list[str] = []
+    first = engine.build(context, progress=lines.append)
+    assert [s.number for s in first.steps] == [1, 2, 3] and {s.total for s in first.steps} == {3}
+    assert [s.cached for s in first.steps] == [True, False, False]  # FROM builds nothing
+    assert any(line.startswith("step 3/3: RUN echo") for line in lines)
+    again = engine.build(context)
+    assert again.image_id == first.image_id and again.cached_steps == 3
+    fresh = engine.build(context, nocache=True)
+    assert fresh.image_id != first.image_id and fresh.cached_steps == 1
+    for image in (fresh.image_id, first.image_id):
+        engine.remove(image, force=True)
+
+
+@pytest.mark.docker
+def test_a_failing_step_names_itself_and_keeps_its_log_tail(tmp_path: Path, engine: Engine,
+                                                            base_image: BaseImage) -> None:
+    context = _context(tmp_path, f"FROM {base_image.tag}\nRUN echo first-line; echo the-last-words >&2; exit 3\n")
+    with pytest.raises(EngineError) as caught:
+        engine.build(context)
+    message = str(caught.value)
+    assert message.startswith("build failed at step 2/2 (RUN echo first-line")
+    assert "non-zero code: 3" in message and "| the-last-words" in message
+
+
+@pytest.mark.docker
+def test_run_has_no_network_and_returns_the_output(engine: Engine, base_image: BaseImage) -> None:
+    out = engine.run(base_image.tag, ["sh", "-c", "ls /sys/class/net; echo to-stderr >&2; exit 4"])
+    assert out.exit_code == 4
+    assert out.stdout.split() == ["lo"]
+    assert out.stderr.strip() == "to-stderr"
+
+
+@pytest.mark.docker
+def test_save_load_tag_and_remove(tmp_path: Path, engine: Engine, base_image: BaseImage) -> None:
+    archive = tmp_path / "base.tar"
+    engine.save(base_image.tag, archive)
+    assert archive.stat().st_size > 1_000_000
+    assert engine.load(archive) == [base_image.image_id] or engine.inspect(base_image.image_id) is not None
+    name = f"envbuild-test/engine:{uuid.uuid4().hex[:8]}"
+    engine.tag(base_image.image_id, name)
+    assert engine.inspect(name)["Id"] == base_image.image_id  # type: ignore[index]
+    assert engine.remove(name) is True
+    assert engine.inspect(name) is None and engine.remove(name) is False
+    assert engine.inspect(base_image.tag) is not None  # removing a tag left the image
+
+
+@pytest.mark.docker
+def test_a_missing_image_is_one_line(engine: Engine) -> None:
+    with pytest.raises(EngineError, match=r"^run in envbuild-test/absent:none: no such image"):
+        engine.run("envbuild-test/absent:none", ["true"])
+
+
+def test_no_engine_is_one_clear_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/dead.sock")
+    with pytest.raises(EngineError) as caught:
+        Engine.connect()
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message == (f"no container engine answers at unix://{tmp_path}/dead.sock: no such socket "
+                       "(start dockerd or set DOCKER_HOST)")
+
+
+def test_split_tag() -> None:
+    assert split_tag("127.0.0.1:5000/a/b:t1") == ("127.0.0.1:5000/a/b", "t1")
+    assert split_tag("127.0.0.1:5000/a/b") == ("127.0.0.1:5000/a/b", "latest")
+    assert split_tag("envbuild/x:0123") == ("envbuild/x", "0123")

@@ -1,0 +1,309 @@
+"""`envbuild image` end to end: a real lock (git daemon, local index, base pinned by digest in the local
+registry) built by the real engine. Built images are shared across the module: two ``--no-cache``
+builds, one cached rebuild per changed input, one interrupted build."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import pytest
+import requests
+
+from envbuild.cli import main
+from envbuild.engine import Engine
+from envbuild.errors import EngineError
+from envbuild.image.build import BuildRefused, BuildResult, ImageOptions, build_image, dry_run, read_map
+from envbuild.image.incheck import compare_inimage
+from envbuild.results import PinResult, VerifyReport
+from tests.gitrepos import Served, served  # noqa: F401 (fixture)
+from tests.imagelock import ImageLockEnv, make_sources, make_wheels, with_file_hash, with_source
+from tests.pyindex import PyIndex
+from tests.services import PushedImage
+
+pytestmark = [pytest.mark.gitdaemon, pytest.mark.slow]
+
+
+def needs_engine(test):  # type: ignore[no-untyped-def]
+    """The engine and the registry (the base image is pinned by its digest there)."""
+    return pytest.mark.docker(pytest.mark.registry(test))
+
+
+@pytest.fixture(scope="module")
+def env(served: Served, pushed_base_image: PushedImage,  # noqa: F811
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[ImageLockEnv]:
+    repos = make_sources(served.base)
+    wheels = tmp_path_factory.mktemp("wheels")
+    make_wheels(wheels)
+    with PyIndex(wheels) as index:
+        yield ImageLockEnv(repos, {n: served.url(n, "daemon-filter") for n in repos}, index,
+                           f"{pushed_base_image.repository}:{pushed_base_image.tag}", pushed_base_image.digest)
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("image")
+
+
+@pytest.fixture(scope="module")
+def engine(docker_client: docker.DockerClient) -> Iterator[Engine]:
+    yield Engine(docker_client)
+    # The images this module made, raw (tagged or superseded) and normalised: the engine outlives the run.
+    for name in ("imagetest", "mismatch"):
+        for image in docker_client.images.list(filters={"label": f"io.envbuild.lock.name={name}"}):
+            try:
+                docker_client.images.remove(image.id, force=True)
+            except docker.errors.APIError:
+                pass
+
+
+@pytest.fixture(scope="module")
+def lock_path(env: ImageLockEnv, work: Path) -> Path:
+    return env.write(work / "locks" / "imagetest.lock.yaml")
+
+
+def options(work: Path, **changes: object) -> ImageOptions:
+    return ImageOptions(**{"cache_dir": work / "cache", **changes})  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def reference(lock_path: Path, work: Path, engine: Engine) -> BuildResult:
+    """The first build of the lock, without the layer cache."""
+    return build_image(lock_path, options(work, no_cache=True, keep_archive=work / "ref.tar"), engine=engine)
+
+
+class NoEngine:
+    """Stands in for the engine where nothing may be built."""
+
+    def build(self, *args: object, **kwargs: object) -> None:
+        raise AssertionError("a build was started")
+
+    def close(self) -> None:
+        pass
+
+
+@needs_engine
+def test_two_no_cache_builds_give_one_image_id(reference: BuildResult, lock_path: Path, work: Path,
+                                                engine: Engine) -> None:
+    again = build_image(lock_path, options(work, no_cache=True), engine=engine)
+    assert again.image_id == reference.image_id
+    assert again.diff_ids == reference.diff_ids
+    assert again.raw_image_id != reference.raw_image_id  # the raw builds differ; normalising removes that
+    assert [step.cached for step in again.steps] == [True] + [False] * (len(again.steps) - 1)  # FROM only
+    assert reference.archive is not None and reference.archive.is_file()
+    assert reference.image_id == "sha256:" + hashlib.sha256(_config_bytes(reference.archive)).hexdigest()
+
+
+def _config_bytes(archive: Path) -> bytes:
+    import tarfile
+
+    with tarfile.open(archive) as tar:
+        manifest = json.load(tar.extractfile("manifest.json"))  # type: ignore[arg-type]
+        return tar.extractfile(manifest[0]["Config"]).read()  # type: ignore[union-attr]
+
+
+@needs_engine
+def test_a_no_op_rebuild_reuses_every_layer_and_the_normalised_image(reference: BuildResult, lock_path: Path,
+                                                                      work: Path, engine: Engine) -> None:
+    again = build_image(lock_path, options(work), engine=engine)
+    assert again.image_id == reference.image_id
+    assert again.reused and all(step.cached for step in again.steps)
+    assert read_map(work / "cache")[again.raw_image_id]["image_id"] == reference.image_id
+
+
+@needs_engine
+def test_labels_tags_and_record(reference: BuildResult, lock_path: Path, env: ImageLockEnv, engine: Engine) -> None:
+    image = engine.inspect(reference.image_id)
+    assert image is not None
+    labels = image["Config"]["Labels"]
+    assert labels["io.envbuild.lock.sha256"] == hashlib.sha256(lock_path.read_bytes()).hexdigest()
+    for name, commit in env.pins().items():
+        assert labels[f"io.envbuild.source.{name}.commit"] == commit
+    assert reference.tags == (f"envbuild/imagetest:{reference.lock_sha256[:12]}",)
+    assert engine.inspect(reference.tags[0])["Id"] == reference.image_id  # type: ignore[index]
+
+    record = lock_path.parent / "build" / "imagetest"
+    assert reference.record_dir == record
+    assert sorted(p.name for p in record.iterdir()) == ["build.json", "provenance.intoto.json", "sbom.cdx.json"]
+    build = json.loads((record / "build.json").read_text())
+    assert build["image_id"] == reference.image_id and build["lock"]["sha256"] == reference.lock_sha256
+    inputs = {(i["kind"], i["name"]) for i in build["inputs"]}
+    assert {("source", n) for n in env.pins()} | {("package_file", "tinyone"), ("package_file", "tinytwo"),
+                                                  ("base_image", env.base_name)} <= inputs
+    assert all(i.get("sha256") or i.get("commit") or i.get("digest") for i in build["inputs"])
+    provenance = json.loads((record / "provenance.intoto.json").read_text())
+    assert provenance["subject"][0]["digest"]["sha256"] == reference.image_id.split(":")[1]
+    deps = {d["name"] for d in provenance["predicate"]["buildDefinition"]["resolvedDependencies"]}
+    assert set(env.pins()) <= deps
+    sbom = json.loads((record / "sbom.cdx.json").read_text())
+    assert {"tinyone", "tinytwo", "alpha", "beta", "gamma"} <= {c["name"] for c in sbom["components"]}
+
+
+@needs_engine
+def test_the_image_holds_what_the_lock_pins(reference: BuildResult, engine: Engine) -> None:
+    script = "import alpha, beta, tinyone, tinytwo; print(alpha.VERSION, beta.VERSION, tinyone.__version__, tinytwo.__version__)"
+    out = engine.run(reference.image_id, ["python3", "-c", script])
+    assert (out.exit_code, out.stdout.split()) == (0, ["1.0", "0.1", "1.0", "2.0"])
+
+
+@needs_engine
+def test_moving_one_pin_rebuilds_only_from_that_source_on(reference: BuildResult, env: ImageLockEnv, work: Path,
+                                                          engine: Engine) -> None:
+    moved = env.repos["gamma"].commit("gamma moves", files={"data/table.csv": "a,b\n1,3\n"})
+    path = env.write(work / "locks" / "moved.lock.yaml", env.lock(pins={"gamma": moved}))
+    result = build_image(path, options(work), engine=engine)
+    assert result.image_id != reference.image_id
+    gamma = next(i for i, step in enumerate(result.steps) if step.instruction.startswith("COPY src/gamma/"))
+    assert all(step.cached for step in result.steps[:gamma])
+    assert not any(step.cached for step in result.steps[gamma:])
+    # Layers: everything below gamma's COPY is byte-identical, gamma's layer and the ones above differ.
+    same = sum(a == b for a, b in zip(result.diff_ids, reference.diff_ids))
+    assert 0 < same < len(reference.diff_ids)
+    assert result.diff_ids[:same] == reference.diff_ids[:same]
+
+
+@needs_engine
+def test_a_package_file_with_another_hash_is_refused_before_any_build(env: ImageLockEnv, work: Path) -> None:
+    bad = with_file_hash(env.lock(), "tinytwo", "0" * 64)
+    path = env.write(work / "locks" / "badhash.lock.yaml", bad)
+    with pytest.raises(BuildRefused, match=r"package tinytwo: hash-mismatch"):
+        build_image(path, options(work), engine=NoEngine())  # type: ignore[arg-type]
+
+    # The index lists the lock's (wrong) hash, so verify passes: the download itself is refused.
+    wheel = next(env.index.root.glob("tinytwo-*.whl")).name
+    env.index.rehash(wheel, "0" * 64)
+    try:
+        with pytest.raises(BuildRefused, match=r"package tinytwo 2\.0: .*does not match"):
+            build_image(path, options(work, cache_dir=work / "fresh-cache"), engine=NoEngine())  # type: ignore[arg-type]
+    finally:
+        env.index.hashes.pop(wheel)
+
+
+@needs_engine
+def test_a_source_whose_tree_differs_is_refused_before_any_build(env: ImageLockEnv, work: Path) -> None:
+    bad = with_source(env.lock(), "beta", tree="1" * 40)
+    path = env.write(work / "locks" / "badtree.lock.yaml", bad)
+    with pytest.raises(BuildRefused, match=r"source beta: tree-mismatch"):
+        build_image(path, options(work), engine=NoEngine())  # type: ignore[arg-type]
+    # Past verify (as when `envbuild check` hands a report in), the export refuses it too.
+    passing = VerifyReport(str(path), (PinResult("source", "beta", "ok"),))
+    with pytest.raises(BuildRefused, match=r"source beta: the commit's tree is [0-9a-f]{40}, the lock pins tree 1{40}"):
+        build_image(path, options(work), engine=NoEngine(), verified=passing)  # type: ignore[arg-type]
+
+
+@needs_engine
+def test_an_in_image_mismatch_fails_the_build_and_leaves_no_tag(env: ImageLockEnv, work: Path,
+                                                                 engine: Engine, reference: BuildResult) -> None:
+    path = env.write(work / "locks" / "mismatch.lock.yaml", env.lock(name="mismatch"))
+    tag = "envbuild-test/mismatch:never"
+
+    def wrong_version(report: str, manifest: dict) -> list[str]:
+        packages = [{**p, "version": "9.9"} if p["name"] == "tinyone" else p for p in manifest["packages"]]
+        return compare_inimage(report, {**manifest, "packages": packages})
+
+    with pytest.raises(EngineError, match=r"package tinyone: 1\.0 installed, the lock pins 9\.9"):
+        build_image(path, options(work, tags=(tag,)), engine=engine, inimage_compare=wrong_version)
+    assert engine.inspect(tag) is None
+    assert not any(entry["lock_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+                   for entry in read_map(work / "cache").values())
+
+
+@needs_engine
+def test_push_to_the_registry_and_read_the_digest_back(reference: BuildResult, lock_path: Path, work: Path,
+                                                       engine: Engine, registry: str) -> None:
+    tag = f"{registry}/envbuild-test/imagetest:{reference.lock_sha256[:12]}"
+    result = build_image(lock_path, options(work, tags=(tag,), push=True), engine=engine)
+    assert result.image_id == reference.image_id
+    ((pushed_tag, digest),) = result.pushed
+    assert pushed_tag == tag and digest.startswith("sha256:")
+    response = requests.get(f"http://{registry}/v2/envbuild-test/imagetest/manifests/{reference.lock_sha256[:12]}",
+                            headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"}, timeout=10)
+    assert response.status_code == 200
+    assert response.headers["Docker-Content-Digest"] == digest
+    assert response.json()["config"]["digest"] == reference.image_id
+    assert engine.registry_digest(tag) == digest
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", "import sys; from envbuild.cli import main; sys.exit(main())", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})}, cwd=Path(__file__).resolve().parents[1])
+
+
+@needs_engine
+def test_an_interrupted_build_leaves_the_caches_usable(reference: BuildResult, lock_path: Path, work: Path,
+                                                       engine: Engine) -> None:
+    proc = _cli("image", str(lock_path), "--no-cache", "--cache-dir", str(work / "cache"))
+    assert proc.stderr is not None
+    seen = []
+    deadline = time.monotonic() + 120
+    for line in proc.stderr:
+        seen.append(line)
+        if "step 5/" in line or time.monotonic() > deadline:
+            break
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert any("step 5/" in line for line in seen), "".join(seen)
+    result = build_image(lock_path, options(work), engine=engine)
+    assert result.image_id == reference.image_id
+    leftovers = [p.name for p in (work / "cache" / "image" / "work").iterdir()]
+    assert leftovers == []
+
+
+@needs_engine
+def test_cli_json_dry_run_and_no_engine(reference: BuildResult, lock_path: Path, work: Path,
+                                        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = ["--cache-dir", str(work / "cache")]
+    assert main(["-q", "image", str(lock_path), "--json", *cache]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out == {"image_id": reference.image_id, "tags": list(reference.tags),
+                   "lock_sha256": reference.lock_sha256, "record": str(reference.record_dir)}
+
+    assert main(["-q", "image", str(lock_path), "--dry-run", *cache]) == 0
+    dockerfile = capsys.readouterr().out
+    plan, expected = dry_run(lock_path, options(work))
+    assert dockerfile == expected and "@sha256:" in dockerfile
+
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{work}/no-such-engine.sock")
+    assert main(["-q", "image", str(lock_path), *cache]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no container engine answers at unix://" in err[0] and "Traceback" not in err[0]
+
+
+def test_export_tree_writes_the_exact_tree(served: Served, tmp_path: Path) -> None:  # noqa: F811
+    """Attributes that would change archived files (export-subst, export-ignore, eol) are neutralised;
+    modes and symlinks survive; a second export needs no network; --offline without the files fails."""
+    from envbuild.git.export import ExportError, TreeExporter, export_tree
+    from envbuild.lock import Source
+    from tests.gitrepos import make_repo
+
+    repo = make_repo(served.base / "exact")
+    commit = repo.commit("tricky", files={
+        ".gitattributes": "subst.txt export-subst\nignored.txt export-ignore\n*.txt text eol=crlf\n",
+        "subst.txt": "$Format:%H$\n", "ignored.txt": "still here\n", "tool.sh": "#!/bin/sh\n"})
+    (repo.path / "tool.sh").chmod(0o755)
+    (repo.path / "link").symlink_to("subst.txt")
+    commit = repo.commit("modes", files={})
+    source = Source(name="exact", repo=served.url("exact", "daemon-filter"), ref="main", ref_type="branch",
+                    commit=commit, tree=repo.tree(commit))
+    exporter = TreeExporter(tmp_path / "cache")
+    dest = tmp_path / "out"
+    dest.mkdir()
+    assert export_tree(source, dest, exporter) == repo.tree(commit)
+    assert (dest / "subst.txt").read_bytes() == b"$Format:%H$\n"
+    assert (dest / "ignored.txt").exists() and os.access(dest / "tool.sh", os.X_OK)
+    assert os.readlink(dest / "link") == "subst.txt"
+
+    again = tmp_path / "again"  # from the cache alone: offline refuses to fetch
+    again.mkdir()
+    assert export_tree(source, again, TreeExporter(tmp_path / "cache", offline=True)) == repo.tree(commit)
+    with pytest.raises(ExportError, match=r"source exact: the files of [0-9a-f]{40} are not in the cache"):
+        export_tree(source, tmp_path, TreeExporter(tmp_path / "empty", offline=True))
