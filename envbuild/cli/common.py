@@ -24,6 +24,7 @@ class ArgumentParser(argparse.ArgumentParser):
 def run(prog: str, parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
     """Parse, dispatch to ``args.handler(args) -> int``, and map the project's errors to exit codes."""
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    _offer_global_options(parser)
     try:
         try:
             args = parser.parse_args(argv)
@@ -60,9 +61,21 @@ class Progress:
                 print(f"{self.prog}: {message}", file=sys.stderr, flush=True)
 
 
-def add_global_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
-    parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+def add_global_options(parser: argparse.ArgumentParser, default: object = False) -> None:
+    parser.add_argument("--debug", action="store_true", default=default, help="show tracebacks for errors")
+    parser.add_argument("-q", "--quiet", action="store_true", default=default, help="no progress on stderr")
+
+
+def _offer_global_options(parser: argparse.ArgumentParser) -> None:
+    """Accept --debug and -q after any subcommand too (`envbuild lock verify X -q`). SUPPRESS as the
+    default, so a subcommand that was not given them keeps the top-level values."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                known = {opt for a in sub._actions for opt in a.option_strings}
+                if not {"--debug", "-q", "--quiet"} & known:
+                    add_global_options(sub, default=argparse.SUPPRESS)
+                _offer_global_options(sub)
 
 
 def add_source_options(parser: argparse.ArgumentParser) -> None:

@@ -1,0 +1,152 @@
+"""`envbuild check` end to end: real upstreams that move, a real engine and registry, the history file.
+
+Scenarios of the nightly check: upstream moves on (drift reported, still ok), a tag moved upstream
+(fails), the pinned commit dropped by a force-push and gc upstream (fails), and a source whose build
+writes the build time into a file (not reproducible; the report names that file)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+import docker
+import pytest
+
+from envbuild.check.history import read_history
+from envbuild.check.run import CheckOptions, run_check
+from envbuild.cli import main
+from envbuild.engine import Engine
+from tests.gitrepos import GitDaemon, git, make_repo
+from tests.imagelock import ImageLockEnv, make_sources, make_wheels, with_source
+from tests.pyindex import PyIndex
+from tests.services import PushedImage
+
+pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.gitdaemon, pytest.mark.slow]
+
+STAMP_SETUP = textwrap.dedent("""\
+    import pathlib
+    import time
+
+    # A build that is not reproducible: it records when it ran.
+    pathlib.Path("stamp").mkdir(exist_ok=True)
+    pathlib.Path("stamp/BUILD_TIME").write_text(f"built at {time.time_ns()}\\n")
+
+    from setuptools import setup
+
+    setup(name="stamp", version="1.0", packages=["stamp"])
+    """)
+
+
+@pytest.fixture(scope="module")
+def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, GitDaemon]]:
+    base = tmp_path_factory.mktemp("check-upstream")
+    daemon = GitDaemon(base, allow_filter=True).start()
+    try:
+        yield base, daemon
+    finally:
+        daemon.stop()
+
+
+@pytest.fixture(scope="module")
+def env(upstream: tuple[Path, GitDaemon], pushed_base_image: PushedImage,
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[ImageLockEnv]:
+    base, daemon = upstream
+    repos = make_sources(base)
+    wheels = tmp_path_factory.mktemp("check-wheels")
+    make_wheels(wheels)
+    with PyIndex(wheels) as index:
+        yield ImageLockEnv(repos, {n: daemon.url(n) for n in repos}, index,
+                           f"{pushed_base_image.repository}:{pushed_base_image.tag}", pushed_base_image.digest)
+
+
+@pytest.fixture(scope="module")
+def engine(docker_client: docker.DockerClient) -> Engine:
+    return Engine(docker_client)
+
+
+def night(day: int) -> datetime:
+    return datetime(2026, 11, day, 2, 17, tzinfo=timezone.utc)
+
+
+def test_upstream_drift_is_reported_and_the_image_still_reproduces(env: ImageLockEnv, engine: Engine,
+                                                                   tmp_path: Path) -> None:
+    lock = env.write(tmp_path / "drift.lock.yaml")
+    options = CheckOptions(cache_dir=tmp_path / "cache", history=tmp_path / "history.jsonl")
+
+    first = run_check(lock, options, engine=engine, now=night(1))  # no history: two builds compared
+    assert first.ok and first.reproducible and first.compared_with == "second build"
+    assert first.image_ids[0] == first.image_ids[1] and first.differences == ()
+
+    env.repos["beta"].commit("beta moves on", files={"NEWS": "more\n"})
+    second = run_check(lock, options, engine=engine, now=night(2))  # one build, compared with night 1
+    beta = next(r for r in second.verify.results if r.name == "beta")
+    assert beta.status == "behind" and beta.facts["ahead"] == 1
+    assert second.ok and second.compared_with == "history" and second.image_ids == (first.image_ids[0],) * 2
+
+    history = read_history(tmp_path / "history.jsonl")
+    assert [e.pins["source:beta"] for e in history] == ["ok", "behind"]
+    assert [e.image_id for e in history] == [first.image_ids[0]] * 2
+
+
+def test_a_moved_tag_fails_before_any_build(env: ImageLockEnv, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    lock_data = env.lock(name="moved")
+    alpha = env.repos["alpha"]
+    pinned = alpha.rev("v1.0^{commit}")
+    lock = env.write(tmp_path / "moved.lock.yaml", lock_data)
+    alpha.commit("alpha 1.0.1", files={"alpha/__init__.py": 'VERSION = "1.0.1"\n'})
+    git("tag", "-f", "v1.0", "HEAD", cwd=alpha.path)  # someone re-tags the release
+    try:
+        report_dir = tmp_path / "report"
+        code = main(["check", str(lock), "--json", "--report", str(report_dir), "--cache-dir", str(tmp_path / "c"),
+                     "--history", str(tmp_path / "h.jsonl"), "-q"])
+        data = json.loads(capsys.readouterr().out)
+    finally:
+        git("tag", "-f", "v1.0", pinned, cwd=alpha.path)
+    assert code == 1 and data["ok"] is False and data["reproducible"] is False and data["image_ids"] == []
+    assert next(r for r in data["verify"]["results"] if r["name"] == "alpha")["status"] == "tag-moved"
+    assert "tag-moved" in (report_dir / "check.md").read_text()
+    assert "tag-moved" in (report_dir / "check.html").read_text()
+    assert json.loads((report_dir / "check.json").read_text()) == data
+
+
+def test_a_commit_dropped_by_force_push_and_gc_fails(env: ImageLockEnv, tmp_path: Path) -> None:
+    beta = env.repos["beta"]
+    doomed = beta.commit("a commit that will be force-pushed away", files={"doomed": "x\n"})
+    lock = env.write(tmp_path / "dropped.lock.yaml", with_source(env.lock(name="dropped"), "beta", commit=doomed,
+                                                               tree=beta.tree(doomed)))
+    options = CheckOptions(cache_dir=tmp_path / "cache")
+    assert next(r for r in run_check(lock, options).verify.results if r.name == "beta").status == "ok"
+
+    beta.force_branch("main", beta.rev(f"{doomed}^"))  # force-push, reflog expired, gc --prune=now
+    report = run_check(lock, options)
+    assert not report.ok and report.image_ids == ()
+    assert next(r for r in report.verify.results if r.name == "beta").status == "missing-commit"
+
+
+def test_a_build_that_stamps_the_time_does_not_reproduce_and_the_file_is_named(
+        env: ImageLockEnv, upstream: tuple[Path, GitDaemon], engine: Engine, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    base, daemon = upstream
+    repo = make_repo(base / "stamp")
+    commit = repo.commit("stamp 1.0", files={"setup.py": STAMP_SETUP, "stamp/__init__.py": "", "README": "stamp\n"})
+    repo.tag("v1.0", commit)
+    base_lock = env.lock(name="stamp")
+    stamp = replace(base_lock.source("alpha"), name="stamp", repo=daemon.url("stamp"), commit=commit,
+                    tree=repo.tree(commit))
+    lock = env.write(tmp_path / "stamp.lock.yaml", replace(
+        base_lock, sources=tuple(stamp if s.name == "alpha" else s for s in base_lock.sources)))
+    report_dir = tmp_path / "report"
+    code = main(["check", str(lock), "--report", str(report_dir), "--cache-dir", str(tmp_path / "cache"), "-q"])
+    out = capsys.readouterr().out
+    data = json.loads((report_dir / "check.json").read_text())
+    assert code == 1 and data["verify"]["ok"] is True and data["reproducible"] is False
+    assert len(set(data["image_ids"])) == 2
+    changed = [f for d in data["differences"] for f in d["files"]]
+    stamp_file = next(f for f in changed if f["path"].endswith("stamp/BUILD_TIME"))
+    assert "content" in stamp_file["aspects"] and "built at" in stamp_file["first_difference"]
+    assert "stamp/BUILD_TIME" in out and "did not reproduce" in out  # the Markdown on stdout
