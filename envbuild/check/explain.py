@@ -67,6 +67,14 @@ class _Image:
                     kind, info.mode, f"{info.uid}:{info.gid}", info.size, int(info.mtime), info.linkname, digest, head)
         return entries
 
+    def step(self, index: int) -> str:
+        """The build step that made layer ``index``, from the config's history (empty layers skipped)."""
+        steps = [h.get("created_by", "") for h in self.config.get("history", []) if not h.get("empty_layer")]
+        if index >= len(steps):
+            return ""
+        text = " ".join(steps[index].replace("/bin/sh -c #(nop) ", "").replace("/bin/sh -c ", "RUN ").split())
+        return text if len(text) <= 80 else text[:79] + "…"
+
     def close(self) -> None:
         self.tar.close()
 
@@ -146,7 +154,8 @@ def explain(old_archive: Path, new_archive: Path, *, max_files: int = 40) -> tup
             if a == b:
                 continue
             files = _compare_entries(old.entries(index) if a else {}, new.entries(index) if b else {})
-            differences.append(Difference(f"layer {index}", a or "(none)", b or "(none)",
+            step = (new if b else old).step(index)
+            differences.append(Difference(f"layer {index}" + (f" ({step})" if step else ""), a or "(none)", b or "(none)",
                                           tuple(files[:max_files]), max(0, len(files) - max_files)))
         return tuple(differences)
     finally:
