@@ -10,17 +10,17 @@ never mistaken for cache entries because their names are not 64-hex.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import io
 import os
 import re
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from envbuild.errors import CacheError, RemoteError
+from envbuild.errors import RemoteError
+from envbuild.locking import file_lock
 
 Download = Callable[[str, BinaryIO], None]
 
@@ -134,20 +134,6 @@ class FileCache:
                     removed += 1
         return removed
 
-    @contextlib.contextmanager
-    def _locked(self, sha256: str, blocking: bool = True) -> Iterator[bool]:
+    def _locked(self, sha256: str, blocking: bool = True) -> contextlib.AbstractContextManager[bool]:
         self.dir.mkdir(parents=True, exist_ok=True)
-        lock_path = self.dir / f".lock-{sha256}"
-        try:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise CacheError(f"{lock_path}: cannot open the cache lock: {exc.strerror}") from None
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-            except BlockingIOError:
-                yield False
-                return
-            yield True
-        finally:
-            os.close(fd)
+        return file_lock(self.dir / f".lock-{sha256}", blocking=blocking)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from envbuild.cli.common import ArgumentParser, add_global_options, run
 
+
 def build_parser() -> argparse.ArgumentParser:
     from envrun.cli_run import add_run_commands
 

@@ -11,15 +11,26 @@ import json
 import shlex
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from envbuild.cli.common import ArgumentParser, Progress, run
 from envbuild.config import load_config
 from envbuild.errors import InputError
 from envbuild.lock.io import parse_lock
-from envrun.plan import BACKENDS, RunParameters, RunPlan, build_plan, render_plan_json, render_plan_text
+from envrun.plan import (
+    BACKENDS,
+    RunParameters,
+    RunPlan,
+    build_plan,
+    render_plan_json,
+    render_plan_text,
+)
 from envrun.preflight import CHECKS, PreflightEnv, PreflightError, failed, run_preflight
 from envrun.recipe import Recipe, load_recipe, recipe_path, shipped_recipes
+
+if TYPE_CHECKING:
+    from envrun.exports import ExportSpec
+    from envrun.rundir import RunDir
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 
@@ -118,7 +129,7 @@ def prepare(args: argparse.Namespace, progress: Progress) -> tuple[Recipe, RunPl
     return recipe, plan.with_preflight(results)
 
 
-def _audit_exports(plan: RunPlan, exports: "ExportSpec", record: "RunDir", progress: Progress) -> list[str]:
+def _audit_exports(plan: RunPlan, exports: ExportSpec, record: RunDir, progress: Progress) -> list[str]:
     """The lenient save's guard: every HF export the run wrote may lack the MTP layers and nothing else."""
     from envrun.exports import audit_exports
 
@@ -153,7 +164,7 @@ def run_recipe_command(args: argparse.Namespace) -> int:
 
 
 def launch_and_record(plan: RunPlan, run_dir: Path | None, progress: Progress, as_json: bool = False,
-                      exports: "ExportSpec | None" = None) -> int:
+                      exports: ExportSpec | None = None) -> int:
     from envrun.launch import launcher_for
     from envrun.rundir import RunDir, default_run_dir
 

@@ -99,7 +99,9 @@ def probe_npus() -> CheckResult:
 
 
 def default_audit(model_dir: Path) -> Any:
-    from envrun.checkpoint.audit import audit_checkpoint  # another module's cost; only when checking
+    from envrun.checkpoint.audit import (
+        audit_checkpoint,  # another module's cost; only when checking
+    )
 
     return audit_checkpoint(model_dir)
 

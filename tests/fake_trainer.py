@@ -10,8 +10,8 @@ Runnable as ``python tests/fake_trainer.py`` or ``python -m tests.fake_trainer``
 from __future__ import annotations
 
 import json
-import shutil
 import os
+import shutil
 import sys
 import time
 

@@ -9,8 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from envbuild.check.history import HistoryEntry, append_history, last_image_id, read_history
-from envbuild.check.report import CheckReport, Difference, FileDifference, render_html, render_markdown
+from envbuild.check.history import (
+    HistoryEntry,
+    append_history,
+    last_image_id,
+    read_history,
+)
+from envbuild.check.report import (
+    CheckReport,
+    Difference,
+    FileDifference,
+    render_html,
+    render_markdown,
+)
 from envbuild.errors import InputError
 from envbuild.results import PinResult, VerifyReport
 

@@ -5,16 +5,21 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
 from packaging.pylock import Pylock
 from packaging.requirements import Requirement
 
 from envbuild.lock import Lock, Package, PackageFile, Platform, Source, parse_lock
-from envbuild.lock.export import export_lock, export_pylock, export_repos, export_requirements
+from envbuild.lock.export import (
+    export_lock,
+    export_pylock,
+    export_repos,
+    export_requirements,
+)
 from tests.pyindex import PyIndex, make_sdist, make_wheel
 
 OWN_INDEX = "https://mirrors.example.org/ascend/pypi"

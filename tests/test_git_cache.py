@@ -16,7 +16,11 @@ from pathlib import Path
 import pytest
 
 from envbuild.git.cache import GitCache, cache_key, remove_stale_files
-from envbuild.git.remote import NO_LAZY_FETCH_URL, GitRunner, RefListing, last_error_line
+from envbuild.git.remote import (
+    NO_LAZY_FETCH_URL,
+    RefListing,
+    last_error_line,
+)
 from envbuild.lock.model import Source
 from envbuild.sources import verify_source
 from tests.gitrepos import (  # noqa: F401  (served is a fixture)

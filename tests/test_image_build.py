@@ -21,11 +21,24 @@ import requests
 from envbuild.cli import main
 from envbuild.engine import Engine
 from envbuild.errors import EngineError
-from envbuild.image.build import BuildRefused, BuildResult, ImageOptions, build_image, dry_run, read_map
+from envbuild.image.build import (
+    BuildRefused,
+    BuildResult,
+    ImageOptions,
+    build_image,
+    dry_run,
+    read_map,
+)
 from envbuild.image.incheck import compare_inimage
 from envbuild.results import PinResult, VerifyReport
 from tests.gitrepos import Served, served  # noqa: F401 (fixture)
-from tests.imagelock import ImageLockEnv, make_sources, make_wheels, with_file_hash, with_source
+from tests.imagelock import (
+    ImageLockEnv,
+    make_sources,
+    make_wheels,
+    with_file_hash,
+    with_source,
+)
 from tests.pyindex import PyIndex
 from tests.services import PushedImage
 

@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from envbuild.image.normalize import NormalizeError, chain_ids, normalize_config, normalize_image, rfc3339
+from envbuild.image.normalize import (
+    NormalizeError,
+    chain_ids,
+    normalize_config,
+    normalize_image,
+    rfc3339,
+)
 
 EPOCH = 1700000000
 BUILD_TIME = 1750000000.25

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from envrun.recipe import RecipeError, load_recipe, override_key, parse_recipe, recipe_path, shipped_recipes
+from envrun.recipe import (
+    RecipeError,
+    load_recipe,
+    override_key,
+    parse_recipe,
+    recipe_path,
+    shipped_recipes,
+)
 
 # upstream-facts §3: one override from each group, as Hydra receives it.
 UPSTREAM_SAMPLES = (

@@ -10,7 +10,13 @@ import pytest
 from envbuild.errors import InputError
 from envbuild.index import IndexFile
 from envbuild.lock import Lock, Package, PackageFile, Platform
-from envbuild.resolve import ResolutionError, parse_pins, resolve_packages, select_files, uv_platform
+from envbuild.resolve import (
+    ResolutionError,
+    parse_pins,
+    resolve_packages,
+    select_files,
+    uv_platform,
+)
 from tests.pyindex import PyIndex, make_sdist, make_wheel
 
 ARM = Platform(os="linux", arch="aarch64", python="3.12")

@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from envbuild.check.report import Difference, FileDifference
-from envbuild.image.normalize import _member as archive_member  # the one reader of saved archives
+from envbuild.image.normalize import (
+    _member as archive_member,  # the one reader of saved archives
+)
 
 _HEAD = 64 * 1024  # bytes of a file compared for "first difference"
 

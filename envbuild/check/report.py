@@ -4,7 +4,7 @@ HTML page with a per-pin x per-night status grid drawn from the history. All pur
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from envbuild.check.history import HistoryEntry

@@ -12,7 +12,12 @@ from pathlib import Path
 from typing import Callable
 
 from envbuild.check.explain import explain
-from envbuild.check.history import HistoryEntry, append_history, last_image_id, read_history
+from envbuild.check.history import (
+    HistoryEntry,
+    append_history,
+    last_image_id,
+    read_history,
+)
 from envbuild.check.report import CheckReport, Difference
 from envbuild.errors import LockfileError, Problem
 from envbuild.lock import load_lock

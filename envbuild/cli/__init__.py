@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Sequence
 
 from envbuild import __version__
+from envbuild.cli.check import add_check_command
 from envbuild.cli.common import ArgumentParser, add_global_options, run
 from envbuild.cli.image import add_image_command
-from envbuild.cli.check import add_check_command
 from envbuild.cli.lock import add_lock_commands
 
 

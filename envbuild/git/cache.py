@@ -19,7 +19,6 @@ The last ref listing is kept beside the objects (``envbuild-ls-remote``, replace
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import re
@@ -33,6 +32,7 @@ from pathlib import Path
 
 from envbuild.errors import CacheError
 from envbuild.git.remote import GitError, GitRunner, RefListing
+from envbuild.locking import file_lock
 
 LISTING_FILE = "envbuild-ls-remote"
 URL_FILE = "envbuild-url"
@@ -98,16 +98,9 @@ class GitCache:
     def locked(self, url: str) -> Iterator[CachedRepo]:
         """Hold the repository's write lock; on entry, clear what a killed git left behind."""
         repo = self.ensure(url)
-        try:
-            fd = os.open(repo.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise CacheError(f"{repo.lock_path}: cannot open the cache lock: {exc.strerror}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        with file_lock(repo.lock_path):
             remove_stale_files(repo.path)
             yield repo
-        finally:
-            os.close(fd)  # closing releases the flock
 
     # -- refs ----------------------------------------------------------------------------------
 

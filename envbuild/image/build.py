@@ -13,7 +13,6 @@ from its cache skips save, normalise, load and check.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -33,7 +32,12 @@ from envbuild.errors import EngineError, EnvbuildError, InputError, RemoteError
 from envbuild.filecache import FileCache
 from envbuild.git.cache import GitCache
 from envbuild.git.export import TreeExporter, commit_dates
-from envbuild.image.context import BuildContext, ContextPlan, assemble_context, plan_context
+from envbuild.image.context import (
+    BuildContext,
+    ContextPlan,
+    assemble_context,
+    plan_context,
+)
 from envbuild.image.incheck import compare_inimage, inimage_command
 from envbuild.image.normalize import normalize_image
 from envbuild.image.record import build_record, render_record_json
@@ -41,6 +45,7 @@ from envbuild.image.render import base_reference, render_dockerfile
 from envbuild.index import IndexClient
 from envbuild.lock.io import parse_lock
 from envbuild.lock.model import IMAGE_NAME, Lock, Package, PackageFile
+from envbuild.locking import file_lock
 from envbuild.mirrors import Mirrors
 from envbuild.results import VerifyReport
 from envbuild.verify import VerifyOptions, verify_lock
@@ -205,32 +210,20 @@ def context_dir(cache_dir: Path) -> Iterator[Path]:
     root = cache_dir / "image" / "work"
     root.mkdir(parents=True, exist_ok=True)
     for lock_file in root.glob("*.lock"):
-        with _flock(lock_file, blocking=False) as held:
+        with file_lock(lock_file, blocking=False) as held:
             if held:
                 shutil.rmtree(lock_file.with_suffix(""), ignore_errors=True)
                 lock_file.unlink(missing_ok=True)
     work = Path(tempfile.mkdtemp(prefix="build-", dir=root))
     lock_file = work.with_name(work.name + ".lock")
     try:
-        with _flock(lock_file, blocking=True):
+        with file_lock(lock_file, blocking=True):
             yield work
     finally:
         shutil.rmtree(work, ignore_errors=True)
         lock_file.unlink(missing_ok=True)
 
 
-@contextmanager
-def _flock(path: Path, *, blocking: bool) -> Iterator[bool]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-        except BlockingIOError:
-            yield False
-            return
-        yield True
-    finally:
-        os.close(fd)
 
 
 # --- the raw → normalised map -------------------------------------------------------------------
@@ -251,7 +244,7 @@ def read_map(cache_dir: Path) -> dict[str, dict[str, Any]]:
 def remember(cache_dir: Path, raw_id: str, entry: dict[str, Any]) -> None:
     path = _map_path(cache_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with _flock(path.with_suffix(".lock"), blocking=True):
+    with file_lock(path.with_suffix(".lock"), blocking=True):
         data = read_map(cache_dir)
         data[raw_id] = entry
         _write_atomic(path, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
@@ -360,7 +353,7 @@ def _check_in_image(image_id: str, context: BuildContext, engine: Engine, compar
         image = engine.inspect(image_id)
         if image is not None and not image.get("RepoTags"):
             engine.remove(image_id, force=True)  # an untagged image that failed: nothing else refers to it
-        raise EngineError(f"the built image does not hold what the lock pins (removed, not tagged): "
+        raise EngineError("the built image does not hold what the lock pins (removed, not tagged): "
                           + "; ".join(problems))
 
 

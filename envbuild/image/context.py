@@ -190,7 +190,9 @@ def assemble_context(plan: ContextPlan, dest: str | os.PathLike[str], export_sou
     """Write the context into *dest* (absent or empty). Every package file is re-hashed and every
     source tree compared with the lock's ``tree`` before anything is written; all problems are
     reported at once, naming the package file or source."""
-    from envbuild.image.render import render_dockerfile  # render imports this module's types
+    from envbuild.image.render import (
+        render_dockerfile,  # render imports this module's types
+    )
 
     dest = Path(dest)
     if dest.exists() and any(dest.iterdir()):

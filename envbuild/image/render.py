@@ -20,7 +20,7 @@ PIP = "python3 -m pip"
 # Only what this build itself may leave behind; base-image paths are never touched (a deletion would
 # add a whiteout, i.e. modify the base). __pycache__ outside /opt/envbuild is dropped by normalize.
 CLEANUP = ("rm -rf /tmp/envbuild-* /root/.cache/pip"
-           f" && find /opt/envbuild -depth -name __pycache__ -type d -exec rm -rf {{}} +")
+           " && find /opt/envbuild -depth -name __pycache__ -type d -exec rm -rf {} +")
 _PLACEHOLDER = re.compile(r"\{\{([a-z0-9_]+)\}\}")
 
 

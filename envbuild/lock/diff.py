@@ -101,7 +101,7 @@ def render_changes(changes: list[Change]) -> str:
             if field == "commit" and change.commits is not None:
                 suffix = f" ({change.commits} commit{'s' if change.commits != 1 else ''})"
             if field == "files":
-                lines.append(f"    files changed")
+                lines.append("    files changed")
                 continue
             lines.append(f"    {field}: {old or '(none)'} -> {new or '(none)'}{suffix}")
     return "\n".join(lines) + "\n"

@@ -15,7 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from envbuild.errors import InputError
-from envrun.checkpoint.layout import ModelLayout, derive_expectation, load_layout, split_layer_name
+from envrun.checkpoint.layout import (
+    ModelLayout,
+    derive_expectation,
+    load_layout,
+    split_layer_name,
+)
 from envrun.checkpoint.safetensors_header import read_safetensors_header
 
 SINGLE_FILE = "model.safetensors"
