@@ -8,13 +8,14 @@ reach or understand an index becomes a :class:`RemoteError` naming the index and
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 from urllib.parse import unquote, urldefrag, urljoin, urlsplit
 from urllib.request import url2pathname
 
@@ -106,6 +107,25 @@ class IndexClient:
             return _parse_html(index, name, response.text, response.url or url)
         raise RemoteError(f"index {index} answered {name} with unexpected content type {ctype or 'none'!r} "
                           f"({url}); is it a PEP 503/691 simple index?")
+
+    def download(self, url: str, out: BinaryIO, timeout: tuple[float, float] = (10, 300)) -> None:
+        """Stream one distribution file (as a project page listed it) into ``out``; file:// too.
+        The caller checks the sha256: this only moves bytes."""
+        if urlsplit(url).scheme == "file":
+            try:
+                with open(url2pathname(urlsplit(url).path), "rb") as handle:
+                    shutil.copyfileobj(handle, out, 1 << 20)
+            except OSError as exc:
+                raise RemoteError(f"{url}: cannot read: {exc.strerror or exc}") from None
+            return
+        try:
+            with self.session.get(url, stream=True, timeout=timeout) as response:
+                if response.status_code != 200:
+                    raise RemoteError(f"{url}: HTTP {response.status_code}")
+                for chunk in response.iter_content(1 << 20):
+                    out.write(chunk)
+        except requests.RequestException as exc:
+            raise RemoteError(f"{url}: download failed: {_reason(exc)}") from None
 
     def _get(self, index: str, name: str, url: str) -> requests.Response:
         if index in self._down:

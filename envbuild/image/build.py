@@ -23,9 +23,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
-from urllib.parse import urlsplit
-from urllib.request import url2pathname
+from typing import Any
 
 from envbuild.engine import BuildStep, Engine
 from envbuild.errors import EngineError, EnvbuildError, InputError, RemoteError
@@ -53,7 +51,6 @@ from envbuild.verify import VerifyOptions, verify_lock
 Progress = Callable[[str], None]
 Compare = Callable[[str, dict], list[str]]
 RAW_REPOSITORY = "envbuild-raw"
-DOWNLOAD_TIMEOUT = (10.0, 300.0)
 
 
 class BuildRefused(EnvbuildError):
@@ -174,20 +171,6 @@ def default_tag(plan: ContextPlan) -> str:
 def file_fetcher(lock: Lock, cache: FileCache, client: IndexClient) -> Callable[[Package, PackageFile], Path]:
     """``file_for`` for :func:`assemble_context`: the cached file, downloaded once on a miss."""
 
-    def download(url: str, out: BinaryIO) -> None:
-        if urlsplit(url).scheme == "file":
-            with open(url2pathname(urlsplit(url).path), "rb") as handle:
-                shutil.copyfileobj(handle, out, 1 << 20)
-            return
-        try:
-            with client.session.get(url, stream=True, timeout=DOWNLOAD_TIMEOUT) as response:
-                if response.status_code != 200:
-                    raise RemoteError(f"{url}: HTTP {response.status_code}")
-                for chunk in response.iter_content(1 << 20):
-                    out.write(chunk)
-        except OSError as exc:  # requests' errors are IOErrors
-            raise RemoteError(f"{url}: download failed: {exc}") from None
-
     def file_for(package: Package, file: PackageFile) -> Path:
         if found := cache.get(file.sha256):
             return found
@@ -196,7 +179,7 @@ def file_fetcher(lock: Lock, cache: FileCache, client: IndexClient) -> Callable[
         if listed is None:
             raise RemoteError(f"package {package.name} {package.version}: {page.index} no longer lists {file.filename}")
         try:
-            return cache.fetch(listed.url, file.sha256, file.filename, download)
+            return cache.fetch(listed.url, file.sha256, file.filename, client.download)
         except RemoteError as exc:
             raise RemoteError(f"package {package.name} {package.version}: {exc}") from None
 
