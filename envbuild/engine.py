@@ -15,7 +15,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -254,6 +254,47 @@ class Engine:
             finally:
                 container.remove(force=True)
         return RunOutput(int(status.get("StatusCode", -1)), out, err)
+
+
+    def run_job(self, spec: JobSpec, on_output: Callable[[str], None]) -> tuple[int | None, bool]:
+        """Run a long job: stream its output to ``on_output`` until it ends; on Ctrl-C stop the container
+        (SIGTERM, then SIGKILL after ``spec.stop_timeout``). Returns (exit code, interrupted)."""
+        with _engine_errors(f"run {spec.image}"):
+            container = self.client.containers.run(
+                spec.image, command=list(spec.command), environment=dict(spec.env), devices=list(spec.devices),
+                volumes=dict(spec.volumes), ipc_mode=spec.ipc_mode, network_mode=spec.network_mode,
+                labels=dict(spec.labels), working_dir=spec.working_dir, detach=True)
+        try:
+            try:
+                for chunk in container.logs(stream=True, follow=True):
+                    on_output(chunk.decode("utf-8", errors="replace"))
+                with _engine_errors(f"wait for {container.short_id}"):
+                    return int(container.wait()["StatusCode"]), False
+            except KeyboardInterrupt:
+                with _engine_errors(f"stop {container.short_id}"):
+                    container.stop(timeout=spec.stop_timeout)
+                    return int(container.wait(timeout=spec.stop_timeout + 10)["StatusCode"]), True
+        finally:
+            try:
+                container.remove(force=True)
+            except (docker.errors.DockerException, requests.RequestException):
+                pass  # the engine went away; nothing more to clean here
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A container for a long job: what runs, with which devices, mounts and network."""
+
+    image: str
+    command: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+    devices: tuple[str, ...] = ()                          # "host:container:rwm"
+    volumes: dict[str, dict[str, str]] = field(default_factory=dict)
+    network_mode: str = "none"
+    ipc_mode: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    working_dir: str | None = None
+    stop_timeout: int = 20
 
 
 def split_tag(name: str) -> tuple[str, str]:

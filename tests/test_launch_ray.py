@@ -105,3 +105,37 @@ def test_failed_ray_job_is_recorded(ray_head: str, tiny: Tiny, capsys: pytest.Ca
     assert code == 1
     assert read_status(run_dir)["status"] == "failed"
     assert "expected 'not'" in (run_dir / "output.log").read_text()
+
+
+def test_ctrl_c_stops_the_ray_job_and_records_interrupted(ray_head: str, tiny: Tiny,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    import os
+    import signal
+
+    from ray.job_submission import JobSubmissionClient
+
+    from tests.test_plan import REPO
+
+    expect = tiny.tmp / "expect.json"
+    extra = ["--backend", "ray", "--ray-address", ray_head, "--env", f"FAKE_TRAINER_EXPECT={expect}",
+             "--env", "FAKE_TRAINER_SLEEP=300"]
+    plan = dry_run_json(tiny, capsys, *extra)
+    expect.write_text(json.dumps({"args": plan["argv"][2:], "env": plan["env"]}))
+    run_dir = tiny.tmp / "run"
+    cli = subprocess.Popen([sys.executable, "-m", "envrun.cli_run", *tiny.args(*extra, "--run-dir", str(run_dir))],
+                           cwd=REPO, env=os.environ.copy(), stdout=subprocess.PIPE, text=True)
+    try:
+        assert cli.stdout is not None
+        for line in cli.stdout:  # the job's own output, streamed back: it is really running
+            if "fake trainer: sleeping" in line:
+                break
+        cli.send_signal(signal.SIGINT)
+        cli.communicate(timeout=120)
+    finally:
+        cli.kill()
+    assert cli.returncode == 130
+    status = read_status(run_dir)
+    assert status["status"] == "interrupted" and "stopped on Ctrl-C" in status.get("detail", "")
+    job_id = next(line.split()[4] for line in (run_dir / "output.log").read_text().splitlines()
+                  if "submitted Ray job" in line)
+    assert JobSubmissionClient(ray_head).get_job_status(job_id).value == "STOPPED"

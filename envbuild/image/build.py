@@ -13,6 +13,7 @@ from its cache skips save, normalise, load and check.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -139,8 +140,24 @@ def plan_image(lock_path: Path, options: ImageOptions, progress: Progress | None
 
 
 def dry_run(lock_path: Path, options: ImageOptions, progress: Progress | None = None) -> tuple[ContextPlan, str]:
-    """The plan and the Dockerfile a build would use; talks to no engine."""
-    _, plan = plan_image(lock_path, options, progress)
+    """The plan and the Dockerfile a build of this lock would use: a rendering of the lock alone, with no
+    network, no verify and no engine. What would stop a real build is said through ``progress``."""
+    say = progress or (lambda message: None)
+    lock, lock_sha256 = read_lock(lock_path)
+    check_tags(options.tags)
+    unresolved = [p for p in lock.packages if not p.files]
+    for package in unresolved:
+        say(f"warning: {package.name} {package.version} has no files in the lock: a build refuses it "
+            "(run `envbuild lock update` where its index is reachable); left out below")
+    if lock.base_image is not None and lock.base_image.digest is None:
+        say(f"warning: base image {lock.base_image.name} is not pinned by digest: a build refuses it")
+    try:
+        epoch = build_epoch(lock, GitCache(options.cache_dir / "git"), options.mirrors)
+    except BuildRefused as exc:
+        say(f"warning: {exc}; SOURCE_DATE_EPOCH shown as 0")
+        epoch = 0
+    renderable = dataclasses.replace(lock, packages=tuple(p for p in lock.packages if p.files))
+    plan = plan_context(renderable, lock_sha256=lock_sha256, epoch=epoch, allow_unpinned=True)
     return plan, render_dockerfile(plan)
 
 

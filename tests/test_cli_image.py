@@ -1,0 +1,33 @@
+"""`envbuild image --dry-run` renders from the lock alone: no network, no verify, no engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from envbuild.cli import main
+from envbuild.lock import load_lock
+
+REAL_LOCK = Path(__file__).resolve().parents[1] / "lockfiles" / "glm5_2-ascend.lock.yaml"
+
+
+def test_dry_run_of_the_real_lock_renders_and_says_what_a_build_would_refuse(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")  # nothing may talk to an engine
+    assert main(["image", str(REAL_LOCK), "--dry-run", "--offline", "--cache-dir", str(tmp_path / "c")]) == 0
+    captured = capsys.readouterr()
+    lock = load_lock(REAL_LOCK)
+    assert captured.out.count("\nFROM ") == 1 and f"FROM {lock.base_image.name}\n" in captured.out
+    for source in lock.sources:
+        assert f"COPY src/{source.name}/ " in captured.out
+    assert "VLLM_TARGET_DEVICE=empty" in captured.out and "COMPILE_CUSTOM_KERNELS=1" in captured.out
+    assert "triton-ascend 3.2.2 has no files" in captured.err and "not pinned by digest" in captured.err
+    # tags before branches: the two release tags come first
+    order = [s for s in (line.split()[1] for line in captured.out.splitlines() if line.startswith("COPY src/"))]
+    assert order[:2] == ["src/megatron-lm/", "src/megatron-bridge/"]
+
+
+def test_a_bad_tag_is_an_input_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["image", str(REAL_LOCK), "--dry-run", "--tag", "Bad Tag", "--cache-dir", str(tmp_path)])
+    assert code == 2 and "--tag" in capsys.readouterr().err
