@@ -1,6 +1,6 @@
 """Cold and warm source verification against plain git, side by side, on a long generated history.
 
-    python benchmarks/bench_verify.py [--commits 5000 --files 3000] [--repeat 3] [--repo DIR]
+    python benchmarks/bench_verify.py [--commits 10000 --files 5000] [--repeat 3] [--repo DIR]
 
 Generates a repository with ``git fast-import`` (or reuses ``--repo`` if it already exists), serves it
 with ``git daemon`` on 127.0.0.1 with partial clone allowed, and times, each ``--repeat`` times (the
@@ -52,8 +52,8 @@ def du(path: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--commits", type=int, default=5000)
-    parser.add_argument("--files", type=int, default=3000)
+    parser.add_argument("--commits", type=int, default=10000)  # Megatron-LM: ~10k commits, 127 MB packed
+    parser.add_argument("--files", type=int, default=5000)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--repo", type=Path, help="where to keep the generated repository for reuse")
     args = parser.parse_args(argv)
