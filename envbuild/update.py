@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Sequence
 
-from envbuild.errors import InputError
+from envbuild.errors import EngineError, InputError
 from envbuild.git.cache import GitCache
-from envbuild.lock.model import Lock, Source
+from envbuild.lock.model import BaseImage, Lock, Source
 from envbuild.mirrors import Mirrors
 from envbuild.resolve import resolve_packages
 from envbuild.sources import resolve_ref
@@ -18,7 +18,8 @@ Progress = Callable[[str], None]
 def update_lock(lock: Lock, names: Sequence[str], cache: GitCache, *, mirrors: Mirrors = Mirrors(),
                 packages: bool | None = None, progress: Progress | None = None) -> Lock:
     """A new lock: the named sources (all when none are named) moved to their ref's current commit and
-    tree, and, when no source was named (or ``packages`` is True), the package closure re-resolved."""
+    tree; when no source was named, the package closure re-resolved (or as ``packages`` says) and the
+    base image pinned to the digest its registry serves now."""
     known = {s.name for s in lock.sources}
     unknown = [n for n in names if n not in known]
     if unknown:
@@ -26,10 +27,36 @@ def update_lock(lock: Lock, names: Sequence[str], cache: GitCache, *, mirrors: M
     selected = set(names) or known
     sources = tuple(_update_source(s, cache, mirrors, progress) if s.name in selected else s for s in lock.sources)
     updated = dataclasses.replace(lock, sources=sources)
-    if packages if packages is not None else not names:
+    everything = not names
+    if packages if packages is not None else everything:
         if lock.requirements or lock.packages:
             updated = dataclasses.replace(updated, packages=resolve_packages(updated, progress=progress))
+    if everything and lock.base_image is not None:
+        updated = dataclasses.replace(updated, base_image=pin_base_image(lock.base_image, progress))
     return updated
+
+
+def pin_base_image(image: BaseImage, progress: Progress | None = None) -> BaseImage:
+    """The base image pinned to the manifest digest its registry serves for the tag now, asked through
+    the container engine (so its credentials and registry settings apply). Without an engine or a
+    registry answer, the recorded pin stays and a warning says why."""
+    from envbuild.engine import Engine
+
+    say = progress or (lambda message: None)
+    try:
+        engine = Engine.connect()
+    except EngineError as exc:
+        say(f"warning: base image {image.name} not re-pinned: {exc}")
+        return image
+    try:
+        digest = engine.registry_digest(image.name)
+    except EngineError as exc:
+        say(f"warning: base image {image.name} not re-pinned: {exc}")
+        return image
+    finally:
+        engine.close()
+    say(f"base image {image.name} is {digest}")
+    return BaseImage(name=image.name, digest=digest)
 
 
 def _update_source(source: Source, cache: GitCache, mirrors: Mirrors, progress: Progress | None) -> Source:

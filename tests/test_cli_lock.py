@@ -156,3 +156,21 @@ def test_export_repos_and_schema(upstream, tmp_path: Path, capsys) -> None:  # n
     assert code == 0 and f"version: {commits[0]}" in out
     code, out, _ = run(capsys, "lock", "schema")
     assert code == 0 and json.loads(out)["title"].startswith("envbuild lockfile")
+
+
+@pytest.mark.docker
+@pytest.mark.registry
+def test_update_pins_the_base_image_by_the_digest_its_registry_serves(
+        upstream, pushed_base_image, tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    served, _, commits = upstream
+    lock = write_lock(tmp_path / "l.yaml", served.url("cli-upstream", "file"), commit=commits[-1])
+    name = f"{pushed_base_image.repository}:{pushed_base_image.tag}"
+    lock.write_text(lock.read_text().replace("sources:", f"base_image: {{name: '{name}'}}\nsources:"))
+    code, out, _ = run(capsys, "lock", "verify", str(lock), "--cache-dir", str(tmp_path / "c"), "--json")
+    assert code == 1 and json.loads(out)["results"][-1]["status"] == "unpinned"
+
+    code, out, _ = run(capsys, "lock", "update", str(lock), "--cache-dir", str(tmp_path / "c"))
+    assert code == 0 and pushed_base_image.digest in out
+    assert load_lock(lock).base_image.digest == pushed_base_image.digest
+    code, out, _ = run(capsys, "lock", "verify", str(lock), "--cache-dir", str(tmp_path / "c"), "--json")
+    assert code == 0 and json.loads(out)["results"][-1]["status"] == "ok"
