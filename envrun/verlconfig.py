@@ -1,13 +1,12 @@
 """verl's Hydra config tree (``verl/trainer/config``) for the verl wheel a lock pins.
 
-The only module of envrun that talks to a package index. The wheel is fetched once, checked
-against the lock's sha256, and only ``verl/trainer/config/**`` is kept, in
+The wheel comes through envbuild's index client and file cache (fetched once, checked against the
+lock's sha256), and only ``verl/trainer/config/**`` is kept, in
 ``<cache_dir>/verl-config/<sha256>/``: keyed by content, so two locks pinning the same wheel share it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import tempfile
@@ -16,15 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Callable
 
-import requests
 from packaging.utils import canonicalize_name
 
 from envbuild.errors import CacheError, InputError, RemoteError
+from envbuild.filecache import FileCache
+from envbuild.index import IndexClient
 from envbuild.lock.model import Lock
 
 CONFIG_PREFIX = "verl/trainer/config/"
-_SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
-_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -56,22 +54,31 @@ def verl_wheel_from_lock(lock: Lock, lock_file: str, package: str = "verl") -> V
 
 def verl_config_dir(wheel: VerlWheel, cache_dir: Path, *, offline: bool = False,
                     progress: Callable[[str], None] = lambda _m: None,
-                    session: requests.Session | None = None) -> Path:
-    """``.../verl/trainer/config`` extracted from ``wheel``, downloading it into the cache when needed."""
+                    client: IndexClient | None = None) -> Path:
+    """``.../verl/trainer/config`` extracted from ``wheel``, downloading it into the cache when needed.
+    The wheel goes through the same content-addressed file cache as the image builder's package files,
+    so it is downloaded once and checked against the lock's sha256 before anything reads it."""
     root = Path(cache_dir) / "verl-config" / wheel.sha256
     config_dir = root / CONFIG_PREFIX
     if (root / ".complete").is_file():
         return config_dir
-    if offline:
-        raise InputError(f"{wheel.filename}: not in the cache ({root}) and --offline was given; "
-                         "run once online or pass --verl-config DIR")
+    files = FileCache(Path(cache_dir))
+    wheel_path = files.get(wheel.sha256)
+    if wheel_path is None:
+        if offline:
+            raise InputError(f"{wheel.filename}: not in the cache ({root}) and --offline was given; "
+                             "run once online or pass --verl-config DIR")
+        client = client or IndexClient()
+        listed = client.project(wheel.index, wheel.name).file(wheel.filename)
+        if listed is None:
+            raise RemoteError(f"{wheel.index}: the index does not serve {wheel.filename}")
+        if listed.sha256 and listed.sha256 != wheel.sha256:
+            raise RemoteError(f"{wheel.index}: {wheel.filename} has sha256 {listed.sha256}, the lock pins {wheel.sha256}")
+        progress(f"downloading {wheel.filename} for its config schema")
+        wheel_path = files.fetch(listed.url, wheel.sha256, wheel.filename, client.download)
     try:
         root.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=root.parent, prefix=".tmp-") as tmp:
-            wheel_path = Path(tmp) / wheel.filename
-            url = _wheel_url(wheel, session or requests.Session())
-            progress(f"downloading {wheel.filename} for its config schema")
-            _download(url, wheel_path, wheel.sha256, session or requests.Session())
             staging = Path(tmp) / "tree"
             _extract_config(wheel_path, staging, wheel.filename)
             (staging / ".complete").write_text(f"{wheel.filename}\n", encoding="utf-8")
@@ -81,38 +88,6 @@ def verl_config_dir(wheel: VerlWheel, cache_dir: Path, *, offline: bool = False,
     except OSError as exc:
         raise CacheError(f"{root}: cannot write the verl config cache: {exc.strerror or exc}") from None
     return config_dir
-
-
-def _wheel_url(wheel: VerlWheel, session: requests.Session) -> str:
-    page = f"{wheel.index.rstrip('/')}/{canonicalize_name(wheel.name)}/"
-    try:
-        response = session.get(page, headers={"Accept": _SIMPLE_JSON}, timeout=60)
-        response.raise_for_status()
-        files = response.json()["files"]
-    except (requests.RequestException, ValueError, KeyError, TypeError) as exc:
-        raise RemoteError(f"{page}: cannot list {wheel.name}'s files: {exc}") from None
-    for entry in files:
-        if entry.get("filename") == wheel.filename:
-            listed = (entry.get("hashes") or {}).get("sha256")
-            if listed and listed != wheel.sha256:
-                raise RemoteError(f"{page}: {wheel.filename} has sha256 {listed}, the lock pins {wheel.sha256}")
-            return requests.compat.urljoin(page, entry["url"])
-    raise RemoteError(f"{page}: the index does not serve {wheel.filename}")
-
-
-def _download(url: str, dest: Path, sha256: str, session: requests.Session) -> None:
-    digest = hashlib.sha256()
-    try:
-        with session.get(url, stream=True, timeout=60) as response:
-            response.raise_for_status()
-            with dest.open("wb") as out:
-                for chunk in response.iter_content(_CHUNK):
-                    digest.update(chunk)
-                    out.write(chunk)
-    except requests.RequestException as exc:
-        raise RemoteError(f"{url}: download failed: {exc}") from None
-    if digest.hexdigest() != sha256:
-        raise RemoteError(f"{url}: sha256 {digest.hexdigest()} does not match the lock's {sha256}")
 
 
 def _extract_config(wheel_path: Path, dest: Path, name: str) -> None:

@@ -11,6 +11,7 @@ import base64
 import hashlib
 import io
 import json
+import socket
 import tarfile
 import threading
 import zipfile
@@ -198,3 +199,11 @@ def write_file_index(root: Path, dists: Path) -> str:
         (root / project / "index.json").write_text(json.dumps({"meta": {"api-version": "1.0"}, "name": project,
                                                                "files": files}))
     return root.as_uri()
+
+
+def dead_port_url() -> str:
+    """An index URL on a loopback port with nothing listening: connection refused."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}/simple"

@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
 
 from envbuild.errors import RemoteError
 from envbuild.index import IndexClient
-from tests.pyindex import PyIndex, make_sdist, make_wheel, write_file_index
-
-
-def dead_port_url() -> str:
-    """An index URL on a loopback port with nothing listening: connection refused."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}/simple"
+from tests.pyindex import PyIndex, dead_port_url, make_sdist, make_wheel, write_file_index
 
 
 @pytest.fixture()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
@@ -12,17 +11,11 @@ from envbuild.index import IndexClient
 from envbuild.lock import Lock, Package, PackageFile, parse_lock
 from envbuild.packages import package_file_urls, verify_packages
 from envbuild.results import PACKAGE_STATUSES
-from tests.pyindex import PyIndex, make_sdist, make_wheel
+from tests.pyindex import PyIndex, dead_port_url, make_sdist, make_wheel
 
 WHEEL = "alpha-1.0-py3-none-any.whl"
 SDIST = "alpha-1.0.tar.gz"
 
-
-def dead_port_url() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}/simple"
 
 
 @pytest.fixture()
