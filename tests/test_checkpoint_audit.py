@@ -348,3 +348,21 @@ def test_render_summarises_and_groups(tmp_path: Path) -> None:
     assert "MTP layers 4: absent" in text
     assert "model.layers.{2..3}.mlp.experts.{0..3}.down_proj.weight" in text
     assert "model.layers.2.mlp.experts.0.down_proj.weight" not in text
+
+
+def test_a_boolean_dimension_is_malformed_even_after_its_integer_twin(tmp_path: Path) -> None:
+    """True == 1 in Python: the per-shape size cache must not let [2, true] pass because [2, 1] did."""
+    import json
+    import struct
+
+    from envrun.checkpoint.safetensors_header import SafetensorsHeaderError, read_safetensors_header
+
+    def write(name: str, shape: list) -> Path:
+        header = json.dumps({"a": {"dtype": "BF16", "shape": shape, "data_offsets": [0, 4]}}).encode()
+        path = tmp_path / name
+        path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 4)
+        return path
+
+    assert read_safetensors_header(write("good.safetensors", [2, 1])).tensors["a"].shape == (2, 1)
+    with pytest.raises(SafetensorsHeaderError, match="not a list of non-negative integers"):
+        read_safetensors_header(write("bad.safetensors", [2, True]))

@@ -163,34 +163,70 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+_NBYTES: dict[tuple[object, ...], int | str] = {}  # (dtype, *shape) -> byte size, or what is wrong
+
+
 def _parse_entry(entry: object) -> TensorInfo | str:
-    """Return the entry as TensorInfo, or a string saying what is wrong with it."""
-    # Written for speed (it runs once per tensor): plain loops and `type() is`, which also
-    # rejects bool, an int subclass in Python, so true in a shape is malformed.
+    """Return the entry as TensorInfo, or a string saying what is wrong with it.
+
+    A GLM-5 checkpoint repeats a few dozen (dtype, shape) pairs ~60k times: their byte sizes are
+    worked out once each, and the fast path below only checks the offsets against them."""
+    if type(entry) is dict and len(entry) == 3:
+        try:
+            dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+        except KeyError:
+            return _parse_entry_slowly(entry)
+        # Only plain ints may key the cache: True == 1 and hashes alike, but is no dimension.
+        if type(dtype) is str and type(shape) is list and type(offsets) is list and len(offsets) == 2 \
+                and set(map(type, shape)) <= {int}:
+            key = (dtype, *shape)
+            nbytes = _NBYTES.get(key)
+            if nbytes is None:
+                nbytes = _NBYTES.setdefault(key, _size_or_problem(dtype, shape))
+            begin, end = offsets
+            if type(nbytes) is int and type(begin) is int and type(end) is int and 0 <= begin <= end \
+                    and end - begin == nbytes:
+                return TensorInfo(dtype, tuple(shape), (begin, end))
+    return _parse_entry_slowly(entry)
+
+
+def _size_or_problem(dtype: object, shape: list[object]) -> int | str:
+    """The byte size of a tensor of ``dtype`` x ``shape``, or what is wrong with them."""
+    # `type() is`, not isinstance: a bool is an int in Python, and true in a shape is malformed.
+    bits = DTYPE_BITS.get(dtype) if type(dtype) is str else None
+    if bits is None:
+        return f"unknown dtype {dtype!r}"
+    for dim in shape:
+        if type(dim) is not int or dim < 0:  # type: ignore[operator]
+            return f"shape {shape!r} is not a list of non-negative integers"
+        bits *= dim
+    if bits % 8:
+        return f"{dtype} x {shape} is not a whole number of bytes"
+    return bits // 8
+
+
+def _parse_entry_slowly(entry: object) -> TensorInfo | str:
+    """Every check, with the message that names the first problem."""
     if type(entry) is not dict:
         return "entry is not an object"
     absent = [k for k in ("dtype", "shape", "data_offsets") if k not in entry]
     if absent:
         return f"lacks {', '.join(absent)}"
     dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-    bits = DTYPE_BITS.get(dtype) if type(dtype) is str else None
-    if bits is None:
+    if type(dtype) is not str or dtype not in DTYPE_BITS:
         return f"unknown dtype {dtype!r}"
     if type(shape) is not list:
         return f"shape {shape!r} is not a list of non-negative integers"
-    for dim in shape:
-        if type(dim) is not int or dim < 0:
-            return f"shape {shape!r} is not a list of non-negative integers"
-        bits *= dim
+    nbytes = _size_or_problem(dtype, shape)
+    if isinstance(nbytes, str):
+        return nbytes
     if type(offsets) is not list or len(offsets) != 2 or not (_is_uint(offsets[0]) and _is_uint(offsets[1])):
         return f"data_offsets {offsets!r} is not [begin, end]"
     begin, end = offsets
     if end < begin:
         return f"data_offsets {offsets!r} end before begin"
-    if bits % 8:
-        return f"{dtype} x {shape} is not a whole number of bytes"
-    if end - begin != bits // 8:
-        return f"data_offsets {offsets!r} span {end - begin} bytes, {dtype} x {shape} needs {bits // 8}"
+    if end - begin != nbytes:
+        return f"data_offsets {offsets!r} span {end - begin} bytes, {dtype} x {shape} needs {nbytes}"
     return TensorInfo(dtype, tuple(shape), (begin, end))
 
 
