@@ -15,7 +15,9 @@ from pathlib import Path
 from envbuild.errors import InputError
 from envbuild.image.context import IMAGE_META, IMAGE_WHEELS, ContextPlan, SourcePlan
 
-TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "images"
+# `templates` is a link to the repository's images/ (where the templates live, per the design card), so
+# that they also ship inside the wheel as package data; a non-editable install finds them here too.
+TEMPLATE_DIR = Path(__file__).parent / "templates"
 PIP = "python3 -m pip"
 # Only what this build itself may leave behind; base-image paths are never touched (a deletion would
 # add a whiteout, i.e. modify the base). __pycache__ outside /opt/envbuild is dropped by normalize.
