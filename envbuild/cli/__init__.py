@@ -1,4 +1,4 @@
-"""The `envbuild` command: `lock verify|update|diff|export|schema` (and, as they land, `image`, `check`)."""
+"""The `envbuild` command: `lock verify|update|diff|export|schema`, `image` and `check`."""
 
 from __future__ import annotations
 
