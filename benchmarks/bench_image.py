@@ -42,6 +42,7 @@ from tests.baseimage import ensure_base_image  # noqa: E402
 from tests.gitrepos import GitDaemon  # noqa: E402
 from tests.imagelock import ImageLockEnv, make_sources, make_wheels  # noqa: E402
 from tests.pyindex import PyIndex  # noqa: E402
+from tests.services import push_as  # noqa: E402
 
 GIT_BASE = "envbuild-bench/gitbase:1"
 LOCK_NAME = "imagebench"
@@ -51,14 +52,7 @@ HAND_IMAGES: list[str] = []  # removed at the end
 def push_base(client: docker.DockerClient, registry: str) -> tuple[str, str]:
     base = ensure_base_image(client)
     repository, tag = f"{registry}/envbuild-bench/base", base.tag.rsplit(":", 1)[1]
-    client.images.get(base.tag).tag(repository, tag)
-    digest = None
-    for event in client.images.push(repository, tag, stream=True, decode=True):
-        if "error" in event:
-            raise SystemExit(f"push failed: {event['error']}")
-        digest = event.get("aux", {}).get("Digest", digest)
-    assert digest
-    return f"{repository}:{tag}", digest
+    return f"{repository}:{tag}", push_as(client, base.tag, repository, tag)
 
 
 def git_base(client: docker.DockerClient, base: str) -> None:

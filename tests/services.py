@@ -163,20 +163,21 @@ class PushedImage:
         return f"{self.repository}@{self.digest}"
 
 
+def push_as(client: docker.DockerClient, source: str, repository: str, tag: str) -> str:
+    """Tag ``source`` as ``repository:tag`` and push it through envbuild's engine; the manifest digest."""
+    from envbuild.engine import Engine
+
+    client.images.get(source).tag(repository, tag)
+    return Engine(client).push(f"{repository}:{tag}")
+
+
 @pytest.fixture(scope="session")
 def pushed_base_image(
     docker_client: docker.DockerClient, registry: str, base_image: BaseImage
 ) -> Iterator[PushedImage]:
     repository = f"{registry}/{PUSHED_REPOSITORY}"
     tag = base_image.tag.rsplit(":", 1)[1]
-    docker_client.images.get(base_image.tag).tag(repository, tag)
-    digest = None
-    for event in docker_client.images.push(repository, tag, stream=True, decode=True):
-        if "error" in event:
-            raise RuntimeError(f"pushing {repository}:{tag} failed: {event['error']}")
-        digest = event.get("aux", {}).get("Digest", digest)
-    if digest is None:
-        raise RuntimeError(f"pushing {repository}:{tag} gave no manifest digest")
+    digest = push_as(docker_client, base_image.tag, repository, tag)
     try:
         yield PushedImage(repository, tag, digest)
     finally:

@@ -20,6 +20,7 @@ from envbuild.check.history import read_history
 from envbuild.check.run import CheckOptions, run_check
 from envbuild.cli import main
 from envbuild.engine import Engine
+from envbuild.verify import VerifyOptions
 from tests.gitrepos import GitDaemon, git, make_repo
 from tests.imagelock import ImageLockEnv, make_sources, make_wheels, with_source
 from tests.pyindex import PyIndex
@@ -75,7 +76,7 @@ def night(day: int) -> datetime:
 def test_upstream_drift_is_reported_and_the_image_still_reproduces(env: ImageLockEnv, engine: Engine,
                                                                    tmp_path: Path) -> None:
     lock = env.write(tmp_path / "drift.lock.yaml")
-    options = CheckOptions(cache_dir=tmp_path / "cache", history=tmp_path / "history.jsonl")
+    options = CheckOptions(VerifyOptions(cache_dir=tmp_path / "cache"), history=tmp_path / "history.jsonl")
 
     first = run_check(lock, options, engine=engine, now=night(1))  # no history: two builds compared
     assert first.ok and first.reproducible and first.compared_with == "second build"
@@ -119,7 +120,7 @@ def test_a_commit_dropped_by_force_push_and_gc_fails(env: ImageLockEnv, tmp_path
     doomed = beta.commit("a commit that will be force-pushed away", files={"doomed": "x\n"})
     lock = env.write(tmp_path / "dropped.lock.yaml", with_source(env.lock(name="dropped"), "beta", commit=doomed,
                                                                tree=beta.tree(doomed)))
-    options = CheckOptions(cache_dir=tmp_path / "cache")
+    options = CheckOptions(VerifyOptions(cache_dir=tmp_path / "cache"))
     assert next(r for r in run_check(lock, options).verify.results if r.name == "beta").status == "ok"
 
     beta.force_branch("main", beta.rev(f"{doomed}^"))  # force-push, reflog expired, gc --prune=now

@@ -17,7 +17,6 @@ WHEEL = "alpha-1.0-py3-none-any.whl"
 SDIST = "alpha-1.0.tar.gz"
 
 
-
 @pytest.fixture()
 def dists(tmp_path: Path) -> Path:
     root = tmp_path / "dists"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 import tempfile
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
@@ -21,7 +21,6 @@ from envbuild.check.history import (
 from envbuild.check.report import CheckReport, Difference
 from envbuild.errors import LockfileError, Problem
 from envbuild.lock import load_lock
-from envbuild.mirrors import Mirrors
 from envbuild.verify import VerifyOptions, verify_lock
 
 Progress = Callable[[str], None]
@@ -29,12 +28,10 @@ Progress = Callable[[str], None]
 
 @dataclass(frozen=True)
 class CheckOptions:
-    cache_dir: Path
-    mirrors: Mirrors = field(default_factory=Mirrors)
-    offline: bool = False
-    jobs: int = 8
+    """How to verify (the same options as `lock verify`) and where the history lives."""
+
+    verify: VerifyOptions
     history: Path | None = None
-    strict: bool = False
 
 
 def run_check(lock_path: Path, options: CheckOptions, progress: Progress | None = None, *,
@@ -51,19 +48,19 @@ def run_check(lock_path: Path, options: CheckOptions, progress: Progress | None 
     history = read_history(options.history, say) if options.history else []
 
     say(f"verifying {lock_path}")
-    verified = verify_lock(lock, str(lock_path), VerifyOptions(options.cache_dir, options.mirrors, options.offline,
-                                                                options.strict, options.jobs), progress)
+    verified = verify_lock(lock, str(lock_path), options.verify, progress)
     if not verified.ok:
         report = CheckReport(verified, False, note="verify failed, so no image was built")
         _record(options.history, lock_path, lock_sha256, report, None, now)
         return report
 
-    work = Path(tempfile.mkdtemp(prefix="check-", dir=_ensure(options.cache_dir)))
+    source = options.verify
+    work = Path(tempfile.mkdtemp(prefix="check-", dir=_ensure(source.cache_dir)))
     own = engine is None
     engine = engine or Engine.connect()
     try:
-        image_options = ImageOptions(cache_dir=options.cache_dir, mirrors=options.mirrors, offline=options.offline,
-                                     jobs=options.jobs, no_cache=True, record_dir=work / "record-1",
+        image_options = ImageOptions(cache_dir=source.cache_dir, mirrors=source.mirrors, offline=source.offline,
+                                     jobs=source.jobs, no_cache=True, record_dir=work / "record-1",
                                      keep_archive=work / "first.tar", tags=(f"envbuild-check/{lock.name}:first",))
         say("rebuilding without cache")
         first = build_image(lock_path, image_options, progress=progress, engine=engine, verified=verified)

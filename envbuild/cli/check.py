@@ -27,10 +27,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     from envbuild.check.history import read_history
     from envbuild.check.report import render_html, render_markdown
     from envbuild.check.run import CheckOptions, run_check
+    from envbuild.verify import VerifyOptions
 
     cache_dir, mirrors = source_settings(args)
-    options = CheckOptions(cache_dir=cache_dir, mirrors=mirrors, offline=args.offline, jobs=args.jobs,
-                           history=args.history, strict=args.strict)
+    options = CheckOptions(VerifyOptions(cache_dir=cache_dir, mirrors=mirrors, offline=args.offline,
+                                         strict=args.strict, jobs=args.jobs), history=args.history)
     report = run_check(args.lockfile, options, Progress("envbuild", args.quiet))
     if args.report:
         args.report.mkdir(parents=True, exist_ok=True)
