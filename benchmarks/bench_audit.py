@@ -1,7 +1,7 @@
 """Benchmark: the checkpoint audit against opening every shard with safetensors.safe_open.
 
 A GLM-5-sized checkpoint index (78 layers + 1 MTP layer, 256 routed experts, 100 shards, ~60k
-tensors) is written with tests/ckptgen.py: real safetensors files, tiny tensors. With
+tensors) is written with tests/lib/ckptgen.py: real safetensors files, tiny tensors. With
 ``--realistic-sizes`` each shard's header is then rewritten with approximate GLM-5 shapes and its
 data section left as a hole (a sparse file), so shards have their real sizes (~1.5 TB in all)
 while using almost no disk. Both approaches are then timed side by side, cold (the shards' pages
@@ -37,19 +37,30 @@ sys.path.insert(0, str(ROOT))
 from safetensors import safe_open  # noqa: E402
 
 from envrun.checkpoint import audit_checkpoint, read_safetensors_header  # noqa: E402
-from tests.ckptgen import CheckpointSpec, write_checkpoint  # noqa: E402
+from tests.lib.ckptgen import CheckpointSpec, write_checkpoint  # noqa: E402
 
 # Approximate GLM-5 dimensions, only to give shards realistic sizes; nothing reads the values.
 H, MOE_FF, DENSE_FF, VOCAB, Q_LORA, KV_LORA = 6144, 2048, 12288, 154880, 2048, 512
 SHAPES: list[tuple[str, tuple[int, ...]]] = [  # by name suffix; experts are handled first
-    ("embed_tokens.weight", (VOCAB, H)), ("lm_head.weight", (VOCAB, H)),
-    ("mlp.down_proj.weight", (H, DENSE_FF)), ("mlp.gate_proj.weight", (DENSE_FF, H)), ("mlp.up_proj.weight", (DENSE_FF, H)),
+    ("embed_tokens.weight", (VOCAB, H)),
+    ("lm_head.weight", (VOCAB, H)),
+    ("mlp.down_proj.weight", (H, DENSE_FF)),
+    ("mlp.gate_proj.weight", (DENSE_FF, H)),
+    ("mlp.up_proj.weight", (DENSE_FF, H)),
     ("mlp.gate.weight", (256, H)),
-    ("q_a_proj.weight", (Q_LORA, H)), ("q_b_proj.weight", (64 * 256, Q_LORA)),
-    ("kv_a_proj_with_mqa.weight", (KV_LORA + 64, H)), ("kv_b_proj.weight", (64 * 448, KV_LORA)),
-    ("o_proj.weight", (H, 64 * 256)), ("indexer.wq_b.weight", (4096, Q_LORA)), ("indexer.wk.weight", (128, H)),
-    ("indexer.weights_proj.weight", (32, H)), ("indexer.k_norm.weight", (128,)), ("indexer.k_norm.bias", (128,)),
-    ("q_a_layernorm.weight", (Q_LORA,)), ("kv_a_layernorm.weight", (KV_LORA,)), ("eh_proj.weight", (H, 2 * H)),
+    ("q_a_proj.weight", (Q_LORA, H)),
+    ("q_b_proj.weight", (64 * 256, Q_LORA)),
+    ("kv_a_proj_with_mqa.weight", (KV_LORA + 64, H)),
+    ("kv_b_proj.weight", (64 * 448, KV_LORA)),
+    ("o_proj.weight", (H, 64 * 256)),
+    ("indexer.wq_b.weight", (4096, Q_LORA)),
+    ("indexer.wk.weight", (128, H)),
+    ("indexer.weights_proj.weight", (32, H)),
+    ("indexer.k_norm.weight", (128,)),
+    ("indexer.k_norm.bias", (128,)),
+    ("q_a_layernorm.weight", (Q_LORA,)),
+    ("kv_a_layernorm.weight", (KV_LORA,)),
+    ("eh_proj.weight", (H, 2 * H)),
 ]
 
 
@@ -171,8 +182,13 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="bench_audit_") as tmp:
         model_dir = Path(tmp)
-        spec = CheckpointSpec(layers=args.layers, mtp_layers=args.mtp, first_k_dense=args.first_k_dense,
-                              experts=args.experts, shards=args.shards)
+        spec = CheckpointSpec(
+            layers=args.layers,
+            mtp_layers=args.mtp,
+            first_k_dense=args.first_k_dense,
+            experts=args.experts,
+            shards=args.shards,
+        )
         start = time.perf_counter()
         write_checkpoint(model_dir, spec)
         shards = sorted(model_dir.glob("*.safetensors"))
@@ -186,11 +202,15 @@ def main() -> int:
         report = audit_checkpoint(model_dir)
         keys = list_keys_with_safe_open(model_dir)
         assert report.ok and report.tensors == keys, (report.ok, report.tensors, keys)
-        print(f"checkpoint: {args.layers} layers + {args.mtp} MTP, {args.experts} experts, {len(shards)} shards, "
-              f"{keys} tensors; shards {human(apparent)} apparent, {human(on_disk)} on disk; generated in {generated:.1f} s")
+        print(
+            f"checkpoint: {args.layers} layers + {args.mtp} MTP, {args.experts} experts, {len(shards)} shards, "
+            f"{keys} tensors; shards {human(apparent)} apparent, {human(on_disk)} on disk; generated in {generated:.1f} s"
+        )
 
-        candidates = {"audit_checkpoint": lambda: audit_checkpoint(model_dir),
-                      "safe_open + keys()": lambda: list_keys_with_safe_open(model_dir)}
+        candidates = {
+            "audit_checkpoint": lambda: audit_checkpoint(model_dir),
+            "safe_open + keys()": lambda: list_keys_with_safe_open(model_dir),
+        }
         files = shards + [model_dir / "model.safetensors.index.json", model_dir / "config.json"]
         results: dict[tuple[str, str], list[dict[str, float]]] = {}
         for _ in range(args.repeat):
@@ -204,14 +224,24 @@ def main() -> int:
                 runs = results[(name, state)]
                 med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
                 cached = "-" if state == "warm" else human(med["cached"])
-                print(f"  {state:4}  {name:20} {med['wall_s'] * 1000:7.1f} ms {human(med['rchar']):>10} "
-                      f"{human(med['read_bytes']):>12}   {cached}")
-            a = {k: statistics.median(r[k] for r in results[("audit_checkpoint", state)]) for k in ("wall_s", "rchar", "read_bytes", "cached")}
-            b = {k: statistics.median(r[k] for r in results[("safe_open + keys()", state)]) for k in ("wall_s", "rchar", "read_bytes", "cached")}
+                print(
+                    f"  {state:4}  {name:20} {med['wall_s'] * 1000:7.1f} ms {human(med['rchar']):>10} "
+                    f"{human(med['read_bytes']):>12}   {cached}"
+                )
+            a = {
+                k: statistics.median(r[k] for r in results[("audit_checkpoint", state)])
+                for k in ("wall_s", "rchar", "read_bytes", "cached")
+            }
+            b = {
+                k: statistics.median(r[k] for r in results[("safe_open + keys()", state)])
+                for k in ("wall_s", "rchar", "read_bytes", "cached")
+            }
             ratios = [f"wall {a['wall_s'] / b['wall_s']:.2f}x"]
             if state == "cold":
                 ratios.append(f"cached {a['cached'] / b['cached']:.2f}x" if b["cached"] else "cached n/a")
-                ratios.append(f"read_bytes {a['read_bytes'] / b['read_bytes']:.2f}x" if b["read_bytes"] else "read_bytes n/a")
+                ratios.append(
+                    f"read_bytes {a['read_bytes'] / b['read_bytes']:.2f}x" if b["read_bytes"] else "read_bytes n/a"
+                )
             print(f"  {state:4}  audit / safe_open: {', '.join(ratios)}")
         print(f"\naudit's own count of bytes read (config + index + headers): {human(report.bytes_read)}")
     return 0

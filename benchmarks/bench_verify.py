@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project and 
 from envbuild.git.cache import GitCache  # noqa: E402
 from envbuild.lock.model import Source  # noqa: E402
 from envbuild.sources import verify_source  # noqa: E402
-from tests.gitrepos import GitDaemon, fast_import_repo, git  # noqa: E402
+from tests.lib.gitrepos import GitDaemon, fast_import_repo, git  # noqa: E402
 
 
 def measure(label: str, repeat: int, setup: Callable[[int], object], run: Callable[[object], object]) -> list[float]:
@@ -78,42 +78,62 @@ def main(argv: list[str] | None = None) -> int:
         last_tag = git("describe", "--tags", "--abbrev=0", "main", cwd=upstream)
         tag_commit = git("rev-parse", f"{last_tag}^{{commit}}", cwd=upstream)
         branch_pin = Source(name="repo", repo=url, ref="main", ref_type="branch", commit=pinned)
-        tag_pin = Source(name="repo", repo=url, ref=last_tag, ref_type="tag", commit=tag_commit,
-                         tree=git("rev-parse", f"{tag_commit}^{{tree}}", cwd=upstream))
+        tag_pin = Source(
+            name="repo",
+            repo=url,
+            ref=last_tag,
+            ref_type="tag",
+            commit=tag_commit,
+            tree=git("rev-parse", f"{tag_commit}^{{tree}}", cwd=upstream),
+        )
 
         def fresh(name: str) -> Callable[[int], Path]:
             def make(i: int) -> Path:
                 path = work / f"{name}-{i}"
                 shutil.rmtree(path, ignore_errors=True)
                 return path
+
             return make
 
         def verify(source: Source, expect: str) -> Callable[[object], object]:
             def run(root: object) -> None:
                 result = verify_source(source, GitCache(Path(str(root))))
                 assert result.status == expect, result
+
             return run
 
         def filtered_fetch(path: object) -> None:
             git("init", "-q", "--bare", str(path))
             git("remote", "add", "origin", url, cwd=Path(str(path)))
-            git("fetch", "-q", "--filter=tree:0", "--no-tags", "origin", "+refs/heads/main:refs/heads/main",
-                cwd=Path(str(path)))
+            git(
+                "fetch",
+                "-q",
+                "--filter=tree:0",
+                "--no-tags",
+                "origin",
+                "+refs/heads/main:refs/heads/main",
+                cwd=Path(str(path)),
+            )
 
-        print(f"repository: {commits} commits, {args.files} files, {du(upstream) / 1e6:.1f} MB packed; "
-              f"served at {url}", file=sys.stderr)
+        print(
+            f"repository: {commits} commits, {args.files} files, {du(upstream) / 1e6:.1f} MB packed; served at {url}",
+            file=sys.stderr,
+        )
         times = {
             "full clone (git clone --bare)": measure(
-                "full clone", args.repeat, fresh("clone"),
-                lambda p: git("clone", "-q", "--bare", url, str(p))),
+                "full clone", args.repeat, fresh("clone"), lambda p: git("clone", "-q", "--bare", url, str(p))
+            ),
             "filtered fetch of one ref": measure("filtered fetch", args.repeat, fresh("fetch"), filtered_fetch),
             "git ls-remote": measure("ls-remote", args.repeat, lambda i: None, lambda _: git("ls-remote", url)),
             "cold verify, branch pin": measure(
-                "cold verify branch", args.repeat, fresh("cold-branch"), verify(branch_pin, "behind")),
+                "cold verify branch", args.repeat, fresh("cold-branch"), verify(branch_pin, "behind")
+            ),
             "cold verify, tag pin with tree": measure(
-                "cold verify tag+tree", args.repeat, fresh("cold-tag"), verify(tag_pin, "ok")),
+                "cold verify tag+tree", args.repeat, fresh("cold-tag"), verify(tag_pin, "ok")
+            ),
             "warm verify, branch pin": measure(
-                "warm verify branch", args.repeat, lambda i: work / "cold-branch-0", verify(branch_pin, "behind")),
+                "warm verify branch", args.repeat, lambda i: work / "cold-branch-0", verify(branch_pin, "behind")
+            ),
         }
         sizes = {
             "full clone (git clone --bare)": du(work / "clone-0"),

@@ -64,11 +64,13 @@ class RunOutput:
 def _reason(exc: BaseException) -> str:
     """One line a user can act on, from the SDK's or requests' nested messages."""
     text = str(exc)
-    for needle, reason in (("No such file or directory", "no such socket"),
-                           ("Connection refused", "connection refused"),
-                           ("Permission denied", "permission denied"),
-                           ("timed out", "timed out"),
-                           ("Connection aborted", "connection aborted")):
+    for needle, reason in (
+        ("No such file or directory", "no such socket"),
+        ("Connection refused", "connection refused"),
+        ("Permission denied", "permission denied"),
+        ("timed out", "timed out"),
+        ("Connection aborted", "connection aborted"),
+    ):
         if needle in text:
             return reason
     if isinstance(exc, docker.errors.APIError):
@@ -89,8 +91,9 @@ def _engine_errors(what: str) -> Iterator[None]:
     except (docker.errors.DockerException, requests.RequestException) as exc:
         if isinstance(exc, docker.errors.APIError) and exc.response is not None:
             raise EngineError(f"{what}: {_reason(exc)}") from None
-        raise EngineError(f"{what}: the container engine at {engine_address()} stopped answering: "
-                          f"{_reason(exc)}") from None
+        raise EngineError(
+            f"{what}: the container engine at {engine_address()} stopped answering: {_reason(exc)}"
+        ) from None
 
 
 class Engine:
@@ -106,8 +109,9 @@ class Engine:
             client = docker.from_env(version="auto", timeout=TIMEOUT)
             client.ping()
         except (docker.errors.DockerException, requests.RequestException) as exc:
-            raise EngineError(f"no container engine answers at {engine_address()}: {_reason(exc)} "
-                              "(start dockerd or set DOCKER_HOST)") from None
+            raise EngineError(
+                f"no container engine answers at {engine_address()}: {_reason(exc)} (start dockerd or set DOCKER_HOST)"
+            ) from None
         return cls(client)
 
     def close(self) -> None:
@@ -126,18 +130,29 @@ class Engine:
 
         def finish(now: float) -> None:
             if current is not None:
-                steps.append(BuildStep(current["number"], current["total"], current["instruction"],
-                                       current["cached"], round(now - current["start"], 3)))
+                steps.append(
+                    BuildStep(
+                        current["number"],
+                        current["total"],
+                        current["instruction"],
+                        current["cached"],
+                        round(now - current["start"], 3),
+                    )
+                )
 
         with _engine_errors("build"):
-            stream = self.api.build(path=str(context), rm=True, forcerm=True, nocache=nocache, pull=False,
-                                    network_mode="none", decode=True)
+            stream = self.api.build(
+                path=str(context), rm=True, forcerm=True, nocache=nocache, pull=False, network_mode="none", decode=True
+            )
             try:
                 for event in stream:
                     if "error" in event or "errorDetail" in event:
                         message = (event.get("errorDetail") or {}).get("message") or event.get("error") or "failed"
-                        where = (f"step {current['number']}/{current['total']} ({current['instruction'][:120]})"
-                                 if current else "before the first step")
+                        where = (
+                            f"step {current['number']}/{current['total']} ({current['instruction'][:120]})"
+                            if current
+                            else "before the first step"
+                        )
                         tail = "".join(f"\n    | {line}" for line in log)
                         raise EngineError(f"build failed at {where}: {message.strip()}{tail}")
                     if "aux" in event and isinstance(event["aux"], dict) and "ID" in event["aux"]:
@@ -147,8 +162,13 @@ class Engine:
                             now = time.monotonic()
                             finish(now)
                             # FROM builds nothing: it counts as answered from what the engine holds.
-                            current = {"number": int(match[1]), "total": int(match[2]), "instruction": match[3],
-                                       "cached": match[3].upper().startswith("FROM "), "start": now}
+                            current = {
+                                "number": int(match[1]),
+                                "total": int(match[2]),
+                                "instruction": match[3],
+                                "cached": match[3].upper().startswith("FROM "),
+                                "start": now,
+                            }
                             log.clear()
                             say(f"step {match[1]}/{match[2]}: {match[3][:100]}")
                         elif line.strip() == "---> Using cache" and current is not None:
@@ -255,15 +275,22 @@ class Engine:
                 container.remove(force=True)
         return RunOutput(int(status.get("StatusCode", -1)), out, err)
 
-
     def run_job(self, spec: JobSpec, on_output: Callable[[str], None]) -> tuple[int | None, bool]:
         """Run a long job: stream its output to ``on_output`` until it ends; on Ctrl-C stop the container
         (SIGTERM, then SIGKILL after ``spec.stop_timeout``). Returns (exit code, interrupted)."""
         with _engine_errors(f"run {spec.image}"):
             container = self.client.containers.run(
-                spec.image, command=list(spec.command), environment=dict(spec.env), devices=list(spec.devices),
-                volumes=dict(spec.volumes), ipc_mode=spec.ipc_mode, network_mode=spec.network_mode,
-                labels=dict(spec.labels), working_dir=spec.working_dir, detach=True)
+                spec.image,
+                command=list(spec.command),
+                environment=dict(spec.env),
+                devices=list(spec.devices),
+                volumes=dict(spec.volumes),
+                ipc_mode=spec.ipc_mode,
+                network_mode=spec.network_mode,
+                labels=dict(spec.labels),
+                working_dir=spec.working_dir,
+                detach=True,
+            )
         try:
             try:
                 for chunk in container.logs(stream=True, follow=True):
@@ -288,7 +315,7 @@ class JobSpec:
     image: str
     command: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
-    devices: tuple[str, ...] = ()                          # "host:container:rwm"
+    devices: tuple[str, ...] = ()  # "host:container:rwm"
     volumes: dict[str, dict[str, str]] = field(default_factory=dict)
     network_mode: str = "none"
     ipc_mode: str | None = None

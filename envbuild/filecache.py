@@ -17,7 +17,7 @@ import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from envbuild.errors import RemoteError
 from envbuild.locking import file_lock
@@ -33,8 +33,10 @@ class FileHashError(RemoteError):
 
     def __init__(self, filename: str, url: str, expected: str, actual: str) -> None:
         self.filename, self.url, self.expected, self.actual = filename, url, expected, actual
-        super().__init__(f"{filename}: sha256 {actual} does not match the lock's {expected} (from {url}); "
-                         "nothing was cached — check the index or the lock")
+        super().__init__(
+            f"{filename}: sha256 {actual} does not match the lock's {expected} (from {url}); "
+            "nothing was cached — check the index or the lock"
+        )
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
@@ -56,7 +58,7 @@ class _HashingWriter(io.RawIOBase):
     def writable(self) -> bool:
         return True
 
-    def write(self, data) -> int:  # type: ignore[override]
+    def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
         self.digest.update(view)
         self.size += len(view)
@@ -125,7 +127,7 @@ class FileCache:
         """Remove temporary files no running fetch holds; returns how many were removed."""
         removed = 0
         for stale in sorted(self.dir.glob(".tmp-*")) if self.dir.is_dir() else []:
-            sha = stale.name[len(".tmp-"):len(".tmp-") + 64]
+            sha = stale.name[len(".tmp-") : len(".tmp-") + 64]
             if not _HEX64.fullmatch(sha):
                 continue
             with self._locked(sha, blocking=False) as held:

@@ -64,8 +64,9 @@ def project_url(index: str, name: str) -> str:
 class IndexClient:
     """Fetches project pages, one request per (index, project) per run, safe to share between threads."""
 
-    def __init__(self, session: requests.Session | None = None, *, timeout: tuple[float, float] = TIMEOUT,
-                 retries: int = RETRIES) -> None:
+    def __init__(
+        self, session: requests.Session | None = None, *, timeout: tuple[float, float] = TIMEOUT, retries: int = RETRIES
+    ) -> None:
         self.session = session or requests.Session()
         self.timeout = timeout
         self.retries = retries
@@ -105,8 +106,10 @@ class IndexClient:
             return _parse_json(index, name, response.content, response.url or url)
         if ctype in ("text/html", "application/vnd.pypi.simple.v1+html"):
             return _parse_html(index, name, response.text, response.url or url)
-        raise RemoteError(f"index {index} answered {name} with unexpected content type {ctype or 'none'!r} "
-                          f"({url}); is it a PEP 503/691 simple index?")
+        raise RemoteError(
+            f"index {index} answered {name} with unexpected content type {ctype or 'none'!r} "
+            f"({url}); is it a PEP 503/691 simple index?"
+        )
 
     def download(self, url: str, out: BinaryIO, timeout: tuple[float, float] = (10, 300)) -> None:
         """Stream one distribution file (as a project page listed it) into ``out``; file:// too.
@@ -163,13 +166,15 @@ def _is_name_error(exc: BaseException) -> bool:
 def _reason(exc: BaseException) -> str:
     """A plain reason ("connection refused") instead of urllib3's nested repr."""
     text = repr(exc)
-    for needle, reason in (("Connection refused", "connection refused"),
-                           ("NameResolutionError", "host name does not resolve"),
-                           ("Name or service not known", "host name does not resolve"),
-                           ("No route to host", "no route to host"),
-                           ("Network is unreachable", "network is unreachable"),
-                           ("CERTIFICATE_VERIFY_FAILED", "TLS certificate verification failed"),
-                           ("Connection reset", "connection reset by peer")):
+    for needle, reason in (
+        ("Connection refused", "connection refused"),
+        ("NameResolutionError", "host name does not resolve"),
+        ("Name or service not known", "host name does not resolve"),
+        ("No route to host", "no route to host"),
+        ("Network is unreachable", "network is unreachable"),
+        ("CERTIFICATE_VERIFY_FAILED", "TLS certificate verification failed"),
+        ("Connection reset", "connection reset by peer"),
+    ):
         if needle in text:
             return reason
     if isinstance(exc, requests.Timeout):
@@ -210,17 +215,25 @@ def _parse_json(index: str, name: str, body: bytes, base: str) -> ProjectPage:
         raise _malformed(index, name, "no 'files' list (PEP 691)")
     files = []
     for i, item in enumerate(data["files"]):
-        if not isinstance(item, dict) or not isinstance(item.get("filename"), str) \
-                or not isinstance(item.get("url"), str) or not isinstance(item.get("hashes", {}), dict):
+        if (
+            not isinstance(item, dict)
+            or not isinstance(item.get("filename"), str)
+            or not isinstance(item.get("url"), str)
+            or not isinstance(item.get("hashes", {}), dict)
+        ):
             raise _malformed(index, name, f"files[{i}] lacks a filename, url or hashes mapping")
         yanked = item.get("yanked", False)
         sha = item.get("hashes", {}).get("sha256")
-        files.append(IndexFile(
-            filename=item["filename"], url=urljoin(base, item["url"]),
-            sha256=sha.lower() if isinstance(sha, str) else None,
-            yanked=bool(yanked), yanked_reason=yanked if isinstance(yanked, str) and yanked else None,
-            requires_python=item.get("requires-python") if isinstance(item.get("requires-python"), str) else None,
-        ))
+        files.append(
+            IndexFile(
+                filename=item["filename"],
+                url=urljoin(base, item["url"]),
+                sha256=sha.lower() if isinstance(sha, str) else None,
+                yanked=bool(yanked),
+                yanked_reason=yanked if isinstance(yanked, str) and yanked else None,
+                requires_python=item.get("requires-python") if isinstance(item.get("requires-python"), str) else None,
+            )
+        )
     return ProjectPage(index, name, tuple(files))
 
 
@@ -248,10 +261,14 @@ def _parse_html(index: str, name: str, body: str, base: str) -> ProjectPage:
         url, fragment = urldefrag(urljoin(base, href))
         algo, _, digest = fragment.partition("=")
         yanked = "data-yanked" in anchor
-        files.append(IndexFile(
-            filename=unquote(urlsplit(url).path.rsplit("/", 1)[-1]), url=url,
-            sha256=digest.lower() if algo == "sha256" and digest else None,
-            yanked=yanked, yanked_reason=(anchor.get("data-yanked") or None) if yanked else None,
-            requires_python=anchor.get("data-requires-python"),
-        ))
+        files.append(
+            IndexFile(
+                filename=unquote(urlsplit(url).path.rsplit("/", 1)[-1]),
+                url=url,
+                sha256=digest.lower() if algo == "sha256" and digest else None,
+                yanked=yanked,
+                yanked_reason=(anchor.get("data-yanked") or None) if yanked else None,
+                requires_python=anchor.get("data-requires-python"),
+            )
+        )
     return ProjectPage(index, name, tuple(files))

@@ -31,4 +31,4 @@ class Mirrors:
         for source, target in self.rules:
             if url.startswith(source) and (best is None or len(source) > len(best[0])):
                 best = (source, target)
-        return url if best is None else best[1] + url[len(best[0]):]
+        return url if best is None else best[1] + url[len(best[0]) :]

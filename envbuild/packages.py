@@ -19,9 +19,14 @@ from envbuild.results import PinResult
 _SEVERITY = ("hash-mismatch", "missing-file", "yanked")
 
 
-def verify_packages(lock: Lock, *, jobs: int = 8, progress: Callable[[str], None] | None = None,
-                    session: requests.Session | None = None,
-                    client: IndexClient | None = None) -> list[PinResult]:
+def verify_packages(
+    lock: Lock,
+    *,
+    jobs: int = 8,
+    progress: Callable[[str], None] | None = None,
+    session: requests.Session | None = None,
+    client: IndexClient | None = None,
+) -> list[PinResult]:
     """One result per package, in lock order; packages are checked in parallel, one request each."""
     client = client or IndexClient(session)
 
@@ -54,31 +59,57 @@ def judge_package(package: Package, page: ProjectPage) -> PinResult:
     facts: dict[str, Any] = {"index": page.index, "version": package.version}
     if not package.files:
         offered = [f.filename for f in page.files if _is_version_file(f.filename, package)]
-        listed = (f"the index lists {len(offered)} file(s) for that version" if offered
-                  else "the index lists no file for that version" if page.found
-                  else f"the index does not know {package.name} at all")
-        return PinResult("package", package.name, "unresolved",
-                         f"the lock records no files for {package.name} {package.version} ({listed}); "
-                         f"run `envbuild lock update`", facts)
+        listed = (
+            f"the index lists {len(offered)} file(s) for that version"
+            if offered
+            else "the index lists no file for that version"
+            if page.found
+            else f"the index does not know {package.name} at all"
+        )
+        return PinResult(
+            "package",
+            package.name,
+            "unresolved",
+            f"the lock records no files for {package.name} {package.version} ({listed}); run `envbuild lock update`",
+            facts,
+        )
     problems: list[dict[str, Any]] = []
     for recorded in package.files:
-        listed = page.file(recorded.filename)
-        if listed is None:
+        entry = page.file(recorded.filename)
+        if entry is None:
             where = "" if page.found else f" (the index does not know {package.name} at all)"
-            problems.append({"status": "missing-file", "filename": recorded.filename,
-                             "detail": f"{recorded.filename} is no longer listed by {page.index}{where}"})
-        elif listed.sha256 != recorded.sha256:
-            got = listed.sha256 or "no sha256"
-            problems.append({"status": "hash-mismatch", "filename": recorded.filename,
-                             "expected": recorded.sha256, "upstream": listed.sha256,
-                             "detail": f"{recorded.filename}: lock has sha256 {recorded.sha256}, index lists {got}"})
-        elif listed.yanked:
-            reason = listed.yanked_reason or "no reason given"
-            problems.append({"status": "yanked", "filename": recorded.filename, "reason": listed.yanked_reason,
-                             "detail": f"{recorded.filename} is yanked: {reason}"})
+            problems.append(
+                {
+                    "status": "missing-file",
+                    "filename": recorded.filename,
+                    "detail": f"{recorded.filename} is no longer listed by {page.index}{where}",
+                }
+            )
+        elif entry.sha256 != recorded.sha256:
+            got = entry.sha256 or "no sha256"
+            problems.append(
+                {
+                    "status": "hash-mismatch",
+                    "filename": recorded.filename,
+                    "expected": recorded.sha256,
+                    "upstream": entry.sha256,
+                    "detail": f"{recorded.filename}: lock has sha256 {recorded.sha256}, index lists {got}",
+                }
+            )
+        elif entry.yanked:
+            reason = entry.yanked_reason or "no reason given"
+            problems.append(
+                {
+                    "status": "yanked",
+                    "filename": recorded.filename,
+                    "reason": entry.yanked_reason,
+                    "detail": f"{recorded.filename} is yanked: {reason}",
+                }
+            )
     if not problems:
-        return PinResult("package", package.name, "ok",
-                         f"{package.version}: {len(package.files)} file(s) match {page.index}", facts)
+        return PinResult(
+            "package", package.name, "ok", f"{package.version}: {len(package.files)} file(s) match {page.index}", facts
+        )
     status = min((p["status"] for p in problems), key=_SEVERITY.index)
     first = next(p for p in problems if p["status"] == status)
     if status == "hash-mismatch":
@@ -94,8 +125,9 @@ def _is_version_file(filename: str, package: Package) -> bool:
     return file_version(filename, package.name) == Version(package.version)
 
 
-def package_file_urls(lock: Lock, *, jobs: int = 8, session: requests.Session | None = None,
-                      client: IndexClient | None = None) -> dict[str, str]:
+def package_file_urls(
+    lock: Lock, *, jobs: int = 8, session: requests.Session | None = None, client: IndexClient | None = None
+) -> dict[str, str]:
     """Download URLs of the lock's files, as the index lists them now (for a pylock.toml export)."""
     client = client or IndexClient(session)
     wanted = {f.filename for p in lock.packages for f in p.files}

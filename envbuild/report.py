@@ -31,8 +31,13 @@ def render_verify(report: VerifyReport) -> str:
     summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
     verdict = "OK" if report.ok else "FAILED"
     strict = " (strict)" if report.strict else ""
-    text = render_table(("KIND", "NAME", "STATUS", "DETAIL"), rows) + f"\n{verdict}{strict}: {report.lock_path}: {summary}\n"
+    text = (
+        render_table(("KIND", "NAME", "STATUS", "DETAIL"), rows)
+        + f"\n{verdict}{strict}: {report.lock_path}: {summary}\n"
+    )
     if any(r.kind == "source" and r.status == "unreachable" for r in report.results):
-        text += ("hint: where the upstream git hosts are out of reach, verify against internal mirrors with "
-                 "--mirror FROM=TO (or `mirrors:` in the config file); --offline answers from the cache\n")
+        text += (
+            "hint: where the upstream git hosts are out of reach, verify against internal mirrors with "
+            "--mirror FROM=TO (or `mirrors:` in the config file); --offline answers from the cache\n"
+        )
     return text

@@ -121,23 +121,43 @@ def run_uv_compile(requirements: Sequence[str], platform: Platform, index: str) 
     with tempfile.TemporaryDirectory(prefix="envbuild-resolve-") as tmp:
         req_in = Path(tmp) / "requirements.in"
         req_in.write_text("".join(f"{r}\n" for r in requirements), encoding="utf-8")
-        cmd = [find_uv_bin(), "pip", "compile", str(req_in), "--python-platform", uv_platform(platform),
-               "--python-version", platform.python, "--index-url", index, "--no-header", "--no-annotate",
-               "--no-config", "--no-python-downloads", "--color", "never", "--quiet"]
+        cmd = [
+            find_uv_bin(),
+            "pip",
+            "compile",
+            str(req_in),
+            "--python-platform",
+            uv_platform(platform),
+            "--python-version",
+            platform.python,
+            "--index-url",
+            index,
+            "--no-header",
+            "--no-annotate",
+            "--no-config",
+            "--no-python-downloads",
+            "--color",
+            "never",
+            "--quiet",
+        ]
         try:
-            proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=UV_TIMEOUT,
-                                  stdin=subprocess.DEVNULL)
+            proc = subprocess.run(
+                cmd, cwd=tmp, capture_output=True, text=True, timeout=UV_TIMEOUT, stdin=subprocess.DEVNULL
+            )
         except subprocess.TimeoutExpired:
             raise ResolutionError(f"uv pip compile against {index} did not finish in {UV_TIMEOUT} s") from None
     if proc.returncode != 0:
         tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
-        raise ResolutionError(f"uv could not resolve {', '.join(requirements)} for {uv_platform(platform)} "
-                              f"CPython {platform.python} against {index}:\n{tail}")
+        raise ResolutionError(
+            f"uv could not resolve {', '.join(requirements)} for {uv_platform(platform)} "
+            f"CPython {platform.python} against {index}:\n{tail}"
+        )
     return proc.stdout
 
 
-def resolve_packages(lock: Lock, *, progress: Callable[[str], None] | None = None,
-                     client: IndexClient | None = None, jobs: int = 8) -> tuple[Package, ...]:
+def resolve_packages(
+    lock: Lock, *, progress: Callable[[str], None] | None = None, client: IndexClient | None = None, jobs: int = 8
+) -> tuple[Package, ...]:
     """The full closure of ``lock.requirements`` for ``lock.platform``, every installable file hashed.
 
     Packages the lock ties to their own ``index`` are not given to uv (that index may not speak to uv,

@@ -9,8 +9,15 @@ Kind = Literal["source", "package", "base_image"]
 
 # Source statuses, exactly as documented; `behind` is a warning, the rest of the non-ok ones fail.
 SOURCE_STATUSES = (
-    "ok", "behind", "not-on-ref", "tag-moved", "missing-ref", "ref-type-changed", "missing-commit",
-    "tree-mismatch", "unreachable",
+    "ok",
+    "behind",
+    "not-on-ref",
+    "tag-moved",
+    "missing-ref",
+    "ref-type-changed",
+    "missing-commit",
+    "tree-mismatch",
+    "unreachable",
 )
 PACKAGE_STATUSES = ("ok", "missing-file", "hash-mismatch", "yanked", "unresolved", "unreachable")
 BASE_IMAGE_STATUSES = ("ok", "unpinned")
@@ -31,8 +38,13 @@ class PinResult:
         return self.status == "ok" or (not strict and self.status in WARNING_STATUSES)
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "name": self.name, "status": self.status, "detail": self.detail,
-                **dict(sorted(self.facts.items()))}
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "status": self.status,
+            "detail": self.detail,
+            **dict(sorted(self.facts.items())),
+        }
 
 
 @dataclass(frozen=True)

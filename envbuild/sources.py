@@ -74,8 +74,9 @@ class _Upstream:
                     raise
         return self._listing
 
-    def commits(self, lookup: Sequence[str], *, need: Sequence[str] = (), refspecs: Sequence[str] = (),
-                name: str = "") -> dict[str, str]:
+    def commits(
+        self, lookup: Sequence[str], *, need: Sequence[str] = (), refspecs: Sequence[str] = (), name: str = ""
+    ) -> dict[str, str]:
         """{commit: tree} for ``lookup`` + ``need``, fetching ``refspecs`` first when any of ``need``
         is absent. Offline, a missing ``need`` raises :class:`_Offline`."""
         trees = self.cache.commit_trees(self.url, [*lookup, *need])
@@ -93,8 +94,15 @@ class _Upstream:
             self._fetch(name, ALL_REFS, prune=True, fresh=dict(listing.refs))
         return self.cache.commit_trees(self.url, listing.tips())
 
-    def _fetch(self, name: str, refspecs: Sequence[str], *, wanted: Sequence[str] = (), prune: bool = False,
-               fresh: dict[str, str] | None = None) -> None:
+    def _fetch(
+        self,
+        name: str,
+        refspecs: Sequence[str],
+        *,
+        wanted: Sequence[str] = (),
+        prune: bool = False,
+        fresh: dict[str, str] | None = None,
+    ) -> None:
         if fresh is not None and self.cache.namespace_refs(self.url) == fresh:
             return  # the cache already mirrors every advertised ref
         what = "all refs of " if prune else ""
@@ -116,8 +124,15 @@ class _Upstream:
             self.progress(message)
 
 
-def verify_sources(sources: Sequence[Source], cache: GitCache, *, mirrors: Mirrors = Mirrors(),
-                   offline: bool = False, jobs: int = 8, progress: Progress | None = None) -> list[PinResult]:
+def verify_sources(
+    sources: Sequence[Source],
+    cache: GitCache,
+    *,
+    mirrors: Mirrors = Mirrors(),
+    offline: bool = False,
+    jobs: int = 8,
+    progress: Progress | None = None,
+) -> list[PinResult]:
     """Verify every source, in parallel across repositories; results in input order.
 
     Sources sharing an effective URL share one ref listing and run one after the other. ``progress``
@@ -128,16 +143,24 @@ def verify_sources(sources: Sequence[Source], cache: GitCache, *, mirrors: Mirro
     check_inputs(sources, mirrors)
     results: list[PinResult | None] = [None] * len(sources)
     with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(groups)))) as pool:
-        futures = {url: pool.submit(_verify_group, [sources[i] for i in indexes], cache, url, offline, progress)
-                   for url, indexes in groups.items()}
+        futures = {
+            url: pool.submit(_verify_group, [sources[i] for i in indexes], cache, url, offline, progress)
+            for url, indexes in groups.items()
+        }
         for url, future in futures.items():
             for index, result in zip(groups[url], future.result()):
                 results[index] = result
     return [r for r in results if r is not None]
 
 
-def verify_source(source: Source, cache: GitCache, *, mirrors: Mirrors = Mirrors(), offline: bool = False,
-                  progress: Progress | None = None) -> PinResult:
+def verify_source(
+    source: Source,
+    cache: GitCache,
+    *,
+    mirrors: Mirrors = Mirrors(),
+    offline: bool = False,
+    progress: Progress | None = None,
+) -> PinResult:
     check_inputs([source], mirrors)
     return _verify_group([source], cache, mirrors.rewrite(source.repo), offline, progress)[0]
 
@@ -161,8 +184,9 @@ def check_inputs(sources: Sequence[Source], mirrors: Mirrors) -> None:
         raise InputError("\n".join(problems))
 
 
-def _verify_group(sources: Sequence[Source], cache: GitCache, url: str, offline: bool,
-                  progress: Progress | None) -> list[PinResult]:
+def _verify_group(
+    sources: Sequence[Source], cache: GitCache, url: str, offline: bool, progress: Progress | None
+) -> list[PinResult]:
     upstream = _Upstream(cache, url, offline=offline, progress=progress)
     results = []
     for source in sources:
@@ -182,20 +206,28 @@ def _verify(source: Source, up: _Upstream) -> PinResult:
     if ref not in same:
         if ref in other:
             actual = "tag" if kind == "branch" else "branch"
-            return _result(source, up.url, "ref-type-changed",
-                           f"recorded as a {kind}, but upstream {ref} is a {actual}", upstream_ref_type=actual)
+            return _result(
+                source,
+                up.url,
+                "ref-type-changed",
+                f"recorded as a {kind}, but upstream {ref} is a {actual}",
+                upstream_ref_type=actual,
+            )
         return _result(source, up.url, "missing-ref", f"upstream has no {kind} named {ref}")
     head = same[ref]
     if kind == "tag":
         if head != source.commit:
-            return _result(source, up.url, "tag-moved", f"tag {ref} now points at {head}, not at the pinned commit",
-                           upstream=head)
+            return _result(
+                source, up.url, "tag-moved", f"tag {ref} now points at {head}, not at the pinned commit", upstream=head
+            )
         if source.tree is None:
             return _result(source, up.url, "ok", f"tag {ref} points at the pinned commit")
-        trees = up.commits([], need=[source.commit], refspecs=[f"+refs/tags/{ref}:refs/upstream/tags/{ref}"],
-                           name=source.name)
+        trees = up.commits(
+            [], need=[source.commit], refspecs=[f"+refs/tags/{ref}:refs/upstream/tags/{ref}"], name=source.name
+        )
         return _tree_verdict(source, up.url, trees) or _result(
-            source, up.url, "ok", f"tag {ref} points at the pinned commit; tree matches")
+            source, up.url, "ok", f"tag {ref} points at the pinned commit; tree matches"
+        )
 
     refspec = f"+refs/heads/{ref}:refs/upstream/heads/{ref}"
     if head == source.commit:
@@ -217,8 +249,14 @@ def _verify(source: Source, up: _Upstream) -> PinResult:
     if mismatch:
         return mismatch
     if ahead:
-        return _result(source, up.url, "behind", f"branch {ref} has moved {ahead} commit{'s' * (ahead != 1)} "
-                       f"past the pinned commit, which is still on it", ahead=ahead, upstream=head)
+        return _result(
+            source,
+            up.url,
+            "behind",
+            f"branch {ref} has moved {ahead} commit{'s' * (ahead != 1)} past the pinned commit, which is still on it",
+            ahead=ahead,
+            upstream=head,
+        )
     return _result(source, up.url, "ok", f"the pinned commit is the head of branch {ref}")
 
 
@@ -227,8 +265,9 @@ def _not_on_ref(source: Source, up: _Upstream) -> PinResult:
     tips = up.all_refs(source.name)
     present = up.cache.commit_trees(up.url, [source.commit])
     if source.commit in present and up.cache.reachable_from_any(up.url, source.commit, set(tips)):
-        return _result(source, up.url, "not-on-ref",
-                       f"the pinned commit exists upstream but is not on branch {source.ref}")
+        return _result(
+            source, up.url, "not-on-ref", f"the pinned commit exists upstream but is not on branch {source.ref}"
+        )
     if up.offline and not up.listing().tips() <= set(tips):
         raise _Offline()  # some tip we never fetched might hold it
     return _result(source, up.url, "missing-commit", "the pinned commit is on no upstream branch or tag")
@@ -242,16 +281,22 @@ def _tree_verdict(source: Source, url: str, trees: dict[str, str]) -> PinResult 
         raise GitError("fetch", "the pinned commit was not fetched")
     if actual == source.tree:
         return None
-    return _result(source, url, "tree-mismatch", f"the pinned commit's tree is {actual}, the lock records "
-                   f"{source.tree}", tree=actual)
+    return _result(
+        source,
+        url,
+        "tree-mismatch",
+        f"the pinned commit's tree is {actual}, the lock records {source.tree}",
+        tree=actual,
+    )
 
 
 def _result(source: Source, url: str, status: str, detail: str, **facts: object) -> PinResult:
     return PinResult("source", source.name, status, detail, {"url": url, "commit": source.commit, **facts})
 
 
-def resolve_ref(source: Source, cache: GitCache, *, mirrors: Mirrors = Mirrors(),
-                progress: Progress | None = None) -> ResolvedRef:
+def resolve_ref(
+    source: Source, cache: GitCache, *, mirrors: Mirrors = Mirrors(), progress: Progress | None = None
+) -> ResolvedRef:
     """Where ``source.ref`` points upstream now (the recorded type first, else the other one).
 
     Raises :class:`MissingRefError` when it is neither, :class:`GitError` (a RemoteError) when the
@@ -260,22 +305,27 @@ def resolve_ref(source: Source, cache: GitCache, *, mirrors: Mirrors = Mirrors()
     url = mirrors.rewrite(source.repo)
     up = _Upstream(cache, url, offline=False, progress=progress)
     listing = up.listing()
-    order: tuple[Literal["branch", "tag"], ...] = ("branch", "tag") if source.ref_type == "branch" else ("tag", "branch")
+    order: tuple[Literal["branch", "tag"], ...] = (
+        ("branch", "tag") if source.ref_type == "branch" else ("tag", "branch")
+    )
     for kind in order:
         refs = listing.heads if kind == "branch" else listing.tags
         if source.ref in refs:
             commit = refs[source.ref]
             space = "heads" if kind == "branch" else "tags"
-            trees = up.commits([], need=[commit], refspecs=[f"+refs/{space}/{source.ref}:refs/upstream/{space}/{source.ref}"],
-                               name=source.name)
+            trees = up.commits(
+                [],
+                need=[commit],
+                refspecs=[f"+refs/{space}/{source.ref}:refs/upstream/{space}/{source.ref}"],
+                name=source.name,
+            )
             if commit not in trees:
                 raise GitError("fetch", f"{source.ref} moved while fetching; try again")
             return ResolvedRef(kind, commit, trees[commit])
     raise MissingRefError(f"{url}: no branch or tag named {source.ref!r} upstream ({source.name})")
 
 
-def count_commits(source_url: str, old: str, new: str, cache: GitCache, *,
-                  mirrors: Mirrors = Mirrors()) -> int | None:
+def count_commits(source_url: str, old: str, new: str, cache: GitCache, *, mirrors: Mirrors = Mirrors()) -> int | None:
     """Commits in ``new``'s history that are not in ``old``'s (``git rev-list --count old..new``), from
     the cache alone; None when the cache does not hold both."""
     try:

@@ -15,8 +15,15 @@ from envbuild.sources import resolve_ref
 Progress = Callable[[str], None]
 
 
-def update_lock(lock: Lock, names: Sequence[str], cache: GitCache, *, mirrors: Mirrors = Mirrors(),
-                packages: bool | None = None, progress: Progress | None = None) -> Lock:
+def update_lock(
+    lock: Lock,
+    names: Sequence[str],
+    cache: GitCache,
+    *,
+    mirrors: Mirrors = Mirrors(),
+    packages: bool | None = None,
+    progress: Progress | None = None,
+) -> Lock:
     """A new lock: the named sources (all when none are named) moved to their ref's current commit and
     tree; when no source was named, the package closure re-resolved (or as ``packages`` says) and the
     base image pinned to the digest its registry serves now."""

@@ -30,19 +30,25 @@ def verify_base_image(lock: Lock) -> list[PinResult]:
     if image is None:
         return []
     if image.digest is None:
-        return [PinResult("base_image", image.name, "unpinned",
-                          "no digest recorded: the tag can move; add base_image.digest")]
+        return [
+            PinResult(
+                "base_image", image.name, "unpinned", "no digest recorded: the tag can move; add base_image.digest"
+            )
+        ]
     return [PinResult("base_image", image.name, "ok", f"pinned by {image.digest}", {"digest": image.digest})]
 
 
 def verify_lock(lock: Lock, lock_path: str, options: VerifyOptions, progress: Progress | None = None) -> VerifyReport:
     cache = GitCache(options.cache_dir / "git")
-    results = verify_sources(lock.sources, cache, mirrors=options.mirrors, offline=options.offline,
-                             jobs=options.jobs, progress=progress)
+    results = verify_sources(
+        lock.sources, cache, mirrors=options.mirrors, offline=options.offline, jobs=options.jobs, progress=progress
+    )
     if lock.packages:
         if options.offline:
-            results += [PinResult("package", p.name, "unreachable", "offline: the package index was not asked")
-                        for p in lock.packages]
+            results += [
+                PinResult("package", p.name, "unreachable", "offline: the package index was not asked")
+                for p in lock.packages
+            ]
         else:
             results += verify_packages(lock, jobs=options.jobs, progress=progress)
     results += verify_base_image(lock)

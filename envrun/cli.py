@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_checkpoint(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def _add_checkpoint(commands: argparse._SubParsersAction) -> None:
     checkpoint = commands.add_parser("checkpoint", help="inspect Hugging Face checkpoints")
     actions = checkpoint.add_subparsers(dest="action", metavar="ACTION")
     checkpoint.set_defaults(handler=lambda args: (checkpoint.print_help(sys.stderr), 2)[1])

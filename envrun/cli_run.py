@@ -11,7 +11,7 @@ import json
 import shlex
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from envbuild.cli.common import ArgumentParser, Progress, run
 from envbuild.config import load_config
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 CHECKOUT = Path(__file__).resolve().parents[1]
 
 
-def add_run_commands(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_run_commands(subparsers: argparse._SubParsersAction) -> None:
     for name in shipped_recipes():
         parser = subparsers.add_parser(name, help=f"run the {name} recipe (envrun/recipes/{name}.yaml)")
         _add_options(parser)
@@ -47,26 +47,56 @@ def add_run_commands(subparsers: argparse._SubParsersAction) -> None:  # type: i
 
 
 def _add_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", type=Path, metavar="DIR", help="Hugging Face model directory (actor_rollout_ref.model.path)")
-    p.add_argument("--data", type=Path, nargs="+", default=[], metavar="FILE", help="parquet training files (also validation unless --val-data)")
+    p.add_argument(
+        "--model", type=Path, metavar="DIR", help="Hugging Face model directory (actor_rollout_ref.model.path)"
+    )
+    p.add_argument(
+        "--data",
+        type=Path,
+        nargs="+",
+        default=[],
+        metavar="FILE",
+        help="parquet training files (also validation unless --val-data)",
+    )
     p.add_argument("--val-data", type=Path, nargs="+", default=[], metavar="FILE", help="parquet validation files")
     p.add_argument("--nnodes", type=int, metavar="N", help="number of nodes (trainer.nnodes)")
     p.add_argument("--npus-per-node", type=int, metavar="N", help="NPUs per node (trainer.n_gpus_per_node)")
     p.add_argument("--image", metavar="REF", help="the image built from the lock")
     p.add_argument("--lock", type=Path, metavar="PATH", help="lockfile (default: the recipe's)")
-    p.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
-                   help="a Hydra override, as Hydra takes it (repeatable; the last of a key wins)")
+    p.add_argument(
+        "-o",
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        dest="overrides",
+        help="a Hydra override, as Hydra takes it (repeatable; the last of a key wins)",
+    )
     p.add_argument("--backend", choices=BACKENDS, default="local", help="where the job runs (default local)")
     p.add_argument("--ray-address", metavar="URL", help="Ray dashboard address for --backend ray")
-    p.add_argument("--run-dir", type=Path, metavar="DIR", help="run record directory (default runs/<recipe>-<UTC time>)")
-    p.add_argument("--dry-run", action="store_true", help="validate, run the preflight and print the plan; start nothing")
+    p.add_argument(
+        "--run-dir", type=Path, metavar="DIR", help="run record directory (default runs/<recipe>-<UTC time>)"
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="validate, run the preflight and print the plan; start nothing"
+    )
     p.add_argument("--json", action="store_true", help="print the plan (or the final status) as JSON")
-    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="extra job environment (repeatable)")
-    p.add_argument("--skip-check", action="append", default=[], choices=CHECKS, help="skip one preflight check (recorded)")
-    p.add_argument("--verl-config", type=Path, metavar="DIR", help="an extracted verl/trainer/config to validate against")
-    p.add_argument("--cache-dir", type=Path, help="cache (default: config cache_dir, $ENVBUILD_CACHE or ~/.cache/envbuild)")
+    p.add_argument(
+        "--env", action="append", default=[], metavar="NAME=VALUE", help="extra job environment (repeatable)"
+    )
+    p.add_argument(
+        "--skip-check", action="append", default=[], choices=CHECKS, help="skip one preflight check (recorded)"
+    )
+    p.add_argument(
+        "--verl-config", type=Path, metavar="DIR", help="an extracted verl/trainer/config to validate against"
+    )
+    p.add_argument(
+        "--cache-dir", type=Path, help="cache (default: config cache_dir, $ENVBUILD_CACHE or ~/.cache/envbuild)"
+    )
     p.add_argument("--offline", action="store_true", help="use only the cache for verl's config")
-    p.add_argument("--entry-point", metavar="CMD", help="replace the recipe's entry point (a stand-in trainer for tests)")
+    p.add_argument(
+        "--entry-point", metavar="CMD", help="replace the recipe's entry point (a stand-in trainer for tests)"
+    )
     # SUPPRESS: do not reset a top-level `envrun --debug` (subparser defaults overwrite the parent's).
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
@@ -103,9 +133,16 @@ def prepare(args: argparse.Namespace, progress: Progress) -> tuple[Recipe, RunPl
         raise InputError(f"{lock_path}: cannot read the lock: {exc.strerror or exc}") from None
     lock = parse_lock(lock_bytes, str(lock_path))
     params = RunParameters(
-        backend=args.backend, model=args.model, train_files=tuple(args.data), val_files=tuple(args.val_data),
-        nnodes=args.nnodes, npus_per_node=args.npus_per_node, image=args.image, overrides=tuple(args.overrides),
-        extra_env=_env_pairs(args.env), ray_address=args.ray_address,
+        backend=args.backend,
+        model=args.model,
+        train_files=tuple(args.data),
+        val_files=tuple(args.val_data),
+        nnodes=args.nnodes,
+        npus_per_node=args.npus_per_node,
+        image=args.image,
+        overrides=tuple(args.overrides),
+        extra_env=_env_pairs(args.env),
+        ray_address=args.ray_address,
         entry_point=tuple(shlex.split(args.entry_point)) if args.entry_point else None,
     )
     plan = build_plan(recipe, params, str(lock_path), lock_bytes)
@@ -117,14 +154,17 @@ def prepare(args: argparse.Namespace, progress: Progress) -> tuple[Recipe, RunPl
         from envrun.verlconfig import verl_config_dir, verl_wheel_from_lock
 
         wheel = verl_wheel_from_lock(lock, str(lock_path), recipe.verl_package)
-        config_dir = verl_config_dir(wheel, args.cache_dir or load_config(None).cache_dir,
-                                     offline=args.offline, progress=progress)
+        config_dir = verl_config_dir(
+            wheel, args.cache_dir or load_config(None).cache_dir, offline=args.offline, progress=progress
+        )
     progress(f"validating {len(plan.overrides)} overrides against {config_dir}")
     validate_overrides(plan.overrides, config_dir, recipe.config_name)
 
-    labels = None
+    labels: Callable[[str], dict[str, str]] | None = None
     if plan.image:
-        from envrun.launch.docker_backend import image_labels as labels
+        from envrun.launch.docker_backend import image_labels
+
+        labels = image_labels
     results = run_preflight(plan, PreflightEnv(image_labels=labels), dry_run=args.dry_run, skip=args.skip_check)
     return recipe, plan.with_preflight(results)
 
@@ -152,7 +192,9 @@ def run_recipe_command(args: argparse.Namespace) -> int:
     if args.dry_run:
         sys.stdout.write(render_plan_json(plan) if args.json else render_plan_text(plan))
     if problems:
-        raise PreflightError("preflight failed, nothing started: " + "; ".join(f"{c.name}: {c.detail}" for c in problems))
+        raise PreflightError(
+            "preflight failed, nothing started: " + "; ".join(f"{c.name}: {c.detail}" for c in problems)
+        )
     if args.dry_run:
         return 0
     exports = None
@@ -163,8 +205,9 @@ def run_recipe_command(args: argparse.Namespace) -> int:
     return launch_and_record(plan, args.run_dir, progress, as_json=args.json, exports=exports)
 
 
-def launch_and_record(plan: RunPlan, run_dir: Path | None, progress: Progress, as_json: bool = False,
-                      exports: ExportSpec | None = None) -> int:
+def launch_and_record(
+    plan: RunPlan, run_dir: Path | None, progress: Progress, as_json: bool = False, exports: ExportSpec | None = None
+) -> int:
     from envrun.launch import launcher_for
     from envrun.rundir import RunDir, default_run_dir
 
@@ -186,7 +229,10 @@ def launch_and_record(plan: RunPlan, run_dir: Path | None, progress: Progress, a
     if result.interrupted:
         status, code = "interrupted", 130
     else:
-        status, code = ("succeeded" if result.exit_code == 0 else "failed"), (result.exit_code if result.exit_code is not None else 1)
+        status, code = (
+            ("succeeded" if result.exit_code == 0 else "failed"),
+            (result.exit_code if result.exit_code is not None else 1),
+        )
     if status == "succeeded" and exports is not None:
         bad = _audit_exports(plan, exports, record, progress)
         if bad:
@@ -194,7 +240,9 @@ def launch_and_record(plan: RunPlan, run_dir: Path | None, progress: Progress, a
     record.finish(status, result.exit_code, detail)  # type: ignore[arg-type]
     progress(f"{status} (exit {result.exit_code}); record in {record.path}")
     if as_json:
-        print(json.dumps({"status": status, "exit_code": result.exit_code, "run_dir": str(record.path)}, sort_keys=True))
+        print(
+            json.dumps({"status": status, "exit_code": result.exit_code, "run_dir": str(record.path)}, sort_keys=True)
+        )
     return code
 
 

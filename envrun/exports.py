@@ -23,8 +23,8 @@ _ENV = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)(?:,([^}]*))?\}")
 
 @dataclass(frozen=True)
 class ExportSpec:
-    dir_key: str      # the override naming the trainer's checkpoint directory
-    pattern: str      # glob, relative to it, of the HF export directories
+    dir_key: str  # the override naming the trainer's checkpoint directory
+    pattern: str  # glob, relative to it, of the HF export directories
 
 
 @dataclass(frozen=True)
@@ -36,8 +36,13 @@ class ExportAudit:
     error: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "ok": self.ok, "missing": list(self.missing),
-                "unexpected": list(self.unexpected), "error": self.error}
+        return {
+            "path": self.path,
+            "ok": self.ok,
+            "missing": list(self.missing),
+            "unexpected": list(self.unexpected),
+            "error": self.error,
+        }
 
 
 def override_value(overrides: Sequence[str], key: str) -> str | None:

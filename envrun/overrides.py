@@ -23,8 +23,9 @@ class OverrideError(InputError):
 
     def __init__(self, problems: list[str]) -> None:
         self.problems = problems
-        super().__init__(f"{len(problems)} override(s) do not fit the verl config; nothing started:\n  "
-                         + "\n  ".join(problems))
+        super().__init__(
+            f"{len(problems)} override(s) do not fit the verl config; nothing started:\n  " + "\n  ".join(problems)
+        )
 
 
 def merge_overrides(recipe: Iterable[str], later: Iterable[str]) -> tuple[str, ...]:
@@ -56,9 +57,9 @@ def merge_overrides(recipe: Iterable[str], later: Iterable[str]) -> tuple[str, .
 class ConfigSchema:
     """A composed config's key set, for naming unknown keys and finding the closest one."""
 
-    config: Any                 # an omegaconf DictConfig, composed without overrides
-    keys: frozenset[str]        # every dotted path, interior nodes included
-    groups: frozenset[str]      # Hydra config groups (selectable with ``group=option``)
+    config: Any  # an omegaconf DictConfig, composed without overrides
+    keys: frozenset[str]  # every dotted path, interior nodes included
+    groups: frozenset[str]  # Hydra config groups (selectable with ``group=option``)
 
     def value(self, key: str) -> Any:
         from omegaconf import OmegaConf
@@ -104,7 +105,8 @@ def validate_overrides(overrides: Iterable[str], config_dir: Path, config_name: 
 def key_problems(overrides: list[str], schema: ConfigSchema) -> list[str]:
     """Keys that do not exist (``key=``, ``~key``) or already do (``+key=``), and values of the wrong
     kind for a key whose default is a boolean or a number; each with a fix."""
-    problems, added = [], set()
+    problems: list[str] = []
+    added: set[str] = set()
     parsed = _parsed_values(overrides)
     for override in overrides:
         key, prefix = override_key(override), override_prefix(override)
@@ -148,7 +150,8 @@ def _type_mismatch(default: Any, value: Any) -> str | None:
 def _parsed_values(overrides: list[str]) -> dict[str, Any]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    parser, values = OverridesParser.create(), {}
+    parser = OverridesParser.create()
+    values: dict[str, object] = {}
     for override in overrides:
         try:
             values[override] = parser.parse_overrides([override])[0].value()

@@ -54,13 +54,13 @@ class RunParameters:
 class RunPlan:
     recipe: str
     argv: tuple[str, ...]
-    env: dict[str, str]               # added to the job's environment (and Ray's runtime_env)
+    env: dict[str, str]  # added to the job's environment (and Ray's runtime_env)
     backend: Backend
     image: str | None
     lock_file: str
     lock_sha256: str
     config_name: str
-    overrides: tuple[str, ...]         # exactly as Hydra receives them
+    overrides: tuple[str, ...]  # exactly as Hydra receives them
     model: Path | None
     data_files: tuple[Path, ...]
     lenient_checkpoint: bool
@@ -177,8 +177,12 @@ def render_plan_json(plan: RunPlan) -> str:
 
 
 def render_plan_text(plan: RunPlan) -> str:
-    lines = [f"recipe:  {plan.recipe}", f"backend: {plan.backend}", f"image:   {plan.image or '-'}",
-             f"lock:    {plan.lock_file} (sha256 {plan.lock_sha256})"]
+    lines = [
+        f"recipe:  {plan.recipe}",
+        f"backend: {plan.backend}",
+        f"image:   {plan.image or '-'}",
+        f"lock:    {plan.lock_file} (sha256 {plan.lock_sha256})",
+    ]
     lines += [f"env:     {k}={v}" for k, v in plan.env.items()]
     lines.append("command:")
     lines += [f"  {shlex.quote(arg)}" for arg in plan.argv]

@@ -20,8 +20,8 @@ LOCK_LABEL = "io.envbuild.lock.sha256"
 CHECKS = ("image-lock-label", "npus", "model", "data")
 PARQUET_MAGIC = b"PAR1"
 
-ImageLabels = Callable[[str], "dict[str, str]"]   # image ref -> labels; raises EnvbuildError if absent
-Audit = Callable[[Path], Any]                      # model dir -> report with .ok, .missing, .to_json()
+ImageLabels = Callable[[str], "dict[str, str]"]  # image ref -> labels; raises EnvbuildError if absent
+Audit = Callable[[Path], Any]  # model dir -> report with .ok, .missing, .to_json()
 NpuProbe = Callable[[], CheckResult]
 
 
@@ -36,17 +36,20 @@ class PreflightEnv:
     npu_probe: NpuProbe | None = None
 
 
-def run_preflight(plan: RunPlan, env: PreflightEnv, *, dry_run: bool = False,
-                  skip: Iterable[str] = ()) -> tuple[CheckResult, ...]:
+def run_preflight(
+    plan: RunPlan, env: PreflightEnv, *, dry_run: bool = False, skip: Iterable[str] = ()
+) -> tuple[CheckResult, ...]:
     skip = set(skip)
     unknown = skip - set(CHECKS)
     if unknown:
         raise InputError(f"--skip-check: unknown check {sorted(unknown)[0]} (checks: {', '.join(CHECKS)})")
     results = []
-    for name, check in (("image-lock-label", lambda: check_image_label(plan, env.image_labels)),
-                        ("npus", lambda: check_npus(plan, env.npu_probe, dry_run)),
-                        ("model", lambda: check_model(plan, env.audit)),
-                        ("data", lambda: check_data(plan.data_files))):
+    for name, check in (
+        ("image-lock-label", lambda: check_image_label(plan, env.image_labels)),
+        ("npus", lambda: check_npus(plan, env.npu_probe, dry_run)),
+        ("model", lambda: check_model(plan, env.audit)),
+        ("data", lambda: check_data(plan.data_files)),
+    ):
         results.append(CheckResult(name, "skip", "skipped by --skip-check") if name in skip else check())
     return tuple(results)
 
@@ -67,10 +70,16 @@ def check_image_label(plan: RunPlan, image_labels: ImageLabels | None) -> CheckR
         return CheckResult(name, "fail", f"{plan.image}: {exc}")
     found = (labels or {}).get(LOCK_LABEL)
     if found is None:
-        return CheckResult(name, "fail", f"{plan.image} has no {LOCK_LABEL} label; build it with `envbuild image build`")
+        return CheckResult(
+            name, "fail", f"{plan.image} has no {LOCK_LABEL} label; build it with `envbuild image build`"
+        )
     if found != plan.lock_sha256:
-        return CheckResult(name, "fail", f"{plan.image} was built from lock sha256 {found}, not {plan.lock_file} "
-                                         f"(sha256 {plan.lock_sha256}); rebuild the image or pass the lock it was built from")
+        return CheckResult(
+            name,
+            "fail",
+            f"{plan.image} was built from lock sha256 {found}, not {plan.lock_file} "
+            f"(sha256 {plan.lock_sha256}); rebuild the image or pass the lock it was built from",
+        )
     return CheckResult(name, "ok", f"{plan.image} carries {LOCK_LABEL}={found}")
 
 
@@ -88,7 +97,9 @@ def probe_npus() -> CheckResult:
         return CheckResult("npus", "fail", "no /dev/davinci* device: no Ascend NPU visible on this host")
     npu_smi = shutil.which("npu-smi") or ("/usr/local/bin/npu-smi" if Path("/usr/local/bin/npu-smi").exists() else None)
     if npu_smi is None:
-        return CheckResult("npus", "fail", f"{len(devices)} /dev/davinci* devices but no npu-smi (driver not installed?)")
+        return CheckResult(
+            "npus", "fail", f"{len(devices)} /dev/davinci* devices but no npu-smi (driver not installed?)"
+        )
     try:
         done = subprocess.run([npu_smi, "info"], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -123,8 +134,12 @@ def check_model(plan: RunPlan, audit: Audit | None) -> CheckResult:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         unexpected = list(getattr(report, "unexpected", ()))
         more = f"; unexpected: {', '.join(unexpected[:5])}" if unexpected else ""
-        return CheckResult("model", "fail", f"{model}: checkpoint audit failed (checkpoint.strict=False "
-                                            f"tolerates only the MTP layers): missing: {shown or '-'}{more}")
+        return CheckResult(
+            "model",
+            "fail",
+            f"{model}: checkpoint audit failed (checkpoint.strict=False "
+            f"tolerates only the MTP layers): missing: {shown or '-'}{more}",
+        )
     return CheckResult("model", "ok", f"{model}: checkpoint audit ok (only MTP layers may be absent)")
 
 

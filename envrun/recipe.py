@@ -7,7 +7,7 @@ Another job is another file under ``envrun/recipes/``, not more code.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -15,7 +15,7 @@ import yaml
 
 from envbuild.errors import LockfileError, Problem
 from envbuild.lock.model import ENV_NAME, SAFE_NAME, check_env
-from envbuild.lock.typed import Decoder, mfield
+from envbuild.lock.typed import Decoder, meta, mfield
 
 RECIPE_VERSION = 1
 RECIPES_DIR = Path(__file__).parent / "recipes"
@@ -51,7 +51,7 @@ def _check_parameters(params: dict[str, str]) -> str | None:
 class OverrideGroup:
     """Overrides that belong together (data, actor, rollout, ...), in the order Hydra gets them."""
 
-    group: str = mfield(pattern=SAFE_NAME, expect="a short lowercase name")
+    group: str = field(metadata=meta(pattern=SAFE_NAME, expect="a short lowercase name"))
     overrides: tuple[str, ...] = mfield((), check=lambda vs: next(filter(None, map(_check_override, vs)), None))
 
 
@@ -59,13 +59,18 @@ class OverrideGroup:
 class LenientCheckpoint:
     """A lenient checkpoint setting, why it is needed, and the check that keeps it safe."""
 
-    override: str = mfield(check=_check_override)
+    override: str = field(metadata=meta(check=_check_override))
     reason: str
     guard: Literal["checkpoint-audit"]
-    export_dir_key: str = mfield("trainer.default_local_dir", pattern=_KEY, expect="a config key",
-                                 description="the override naming the trainer's checkpoint directory")
-    export_pattern: str = mfield("global_step_*/actor/huggingface",
-                                 description="glob of HF exports under it, audited after the run")
+    export_dir_key: str = mfield(
+        "trainer.default_local_dir",
+        pattern=_KEY,
+        expect="a config key",
+        description="the override naming the trainer's checkpoint directory",
+    )
+    export_pattern: str = mfield(
+        "global_step_*/actor/huggingface", description="glob of HF exports under it, audited after the run"
+    )
 
 
 @dataclass(frozen=True)
@@ -73,9 +78,9 @@ class Recipe:
     """One training job: how to start it and every Hydra override it passes."""
 
     recipe: Literal[1]
-    name: str = mfield(pattern=SAFE_NAME, expect="a safe name such as grpo-glm5")
+    name: str = field(metadata=meta(pattern=SAFE_NAME, expect="a safe name such as grpo-glm5"))
     entry_point: tuple[str, ...]
-    config_name: str = mfield(pattern=r"[A-Za-z0-9_./-]+", expect="a Hydra config name")
+    config_name: str = field(metadata=meta(pattern=r"[A-Za-z0-9_./-]+", expect="a Hydra config name"))
     override_groups: tuple[OverrideGroup, ...]
     description: str = ""
     lock: str | None = mfield(None, description="default lockfile, relative to the current directory or the checkout")
@@ -127,7 +132,9 @@ def parse_recipe(text: str, file: str = "<recipe>") -> Recipe:
         reason = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise RecipeError([Problem(file, mark.line + 1 if mark else 0, "", f"not valid YAML: {reason}")]) from None
     if root is None:
-        raise RecipeError([Problem(file, 0, "", "empty file; a recipe needs recipe, name, entry_point, config_name, override_groups")])
+        raise RecipeError(
+            [Problem(file, 0, "", "empty file; a recipe needs recipe, name, entry_point, config_name, override_groups")]
+        )
     decoder = Decoder(file)
     recipe = decoder.decode(Recipe, root, "")
     if recipe is not None:
@@ -140,7 +147,9 @@ def parse_recipe(text: str, file: str = "<recipe>") -> Recipe:
 def _cross_checks(recipe: Recipe, file: str) -> list[Problem]:
     problems = []
     if not recipe.entry_point:
-        problems.append(Problem(file, 0, "entry_point", "must name a program, e.g. [python3, -m, verl.trainer.main_ppo]"))
+        problems.append(
+            Problem(file, 0, "entry_point", "must name a program, e.g. [python3, -m, verl.trainer.main_ppo]")
+        )
     seen: dict[str, str] = {}
     for override in recipe.overrides():
         key = override_key(override)

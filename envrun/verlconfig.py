@@ -43,18 +43,27 @@ def verl_wheel_from_lock(lock: Lock, lock_file: str, package: str = "verl") -> V
         if canonicalize_name(pkg.name) == wanted:
             wheels = [f for f in pkg.files if f.filename.endswith(".whl")]
             if not wheels:
-                raise InputError(f"{lock_file}: packages: {pkg.name} {pkg.version} lists no wheel; "
-                                 "add its py3-none-any wheel with its sha256 (`envbuild lock`)")
+                raise InputError(
+                    f"{lock_file}: packages: {pkg.name} {pkg.version} lists no wheel; "
+                    "add its py3-none-any wheel with its sha256 (`envbuild lock`)"
+                )
             # A pure-Python wheel first: its config tree is the same on every platform.
             wheel = sorted(wheels, key=lambda f: (not f.filename.endswith("-none-any.whl"), f.filename))[0]
             return VerlWheel(pkg.name, pkg.version, wheel.filename, wheel.sha256, lock.index_for(pkg))
-    raise InputError(f"{lock_file}: packages: no {package} entry; the recipe's overrides are validated "
-                     f"against the {package} wheel the lock pins (re-lock with `envbuild lock`, or pass --verl-config DIR)")
+    raise InputError(
+        f"{lock_file}: packages: no {package} entry; the recipe's overrides are validated "
+        f"against the {package} wheel the lock pins (re-lock with `envbuild lock`, or pass --verl-config DIR)"
+    )
 
 
-def verl_config_dir(wheel: VerlWheel, cache_dir: Path, *, offline: bool = False,
-                    progress: Callable[[str], None] = lambda _m: None,
-                    client: IndexClient | None = None) -> Path:
+def verl_config_dir(
+    wheel: VerlWheel,
+    cache_dir: Path,
+    *,
+    offline: bool = False,
+    progress: Callable[[str], None] = lambda _m: None,
+    client: IndexClient | None = None,
+) -> Path:
     """``.../verl/trainer/config`` extracted from ``wheel``, downloading it into the cache when needed.
     The wheel goes through the same content-addressed file cache as the image builder's package files,
     so it is downloaded once and checked against the lock's sha256 before anything reads it."""
@@ -66,14 +75,18 @@ def verl_config_dir(wheel: VerlWheel, cache_dir: Path, *, offline: bool = False,
     wheel_path = files.get(wheel.sha256)
     if wheel_path is None:
         if offline:
-            raise InputError(f"{wheel.filename}: not in the cache ({root}) and --offline was given; "
-                             "run once online or pass --verl-config DIR")
+            raise InputError(
+                f"{wheel.filename}: not in the cache ({root}) and --offline was given; "
+                "run once online or pass --verl-config DIR"
+            )
         client = client or IndexClient()
         listed = client.project(wheel.index, wheel.name).file(wheel.filename)
         if listed is None:
             raise RemoteError(f"{wheel.index}: the index does not serve {wheel.filename}")
         if listed.sha256 and listed.sha256 != wheel.sha256:
-            raise RemoteError(f"{wheel.index}: {wheel.filename} has sha256 {listed.sha256}, the lock pins {wheel.sha256}")
+            raise RemoteError(
+                f"{wheel.index}: {wheel.filename} has sha256 {listed.sha256}, the lock pins {wheel.sha256}"
+            )
         progress(f"downloading {wheel.filename} for its config schema")
         wheel_path = files.fetch(listed.url, wheel.sha256, wheel.filename, client.download)
     try:

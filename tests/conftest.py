@@ -1,3 +1,123 @@
-"""Shared pytest setup: the service fixtures (dockerd, registry, base image) and their CI rule."""
+"""Every shared fixture of the suite, in one place, and the rule that ties service fixtures to markers.
 
-pytest_plugins = ["tests.services"]
+- ``docker_client``: a docker SDK client for the engine at ``DOCKER_HOST`` (``version="auto"``);
+- ``registry``: ``"host:port"`` of the local registry (``ENVBUILD_TEST_REGISTRY``), checked with ``GET /v2/``;
+- ``base_image``: the cached test base image (:class:`tests.lib.baseimage.BaseImage`), built on first use;
+- ``pushed_base_image``: that image pushed once per session to the local registry
+  (:class:`tests.lib.services.PushedImage`), for tests that need a base image pinned by digest;
+- ``tiny``: a tiny recipe, Hydra config, checkpoint and data for runner tests (:mod:`tests.lib.tinyrun`);
+- ``served``: git daemons on 127.0.0.1 over one directory, with and without ``uploadpack.allowFilter``.
+
+Tests that use a service fixture carry the matching marker (``docker``, ``registry``); a test that uses
+one without its marker fails, because the marker is what lets ``-m "not docker"`` deselect it. Helpers
+(repositories, indexes, images, checkpoints) are plain modules under ``tests/lib/``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import docker.errors
+import pytest
+
+from tests.lib.baseimage import BaseImage, ensure_base_image
+from tests.lib.gitrepos import GitDaemon, Served
+from tests.lib.services import (
+    FIXTURE_MARKERS,
+    PROBES,
+    PUSHED_REPOSITORY,
+    Probe,
+    PushedImage,
+    ServiceState,
+    in_ci,
+    push_as,
+)
+from tests.lib.tinyrun import Tiny, tiny_setup
+
+_STATE_KEY = pytest.StashKey[ServiceState]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[_STATE_KEY] = ServiceState()
+
+
+def _require(config: pytest.Config, service: str) -> Probe:
+    probe = config.stash[_STATE_KEY].probe(service)
+    if not probe.ok:
+        if in_ci():
+            pytest.fail(f"{service} service missing in CI: {probe.detail}", pytrace=False)
+        pytest.skip(f"{service} service not running: {probe.detail}")
+    return probe
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    used = set(getattr(item, "fixturenames", ()))
+    for fixture, markers in sorted(FIXTURE_MARKERS.items()):
+        for marker in markers:
+            if fixture in used and item.get_closest_marker(marker) is None:
+                pytest.fail(
+                    f"{item.nodeid} uses the {fixture} fixture but is not marked @pytest.mark.{marker}; add the marker",
+                    pytrace=False,
+                )
+    for service in PROBES:
+        if item.get_closest_marker(service) is not None:
+            _require(item.config, service)
+
+
+@pytest.fixture(scope="session")
+def docker_client(pytestconfig: pytest.Config) -> Iterator[docker.DockerClient]:
+    probe = _require(pytestconfig, "docker")
+    client = docker.DockerClient(base_url=probe.detail, version="auto", timeout=600)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="session")
+def registry(pytestconfig: pytest.Config) -> str:
+    return _require(pytestconfig, "registry").detail
+
+
+@pytest.fixture(scope="session")
+def base_image(docker_client: docker.DockerClient) -> BaseImage:
+    return ensure_base_image(docker_client)
+
+
+@pytest.fixture(scope="session")
+def pushed_base_image(
+    docker_client: docker.DockerClient, registry: str, base_image: BaseImage
+) -> Iterator[PushedImage]:
+    repository = f"{registry}/{PUSHED_REPOSITORY}"
+    tag = base_image.tag.rsplit(":", 1)[1]
+    digest = push_as(docker_client, base_image.tag, repository, tag)
+    try:
+        yield PushedImage(repository, tag, digest)
+    finally:
+        with contextlib.suppress(docker.errors.APIError):
+            docker_client.images.remove(f"{repository}:{tag}")
+
+
+@pytest.fixture(scope="session")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    base = tmp_path_factory.mktemp("upstream")
+    filtering = GitDaemon(base, allow_filter=True).start()
+    try:
+        plain = GitDaemon(base, allow_filter=False).start()
+    except BaseException:
+        filtering.stop()
+        raise
+    try:
+        yield Served(base, filtering, plain)
+    finally:
+        filtering.stop()
+        plain.stop()
+
+
+@pytest.fixture()
+def tiny(tmp_path: Path) -> Tiny:
+    return tiny_setup(tmp_path)

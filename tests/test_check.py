@@ -21,10 +21,10 @@ from envbuild.check.run import CheckOptions, run_check
 from envbuild.cli import main
 from envbuild.engine import Engine
 from envbuild.verify import VerifyOptions
-from tests.gitrepos import GitDaemon, git, make_repo
-from tests.imagelock import ImageLockEnv, make_sources, make_wheels, with_source
-from tests.pyindex import PyIndex
-from tests.services import PushedImage
+from tests.lib.gitrepos import GitDaemon, git, make_repo
+from tests.lib.imagelock import ImageLockEnv, make_sources, make_wheels, with_source
+from tests.lib.pyindex import PyIndex
+from tests.lib.services import PushedImage
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.gitdaemon, pytest.mark.slow]
 
@@ -53,15 +53,21 @@ def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, G
 
 
 @pytest.fixture(scope="module")
-def env(upstream: tuple[Path, GitDaemon], pushed_base_image: PushedImage,
-        tmp_path_factory: pytest.TempPathFactory) -> Iterator[ImageLockEnv]:
+def env(
+    upstream: tuple[Path, GitDaemon], pushed_base_image: PushedImage, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ImageLockEnv]:
     base, daemon = upstream
     repos = make_sources(base)
     wheels = tmp_path_factory.mktemp("check-wheels")
     make_wheels(wheels)
     with PyIndex(wheels) as index:
-        yield ImageLockEnv(repos, {n: daemon.url(n) for n in repos}, index,
-                           f"{pushed_base_image.repository}:{pushed_base_image.tag}", pushed_base_image.digest)
+        yield ImageLockEnv(
+            repos,
+            {n: daemon.url(n) for n in repos},
+            index,
+            f"{pushed_base_image.repository}:{pushed_base_image.tag}",
+            pushed_base_image.digest,
+        )
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +79,9 @@ def night(day: int) -> datetime:
     return datetime(2026, 11, day, 2, 17, tzinfo=timezone.utc)
 
 
-def test_upstream_drift_is_reported_and_the_image_still_reproduces(env: ImageLockEnv, engine: Engine,
-                                                                   tmp_path: Path) -> None:
+def test_upstream_drift_is_reported_and_the_image_still_reproduces(
+    env: ImageLockEnv, engine: Engine, tmp_path: Path
+) -> None:
     lock = env.write(tmp_path / "drift.lock.yaml")
     options = CheckOptions(VerifyOptions(cache_dir=tmp_path / "cache"), history=tmp_path / "history.jsonl")
 
@@ -93,8 +100,9 @@ def test_upstream_drift_is_reported_and_the_image_still_reproduces(env: ImageLoc
     assert [e.image_id for e in history] == [first.image_ids[0]] * 2
 
 
-def test_a_moved_tag_fails_before_any_build(env: ImageLockEnv, tmp_path: Path,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_moved_tag_fails_before_any_build(
+    env: ImageLockEnv, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     lock_data = env.lock(name="moved")
     alpha = env.repos["alpha"]
     pinned = alpha.rev("v1.0^{commit}")
@@ -103,8 +111,20 @@ def test_a_moved_tag_fails_before_any_build(env: ImageLockEnv, tmp_path: Path,
     git("tag", "-f", "v1.0", "HEAD", cwd=alpha.path)  # someone re-tags the release
     try:
         report_dir = tmp_path / "report"
-        code = main(["check", str(lock), "--json", "--report", str(report_dir), "--cache-dir", str(tmp_path / "c"),
-                     "--history", str(tmp_path / "h.jsonl"), "-q"])
+        code = main(
+            [
+                "check",
+                str(lock),
+                "--json",
+                "--report",
+                str(report_dir),
+                "--cache-dir",
+                str(tmp_path / "c"),
+                "--history",
+                str(tmp_path / "h.jsonl"),
+                "-q",
+            ]
+        )
         data = json.loads(capsys.readouterr().out)
     finally:
         git("tag", "-f", "v1.0", pinned, cwd=alpha.path)
@@ -118,8 +138,10 @@ def test_a_moved_tag_fails_before_any_build(env: ImageLockEnv, tmp_path: Path,
 def test_a_commit_dropped_by_force_push_and_gc_fails(env: ImageLockEnv, tmp_path: Path) -> None:
     beta = env.repos["beta"]
     doomed = beta.commit("a commit that will be force-pushed away", files={"doomed": "x\n"})
-    lock = env.write(tmp_path / "dropped.lock.yaml", with_source(env.lock(name="dropped"), "beta", commit=doomed,
-                                                               tree=beta.tree(doomed)))
+    lock = env.write(
+        tmp_path / "dropped.lock.yaml",
+        with_source(env.lock(name="dropped"), "beta", commit=doomed, tree=beta.tree(doomed)),
+    )
     options = CheckOptions(VerifyOptions(cache_dir=tmp_path / "cache"))
     assert next(r for r in run_check(lock, options).verify.results if r.name == "beta").status == "ok"
 
@@ -130,17 +152,24 @@ def test_a_commit_dropped_by_force_push_and_gc_fails(env: ImageLockEnv, tmp_path
 
 
 def test_a_build_that_stamps_the_time_does_not_reproduce_and_the_file_is_named(
-        env: ImageLockEnv, upstream: tuple[Path, GitDaemon], engine: Engine, tmp_path: Path,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    env: ImageLockEnv,
+    upstream: tuple[Path, GitDaemon],
+    engine: Engine,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     base, daemon = upstream
     repo = make_repo(base / "stamp")
     commit = repo.commit("stamp 1.0", files={"setup.py": STAMP_SETUP, "stamp/__init__.py": "", "README": "stamp\n"})
     repo.tag("v1.0", commit)
     base_lock = env.lock(name="stamp")
-    stamp = replace(base_lock.source("alpha"), name="stamp", repo=daemon.url("stamp"), commit=commit,
-                    tree=repo.tree(commit))
-    lock = env.write(tmp_path / "stamp.lock.yaml", replace(
-        base_lock, sources=tuple(stamp if s.name == "alpha" else s for s in base_lock.sources)))
+    stamp = replace(
+        base_lock.source("alpha"), name="stamp", repo=daemon.url("stamp"), commit=commit, tree=repo.tree(commit)
+    )
+    lock = env.write(
+        tmp_path / "stamp.lock.yaml",
+        replace(base_lock, sources=tuple(stamp if s.name == "alpha" else s for s in base_lock.sources)),
+    )
     report_dir = tmp_path / "report"
     code = main(["check", str(lock), "--report", str(report_dir), "--cache-dir", str(tmp_path / "cache"), "-q"])
     out = capsys.readouterr().out

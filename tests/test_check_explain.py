@@ -8,25 +8,44 @@ import pytest
 
 from envbuild.check.explain import explain, first_difference
 from envbuild.image.normalize import normalize_image
-from tests.test_image_normalize import BASE_DIFF, build
+from tests.lib.savedimage import BASE_DIFF, build
 
 
 @pytest.mark.parametrize("oci", [False, True], ids=["docker-save", "oci"])
 def test_same_image_has_no_differences(tmp_path: Path, oci: bool) -> None:
-    a = normalize_image(build(tmp_path, "a", mtime=1.75e9, container="c" * 64, created="2026-01-01T00:00:00Z", oci=oci),
-                        tmp_path / "na.tar", base_diff_ids=[BASE_DIFF], epoch=1_700_000_000)
-    b = normalize_image(build(tmp_path, "b", mtime=1.76e9, container="d" * 64, created="2026-01-02T00:00:00Z",
-                              shuffle=3, oci=oci),
-                        tmp_path / "nb.tar", base_diff_ids=[BASE_DIFF], epoch=1_700_000_000)
+    a = normalize_image(
+        build(tmp_path, "a", mtime=1.75e9, container="c" * 64, created="2026-01-01T00:00:00Z", oci=oci),
+        tmp_path / "na.tar",
+        base_diff_ids=[BASE_DIFF],
+        epoch=1_700_000_000,
+    )
+    b = normalize_image(
+        build(tmp_path, "b", mtime=1.76e9, container="d" * 64, created="2026-01-02T00:00:00Z", shuffle=3, oci=oci),
+        tmp_path / "nb.tar",
+        base_diff_ids=[BASE_DIFF],
+        epoch=1_700_000_000,
+    )
     assert a.image_id == b.image_id
     assert explain(tmp_path / "na.tar", tmp_path / "nb.tar") == ()
 
 
 def test_a_build_time_stamp_is_named_with_its_first_differing_bytes(tmp_path: Path) -> None:
-    old = build(tmp_path, "old", mtime=1.0e9, container="c" * 64, created="2026-01-01T00:00:00Z",
-                extra=b"BUILT = '2026-11-01 02:00:00'\n")
-    new = build(tmp_path, "new", mtime=1.0e9, container="c" * 64, created="2026-01-01T00:00:00Z",
-                extra=b"BUILT = '2026-11-02 02:00:07'\n")
+    old = build(
+        tmp_path,
+        "old",
+        mtime=1.0e9,
+        container="c" * 64,
+        created="2026-01-01T00:00:00Z",
+        extra=b"BUILT = '2026-11-01 02:00:00'\n",
+    )
+    new = build(
+        tmp_path,
+        "new",
+        mtime=1.0e9,
+        container="c" * 64,
+        created="2026-01-01T00:00:00Z",
+        extra=b"BUILT = '2026-11-02 02:00:07'\n",
+    )
     (layer,) = explain(old, new)
     assert layer.where == "layer 1 (step 0)" and layer.old != layer.new  # named by its build step
     (changed,) = layer.files

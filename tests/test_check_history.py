@@ -26,10 +26,24 @@ from envbuild.errors import InputError
 from envbuild.results import PinResult, VerifyReport
 
 
-def entry(n: int, *, lock: str = "l.yaml", sha: str = "a" * 64, image: str | None = None,
-          pins: dict[str, str] | None = None, reproducible: bool | None = True) -> HistoryEntry:
-    return HistoryEntry(time=f"2026-11-{n:02d}T02:00:00Z", lock=lock, lock_sha256=sha, ok=True,
-                        reproducible=reproducible, image_id=image, pins=pins or {"source:m": "ok"})
+def entry(
+    n: int,
+    *,
+    lock: str = "l.yaml",
+    sha: str = "a" * 64,
+    image: str | None = None,
+    pins: dict[str, str] | None = None,
+    reproducible: bool | None = True,
+) -> HistoryEntry:
+    return HistoryEntry(
+        time=f"2026-11-{n:02d}T02:00:00Z",
+        lock=lock,
+        lock_sha256=sha,
+        ok=True,
+        reproducible=reproducible,
+        image_id=image,
+        pins=pins or {"source:m": "ok"},
+    )
 
 
 def test_append_and_read_round_trip(tmp_path: Path) -> None:
@@ -80,13 +94,27 @@ def test_concurrent_appends_keep_whole_lines(tmp_path: Path) -> None:
 
 
 def report(reproducible: bool = False) -> CheckReport:
-    verify = VerifyReport("l.yaml", (PinResult("source", "megatron-lm", "ok", "tag at ba7b5eb"),
-                                     PinResult("source", "vllm", "behind", "head is 3 commits ahead | moved")))
-    diff = Difference("layer 4", "sha256:aaa", "sha256:bbb", (
-        FileDifference("opt/envbuild/src/stamp/BUILD_TIME", "changed", ("content",),
-                       "offset 0: '2026-11-01' vs '2026-11-02'"),), omitted=2)
-    return CheckReport(verify, reproducible, ("sha256:1", "sha256:2"), () if reproducible else (diff,),
-                       compared_with="history")
+    verify = VerifyReport(
+        "l.yaml",
+        (
+            PinResult("source", "megatron-lm", "ok", "tag at ba7b5eb"),
+            PinResult("source", "vllm", "behind", "head is 3 commits ahead | moved"),
+        ),
+    )
+    diff = Difference(
+        "layer 4",
+        "sha256:aaa",
+        "sha256:bbb",
+        (
+            FileDifference(
+                "opt/envbuild/src/stamp/BUILD_TIME", "changed", ("content",), "offset 0: '2026-11-01' vs '2026-11-02'"
+            ),
+        ),
+        omitted=2,
+    )
+    return CheckReport(
+        verify, reproducible, ("sha256:1", "sha256:2"), () if reproducible else (diff,), compared_with="history"
+    )
 
 
 def test_check_json_shape() -> None:
@@ -128,10 +156,12 @@ class _Grid(HTMLParser):
 
 
 def test_html_grid_has_a_row_per_pin_and_a_column_per_night() -> None:
-    history = [entry(1, pins={"source:m": "ok", "package:six": "ok"}),
-               entry(2, pins={"source:m": "tag-moved", "package:six": "ok"}, reproducible=False),
-               entry(3, lock="other.yaml", pins={"source:x": "ok"}),
-               entry(4, pins={"source:m": "ok", "source:<script>": "behind"}, reproducible=None)]
+    history = [
+        entry(1, pins={"source:m": "ok", "package:six": "ok"}),
+        entry(2, pins={"source:m": "tag-moved", "package:six": "ok"}, reproducible=False),
+        entry(3, lock="other.yaml", pins={"source:x": "ok"}),
+        entry(4, pins={"source:m": "ok", "source:<script>": "behind"}, reproducible=None),
+    ]
     page = render_html(history, "l.yaml")
     assert "<script>" not in page  # names are escaped
     grid = _Grid()

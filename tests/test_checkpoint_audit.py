@@ -17,7 +17,7 @@ from envrun.checkpoint import (
     read_safetensors_header,
 )
 from envrun.checkpoint.audit import abbreviate_names, render_audit
-from tests.ckptgen import CheckpointSpec, layer_names, tensor_names, write_checkpoint
+from tests.lib.ckptgen import CheckpointSpec, layer_names, tensor_names, write_checkpoint
 
 SPEC = CheckpointSpec(layers=4, mtp_layers=1, first_k_dense=1, experts=4, shards=3)
 
@@ -77,7 +77,9 @@ def test_one_expert_tensor_missing_is_not_ok(tmp_path: Path) -> None:
 
 def test_expert_lost_in_every_moe_layer_is_caught_without_a_majority(tmp_path: Path) -> None:
     # The majority rule alone would learn that expert 1 does not exist; the essentials forbid that.
-    lost = [f"model.layers.{i}.mlp.experts.1.{p}.weight" for i in (1, 2, 3) for p in ("gate_proj", "up_proj", "down_proj")]
+    lost = [
+        f"model.layers.{i}.mlp.experts.1.{p}.weight" for i in (1, 2, 3) for p in ("gate_proj", "up_proj", "down_proj")
+    ]
     write_checkpoint(tmp_path, SPEC, drop=lost)
     report = audit_checkpoint(tmp_path)
     assert set(report.missing) == set(lost)
@@ -120,7 +122,10 @@ def test_layer_past_the_mtp_layers_is_unexpected(tmp_path: Path) -> None:
 
 def test_unknown_top_level_tensor_is_unexpected(tmp_path: Path) -> None:
     write_checkpoint(tmp_path, SPEC, extra=["model.layers.05.input_layernorm.weight", "model.rotary.inv_freq"])
-    assert set(audit_checkpoint(tmp_path).unexpected) == {"model.layers.05.input_layernorm.weight", "model.rotary.inv_freq"}
+    assert set(audit_checkpoint(tmp_path).unexpected) == {
+        "model.layers.05.input_layernorm.weight",
+        "model.rotary.inv_freq",
+    }
 
 
 def test_deleted_shard_names_the_shard_and_its_tensors(tmp_path: Path) -> None:
@@ -253,7 +258,10 @@ def _raw_file(path: Path, header: object, data: bytes, length: int | None = None
         ({"a": {"dtype": "U8", "shape": [True], "data_offsets": [0, 1]}}, b"\0", "shape"),
         ({"a": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}, b"\0\0", "bytes after the last tensor"),
         (
-            {"a": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}, "b": {"dtype": "U8", "shape": [2], "data_offsets": [1, 3]}},
+            {
+                "a": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]},
+                "b": {"dtype": "U8", "shape": [2], "data_offsets": [1, 3]},
+            },
             b"\0" * 3,
             "overlaps",
         ),
@@ -291,7 +299,13 @@ def test_duplicate_tensor_entry_is_malformed(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "config",
-    ["{not json", "[]", '{"num_hidden_layers": "78"}', '{"first_k_dense_replace": 3}', '{"num_hidden_layers": 4, "tie_word_embeddings": "no"}'],
+    [
+        "{not json",
+        "[]",
+        '{"num_hidden_layers": "78"}',
+        '{"first_k_dense_replace": 3}',
+        '{"num_hidden_layers": 4, "tie_word_embeddings": "no"}',
+    ],
 )
 def test_bad_config_raises(tmp_path: Path, config: str) -> None:
     write_checkpoint(tmp_path, SPEC)
@@ -331,7 +345,11 @@ def test_index_naming_files_outside_the_directory_raises(tmp_path: Path, shard: 
 
 def test_abbreviate_names_folds_experts_then_layers() -> None:
     names = [f"model.layers.{i}.mlp.experts.{e}.down_proj.weight" for i in (3, 4, 5, 9) for e in range(256)]
-    names += ["lm_head.weight", "model.layers.7.mlp.experts.0.up_proj.weight", "model.layers.7.mlp.experts.2.up_proj.weight"]
+    names += [
+        "lm_head.weight",
+        "model.layers.7.mlp.experts.0.up_proj.weight",
+        "model.layers.7.mlp.experts.2.up_proj.weight",
+    ]
     assert abbreviate_names(names) == [
         "lm_head.weight",
         "model.layers.{3..5,9}.mlp.experts.{0..255}.down_proj.weight",

@@ -10,7 +10,7 @@ import pytest
 
 from envbuild.cli import main
 from envbuild.lock import load_lock
-from tests.gitrepos import Repo, Served, served  # noqa: F401  (served is a fixture)
+from tests.lib.gitrepos import Repo, Served
 
 pytestmark = pytest.mark.gitdaemon
 
@@ -23,10 +23,12 @@ def upstream(served: Served) -> tuple[Served, Repo, list[str]]:
     return served, repo, commits
 
 
-def write_lock(path: Path, url: str, *, ref: str = "main", ref_type: str = "branch", commit: str,
-               tree: str | None = None) -> Path:
+def write_lock(
+    path: Path, url: str, *, ref: str = "main", ref_type: str = "branch", commit: str, tree: str | None = None
+) -> Path:
     tree_line = f"\n    tree: {tree}" if tree else ""
-    path.write_text(textwrap.dedent(f"""\
+    path.write_text(
+        textwrap.dedent(f"""\
         version: 1
         name: cli
         sources:
@@ -34,7 +36,10 @@ def write_lock(path: Path, url: str, *, ref: str = "main", ref_type: str = "bran
             repo: {url}
             ref: {ref}
             ref_type: {ref_type}
-            commit: {commit}""") + tree_line + "\n")
+            commit: {commit}""")
+        + tree_line
+        + "\n"
+    )
     return path
 
 
@@ -65,12 +70,22 @@ def test_verify_ok_behind_and_strict(upstream, tmp_path: Path, capsys) -> None: 
 
 def test_verify_failures_exit_1_and_name_the_status(upstream, tmp_path: Path, capsys) -> None:  # noqa: ANN001
     served, repo, commits = upstream
-    lock = write_lock(tmp_path / "moved.yaml", served.url("cli-upstream", "daemon-filter"), ref="v1.0",
-                      ref_type="tag", commit=commits[2])
+    lock = write_lock(
+        tmp_path / "moved.yaml",
+        served.url("cli-upstream", "daemon-filter"),
+        ref="v1.0",
+        ref_type="tag",
+        commit=commits[2],
+    )
     code, out, _ = run(capsys, "lock", "verify", str(lock), "--cache-dir", str(tmp_path / "c"))
     assert code == 1 and "tag-moved" in out and "FAILED" in out
-    lock = write_lock(tmp_path / "type.yaml", served.url("cli-upstream", "daemon-filter"), ref="v1.0",
-                      ref_type="branch", commit=commits[1])
+    lock = write_lock(
+        tmp_path / "type.yaml",
+        served.url("cli-upstream", "daemon-filter"),
+        ref="v1.0",
+        ref_type="branch",
+        commit=commits[1],
+    )
     code, out, _ = run(capsys, "lock", "verify", str(lock), "--cache-dir", str(tmp_path / "c"), "--json")
     assert code == 1 and json.loads(out)["results"][0]["status"] == "ref-type-changed"
 
@@ -88,8 +103,10 @@ def test_mirror_from_command_line_and_config(upstream, tmp_path: Path, capsys, m
     assert code == 0 and result["status"] == "ok" and result["url"].startswith("git://127.0.0.1:")
 
     config = tmp_path / "config.yaml"
-    config.write_text(f"mirrors:\n  'https://git.example.invalid/org/': '{served.url('', 'daemon-nofilter')}'\n"
-                      f"cache_dir: {tmp_path / 'cfg-cache'}\n")
+    config.write_text(
+        f"mirrors:\n  'https://git.example.invalid/org/': '{served.url('', 'daemon-nofilter')}'\n"
+        f"cache_dir: {tmp_path / 'cfg-cache'}\n"
+    )
     monkeypatch.setenv("ENVBUILD_CONFIG", str(config))
     code, out, _ = run(capsys, "lock", "verify", str(lock), "--json")
     assert code == 0 and json.loads(out)["results"][0]["status"] == "ok"
@@ -101,8 +118,10 @@ def test_mirror_from_command_line_and_config(upstream, tmp_path: Path, capsys, m
 
 def test_bad_input_exits_2_with_one_line_per_problem(tmp_path: Path, capsys) -> None:  # noqa: ANN001
     bad = tmp_path / "bad.yaml"
-    bad.write_text("version: 1\nname: x\nsources:\n  - name: a\n    repo: ext::sh\n    ref: main\n"
-                   "    ref_type: branch\n    commit: abc\n")
+    bad.write_text(
+        "version: 1\nname: x\nsources:\n  - name: a\n    repo: ext::sh\n    ref: main\n"
+        "    ref_type: branch\n    commit: abc\n"
+    )
     code, out, err = run(capsys, "lock", "verify", str(bad))
     assert code == 2 and out == ""
     lines = err.strip().splitlines()
@@ -161,7 +180,8 @@ def test_export_repos_and_schema(upstream, tmp_path: Path, capsys) -> None:  # n
 @pytest.mark.docker
 @pytest.mark.registry
 def test_update_pins_the_base_image_by_the_digest_its_registry_serves(
-        upstream, pushed_base_image, tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    upstream, pushed_base_image, tmp_path: Path, capsys
+) -> None:  # noqa: ANN001
     served, _, commits = upstream
     lock = write_lock(tmp_path / "l.yaml", served.url("cli-upstream", "file"), commit=commits[-1])
     name = f"{pushed_base_image.repository}:{pushed_base_image.tag}"

@@ -11,7 +11,7 @@ import pytest
 
 from envbuild.engine import Engine, split_tag
 from envbuild.errors import EngineError
-from tests.baseimage import BaseImage
+from tests.lib.baseimage import BaseImage
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +43,9 @@ def test_build_reports_each_step_and_the_cache(tmp_path: Path, engine: Engine, b
 
 
 @pytest.mark.docker
-def test_a_failing_step_names_itself_and_keeps_its_log_tail(tmp_path: Path, engine: Engine,
-                                                            base_image: BaseImage) -> None:
+def test_a_failing_step_names_itself_and_keeps_its_log_tail(
+    tmp_path: Path, engine: Engine, base_image: BaseImage
+) -> None:
     context = _context(tmp_path, f"FROM {base_image.tag}\nRUN echo first-line; echo the-last-words >&2; exit 3\n")
     with pytest.raises(EngineError) as caught:
         engine.build(context)
@@ -87,8 +88,9 @@ def test_no_engine_is_one_clear_line(tmp_path: Path, monkeypatch: pytest.MonkeyP
         Engine.connect()
     message = str(caught.value)
     assert "\n" not in message
-    assert message == (f"no container engine answers at unix://{tmp_path}/dead.sock: no such socket "
-                       "(start dockerd or set DOCKER_HOST)")
+    assert message == (
+        f"no container engine answers at unix://{tmp_path}/dead.sock: no such socket (start dockerd or set DOCKER_HOST)"
+    )
 
 
 def test_split_tag() -> None:

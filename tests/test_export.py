@@ -20,7 +20,7 @@ from envbuild.lock.export import (
     export_repos,
     export_requirements,
 )
-from tests.pyindex import PyIndex, make_sdist, make_wheel
+from tests.lib.pyindex import PyIndex, make_sdist, make_wheel
 
 OWN_INDEX = "https://mirrors.example.org/ascend/pypi"
 
@@ -28,16 +28,26 @@ OWN_INDEX = "https://mirrors.example.org/ascend/pypi"
 def sample_lock(index: PyIndex | None = None, shas: dict[str, str] | None = None) -> Lock:
     sha = (shas or {}).get
     return Lock(
-        version=1, name="sample", index=index.url if index else None,
+        version=1,
+        name="sample",
+        index=index.url if index else None,
         platform=Platform(os="linux", arch="aarch64", python="3.12"),
-        sources=(Source(name="zeta", repo="https://example.org/zeta.git", ref="v1", ref_type="tag", commit="b" * 40),
-                 Source(name="alpha-src", repo="https://example.org/a.git", ref="main", ref_type="branch",
-                        commit="a" * 40)),
+        sources=(
+            Source(name="zeta", repo="https://example.org/zeta.git", ref="v1", ref_type="tag", commit="b" * 40),
+            Source(name="alpha-src", repo="https://example.org/a.git", ref="main", ref_type="branch", commit="a" * 40),
+        ),
         packages=(
-            Package(name="Beta_Pkg", version="2.0", files=(
-                PackageFile("beta_pkg-2.0-cp312-cp312-manylinux_2_28_aarch64.whl", sha("x", "1" * 64)),
-                PackageFile("beta_pkg-2.0-py3-none-any.whl", sha("beta_pkg-2.0-py3-none-any.whl", "2" * 64)))),
-            Package(name="alpha", version="1.0", files=(PackageFile("alpha-1.0.tar.gz", sha("alpha-1.0.tar.gz", "3" * 64)),)),
+            Package(
+                name="Beta_Pkg",
+                version="2.0",
+                files=(
+                    PackageFile("beta_pkg-2.0-cp312-cp312-manylinux_2_28_aarch64.whl", sha("x", "1" * 64)),
+                    PackageFile("beta_pkg-2.0-py3-none-any.whl", sha("beta_pkg-2.0-py3-none-any.whl", "2" * 64)),
+                ),
+            ),
+            Package(
+                name="alpha", version="1.0", files=(PackageFile("alpha-1.0.tar.gz", sha("alpha-1.0.tar.gz", "3" * 64)),)
+            ),
             Package(name="triton-ascend", version="3.2.2", index=OWN_INDEX),
         ),
     )
@@ -76,9 +86,26 @@ def test_pip_installs_from_requirements_with_hashes(tmp_path: Path) -> None:
         lock = dataclasses.replace(lock, packages=lock.packages[:1])  # the wheel-only package: no build needed
         req = tmp_path / "requirements.txt"
         req.write_text(export_requirements(lock))
-        cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--require-hashes",
-               "--only-binary=:all:", "--platform", "manylinux_2_28_aarch64", "--python-version", "3.12",
-               "--target", str(tmp_path / "t"), "--no-cache-dir", "--disable-pip-version-check", "-r", str(req)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--no-deps",
+            "--require-hashes",
+            "--only-binary=:all:",
+            "--platform",
+            "manylinux_2_28_aarch64",
+            "--python-version",
+            "3.12",
+            "--target",
+            str(tmp_path / "t"),
+            "--no-cache-dir",
+            "--disable-pip-version-check",
+            "-r",
+            str(req),
+        ]
         ok = subprocess.run(cmd, capture_output=True, text=True)
         assert ok.returncode == 0, ok.stderr
         assert "beta_pkg-2.0" in ok.stdout or "beta-pkg-2.0" in ok.stdout.lower()
@@ -95,28 +122,41 @@ def test_pylock_has_pep751_shape() -> None:
     assert data["requires-python"] == "==3.12.*"
     assert [p["name"] for p in data["packages"]] == ["alpha", "beta-pkg"]
     alpha, beta = data["packages"]
-    assert alpha["sdist"] == {"name": "alpha-1.0.tar.gz", "url": "https://files.example.org/alpha-1.0.tar.gz",
-                              "hashes": {"sha256": "3" * 64}}
+    assert alpha["sdist"] == {
+        "name": "alpha-1.0.tar.gz",
+        "url": "https://files.example.org/alpha-1.0.tar.gz",
+        "hashes": {"sha256": "3" * 64},
+    }
     assert alpha["index"] == "https://pypi.org/simple" and "wheels" not in alpha
-    assert [w["path"] for w in beta["wheels"]] == ["files/beta_pkg-2.0-cp312-cp312-manylinux_2_28_aarch64.whl",
-                                                   "files/beta_pkg-2.0-py3-none-any.whl"]
+    assert [w["path"] for w in beta["wheels"]] == [
+        "files/beta_pkg-2.0-cp312-cp312-manylinux_2_28_aarch64.whl",
+        "files/beta_pkg-2.0-py3-none-any.whl",
+    ]
     assert data["tool"]["envbuild"]["unresolved"] == ["triton-ascend==3.2.2"]
     assert text == export_pylock(sample_lock(), urls={"alpha-1.0.tar.gz": "https://files.example.org/alpha-1.0.tar.gz"})
 
 
 def test_pylock_escapes_strings() -> None:
-    lock = parse_lock('version: 1\nname: q\nsources: []\nindex: "https://example.org/a%22b"\n'
-                      'packages: [{name: a, version: "1", files: [{filename: a-1-py3-none-any.whl, sha256: "' + "0" * 64 + '"}]}]\n')
-    assert tomllib.loads(export_pylock(lock, urls={"a-1-py3-none-any.whl": 'https://x/"q"\\\u00e9'}))[
-        "packages"][0]["wheels"][0]["url"] == 'https://x/"q"\\\u00e9'
+    lock = parse_lock(
+        'version: 1\nname: q\nsources: []\nindex: "https://example.org/a%22b"\n'
+        'packages: [{name: a, version: "1", files: [{filename: a-1-py3-none-any.whl, sha256: "' + "0" * 64 + '"}]}]\n'
+    )
+    assert (
+        tomllib.loads(export_pylock(lock, urls={"a-1-py3-none-any.whl": 'https://x/"q"\\\u00e9'}))["packages"][0][
+            "wheels"
+        ][0]["url"]
+        == 'https://x/"q"\\\u00e9'
+    )
 
 
 def test_repos_parses_as_vcstool_file() -> None:
     data = yaml.safe_load(export_repos(sample_lock()))
-    assert data == {"repositories": {
-        "alpha-src": {"type": "git", "url": "https://example.org/a.git", "version": "a" * 40},
-        "zeta": {"type": "git", "url": "https://example.org/zeta.git", "version": "b" * 40},
-    }}
+    assert data == {
+        "repositories": {
+            "alpha-src": {"type": "git", "url": "https://example.org/a.git", "version": "a" * 40},
+            "zeta": {"type": "git", "url": "https://example.org/zeta.git", "version": "b" * 40},
+        }
+    }
 
 
 def test_real_lock_exports(tmp_path: Path) -> None:

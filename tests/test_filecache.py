@@ -121,8 +121,12 @@ _CHILD = textwrap.dedent("""\
 
 
 def _child(tmp_path: Path, mode: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-c", _CHILD, str(tmp_path / "cache"), SHA, str(tmp_path / "log"), mode],
-                            stdout=subprocess.PIPE, text=True, cwd=REPO)
+    return subprocess.Popen(
+        [sys.executable, "-c", _CHILD, str(tmp_path / "cache"), SHA, str(tmp_path / "log"), mode],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
 
 
 def test_two_processes_fetch_one_file_once(tmp_path: Path) -> None:

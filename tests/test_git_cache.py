@@ -23,13 +23,12 @@ from envbuild.git.remote import (
 )
 from envbuild.lock.model import Source
 from envbuild.sources import verify_source
-from tests.gitrepos import (  # noqa: F401  (served is a fixture)
+from tests.lib.gitrepos import (
     Served,
     ThrottlingProxy,
     child_pids,
     fast_import_repo,
     git,
-    served,
     stop_process_group,
 )
 
@@ -61,10 +60,16 @@ def test_cache_key_is_a_safe_name_per_url() -> None:
 
 
 def test_ref_listing_peels_annotated_tags() -> None:
-    text = "\n".join([
-        f"{'1' * 40}\tHEAD", f"{'2' * 40}\trefs/heads/main", f"{'3' * 40}\trefs/tags/light",
-        f"{'4' * 40}\trefs/tags/v1", f"{'5' * 40}\trefs/tags/v1^{{}}", f"{'6' * 40}\trefs/pull/1/head",
-    ])
+    text = "\n".join(
+        [
+            f"{'1' * 40}\tHEAD",
+            f"{'2' * 40}\trefs/heads/main",
+            f"{'3' * 40}\trefs/tags/light",
+            f"{'4' * 40}\trefs/tags/v1",
+            f"{'5' * 40}\trefs/tags/v1^{{}}",
+            f"{'6' * 40}\trefs/pull/1/head",
+        ]
+    )
     listing = RefListing.parse(text)
     assert listing.heads == {"main": "2" * 40}
     assert listing.tags == {"light": "3" * 40, "v1": "5" * 40}
@@ -73,9 +78,10 @@ def test_ref_listing_peels_annotated_tags() -> None:
 
 
 def test_last_error_line() -> None:
-    refused = ("fatal: unable to connect to 127.0.0.1:\n"
-               "127.0.0.1[0: 127.0.0.1]: errno=Connection refused\n")
-    assert last_error_line(refused) == "unable to connect to 127.0.0.1: 127.0.0.1[0: 127.0.0.1]: errno=Connection refused"
+    refused = "fatal: unable to connect to 127.0.0.1:\n127.0.0.1[0: 127.0.0.1]: errno=Connection refused\n"
+    assert (
+        last_error_line(refused) == "unable to connect to 127.0.0.1: 127.0.0.1[0: 127.0.0.1]: errno=Connection refused"
+    )
     assert last_error_line("warning: x\nfatal: repository 'x' not found\n") == "repository 'x' not found"
     assert last_error_line("") == "failed without a message"
 
@@ -103,8 +109,12 @@ def test_concurrent_creation_yields_one_repository(tmp_path: Path) -> None:
 
 def test_remove_stale_files(tmp_path: Path) -> None:
     repo = GitCache(tmp_path).ensure("https://example.invalid/x.git").path
-    stale = [repo / "packed-refs.lock", repo / "refs/upstream/heads/main.lock",
-             repo / "objects/pack/tmp_pack_abc", repo / "objects/pack/pack-1.keep"]
+    stale = [
+        repo / "packed-refs.lock",
+        repo / "refs/upstream/heads/main.lock",
+        repo / "objects/pack/tmp_pack_abc",
+        repo / "objects/pack/pack-1.keep",
+    ]
     for path in stale:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("x")
@@ -170,8 +180,14 @@ def test_fetches_into_one_repository_are_serialised(served: Served, big: str, tm
 
 
 def _verify_process(root: Path, url: str, *commits: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-c", VERIFY_SCRIPT, str(root), url, *commits], cwd=PROJECT_ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", VERIFY_SCRIPT, str(root), url, *commits],
+        cwd=PROJECT_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 @pytest.fixture
@@ -182,8 +198,9 @@ def proxy(served: Served) -> Iterator[ThrottlingProxy]:
 
 
 @pytest.mark.gitdaemon
-def test_two_processes_verify_on_one_cold_cache(served: Served, big: str, tmp_path: Path,
-                                                proxy: ThrottlingProxy) -> None:
+def test_two_processes_verify_on_one_cold_cache(
+    served: Served, big: str, tmp_path: Path, proxy: ThrottlingProxy
+) -> None:
     url = f"git://127.0.0.1:{proxy.port}/{big}"
     upstream = served.base / big
     old, side = git("rev-parse", "main~5", cwd=upstream), git("rev-parse", "side", cwd=upstream)
@@ -206,8 +223,9 @@ def test_two_processes_verify_on_one_cold_cache(served: Served, big: str, tmp_pa
 
 
 @pytest.mark.gitdaemon
-def test_a_fetch_killed_halfway_leaves_the_cache_usable(served: Served, big: str, tmp_path: Path,
-                                                        proxy: ThrottlingProxy) -> None:
+def test_a_fetch_killed_halfway_leaves_the_cache_usable(
+    served: Served, big: str, tmp_path: Path, proxy: ThrottlingProxy
+) -> None:
     url = f"git://127.0.0.1:{proxy.port}/{big}"  # the daemon without partial clone: a full pack
     upstream = served.base / big
     old = git("rev-parse", "main~3", cwd=upstream)
@@ -233,6 +251,10 @@ def test_a_fetch_killed_halfway_leaves_the_cache_usable(served: Served, big: str
     result = verify_source(Source(name="big", repo=url, ref="main", ref_type="branch", commit=old), cache)
     assert (result.status, result.facts["ahead"]) == ("behind", 3)
     assert not list(repo.glob("objects/pack/tmp_*")) and not list(repo.rglob("*.lock"))
-    fsck = subprocess.run(["git", "-C", str(repo), "fsck", "--connectivity-only", "--no-progress"],
-                          capture_output=True, text=True, env={**os.environ, "GIT_ALLOW_PROTOCOL": "file"})
+    fsck = subprocess.run(
+        ["git", "-C", str(repo), "fsck", "--connectivity-only", "--no-progress"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "GIT_ALLOW_PROTOCOL": "file"},
+    )
     assert fsck.returncode == 0, fsck.stderr

@@ -31,16 +31,16 @@ from envbuild.image.build import (
 )
 from envbuild.image.incheck import compare_inimage
 from envbuild.results import PinResult, VerifyReport
-from tests.gitrepos import Served, served  # noqa: F401 (fixture)
-from tests.imagelock import (
+from tests.lib.gitrepos import Served
+from tests.lib.imagelock import (
     ImageLockEnv,
     make_sources,
     make_wheels,
     with_file_hash,
     with_source,
 )
-from tests.pyindex import PyIndex
-from tests.services import PushedImage
+from tests.lib.pyindex import PyIndex
+from tests.lib.services import PushedImage
 
 pytestmark = [pytest.mark.gitdaemon, pytest.mark.slow]
 
@@ -51,14 +51,20 @@ def needs_engine(test):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="module")
-def env(served: Served, pushed_base_image: PushedImage,  # noqa: F811
-        tmp_path_factory: pytest.TempPathFactory) -> Iterator[ImageLockEnv]:
+def env(
+    served: Served, pushed_base_image: PushedImage, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ImageLockEnv]:
     repos = make_sources(served.base)
     wheels = tmp_path_factory.mktemp("wheels")
     make_wheels(wheels)
     with PyIndex(wheels) as index:
-        yield ImageLockEnv(repos, {n: served.url(n, "daemon-filter") for n in repos}, index,
-                           f"{pushed_base_image.repository}:{pushed_base_image.tag}", pushed_base_image.digest)
+        yield ImageLockEnv(
+            repos,
+            {n: served.url(n, "daemon-filter") for n in repos},
+            index,
+            f"{pushed_base_image.repository}:{pushed_base_image.tag}",
+            pushed_base_image.digest,
+        )
 
 
 @pytest.fixture(scope="module")
@@ -104,8 +110,9 @@ class NoEngine:
 
 
 @needs_engine
-def test_two_no_cache_builds_give_one_image_id(reference: BuildResult, lock_path: Path, work: Path,
-                                                engine: Engine) -> None:
+def test_two_no_cache_builds_give_one_image_id(
+    reference: BuildResult, lock_path: Path, work: Path, engine: Engine
+) -> None:
     again = build_image(lock_path, options(work, no_cache=True), engine=engine)
     assert again.image_id == reference.image_id
     assert again.diff_ids == reference.diff_ids
@@ -124,8 +131,9 @@ def _config_bytes(archive: Path) -> bytes:
 
 
 @needs_engine
-def test_a_no_op_rebuild_reuses_every_layer_and_the_normalised_image(reference: BuildResult, lock_path: Path,
-                                                                      work: Path, engine: Engine) -> None:
+def test_a_no_op_rebuild_reuses_every_layer_and_the_normalised_image(
+    reference: BuildResult, lock_path: Path, work: Path, engine: Engine
+) -> None:
     again = build_image(lock_path, options(work), engine=engine)
     assert again.image_id == reference.image_id
     assert again.reused and all(step.cached for step in again.steps)
@@ -149,8 +157,11 @@ def test_labels_tags_and_record(reference: BuildResult, lock_path: Path, env: Im
     build = json.loads((record / "build.json").read_text())
     assert build["image_id"] == reference.image_id and build["lock"]["sha256"] == reference.lock_sha256
     inputs = {(i["kind"], i["name"]) for i in build["inputs"]}
-    assert {("source", n) for n in env.pins()} | {("package_file", "tinyone"), ("package_file", "tinytwo"),
-                                                  ("base_image", env.base_name)} <= inputs
+    assert {("source", n) for n in env.pins()} | {
+        ("package_file", "tinyone"),
+        ("package_file", "tinytwo"),
+        ("base_image", env.base_name),
+    } <= inputs
     assert all(i.get("sha256") or i.get("commit") or i.get("digest") for i in build["inputs"])
     provenance = json.loads((record / "provenance.intoto.json").read_text())
     assert provenance["subject"][0]["digest"]["sha256"] == reference.image_id.split(":")[1]
@@ -168,8 +179,9 @@ def test_the_image_holds_what_the_lock_pins(reference: BuildResult, engine: Engi
 
 
 @needs_engine
-def test_moving_one_pin_rebuilds_only_from_that_source_on(reference: BuildResult, env: ImageLockEnv, work: Path,
-                                                          engine: Engine) -> None:
+def test_moving_one_pin_rebuilds_only_from_that_source_on(
+    reference: BuildResult, env: ImageLockEnv, work: Path, engine: Engine
+) -> None:
     moved = env.repos["gamma"].commit("gamma moves", files={"data/table.csv": "a,b\n1,3\n"})
     path = env.write(work / "locks" / "moved.lock.yaml", env.lock(pins={"gamma": moved}))
     result = build_image(path, options(work), engine=engine)
@@ -213,8 +225,9 @@ def test_a_source_whose_tree_differs_is_refused_before_any_build(env: ImageLockE
 
 
 @needs_engine
-def test_an_in_image_mismatch_fails_the_build_and_leaves_no_tag(env: ImageLockEnv, work: Path,
-                                                                 engine: Engine, reference: BuildResult) -> None:
+def test_an_in_image_mismatch_fails_the_build_and_leaves_no_tag(
+    env: ImageLockEnv, work: Path, engine: Engine, reference: BuildResult
+) -> None:
     path = env.write(work / "locks" / "mismatch.lock.yaml", env.lock(name="mismatch"))
     tag = "envbuild-test/mismatch:never"
 
@@ -225,20 +238,26 @@ def test_an_in_image_mismatch_fails_the_build_and_leaves_no_tag(env: ImageLockEn
     with pytest.raises(EngineError, match=r"package tinyone: 1\.0 installed, the lock pins 9\.9"):
         build_image(path, options(work, tags=(tag,)), engine=engine, inimage_compare=wrong_version)
     assert engine.inspect(tag) is None
-    assert not any(entry["lock_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
-                   for entry in read_map(work / "cache").values())
+    assert not any(
+        entry["lock_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+        for entry in read_map(work / "cache").values()
+    )
 
 
 @needs_engine
-def test_push_to_the_registry_and_read_the_digest_back(reference: BuildResult, lock_path: Path, work: Path,
-                                                       engine: Engine, registry: str) -> None:
+def test_push_to_the_registry_and_read_the_digest_back(
+    reference: BuildResult, lock_path: Path, work: Path, engine: Engine, registry: str
+) -> None:
     tag = f"{registry}/envbuild-test/imagetest:{reference.lock_sha256[:12]}"
     result = build_image(lock_path, options(work, tags=(tag,), push=True), engine=engine)
     assert result.image_id == reference.image_id
     ((pushed_tag, digest),) = result.pushed
     assert pushed_tag == tag and digest.startswith("sha256:")
-    response = requests.get(f"http://{registry}/v2/envbuild-test/imagetest/manifests/{reference.lock_sha256[:12]}",
-                            headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"}, timeout=10)
+    response = requests.get(
+        f"http://{registry}/v2/envbuild-test/imagetest/manifests/{reference.lock_sha256[:12]}",
+        headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"},
+        timeout=10,
+    )
     assert response.status_code == 200
     assert response.headers["Docker-Content-Digest"] == digest
     assert response.json()["config"]["digest"] == reference.image_id
@@ -246,14 +265,20 @@ def test_push_to_the_registry_and_read_the_digest_back(reference: BuildResult, l
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-c", "import sys; from envbuild.cli import main; sys.exit(main())", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **(env or {})}, cwd=Path(__file__).resolve().parents[1])
+    return subprocess.Popen(
+        [sys.executable, "-c", "import sys; from envbuild.cli import main; sys.exit(main())", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+        cwd=Path(__file__).resolve().parents[1],
+    )
 
 
 @needs_engine
-def test_an_interrupted_build_leaves_the_caches_usable(reference: BuildResult, lock_path: Path, work: Path,
-                                                       engine: Engine) -> None:
+def test_an_interrupted_build_leaves_the_caches_usable(
+    reference: BuildResult, lock_path: Path, work: Path, engine: Engine
+) -> None:
     proc = _cli("image", str(lock_path), "--no-cache", "--cache-dir", str(work / "cache"))
     assert proc.stderr is not None
     seen = []
@@ -272,13 +297,22 @@ def test_an_interrupted_build_leaves_the_caches_usable(reference: BuildResult, l
 
 
 @needs_engine
-def test_cli_json_dry_run_and_no_engine(reference: BuildResult, lock_path: Path, work: Path,
-                                        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_json_dry_run_and_no_engine(
+    reference: BuildResult,
+    lock_path: Path,
+    work: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     cache = ["--cache-dir", str(work / "cache")]
     assert main(["-q", "image", str(lock_path), "--json", *cache]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out == {"image_id": reference.image_id, "tags": list(reference.tags),
-                   "lock_sha256": reference.lock_sha256, "record": str(reference.record_dir)}
+    assert out == {
+        "image_id": reference.image_id,
+        "tags": list(reference.tags),
+        "lock_sha256": reference.lock_sha256,
+        "record": str(reference.record_dir),
+    }
 
     assert main(["-q", "image", str(lock_path), "--dry-run", *cache]) == 0
     dockerfile = capsys.readouterr().out
@@ -291,22 +325,34 @@ def test_cli_json_dry_run_and_no_engine(reference: BuildResult, lock_path: Path,
     assert len(err) == 1 and "no container engine answers at unix://" in err[0] and "Traceback" not in err[0]
 
 
-def test_export_tree_writes_the_exact_tree(served: Served, tmp_path: Path) -> None:  # noqa: F811
+def test_export_tree_writes_the_exact_tree(served: Served, tmp_path: Path) -> None:
     """Attributes that would change archived files (export-subst, export-ignore, eol) are neutralised;
     modes and symlinks survive; a second export needs no network; --offline without the files fails."""
     from envbuild.git.export import ExportError, TreeExporter, export_tree
     from envbuild.lock import Source
-    from tests.gitrepos import make_repo
+    from tests.lib.gitrepos import make_repo
 
     repo = make_repo(served.base / "exact")
-    commit = repo.commit("tricky", files={
-        ".gitattributes": "subst.txt export-subst\nignored.txt export-ignore\n*.txt text eol=crlf\n",
-        "subst.txt": "$Format:%H$\n", "ignored.txt": "still here\n", "tool.sh": "#!/bin/sh\n"})
+    commit = repo.commit(
+        "tricky",
+        files={
+            ".gitattributes": "subst.txt export-subst\nignored.txt export-ignore\n*.txt text eol=crlf\n",
+            "subst.txt": "$Format:%H$\n",
+            "ignored.txt": "still here\n",
+            "tool.sh": "#!/bin/sh\n",
+        },
+    )
     (repo.path / "tool.sh").chmod(0o755)
     (repo.path / "link").symlink_to("subst.txt")
     commit = repo.commit("modes", files={})
-    source = Source(name="exact", repo=served.url("exact", "daemon-filter"), ref="main", ref_type="branch",
-                    commit=commit, tree=repo.tree(commit))
+    source = Source(
+        name="exact",
+        repo=served.url("exact", "daemon-filter"),
+        ref="main",
+        ref_type="branch",
+        commit=commit,
+        tree=repo.tree(commit),
+    )
     exporter = TreeExporter(tmp_path / "cache")
     dest = tmp_path / "out"
     dest.mkdir()

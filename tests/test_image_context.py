@@ -24,8 +24,14 @@ from envbuild.lock import Lock, Package, PackageFile, Source, parse_lock
 
 LOCK_SHA = "cd" * 32
 EPOCH = 1700000000
-_GIT_ENV = {"GIT_AUTHOR_NAME": "T", "GIT_AUTHOR_EMAIL": "t@example.invalid", "GIT_COMMITTER_NAME": "T",
-            "GIT_COMMITTER_EMAIL": "t@example.invalid", "GIT_CONFIG_NOSYSTEM": "1", "HOME": "/nonexistent"}
+_GIT_ENV = {
+    "GIT_AUTHOR_NAME": "T",
+    "GIT_AUTHOR_EMAIL": "t@example.invalid",
+    "GIT_COMMITTER_NAME": "T",
+    "GIT_COMMITTER_EMAIL": "t@example.invalid",
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "HOME": "/nonexistent",
+}
 
 
 def git(*args: str, cwd: Path) -> str:
@@ -41,9 +47,13 @@ def make_wheel(dest: Path, name: str = "tiny_pkg", version: str = "1.0") -> Path
         f"{name}-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
         f"{name}-{version}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
-    record = "".join(
-        f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}\n"
-        for path, data in files.items()) + f"{name}-{version}.dist-info/RECORD,,\n"
+    record = (
+        "".join(
+            f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}\n"
+            for path, data in files.items()
+        )
+        + f"{name}-{version}.dist-info/RECORD,,\n"
+    )
     files[f"{name}-{version}.dist-info/RECORD"] = record.encode()
     path = dest / f"{name}-{version}-py3-none-any.whl"
     with zipfile.ZipFile(path, "w") as archive:
@@ -58,19 +68,27 @@ def sha256(path: Path) -> str:
 
 def make_lock(wheel: Path, sources: list[tuple[str, str, str | None]]) -> Lock:
     """A lock with one package (the wheel) and sources given as (name, commit, tree)."""
-    lines = [f'  - {{name: {n}, repo: "https://example.org/{n}.git", ref: main, ref_type: branch, commit: "{c}"'
-             + (f', tree: "{t}"' if t else "") + "}" for n, c, t in sources]
-    text = textwrap.dedent(f"""\
+    lines = [
+        f'  - {{name: {n}, repo: "https://example.org/{n}.git", ref: main, ref_type: branch, commit: "{c}"'
+        + (f', tree: "{t}"' if t else "")
+        + "}"
+        for n, c, t in sources
+    ]
+    text = (
+        textwrap.dedent(f"""\
         version: 1
         name: ctx
         platform: {{os: linux, arch: x86_64, python: "3.11"}}
-        base_image: {{name: "example.org/base:1", digest: "sha256:{'ab' * 32}"}}
+        base_image: {{name: "example.org/base:1", digest: "sha256:{"ab" * 32}"}}
         source_date_epoch: {EPOCH}
         sources:
-        """) + "\n".join(lines) + textwrap.dedent(f"""
+        """)
+        + "\n".join(lines)
+        + textwrap.dedent(f"""
         packages:
           - {{name: tiny_pkg, version: "1.0", files: [{{filename: {wheel.name}, sha256: "{sha256(wheel)}"}}]}}
         """)
+    )
     return parse_lock(text, "ctx.lock.yaml")
 
 
@@ -79,6 +97,7 @@ def fake_export(trees: dict[str, dict[str, bytes]]):
         for rel, data in trees[source.name].items():
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             (dest / rel).write_bytes(data)
+
     return export
 
 
@@ -89,8 +108,14 @@ def snapshot(root: Path) -> list[tuple[str, int, int, bytes]]:
     out = []
     for path in sorted(root.rglob("*")):
         info = path.lstat()
-        out.append((str(path.relative_to(root)), info.st_mode, int(info.st_mtime),
-                    path.read_bytes() if path.is_file() else b""))
+        out.append(
+            (
+                str(path.relative_to(root)),
+                info.st_mode,
+                int(info.st_mtime),
+                path.read_bytes() if path.is_file() else b"",
+            )
+        )
     return out
 
 
@@ -107,9 +132,16 @@ def test_context_layout_and_determinism(tmp_path: Path, wheel: Path) -> None:
     second = assemble_context(plan, tmp_path / "two", fake_export(FAKE), lambda p, f: wheel)
     assert snapshot(first.path) == snapshot(second.path)
     names = {p for p, *_ in snapshot(first.path)}
-    assert {"Dockerfile", "wheels/" + wheel.name, "envbuild/requirements.txt", "envbuild/manifest.json",
-            "envbuild/inimage_check.py", "src/alpha/alpha/__init__.py", "src/alpha/.envbuild-commit",
-            "src/beta/README"} <= names
+    assert {
+        "Dockerfile",
+        "wheels/" + wheel.name,
+        "envbuild/requirements.txt",
+        "envbuild/manifest.json",
+        "envbuild/inimage_check.py",
+        "src/alpha/alpha/__init__.py",
+        "src/alpha/.envbuild-commit",
+        "src/beta/README",
+    } <= names
     assert all(mtime == EPOCH for _, _, mtime, _ in snapshot(first.path))
     assert (first.path / "src/alpha/.envbuild-commit").read_text() == "1" * 40 + "\n"
     manifest = json.loads((first.path / "envbuild/manifest.json").read_text())
@@ -117,7 +149,9 @@ def test_context_layout_and_determinism(tmp_path: Path, wheel: Path) -> None:
     assert manifest["lock_sha256"] == LOCK_SHA
     assert manifest["packages"] == [{"name": "tiny-pkg", "version": "1.0"}]
     assert [(s["name"], s["commit"], s["mode"], s["path"]) for s in manifest["sources"]] == [
-        ("alpha", "1" * 40, "editable", "/opt/envbuild/src/alpha"), ("beta", "2" * 40, "editable", "/opt/envbuild/src/beta")]
+        ("alpha", "1" * 40, "editable", "/opt/envbuild/src/alpha"),
+        ("beta", "2" * 40, "editable", "/opt/envbuild/src/beta"),
+    ]
     assert manifest["sources"][0]["files"] == ["alpha/__init__.py", "setup.py"]
     assert (first.path / "Dockerfile").read_text() == first.dockerfile
 
@@ -127,8 +161,9 @@ def test_a_package_file_with_another_hash_is_refused_by_name(tmp_path: Path, whe
     impostor = make_wheel(tmp_path, version="1.0")
     impostor.write_bytes(impostor.read_bytes() + b"\0")
     with pytest.raises(ContextError) as info:
-        assemble_context(plan_context(lock, lock_sha256=LOCK_SHA), tmp_path / "ctx", fake_export(FAKE),
-                         lambda p, f: impostor)
+        assemble_context(
+            plan_context(lock, lock_sha256=LOCK_SHA), tmp_path / "ctx", fake_export(FAKE), lambda p, f: impostor
+        )
     assert "package tiny_pkg 1.0: tiny_pkg-1.0-py3-none-any.whl" in str(info.value)
     assert sha256(wheel) in str(info.value)
     assert not (tmp_path / "ctx" / "wheels").exists() and not (tmp_path / "ctx" / "Dockerfile").exists()
@@ -137,14 +172,17 @@ def test_a_package_file_with_another_hash_is_refused_by_name(tmp_path: Path, whe
 def test_a_source_tree_that_differs_is_refused_with_every_problem(tmp_path: Path, wheel: Path) -> None:
     lock = make_lock(wheel, [("alpha", "1" * 40, "0" * 40), ("beta", "2" * 40, "f" * 40)])
     with pytest.raises(ContextError) as info:
-        assemble_context(plan_context(lock, lock_sha256=LOCK_SHA), tmp_path / "ctx", fake_export(FAKE),
-                         lambda p, f: wheel)
+        assemble_context(
+            plan_context(lock, lock_sha256=LOCK_SHA), tmp_path / "ctx", fake_export(FAKE), lambda p, f: wheel
+        )
     assert len(info.value.problems) == 2
     assert list((tmp_path / "ctx").iterdir()) == []
     assert "source alpha" in info.value.problems[0] and "the lock pins tree " + "0" * 40 in info.value.problems[0]
     (tmp_path / "ctx" / "leftover").write_text("x")
     with pytest.raises(InputError, match="must be empty"):
-        assemble_context(plan_context(lock, lock_sha256=LOCK_SHA), tmp_path / "ctx", fake_export(FAKE), lambda p, f: wheel)
+        assemble_context(
+            plan_context(lock, lock_sha256=LOCK_SHA), tmp_path / "ctx", fake_export(FAKE), lambda p, f: wheel
+        )
 
 
 @pytest.fixture
@@ -157,7 +195,9 @@ def real_repo(tmp_path: Path) -> tuple[Path, str, str]:
     (repo / "run.sh").write_text("#!/bin/sh\necho hi\n")
     (repo / "run.sh").chmod(0o755)
     (repo / "link").symlink_to("pkg/__init__.py")
-    (repo / "setup.py").write_text("from setuptools import setup\nsetup(name='realsrc', version='0.1', packages=['pkg'])\n")
+    (repo / "setup.py").write_text(
+        "from setuptools import setup\nsetup(name='realsrc', version='0.1', packages=['pkg'])\n"
+    )
     git("init", "-q", "-b", "main", cwd=repo)
     git("add", "-A", cwd=repo)
     git("commit", "-q", "-m", "one", cwd=repo)
@@ -166,22 +206,26 @@ def real_repo(tmp_path: Path) -> tuple[Path, str, str]:
 
 def git_archive_export(repo: Path):
     def export(source: Source, dest: Path) -> None:
-        archive = subprocess.run(["git", "archive", "--format=tar", source.commit], cwd=repo, capture_output=True,
-                                 check=True).stdout
+        archive = subprocess.run(
+            ["git", "archive", "--format=tar", source.commit], cwd=repo, capture_output=True, check=True
+        ).stdout
         tar_path = dest.parent / f".{source.name}.tar"
         tar_path.write_bytes(archive)
         with tarfile.open(tar_path) as tar:
             tar.extractall(dest)
         tar_path.unlink()
+
     return export
 
 
-def test_real_git_tree_matches_and_in_image_check_agrees(tmp_path: Path, wheel: Path,
-                                                        real_repo: tuple[Path, str, str]) -> None:
+def test_real_git_tree_matches_and_in_image_check_agrees(
+    tmp_path: Path, wheel: Path, real_repo: tuple[Path, str, str]
+) -> None:
     repo, commit, tree = real_repo
     lock = make_lock(wheel, [("realsrc", commit, tree)])
-    context = assemble_context(plan_context(lock, lock_sha256=LOCK_SHA), tmp_path / "ctx", git_archive_export(repo),
-                               lambda p, f: wheel)
+    context = assemble_context(
+        plan_context(lock, lock_sha256=LOCK_SHA), tmp_path / "ctx", git_archive_export(repo), lambda p, f: wheel
+    )
     assert dict(context.trees) == {"realsrc": tree}
 
     # The in-image check, run as a separate stdlib-only process against the context's own tree
@@ -194,9 +238,13 @@ def test_real_git_tree_matches_and_in_image_check_agrees(tmp_path: Path, wheel: 
     (site / "tiny_pkg-1.0.dist-info/METADATA").write_text("Metadata-Version: 2.1\nName: tiny_pkg\nVersion: 1.0\n")
 
     def check() -> list[str]:
-        proc = subprocess.run([sys.executable, "-S", str(context.path / "envbuild/inimage_check.py"),
-                               str(tmp_path / "manifest.json")], capture_output=True, text=True,
-                              env={"PYTHONPATH": str(site)}, timeout=60)
+        proc = subprocess.run(
+            [sys.executable, "-S", str(context.path / "envbuild/inimage_check.py"), str(tmp_path / "manifest.json")],
+            capture_output=True,
+            text=True,
+            env={"PYTHONPATH": str(site)},
+            timeout=60,
+        )
         assert proc.returncode == 0, proc.stderr
         report = json.loads(proc.stdout)
         report["python"] = "3.11.2"  # the host's python stands in for the image's
@@ -213,14 +261,27 @@ def test_real_git_tree_matches_and_in_image_check_agrees(tmp_path: Path, wheel: 
 
 
 def test_compare_inimage_names_each_mismatch() -> None:
-    manifest = {"lock_sha256": LOCK_SHA, "python": "3.11",
-                "packages": [{"name": "a", "version": "1.0"}, {"name": "b", "version": "2.0"},
-                             {"name": "c", "version": "3.0"}, {"name": "d", "version": "1.0"}],
-                "sources": [{"name": "s", "commit": "1" * 40, "tree": "2" * 40, "path": "/opt/envbuild/src/s"},
-                            {"name": "t", "commit": "3" * 40, "tree": "4" * 40, "path": "/opt/envbuild/src/t"}]}
-    report = {"report_version": 1, "lock_sha256": LOCK_SHA, "python": "3.12.1",
-              "distributions": {"a": ["1.0.0"], "b": ["2.1"], "d": ["1.0", "0.9"]},
-              "sources": {"s": {"exists": True, "commit_marker": "1" * 40, "tree": "2" * 40, "unreadable": []}}}
+    manifest = {
+        "lock_sha256": LOCK_SHA,
+        "python": "3.11",
+        "packages": [
+            {"name": "a", "version": "1.0"},
+            {"name": "b", "version": "2.0"},
+            {"name": "c", "version": "3.0"},
+            {"name": "d", "version": "1.0"},
+        ],
+        "sources": [
+            {"name": "s", "commit": "1" * 40, "tree": "2" * 40, "path": "/opt/envbuild/src/s"},
+            {"name": "t", "commit": "3" * 40, "tree": "4" * 40, "path": "/opt/envbuild/src/t"},
+        ],
+    }
+    report = {
+        "report_version": 1,
+        "lock_sha256": LOCK_SHA,
+        "python": "3.12.1",
+        "distributions": {"a": ["1.0.0"], "b": ["2.1"], "d": ["1.0", "0.9"]},
+        "sources": {"s": {"exists": True, "commit_marker": "1" * 40, "tree": "2" * 40, "unreadable": []}},
+    }
     problems = compare_inimage(json.dumps(report), manifest)
     assert problems == [
         "python3 in the image is 3.12.1, the lock's platform.python is 3.11",
@@ -235,11 +296,25 @@ def test_compare_inimage_names_each_mismatch() -> None:
 def test_requirements_file_is_accepted_by_pip(tmp_path: Path, wheel: Path) -> None:
     """pip itself reads the requirements file and finds the wheel with hash checking and no index."""
     lock = make_lock(wheel, [("alpha", "1" * 40, None)])
-    context = assemble_context(plan_context(lock, lock_sha256=LOCK_SHA), tmp_path / "ctx", fake_export(FAKE),
-                               lambda p, f: wheel)
-    command = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-index",
-               "--require-hashes", "--no-deps", "--no-compile", "--find-links", str(context.path / "wheels"),
-               "-r", str(context.path / "envbuild/requirements.txt")]
+    context = assemble_context(
+        plan_context(lock, lock_sha256=LOCK_SHA), tmp_path / "ctx", fake_export(FAKE), lambda p, f: wheel
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--dry-run",
+        "--ignore-installed",
+        "--no-index",
+        "--require-hashes",
+        "--no-deps",
+        "--no-compile",
+        "--find-links",
+        str(context.path / "wheels"),
+        "-r",
+        str(context.path / "envbuild/requirements.txt"),
+    ]
     ok = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stderr
     assert "Would install tiny_pkg-1.0" in ok.stdout or "Would install tiny-pkg-1.0" in ok.stdout

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import re
 import subprocess
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -13,34 +12,8 @@ import pytest
 from envbuild.errors import InputError
 from envbuild.image.context import plan_context
 from envbuild.image.render import render_dockerfile
-from envbuild.lock import Lock, parse_lock
-
-DIGEST = "sha256:" + "ab" * 32
-LOCK_SHA = "cd" * 32
-TAG_COMMIT, BRANCH_COMMIT, NONE_COMMIT, WHEEL_COMMIT = ("1" * 40, "2" * 40, "3" * 40, "4" * 40)
-LOCK_TEXT = textwrap.dedent(f"""\
-    version: 1
-    name: tiny
-    platform: {{os: linux, arch: x86_64, python: "3.11", cann: 9.1.0}}
-    base_image: {{name: "127.0.0.1:5000/envbuild-test/base:bookworm-cann9.1.0", digest: "{DIGEST}"}}
-    source_date_epoch: 1700000000
-    sources:
-      - {{name: engine, repo: "https://example.org/engine.git", ref: main, ref_type: branch, commit: "{BRANCH_COMMIT}",
-          install: {{mode: editable, env: {{VLLM_TARGET_DEVICE: empty, NOTE: "two words; $HOME"}}}}}}
-      - {{name: core, repo: "https://example.org/core.git", ref: v1.0, ref_type: tag, commit: "{TAG_COMMIT}"}}
-      - {{name: data, repo: "https://example.org/data.git", ref: main, ref_type: branch, commit: "{NONE_COMMIT}",
-          install: {{mode: none}}}}
-      - {{name: kernels, repo: "https://example.org/kernels.git", ref: v2, ref_type: tag, commit: "{WHEEL_COMMIT}",
-          install: {{mode: wheel, env: {{COMPILE_CUSTOM_KERNELS: "1"}}}}}}
-    packages:
-      - {{name: Tiny_Pkg, version: "1.0", files: [{{filename: tiny_pkg-1.0-py3-none-any.whl, sha256: "{'e' * 64}"}}]}}
-      - {{name: another, version: "2.0", files: [{{filename: another-2.0-py3-none-any.whl, sha256: "{'f' * 64}"}},
-                                               {{filename: another-2.0.tar.gz, sha256: "{'a' * 64}"}}]}}
-    """)
-
-
-def tiny_lock(**changes: object) -> Lock:
-    return dataclasses.replace(parse_lock(LOCK_TEXT, "tiny.lock.yaml"), **changes)
+from envbuild.lock import Lock
+from tests.lib.tinylock import BRANCH_COMMIT, DIGEST, LOCK_SHA, NONE_COMMIT, TAG_COMMIT, WHEEL_COMMIT, tiny_lock
 
 
 def render(lock: Lock | None = None, **plan_args: object) -> str:
@@ -64,10 +37,15 @@ def test_unpinned_base_is_refused_unless_allowed() -> None:
     unpinned = dataclasses.replace(lock, base_image=dataclasses.replace(lock.base_image, digest=None))
     with pytest.raises(InputError, match="not pinned"):
         render(unpinned)
-    forged = dataclasses.replace(plan_context(unpinned, lock_sha256=LOCK_SHA, allow_unpinned=True), allow_unpinned=False)
+    forged = dataclasses.replace(
+        plan_context(unpinned, lock_sha256=LOCK_SHA, allow_unpinned=True), allow_unpinned=False
+    )
     with pytest.raises(InputError, match="not pinned"):
         render_dockerfile(forged)  # the renderer checks on its own, not only the planner
-    assert instructions(render(unpinned, allow_unpinned=True))[0] == "FROM 127.0.0.1:5000/envbuild-test/base:bookworm-cann9.1.0"
+    assert (
+        instructions(render(unpinned, allow_unpinned=True))[0]
+        == "FROM 127.0.0.1:5000/envbuild-test/base:bookworm-cann9.1.0"
+    )
 
 
 def test_no_base_image_and_no_epoch_are_reported_together() -> None:
@@ -80,14 +58,24 @@ def test_no_base_image_and_no_epoch_are_reported_together() -> None:
 def test_layer_order_packages_then_tags_then_branches_then_metadata() -> None:
     lines = instructions(render())
     copies = [line.split()[1] for line in lines if line.startswith("COPY ")]
-    assert copies == ["wheels/", "envbuild/requirements.txt", "src/core/", "src/kernels/", "src/engine/", "src/data/",
-                      "envbuild/"]
+    assert copies == [
+        "wheels/",
+        "envbuild/requirements.txt",
+        "src/core/",
+        "src/kernels/",
+        "src/engine/",
+        "src/data/",
+        "envbuild/",
+    ]
     kinds = [line.split()[0] for line in lines]
     assert kinds[:3] == ["FROM", "ENV", "RUN"]  # platform check before anything is installed
     assert kinds[-2:] == ["COPY", "LABEL"]
     epoch_at = lines.index("ENV SOURCE_DATE_EPOCH=1700000000")
-    assert lines.index(next(l for l in lines if "--require-hashes" in l)) < epoch_at < lines.index(
-        next(l for l in lines if l.startswith("COPY src/")))
+    assert (
+        lines.index(next(l for l in lines if "--require-hashes" in l))
+        < epoch_at
+        < lines.index(next(l for l in lines if l.startswith("COPY src/")))
+    )
 
 
 def test_packages_are_installed_with_hashes_and_no_index() -> None:
@@ -103,10 +91,16 @@ def test_packages_are_installed_with_hashes_and_no_index() -> None:
 
 def test_each_source_installed_as_its_mode_with_only_its_env() -> None:
     lines = instructions(render())
-    runs = {m.group(1): line for line in lines if (m := re.search(r"/opt/envbuild/src/([a-z]+)", line)) and line.startswith("RUN")}
+    runs = {
+        m.group(1): line
+        for line in lines
+        if (m := re.search(r"/opt/envbuild/src/([a-z]+)", line)) and line.startswith("RUN")
+    }
     assert set(runs) == {"core", "engine", "kernels"}  # `none` is copied, not installed
-    assert runs["engine"].startswith("RUN NOTE='two words; $HOME' VLLM_TARGET_DEVICE=empty python3 -m pip install "
-                                      "--no-build-isolation --no-deps --no-index --no-compile")
+    assert runs["engine"].startswith(
+        "RUN NOTE='two words; $HOME' VLLM_TARGET_DEVICE=empty python3 -m pip install "
+        "--no-build-isolation --no-deps --no-index --no-compile"
+    )
     assert "-e /opt/envbuild/src/engine" in runs["engine"]
     assert "COMPILE_CUSTOM_KERNELS=1 python3 -m pip wheel --no-build-isolation --no-deps --no-index" in runs["kernels"]
     assert "install --no-index --no-deps --no-compile /tmp/envbuild-wheel-kernels/*.whl" in runs["kernels"]
@@ -119,21 +113,26 @@ def test_each_source_installed_as_its_mode_with_only_its_env() -> None:
 
 def test_env_and_labels() -> None:
     lines = instructions(render())
-    assert lines[1] == ("ENV PYTHONDONTWRITEBYTECODE=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 "
-                        "PIP_BREAK_SYSTEM_PACKAGES=1")
+    assert lines[1] == (
+        "ENV PYTHONDONTWRITEBYTECODE=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_BREAK_SYSTEM_PACKAGES=1"
+    )
     labels = dict(re.findall(r'"([^"]+)"="([^"]+)"', lines[-1]))
     assert labels == {
-        "io.envbuild.lock.name": "tiny", "io.envbuild.lock.sha256": LOCK_SHA,
-        "io.envbuild.source.core.commit": TAG_COMMIT, "io.envbuild.source.engine.commit": BRANCH_COMMIT,
-        "io.envbuild.source.data.commit": NONE_COMMIT, "io.envbuild.source.kernels.commit": WHEEL_COMMIT,
+        "io.envbuild.lock.name": "tiny",
+        "io.envbuild.lock.sha256": LOCK_SHA,
+        "io.envbuild.source.core.commit": TAG_COMMIT,
+        "io.envbuild.source.engine.commit": BRANCH_COMMIT,
+        "io.envbuild.source.data.commit": NONE_COMMIT,
+        "io.envbuild.source.kernels.commit": WHEEL_COMMIT,
     }
     assert "{{" not in render()
 
 
 def test_moving_one_branch_pin_changes_only_its_layer_and_what_follows() -> None:
     lock = tiny_lock()
-    moved = dataclasses.replace(lock, sources=tuple(
-        dataclasses.replace(s, commit="9" * 40) if s.name == "data" else s for s in lock.sources))
+    moved = dataclasses.replace(
+        lock, sources=tuple(dataclasses.replace(s, commit="9" * 40) if s.name == "data" else s for s in lock.sources)
+    )
     before, after = instructions(render(lock)), instructions(render(moved))
     changed = [i for i, (a, b) in enumerate(zip(before, after)) if a != b]
     assert len(before) == len(after)
@@ -145,13 +144,16 @@ def test_moving_one_branch_pin_changes_only_its_layer_and_what_follows() -> None
 
 
 def _cann_tree(root: Path, version: str) -> Path:
-    """The layout of tests/baseimage.py's CANN-like toolkit (kept in step by hand: no docker import here)."""
+    """The layout of tests/lib/baseimage.py's CANN-like toolkit (kept in step by hand: no docker import here)."""
     toolkit = root / "usr/local/Ascend/ascend-toolkit"
     version_dir = toolkit / version
     (version_dir / "x86_64-linux").mkdir(parents=True)
-    (version_dir / "version.cfg").write_text(f"runtime_running_version=[7.9.0.1.100:{version}]\n"
-                                             f"toolkit_running_version=[7.9.0.1.100:{version}]\n")
-    (version_dir / "x86_64-linux/ascend_toolkit_install.info").write_text(f"package_name=Ascend-cann-toolkit\nversion={version}\n")
+    (version_dir / "version.cfg").write_text(
+        f"runtime_running_version=[7.9.0.1.100:{version}]\ntoolkit_running_version=[7.9.0.1.100:{version}]\n"
+    )
+    (version_dir / "x86_64-linux/ascend_toolkit_install.info").write_text(
+        f"package_name=Ascend-cann-toolkit\nversion={version}\n"
+    )
     (toolkit / "latest").symlink_to(version)
     return toolkit
 
@@ -185,7 +187,7 @@ def test_platform_check_fails_the_build_on_another_cann(tmp_path: Path) -> None:
 
 
 def test_every_run_is_valid_shell() -> None:
-    runs = [line[len("RUN "):] for line in instructions(render()) if line.startswith("RUN ")]
+    runs = [line[len("RUN ") :] for line in instructions(render()) if line.startswith("RUN ")]
     assert len(runs) == 5  # platform check, packages, and three installed sources
     for run in runs:
         result = subprocess.run(["sh", "-n", "-c", run], capture_output=True, text=True, timeout=30)

@@ -8,7 +8,7 @@ import pytest
 
 from envbuild.errors import RemoteError
 from envbuild.index import IndexClient
-from tests.pyindex import PyIndex, dead_port_url, make_sdist, make_wheel, write_file_index
+from tests.lib.pyindex import PyIndex, dead_port_url, make_sdist, make_wheel, write_file_index
 
 
 @pytest.fixture()
@@ -62,12 +62,15 @@ def test_file_index(dists: Path, tmp_path: Path) -> None:
         IndexClient().project((tmp_path / "absent").as_uri(), "beta")
 
 
-@pytest.mark.parametrize(("body", "ctype", "why"), [
-    (b"{not json", "application/vnd.pypi.simple.v1+json", "malformed page for alpha: not JSON"),
-    (b'{"meta": {}, "name": "alpha"}', "application/vnd.pypi.simple.v1+json", "no 'files' list"),
-    (b'{"files": [{"filename": 3}]}', "application/vnd.pypi.simple.v1+json", r"files\[0\] lacks"),
-    (b"%PDF", "application/pdf", "unexpected content type 'application/pdf'"),
-])
+@pytest.mark.parametrize(
+    ("body", "ctype", "why"),
+    [
+        (b"{not json", "application/vnd.pypi.simple.v1+json", "malformed page for alpha: not JSON"),
+        (b'{"meta": {}, "name": "alpha"}', "application/vnd.pypi.simple.v1+json", "no 'files' list"),
+        (b'{"files": [{"filename": 3}]}', "application/vnd.pypi.simple.v1+json", r"files\[0\] lacks"),
+        (b"%PDF", "application/pdf", "unexpected content type 'application/pdf'"),
+    ],
+)
 def test_malformed_answer_is_a_clear_remote_error(dists: Path, body: bytes, ctype: str, why: str) -> None:
     with PyIndex(dists) as index:
         index.answer("alpha", body, content_type=ctype)

@@ -14,7 +14,7 @@ import pytest
 
 from envrun.cli_run import main_for_tests
 from envrun.rundir import read_status
-from tests.test_plan import FAKE_TRAINER, LOCK, Tiny, tiny_setup
+from tests.lib.tinyrun import FAKE_TRAINER, LOCK, Tiny, tiny_setup
 
 pytestmark = pytest.mark.docker
 
@@ -34,22 +34,33 @@ def _context(dockerfile: str) -> io.BytesIO:
 def trainer_image(docker_client: docker.DockerClient, base_image) -> str:  # noqa: ANN001
     lock_sha = hashlib.sha256(LOCK.read_bytes()).hexdigest()
     tag = f"envbuild-test/fake-trainer:{lock_sha[:12]}"
-    dockerfile = (f"FROM {base_image.tag}\nCOPY fake_trainer.py /opt/fake_trainer.py\n"
-                  f"LABEL io.envbuild.lock.sha256={lock_sha}\n")
-    docker_client.images.build(fileobj=_context(dockerfile), custom_context=True, tag=tag, rm=True,
-                               network_mode="none")
+    dockerfile = (
+        f"FROM {base_image.tag}\nCOPY fake_trainer.py /opt/fake_trainer.py\nLABEL io.envbuild.lock.sha256={lock_sha}\n"
+    )
+    docker_client.images.build(fileobj=_context(dockerfile), custom_context=True, tag=tag, rm=True, network_mode="none")
     yield tag
     docker_client.images.remove(tag, force=True)
 
 
 def docker_args(tiny: Tiny, image: str, *extra: str) -> list[str]:
     expect = tiny.model / "expect.json"  # the model directory is mounted at the same path
-    return tiny.args("--backend", "docker", "--image", image, "--entry-point", "python3 /opt/fake_trainer.py",
-                     "--env", f"FAKE_TRAINER_EXPECT={expect}", *extra, entry=False)
+    return tiny.args(
+        "--backend",
+        "docker",
+        "--image",
+        image,
+        "--entry-point",
+        "python3 /opt/fake_trainer.py",
+        "--env",
+        f"FAKE_TRAINER_EXPECT={expect}",
+        *extra,
+        entry=False,
+    )
 
 
-def test_docker_run_passes_argv_env_and_records_the_image(trainer_image: str, tmp_path: Path,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_docker_run_passes_argv_env_and_records_the_image(
+    trainer_image: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     tiny = tiny_setup(tmp_path)
     assert main_for_tests(docker_args(tiny, trainer_image, "--dry-run", "--json")) == 0
     plan = json.loads(capsys.readouterr().out)
@@ -67,8 +78,12 @@ def test_docker_run_passes_argv_env_and_records_the_image(trainer_image: str, tm
     assert recorded["image_digest"].startswith(image_id)
 
 
-def test_an_image_without_the_lock_label_is_refused(docker_client: docker.DockerClient, base_image, tmp_path: Path,  # noqa: ANN001
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_image_without_the_lock_label_is_refused(
+    docker_client: docker.DockerClient,
+    base_image,
+    tmp_path: Path,  # noqa: ANN001
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     tiny = tiny_setup(tmp_path)
     (tiny.model / "expect.json").write_text("{}")
     code = main_for_tests(docker_args(tiny, base_image.tag, "--run-dir", str(tmp_path / "run")))

@@ -1,4 +1,4 @@
-"""The local backend, end to end: the CLI runs tests/fake_trainer.py, which checks the plan's argv and env."""
+"""The local backend, end to end: the CLI runs tests/lib/fake_trainer.py, which checks the plan's argv and env."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from envrun.cli_run import main_for_tests
 from envrun.rundir import read_status
-from tests.test_plan import REPO, Tiny, dry_run_json, tiny_setup
+from tests.lib.tinyrun import REPO, Tiny, dry_run_json, tiny_setup
 
 
 def expect_file(tiny: Tiny, capsys: pytest.CaptureFixture[str], *extra: str) -> list[str]:
@@ -23,11 +23,6 @@ def expect_file(tiny: Tiny, capsys: pytest.CaptureFixture[str], *extra: str) -> 
     plan = dry_run_json(tiny, capsys, *env, *extra)
     path.write_text(json.dumps({"args": plan["argv"][2:], "env": plan["env"]}))
     return env
-
-
-@pytest.fixture()
-def tiny(tmp_path: Path) -> Tiny:
-    return tiny_setup(tmp_path)
 
 
 def test_local_run_passes_argv_and_env(tiny: Tiny, capsys: pytest.CaptureFixture[str]) -> None:
@@ -53,7 +48,10 @@ def test_ctrl_c_stops_the_job_and_records_interrupted(tiny: Tiny, capsys: pytest
     run_dir = tiny.tmp / "run"
     cli = subprocess.Popen(
         [sys.executable, "-m", "envrun.cli_run", *tiny.args(*env, "--run-dir", str(run_dir))],
-        cwd=REPO, env={**os.environ, "FAKE_TRAINER_SLEEP": "120"}, stdout=subprocess.PIPE, text=True,
+        cwd=REPO,
+        env={**os.environ, "FAKE_TRAINER_SLEEP": "120"},
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert cli.stdout is not None
@@ -76,9 +74,24 @@ def test_grpo_glm5_locally_with_the_fake_trainer(tmp_path: Path, capsys: pytest.
     tiny = tiny_setup(tmp_path)
     cache = tmp_path / "cache"
     expect = tmp_path / "expect.json"
-    args = ["grpo-glm5", "--model", str(tiny.model), "--data", str(tiny.data), "--cache-dir", str(cache), "-q",
-            "--nnodes", "1", "--npus-per-node", "1", "--entry-point", f"{sys.executable} {REPO}/tests/fake_trainer.py",
-            "--env", f"FAKE_TRAINER_EXPECT={expect}"]
+    args = [
+        "grpo-glm5",
+        "--model",
+        str(tiny.model),
+        "--data",
+        str(tiny.data),
+        "--cache-dir",
+        str(cache),
+        "-q",
+        "--nnodes",
+        "1",
+        "--npus-per-node",
+        "1",
+        "--entry-point",
+        f"{sys.executable} {REPO}/tests/lib/fake_trainer.py",
+        "--env",
+        f"FAKE_TRAINER_EXPECT={expect}",
+    ]
     assert main_for_tests([*args, "--dry-run", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     expect.write_text(json.dumps({"args": plan["argv"][2:], "env": plan["env"]}))
@@ -91,16 +104,23 @@ def test_grpo_glm5_locally_with_the_fake_trainer(tmp_path: Path, capsys: pytest.
     assert {"name": "npus", "status": "skip", "detail": "skipped by --skip-check"} in recorded["preflight"]
 
 
-@pytest.mark.parametrize("drop, ok", [((), True), (("lm_head.weight",), False)], ids=["only-mtp-missing", "lm_head-lost"])
-def test_exported_weights_are_audited_after_the_run(tiny: Tiny, capsys: pytest.CaptureFixture[str],
-                                                    drop: tuple[str, ...], ok: bool) -> None:
-    from tests.ckptgen import CheckpointSpec, write_checkpoint
+@pytest.mark.parametrize(
+    "drop, ok", [((), True), (("lm_head.weight",), False)], ids=["only-mtp-missing", "lm_head-lost"]
+)
+def test_exported_weights_are_audited_after_the_run(
+    tiny: Tiny, capsys: pytest.CaptureFixture[str], drop: tuple[str, ...], ok: bool
+) -> None:
+    from tests.lib.ckptgen import CheckpointSpec, write_checkpoint
 
     saved = tiny.tmp / "saved"  # what the lenient save wrote: never the MTP layers, maybe worse
     write_checkpoint(saved, CheckpointSpec(include_mtp=False), drop=drop)
     ckpts = tiny.tmp / "ckpts"
-    extra = ["-o", f"trainer.default_local_dir={ckpts}",
-             "--env", f"FAKE_TRAINER_EXPORT={saved}={ckpts}/global_step_1/actor/huggingface"]
+    extra = [
+        "-o",
+        f"trainer.default_local_dir={ckpts}",
+        "--env",
+        f"FAKE_TRAINER_EXPORT={saved}={ckpts}/global_step_1/actor/huggingface",
+    ]
     env = expect_file(tiny, capsys, *extra)
     run_dir = tiny.tmp / "run"
     code = main_for_tests(tiny.args(*env, *extra, "--run-dir", str(run_dir)))

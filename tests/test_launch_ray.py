@@ -14,7 +14,7 @@ import pytest
 
 from envrun.cli_run import main_for_tests
 from envrun.rundir import read_status
-from tests.test_plan import Tiny, dry_run_json, tiny_setup
+from tests.lib.tinyrun import Tiny, dry_run_json
 
 RAY = Path(sys.executable).parent / "ray"
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -44,10 +44,22 @@ def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     client = free_port(dashboard + 1)
     temp_dir = f"/tmp/ray-envrun-{gcs}"  # short: Ray's unix sockets live under it
     start = subprocess.run(
-        [str(RAY), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs}", "--dashboard-host=127.0.0.1",
-         f"--dashboard-port={dashboard}", f"--ray-client-server-port={client}", "--num-cpus=2",
-         f"--temp-dir={temp_dir}", "--disable-usage-stats"],
-        capture_output=True, text=True, timeout=180,
+        [
+            str(RAY),
+            "start",
+            "--head",
+            "--node-ip-address=127.0.0.1",
+            f"--port={gcs}",
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={dashboard}",
+            f"--ray-client-server-port={client}",
+            "--num-cpus=2",
+            f"--temp-dir={temp_dir}",
+            "--disable-usage-stats",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     try:
         assert start.returncode == 0, start.stderr[-2000:]
@@ -76,11 +88,6 @@ def _wait_for_job_api(address: str) -> None:
             time.sleep(1)
 
 
-@pytest.fixture()
-def tiny(tmp_path: Path) -> Tiny:
-    return tiny_setup(tmp_path)
-
-
 def test_job_runs_on_ray_and_streams_logs(ray_head: str, tiny: Tiny, capsys: pytest.CaptureFixture[str]) -> None:
     expect = tiny.tmp / "expect.json"
     extra = ["--backend", "ray", "--ray-address", ray_head, "--env", f"FAKE_TRAINER_EXPECT={expect}"]
@@ -100,30 +107,54 @@ def test_failed_ray_job_is_recorded(ray_head: str, tiny: Tiny, capsys: pytest.Ca
     expect = tiny.tmp / "expect.json"
     expect.write_text(json.dumps({"args": ["not", "these"], "env": {}}))
     run_dir = tiny.tmp / "run"
-    code = main_for_tests(tiny.args("--backend", "ray", "--ray-address", ray_head,
-                                    "--env", f"FAKE_TRAINER_EXPECT={expect}", "--run-dir", str(run_dir)))
+    code = main_for_tests(
+        tiny.args(
+            "--backend",
+            "ray",
+            "--ray-address",
+            ray_head,
+            "--env",
+            f"FAKE_TRAINER_EXPECT={expect}",
+            "--run-dir",
+            str(run_dir),
+        )
+    )
     assert code == 1
     assert read_status(run_dir)["status"] == "failed"
     assert "expected 'not'" in (run_dir / "output.log").read_text()
 
 
-def test_ctrl_c_stops_the_ray_job_and_records_interrupted(ray_head: str, tiny: Tiny,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_ctrl_c_stops_the_ray_job_and_records_interrupted(
+    ray_head: str, tiny: Tiny, capsys: pytest.CaptureFixture[str]
+) -> None:
     import os
     import signal
 
     from ray.job_submission import JobSubmissionClient
 
-    from tests.test_plan import REPO
+    from tests.lib.tinyrun import REPO
 
     expect = tiny.tmp / "expect.json"
-    extra = ["--backend", "ray", "--ray-address", ray_head, "--env", f"FAKE_TRAINER_EXPECT={expect}",
-             "--env", "FAKE_TRAINER_SLEEP=300"]
+    extra = [
+        "--backend",
+        "ray",
+        "--ray-address",
+        ray_head,
+        "--env",
+        f"FAKE_TRAINER_EXPECT={expect}",
+        "--env",
+        "FAKE_TRAINER_SLEEP=300",
+    ]
     plan = dry_run_json(tiny, capsys, *extra)
     expect.write_text(json.dumps({"args": plan["argv"][2:], "env": plan["env"]}))
     run_dir = tiny.tmp / "run"
-    cli = subprocess.Popen([sys.executable, "-m", "envrun.cli_run", *tiny.args(*extra, "--run-dir", str(run_dir))],
-                           cwd=REPO, env=os.environ.copy(), stdout=subprocess.PIPE, text=True)
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "envrun.cli_run", *tiny.args(*extra, "--run-dir", str(run_dir))],
+        cwd=REPO,
+        env=os.environ.copy(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert cli.stdout is not None
         for line in cli.stdout:  # the job's own output, streamed back: it is really running
@@ -136,6 +167,7 @@ def test_ctrl_c_stops_the_ray_job_and_records_interrupted(ray_head: str, tiny: T
     assert cli.returncode == 130
     status = read_status(run_dir)
     assert status["status"] == "interrupted" and "stopped on Ctrl-C" in status.get("detail", "")
-    job_id = next(line.split()[4] for line in (run_dir / "output.log").read_text().splitlines()
-                  if "submitted Ray job" in line)
+    job_id = next(
+        line.split()[4] for line in (run_dir / "output.log").read_text().splitlines() if "submitted Ray job" in line
+    )
     assert JobSubmissionClient(ray_head).get_job_status(job_id).value == "STOPPED"

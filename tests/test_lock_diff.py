@@ -13,12 +13,17 @@ NEW = "ba7b5ebce12af60627a80985792a1449ce45f46c"
 
 def lock(**changes: object) -> Lock:
     base = Lock(
-        version=1, name="t",
-        sources=(Source(name="megatron-lm", repo="https://example.org/m.git", ref="core_r0.18.0",
-                        ref_type="branch", commit=OLD),
-                 Source(name="vllm", repo="https://example.org/v.git", ref="main", ref_type="branch", commit=NEW)),
-        packages=(Package(name="six", version="1.16.0",
-                          files=(PackageFile("six-1.16.0-py2.py3-none-any.whl", "a" * 64),)),),
+        version=1,
+        name="t",
+        sources=(
+            Source(
+                name="megatron-lm", repo="https://example.org/m.git", ref="core_r0.18.0", ref_type="branch", commit=OLD
+            ),
+            Source(name="vllm", repo="https://example.org/v.git", ref="main", ref_type="branch", commit=NEW),
+        ),
+        packages=(
+            Package(name="six", version="1.16.0", files=(PackageFile("six-1.16.0-py2.py3-none-any.whl", "a" * 64),)),
+        ),
     )
     return dataclasses.replace(base, **changes)
 
@@ -30,8 +35,9 @@ def test_identical_locks_have_no_changes() -> None:
 
 def test_moved_pin_reports_ref_type_commit_and_count() -> None:
     old = lock()
-    new = lock(sources=(dataclasses.replace(old.sources[0], ref="core_v0.18.0", ref_type="tag", commit=NEW),
-                        old.sources[1]))
+    new = lock(
+        sources=(dataclasses.replace(old.sources[0], ref="core_v0.18.0", ref_type="tag", commit=NEW), old.sources[1])
+    )
     calls = []
     changes = diff_locks(old, new, lambda a, b: calls.append((a.commit, b.commit)) or 12)
     assert calls == [(OLD, NEW)]
@@ -46,13 +52,18 @@ def test_moved_pin_reports_ref_type_commit_and_count() -> None:
 
 def test_added_removed_sources_and_packages() -> None:
     old = lock()
-    new = lock(sources=old.sources[:1] + (Source(name="mindspeed", repo="https://example.org/ms.git", ref="master",
-                                                  ref_type="branch", commit=OLD),),
-               packages=(Package(name="Six", version="1.17.0"),
-                         Package(name="packaging", version="24.0")))
+    new = lock(
+        sources=old.sources[:1]
+        + (Source(name="mindspeed", repo="https://example.org/ms.git", ref="master", ref_type="branch", commit=OLD),),
+        packages=(Package(name="Six", version="1.17.0"), Package(name="packaging", version="24.0")),
+    )
     changes = {(c.kind, c.name, c.action) for c in diff_locks(old, new)}
-    assert changes == {("source", "mindspeed", "added"), ("source", "vllm", "removed"),
-                       ("package", "Six", "changed"), ("package", "packaging", "added")}
+    assert changes == {
+        ("source", "mindspeed", "added"),
+        ("source", "vllm", "removed"),
+        ("package", "Six", "changed"),
+        ("package", "packaging", "added"),
+    }
     text = render_changes(diff_locks(old, new))
     assert "+ package packaging 24.0" in text and "version: 1.16.0 -> 1.17.0" in text
 

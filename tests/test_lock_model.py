@@ -98,25 +98,34 @@ def test_every_problem_is_reported_at_once_with_line_and_field() -> None:
         assert line.startswith(prefix) and words in line, line
 
 
-@pytest.mark.parametrize("url, words", [
-    ("http://example.org/x.git", "scheme"),
-    ("-oProxyCommand=evil", "option"),
-    ("ext::ssh evil", "remote helper"),
-    ("fd::3", "remote helper"),
-    ("https://user:secret@example.org/x.git", "password"),
-    ("https:///nohost.git", "no host"),
-    ("/srv/git/local.git", "scheme"),
-    ("https://example.org/a b.git", "whitespace"),
-])
+@pytest.mark.parametrize(
+    "url, words",
+    [
+        ("http://example.org/x.git", "scheme"),
+        ("-oProxyCommand=evil", "option"),
+        ("ext::ssh evil", "remote helper"),
+        ("fd::3", "remote helper"),
+        ("https://user:secret@example.org/x.git", "password"),
+        ("https:///nohost.git", "no host"),
+        ("/srv/git/local.git", "scheme"),
+        ("https://example.org/a b.git", "whitespace"),
+    ],
+)
 def test_hostile_repository_urls_are_refused(url: str, words: str) -> None:
     found = problems(MINIMAL.replace("https://example.org/lib.git", json.dumps(url)))
     assert len(found) == 1 and "sources[0].repo" in found[0] and words in found[0], found
 
 
-@pytest.mark.parametrize("url", [
-    "https://github.com/NVIDIA/Megatron-LM.git", "ssh://git@example.org/x.git", "git@example.org:org/x.git",
-    "git://127.0.0.1:9418/x.git", "file:///srv/git/x.git",
-])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://github.com/NVIDIA/Megatron-LM.git",
+        "ssh://git@example.org/x.git",
+        "git@example.org:org/x.git",
+        "git://127.0.0.1:9418/x.git",
+        "file:///srv/git/x.git",
+    ],
+)
 def test_allowed_repository_urls(url: str) -> None:
     assert parse_lock(MINIMAL.replace("https://example.org/lib.git", url)).sources[0].repo == url
 
@@ -132,9 +141,9 @@ def test_duplicates_and_mismatched_package_files() -> None:
           - name: Six
             version: "1.16.0"
             files:
-              - {{filename: six-1.16.0-py2.py3-none-any.whl, sha256: "{'a' * 64}"}}
-              - {{filename: six-1.16.0-py2.py3-none-any.whl, sha256: "{'a' * 64}"}}
-              - {{filename: numpy-1.0-py3-none-any.whl, sha256: "{'b' * 64}"}}
+              - {{filename: six-1.16.0-py2.py3-none-any.whl, sha256: "{"a" * 64}"}}
+              - {{filename: six-1.16.0-py2.py3-none-any.whl, sha256: "{"a" * 64}"}}
+              - {{filename: numpy-1.0-py3-none-any.whl, sha256: "{"b" * 64}"}}
           - name: six
             version: "1.16.0"
         """)
@@ -151,15 +160,18 @@ def test_versions_missing_and_unsupported_have_their_own_errors() -> None:
     assert "unsupported lockfile version 2" in found and "upgrade envbuild" in found
 
 
-@pytest.mark.parametrize("text, words", [
-    ("", "empty file"),
-    ("version: 1\nname: [unclosed\n", "not valid YAML"),
-    ("- just\n- a list\n", "expected a mapping"),
-    ("version: 1\nversion: 1\nname: x\nsources: []\n", "duplicate key"),
-    ("version: 1\nname: x\n", "sources: required key is missing"),
-    ("version: 1\nname: x\nsources: {}\n", "expected a list"),
-    ("version: 1\nname: x\nsources: []\nplatform: {os: linux, arch: aarch64, python: 3.12}\n", "quote it"),
-])
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("", "empty file"),
+        ("version: 1\nname: [unclosed\n", "not valid YAML"),
+        ("- just\n- a list\n", "expected a mapping"),
+        ("version: 1\nversion: 1\nname: x\nsources: []\n", "duplicate key"),
+        ("version: 1\nname: x\n", "sources: required key is missing"),
+        ("version: 1\nname: x\nsources: {}\n", "expected a list"),
+        ("version: 1\nname: x\nsources: []\nplatform: {os: linux, arch: aarch64, python: 3.12}\n", "quote it"),
+    ],
+)
 def test_malformed_documents(text: str, words: str) -> None:
     found = problems(text)
     assert any(words in p for p in found), found
@@ -181,8 +193,11 @@ def test_schema_agrees_with_the_validator_on_samples() -> None:
     validator = jsonschema.Draft202012Validator(schema)
     real = yaml.safe_load(REAL_LOCK.read_text())
     assert not list(validator.iter_errors(real))
-    for bad in ({**real, "colour": 1}, {**real, "sources": [{**real["sources"][0], "commit": "ba7b5eb"}]},
-                {**real, "sources": [{**real["sources"][0], "ref_type": "sha"}]}):
+    for bad in (
+        {**real, "colour": 1},
+        {**real, "sources": [{**real["sources"][0], "commit": "ba7b5eb"}]},
+        {**real, "sources": [{**real["sources"][0], "ref_type": "sha"}]},
+    ):
         assert list(validator.iter_errors(bad)), bad
         with pytest.raises(LockfileError):
             parse_lock(yaml.safe_dump(bad))

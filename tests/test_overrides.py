@@ -13,10 +13,15 @@ from envrun.cli_run import main_for_tests
 from envrun.overrides import OverrideError, merge_overrides, validate_overrides
 from envrun.recipe import load_recipe, recipe_path
 from envrun.verlconfig import VerlWheel, verl_config_dir, verl_wheel_from_lock
-from tests.test_plan import LOCK, tiny_setup
+from tests.lib.tinyrun import LOCK, tiny_setup
 
-VERL_091 = VerlWheel("verl", "0.9.1", "verl-0.9.1-py3-none-any.whl",
-                     "db6e6f2a8d9d5808d9ec32d357a42319fdc6967df688ff9d9810050f49bfdd14", "https://pypi.org/simple")
+VERL_091 = VerlWheel(
+    "verl",
+    "0.9.1",
+    "verl-0.9.1-py3-none-any.whl",
+    "db6e6f2a8d9d5808d9ec32d357a42319fdc6967df688ff9d9810050f49bfdd14",
+    "https://pypi.org/simple",
+)
 
 
 def test_merge_last_wins_in_place() -> None:
@@ -48,8 +53,16 @@ def test_verl_091_accepts_every_recipe_override(verl_config: Path) -> None:
     assert (verl_config / "ppo_megatron_trainer.yaml").is_file()
     assert not list(verl_config.parent.parent.parent.glob("verl/*.py"))  # only the config tree is kept
     recipe = load_recipe(recipe_path("grpo-glm5"))
-    validate_overrides([*recipe.overrides(), "actor_rollout_ref.model.path=/m", "data.train_files=/d.parquet",
-                        "data.val_files=/d.parquet"], verl_config, recipe.config_name)
+    validate_overrides(
+        [
+            *recipe.overrides(),
+            "actor_rollout_ref.model.path=/m",
+            "data.train_files=/d.parquet",
+            "data.val_files=/d.parquet",
+        ],
+        verl_config,
+        recipe.config_name,
+    )
 
 
 @pytest.mark.network
@@ -61,7 +74,10 @@ def test_cached_config_is_reused_offline(verl_config: Path, verl_cache: Path) ->
 @pytest.mark.parametrize(
     ("override", "expected"),
     [
-        ("actor_rollout_ref.actor.optim.lrr=1e-5", "unknown key actor_rollout_ref.actor.optim.lrr in the verl config; did you mean actor_rollout_ref.actor.optim.lr?"),
+        (
+            "actor_rollout_ref.actor.optim.lrr=1e-5",
+            "unknown key actor_rollout_ref.actor.optim.lrr in the verl config; did you mean actor_rollout_ref.actor.optim.lr?",
+        ),
         ("trainer.nnode=2", "did you mean trainer.nnodes?"),
         ("+trainer.nnodes=2", "trainer.nnodes already exists"),
         ("trainer.total_epochs=many", "expects a number"),
@@ -78,14 +94,20 @@ def test_bad_override_is_named(verl_config: Path, override: str, expected: str) 
 
 @pytest.mark.network
 def test_grpo_glm5_dry_run_and_unknown_override_through_the_cli(
-        verl_cache: Path, verl_config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    verl_cache: Path, verl_config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     tiny = tiny_setup(tmp_path)
     args = ["grpo-glm5", "--model", str(tiny.model), "--data", str(tiny.data), "--cache-dir", str(verl_cache), "-q"]
     assert main_for_tests([*args, "--dry-run", "--json", "--nnodes", "2"]) == 0
     plan = json.loads(capsys.readouterr().out)
-    assert plan["argv"][:6] == ["python3", "-m", "verl.trainer.main_ppo", "--config-name=ppo_megatron_trainer",
-                                "++ray_kwargs.ray_init.runtime_env.env_vars.VERL_VLLM_ASCEND_GLM52_PATCH='1'",
-                                "data.train_batch_size=64"]
+    assert plan["argv"][:6] == [
+        "python3",
+        "-m",
+        "verl.trainer.main_ppo",
+        "--config-name=ppo_megatron_trainer",
+        "++ray_kwargs.ray_init.runtime_env.env_vars.VERL_VLLM_ASCEND_GLM52_PATCH='1'",
+        "data.train_batch_size=64",
+    ]
     assert "trainer.nnodes=2" in plan["argv"] and "trainer.nnodes=32" not in plan["argv"]
     assert "actor_rollout_ref.actor.checkpoint.strict=False" in plan["argv"]
     assert plan["env"] == {"VERL_VLLM_ASCEND_GLM52_PATCH": "1"}

@@ -11,7 +11,7 @@ from envbuild.index import IndexClient
 from envbuild.lock import Lock, Package, PackageFile, parse_lock
 from envbuild.packages import package_file_urls, verify_packages
 from envbuild.results import PACKAGE_STATUSES
-from tests.pyindex import PyIndex, dead_port_url, make_sdist, make_wheel
+from tests.lib.pyindex import PyIndex, dead_port_url, make_sdist, make_wheel
 
 WHEEL = "alpha-1.0-py3-none-any.whl"
 SDIST = "alpha-1.0.tar.gz"
@@ -28,8 +28,9 @@ def dists(tmp_path: Path) -> Path:
 
 
 def locked(index: PyIndex, name: str, version: str, *filenames: str, own_index: str | None = None) -> Package:
-    return Package(name=name, version=version, index=own_index,
-                   files=tuple(PackageFile(f, index.sha256(f)) for f in filenames))
+    return Package(
+        name=name, version=version, index=own_index, files=tuple(PackageFile(f, index.sha256(f)) for f in filenames)
+    )
 
 
 def lock_of(*packages: Package, index: str | None = None) -> Lock:
@@ -38,8 +39,11 @@ def lock_of(*packages: Package, index: str | None = None) -> Lock:
 
 def test_ok_and_lock_order(dists: Path) -> None:
     with PyIndex(dists) as index:
-        lock = lock_of(locked(index, "beta", "2.0", "beta-2.0-py3-none-any.whl"),
-                       locked(index, "alpha", "1.0", WHEEL, SDIST), index=index.url)
+        lock = lock_of(
+            locked(index, "beta", "2.0", "beta-2.0-py3-none-any.whl"),
+            locked(index, "alpha", "1.0", WHEEL, SDIST),
+            index=index.url,
+        )
         seen: list[str] = []
         results = verify_packages(lock, progress=seen.append)
     assert [(r.kind, r.name, r.status) for r in results] == [("package", "beta", "ok"), ("package", "alpha", "ok")]
@@ -95,8 +99,10 @@ def test_unresolved_when_no_files_recorded(dists: Path) -> None:
 
 def test_unreachable_index_is_named_plainly() -> None:
     dead = dead_port_url()
-    lock = lock_of(Package(name="triton-ascend", version="3.2.2", index=dead),
-                   Package(name="alpha", version="1.0", files=(PackageFile(WHEEL, "0" * 64),), index=dead))
+    lock = lock_of(
+        Package(name="triton-ascend", version="3.2.2", index=dead),
+        Package(name="alpha", version="1.0", files=(PackageFile(WHEEL, "0" * 64),), index=dead),
+    )
     results = verify_packages(lock)
     assert [r.status for r in results] == ["unreachable", "unreachable"]
     assert results[0].detail == f"index {dead} out of reach: connection refused (while fetching triton-ascend)"
@@ -108,9 +114,11 @@ def test_per_package_index_overrides_lock_index(dists: Path, tmp_path: Path) -> 
     other.mkdir()
     make_wheel(other, "special", "3.2.2", tag="cp312-cp312-manylinux_2_28_aarch64")
     with PyIndex(dists) as main, PyIndex(other) as own:
-        lock = lock_of(locked(main, "alpha", "1.0", WHEEL),
-                       locked(own, "special", "3.2.2", "special-3.2.2-cp312-cp312-manylinux_2_28_aarch64.whl",
-                              own_index=own.url), index=main.url)
+        lock = lock_of(
+            locked(main, "alpha", "1.0", WHEEL),
+            locked(own, "special", "3.2.2", "special-3.2.2-cp312-cp312-manylinux_2_28_aarch64.whl", own_index=own.url),
+            index=main.url,
+        )
         results = verify_packages(lock)
     assert [r.status for r in results] == ["ok", "ok"]
     assert main.requests == ["/simple/alpha/"] and own.requests == ["/simple/special/"]
@@ -130,8 +138,11 @@ def test_every_status_is_documented() -> None:
 
 def test_one_request_per_package_in_parallel(dists: Path) -> None:
     with PyIndex(dists) as index:
-        lock = lock_of(locked(index, "alpha", "1.0", WHEEL), locked(index, "beta", "2.0", "beta-2.0-py3-none-any.whl"),
-                       index=index.url)
+        lock = lock_of(
+            locked(index, "alpha", "1.0", WHEEL),
+            locked(index, "beta", "2.0", "beta-2.0-py3-none-any.whl"),
+            index=index.url,
+        )
         client = IndexClient()
         verify_packages(lock, client=client)
         urls = package_file_urls(lock, client=client)  # served from the same run's cache

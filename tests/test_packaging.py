@@ -15,8 +15,12 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.mark.network  # the build backend (setuptools) comes from PyPI in pip's isolated build
 @pytest.mark.slow
 def test_the_wheel_carries_its_data_files(tmp_path: Path) -> None:
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(REPO)],
-                   check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(REPO)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     (wheel,) = tmp_path.glob("envbuild-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for template in (REPO / "images").glob("*.in"):

@@ -6,9 +6,6 @@ so they need no network; the grpo-glm5 recipe against verl's real config is in t
 
 from __future__ import annotations
 
-import json
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -16,92 +13,21 @@ import pytest
 from envrun.cli_run import main_for_tests
 from envrun.plan import RunParameters, build_plan, hydra_string
 from envrun.recipe import load_recipe, recipe_path
-from tests.ckptgen import CheckpointSpec, write_checkpoint
-
-REPO = Path(__file__).resolve().parents[1]
-LOCK = REPO / "lockfiles" / "glm5_2-ascend.lock.yaml"
-FAKE_TRAINER = REPO / "tests" / "fake_trainer.py"
-
-TINY_CONFIG = """\
-trainer: {nnodes: 1, n_gpus_per_node: 1, total_epochs: 1, logger: [console], default_local_dir: null}
-model: {path: null}
-data: {train_files: null, val_files: null, batch: 8}
-ckpt: {strict: true}
-ray_kwargs: {ray_init: {runtime_env: {env_vars: {}}}}
-"""
-
-TINY_RECIPE = """\
-recipe: 1
-name: tiny
-entry_point: [python3, -m, tiny.main]
-config_name: tiny
-runtime_env: {TINY_PATCH: '1'}
-parameters: {model: model.path, train_files: data.train_files, val_files: data.val_files,
-             nnodes: trainer.nnodes, npus_per_node: trainer.n_gpus_per_node}
-lenient_checkpoint:
-  override: ckpt.strict=False
-  reason: MTP layers are not exported
-  guard: checkpoint-audit
-override_groups:
-- group: data
-  overrides: [data.batch=4, +data.extra.deep=x y]
-- group: trainer
-  overrides: ['trainer.logger=["console"]', trainer.total_epochs=2]
-"""
-
-
-@dataclass(frozen=True)
-class Tiny:
-    recipe: Path
-    config: Path
-    model: Path
-    data: Path
-    tmp: Path
-
-    def args(self, *extra: str, entry: bool = True) -> list[str]:
-        args = ["run", str(self.recipe), "--lock", str(LOCK), "--verl-config", str(self.config),
-                "--model", str(self.model), "--data", str(self.data), "-q",
-                "--skip-check", "npus"]  # no NPU on a test host; the record says it was skipped
-        if entry:
-            args += ["--entry-point", f"{sys.executable} {FAKE_TRAINER}"]
-        return args + list(extra)
-
-
-def write_parquet_like(path: Path) -> Path:
-    """Bytes with parquet's magic at both ends: all the preflight reads (pyarrow is not a dependency)."""
-    path.write_bytes(b"PAR1" + b"\0" * 32 + b"PAR1")
-    return path
-
-
-def tiny_setup(tmp: Path) -> Tiny:
-    config = tmp / "conf"
-    config.mkdir()
-    (config / "tiny.yaml").write_text(TINY_CONFIG)
-    recipe = tmp / "tiny.yaml"
-    recipe.write_text(TINY_RECIPE)
-    model = tmp / "model"
-    write_checkpoint(model, CheckpointSpec(include_mtp=False))
-    return Tiny(recipe, config, model, write_parquet_like(tmp / "train.parquet"), tmp)
-
-
-@pytest.fixture()
-def tiny(tmp_path: Path) -> Tiny:
-    return tiny_setup(tmp_path)
-
-
-def dry_run_json(tiny: Tiny, capsys: pytest.CaptureFixture[str], *extra: str) -> dict:
-    assert main_for_tests(tiny.args("--dry-run", "--json", *extra)) == 0
-    return json.loads(capsys.readouterr().out)
+from tests.lib.ckptgen import CheckpointSpec, write_checkpoint
+from tests.lib.tinyrun import LOCK, Tiny, dry_run_json, tiny_setup
 
 
 def test_dry_run_json_is_the_full_command(tiny: Tiny, capsys: pytest.CaptureFixture[str]) -> None:
     plan = dry_run_json(tiny, capsys, "--entry-point", "python3 -m tiny.main", "--nnodes", "2", "-o", "data.batch=16")
     assert list(plan)[:4] == ["argv", "env", "backend", "preflight"]
     assert plan["argv"] == [
-        "python3", "-m", "tiny.main", "--config-name=tiny",
+        "python3",
+        "-m",
+        "tiny.main",
+        "--config-name=tiny",
         "++ray_kwargs.ray_init.runtime_env.env_vars.TINY_PATCH='1'",
-        "data.batch=16",                      # the user's -o replaced the recipe's, in its place
-        "+data.extra.deep=x y",               # as Hydra receives it: no shell quoting
+        "data.batch=16",  # the user's -o replaced the recipe's, in its place
+        "+data.extra.deep=x y",  # as Hydra receives it: no shell quoting
         'trainer.logger=["console"]',
         "trainer.total_epochs=2",
         "ckpt.strict=False",
@@ -113,7 +39,11 @@ def test_dry_run_json_is_the_full_command(tiny: Tiny, capsys: pytest.CaptureFixt
     assert plan["env"] == {"TINY_PATCH": "1"}
     assert plan["backend"] == "local"
     assert {c["name"]: c["status"] for c in plan["preflight"]} == {
-        "image-lock-label": "skip", "npus": "skip", "model": "ok", "data": "ok"}
+        "image-lock-label": "skip",
+        "npus": "skip",
+        "model": "ok",
+        "data": "ok",
+    }
     assert plan["lock"]["sha256"] == __import__("hashlib").sha256(LOCK.read_bytes()).hexdigest()
 
 

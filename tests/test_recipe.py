@@ -33,7 +33,15 @@ def test_shipped_recipe_holds_the_whole_job() -> None:
     overrides = recipe.overrides()
     assert recipe.entry_point == ("python3", "-m", "verl.trainer.main_ppo")
     assert recipe.config_name == "ppo_megatron_trainer"
-    assert [g.group for g in recipe.override_groups] == ["data", "model", "actor", "ref", "rollout", "algorithm", "trainer"]
+    assert [g.group for g in recipe.override_groups] == [
+        "data",
+        "model",
+        "actor",
+        "ref",
+        "rollout",
+        "algorithm",
+        "trainer",
+    ]
     assert overrides[0] == "++ray_kwargs.ray_init.runtime_env.env_vars.VERL_VLLM_ASCEND_GLM52_PATCH='1'"
     assert recipe.runtime_env == {"VERL_VLLM_ASCEND_GLM52_PATCH": "1"}
     for sample in UPSTREAM_SAMPLES:

@@ -17,7 +17,7 @@ from envbuild.resolve import (
     select_files,
     uv_platform,
 )
-from tests.pyindex import PyIndex, make_sdist, make_wheel
+from tests.lib.pyindex import PyIndex, make_sdist, make_wheel
 
 ARM = Platform(os="linux", arch="aarch64", python="3.12")
 X86 = Platform(os="linux", arch="x86_64", python="3.12")
@@ -30,7 +30,7 @@ def files(*names: str) -> list[IndexFile]:
 NUMPYISH = files(
     "np-2.0-cp312-cp312-manylinux_2_17_aarch64.manylinux2014_aarch64.whl",
     "np-2.0-cp312-cp312-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",
-    "np-2.0-cp312-cp312-manylinux_2_34_aarch64.whl",      # needs a newer glibc than the lock promises
+    "np-2.0-cp312-cp312-manylinux_2_34_aarch64.whl",  # needs a newer glibc than the lock promises
     "np-2.0-cp312-cp312-musllinux_1_2_aarch64.whl",
     "np-2.0-cp311-cp311-manylinux_2_28_aarch64.whl",
     "np-2.0-cp39-abi3-manylinux_2_28_aarch64.whl",
@@ -95,8 +95,9 @@ def index_dir(tmp_path: Path) -> Path:
     return root
 
 
-def test_resolves_closure_with_uv_against_local_index(index_dir: Path, tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_resolves_closure_with_uv_against_local_index(
+    index_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
     dead = socket.socket()
     dead.bind(("127.0.0.1", 0))
@@ -104,17 +105,29 @@ def test_resolves_closure_with_uv_against_local_index(index_dir: Path, tmp_path:
     dead.close()
     with PyIndex(index_dir) as index:
         kept = Package(name="special", version="3.2.2", index=dead_url)
-        lock = Lock(version=1, name="r", sources=(), platform=ARM, index=index.url,
-                    requirements=("app==1.0", "special==3.2.2"), packages=(kept,))
+        lock = Lock(
+            version=1,
+            name="r",
+            sources=(),
+            platform=ARM,
+            index=index.url,
+            requirements=("app==1.0", "special==3.2.2"),
+            packages=(kept,),
+        )
         said: list[str] = []
         packages = resolve_packages(lock, progress=said.append)
         sha = index.sha256
     by_name = {p.name: p for p in packages}
     assert list(by_name) == ["app", "native", "pure", "special"]
-    assert by_name["native"].files == (PackageFile("native-1.1-cp312-cp312-manylinux_2_28_aarch64.whl",
-                                                   sha("native-1.1-cp312-cp312-manylinux_2_28_aarch64.whl")),)
-    assert by_name["pure"] == Package(name="pure", version="0.5",
-                                      files=(PackageFile("pure-0.5-py3-none-any.whl", sha("pure-0.5-py3-none-any.whl")),))
+    assert by_name["native"].files == (
+        PackageFile(
+            "native-1.1-cp312-cp312-manylinux_2_28_aarch64.whl",
+            sha("native-1.1-cp312-cp312-manylinux_2_28_aarch64.whl"),
+        ),
+    )
+    assert by_name["pure"] == Package(
+        name="pure", version="0.5", files=(PackageFile("pure-0.5-py3-none-any.whl", sha("pure-0.5-py3-none-any.whl")),)
+    )
     assert by_name["special"] is kept
     assert any(f"keeping special 3.2.2 as locked: index {dead_url} out of reach: connection refused" in m for m in said)
 
@@ -125,15 +138,21 @@ def test_own_index_package_is_relisted_when_reachable(index_dir: Path, tmp_path:
     make_wheel(own, "special", "3.2.2", tag="cp312-cp312-manylinux_2_28_aarch64")
     make_wheel(own, "special", "3.2.2", tag="cp312-cp312-manylinux_2_28_x86_64")
     with PyIndex(own) as index:
-        lock = Lock(version=1, name="r", sources=(), platform=ARM,
-                    packages=(Package(name="special", version="3.2.2", index=index.url),))
+        lock = Lock(
+            version=1,
+            name="r",
+            sources=(),
+            platform=ARM,
+            packages=(Package(name="special", version="3.2.2", index=index.url),),
+        )
         [special] = resolve_packages(lock)
     assert special.index == index.url
     assert [f.filename for f in special.files] == ["special-3.2.2-cp312-cp312-manylinux_2_28_aarch64.whl"]
 
 
-def test_unsatisfiable_requirements_carry_uvs_reason(index_dir: Path, tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unsatisfiable_requirements_carry_uvs_reason(
+    index_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
     with PyIndex(index_dir) as index:
         lock = Lock(version=1, name="r", sources=(), platform=ARM, index=index.url, requirements=("pure==9",))

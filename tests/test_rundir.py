@@ -18,7 +18,8 @@ def a_plan(tmp_path: Path):
     recipe = load_recipe(recipe_path("grpo-glm5"))
     params = RunParameters(model=tmp_path / "m", train_files=(tmp_path / "d.parquet",), overrides=("trainer.nnodes=2",))
     return build_plan(recipe, params, "lock.yaml", b"lock bytes").with_preflight(
-        (CheckResult("data", "ok", "1 parquet file(s)"),))
+        (CheckResult("data", "ok", "1 parquet file(s)"),)
+    )
 
 
 def test_run_dir_records_everything(tmp_path: Path) -> None:
@@ -36,8 +37,14 @@ def test_run_dir_records_everything(tmp_path: Path) -> None:
     assert document["env"] == {"VERL_VLLM_ASCEND_GLM52_PATCH": "1"}
     assert document["lock"] == {"file": "lock.yaml", "sha256": plan.lock_sha256}
     assert document["image_digest"] == "sha256:" + "a" * 64
-    assert (tmp_path / "run" / "command.txt").read_text().startswith("python3 -m verl.trainer.main_ppo --config-name=ppo_megatron_trainer ")
-    assert json.loads((tmp_path / "run" / "preflight.json").read_text()) == [{"name": "data", "status": "ok", "detail": "1 parquet file(s)"}]
+    assert (
+        (tmp_path / "run" / "command.txt")
+        .read_text()
+        .startswith("python3 -m verl.trainer.main_ppo --config-name=ppo_megatron_trainer ")
+    )
+    assert json.loads((tmp_path / "run" / "preflight.json").read_text()) == [
+        {"name": "data", "status": "ok", "detail": "1 parquet file(s)"}
+    ]
     assert (tmp_path / "run" / "output.log").read_text() == echo.getvalue() == "line 1\nline 2\n"
     assert read_status(tmp_path / "run") == {"status": "succeeded", "exit_code": 0}
 

@@ -8,8 +8,8 @@ import docker
 import pytest
 import requests
 
-from tests.baseimage import BaseImage
-from tests.services import PUSHED_REPOSITORY, PushedImage
+from tests.lib.baseimage import BaseImage
+from tests.lib.services import PUSHED_REPOSITORY, PushedImage
 
 MANIFEST_V2 = "application/vnd.docker.distribution.manifest.v2+json"
 
@@ -33,8 +33,7 @@ def test_base_image_runs_python_and_has_cann(docker_client: docker.DockerClient,
     assert f"home={base_image.cann_home}/latest" in lines
     assert f"latest={base_image.cann_version}" in lines
     assert any(
-        line.startswith("toolkit_running_version=[") and line.endswith(f":{base_image.cann_version}]")
-        for line in lines
+        line.startswith("toolkit_running_version=[") and line.endswith(f":{base_image.cann_version}]") for line in lines
     ), output
     assert f"version={base_image.cann_version}" in lines
     # --network none: the container has loopback only.
@@ -78,9 +77,7 @@ def test_pushed_base_image_manifest_digest_read_back_over_http(
 
 @pytest.mark.docker
 @pytest.mark.registry
-def test_engine_pulls_base_image_by_digest(
-    docker_client: docker.DockerClient, pushed_base_image: PushedImage
-) -> None:
+def test_engine_pulls_base_image_by_digest(docker_client: docker.DockerClient, pushed_base_image: PushedImage) -> None:
     image = docker_client.images.pull(pushed_base_image.by_digest)
     assert pushed_base_image.by_digest in image.attrs["RepoDigests"]
     output = docker_client.containers.run(

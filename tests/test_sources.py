@@ -23,7 +23,7 @@ from envbuild.sources import (
     verify_source,
     verify_sources,
 )
-from tests.gitrepos import Repo, Served, free_port, served  # noqa: F401  (served is a fixture)
+from tests.lib.gitrepos import Repo, Served, free_port
 
 TRANSPORTS = ("daemon-filter", "daemon-nofilter", "file")
 
@@ -33,8 +33,8 @@ class Project:
     """An upstream with every situation a pin can be in."""
 
     repo: Repo
-    main: list[str]          # commits on main, oldest first
-    feature: str             # a commit only on branch `feature`
+    main: list[str]  # commits on main, oldest first
+    feature: str  # a commit only on branch `feature`
     name: str
 
     def source(self, url: str, **changes: object) -> Source:
@@ -144,8 +144,7 @@ def test_warm_cache_costs_one_listing_and_no_fetch(served: Served, tmp_path: Pat
 @pytest.mark.gitdaemon
 def test_tag_without_tree_needs_only_the_listing(served: Served, cache: GitCache, calls: Calls) -> None:
     project = build_project(served)
-    source = project.source(served.url(project.name, "daemon-filter"), ref="v1", ref_type="tag",
-                            commit=project.main[1])
+    source = project.source(served.url(project.name, "daemon-filter"), ref="v1", ref_type="tag", commit=project.main[1])
     assert verify_source(source, cache).status == "ok"
     assert calls.commands() == ["ls-remote"]
 
@@ -215,8 +214,11 @@ def test_offline_answers_from_the_cache_only(served: Served, cache: GitCache, ca
 def test_unreachable_names_the_reason(served: Served, cache: GitCache, calls: Calls) -> None:
     project = build_project(served)
     dead = f"git://127.0.0.1:{free_port()}/{project.name}"
-    sources = [project.source(dead), project.source(served.url(project.name, "daemon-filter")),
-               project.source(dead, ref="v1", ref_type="tag")]
+    sources = [
+        project.source(dead),
+        project.source(served.url(project.name, "daemon-filter")),
+        project.source(dead, ref="v1", ref_type="tag"),
+    ]
     results = verify_sources(sources, cache)
     assert [r.status for r in results] == ["unreachable", "ok", "unreachable"]
     assert "Connection refused" in results[0].detail and "\n" not in results[0].detail
@@ -248,8 +250,9 @@ def _accept_forever(server: socket.socket, held: list[socket.socket]) -> None:
 
 def test_a_hung_remote_times_out(silent_server: int, tmp_path: Path) -> None:
     cache = GitCache(tmp_path / "git", git=GitRunner(network_timeout=1.0))
-    source = Source(name="hung", repo=f"git://127.0.0.1:{silent_server}/x.git", ref="main", ref_type="branch",
-                    commit="ab" * 20)
+    source = Source(
+        name="hung", repo=f"git://127.0.0.1:{silent_server}/x.git", ref="main", ref_type="branch", commit="ab" * 20
+    )
     result = verify_source(source, cache)
     assert (result.status, result.detail) == ("unreachable", "timed out after 1 s")
 
@@ -260,7 +263,9 @@ def test_resolve_ref_and_count_commits(served: Served, cache: GitCache) -> None:
     url = served.url(project.name, "daemon-filter")
     m = project.main
     assert resolve_ref(project.source(url, commit=m[0]), cache) == ResolvedRef("branch", m[4], project.repo.tree(m[4]))
-    assert resolve_ref(project.source(url, ref="v1", ref_type="tag"), cache) == ResolvedRef("tag", m[1], project.repo.tree(m[1]))
+    assert resolve_ref(project.source(url, ref="v1", ref_type="tag"), cache) == ResolvedRef(
+        "tag", m[1], project.repo.tree(m[1])
+    )
     # Recorded as a branch, upstream a tag: the caller sees the type change.
     assert resolve_ref(project.source(url, ref="light"), cache).ref_type == "tag"
     with pytest.raises(MissingRefError, match="gone"):

@@ -63,10 +63,20 @@ class _Image:
                     while chunk := data.read(1 << 20):
                         sha.update(chunk)
                     digest = sha.hexdigest()
-                kind = "file" if info.isfile() else "dir" if info.isdir() else "symlink" if info.issym() \
-                    else "hardlink" if info.islnk() else "other"
+                kind = (
+                    "file"
+                    if info.isfile()
+                    else "dir"
+                    if info.isdir()
+                    else "symlink"
+                    if info.issym()
+                    else "hardlink"
+                    if info.islnk()
+                    else "other"
+                )
                 entries[info.name.lstrip("./").rstrip("/") or "."] = _Entry(
-                    kind, info.mode, f"{info.uid}:{info.gid}", info.size, int(info.mtime), info.linkname, digest, head)
+                    kind, info.mode, f"{info.uid}:{info.gid}", info.size, int(info.mtime), info.linkname, digest, head
+                )
         return entries
 
     def step(self, index: int) -> str:
@@ -96,7 +106,7 @@ def first_difference(old: bytes, new: bytes, context: int = 24) -> str:
     limit = min(len(old), len(new))
     at = next((i for i in range(limit) if old[i] != new[i]), limit)
     start = max(0, at - context)
-    show = lambda data: data[start:at + context].decode("utf-8", "replace")  # noqa: E731
+    show = lambda data: data[start : at + context].decode("utf-8", "replace")  # noqa: E731
     return f"offset {at}: {show(old)!r} vs {show(new)!r}"
 
 
@@ -109,10 +119,19 @@ def _compare_entries(old: dict[str, _Entry], new: dict[str, _Entry]) -> list[Fil
         elif b is None:
             found.append(FileDifference(path, "removed"))
         elif a != b:
-            aspects = [name for name, x, y in (
-                ("type", a.kind, b.kind), ("content", a.digest, b.digest), ("size", a.size, b.size),
-                ("mode", a.mode, b.mode), ("owner", a.owner, b.owner), ("mtime", a.mtime, b.mtime),
-                ("link", a.link, b.link)) if x != y]
+            aspects = [
+                name
+                for name, x, y in (
+                    ("type", a.kind, b.kind),
+                    ("content", a.digest, b.digest),
+                    ("size", a.size, b.size),
+                    ("mode", a.mode, b.mode),
+                    ("owner", a.owner, b.owner),
+                    ("mtime", a.mtime, b.mtime),
+                    ("link", a.link, b.link),
+                )
+                if x != y
+            ]
             detail = None
             if "content" in aspects and _is_text(a.head) and _is_text(b.head):
                 detail = first_difference(a.head, b.head)
@@ -122,6 +141,7 @@ def _compare_entries(old: dict[str, _Entry], new: dict[str, _Entry]) -> list[Fil
 
 def _config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[FileDifference]:
     """Config fields that differ (rootfs aside: the layers say that), as pseudo-paths."""
+
     def flat(value: Any, prefix: str) -> dict[str, str]:
         if isinstance(value, dict):
             out: dict[str, str] = {}
@@ -137,9 +157,16 @@ def _config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[FileDi
 
     a = flat({k: v for k, v in old.items() if k != "rootfs"}, "")
     b = flat({k: v for k, v in new.items() if k != "rootfs"}, "")
-    return [FileDifference(key, "added" if key not in a else "removed" if key not in b else "changed",
-                           (), None if key not in a or key not in b else f"{a[key]} vs {b[key]}")
-            for key in sorted(a.keys() | b.keys()) if a.get(key) != b.get(key)]
+    return [
+        FileDifference(
+            key,
+            "added" if key not in a else "removed" if key not in b else "changed",
+            (),
+            None if key not in a or key not in b else f"{a[key]} vs {b[key]}",
+        )
+        for key in sorted(a.keys() | b.keys())
+        if a.get(key) != b.get(key)
+    ]
 
 
 def explain(old_archive: Path, new_archive: Path, *, max_files: int = 40) -> tuple[Difference, ...]:
@@ -149,7 +176,9 @@ def explain(old_archive: Path, new_archive: Path, *, max_files: int = 40) -> tup
         differences: list[Difference] = []
         config = _config_differences(old.config, new.config)
         if config:
-            differences.append(Difference("config", files=tuple(config[:max_files]), omitted=max(0, len(config) - max_files)))
+            differences.append(
+                Difference("config", files=tuple(config[:max_files]), omitted=max(0, len(config) - max_files))
+            )
         for index in range(max(len(old.diff_ids), len(new.diff_ids))):
             a = old.diff_ids[index] if index < len(old.diff_ids) else ""
             b = new.diff_ids[index] if index < len(new.diff_ids) else ""
@@ -157,8 +186,15 @@ def explain(old_archive: Path, new_archive: Path, *, max_files: int = 40) -> tup
                 continue
             files = _compare_entries(old.entries(index) if a else {}, new.entries(index) if b else {})
             step = (new if b else old).step(index)
-            differences.append(Difference(f"layer {index}" + (f" ({step})" if step else ""), a or "(none)", b or "(none)",
-                                          tuple(files[:max_files]), max(0, len(files) - max_files)))
+            differences.append(
+                Difference(
+                    f"layer {index}" + (f" ({step})" if step else ""),
+                    a or "(none)",
+                    b or "(none)",
+                    tuple(files[:max_files]),
+                    max(0, len(files) - max_files),
+                )
+            )
         return tuple(differences)
     finally:
         old.close()

@@ -19,13 +19,13 @@ from envbuild.errors import InputError
 
 @dataclass(frozen=True)
 class HistoryEntry:
-    time: str                      # UTC, RFC 3339, seconds
-    lock: str                      # the lockfile path as given
+    time: str  # UTC, RFC 3339, seconds
+    lock: str  # the lockfile path as given
     lock_sha256: str
     ok: bool
-    reproducible: bool | None      # None: no build was attempted (verify failed)
+    reproducible: bool | None  # None: no build was attempted (verify failed)
     image_id: str | None
-    pins: dict[str, str] = field(default_factory=dict)   # "kind:name" -> status
+    pins: dict[str, str] = field(default_factory=dict)  # "kind:name" -> status
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -15,27 +15,36 @@ from envbuild.results import VerifyReport
 class FileDifference:
     path: str
     change: Literal["added", "removed", "changed"]
-    aspects: tuple[str, ...] = ()          # content, size, mode, owner, mtime, type, link
-    first_difference: str | None = None    # for text files: where the bytes first differ, and both sides
+    aspects: tuple[str, ...] = ()  # content, size, mode, owner, mtime, type, link
+    first_difference: str | None = None  # for text files: where the bytes first differ, and both sides
 
     def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "change": self.change, "aspects": list(self.aspects),
-                "first_difference": self.first_difference}
+        return {
+            "path": self.path,
+            "change": self.change,
+            "aspects": list(self.aspects),
+            "first_difference": self.first_difference,
+        }
 
 
 @dataclass(frozen=True)
 class Difference:
     """One part of the image that differs between two builds: a layer, or the image config."""
 
-    where: str                              # "layer 3" or "config"
-    old: str = ""                           # layer digest or config value
+    where: str  # "layer 3" or "config"
+    old: str = ""  # layer digest or config value
     new: str = ""
     files: tuple[FileDifference, ...] = ()
-    omitted: int = 0                        # further file differences not listed
+    omitted: int = 0  # further file differences not listed
 
     def to_json(self) -> dict[str, Any]:
-        return {"where": self.where, "old": self.old, "new": self.new,
-                "files": [f.to_json() for f in self.files], "omitted": self.omitted}
+        return {
+            "where": self.where,
+            "old": self.old,
+            "new": self.new,
+            "files": [f.to_json() for f in self.files],
+            "omitted": self.omitted,
+        }
 
 
 @dataclass(frozen=True)
@@ -44,8 +53,8 @@ class CheckReport:
     reproducible: bool
     image_ids: tuple[str, ...] = ()
     differences: tuple[Difference, ...] = ()
-    compared_with: str = ""                 # "history" or "second build"
-    note: str = ""                          # why no build happened, when none did
+    compared_with: str = ""  # "history" or "second build"
+    note: str = ""  # why no build happened, when none did
     record: str | None = None
 
     @property
@@ -53,8 +62,13 @@ class CheckReport:
         return self.verify.ok and self.reproducible
 
     def to_json(self) -> dict[str, Any]:
-        data = {"ok": self.ok, "verify": self.verify.to_json(), "reproducible": self.reproducible,
-                "image_ids": list(self.image_ids), "differences": [d.to_json() for d in self.differences]}
+        data = {
+            "ok": self.ok,
+            "verify": self.verify.to_json(),
+            "reproducible": self.reproducible,
+            "image_ids": list(self.image_ids),
+            "differences": [d.to_json() for d in self.differences],
+        }
         if self.compared_with:
             data["compared_with"] = self.compared_with
         if self.note:
@@ -93,8 +107,13 @@ def render_markdown(report: CheckReport) -> str:
     return "\n".join(lines) + "\n"
 
 
-_COLOURS = {"ok": "#2e7d32", "behind": "#f9a825", "reproduced": "#2e7d32", "not reproduced": "#c62828",
-            "not built": "#757575"}
+_COLOURS = {
+    "ok": "#2e7d32",
+    "behind": "#f9a825",
+    "reproduced": "#2e7d32",
+    "not reproduced": "#c62828",
+    "not built": "#757575",
+}
 
 
 def _cell(status: str | None) -> str:
@@ -113,8 +132,10 @@ def render_html(history: list[HistoryEntry], lock_path: str, nights: int = 30) -
     for pin in pins:
         cells = "".join(_cell(e.pins.get(pin)) for e in runs)
         rows.append(f"<tr><th class=pin>{html.escape(pin)}</th>{cells}</tr>")
-    image = "".join(_cell("not built" if e.reproducible is None else "reproduced" if e.reproducible else "not reproduced")
-                    for e in runs)
+    image = "".join(
+        _cell("not built" if e.reproducible is None else "reproduced" if e.reproducible else "not reproduced")
+        for e in runs
+    )
     rows.append(f"<tr><th class=pin>image</th>{image}</tr>")
     title = html.escape(f"envbuild check: {lock_path}")
     return f"""<!doctype html>

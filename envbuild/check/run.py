@@ -19,8 +19,11 @@ from envbuild.check.history import (
     read_history,
 )
 from envbuild.check.report import CheckReport, Difference
+from envbuild.engine import Engine
 from envbuild.errors import LockfileError, Problem
+from envbuild.image.build import BuildResult, ImageOptions, build_image
 from envbuild.lock import load_lock
+from envbuild.results import VerifyReport
 from envbuild.verify import VerifyOptions, verify_lock
 
 Progress = Callable[[str], None]
@@ -34,10 +37,14 @@ class CheckOptions:
     history: Path | None = None
 
 
-def run_check(lock_path: Path, options: CheckOptions, progress: Progress | None = None, *,
-              engine: object | None = None, now: datetime | None = None) -> CheckReport:
-    from envbuild.engine import Engine  # the daemon is only needed once verify passed
-    from envbuild.image.build import ImageOptions, build_image
+def run_check(
+    lock_path: Path,
+    options: CheckOptions,
+    progress: Progress | None = None,
+    *,
+    engine: Engine | None = None,
+    now: datetime | None = None,
+) -> CheckReport:
 
     say = progress or (lambda message: None)
     lock = load_lock(lock_path)
@@ -59,9 +66,16 @@ def run_check(lock_path: Path, options: CheckOptions, progress: Progress | None 
     own = engine is None
     engine = engine or Engine.connect()
     try:
-        image_options = ImageOptions(cache_dir=source.cache_dir, mirrors=source.mirrors, offline=source.offline,
-                                     jobs=source.jobs, no_cache=True, record_dir=work / "record-1",
-                                     keep_archive=work / "first.tar", tags=(f"envbuild-check/{lock.name}:first",))
+        image_options = ImageOptions(
+            cache_dir=source.cache_dir,
+            mirrors=source.mirrors,
+            offline=source.offline,
+            jobs=source.jobs,
+            no_cache=True,
+            record_dir=work / "record-1",
+            keep_archive=work / "first.tar",
+            tags=(f"envbuild-check/{lock.name}:first",),
+        )
         say("rebuilding without cache")
         first = build_image(lock_path, image_options, progress=progress, engine=engine, verified=verified)
         previous = last_image_id(history, lock_sha256)
@@ -69,22 +83,37 @@ def run_check(lock_path: Path, options: CheckOptions, progress: Progress | None 
             report = _against_history(verified, first, previous, engine, work, say)
         else:
             say("no earlier build of this lock in the history: building a second time to compare")
-            second = build_image(lock_path, replace(image_options, record_dir=work / "record-2",
-                                                    keep_archive=work / "second.tar",
-                                                    tags=(f"envbuild-check/{lock.name}:second",)),
-                                 progress=progress, engine=engine, verified=verified)
+            second = build_image(
+                lock_path,
+                replace(
+                    image_options,
+                    record_dir=work / "record-2",
+                    keep_archive=work / "second.tar",
+                    tags=(f"envbuild-check/{lock.name}:second",),
+                ),
+                progress=progress,
+                engine=engine,
+                verified=verified,
+            )
             differences = () if first.image_id == second.image_id else explain(work / "first.tar", work / "second.tar")
-            report = CheckReport(verified, first.image_id == second.image_id, (first.image_id, second.image_id),
-                                 differences, compared_with="second build")
+            report = CheckReport(
+                verified,
+                first.image_id == second.image_id,
+                (first.image_id, second.image_id),
+                differences,
+                compared_with="second build",
+            )
         _record(options.history, lock_path, lock_sha256, report, first.image_id, now)
         return report
     finally:
         if own:
-            engine.close()  # type: ignore[attr-defined]
+            engine.close()
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _against_history(verified, first, previous: str, engine, work: Path, say: Progress) -> CheckReport:  # type: ignore[no-untyped-def]
+def _against_history(
+    verified: VerifyReport, first: BuildResult, previous: str, engine: Engine, work: Path, say: Progress
+) -> CheckReport:
     ids = (previous, first.image_id)
     if previous == first.image_id:
         return CheckReport(verified, True, ids, compared_with="history")
@@ -102,11 +131,21 @@ def _ensure(path: Path) -> Path:
     return path
 
 
-def _record(history: Path | None, lock_path: Path, lock_sha256: str, report: CheckReport, image_id: str | None,
-            now: datetime | None) -> None:
+def _record(
+    history: Path | None,
+    lock_path: Path,
+    lock_sha256: str,
+    report: CheckReport,
+    image_id: str | None,
+    now: datetime | None,
+) -> None:
     if history is None:
         return
     when = (now or datetime.now(timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ")
     pins = {f"{r.kind}:{r.name}": r.status for r in report.verify.results}
-    append_history(history, HistoryEntry(when, str(lock_path), lock_sha256, report.ok,
-                                         None if report.note else report.reproducible, image_id, pins))
+    append_history(
+        history,
+        HistoryEntry(
+            when, str(lock_path), lock_sha256, report.ok, None if report.note else report.reproducible, image_id, pins
+        ),
+    )

@@ -14,10 +14,18 @@ def add_check_command(subparsers: argparse._SubParsersAction) -> None:
     check = subparsers.add_parser("check", help="nightly: verify every pin, rebuild without cache, compare image IDs")
     check.add_argument("lockfile", type=Path)
     check.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    check.add_argument("--report", type=Path, metavar="DIR",
-                       help="write check.json, check.md (a CI job summary) and check.html (status grid) here")
-    check.add_argument("--history", type=Path, metavar="FILE",
-                       help="JSON-lines history: compare with the last build of this lock, append this run")
+    check.add_argument(
+        "--report",
+        type=Path,
+        metavar="DIR",
+        help="write check.json, check.md (a CI job summary) and check.html (status grid) here",
+    )
+    check.add_argument(
+        "--history",
+        type=Path,
+        metavar="FILE",
+        help="JSON-lines history: compare with the last build of this lock, append this run",
+    )
     check.add_argument("--strict", action="store_true", help="a branch that moved on (behind) fails too")
     add_source_options(check)
     check.set_defaults(handler=cmd_check)
@@ -30,8 +38,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     from envbuild.verify import VerifyOptions
 
     cache_dir, mirrors = source_settings(args)
-    options = CheckOptions(VerifyOptions(cache_dir=cache_dir, mirrors=mirrors, offline=args.offline,
-                                         strict=args.strict, jobs=args.jobs), history=args.history)
+    options = CheckOptions(
+        VerifyOptions(cache_dir=cache_dir, mirrors=mirrors, offline=args.offline, strict=args.strict, jobs=args.jobs),
+        history=args.history,
+    )
     report = run_check(args.lockfile, options, Progress("envbuild", args.quiet))
     if args.report:
         args.report.mkdir(parents=True, exist_ok=True)

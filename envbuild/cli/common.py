@@ -79,13 +79,23 @@ def _offer_global_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_source_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--mirror", action="append", default=[], metavar="FROM=TO",
-                        help="rewrite repository URLs starting with FROM to start with TO (repeatable; "
-                             "like git's url.<base>.insteadOf; also `mirrors:` in the config file)")
-    parser.add_argument("--cache-dir", type=Path, help="cache of bare repositories and files "
-                        "(default: config cache_dir, $ENVBUILD_CACHE or ~/.cache/envbuild)")
+    parser.add_argument(
+        "--mirror",
+        action="append",
+        default=[],
+        metavar="FROM=TO",
+        help="rewrite repository URLs starting with FROM to start with TO (repeatable; "
+        "like git's url.<base>.insteadOf; also `mirrors:` in the config file)",
+    )
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        help="cache of bare repositories and files (default: config cache_dir, $ENVBUILD_CACHE or ~/.cache/envbuild)",
+    )
     parser.add_argument("--offline", action="store_true", help="check against the cache alone; no network")
-    parser.add_argument("--config", type=Path, help="config file (default: $ENVBUILD_CONFIG or ~/.config/envbuild/config.yaml)")
+    parser.add_argument(
+        "--config", type=Path, help="config file (default: $ENVBUILD_CONFIG or ~/.config/envbuild/config.yaml)"
+    )
     parser.add_argument("--jobs", type=int, default=8, help="parallel fetches (default 8)")
 
 

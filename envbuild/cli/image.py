@@ -13,14 +13,20 @@ from envbuild.report import render_json
 def add_image_command(subparsers: argparse._SubParsersAction) -> None:
     image = subparsers.add_parser("image", help="build the lock's image from verified pins, reproducibly")
     image.add_argument("lockfile", type=Path)
-    image.add_argument("--tag", action="append", default=[], metavar="NAME:TAG",
-                       help="tag the image (repeatable; default envbuild/<lock name>:<first 12 hex of the lock's sha256>)")
+    image.add_argument(
+        "--tag",
+        action="append",
+        default=[],
+        metavar="NAME:TAG",
+        help="tag the image (repeatable; default envbuild/<lock name>:<first 12 hex of the lock's sha256>)",
+    )
     image.add_argument("--push", action="store_true", help="push every tag (credentials from the docker config)")
     image.add_argument("--no-cache", action="store_true", help="build every layer again")
     image.add_argument("--dry-run", action="store_true", help="print the rendered Dockerfile; start no build")
     image.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    image.add_argument("--record-dir", type=Path,
-                       help="where the build record goes (default <lock's directory>/build/<lock name>)")
+    image.add_argument(
+        "--record-dir", type=Path, help="where the build record goes (default <lock's directory>/build/<lock name>)"
+    )
     add_source_options(image)
     image.set_defaults(handler=cmd_image)
 
@@ -29,8 +35,16 @@ def cmd_image(args: argparse.Namespace) -> int:
     from envbuild.image.build import ImageOptions, build_image, dry_run, plan_json
 
     cache_dir, mirrors = source_settings(args)
-    options = ImageOptions(cache_dir=cache_dir, mirrors=mirrors, offline=args.offline, jobs=args.jobs,
-                           tags=tuple(args.tag), push=args.push, no_cache=args.no_cache, record_dir=args.record_dir)
+    options = ImageOptions(
+        cache_dir=cache_dir,
+        mirrors=mirrors,
+        offline=args.offline,
+        jobs=args.jobs,
+        tags=tuple(args.tag),
+        push=args.push,
+        no_cache=args.no_cache,
+        record_dir=args.record_dir,
+    )
     progress = Progress("envbuild", args.quiet)
     if args.dry_run:
         plan, dockerfile = dry_run(args.lockfile, options, progress)

@@ -7,8 +7,10 @@ import sys
 from pathlib import Path
 
 from envbuild.cli.common import Progress, add_source_options, source_settings
+from envbuild.git.cache import GitCache
 from envbuild.lock import dump_lock, load_lock, write_lock
-from envbuild.lock.diff import diff_locks, render_changes
+from envbuild.lock.diff import CommitCounter, diff_locks, render_changes
+from envbuild.mirrors import Mirrors
 from envbuild.report import render_json, render_verify
 
 
@@ -27,8 +29,12 @@ def add_lock_commands(subparsers: argparse._SubParsersAction) -> None:
     update = commands.add_parser("update", help="move pins to their refs' current commits; re-resolve packages")
     update.add_argument("lockfile", type=Path)
     update.add_argument("names", nargs="*", metavar="NAME", help="sources to update (default: all, and packages)")
-    update.add_argument("--packages", action=argparse.BooleanOptionalAction, default=None,
-                        help="re-resolve the package closure (default: only when no NAME is given)")
+    update.add_argument(
+        "--packages",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="re-resolve the package closure (default: only when no NAME is given)",
+    )
     update.add_argument("--dry-run", action="store_true", help="print what would change; write nothing")
     update.add_argument("--json", action="store_true")
     add_source_options(update)
@@ -45,8 +51,11 @@ def add_lock_commands(subparsers: argparse._SubParsersAction) -> None:
     export.add_argument("lockfile", type=Path)
     export.add_argument("--format", required=True, choices=("requirements", "pylock", "repos"))
     export.add_argument("-o", "--output", type=Path, help="write here instead of stdout")
-    export.add_argument("--offline", action="store_true",
-                        help="pylock: do not ask the index for file URLs; files are referred to as files/<name>")
+    export.add_argument(
+        "--offline",
+        action="store_true",
+        help="pylock: do not ask the index for file URLs; files are referred to as files/<name>",
+    )
     export.set_defaults(handler=cmd_export)
 
     schema = commands.add_parser("schema", help="print the JSON schema of the lockfile format")
@@ -63,7 +72,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from envbuild.verify import VerifyOptions, verify_lock
 
     cache_dir, mirrors = source_settings(args)
-    options = VerifyOptions(cache_dir=cache_dir, mirrors=mirrors, offline=args.offline, strict=args.strict, jobs=args.jobs)
+    options = VerifyOptions(
+        cache_dir=cache_dir, mirrors=mirrors, offline=args.offline, strict=args.strict, jobs=args.jobs
+    )
     report = verify_lock(lock, str(args.lockfile), options, Progress("envbuild", args.quiet))
     sys.stdout.write(render_json(report.to_json()) if args.json else render_verify(report))
     return 0 if report.ok else 1
@@ -76,14 +87,23 @@ def cmd_update(args: argparse.Namespace) -> int:
     lock = load_lock(args.lockfile)
     cache_dir, mirrors = source_settings(args)
     cache = GitCache(cache_dir / "git")
-    new = update_lock(lock, args.names, cache, mirrors=mirrors, packages=args.packages,
-                      progress=Progress("envbuild", args.quiet))
+    new = update_lock(
+        lock, args.names, cache, mirrors=mirrors, packages=args.packages, progress=Progress("envbuild", args.quiet)
+    )
     changes = diff_locks(lock, new, _commit_counter(cache, mirrors))
     if not args.dry_run and dump_lock(new) != args.lockfile.read_text(encoding="utf-8"):
         write_lock(args.lockfile, new)
-    sys.stdout.write(render_json({"lock": str(args.lockfile), "written": not args.dry_run and bool(changes),
-                                  "changes": [c.to_json() for c in changes]})
-                     if args.json else render_changes(changes))
+    sys.stdout.write(
+        render_json(
+            {
+                "lock": str(args.lockfile),
+                "written": not args.dry_run and bool(changes),
+                "changes": [c.to_json() for c in changes],
+            }
+        )
+        if args.json
+        else render_changes(changes)
+    )
     return 0
 
 
@@ -93,12 +113,15 @@ def cmd_diff(args: argparse.Namespace) -> int:
     old, new = load_lock(args.old), load_lock(args.new)
     cache_dir, mirrors = source_settings(args)
     changes = diff_locks(old, new, _commit_counter(GitCache(cache_dir / "git"), mirrors))
-    sys.stdout.write(render_json({"old": str(args.old), "new": str(args.new), "changes": [c.to_json() for c in changes]})
-                     if args.json else render_changes(changes))
+    sys.stdout.write(
+        render_json({"old": str(args.old), "new": str(args.new), "changes": [c.to_json() for c in changes]})
+        if args.json
+        else render_changes(changes)
+    )
     return 0
 
 
-def _commit_counter(cache, mirrors):  # type: ignore[no-untyped-def]
+def _commit_counter(cache: GitCache, mirrors: Mirrors) -> CommitCounter:
     from envbuild.sources import count_commits
 
     return lambda old, new: count_commits(new.repo, old.commit, new.commit, cache, mirrors=mirrors)

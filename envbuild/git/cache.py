@@ -128,8 +128,15 @@ class GitCache:
         repo = self.repo(url)
         return self.git.commit_trees(repo.path, shas) if repo.exists() else {}
 
-    def fetch(self, url: str, refspecs: Sequence[str], *, wanted: Iterable[str] = (),
-              prune: bool = False, fresh: dict[str, str] | None = None) -> bool | None:
+    def fetch(
+        self,
+        url: str,
+        refspecs: Sequence[str],
+        *,
+        wanted: Iterable[str] = (),
+        prune: bool = False,
+        fresh: dict[str, str] | None = None,
+    ) -> bool | None:
         """Fetch ``refspecs`` under the lock. Skipped (returns None) when, once the lock is held, every
         ``wanted`` commit is already present (another verify fetched it meanwhile) or the upstream
         namespace already equals ``fresh``. Otherwise returns whether the server honoured the filter."""
@@ -175,7 +182,11 @@ def remove_stale_files(repo: Path) -> list[Path]:
         for name in filenames:
             # *.lock: ref, packed-refs, config and shallow locks; tmp_*: half-received packs and
             # indexes; pack-*.keep: index-pack's marker, left when fetch died before updating refs.
-            if name.endswith(".lock") or name.startswith("tmp_") or (name.startswith("pack-") and name.endswith(".keep")):
+            if (
+                name.endswith(".lock")
+                or name.startswith("tmp_")
+                or (name.startswith("pack-") and name.endswith(".keep"))
+            ):
                 _unlink(here / name, removed)
         for name in list(dirnames):
             if name.startswith(("incoming-", "tmp_objdir-")):  # fetch quarantine directories

@@ -46,8 +46,14 @@ def _real_url(url: str) -> dict[str, str]:
 class TreeExporter:
     """Exports pinned commits from ``<cache_dir>/git-export``; safe to share between threads and processes."""
 
-    def __init__(self, cache_dir: Path, *, mirrors: Mirrors = Mirrors(), offline: bool = False,
-                 verify_cache: GitCache | None = None) -> None:
+    def __init__(
+        self,
+        cache_dir: Path,
+        *,
+        mirrors: Mirrors = Mirrors(),
+        offline: bool = False,
+        verify_cache: GitCache | None = None,
+    ) -> None:
         self.cache = GitCache(Path(cache_dir) / "git-export")
         self.verify_cache = verify_cache or GitCache(Path(cache_dir) / "git")
         self.mirrors, self.offline = mirrors, offline
@@ -74,27 +80,52 @@ def fetch_commit(exporter: TreeExporter, source: Source) -> CachedRepo:
     if repo.exists() and _complete(exporter, repo, source.commit):
         return repo
     if exporter.offline:
-        raise ExportError(f"source {source.name}: the files of {source.commit} are not in the cache "
-                          f"({exporter.cache.root}) and --offline forbids fetching them")
+        raise ExportError(
+            f"source {source.name}: the files of {source.commit} are not in the cache "
+            f"({exporter.cache.root}) and --offline forbids fetching them"
+        )
     git = exporter.cache.git
     with exporter.cache.locked(url) as repo:
         if _complete(exporter, repo, source.commit):
             return repo  # another build fetched it while we waited for the lock
-        base = ["fetch", "--no-filter", "--no-tags", "--no-write-fetch-head", "--no-auto-gc",
-                "--no-recurse-submodules", "--quiet"]
+        base = [
+            "fetch",
+            "--no-filter",
+            "--no-tags",
+            "--no-write-fetch-head",
+            "--no-auto-gc",
+            "--no-recurse-submodules",
+            "--quiet",
+        ]
         try:
-            git.run([*base, "--depth=1", "origin", "--", f"+{source.commit}:{EXPORT_NS}{source.commit}"],
-                    repo=repo.path, config=_real_url(url), timeout=git.network_timeout)
+            git.run(
+                [*base, "--depth=1", "origin", "--", f"+{source.commit}:{EXPORT_NS}{source.commit}"],
+                repo=repo.path,
+                config=_real_url(url),
+                timeout=git.network_timeout,
+            )
         except GitError as first:
             # The server refuses wants by SHA: fetch the ref's whole history, which holds the commit.
             space = "tags" if source.ref_type == "tag" else "heads"
             unshallow = ["--unshallow"] if (repo.path / "shallow").exists() else []
             try:
-                git.run([*base, *unshallow, "origin", "--", f"+refs/{space}/{source.ref}:refs/envbuild/ref/{space}/{source.ref}"],
-                        repo=repo.path, config=_real_url(url), timeout=git.network_timeout)
+                git.run(
+                    [
+                        *base,
+                        *unshallow,
+                        "origin",
+                        "--",
+                        f"+refs/{space}/{source.ref}:refs/envbuild/ref/{space}/{source.ref}",
+                    ],
+                    repo=repo.path,
+                    config=_real_url(url),
+                    timeout=git.network_timeout,
+                )
             except GitError as second:
-                raise ExportError(f"source {source.name}: cannot fetch the files of {source.commit} from {url}: "
-                                  f"{first.reason}; {second.reason}") from None
+                raise ExportError(
+                    f"source {source.name}: cannot fetch the files of {source.commit} from {url}: "
+                    f"{first.reason}; {second.reason}"
+                ) from None
             if source.commit in git.commit_trees(repo.path, [source.commit]):
                 git.run(["update-ref", f"{EXPORT_NS}{source.commit}", source.commit], repo=repo.path)
         attributes = repo.path / "info" / "attributes"
@@ -126,7 +157,7 @@ def export_tree(source: Source, dest: Path, exporter: TreeExporter) -> str:
     try:
         git.run(["archive", "--format=tar", f"--output={archive}", source.commit], repo=repo.path)
         with tarfile.open(archive, mode="r:") as tar:
-            tar.extractall(dest, filter="tar")  # type: ignore[call-arg]  # refuses absolute and ../ names
+            tar.extractall(dest, filter="tar")  # refuses absolute and ../ names
     finally:
         os.unlink(archive)
     files = inimage_check.list_files(str(dest))
@@ -134,15 +165,16 @@ def export_tree(source: Source, dest: Path, exporter: TreeExporter) -> str:
     if written != tree or unreadable:
         gitlinks = _gitlinks(exporter, repo, source.commit)
         why = f" (submodules are not exported: {', '.join(gitlinks[:5])})" if gitlinks else ""
-        raise ExportError(f"source {source.name}: the exported files of {source.commit} have tree {written}, "
-                          f"the commit has tree {tree}{why}")
+        raise ExportError(
+            f"source {source.name}: the exported files of {source.commit} have tree {written}, "
+            f"the commit has tree {tree}{why}"
+        )
     return tree
 
 
 def _gitlinks(exporter: TreeExporter, repo: CachedRepo, commit: str) -> list[str]:
     out = exporter.cache.git.run(["ls-tree", "-r", "-z", "--full-tree", commit, "--"], repo=repo.path)
-    return sorted(entry.split("\t", 1)[1] for entry in out.split("\0")
-                  if entry.startswith("160000 "))
+    return sorted(entry.split("\t", 1)[1] for entry in out.split("\0") if entry.startswith("160000 "))
 
 
 def commit_dates(cache: GitCache, url: str, commits: Iterable[str]) -> dict[str, int]:
@@ -151,8 +183,11 @@ def commit_dates(cache: GitCache, url: str, commits: Iterable[str]) -> dict[str,
     shas = sorted(set(commits))
     if not repo.exists() or not shas:
         return {}
-    out = cache.git.run(["rev-list", "--missing=allow-any", "--ignore-missing", "--no-walk", "--format=%H %ct",
-                         "--stdin"], repo=repo.path, stdin="".join(f"{s}\n" for s in shas))
+    out = cache.git.run(
+        ["rev-list", "--missing=allow-any", "--ignore-missing", "--no-walk", "--format=%H %ct", "--stdin"],
+        repo=repo.path,
+        stdin="".join(f"{s}\n" for s in shas),
+    )
     dates: dict[str, int] = {}
     for line in out.splitlines():
         commit, _, date = line.partition(" ")

@@ -35,9 +35,21 @@ LOCAL_TIMEOUT = 120.0
 
 # Variables that would point our commands at another repository or inject configuration.
 _SCRUBBED_ENV = (
-    "GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_ALTERNATE_OBJECT_DIRECTORIES",
-    "GIT_NAMESPACE", "GIT_CEILING_DIRECTORIES", "GIT_CONFIG_PARAMETERS", "GIT_CONFIG", "GIT_QUARANTINE_PATH",
-    "GIT_NO_REPLACE_OBJECTS", "GIT_REPLACE_REF_BASE", "GIT_SHALLOW_FILE", "GIT_COMMON_DIR", "GIT_CONFIG_COUNT",
+    "GIT_DIR",
+    "GIT_WORK_TREE",
+    "GIT_INDEX_FILE",
+    "GIT_OBJECT_DIRECTORY",
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+    "GIT_NAMESPACE",
+    "GIT_CEILING_DIRECTORIES",
+    "GIT_CONFIG_PARAMETERS",
+    "GIT_CONFIG",
+    "GIT_QUARANTINE_PATH",
+    "GIT_NO_REPLACE_OBJECTS",
+    "GIT_REPLACE_REF_BASE",
+    "GIT_SHALLOW_FILE",
+    "GIT_COMMON_DIR",
+    "GIT_CONFIG_COUNT",
 )
 
 # Written by GitCache on creation; the url is never the real one (see the module docstring).
@@ -112,15 +124,15 @@ class RefListing:
             if len(sha) != 40:
                 continue
             if ref.startswith("refs/heads/"):
-                heads[ref[len("refs/heads/"):]] = sha
-                refs[ref[len("refs/"):]] = sha
+                heads[ref[len("refs/heads/") :]] = sha
+                refs[ref[len("refs/") :]] = sha
             elif ref.startswith("refs/tags/"):
-                name = ref[len("refs/tags/"):]
+                name = ref[len("refs/tags/") :]
                 if name.endswith("^{}"):
                     peeled[name[:-3]] = sha
                 else:
                     tags[name] = sha
-                    refs[ref[len("refs/"):]] = sha
+                    refs[ref[len("refs/") :]] = sha
         # An annotated tag is advertised twice; the peeled (^{}) line names the commit.
         tags.update({name: sha for name, sha in peeled.items() if name in tags})
         return cls(heads, tags, refs, text)
@@ -141,8 +153,11 @@ class GitRunner:
 
     def environment(self, config: Mapping[str, str] | None = None) -> dict[str, str]:
         config = config or {}
-        env = {k: v for k, v in os.environ.items()
-               if k not in _SCRUBBED_ENV and not k.startswith(("GIT_CONFIG_KEY_", "GIT_CONFIG_VALUE_"))}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in _SCRUBBED_ENV and not k.startswith(("GIT_CONFIG_KEY_", "GIT_CONFIG_VALUE_"))
+        }
         env.update(GIT_TERMINAL_PROMPT="0", GIT_ALLOW_PROTOCOL=ALLOWED_PROTOCOLS, LC_ALL="C", LANGUAGE="C")
         if "GIT_SSH_COMMAND" not in env and "GIT_SSH" not in env:
             env["GIT_SSH_COMMAND"] = "ssh -o BatchMode=yes"  # never wait for a password
@@ -152,20 +167,40 @@ class GitRunner:
             env[f"GIT_CONFIG_VALUE_{i}"] = value
         return env
 
-    def run(self, args: Sequence[str], *, repo: Path | None = None, stdin: str | None = None,
-            config: Mapping[str, str] | None = None, timeout: float | None = None) -> str:
+    def run(
+        self,
+        args: Sequence[str],
+        *,
+        repo: Path | None = None,
+        stdin: str | None = None,
+        config: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> str:
         """Run ``git [-C repo] args``; return stdout, raise :class:`GitError` on failure or timeout."""
         return self.run_full(args, repo=repo, stdin=stdin, config=config, timeout=timeout)[0]
 
-    def run_full(self, args: Sequence[str], *, repo: Path | None = None, stdin: str | None = None,
-                 config: Mapping[str, str] | None = None, timeout: float | None = None) -> tuple[str, str]:
+    def run_full(
+        self,
+        args: Sequence[str],
+        *,
+        repo: Path | None = None,
+        stdin: str | None = None,
+        config: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> tuple[str, str]:
         """Like :meth:`run`, returning (stdout, stderr)."""
         argv = [self.executable, *(["-C", str(repo)] if repo is not None else []), *args]
         timeout = self.local_timeout if timeout is None else timeout
         try:
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    env=self.environment(config), start_new_session=True)
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=self.environment(config),
+                start_new_session=True,
+            )
         except OSError as exc:
             raise GitError(args[0], f"cannot run git: {exc.strerror}") from None
         try:
@@ -184,16 +219,31 @@ class GitRunner:
 
     def ls_remote(self, repo: Path, url: str) -> RefListing:
         self._observe("ls-remote", url)
-        out = self.run(["ls-remote", "--heads", "--tags", "--", "origin"], repo=repo,
-                       config=_real_url(url), timeout=self.network_timeout)
+        out = self.run(
+            ["ls-remote", "--heads", "--tags", "--", "origin"],
+            repo=repo,
+            config=_real_url(url),
+            timeout=self.network_timeout,
+        )
         return RefListing.parse(out)
 
     def fetch(self, repo: Path, url: str, refspecs: Sequence[str], *, prune: bool = False) -> bool:
         """Fetch commits (no trees, no blobs) for ``refspecs``; return False when the server ignored
         the filter and sent a full pack (git falls back by itself and says so on stderr)."""
         self._observe("fetch", url)
-        args = ["fetch", f"--filter={FILTER}", "--no-tags", "--no-write-fetch-head", "--no-auto-gc",
-                "--no-recurse-submodules", "--quiet", *(["--prune"] if prune else []), "origin", "--", *refspecs]
+        args = [
+            "fetch",
+            f"--filter={FILTER}",
+            "--no-tags",
+            "--no-write-fetch-head",
+            "--no-auto-gc",
+            "--no-recurse-submodules",
+            "--quiet",
+            *(["--prune"] if prune else []),
+            "origin",
+            "--",
+            *refspecs,
+        ]
         _, err = self.run_full(args, repo=repo, config=_real_url(url), timeout=self.network_timeout)
         return "filtering not recognized by server" not in err
 
@@ -212,8 +262,11 @@ class GitRunner:
         shas = sorted(set(shas))
         if not shas:
             return {}
-        out = self.run(["rev-list", "--missing=allow-any", "--ignore-missing", "--no-walk", "--format=%H %T",
-                        "--stdin"], repo=repo, stdin="".join(f"{s}\n" for s in shas))
+        out = self.run(
+            ["rev-list", "--missing=allow-any", "--ignore-missing", "--no-walk", "--format=%H %T", "--stdin"],
+            repo=repo,
+            stdin="".join(f"{s}\n" for s in shas),
+        )
         trees: dict[str, str] = {}
         for line in out.splitlines():
             commit, _, tree = line.partition(" ")
@@ -224,8 +277,9 @@ class GitRunner:
     def left_right(self, repo: Path, commit: str, head: str) -> tuple[int, int]:
         """(commits only ``commit`` reaches, commits only ``head`` reaches); (0, n) means ``commit`` is
         on ``head``'s history and ``head`` is n commits ahead."""
-        out = self.run(["rev-list", "--missing=allow-any", "--left-right", "--count", f"{commit}...{head}", "--"],
-                       repo=repo)
+        out = self.run(
+            ["rev-list", "--missing=allow-any", "--left-right", "--count", f"{commit}...{head}", "--"], repo=repo
+        )
         left, right = out.split()
         return int(left), int(right)
 
@@ -247,7 +301,7 @@ class GitRunner:
         refs: dict[str, str] = {}
         for line in out.splitlines():
             sha, _, ref = line.partition(" ")
-            refs[ref[len(UPSTREAM_NS):]] = sha
+            refs[ref[len(UPSTREAM_NS) :]] = sha
         return refs
 
     def count_range(self, repo: Path, old: str, new: str) -> int:
@@ -265,4 +319,3 @@ def _kill_group(proc: subprocess.Popen[str]) -> None:
     except ProcessLookupError:
         pass
     proc.communicate()
-

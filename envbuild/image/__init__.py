@@ -18,7 +18,21 @@ from envbuild.image.record import BuildRecord, build_record, provenance, sbom
 from envbuild.image.render import render_dockerfile
 
 __all__ = [
-    "BuildContext", "BuildRecord", "ContextError", "ContextPlan", "FilePlan", "NormalizeError",
-    "NormalizeResult", "SourcePlan", "assemble_context", "build_record", "compare_inimage",
-    "inimage_command", "normalize_image", "plan_context", "provenance", "render_dockerfile", "sbom",
+    "BuildContext",
+    "BuildRecord",
+    "ContextError",
+    "ContextPlan",
+    "FilePlan",
+    "NormalizeError",
+    "NormalizeResult",
+    "SourcePlan",
+    "assemble_context",
+    "build_record",
+    "compare_inimage",
+    "inimage_command",
+    "normalize_image",
+    "plan_context",
+    "provenance",
+    "render_dockerfile",
+    "sbom",
 ]

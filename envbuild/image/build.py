@@ -85,8 +85,12 @@ class BuildResult:
     archive: Path | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"image_id": self.image_id, "tags": list(self.tags), "lock_sha256": self.lock_sha256,
-                "record": str(self.record_dir)}
+        return {
+            "image_id": self.image_id,
+            "tags": list(self.tags),
+            "lock_sha256": self.lock_sha256,
+            "record": str(self.record_dir),
+        }
 
 
 # --- stages before the engine -------------------------------------------------------------------
@@ -101,15 +105,26 @@ def read_lock(lock_path: Path) -> tuple[Lock, str]:
     return parse_lock(data, str(lock_path)), hashlib.sha256(data).hexdigest()
 
 
-def require_verified(lock: Lock, lock_path: Path, options: ImageOptions, progress: Progress | None,
-                     verified: VerifyReport | None = None) -> VerifyReport:
-    report = verified or verify_lock(lock, str(lock_path), VerifyOptions(
-        cache_dir=options.cache_dir, mirrors=options.mirrors, offline=options.offline, jobs=options.jobs), progress)
+def require_verified(
+    lock: Lock, lock_path: Path, options: ImageOptions, progress: Progress | None, verified: VerifyReport | None = None
+) -> VerifyReport:
+    report = verified or verify_lock(
+        lock,
+        str(lock_path),
+        VerifyOptions(cache_dir=options.cache_dir, mirrors=options.mirrors, offline=options.offline, jobs=options.jobs),
+        progress,
+    )
     if not report.ok:
-        failing = [f"{r.kind.replace('_', ' ')} {r.name}: {r.status} ({r.detail})"
-                   for r in report.results if not r.passes(report.strict)]
-        raise BuildRefused(f"{lock_path}: refusing to build, the lock fails verify: " + "; ".join(failing)
-                           + " — run `envbuild lock verify` for details")
+        failing = [
+            f"{r.kind.replace('_', ' ')} {r.name}: {r.status} ({r.detail})"
+            for r in report.results
+            if not r.passes(report.strict)
+        ]
+        raise BuildRefused(
+            f"{lock_path}: refusing to build, the lock fails verify: "
+            + "; ".join(failing)
+            + " — run `envbuild lock verify` for details"
+        )
     return report
 
 
@@ -125,13 +140,16 @@ def build_epoch(lock: Lock, cache: GitCache, mirrors: Mirrors) -> int | None:
         else:
             missing.append(source.name)
     if missing:
-        raise BuildRefused(f"the commits of {', '.join(missing)} are not in the cache ({cache.root}); "
-                           "run `envbuild lock verify` without --offline first")
+        raise BuildRefused(
+            f"the commits of {', '.join(missing)} are not in the cache ({cache.root}); "
+            "run `envbuild lock verify` without --offline first"
+        )
     return max(dates) if dates else None
 
 
-def plan_image(lock_path: Path, options: ImageOptions, progress: Progress | None = None,
-               verified: VerifyReport | None = None) -> tuple[Lock, ContextPlan]:
+def plan_image(
+    lock_path: Path, options: ImageOptions, progress: Progress | None = None, verified: VerifyReport | None = None
+) -> tuple[Lock, ContextPlan]:
     lock, lock_sha256 = read_lock(lock_path)
     check_tags(options.tags)
     require_verified(lock, lock_path, options, progress, verified)
@@ -147,8 +165,10 @@ def dry_run(lock_path: Path, options: ImageOptions, progress: Progress | None = 
     check_tags(options.tags)
     unresolved = [p for p in lock.packages if not p.files]
     for package in unresolved:
-        say(f"warning: {package.name} {package.version} has no files in the lock: a build refuses it "
-            "(run `envbuild lock update` where its index is reachable); left out below")
+        say(
+            f"warning: {package.name} {package.version} has no files in the lock: a build refuses it "
+            "(run `envbuild lock update` where its index is reachable); left out below"
+        )
     if lock.base_image is not None and lock.base_image.digest is None:
         say(f"warning: base image {lock.base_image.name} is not pinned by digest: a build refuses it")
     try:
@@ -163,14 +183,29 @@ def dry_run(lock_path: Path, options: ImageOptions, progress: Progress | None = 
 
 def plan_json(plan: ContextPlan) -> dict[str, Any]:
     return {
-        "lock_name": plan.lock_name, "lock_sha256": plan.lock_sha256, "epoch": plan.epoch,
-        "base_image": {"name": plan.base_name, "digest": plan.base_digest}, "python": plan.python,
+        "lock_name": plan.lock_name,
+        "lock_sha256": plan.lock_sha256,
+        "epoch": plan.epoch,
+        "base_image": {"name": plan.base_name, "digest": plan.base_digest},
+        "python": plan.python,
         "cann": plan.cann,
-        "sources": [{"name": s.name, "repo": s.repo, "ref": s.ref, "ref_type": s.ref_type, "commit": s.commit,
-                     "tree": s.tree, "install": s.mode, "env": dict(s.env), "path": s.image_path}
-                    for s in plan.sources],
-        "files": [{"package": f.package, "version": f.version, "filename": f.filename, "sha256": f.sha256}
-                  for f in plan.files],
+        "sources": [
+            {
+                "name": s.name,
+                "repo": s.repo,
+                "ref": s.ref,
+                "ref_type": s.ref_type,
+                "commit": s.commit,
+                "tree": s.tree,
+                "install": s.mode,
+                "env": dict(s.env),
+                "path": s.image_path,
+            }
+            for s in plan.sources
+        ],
+        "files": [
+            {"package": f.package, "version": f.version, "filename": f.filename, "sha256": f.sha256} for f in plan.files
+        ],
         "dockerfile": render_dockerfile(plan),
     }
 
@@ -224,8 +259,6 @@ def context_dir(cache_dir: Path) -> Iterator[Path]:
         lock_file.unlink(missing_ok=True)
 
 
-
-
 # --- the raw → normalised map -------------------------------------------------------------------
 
 
@@ -264,9 +297,15 @@ def _write_atomic(path: Path, data: bytes) -> None:
 # --- the build -----------------------------------------------------------------------------------
 
 
-def build_image(lock_path: Path, options: ImageOptions, *, progress: Progress | None = None,
-                engine: Engine | None = None, verified: VerifyReport | None = None,
-                inimage_compare: Compare = compare_inimage) -> BuildResult:
+def build_image(
+    lock_path: Path,
+    options: ImageOptions,
+    *,
+    progress: Progress | None = None,
+    engine: Engine | None = None,
+    verified: VerifyReport | None = None,
+    inimage_compare: Compare = compare_inimage,
+) -> BuildResult:
     """Build the lock's image; see the module docstring for the stages. ``verified`` skips verifying
     again (for `envbuild check`); ``inimage_compare`` judges the in-image report (tests replace it)."""
     say = progress or (lambda message: None)
@@ -290,8 +329,17 @@ def build_image(lock_path: Path, options: ImageOptions, *, progress: Progress | 
             engine.close()
 
 
-def _build(lock_path: Path, plan: ContextPlan, context: BuildContext, tags: tuple[str, ...],
-           options: ImageOptions, engine: Engine, work: Path, say: Progress, compare: Compare) -> BuildResult:
+def _build(
+    lock_path: Path,
+    plan: ContextPlan,
+    context: BuildContext,
+    tags: tuple[str, ...],
+    options: ImageOptions,
+    engine: Engine,
+    work: Path,
+    say: Progress,
+    compare: Compare,
+) -> BuildResult:
     say(f"building {plan.lock_name} (legacy builder, no network{', no cache' if options.no_cache else ''})")
     outcome = engine.build(context.path, nocache=options.no_cache, progress=say)
     engine.tag(outcome.image_id, f"{RAW_REPOSITORY}/{plan.lock_name}:{plan.lock_sha256[:12]}")
@@ -314,12 +362,14 @@ def _build(lock_path: Path, plan: ContextPlan, context: BuildContext, tags: tupl
     say(f"tagged {image_id} as {', '.join(tags)}")
     pushed = tuple((tag, engine.push(tag, say)) for tag in tags) if options.push else ()
     record_dir = write_record(lock_path, plan, context, image_id, tags, diff_ids, pushed, options.record_dir)
-    return BuildResult(image_id, tags, plan.lock_sha256, record_dir, diff_ids, outcome.image_id, outcome.steps,
-                       reused, pushed, archive)
+    return BuildResult(
+        image_id, tags, plan.lock_sha256, record_dir, diff_ids, outcome.image_id, outcome.steps, reused, pushed, archive
+    )
 
 
-def _normalise(plan: ContextPlan, raw_id: str, options: ImageOptions, engine: Engine, work: Path,
-               say: Progress) -> tuple[str, tuple[str, ...], Path | None]:
+def _normalise(
+    plan: ContextPlan, raw_id: str, options: ImageOptions, engine: Engine, work: Path, say: Progress
+) -> tuple[str, tuple[str, ...], Path | None]:
     base = base_reference(plan)
     info = engine.inspect(base)
     if info is None:
@@ -327,8 +377,14 @@ def _normalise(plan: ContextPlan, raw_id: str, options: ImageOptions, engine: En
     say("normalising the image (docker save → rewrite → docker load)")
     saved, normalised = work / "raw.tar", work / "normalised.tar"
     engine.save(raw_id, saved)
-    result = normalize_image(saved, normalised, base_diff_ids=info["RootFS"]["Layers"], epoch=plan.epoch,
-                             base_history=engine.history_length(base), tags=[])
+    result = normalize_image(
+        saved,
+        normalised,
+        base_diff_ids=info["RootFS"]["Layers"],
+        epoch=plan.epoch,
+        base_history=engine.history_length(base),
+        tags=[],
+    )
     saved.unlink()
     loaded = engine.load(normalised)
     if result.image_id not in loaded and (engine.inspect(result.image_id) is None or loaded):
@@ -353,35 +409,72 @@ def _check_in_image(image_id: str, context: BuildContext, engine: Engine, compar
         image = engine.inspect(image_id)
         if image is not None and not image.get("RepoTags"):
             engine.remove(image_id, force=True)  # an untagged image that failed: nothing else refers to it
-        raise EngineError("the built image does not hold what the lock pins (removed, not tagged): "
-                          + "; ".join(problems))
+        raise EngineError(
+            "the built image does not hold what the lock pins (removed, not tagged): " + "; ".join(problems)
+        )
 
 
-def write_record(lock_path: Path, plan: ContextPlan, context: BuildContext, image_id: str, tags: tuple[str, ...],
-                 diff_ids: tuple[str, ...], pushed: tuple[tuple[str, str], ...], record_dir: Path | None) -> Path:
+def write_record(
+    lock_path: Path,
+    plan: ContextPlan,
+    context: BuildContext,
+    image_id: str,
+    tags: tuple[str, ...],
+    diff_ids: tuple[str, ...],
+    pushed: tuple[tuple[str, str], ...],
+    record_dir: Path | None,
+) -> Path:
     """provenance.intoto.json, sbom.cdx.json and build.json, each written atomically."""
     directory = Path(record_dir) if record_dir else lock_path.parent / "build" / plan.lock_name
     directory.mkdir(parents=True, exist_ok=True)
     trees = dict(context.trees)
     dockerfile_sha256 = hashlib.sha256(context.dockerfile.encode()).hexdigest()
-    files = build_record(plan, image_id=image_id, lock_path=str(lock_path), tags=tags, trees=trees,
-                         dockerfile_sha256=dockerfile_sha256).files()
-    files["build.json"] = render_record_json(build_summary(lock_path, plan, trees, image_id, tags, diff_ids,
-                                                           pushed, dockerfile_sha256))
+    files = build_record(
+        plan, image_id=image_id, lock_path=str(lock_path), tags=tags, trees=trees, dockerfile_sha256=dockerfile_sha256
+    ).files()
+    files["build.json"] = render_record_json(
+        build_summary(lock_path, plan, trees, image_id, tags, diff_ids, pushed, dockerfile_sha256)
+    )
     for name, data in sorted(files.items()):
         _write_atomic(directory / name, data)
     return directory
 
 
-def build_summary(lock_path: Path, plan: ContextPlan, trees: dict[str, str], image_id: str, tags: tuple[str, ...],
-                  diff_ids: tuple[str, ...], pushed: tuple[tuple[str, str], ...], dockerfile_sha256: str) -> dict:
+def build_summary(
+    lock_path: Path,
+    plan: ContextPlan,
+    trees: dict[str, str],
+    image_id: str,
+    tags: tuple[str, ...],
+    diff_ids: tuple[str, ...],
+    pushed: tuple[tuple[str, str], ...],
+    dockerfile_sha256: str,
+) -> dict:
     inputs: list[dict[str, Any]] = [{"kind": "base_image", "name": plan.base_name, "digest": plan.base_digest}]
-    inputs += [{"kind": "source", "name": s.name, "repo": s.repo, "ref": s.ref, "ref_type": s.ref_type,
-                "commit": s.commit, "tree": trees.get(s.name, s.tree), "install": s.mode} for s in plan.sources]
-    inputs += [{"kind": "package_file", "name": f.package, "version": f.version, "filename": f.filename,
-                "sha256": f.sha256} for f in plan.files]
+    inputs += [
+        {
+            "kind": "source",
+            "name": s.name,
+            "repo": s.repo,
+            "ref": s.ref,
+            "ref_type": s.ref_type,
+            "commit": s.commit,
+            "tree": trees.get(s.name, s.tree),
+            "install": s.mode,
+        }
+        for s in plan.sources
+    ]
+    inputs += [
+        {"kind": "package_file", "name": f.package, "version": f.version, "filename": f.filename, "sha256": f.sha256}
+        for f in plan.files
+    ]
     inputs.append({"kind": "dockerfile", "name": "Dockerfile", "sha256": dockerfile_sha256})
-    return {"lock": {"path": str(lock_path), "sha256": plan.lock_sha256, "name": plan.lock_name},
-            "image_id": image_id, "tags": sorted(tags), "diff_ids": list(diff_ids),
-            "source_date_epoch": plan.epoch, "inputs": inputs,
-            "pushed": [{"tag": tag, "digest": digest} for tag, digest in sorted(pushed)]}
+    return {
+        "lock": {"path": str(lock_path), "sha256": plan.lock_sha256, "name": plan.lock_name},
+        "image_id": image_id,
+        "tags": sorted(tags),
+        "diff_ids": list(diff_ids),
+        "source_date_epoch": plan.epoch,
+        "inputs": inputs,
+        "pushed": [{"tag": tag, "digest": digest} for tag, digest in sorted(pushed)],
+    }

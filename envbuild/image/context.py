@@ -122,31 +122,43 @@ def requirements_text(lock: Lock) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plan_context(lock: Lock, *, lock_sha256: str, epoch: int | None = None,
-                 allow_unpinned: bool = False) -> ContextPlan:
+def plan_context(
+    lock: Lock, *, lock_sha256: str, epoch: int | None = None, allow_unpinned: bool = False
+) -> ContextPlan:
     """Decide what goes where. ``epoch`` is used when the lock fixes no ``source_date_epoch``
     (the caller computes the newest pinned commit's date from git)."""
     problems = []
     if lock.base_image is None:
         problems.append("the lock has no base_image: add base_image.name and base_image.digest")
     elif lock.base_image.digest is None and not allow_unpinned:
-        problems.append(f"base_image {lock.base_image.name} is not pinned: add base_image.digest "
-                        "(`envbuild lock update` records it)")
+        problems.append(
+            f"base_image {lock.base_image.name} is not pinned: add base_image.digest "
+            "(`envbuild lock update` records it)"
+        )
     chosen = lock.source_date_epoch if lock.source_date_epoch is not None else epoch
     if chosen is None:
         problems.append("no build epoch: set source_date_epoch in the lock or pass the newest commit's date")
     packages_without_files = [p.name for p in lock.packages if not p.files]
     if packages_without_files:
-        problems.append(f"packages without files (run `envbuild lock update`): {', '.join(sorted(packages_without_files))}")
+        problems.append(
+            f"packages without files (run `envbuild lock update`): {', '.join(sorted(packages_without_files))}"
+        )
     if problems:
         raise InputError("cannot plan the image: " + "; ".join(problems))
     assert lock.base_image is not None and chosen is not None
     sources = tuple(
         SourcePlan(
-            name=s.name, repo=s.repo, ref=s.ref, ref_type=s.ref_type, commit=s.commit, tree=s.tree,
+            name=s.name,
+            repo=s.repo,
+            ref=s.ref,
+            ref_type=s.ref_type,
+            commit=s.commit,
+            tree=s.tree,
             mode=(s.install.mode if s.install else "editable"),
             env=tuple(sorted((s.install.env if s.install else {}).items())),
-            context_path=f"src/{s.name}", image_path=f"{IMAGE_SRC}/{s.name}", source=s,
+            context_path=f"src/{s.name}",
+            image_path=f"{IMAGE_SRC}/{s.name}",
+            source=s,
         )
         for s in layer_order(lock.sources)
     )
@@ -156,11 +168,17 @@ def plan_context(lock: Lock, *, lock_sha256: str, epoch: int | None = None,
         for f in sorted(p.files, key=lambda f: f.filename)
     )
     return ContextPlan(
-        lock_name=lock.name, lock_sha256=lock_sha256, epoch=chosen, base_name=lock.base_image.name,
-        base_digest=lock.base_image.digest, allow_unpinned=allow_unpinned,
+        lock_name=lock.name,
+        lock_sha256=lock_sha256,
+        epoch=chosen,
+        base_name=lock.base_image.name,
+        base_digest=lock.base_image.digest,
+        allow_unpinned=allow_unpinned,
         python=lock.platform.python if lock.platform else None,
         cann=lock.platform.cann if lock.platform else None,
-        sources=sources, files=files, requirements=requirements_text(lock),
+        sources=sources,
+        files=files,
+        requirements=requirements_text(lock),
     )
 
 
@@ -172,12 +190,26 @@ def manifest_for(plan: ContextPlan, file_lists: dict[str, list[str]], trees: dic
         "epoch": plan.epoch,
         "python": plan.python,
         "cann": plan.cann,
-        "packages": [{"name": canonicalize_name(n), "version": v}
-                     for n, v in sorted({(f.package, f.version) for f in plan.files},
-                                        key=lambda item: canonicalize_name(item[0]))],
-        "sources": [{"name": s.name, "repo": s.repo, "ref": s.ref, "ref_type": s.ref_type, "commit": s.commit,
-                     "tree": trees[s.name], "mode": s.mode, "path": s.image_path, "files": file_lists[s.name]}
-                    for s in plan.sources],
+        "packages": [
+            {"name": canonicalize_name(n), "version": v}
+            for n, v in sorted(
+                {(f.package, f.version) for f in plan.files}, key=lambda item: canonicalize_name(item[0])
+            )
+        ],
+        "sources": [
+            {
+                "name": s.name,
+                "repo": s.repo,
+                "ref": s.ref,
+                "ref_type": s.ref_type,
+                "commit": s.commit,
+                "tree": trees[s.name],
+                "mode": s.mode,
+                "path": s.image_path,
+                "files": file_lists[s.name],
+            }
+            for s in plan.sources
+        ],
     }
 
 
@@ -185,8 +217,9 @@ def _json_bytes(data: object) -> bytes:
     return (json.dumps(data, indent=1, sort_keys=True, ensure_ascii=True) + "\n").encode()
 
 
-def assemble_context(plan: ContextPlan, dest: str | os.PathLike[str], export_source: ExportSource,
-                     file_for: FileFor) -> BuildContext:
+def assemble_context(
+    plan: ContextPlan, dest: str | os.PathLike[str], export_source: ExportSource, file_for: FileFor
+) -> BuildContext:
     """Write the context into *dest* (absent or empty). Every package file is re-hashed and every
     source tree compared with the lock's ``tree`` before anything is written; all problems are
     reported at once, naming the package file or source."""
@@ -209,8 +242,10 @@ def assemble_context(plan: ContextPlan, dest: str | os.PathLike[str], export_sou
             problems.append(f"package {item.package} {item.version}: {item.filename}: cannot read: {exc}")
             continue
         if actual != item.sha256:
-            problems.append(f"package {item.package} {item.version}: {item.filename} has sha256 {actual}, "
-                            f"the lock pins {item.sha256}")
+            problems.append(
+                f"package {item.package} {item.version}: {item.filename} has sha256 {actual}, "
+                f"the lock pins {item.sha256}"
+            )
         cached[item.filename] = path
 
     dest.mkdir(parents=True, exist_ok=True)
@@ -227,8 +262,10 @@ def assemble_context(plan: ContextPlan, dest: str | os.PathLike[str], export_sou
         if unreadable:
             problems.append(f"source {source.name}: exported entries that are not files: {', '.join(unreadable[:5])}")
         if source.tree is not None and tree != source.tree:
-            problems.append(f"source {source.name}: the exported tree of {source.commit} is {tree}, "
-                            f"the lock pins tree {source.tree}")
+            problems.append(
+                f"source {source.name}: the exported tree of {source.commit} is {tree}, "
+                f"the lock pins tree {source.tree}"
+            )
         file_lists[source.name], trees[source.name] = files, tree
         (target / COMMIT_MARKER).write_text(source.commit + "\n", encoding="ascii")
     if problems:

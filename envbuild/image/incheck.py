@@ -42,11 +42,11 @@ def compare_inimage(report: dict | str, manifest: dict) -> list[str]:
     assert isinstance(report, dict)
     problems: list[str] = []
     if report.get("report_version") != inimage_check.REPORT_VERSION:
-        problems.append(f"in-image report version {report.get('report_version')!r}, expected "
-                        f"{inimage_check.REPORT_VERSION}")
+        problems.append(
+            f"in-image report version {report.get('report_version')!r}, expected {inimage_check.REPORT_VERSION}"
+        )
     if report.get("lock_sha256") != manifest["lock_sha256"]:
-        problems.append(f"the image's manifest is for lock {report.get('lock_sha256')}, "
-                        f"not {manifest['lock_sha256']}")
+        problems.append(f"the image's manifest is for lock {report.get('lock_sha256')}, not {manifest['lock_sha256']}")
     want_python = manifest.get("python")
     if want_python and not str(report.get("python", "")).startswith(want_python + "."):
         problems.append(f"python3 in the image is {report.get('python')}, the lock's platform.python is {want_python}")
@@ -72,11 +72,17 @@ def compare_inimage(report: dict | str, manifest: dict) -> list[str]:
             problems.append(f"source {name}: {source['path']} does not exist in the image")
             continue
         if seen.get("commit_marker") != source["commit"]:
-            problems.append(f"source {name}: marker says commit {seen.get('commit_marker')}, the lock pins {source['commit']}")
+            problems.append(
+                f"source {name}: marker says commit {seen.get('commit_marker')}, the lock pins {source['commit']}"
+            )
         if seen.get("unreadable"):
-            problems.append(f"source {name}: files of commit {source['commit']} missing in the image: "
-                            f"{', '.join(seen['unreadable'][:5])}")
+            problems.append(
+                f"source {name}: files of commit {source['commit']} missing in the image: "
+                f"{', '.join(seen['unreadable'][:5])}"
+            )
         if seen.get("tree") != source["tree"]:
-            problems.append(f"source {name}: the installed files have tree {seen.get('tree')}, "
-                            f"commit {source['commit']} has tree {source['tree']} (a file was changed at build time)")
+            problems.append(
+                f"source {name}: the installed files have tree {seen.get('tree')}, "
+                f"commit {source['commit']} has tree {source['tree']} (a file was changed at build time)"
+            )
     return problems

@@ -106,8 +106,7 @@ def distributions() -> tuple[dict[str, list[str]], dict[str, str]]:
 
 def source_report(entry: dict) -> dict:
     path = entry["path"]
-    report: dict = {"path": path, "exists": os.path.isdir(path), "commit_marker": None, "tree": None,
-                    "unreadable": []}
+    report: dict = {"path": path, "exists": os.path.isdir(path), "commit_marker": None, "tree": None, "unreadable": []}
     if not report["exists"]:
         return report
     try:

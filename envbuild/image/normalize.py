@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO, Literal
+from typing import IO, Any, BinaryIO, Literal
 
 from envbuild.errors import EnvbuildError
 
@@ -69,8 +69,9 @@ def chain_ids(diff_ids: Sequence[str]) -> list[str]:
     """OCI chain IDs: each names a layer together with everything under it."""
     chain: list[str] = []
     for diff_id in diff_ids:
-        chain.append(diff_id if not chain else
-                     "sha256:" + hashlib.sha256(f"{chain[-1]} {diff_id}".encode()).hexdigest())
+        chain.append(
+            diff_id if not chain else "sha256:" + hashlib.sha256(f"{chain[-1]} {diff_id}".encode()).hexdigest()
+        )
     return chain
 
 
@@ -148,10 +149,10 @@ def normalize_layer(source: BinaryIO, out: BinaryIO, epoch: int) -> None:
             for name in sorted(kept, key=_sort_key):
                 original = kept[name]
                 info = _clean_header(original, epoch)
-                data: BinaryIO | None = None
-                root = group_of.get(name)
-                if root is not None:
-                    source_info = data_of[root]
+                data: IO[bytes] | None = None
+                group = group_of.get(name)
+                if group is not None:
+                    source_info = data_of[group]
                     if holder[name] == name:
                         info.type, info.linkname = tarfile.REGTYPE, ""
                         info.size = source_info.size
@@ -184,9 +185,15 @@ def _clean_header(original: tarfile.TarInfo, epoch: int) -> tarfile.TarInfo:
 # --- the archive ------------------------------------------------------------------------------
 
 
-def normalize_image(archive: str | os.PathLike[str] | BinaryIO, dest: str | os.PathLike[str], *,
-                    base_diff_ids: Sequence[str], epoch: int, base_history: int | None = None,
-                    tags: Sequence[str] | None = None) -> NormalizeResult:
+def normalize_image(
+    archive: str | os.PathLike[str] | BinaryIO,
+    dest: str | os.PathLike[str],
+    *,
+    base_diff_ids: Sequence[str],
+    epoch: int,
+    base_history: int | None = None,
+    tags: Sequence[str] | None = None,
+) -> NormalizeResult:
     """Rewrite the ``docker save`` *archive* (path or stream) into *dest*, a ``docker load``-able tar.
 
     *base_diff_ids* are the base image's ``RootFS.Layers``: the archive's first layers must be exactly
@@ -211,8 +218,15 @@ def normalize_image(archive: str | os.PathLike[str] | BinaryIO, dest: str | os.P
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _rewrite(outer: tarfile.TarFile, dest: Path, work: Path, base: list[str], epoch: int,
-             base_history: int | None, tags: Sequence[str] | None) -> NormalizeResult:
+def _rewrite(
+    outer: tarfile.TarFile,
+    dest: Path,
+    work: Path,
+    base: list[str],
+    epoch: int,
+    base_history: int | None,
+    tags: Sequence[str] | None,
+) -> NormalizeResult:
     names = set(outer.getnames())
     layout: Literal["docker-save", "oci"] = "oci" if {"index.json", "oci-layout"} <= names else "docker-save"
     manifest = _read_json(outer, "manifest.json")
@@ -225,9 +239,11 @@ def _rewrite(outer: tarfile.TarFile, dest: Path, work: Path, base: list[str], ep
     diff_ids: list[str] = list(config.get("rootfs", {}).get("diff_ids", []))
     if len(diff_ids) != len(layer_paths):
         raise NormalizeError(f"the config lists {len(diff_ids)} layers, manifest.json {len(layer_paths)}")
-    if diff_ids[:len(base)] != base:
-        raise NormalizeError("the image's first layers are not the base image's: it was not built on "
-                             f"the pinned base (expected {len(base)} base layers)")
+    if diff_ids[: len(base)] != base:
+        raise NormalizeError(
+            "the image's first layers are not the base image's: it was not built on "
+            f"the pinned base (expected {len(base)} base layers)"
+        )
 
     new_ids: list[str] = list(base)
     rewritten: list[Path] = []
@@ -247,20 +263,23 @@ def _rewrite(outer: tarfile.TarFile, dest: Path, work: Path, base: list[str], ep
 
     layers: list[tuple[str, tarfile.TarInfo | Path]] = []
     for index, diff_id in enumerate(new_ids):
-        layers.append((diff_id, _member(outer, layer_paths[index]) if index < len(base) else rewritten[index - len(base)]))
+        layers.append(
+            (diff_id, _member(outer, layer_paths[index]) if index < len(base) else rewritten[index - len(base)])
+        )
     tmp = dest.with_name(f".{dest.name}.tmp")
     with open(tmp, "wb") as raw, tarfile.open(fileobj=raw, mode="w:", format=tarfile.PAX_FORMAT) as writer:
-        out = _Writer(writer, outer, epoch)
+        sink = _Writer(writer, outer, epoch)
         if layout == "oci":
-            _write_oci(out, layers, config_bytes, image_id, repo_tags)
+            _write_oci(sink, layers, config_bytes, image_id, repo_tags)
         else:
-            _write_legacy(out, layers, config_bytes, image_id, repo_tags)
+            _write_legacy(sink, layers, config_bytes, image_id, repo_tags)
     os.replace(tmp, dest)
     return NormalizeResult(image_id, layout, tuple(new_ids), len(base), repo_tags)
 
 
-def normalize_config(config: dict, diff_ids: Sequence[str], *, base_layers: int, epoch: int,
-                     base_history: int | None = None) -> dict:
+def normalize_config(
+    config: dict, diff_ids: Sequence[str], *, base_layers: int, epoch: int, base_history: int | None = None
+) -> dict:
     """The config with build-time noise removed; pure."""
     config = json.loads(json.dumps(config))
     created = rfc3339(epoch)
@@ -285,8 +304,9 @@ def normalize_config(config: dict, diff_ids: Sequence[str], *, base_layers: int,
         first_added = len(history)
     if base_history is not None:
         if base_history < first_added:
-            raise NormalizeError(f"the base image has {base_history} history entries, fewer than its "
-                                 f"{base_layers} layers need")
+            raise NormalizeError(
+                f"the base image has {base_history} history entries, fewer than its {base_layers} layers need"
+            )
         first_added = base_history
     for item in history[first_added:]:
         item["created"] = created
@@ -328,8 +348,9 @@ class _Writer:
         return size
 
 
-def _write_legacy(out: _Writer, layers: list[tuple[str, tarfile.TarInfo | Path]], config: bytes,
-                  image_id: str, tags: Sequence[str]) -> None:
+def _write_legacy(
+    out: _Writer, layers: list[tuple[str, tarfile.TarInfo | Path]], config: bytes, image_id: str, tags: Sequence[str]
+) -> None:
     chain = chain_ids([diff for diff, _ in layers])
     paths = []
     for index, ((_, layer), layer_id) in enumerate(zip(layers, chain)):
@@ -347,10 +368,13 @@ def _write_legacy(out: _Writer, layers: list[tuple[str, tarfile.TarInfo | Path]]
         out.data("repositories", canonical_json(_repositories(tags, chain[-1].split(":", 1)[1])))
 
 
-def _write_oci(out: _Writer, layers: list[tuple[str, tarfile.TarInfo | Path]], config: bytes,
-               image_id: str, tags: Sequence[str]) -> None:
+def _write_oci(
+    out: _Writer, layers: list[tuple[str, tarfile.TarInfo | Path]], config: bytes, image_id: str, tags: Sequence[str]
+) -> None:
     out.directory("blobs/sha256")
-    descriptors, paths, written = [], [], set()
+    descriptors: list[dict[str, Any]] = []
+    paths: list[str] = []
+    written: set[str] = set()
     for diff_id, layer in layers:
         hex_id = diff_id.split(":", 1)[1]
         if hex_id not in written:
@@ -362,20 +386,44 @@ def _write_oci(out: _Writer, layers: list[tuple[str, tarfile.TarInfo | Path]], c
         paths.append(f"blobs/sha256/{hex_id}")
     config_hex = image_id.split(":", 1)[1]
     out.data(f"blobs/sha256/{config_hex}", config)
-    manifest = canonical_json({"schemaVersion": 2, "mediaType": OCI_MANIFEST,
-                               "config": {"mediaType": OCI_CONFIG, "digest": image_id, "size": len(config)},
-                               "layers": descriptors})
+    manifest = canonical_json(
+        {
+            "schemaVersion": 2,
+            "mediaType": OCI_MANIFEST,
+            "config": {"mediaType": OCI_CONFIG, "digest": image_id, "size": len(config)},
+            "layers": descriptors,
+        }
+    )
     manifest_digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
     out.data(f"blobs/sha256/{manifest_digest.split(':', 1)[1]}", manifest)
-    index_entries = [{"mediaType": OCI_MANIFEST, "digest": manifest_digest, "size": len(manifest),
-                      **({"annotations": {"io.containerd.image.name": tag,
-                                          "org.opencontainers.image.ref.name": tag.rsplit(":", 1)[-1]}}
-                         if tag else {})}
-                     for tag in (tags or [""])]
-    out.data("index.json", canonical_json({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
-                                           "manifests": index_entries}))
-    out.data("manifest.json", canonical_json([{"Config": f"blobs/sha256/{config_hex}", "RepoTags": list(tags),
-                                               "Layers": paths}]))
+    index_entries = [
+        {
+            "mediaType": OCI_MANIFEST,
+            "digest": manifest_digest,
+            "size": len(manifest),
+            **(
+                {
+                    "annotations": {
+                        "io.containerd.image.name": tag,
+                        "org.opencontainers.image.ref.name": tag.rsplit(":", 1)[-1],
+                    }
+                }
+                if tag
+                else {}
+            ),
+        }
+        for tag in (tags or [""])
+    ]
+    out.data(
+        "index.json",
+        canonical_json(
+            {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": index_entries}
+        ),
+    )
+    out.data(
+        "manifest.json",
+        canonical_json([{"Config": f"blobs/sha256/{config_hex}", "RepoTags": list(tags), "Layers": paths}]),
+    )
     out.data("oci-layout", canonical_json({"imageLayoutVersion": "1.0.0"}))
     if tags and layers:
         out.data("repositories", canonical_json(_repositories(tags, layers[-1][0].split(":", 1)[1])))

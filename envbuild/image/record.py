@@ -6,6 +6,7 @@ import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import quote
 
 from packaging.utils import canonicalize_name
@@ -28,8 +29,10 @@ class BuildRecord:
 
     def files(self) -> dict[str, bytes]:
         """File name -> bytes, for writing next to the result."""
-        return {"provenance.intoto.json": render_record_json(self.provenance),
-                "sbom.cdx.json": render_record_json(self.sbom)}
+        return {
+            "provenance.intoto.json": render_record_json(self.provenance),
+            "sbom.cdx.json": render_record_json(self.sbom),
+        }
 
 
 def render_record_json(data: dict) -> bytes:
@@ -56,29 +59,47 @@ def source_purl(source: SourcePlan) -> str:
 def resolved_dependencies(plan: ContextPlan, trees: dict[str, str]) -> list[dict]:
     deps: list[dict] = []
     if plan.base_digest:
-        deps.append({"name": "base_image", "uri": f"docker://{plan.base_name}",
-                     "digest": {"sha256": _hex(plan.base_digest)}})
+        deps.append(
+            {"name": "base_image", "uri": f"docker://{plan.base_name}", "digest": {"sha256": _hex(plan.base_digest)}}
+        )
     else:
         deps.append({"name": "base_image", "uri": f"docker://{plan.base_name}", "annotations": {"unpinned": True}})
     for source in plan.sources:
-        item = {"name": source.name, "uri": source_uri(source), "digest": {"gitCommit": source.commit},
-                "annotations": {"install": source.mode, "ref_type": source.ref_type}}
+        item: dict[str, Any] = {
+            "name": source.name,
+            "uri": source_uri(source),
+            "digest": {"gitCommit": source.commit},
+            "annotations": {"install": source.mode, "ref_type": source.ref_type},
+        }
+        annotations: dict[str, str] = item["annotations"]
         if tree := trees.get(source.name) or source.tree:
-            item["annotations"]["gitTree"] = tree
+            annotations["gitTree"] = tree
         deps.append(item)
     for file in plan.files:
-        deps.append({"name": file.filename, "uri": package_purl(file.package, file.version),
-                     "digest": {"sha256": file.sha256}})
+        deps.append(
+            {"name": file.filename, "uri": package_purl(file.package, file.version), "digest": {"sha256": file.sha256}}
+        )
     return deps
 
 
-def provenance(plan: ContextPlan, *, image_id: str, lock_path: str, tags: Sequence[str] = (),
-               trees: dict[str, str] | None = None, dockerfile_sha256: str | None = None,
-               builder_id: str = DEFAULT_BUILDER, started_on: str | None = None,
-               finished_on: str | None = None) -> dict:
+def provenance(
+    plan: ContextPlan,
+    *,
+    image_id: str,
+    lock_path: str,
+    tags: Sequence[str] = (),
+    trees: dict[str, str] | None = None,
+    dockerfile_sha256: str | None = None,
+    builder_id: str = DEFAULT_BUILDER,
+    started_on: str | None = None,
+    finished_on: str | None = None,
+) -> dict:
     """An in-toto Statement v1 with a SLSA provenance v1 predicate for the image *image_id*."""
-    subject_name = tags[0].rsplit(":", 1)[0] if tags and ":" in tags[0].rsplit("/", 1)[-1] else (
-        tags[0] if tags else plan.lock_name)
+    subject_name = (
+        tags[0].rsplit(":", 1)[0]
+        if tags and ":" in tags[0].rsplit("/", 1)[-1]
+        else (tags[0] if tags else plan.lock_name)
+    )
     internal: dict = {"source_date_epoch": plan.epoch, "layer_order": [s.name for s in plan.sources]}
     if dockerfile_sha256:
         internal["dockerfile_sha256"] = dockerfile_sha256
@@ -89,14 +110,18 @@ def provenance(plan: ContextPlan, *, image_id: str, lock_path: str, tags: Sequen
         metadata["finishedOn"] = finished_on
     return {
         "_type": STATEMENT_TYPE,
-        "subject": [{"name": subject_name, "digest": {"sha256": _hex(image_id)},
-                     **({"annotations": {"tags": sorted(tags)}} if tags else {})}],
+        "subject": [
+            {
+                "name": subject_name,
+                "digest": {"sha256": _hex(image_id)},
+                **({"annotations": {"tags": sorted(tags)}} if tags else {}),
+            }
+        ],
         "predicateType": SLSA_PROVENANCE,
         "predicate": {
             "buildDefinition": {
                 "buildType": BUILD_TYPE,
-                "externalParameters": {"lock": {"path": lock_path, "sha256": plan.lock_sha256},
-                                       "tags": sorted(tags)},
+                "externalParameters": {"lock": {"path": lock_path, "sha256": plan.lock_sha256}, "tags": sorted(tags)},
                 "internalParameters": internal,
                 "resolvedDependencies": resolved_dependencies(plan, trees or {}),
             },
@@ -108,8 +133,7 @@ def provenance(plan: ContextPlan, *, image_id: str, lock_path: str, tags: Sequen
     }
 
 
-def sbom(plan: ContextPlan, *, image_id: str, image_name: str | None = None,
-         timestamp: str | None = None) -> dict:
+def sbom(plan: ContextPlan, *, image_id: str, image_name: str | None = None, timestamp: str | None = None) -> dict:
     """A CycloneDX 1.5 SBOM of the image: the lock's packages and sources."""
     components: list[dict] = []
     by_package: dict[tuple[str, str], list[str]] = {}
@@ -117,20 +141,43 @@ def sbom(plan: ContextPlan, *, image_id: str, image_name: str | None = None,
         by_package.setdefault((canonicalize_name(file.package), file.version), []).append(file.sha256)
     for (name, version), hashes in sorted(by_package.items()):
         purl = package_purl(name, version)
-        components.append({"type": "library", "bom-ref": purl, "name": name, "version": version, "purl": purl,
-                           "hashes": [{"alg": "SHA-256", "content": h} for h in sorted(hashes)]})
+        components.append(
+            {
+                "type": "library",
+                "bom-ref": purl,
+                "name": name,
+                "version": version,
+                "purl": purl,
+                "hashes": [{"alg": "SHA-256", "content": h} for h in sorted(hashes)],
+            }
+        )
     for source in sorted(plan.sources, key=lambda s: s.name):
         purl = source_purl(source)
-        components.append({
-            "type": "library", "bom-ref": purl, "name": source.name, "version": source.commit, "purl": purl,
-            "hashes": [{"alg": "SHA-1", "content": source.commit}],
-            "externalReferences": [{"type": "vcs", "url": f"git+{source.repo}@{source.commit}",
-                                    "comment": f"{source.ref_type} {source.ref}"}],
-            "properties": [{"name": "envbuild:install", "value": source.mode}],
-        })
+        components.append(
+            {
+                "type": "library",
+                "bom-ref": purl,
+                "name": source.name,
+                "version": source.commit,
+                "purl": purl,
+                "hashes": [{"alg": "SHA-1", "content": source.commit}],
+                "externalReferences": [
+                    {
+                        "type": "vcs",
+                        "url": f"git+{source.repo}@{source.commit}",
+                        "comment": f"{source.ref_type} {source.ref}",
+                    }
+                ],
+                "properties": [{"name": "envbuild:install", "value": source.mode}],
+            }
+        )
     metadata: dict = {
-        "component": {"type": "container", "bom-ref": image_id, "name": image_name or plan.lock_name,
-                      "version": image_id},
+        "component": {
+            "type": "container",
+            "bom-ref": image_id,
+            "name": image_name or plan.lock_name,
+            "version": image_id,
+        },
         "tools": {"components": [{"type": "application", "name": "envbuild", "version": __version__}]},
         "properties": [{"name": "envbuild:lock_sha256", "value": plan.lock_sha256}],
     }
@@ -147,10 +194,18 @@ def sbom(plan: ContextPlan, *, image_id: str, image_name: str | None = None,
     }
 
 
-def build_record(plan: ContextPlan, *, image_id: str, lock_path: str, tags: Sequence[str] = (),
-                 trees: dict[str, str] | None = None, dockerfile_sha256: str | None = None) -> BuildRecord:
+def build_record(
+    plan: ContextPlan,
+    *,
+    image_id: str,
+    lock_path: str,
+    tags: Sequence[str] = (),
+    trees: dict[str, str] | None = None,
+    dockerfile_sha256: str | None = None,
+) -> BuildRecord:
     return BuildRecord(
-        provenance(plan, image_id=image_id, lock_path=lock_path, tags=tags, trees=trees,
-                   dockerfile_sha256=dockerfile_sha256),
+        provenance(
+            plan, image_id=image_id, lock_path=lock_path, tags=tags, trees=trees, dockerfile_sha256=dockerfile_sha256
+        ),
         sbom(plan, image_id=image_id, image_name=tags[0] if tags else None),
     )

@@ -21,8 +21,9 @@ TEMPLATE_DIR = Path(__file__).parent / "templates"
 PIP = "python3 -m pip"
 # Only what this build itself may leave behind; base-image paths are never touched (a deletion would
 # add a whiteout, i.e. modify the base). __pycache__ outside /opt/envbuild is dropped by normalize.
-CLEANUP = ("rm -rf /tmp/envbuild-* /root/.cache/pip"
-           " && find /opt/envbuild -depth -name __pycache__ -type d -exec rm -rf {} +")
+CLEANUP = (
+    "rm -rf /tmp/envbuild-* /root/.cache/pip && find /opt/envbuild -depth -name __pycache__ -type d -exec rm -rf {} +"
+)
 _PLACEHOLDER = re.compile(r"\{\{([a-z0-9_]+)\}\}")
 
 
@@ -47,8 +48,10 @@ def base_reference(plan: ContextPlan) -> str:
     if plan.base_digest:
         return f"{plan.base_name.rsplit(':', 1)[0] if _has_tag(plan.base_name) else plan.base_name}@{plan.base_digest}"
     if not plan.allow_unpinned:
-        raise InputError(f"base_image {plan.base_name} is not pinned by digest: add base_image.digest "
-                         "(an unpinned base is allowed only for tests)")
+        raise InputError(
+            f"base_image {plan.base_name} is not pinned by digest: add base_image.digest "
+            "(an unpinned base is allowed only for tests)"
+        )
     return plan.base_name
 
 
@@ -60,20 +63,24 @@ def _has_tag(name: str) -> bool:
 def render_platform_check(plan: ContextPlan) -> str:
     if not plan.cann and not plan.python:
         return "# no platform.cann or platform.python in the lock: nothing to check in the base image"
-    return fill(load_template("platform_check.sh.in"),
-                {"cann": shlex.quote(plan.cann or ""), "python": shlex.quote(plan.python or "")}).rstrip("\n")
+    return fill(
+        load_template("platform_check.sh.in"),
+        {"cann": shlex.quote(plan.cann or ""), "python": shlex.quote(plan.python or "")},
+    ).rstrip("\n")
 
 
 def render_packages(plan: ContextPlan) -> str:
     if not plan.files:
         return "# no packages in the lock"
-    return "\n".join([
-        f"COPY wheels/ {IMAGE_WHEELS}/",
-        f"COPY envbuild/requirements.txt {IMAGE_META}/requirements.txt",
-        f"RUN {PIP} install --no-index --require-hashes --no-deps --no-compile \\",
-        f"      --find-links {IMAGE_WHEELS} -r {IMAGE_META}/requirements.txt \\",
-        f" && {CLEANUP}",
-    ])
+    return "\n".join(
+        [
+            f"COPY wheels/ {IMAGE_WHEELS}/",
+            f"COPY envbuild/requirements.txt {IMAGE_META}/requirements.txt",
+            f"RUN {PIP} install --no-index --require-hashes --no-deps --no-compile \\",
+            f"      --find-links {IMAGE_WHEELS} -r {IMAGE_META}/requirements.txt \\",
+            f" && {CLEANUP}",
+        ]
+    )
 
 
 def _env_prefix(source: SourcePlan) -> str:
@@ -81,18 +88,24 @@ def _env_prefix(source: SourcePlan) -> str:
 
 
 def render_source(source: SourcePlan) -> str:
-    lines = [f"# {source.name}: {source.ref_type} {source.ref} at {source.commit} ({source.mode})",
-             f"COPY {source.context_path}/ {source.image_path}/"]
+    lines = [
+        f"# {source.name}: {source.ref_type} {source.ref} at {source.commit} ({source.mode})",
+        f"COPY {source.context_path}/ {source.image_path}/",
+    ]
     env = _env_prefix(source)
     if source.mode == "editable":
-        lines += [f"RUN {env}{PIP} install --no-build-isolation --no-deps --no-index --no-compile \\",
-                  f"      -e {source.image_path} \\",
-                  f" && {CLEANUP}"]
+        lines += [
+            f"RUN {env}{PIP} install --no-build-isolation --no-deps --no-index --no-compile \\",
+            f"      -e {source.image_path} \\",
+            f" && {CLEANUP}",
+        ]
     elif source.mode == "wheel":
         out = f"/tmp/envbuild-wheel-{source.name}"
-        lines += [f"RUN {env}{PIP} wheel --no-build-isolation --no-deps --no-index -w {out} {source.image_path} \\",
-                  f" && {PIP} install --no-index --no-deps --no-compile {out}/*.whl \\",
-                  f" && {CLEANUP}"]
+        lines += [
+            f"RUN {env}{PIP} wheel --no-build-isolation --no-deps --no-index -w {out} {source.image_path} \\",
+            f" && {PIP} install --no-index --no-deps --no-compile {out}/*.whl \\",
+            f" && {CLEANUP}",
+        ]
     elif source.mode != "none":
         raise ValueError(f"unknown install mode {source.mode!r}")
     return "\n".join(lines)
@@ -106,13 +119,16 @@ def render_labels(plan: ContextPlan) -> str:
 
 def render_dockerfile(plan: ContextPlan) -> str:
     """The whole Dockerfile; ``envbuild image --dry-run`` prints exactly this."""
-    return fill(load_template("Dockerfile.in"), {
-        "lock_name": plan.lock_name,
-        "lock_sha256": plan.lock_sha256,
-        "base": base_reference(plan),
-        "platform_check": render_platform_check(plan),
-        "packages": render_packages(plan),
-        "epoch": str(plan.epoch),
-        "sources": "\n".join(render_source(s) for s in plan.sources) or "# no sources in the lock",
-        "labels": render_labels(plan),
-    })
+    return fill(
+        load_template("Dockerfile.in"),
+        {
+            "lock_name": plan.lock_name,
+            "lock_sha256": plan.lock_sha256,
+            "base": base_reference(plan),
+            "platform_check": render_platform_check(plan),
+            "packages": render_packages(plan),
+            "epoch": str(plan.epoch),
+            "sources": "\n".join(render_source(s) for s in plan.sources) or "# no sources in the lock",
+            "labels": render_labels(plan),
+        },
+    )

@@ -14,6 +14,17 @@ from envbuild.lock.model import (
 )
 
 __all__ = [
-    "LOCK_VERSION", "PYPI_SIMPLE", "BaseImage", "Install", "Lock", "Package", "PackageFile", "Platform",
-    "Source", "dump_lock", "load_lock", "parse_lock", "write_lock",
+    "LOCK_VERSION",
+    "PYPI_SIMPLE",
+    "BaseImage",
+    "Install",
+    "Lock",
+    "Package",
+    "PackageFile",
+    "Platform",
+    "Source",
+    "dump_lock",
+    "load_lock",
+    "parse_lock",
+    "write_lock",
 ]

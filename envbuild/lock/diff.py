@@ -3,26 +3,30 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from packaging.utils import canonicalize_name
 
-from envbuild.lock.model import Lock, Package, Source
+from envbuild.lock.model import BaseImage, Lock, Package, Source
 
 CommitCounter = Callable[[Source, Source], "int | None"]
 
 
 @dataclass(frozen=True)
 class Change:
-    kind: str                  # "source" | "package" | "base_image" | "platform" | "requirements"
+    kind: str  # "source" | "package" | "base_image" | "platform" | "requirements"
     name: str
-    action: str                # "added" | "removed" | "changed"
-    fields: tuple[tuple[str, str, str], ...] = ()   # (field, old, new)
+    action: str  # "added" | "removed" | "changed"
+    fields: tuple[tuple[str, str, str], ...] = ()  # (field, old, new)
     commits: int | None = None  # for a moved source: commits from old to new, when the cache knows
 
-    def to_json(self) -> dict:
-        data = {"kind": self.kind, "name": self.name, "action": self.action,
-                "fields": [{"field": f, "old": o, "new": n} for f, o, n in self.fields]}
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "kind": self.kind,
+            "name": self.name,
+            "action": self.action,
+            "fields": [{"field": f, "old": o, "new": n} for f, o, n in self.fields],
+        }
         if self.commits is not None:
             data["commits"] = self.commits
         return data
@@ -31,19 +35,31 @@ class Change:
 def _source_fields(source: Source) -> dict[str, str]:
     install = source.install
     return {
-        "repo": source.repo, "ref": source.ref, "ref_type": source.ref_type, "commit": source.commit,
-        "tree": source.tree or "", "install": "" if install is None else
-        f"{install.mode} {' '.join(f'{k}={v}' for k, v in sorted(install.env.items()))}".strip(),
+        "repo": source.repo,
+        "ref": source.ref,
+        "ref_type": source.ref_type,
+        "commit": source.commit,
+        "tree": source.tree or "",
+        "install": ""
+        if install is None
+        else f"{install.mode} {' '.join(f'{k}={v}' for k, v in sorted(install.env.items()))}".strip(),
     }
 
 
 def _package_fields(package: Package) -> dict[str, str]:
-    return {"version": package.version, "index": package.index or "",
-            "files": ", ".join(f"{f.filename}:{f.sha256[:12]}" for f in sorted(package.files, key=lambda f: f.filename))}
+    return {
+        "version": package.version,
+        "index": package.index or "",
+        "files": ", ".join(f"{f.filename}:{f.sha256[:12]}" for f in sorted(package.files, key=lambda f: f.filename)),
+    }
 
 
 def _changed(old: dict[str, str], new: dict[str, str]) -> tuple[tuple[str, str, str], ...]:
     return tuple((key, old[key], new[key]) for key in old if old[key] != new[key])
+
+
+def _describe_image(image: BaseImage | None) -> str:
+    return "" if image is None else f"{image.name}@{image.digest or '(unpinned)'}"
 
 
 def diff_locks(old: Lock, new: Lock, count_commits: CommitCounter | None = None) -> list[Change]:
@@ -53,31 +69,50 @@ def diff_locks(old: Lock, new: Lock, count_commits: CommitCounter | None = None)
     for name in sorted(old_sources.keys() | new_sources.keys()):
         before, after = old_sources.get(name), new_sources.get(name)
         if before is None:
-            changes.append(Change("source", name, "added", _changed(dict.fromkeys(_source_fields(after), ""), _source_fields(after))))
+            assert after is not None
+            changes.append(
+                Change(
+                    "source", name, "added", _changed(dict.fromkeys(_source_fields(after), ""), _source_fields(after))
+                )
+            )
         elif after is None:
             changes.append(Change("source", name, "removed"))
         elif fields := _changed(_source_fields(before), _source_fields(after)):
-            moved = before.commit != after.commit and count_commits is not None
-            changes.append(Change("source", name, "changed", fields, count_commits(before, after) if moved else None))
+            commits = count_commits(before, after) if count_commits and before.commit != after.commit else None
+            changes.append(Change("source", name, "changed", fields, commits))
     old_packages = {canonicalize_name(p.name): p for p in old.packages}
     new_packages = {canonicalize_name(p.name): p for p in new.packages}
     for key in sorted(old_packages.keys() | new_packages.keys()):
-        before, after = old_packages.get(key), new_packages.get(key)
-        if before is None:
-            changes.append(Change("package", after.name, "added", (("version", "", after.version),)))
-        elif after is None:
-            changes.append(Change("package", before.name, "removed", (("version", before.version, ""),)))
-        elif fields := _changed(_package_fields(before), _package_fields(after)):
-            changes.append(Change("package", after.name, "changed", fields))
+        old_package, new_package = old_packages.get(key), new_packages.get(key)
+        if old_package is None:
+            assert new_package is not None
+            changes.append(Change("package", new_package.name, "added", (("version", "", new_package.version),)))
+        elif new_package is None:
+            changes.append(Change("package", old_package.name, "removed", (("version", old_package.version, ""),)))
+        elif fields := _changed(_package_fields(old_package), _package_fields(new_package)):
+            changes.append(Change("package", new_package.name, "changed", fields))
     if old.base_image != new.base_image:
-        describe = lambda image: "" if image is None else f"{image.name}@{image.digest or '(unpinned)'}"  # noqa: E731
-        changes.append(Change("base_image", (new.base_image or old.base_image).name, "changed",
-                              (("image", describe(old.base_image), describe(new.base_image)),)))
+        image = new.base_image or old.base_image
+        assert image is not None
+        changes.append(
+            Change(
+                "base_image",
+                image.name,
+                "changed",
+                (("image", _describe_image(old.base_image), _describe_image(new.base_image)),),
+            )
+        )
     if old.platform != new.platform:
         changes.append(Change("platform", "platform", "changed", (("platform", str(old.platform), str(new.platform)),)))
     if old.requirements != new.requirements:
-        changes.append(Change("requirements", "requirements", "changed",
-                              (("requirements", " ".join(old.requirements), " ".join(new.requirements)),)))
+        changes.append(
+            Change(
+                "requirements",
+                "requirements",
+                "changed",
+                (("requirements", " ".join(old.requirements), " ".join(new.requirements)),),
+            )
+        )
     return changes
 
 

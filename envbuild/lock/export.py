@@ -35,8 +35,11 @@ def export_requirements(lock: Lock) -> str:
     """
     lock = canonical(lock)
     default = (lock.index or PYPI_SIMPLE).rstrip("/")
-    lines = [f"# {_about(lock)}", "# install with: pip install --no-deps --require-hashes -r <this file>",
-             f"--index-url {default}"]
+    lines = [
+        f"# {_about(lock)}",
+        "# install with: pip install --no-deps --require-hashes -r <this file>",
+        f"--index-url {default}",
+    ]
     # pip has no per-package index; extra indexes are safe here because every file is pinned by hash.
     lines += [f"--extra-index-url {url}" for url in sorted({lock.index_for(p) for p in lock.packages} - {default})]
     lines.append("")
@@ -46,8 +49,10 @@ def export_requirements(lock: Lock) -> str:
         hashes = [f"    --hash=sha256:{f.sha256}" for f in package.files]
         lines.append(" \\\n".join([f"{package.name}=={package.version}", *hashes]))
     for package in _unresolved(lock):
-        lines.append(f"# NOT INSTALLABLE FROM THIS FILE: {package.name}=={package.version} has no locked files "
-                     f"(index {lock.index_for(package)}); run `envbuild lock update` where that index is reachable")
+        lines.append(
+            f"# NOT INSTALLABLE FROM THIS FILE: {package.name}=={package.version} has no locked files "
+            f"(index {lock.index_for(package)}); run `envbuild lock update` where that index is reachable"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -76,8 +81,10 @@ def export_pylock(lock: Lock, *, urls: Mapping[str, str] | None = None, files_di
     out = [f"# {_about(lock)}", 'lock-version = "1.0"']
     if lock.platform:
         marker = f'sys_platform == "{lock.platform.os}" and platform_machine == "{lock.platform.arch}"'
-        out += [f"environments = [{_toml_str(marker)}]",
-                f"requires-python = {_toml_str(f'=={lock.platform.python}.*')}"]
+        out += [
+            f"environments = [{_toml_str(marker)}]",
+            f"requires-python = {_toml_str(f'=={lock.platform.python}.*')}",
+        ]
     out.append('created-by = "envbuild"')
 
     def where(filename: str) -> dict[str, object]:
@@ -92,22 +99,34 @@ def export_pylock(lock: Lock, *, urls: Mapping[str, str] | None = None, files_di
             continue
         wheels = [f for f in package.files if f.filename.endswith(".whl")]
         sdists = [f for f in package.files if not f.filename.endswith(".whl")]
-        out += ["", "[[packages]]", f"name = {_toml_str(canonicalize_name(package.name))}",
-                f"version = {_toml_str(package.version)}", f"index = {_toml_str(lock.index_for(package))}"]
+        out += [
+            "",
+            "[[packages]]",
+            f"name = {_toml_str(canonicalize_name(package.name))}",
+            f"version = {_toml_str(package.version)}",
+            f"index = {_toml_str(lock.index_for(package))}",
+        ]
         if sdists:
             # PEP 751 has room for one sdist; files are sorted, so this is the same one every time.
             first = sdists[0]
-            out.append("sdist = " + _inline({"name": first.filename, **where(first.filename),
-                                             "hashes": {"sha256": first.sha256}}))
+            out.append(
+                "sdist = "
+                + _inline({"name": first.filename, **where(first.filename), "hashes": {"sha256": first.sha256}})
+            )
         if wheels:
             out.append("wheels = [")
-            out += ["    " + _inline({"name": f.filename, **where(f.filename), "hashes": {"sha256": f.sha256}}) + ","
-                    for f in wheels]
+            out += [
+                "    " + _inline({"name": f.filename, **where(f.filename), "hashes": {"sha256": f.sha256}}) + ","
+                for f in wheels
+            ]
             out.append("]")
     if unresolved := _unresolved(lock):
         # PEP 751 needs a file (or a VCS/directory/archive) per package; record the gap under our tool table.
-        out += ["", "[tool.envbuild]",
-                "unresolved = [" + ", ".join(_toml_str(f"{p.name}=={p.version}") for p in unresolved) + "]"]
+        out += [
+            "",
+            "[tool.envbuild]",
+            "unresolved = [" + ", ".join(_toml_str(f"{p.name}=={p.version}") for p in unresolved) + "]",
+        ]
     return "\n".join(out) + "\n"
 
 

@@ -63,10 +63,16 @@ def _check_version(root: yaml.Node, file: str) -> None:
     for key, value in root.value:
         if key.value == "version":
             if isinstance(value, yaml.ScalarNode) and value.tag.endswith(":int") and int(value.value) != LOCK_VERSION:
-                raise LockfileError([Problem(
-                    file, value.start_mark.line + 1, "version",
-                    f"unsupported lockfile version {value.value}; this envbuild reads version {LOCK_VERSION} (upgrade envbuild)",
-                )])
+                raise LockfileError(
+                    [
+                        Problem(
+                            file,
+                            value.start_mark.line + 1,
+                            "version",
+                            f"unsupported lockfile version {value.value}; this envbuild reads version {LOCK_VERSION} (upgrade envbuild)",
+                        )
+                    ]
+                )
             return
     raise LockfileError([Problem(file, 1, "version", f"required key is missing (add `version: {LOCK_VERSION}`)")])
 
@@ -89,8 +95,14 @@ def _cross_checks(lock: Lock, root: yaml.Node, file: str) -> list[Problem]:
         if source is None:
             continue
         if source.name in seen:
-            problems.append(Problem(file, _line_of(root, "sources", i, "name"), f"sources[{i}].name",
-                                    f"duplicate source name {source.name!r} (first at sources[{seen[source.name]}])"))
+            problems.append(
+                Problem(
+                    file,
+                    _line_of(root, "sources", i, "name"),
+                    f"sources[{i}].name",
+                    f"duplicate source name {source.name!r} (first at sources[{seen[source.name]}])",
+                )
+            )
         seen.setdefault(source.name, i)
     seen = {}
     for i, package in enumerate(lock.packages):
@@ -98,8 +110,14 @@ def _cross_checks(lock: Lock, root: yaml.Node, file: str) -> list[Problem]:
             continue
         key = canonicalize_name(package.name)
         if key in seen:
-            problems.append(Problem(file, _line_of(root, "packages", i, "name"), f"packages[{i}].name",
-                                    f"duplicate package {package.name!r} (first at packages[{seen[key]}])"))
+            problems.append(
+                Problem(
+                    file,
+                    _line_of(root, "packages", i, "name"),
+                    f"packages[{i}].name",
+                    f"duplicate package {package.name!r} (first at packages[{seen[key]}])",
+                )
+            )
         seen.setdefault(key, i)
         names: set[str] = set()
         for j, dist in enumerate(package.files):
@@ -143,7 +161,9 @@ class _Dumper(yaml.SafeDumper):
     pass
 
 
-_Dumper.add_representer(_FlowMap, lambda d, data: d.represent_mapping("tag:yaml.org,2002:map", data.items(), flow_style=True))
+_Dumper.add_representer(
+    _FlowMap, lambda d, data: d.represent_mapping("tag:yaml.org,2002:map", data.items(), flow_style=True)
+)
 
 
 def _plain(value: Any) -> Any:
@@ -163,8 +183,17 @@ def _plain(value: Any) -> Any:
     return value
 
 
-_LOCK_KEY_ORDER = ("version", "name", "platform", "base_image", "index", "source_date_epoch", "sources",
-                   "requirements", "packages")
+_LOCK_KEY_ORDER = (
+    "version",
+    "name",
+    "platform",
+    "base_image",
+    "index",
+    "source_date_epoch",
+    "sources",
+    "requirements",
+    "packages",
+)
 
 
 def canonical(lock: Lock) -> Lock:

@@ -7,14 +7,14 @@ validation (:mod:`envbuild.lock.io`) and the committed JSON schema (:mod:`envbui
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 from urllib.parse import urlsplit
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
-from envbuild.lock.typed import mfield
+from envbuild.lock.typed import meta, mfield
 
 LOCK_VERSION = 1
 PYPI_SIMPLE = "https://pypi.org/simple"
@@ -100,16 +100,38 @@ class Platform:
 
     os: Literal["linux"]
     arch: Literal["aarch64", "x86_64"]
-    python: str = mfield(pattern=r"3\.[0-9]{1,2}", expect="a quoted Python version such as \"3.12\"", description="CPython major.minor, quoted")
-    cann: str | None = mfield(None, pattern=r"[0-9]+\.[0-9]+\.[0-9]+(?:\.[A-Za-z0-9]+)*", expect="a CANN version such as \"9.1.0\"", description="CANN toolkit version")
+    python: str = field(
+        metadata=meta(
+            pattern=r"3\.[0-9]{1,2}",
+            expect='a quoted Python version such as "3.12"',
+            description="CPython major.minor, quoted",
+        )
+    )
+    cann: str | None = mfield(
+        None,
+        pattern=r"[0-9]+\.[0-9]+\.[0-9]+(?:\.[A-Za-z0-9]+)*",
+        expect='a CANN version such as "9.1.0"',
+        description="CANN toolkit version",
+    )
 
 
 @dataclass(frozen=True)
 class BaseImage:
     """The image everything is installed into, pinned by manifest digest."""
 
-    name: str = mfield(pattern=IMAGE_NAME, expect="registry/repository:tag (no digest, lowercase)", description="registry/repository:tag, without a digest")
-    digest: str | None = mfield(None, pattern=IMAGE_DIGEST, expect="sha256:<64 lowercase hex>", description="sha256 manifest digest; absent means unpinned")
+    name: str = field(
+        metadata=meta(
+            pattern=IMAGE_NAME,
+            expect="registry/repository:tag (no digest, lowercase)",
+            description="registry/repository:tag, without a digest",
+        )
+    )
+    digest: str | None = mfield(
+        None,
+        pattern=IMAGE_DIGEST,
+        expect="sha256:<64 lowercase hex>",
+        description="sha256 manifest digest; absent means unpinned",
+    )
 
 
 @dataclass(frozen=True)
@@ -124,11 +146,17 @@ class Install:
 class Source:
     """One git repository pinned to a commit, with the ref it is supposed to be on."""
 
-    name: str = mfield(pattern=SAFE_NAME, expect=_SAFE, description="a safe path component")
-    repo: str = mfield(check=check_repo_url, description="https, ssh, git or file URL")
-    ref: str = mfield(pattern=REF_NAME, expect="a branch or tag short name (no leading '-', no '..', not refs/...)", description="branch or tag short name")
+    name: str = field(metadata=meta(pattern=SAFE_NAME, expect=_SAFE, description="a safe path component"))
+    repo: str = field(metadata=meta(check=check_repo_url, description="https, ssh, git or file URL"))
+    ref: str = field(
+        metadata=meta(
+            pattern=REF_NAME,
+            expect="a branch or tag short name (no leading '-', no '..', not refs/...)",
+            description="branch or tag short name",
+        )
+    )
     ref_type: Literal["branch", "tag"]
-    commit: str = mfield(pattern=HEX40, expect=_SHA, description="full 40-hex commit SHA")
+    commit: str = field(metadata=meta(pattern=HEX40, expect=_SHA, description="full 40-hex commit SHA"))
     tree: str | None = mfield(None, pattern=HEX40, expect=_SHA, description="git tree SHA of the commit: a content pin")
     install: Install | None = None
 
@@ -137,18 +165,20 @@ class Source:
 class PackageFile:
     """One distribution file the lock allows, by sha256."""
 
-    filename: str = mfield(pattern=DIST_FILENAME, expect="a wheel or sdist file name, no path")
-    sha256: str = mfield(pattern=HEX64, expect="64 lowercase hex characters (a full sha256)")
+    filename: str = field(metadata=meta(pattern=DIST_FILENAME, expect="a wheel or sdist file name, no path"))
+    sha256: str = field(metadata=meta(pattern=HEX64, expect="64 lowercase hex characters (a full sha256)"))
 
 
 @dataclass(frozen=True)
 class Package:
     """One Python distribution at one version, with every file allowed for the lock's platform."""
 
-    name: str = mfield(pattern=PACKAGE_NAME, expect="a Python distribution name")
-    version: str = mfield(check=check_version)
+    name: str = field(metadata=meta(pattern=PACKAGE_NAME, expect="a Python distribution name"))
+    version: str = field(metadata=meta(check=check_version))
     files: tuple[PackageFile, ...] = ()
-    index: str | None = mfield(None, check=check_index_url, description="PEP 691 index serving it; default the lock's index")
+    index: str | None = mfield(
+        None, check=check_index_url, description="PEP 691 index serving it; default the lock's index"
+    )
 
 
 @dataclass(frozen=True)
@@ -156,14 +186,19 @@ class Lock:
     """A whole environment: sources, packages and base image."""
 
     version: Literal[1]
-    name: str = mfield(pattern=SAFE_NAME, expect=_SAFE)
+    name: str = field(metadata=meta(pattern=SAFE_NAME, expect=_SAFE))
     sources: tuple[Source, ...]
     platform: Platform | None = None
     base_image: BaseImage | None = None
     index: str | None = mfield(None, check=check_index_url, description="default PEP 691 index; PyPI when absent")
-    source_date_epoch: int | None = mfield(None, description="clamp for build timestamps; default the newest pinned commit")
-    requirements: tuple[str, ...] = mfield((), check=lambda reqs: next(filter(None, map(check_requirement, reqs)), None),
-                                           description="PEP 508 roots the package closure is resolved from")
+    source_date_epoch: int | None = mfield(
+        None, description="clamp for build timestamps; default the newest pinned commit"
+    )
+    requirements: tuple[str, ...] = mfield(
+        (),
+        check=lambda reqs: next(filter(None, map(check_requirement, reqs)), None),
+        description="PEP 508 roots the package closure is resolved from",
+    )
     packages: tuple[Package, ...] = ()
 
     def source(self, name: str) -> Source:

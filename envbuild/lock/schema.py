@@ -13,8 +13,11 @@ SCHEMA_PATH = Path(__file__).with_name(f"lock-v{LOCK_VERSION}.schema.json")
 
 
 def lock_schema() -> dict[str, Any]:
-    return json_schema(Lock, title=f"envbuild lockfile, version {LOCK_VERSION}",
-                       schema_id=f"https://envbuild.dev/schema/lock-v{LOCK_VERSION}.json")
+    return json_schema(
+        Lock,
+        title=f"envbuild lockfile, version {LOCK_VERSION}",
+        schema_id=f"https://envbuild.dev/schema/lock-v{LOCK_VERSION}.json",
+    )
 
 
 def schema_text() -> str:

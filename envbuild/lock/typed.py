@@ -64,7 +64,7 @@ class Decoder:
     def decode(self, hint: Any, node: yaml.Node, path: str) -> Any:
         """Return the decoded value, or ``None`` after recording a problem."""
         origin = typing.get_origin(hint)
-        if dataclasses.is_dataclass(hint):
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             return self._dataclass(hint, node, path)
         if _is_optional(hint):
             if node.tag == _NULL:
@@ -107,7 +107,8 @@ class Decoder:
         if not isinstance(node, yaml.MappingNode):
             self.problem(node, path, f"expected a mapping, got {_describe(node)}")
             return None
-        pairs, seen = [], set()
+        pairs: list[tuple[str, yaml.Node, yaml.Node]] = []
+        seen: set[str] = set()
         for key_node, value_node in node.value:
             key_path = f"{path}.{key_node.value}" if path else str(key_node.value)
             if not isinstance(key_node, yaml.ScalarNode) or key_node.tag != _STR:
@@ -199,7 +200,7 @@ def json_schema(cls: type, *, title: str, schema_id: str) -> dict[str, Any]:
 
 def _schema(hint: Any, defs: dict[str, Any]) -> dict[str, Any]:
     origin = typing.get_origin(hint)
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         if hint.__name__ not in defs:
             defs[hint.__name__] = {}  # placeholder against recursion
             hints = typing.get_type_hints(hint)

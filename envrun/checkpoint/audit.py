@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,17 +37,17 @@ class AuditReport:
     """The outcome of :func:`audit_checkpoint`; ``ok`` is the only field a caller must look at."""
 
     ok: bool
-    missing: tuple[str, ...]          # lost tensors outside the MTP layers
-    unexpected: tuple[str, ...]       # tensors no loader asks for, or that the index does not place
+    missing: tuple[str, ...]  # lost tensors outside the MTP layers
+    unexpected: tuple[str, ...]  # tensors no loader asks for, or that the index does not place
     mtp_layers: tuple[int, ...]
-    mtp_present: bool                 # every tensor of every MTP layer is there
-    mtp_missing: tuple[str, ...]      # tolerated: a lenient export drops the MTP layers
-    shards_missing: tuple[str, ...]   # files the index names that do not exist
-    shards_unindexed: tuple[str, ...] # *.safetensors files in the directory no loader will open
-    shards: tuple[str, ...]           # files whose headers were read
+    mtp_present: bool  # every tensor of every MTP layer is there
+    mtp_missing: tuple[str, ...]  # tolerated: a lenient export drops the MTP layers
+    shards_missing: tuple[str, ...]  # files the index names that do not exist
+    shards_unindexed: tuple[str, ...]  # *.safetensors files in the directory no loader will open
+    shards: tuple[str, ...]  # files whose headers were read
     layout: ModelLayout
-    tensors: int                      # tensors found where the index says they are
-    bytes_read: int                   # config + index + headers; tensor data is never read
+    tensors: int  # tensors found where the index says they are
+    bytes_read: int  # config + index + headers; tensor data is never read
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document of issue 4 §4, with extra keys after the four that are promised."""
@@ -143,12 +144,14 @@ def _read_index(path: Path) -> dict[str, str]:
     weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
         raise CheckpointIndexError(f"{path}: weight_map must be a non-empty object of tensor name -> shard file")
-    bad = sorted(
-        str(shard) for shard in set(map(str, weight_map.values())) if not _is_shard_file_name(shard)
-    ) + sorted(str(n) for n, s in weight_map.items() if not isinstance(s, str))
+    bad = sorted(str(shard) for shard in set(map(str, weight_map.values())) if not _is_shard_file_name(shard)) + sorted(
+        str(n) for n, s in weight_map.items() if not isinstance(s, str)
+    )
     if bad:
         # A path with a separator could point the audit (and a loader) outside the model directory.
-        raise CheckpointIndexError(f"{path}: weight_map names {bad[0]!r}, not a .safetensors file name in this directory")
+        raise CheckpointIndexError(
+            f"{path}: weight_map names {bad[0]!r}, not a .safetensors file name in this directory"
+        )
     return dict(weight_map)
 
 
@@ -177,7 +180,7 @@ def _natural_key(name: str) -> tuple[Any, ...]:
     return tuple(int(part) if i % 2 else part for i, part in enumerate(_DIGITS.split(name)))
 
 
-def natural_sorted(names: set[str] | list[str]) -> tuple[str, ...]:
+def natural_sorted(names: Iterable[str]) -> tuple[str, ...]:
     """Sort so that layer 10 follows layer 9: deterministic and readable."""
     return tuple(sorted(names, key=_natural_key))
 
@@ -201,11 +204,10 @@ def abbreviate_names(names: list[str] | tuple[str, ...]) -> list[str]:
                 groups.setdefault(item, set())
                 continue
             pos = positions[-1 - k]
-            key = item[:pos] + (None,) + item[pos + 1:]
+            key = item[:pos] + (None,) + item[pos + 1 :]
             groups.setdefault(key, set()).update(item[pos])  # type: ignore[arg-type]
         items = [
-            tuple(frozenset(nums) if t is None else t for t in key) if nums else key
-            for key, nums in groups.items()
+            tuple(frozenset(nums) if t is None else t for t in key) if nums else key for key, nums in groups.items()
         ]
     # Order groups by their smallest numbers, so "layers.7" follows "layers.{3..5}".
     items.sort(key=lambda item: tuple((1, 0, t) if isinstance(t, str) else (0, min(t), "") for t in item))

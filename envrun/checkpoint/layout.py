@@ -57,11 +57,7 @@ class ModelLayout:
 
     def is_moe(self, layer: int) -> bool:
         # DeepSeek's rule (modeling_deepseek): MoE from first_k_dense_replace on, every moe_layer_freq-th.
-        return (
-            self.n_routed_experts > 0
-            and layer >= self.first_k_dense_replace
-            and layer % self.moe_layer_freq == 0
-        )
+        return self.n_routed_experts > 0 and layer >= self.first_k_dense_replace and layer % self.moe_layer_freq == 0
 
     def essential_suffixes(self, layer: int) -> frozenset[str]:
         """Tensors a decoder layer cannot do without, whatever the model family."""
@@ -132,7 +128,7 @@ def split_layer_name(name: str) -> tuple[int, str] | None:
     # runs once per tensor, ~60k times for GLM-5.
     if not name.startswith(_LAYER_PREFIX):
         return None
-    index, dot, suffix = name[len(_LAYER_PREFIX):].partition(".")
+    index, dot, suffix = name[len(_LAYER_PREFIX) :].partition(".")
     if not dot or not suffix or not index.isascii() or not index.isdigit() or (index[0] == "0" and len(index) > 1):
         return None
     return int(index), suffix
@@ -142,9 +138,9 @@ def split_layer_name(name: str) -> tuple[int, str] | None:
 class Expectation:
     """What must, may and may not be present, derived from the layout and the names found."""
 
-    required: frozenset[str]          # outside the MTP layers: absence is a loss
-    mtp_required: frozenset[str]      # in the MTP layers: absence is tolerated, but reported
-    allowed: frozenset[str]           # may be present, need not be
+    required: frozenset[str]  # outside the MTP layers: absence is a loss
+    mtp_required: frozenset[str]  # in the MTP layers: absence is tolerated, but reported
+    allowed: frozenset[str]  # may be present, need not be
 
 
 def derive_expectation(layout: ModelLayout, present: Iterable[str]) -> Expectation:

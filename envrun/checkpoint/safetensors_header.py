@@ -26,11 +26,26 @@ MAX_HEADER_SIZE = 100_000_000
 # Bits per element. Sub-byte float types exist since safetensors 0.6 (F4, F6_*), so sizes are in
 # bits and a tensor's total must be a whole number of bytes.
 DTYPE_BITS: dict[str, int] = {
-    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8,
-    "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
-    "I32": 32, "U32": 32, "F32": 32,
-    "I64": 64, "U64": 64, "F64": 64, "C64": 64,
-    "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+    "BOOL": 8,
+    "U8": 8,
+    "I8": 8,
+    "F8_E5M2": 8,
+    "F8_E4M3": 8,
+    "F8_E8M0": 8,
+    "I16": 16,
+    "U16": 16,
+    "F16": 16,
+    "BF16": 16,
+    "I32": 32,
+    "U32": 32,
+    "F32": 32,
+    "I64": 64,
+    "U64": 64,
+    "F64": 64,
+    "C64": 64,
+    "F4": 4,
+    "F6_E2M3": 6,
+    "F6_E3M2": 6,
 }
 
 
@@ -85,7 +100,9 @@ def read_safetensors_header(path: Path) -> SafetensorsHeader:
             raise SafetensorsHeaderError(path, f"truncated: {file_size} bytes, shorter than the 8-byte header length")
         (header_size,) = struct.unpack("<Q", _pread_exact(fd, 8, 0))
         if header_size == 0 or header_size > MAX_HEADER_SIZE:
-            raise SafetensorsHeaderError(path, f"malformed header: length {header_size} is outside 1..{MAX_HEADER_SIZE}")
+            raise SafetensorsHeaderError(
+                path, f"malformed header: length {header_size} is outside 1..{MAX_HEADER_SIZE}"
+            )
         if 8 + header_size > file_size:
             raise SafetensorsHeaderError(
                 path, f"truncated: header length {header_size} exceeds the {file_size - 8} bytes after it"
@@ -177,15 +194,25 @@ def _parse_entry(entry: object) -> TensorInfo | str:
         except KeyError:
             return _parse_entry_slowly(entry)
         # Only plain ints may key the cache: True == 1 and hashes alike, but is no dimension.
-        if type(dtype) is str and type(shape) is list and type(offsets) is list and len(offsets) == 2 \
-                and set(map(type, shape)) <= {int}:
+        if (
+            type(dtype) is str
+            and type(shape) is list
+            and type(offsets) is list
+            and len(offsets) == 2
+            and set(map(type, shape)) <= {int}
+        ):
             key = (dtype, *shape)
             nbytes = _NBYTES.get(key)
             if nbytes is None:
                 nbytes = _NBYTES.setdefault(key, _size_or_problem(dtype, shape))
             begin, end = offsets
-            if type(nbytes) is int and type(begin) is int and type(end) is int and 0 <= begin <= end \
-                    and end - begin == nbytes:
+            if (
+                type(nbytes) is int
+                and type(begin) is int
+                and type(end) is int
+                and 0 <= begin <= end
+                and end - begin == nbytes
+            ):
                 return TensorInfo(dtype, tuple(shape), (begin, end))
     return _parse_entry_slowly(entry)
 
@@ -197,7 +224,7 @@ def _size_or_problem(dtype: object, shape: list[object]) -> int | str:
     if bits is None:
         return f"unknown dtype {dtype!r}"
     for dim in shape:
-        if type(dim) is not int or dim < 0:  # type: ignore[operator]
+        if not isinstance(dim, int) or type(dim) is not int or dim < 0:
             return f"shape {shape!r} is not a list of non-negative integers"
         bits *= dim
     if bits % 8:
@@ -231,7 +258,7 @@ def _parse_entry_slowly(entry: object) -> TensorInfo | str:
 
 
 def _is_uint(value: object) -> bool:
-    return type(value) is int and value >= 0  # type: ignore[operator]
+    return isinstance(value, int) and type(value) is int and value >= 0
 
 
 def _check_data_section(path: Path, tensors: dict[str, TensorInfo], data_size: int) -> None:

@@ -16,8 +16,8 @@ LogSink = Callable[[str], None]
 
 @dataclass(frozen=True)
 class LaunchResult:
-    exit_code: int | None       # None when the job never reported one (stopped, lost)
-    interrupted: bool = False   # stopped on Ctrl-C
+    exit_code: int | None  # None when the job never reported one (stopped, lost)
+    interrupted: bool = False  # stopped on Ctrl-C
     detail: str = ""
 
 

@@ -89,11 +89,18 @@ class DockerLauncher:
                 # Same path inside and out, so the trainer's overrides mean the same files.
                 host = str(Path(path).resolve())  # type: ignore[arg-type]
                 volumes.setdefault(host, {"bind": host, "mode": "ro"})
-            spec = JobSpec(image=plan.image, command=tuple(plan.argv), env=dict(plan.env),
-                           devices=tuple(ascend_devices()), volumes=volumes, network_mode=self.network_mode,
-                           ipc_mode="host", working_dir=str(self.workdir) if self.workdir else None,
-                           labels={"io.envbuild.run.recipe": plan.recipe, "io.envbuild.lock.sha256": plan.lock_sha256},
-                           stop_timeout=STOP_TIMEOUT_SECONDS)
+            spec = JobSpec(
+                image=plan.image,
+                command=tuple(plan.argv),
+                env=dict(plan.env),
+                devices=tuple(ascend_devices()),
+                volumes=volumes,
+                network_mode=self.network_mode,
+                ipc_mode="host",
+                working_dir=str(self.workdir) if self.workdir else None,
+                labels={"io.envbuild.run.recipe": plan.recipe, "io.envbuild.lock.sha256": plan.lock_sha256},
+                stop_timeout=STOP_TIMEOUT_SECONDS,
+            )
             code, interrupted = engine.run_job(spec, log)
         finally:
             engine.close()

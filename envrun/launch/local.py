@@ -19,9 +19,15 @@ class LocalLauncher:
         try:
             # A session of its own: a terminal's Ctrl-C reaches only us, and we stop the whole group.
             child = subprocess.Popen(
-                list(plan.argv), env={**os.environ, **plan.env}, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                text=True, errors="replace", bufsize=1,
+                list(plan.argv),
+                env={**os.environ, **plan.env},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                text=True,
+                errors="replace",
+                bufsize=1,
             )
         except FileNotFoundError:
             raise InputError(f"{plan.argv[0]}: entry point not found on PATH") from None

@@ -58,8 +58,11 @@ class RayLauncher:
             client.stop_job(self.job_id)
             _wait_terminal(client, self.job_id, STOP_TIMEOUT_SECONDS)
             info = client.get_job_info(self.job_id)
-            return LaunchResult(info.driver_exit_code, interrupted=True,
-                                detail=f"Ray job {self.job_id} stopped on Ctrl-C ({info.status.value})")
+            return LaunchResult(
+                info.driver_exit_code,
+                interrupted=True,
+                detail=f"Ray job {self.job_id} stopped on Ctrl-C ({info.status.value})",
+            )
 
     def _result(self, client: Any) -> LaunchResult:
         assert self.job_id is not None

@@ -160,7 +160,7 @@ def image_config(diff_id: str, recipe_key: str) -> dict[str, Any]:
                 "created": EPOCH_ISO,
                 "created_by": (
                     f"debootstrap --variant={VARIANT} --include={','.join(INCLUDE)} {SUITE}"
-                    f" + CANN-like {CANN_HOME} {CANN_VERSION} (tests/baseimage.py)"
+                    f" + CANN-like {CANN_HOME} {CANN_VERSION} (tests/lib/baseimage.py)"
                 ),
             }
         ],

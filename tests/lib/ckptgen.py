@@ -44,7 +44,7 @@ class CheckpointSpec:
     first_k_dense: int = 1
     experts: int = 4
     tied: bool = False
-    include_mtp: bool = True   # False: the lenient export, MTP declared in config.json but not saved
+    include_mtp: bool = True  # False: the lenient export, MTP declared in config.json but not saved
     shards: int = 3
     single_file: bool = False  # model.safetensors without an index
 
@@ -132,7 +132,7 @@ def write_checkpoint(
     # Contiguous chunks, as savers fill shards in order: a layer's tensors stay mostly together.
     size = -(-len(names) // count)
     layout = {
-        ("model.safetensors" if spec.single_file else shard_file_name(k + 1, count)): names[k * size:(k + 1) * size]
+        ("model.safetensors" if spec.single_file else shard_file_name(k + 1, count)): names[k * size : (k + 1) * size]
         for k in range(count)
     }
     weight_map: dict[str, str] = {}

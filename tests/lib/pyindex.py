@@ -33,8 +33,9 @@ def _record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def make_wheel(directory: Path, name: str, version: str, tag: str = "py3-none-any",
-               requires: Iterable[str] = ()) -> Path:
+def make_wheel(
+    directory: Path, name: str, version: str, tag: str = "py3-none-any", requires: Iterable[str] = ()
+) -> Path:
     """A valid, installable wheel with one module, built with zipfile (no build backend, no network)."""
     dist = canonicalize_name(name).replace("-", "_")
     info = f"{dist}-{version}.dist-info"
@@ -117,9 +118,14 @@ class PyIndex:
                 continue
             if _project_of(path.name) != canonicalize_name(project):
                 continue
-            out.append({"filename": path.name, "url": f"/files/{path.name}",
-                        "hashes": {"sha256": self.hashes.get(path.name, self.sha256(path.name))},
-                        "yanked": self.yanked.get(path.name, False)})
+            out.append(
+                {
+                    "filename": path.name,
+                    "url": f"/files/{path.name}",
+                    "hashes": {"sha256": self.hashes.get(path.name, self.sha256(path.name))},
+                    "yanked": self.yanked.get(path.name, False),
+                }
+            )
         return out
 
     def page(self, project: str, as_json: bool) -> tuple[int, str, bytes]:
@@ -191,13 +197,18 @@ def write_file_index(root: Path, dists: Path) -> str:
     projects: dict[str, list[dict[str, Any]]] = {}
     for path in sorted(dists.iterdir()):
         if path.name.endswith((".whl", ".tar.gz")):
-            projects.setdefault(_project_of(path.name), []).append({
-                "filename": path.name, "url": path.as_uri(),
-                "hashes": {"sha256": hashlib.sha256(path.read_bytes()).hexdigest()}})
+            projects.setdefault(_project_of(path.name), []).append(
+                {
+                    "filename": path.name,
+                    "url": path.as_uri(),
+                    "hashes": {"sha256": hashlib.sha256(path.read_bytes()).hexdigest()},
+                }
+            )
     for project, files in projects.items():
         (root / project).mkdir(parents=True, exist_ok=True)
-        (root / project / "index.json").write_text(json.dumps({"meta": {"api-version": "1.0"}, "name": project,
-                                                               "files": files}))
+        (root / project / "index.json").write_text(
+            json.dumps({"meta": {"api-version": "1.0"}, "name": project, "files": files})
+        )
     return root.as_uri()
 
 

@@ -4,7 +4,7 @@ wheels on a local PEP 691 index, and the test base image pinned by digest in the
 - ``alpha``: a setuptools project (pyproject.toml), pinned by the tag ``v1.0``, installed editable;
 - ``beta``: a setuptools project on branch ``main``, installed as a wheel built in the image;
 - ``gamma``: plain files on branch ``main``, copied only (``install: none``);
-- packages ``tinyone`` 1.0 and ``tinytwo`` 2.0 (wheels built by :func:`tests.pyindex.make_wheel`).
+- packages ``tinyone`` 1.0 and ``tinytwo`` 2.0 (wheels built by :func:`tests.lib.pyindex.make_wheel`).
 
 Everything builds offline: the base image has python3-setuptools, wheel and pip, the Dockerfile runs
 pip with ``--no-index --no-build-isolation``. Used by ``tests/test_image_build.py`` (through fixtures)
@@ -20,8 +20,8 @@ from pathlib import Path
 
 from envbuild.lock import Lock, Package, PackageFile, Source, write_lock
 from envbuild.lock.model import BaseImage, Install, Platform
-from tests.gitrepos import Repo, make_repo
-from tests.pyindex import PyIndex, make_wheel
+from tests.lib.gitrepos import Repo, make_repo
+from tests.lib.pyindex import PyIndex, make_wheel
 
 LOCK_NAME = "imagetest"
 # Fixed by the lock, so a moved pin changes only its own layers (the default epoch, the newest
@@ -34,8 +34,8 @@ WHEELS = (("tinyone", "1.0"), ("tinytwo", "2.0"))
 def _project(name: str, version: str) -> dict[str, str]:
     return {
         "pyproject.toml": f'[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n\n'
-                          f'[project]\nname = "{name}"\nversion = "{version}"\n\n'
-                          f'[tool.setuptools]\npackages = ["{name}"]\n',
+        f'[project]\nname = "{name}"\nversion = "{version}"\n\n'
+        f'[tool.setuptools]\npackages = ["{name}"]\n',
         f"{name}/__init__.py": f'"""The {name} test project."""\nVERSION = "{version}"\n',
         "README.md": f"# {name}\n",
     }
@@ -69,25 +69,47 @@ class ImageLockEnv:
     python: str = "3.11"  # Debian bookworm's, in the test base image
 
     def pins(self) -> dict[str, str]:
-        return {"alpha": self.repos["alpha"].rev("v1.0^{commit}"), "beta": self.repos["beta"].rev("main"),
-                "gamma": self.repos["gamma"].rev("main")}
+        return {
+            "alpha": self.repos["alpha"].rev("v1.0^{commit}"),
+            "beta": self.repos["beta"].rev("main"),
+            "gamma": self.repos["gamma"].rev("main"),
+        }
 
     def lock(self, *, name: str = LOCK_NAME, pins: dict[str, str] | None = None) -> Lock:
         pins = {**self.pins(), **(pins or {})}
-        refs = {"alpha": ("v1.0", "tag", "editable"), "beta": ("main", "branch", "wheel"),
-                "gamma": ("main", "branch", "none")}
+        refs = {
+            "alpha": ("v1.0", "tag", "editable"),
+            "beta": ("main", "branch", "wheel"),
+            "gamma": ("main", "branch", "none"),
+        }
         sources = tuple(
-            Source(name=n, repo=self.urls[n], ref=refs[n][0], ref_type=refs[n][1], commit=pins[n],  # type: ignore[arg-type]
-                   tree=self.repos[n].tree(pins[n]), install=Install(mode=refs[n][2]))  # type: ignore[arg-type]
-            for n in SOURCE_NAMES)
+            Source(
+                name=n,
+                repo=self.urls[n],
+                ref=refs[n][0],
+                ref_type=refs[n][1],
+                commit=pins[n],  # type: ignore[arg-type]
+                tree=self.repos[n].tree(pins[n]),
+                install=Install(mode=refs[n][2]),
+            )  # type: ignore[arg-type]
+            for n in SOURCE_NAMES
+        )
         packages = tuple(
             Package(name=n, version=v, files=(PackageFile(f.name, self.index.sha256(f.name)),))
-            for n, v in WHEELS for f in [next(self.index.root.glob(f"{n}-{v}-*.whl"))])
-        return Lock(version=1, name=name, sources=sources,
-                    platform=Platform(os="linux", arch=self.arch, python=self.python, cann="9.1.0"),  # type: ignore[arg-type]
-                    base_image=BaseImage(name=self.base_name, digest=self.base_digest),
-                    index=self.index.url, source_date_epoch=EPOCH,
-                    requirements=tuple(f"{n}=={v}" for n, v in WHEELS), packages=packages)
+            for n, v in WHEELS
+            for f in [next(self.index.root.glob(f"{n}-{v}-*.whl"))]
+        )
+        return Lock(
+            version=1,
+            name=name,
+            sources=sources,
+            platform=Platform(os="linux", arch=self.arch, python=self.python, cann="9.1.0"),  # type: ignore[arg-type]
+            base_image=BaseImage(name=self.base_name, digest=self.base_digest),
+            index=self.index.url,
+            source_date_epoch=EPOCH,
+            requirements=tuple(f"{n}=={v}" for n, v in WHEELS),
+            packages=packages,
+        )
 
     def write(self, path: Path, lock: Lock | None = None) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -97,11 +119,18 @@ class ImageLockEnv:
 
 def with_source(lock: Lock, name: str, **changes: object) -> Lock:
     """The lock with one source's fields changed."""
-    return dataclasses.replace(lock, sources=tuple(dataclasses.replace(s, **changes) if s.name == name else s
-                                                   for s in lock.sources))
+    return dataclasses.replace(
+        lock, sources=tuple(dataclasses.replace(s, **changes) if s.name == name else s for s in lock.sources)
+    )
 
 
 def with_file_hash(lock: Lock, package: str, sha256: str) -> Lock:
-    return dataclasses.replace(lock, packages=tuple(
-        dataclasses.replace(p, files=tuple(dataclasses.replace(f, sha256=sha256) for f in p.files))
-        if p.name == package else p for p in lock.packages))
+    return dataclasses.replace(
+        lock,
+        packages=tuple(
+            dataclasses.replace(p, files=tuple(dataclasses.replace(f, sha256=sha256) for f in p.files))
+            if p.name == package
+            else p
+            for p in lock.packages
+        ),
+    )

@@ -4,7 +4,7 @@
 program and the environment entries it must see. Exit 0 when both match, 1 (with the difference)
 otherwise. ``FAKE_TRAINER_EXPORT=FROM=TO`` copies a checkpoint directory as a run's HF export.
 ``FAKE_TRAINER_SLEEP`` seconds: wait after the check (for Ctrl-C tests); SIGINT exits 130.
-Runnable as ``python tests/fake_trainer.py`` or ``python -m tests.fake_trainer``.
+Runnable as ``python tests/lib/fake_trainer.py`` or ``python -m tests.lib.fake_trainer``.
 """
 
 from __future__ import annotations

@@ -14,16 +14,16 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pytest
-
 _IDENTITY = {
-    "GIT_AUTHOR_NAME": "Test", "GIT_AUTHOR_EMAIL": "test@example.invalid",
-    "GIT_COMMITTER_NAME": "Test", "GIT_COMMITTER_EMAIL": "test@example.invalid",
-    "GIT_CONFIG_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0",
+    "GIT_AUTHOR_NAME": "Test",
+    "GIT_AUTHOR_EMAIL": "test@example.invalid",
+    "GIT_COMMITTER_NAME": "Test",
+    "GIT_COMMITTER_EMAIL": "test@example.invalid",
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_TERMINAL_PROMPT": "0",
 }
 
 
@@ -82,8 +82,9 @@ def make_repo(path: Path) -> Repo:
     return Repo(path)
 
 
-def fast_import_repo(path: Path, *, commits: int, files: int, seed: int = 1, touch: int = 5,
-                     lines: int = 40, tag_every: int = 500) -> Path:
+def fast_import_repo(
+    path: Path, *, commits: int, files: int, seed: int = 1, touch: int = 5, lines: int = 40, tag_every: int = 500
+) -> Path:
     """A long history made fast with ``git fast-import``, shaped like source code: ``files`` files of
     ``lines`` lines in the first commit, then each commit edits a few lines of ``touch`` files (so
     packs delta-compress as real histories do); annotated tags every ``tag_every`` commits; a branch
@@ -100,8 +101,9 @@ def fast_import_repo(path: Path, *, commits: int, files: int, seed: int = 1, tou
     content = [[line() for _ in range(lines)] for _ in range(files)]
     path.mkdir(parents=True)
     git("init", "-q", "--bare", "-b", "main", str(path))
-    proc = subprocess.Popen(["git", "fast-import", "--quiet"], cwd=path, stdin=subprocess.PIPE,
-                            env={**os.environ, **_IDENTITY})
+    proc = subprocess.Popen(
+        ["git", "fast-import", "--quiet"], cwd=path, stdin=subprocess.PIPE, env={**os.environ, **_IDENTITY}
+    )
     assert proc.stdin is not None
     out = proc.stdin
     when = 1_700_000_000
@@ -119,11 +121,17 @@ def fast_import_repo(path: Path, *, commits: int, files: int, seed: int = 1, tou
             blob = ("\n".join(content[f]) + "\n").encode()
             out.write(b"M 100644 inline dir%d/file%d.txt\n" % (f % 50, f) + data(blob))
         if n % tag_every == 0:
-            out.write(b"tag v%d\nfrom :%d\ntagger Test <test@example.invalid> %d +0000\n" % (n, n, when)
-                      + data(b"release %d" % n))
-    out.write(b"commit refs/heads/side\ncommitter Test <test@example.invalid> %d +0000\n" % when
-              + data(b"side work") + b"from :%d\n" % max(1, commits // 2)
-              + b"M 100644 inline side.txt\n" + data(b"side\n"))
+            out.write(
+                b"tag v%d\nfrom :%d\ntagger Test <test@example.invalid> %d +0000\n" % (n, n, when)
+                + data(b"release %d" % n)
+            )
+    out.write(
+        b"commit refs/heads/side\ncommitter Test <test@example.invalid> %d +0000\n" % when
+        + data(b"side work")
+        + b"from :%d\n" % max(1, commits // 2)
+        + b"M 100644 inline side.txt\n"
+        + data(b"side\n")
+    )
     out.close()
     assert proc.wait(timeout=600) == 0
     return path
@@ -179,10 +187,23 @@ class GitDaemon:
         self.port = free_port()
         config = ["-c", f"uploadpack.allowFilter={'true' if self.allow_filter else 'false'}"]
         self.proc = subprocess.Popen(
-            ["git", *config, "daemon", "--export-all", "--reuseaddr", "--informative-errors",
-             f"--base-path={self.base}", "--listen=127.0.0.1", f"--port={self.port}", str(self.base)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-            env={**os.environ, **_IDENTITY})
+            [
+                "git",
+                *config,
+                "daemon",
+                "--export-all",
+                "--reuseaddr",
+                "--informative-errors",
+                f"--base-path={self.base}",
+                "--listen=127.0.0.1",
+                f"--port={self.port}",
+                str(self.base),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, **_IDENTITY},
+        )
         wait_for_port(self.port)
         return self
 
@@ -213,22 +234,6 @@ class Served:
         if transport == "file":
             return (self.base / name).as_uri()
         raise ValueError(transport)
-
-
-@pytest.fixture(scope="session")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    base = tmp_path_factory.mktemp("upstream")
-    filtering = GitDaemon(base, allow_filter=True).start()
-    try:
-        plain = GitDaemon(base, allow_filter=False).start()
-    except BaseException:
-        filtering.stop()
-        raise
-    try:
-        yield Served(base, filtering, plain)
-    finally:
-        filtering.stop()
-        plain.stop()
 
 
 @dataclass

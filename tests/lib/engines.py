@@ -1,0 +1,151 @@
+"""Extra docker engines for tests: a fresh ``dockerd`` with its own socket, data root and exec root.
+
+A test that must start where a new user starts (an engine that holds none of the lock's images), or one
+that needs two hosts (a multi-node cluster on one machine), starts its own engine here. Each one:
+
+- runs with ``--bridge=none --iptables=false --ip6tables=false --ip-forward=false --ip-masq=false``
+  (it never touches the host's network or firewall; containers use ``--network none`` or host);
+- has its own unix socket, ``--exec-root`` (where its containerd keeps state), ``--pidfile`` and
+  ``--data-root``, all under one directory the caller owns, and an empty config file, so nothing
+  under ``/etc/docker`` leaks in;
+- is stopped by its PID (TERM, then KILL), with its containerd, and its data removed with
+  :meth:`ExtraEngine.stop`.
+
+Unix socket paths are limited to 108 bytes, so the socket lives under ``/run/envbuild-test-engines``
+with a short random name rather than under a deep ``tmp_path``.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+import docker.errors
+import requests
+
+SOCKET_DIR = Path("/run/envbuild-test-engines")
+SAFE_FLAGS = ("--bridge=none", "--iptables=false", "--ip6tables=false", "--ip-forward=false", "--ip-masq=false")
+START_TIMEOUT = 60.0
+
+
+def storage_driver() -> str:
+    """The driver that worked for the suite's own engine on this machine (scripts/services records it)."""
+    recorded = Path(os.environ.get("ENVBUILD_TEST_DOCKER_DATA_ROOT", "/var/lib/envbuild-test/docker")).parent
+    try:
+        return (recorded / "storage-driver").read_text().strip() or "overlay2"
+    except OSError:
+        return "overlay2"
+
+
+@dataclass
+class ExtraEngine:
+    """A running dockerd of our own; ``host`` is its ``DOCKER_HOST`` URL."""
+
+    root: Path
+    socket: Path
+    process: subprocess.Popen[bytes]
+
+    @property
+    def host(self) -> str:
+        return f"unix://{self.socket}"
+
+    def client(self, timeout: int = 600) -> docker.DockerClient:
+        return docker.DockerClient(base_url=self.host, version="auto", timeout=timeout)
+
+    def containerd_pid(self) -> int | None:
+        try:
+            return int((self.root / "exec" / "containerd" / "containerd.pid").read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def stop(self, remove_data: bool = True) -> None:
+        """Stop dockerd (and the containerd it started) by PID; remove its data root unless asked not to."""
+        containerd = self.containerd_pid()
+        _terminate(self.process.pid, self.process)
+        if containerd is not None:
+            _terminate(containerd, None)
+        self.socket.unlink(missing_ok=True)
+        if remove_data:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+def start_engine(root: Path, *, driver: str | None = None) -> ExtraEngine:
+    """Start a fresh dockerd whose state lives under ``root`` (created); wait until it answers."""
+    root.mkdir(parents=True, exist_ok=True)
+    SOCKET_DIR.mkdir(parents=True, exist_ok=True)
+    sock = SOCKET_DIR / f"{secrets.token_hex(6)}.sock"
+    (root / "daemon.json").write_text("{}\n")
+    log = open(root / "dockerd.log", "ab")
+    argv = [
+        "dockerd",
+        "--config-file", str(root / "daemon.json"),
+        "--host", f"unix://{sock}",
+        "--data-root", str(root / "data"),
+        "--exec-root", str(root / "exec"),
+        "--pidfile", str(root / "dockerd.pid"),
+        "--storage-driver", driver or storage_driver(),
+        *SAFE_FLAGS,
+        "--userland-proxy=false",
+    ]  # fmt: skip
+    try:
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    finally:
+        log.close()
+    engine = ExtraEngine(root, sock, process)
+    deadline = time.monotonic() + START_TIMEOUT
+    while True:
+        if process.poll() is not None:
+            engine.stop(remove_data=False)
+            raise AssertionError(f"dockerd exited with {process.returncode}; log: {_tail(root / 'dockerd.log')}")
+        try:
+            with engine.client(timeout=5) as client:
+                client.ping()
+            return engine
+        except (docker.errors.DockerException, requests.RequestException):
+            if time.monotonic() > deadline:
+                engine.stop(remove_data=False)
+                raise AssertionError(
+                    f"dockerd did not answer in {START_TIMEOUT:g} s; log: {_tail(root / 'dockerd.log')}"
+                )
+            time.sleep(0.2)
+
+
+def _terminate(pid: int, process: subprocess.Popen[bytes] | None) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + 30
+    while _alive(pid, process) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _alive(pid, process):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        while _alive(pid, process):
+            time.sleep(0.1)
+
+
+def _alive(pid: int, process: subprocess.Popen[bytes] | None) -> bool:
+    if process is not None:
+        return process.poll() is None
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _tail(path: Path, lines: int = 8) -> str:
+    try:
+        return " | ".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"

@@ -1,0 +1,103 @@
+"""The real services ``scripts/services`` starts, as plain helpers: probes, the CI rule, a push helper.
+
+The pytest side (the markers' rule, the ``docker_client``/``registry``/``base_image``/``pushed_base_image``
+fixtures) lives in ``tests/conftest.py``; benchmarks import from here, never from a pytest plugin.
+When a service is missing, a test that needs it FAILS if ``CI`` is set (a missing service in CI is a
+broken CI, never a skip) and is skipped with the reason otherwise.
+
+The engine runs with ``--bridge=none``: containers need ``network_mode="none"`` (or ``"host"``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import docker
+import docker.errors
+import requests
+
+PUSHED_REPOSITORY = "envbuild-test/base"
+
+_HOW_TO_START = "run the tests with scripts/test, or `scripts/services start` and source /run/envbuild-test/env"
+FIXTURE_MARKERS = {
+    "docker_client": ("docker",),
+    "base_image": ("docker",),
+    "registry": ("registry",),
+    "pushed_base_image": ("docker", "registry"),
+}
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+@dataclass(frozen=True)
+class Probe:
+    ok: bool
+    detail: str  # where the service is, or why it is not usable
+
+
+def _probe_docker() -> Probe:
+    host = os.environ.get("DOCKER_HOST")
+    if not host:
+        return Probe(False, f"DOCKER_HOST is not set; {_HOW_TO_START}")
+    try:
+        client = docker.DockerClient(base_url=host, version="auto", timeout=10)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except (docker.errors.DockerException, requests.RequestException) as exc:
+        return Probe(False, f"no docker engine answers at DOCKER_HOST={host}: {exc}; {_HOW_TO_START}")
+    return Probe(True, host)
+
+
+def _probe_registry() -> Probe:
+    address = os.environ.get("ENVBUILD_TEST_REGISTRY")
+    if not address:
+        return Probe(False, f"ENVBUILD_TEST_REGISTRY is not set; {_HOW_TO_START}")
+    url = f"http://{address}/v2/"
+    try:
+        response = requests.get(url, timeout=5)
+    except requests.RequestException as exc:
+        return Probe(False, f"no registry answers at {url}: {exc}; {_HOW_TO_START}")
+    if response.status_code != 200:
+        return Probe(False, f"GET {url} answered {response.status_code}, not 200; {_HOW_TO_START}")
+    return Probe(True, address)
+
+
+PROBES = {"docker": _probe_docker, "registry": _probe_registry}
+
+
+class ServiceState:
+    """Probes each service once per session."""
+
+    def __init__(self) -> None:
+        self._results: dict[str, Probe] = {}
+
+    def probe(self, service: str) -> Probe:
+        if service not in self._results:
+            self._results[service] = PROBES[service]()
+        return self._results[service]
+
+
+@dataclass(frozen=True)
+class PushedImage:
+    """The base image as the local registry holds it."""
+
+    repository: str  # "127.0.0.1:5000/envbuild-test/base"
+    tag: str
+    digest: str  # manifest digest, "sha256:<64 hex>", as the engine reported it after the push
+
+    @property
+    def by_digest(self) -> str:
+        return f"{self.repository}@{self.digest}"
+
+
+def push_as(client: docker.DockerClient, source: str, repository: str, tag: str) -> str:
+    """Tag ``source`` as ``repository:tag`` and push it through envbuild's engine; the manifest digest."""
+    from envbuild.engine import Engine
+
+    client.images.get(source).tag(repository, tag)
+    return Engine(client).push(f"{repository}:{tag}")
