@@ -117,6 +117,12 @@ class Engine:
     def close(self) -> None:
         self.client.close()
 
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     # -- build --------------------------------------------------------------------------------
 
     def build(self, context: Path, *, nocache: bool = False, progress: Progress | None = None) -> BuildOutcome:

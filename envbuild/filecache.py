@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from envbuild.errors import RemoteError
+from envbuild.fileio import sha256_file
 from envbuild.locking import file_lock
 
 Download = Callable[[str, BinaryIO], None]
@@ -37,14 +38,6 @@ class FileHashError(RemoteError):
             f"{filename}: sha256 {actual} does not match the lock's {expected} (from {url}); "
             "nothing was cached — check the index or the lock"
         )
-
-
-def sha256_file(path: str | os.PathLike[str]) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 class _HashingWriter(io.RawIOBase):

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from envbuild.errors import EnvbuildError, InputError
+from envbuild.image.plan import LOCK_LABEL
 from envrun.plan import CheckResult, RunPlan
 
-LOCK_LABEL = "io.envbuild.lock.sha256"
 CHECKS = ("image-lock-label", "npus", "model", "data")
 PARQUET_MAGIC = b"PAR1"
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal, TextIO
 
 from envbuild.errors import CacheError
+from envbuild.fileio import write_atomic
 from envrun.plan import RunPlan, plan_to_json
 
 Status = Literal["succeeded", "failed", "interrupted", "error"]
@@ -76,6 +77,4 @@ def read_status(path: Path) -> dict[str, Any]:
 
 
 def _write_json(path: Path, document: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    write_atomic(path, json.dumps(document, indent=2, sort_keys=True) + "\n")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from envbuild.cli import main
-from envbuild.lock import load_lock
+from envbuild.lock import read_lock
 
 REAL_LOCK = Path(__file__).resolve().parents[1] / "lockfiles" / "glm5_2-ascend.lock.yaml"
 
@@ -18,7 +18,7 @@ def test_dry_run_of_the_real_lock_renders_and_says_what_a_build_would_refuse(
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")  # nothing may talk to an engine
     assert main(["image", str(REAL_LOCK), "--dry-run", "--offline", "--cache-dir", str(tmp_path / "c")]) == 0
     captured = capsys.readouterr()
-    lock = load_lock(REAL_LOCK)
+    lock = read_lock(REAL_LOCK).lock
     assert captured.out.count("\nFROM ") == 1 and f"FROM {lock.base_image.name}\n" in captured.out
     for source in lock.sources:
         assert f"COPY src/{source.name}/ " in captured.out

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from envbuild.cli import main
-from envbuild.lock import load_lock
+from envbuild.lock import read_lock
 from tests.lib.gitrepos import Repo, Served
 
 pytestmark = pytest.mark.gitdaemon
@@ -149,7 +149,7 @@ def test_update_moves_the_branch_pin_and_diff_counts_commits(upstream, tmp_path:
 
     code, out, _ = run(capsys, "lock", "update", str(new), "--cache-dir", cache)
     assert code == 0 and f"commit: {commits[0]} -> {commits[-1]} (3 commits)" in out
-    updated = load_lock(new).sources[0]
+    updated = read_lock(new).lock.sources[0]
     assert updated.commit == commits[-1] and updated.tree == repo.tree(commits[-1])
     first = new.read_bytes()
     code, out, _ = run(capsys, "lock", "update", str(new), "--cache-dir", cache)
@@ -191,6 +191,6 @@ def test_update_pins_the_base_image_by_the_digest_its_registry_serves(
 
     code, out, _ = run(capsys, "lock", "update", str(lock), "--cache-dir", str(tmp_path / "c"))
     assert code == 0 and pushed_base_image.digest in out
-    assert load_lock(lock).base_image.digest == pushed_base_image.digest
+    assert read_lock(lock).lock.base_image.digest == pushed_base_image.digest
     code, out, _ = run(capsys, "lock", "verify", str(lock), "--cache-dir", str(tmp_path / "c"), "--json")
     assert code == 0 and json.loads(out)["results"][-1]["status"] == "ok"

@@ -160,9 +160,9 @@ def test_repos_parses_as_vcstool_file() -> None:
 
 
 def test_real_lock_exports(tmp_path: Path) -> None:
-    from envbuild.lock import load_lock
+    from envbuild.lock import read_lock
 
-    lock = load_lock(Path(__file__).parent.parent / "lockfiles" / "glm5_2-ascend.lock.yaml")
+    lock = read_lock(Path(__file__).parent.parent / "lockfiles" / "glm5_2-ascend.lock.yaml").lock
     for fmt in ("requirements", "pylock", "repos"):
         assert export_lock(lock, fmt)
     Pylock.from_dict(tomllib.loads(export_pylock(lock)))

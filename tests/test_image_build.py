@@ -29,7 +29,7 @@ from envbuild.image.build import (
     dry_run,
     read_map,
 )
-from envbuild.image.incheck import compare_inimage
+from envbuild.image.inimage_verdict import compare_inimage
 from envbuild.results import PinResult, VerifyReport
 from tests.lib.gitrepos import Served
 from tests.lib.imagelock import (

@@ -17,9 +17,11 @@ from pathlib import Path
 import pytest
 
 from envbuild.errors import InputError
-from envbuild.image import inimage_check
-from envbuild.image.context import ContextError, assemble_context, plan_context
-from envbuild.image.incheck import compare_inimage, inimage_command
+from envbuild.image import inimage_probe
+from envbuild.image.context import BuildContext, ContextError, ExportSource, FileFor, assemble_context
+from envbuild.image.inimage_verdict import compare_inimage, inimage_command
+from envbuild.image.plan import ContextPlan, plan_context
+from envbuild.image.render import render_dockerfile
 from envbuild.lock import Lock, Package, PackageFile, Source, parse_lock
 
 LOCK_SHA = "cd" * 32
@@ -32,6 +34,10 @@ _GIT_ENV = {
     "GIT_CONFIG_NOSYSTEM": "1",
     "HOME": "/nonexistent",
 }
+
+
+def assemble(plan: ContextPlan, dest: Path, export: ExportSource, file_for: FileFor) -> BuildContext:
+    return assemble_context(plan, render_dockerfile(plan), dest, export, file_for)
 
 
 def git(*args: str, cwd: Path) -> str:
@@ -128,8 +134,8 @@ def wheel(tmp_path: Path) -> Path:
 def test_context_layout_and_determinism(tmp_path: Path, wheel: Path) -> None:
     lock = make_lock(wheel, [("alpha", "1" * 40, None), ("beta", "2" * 40, None)])
     plan = plan_context(lock, lock_sha256=LOCK_SHA)
-    first = assemble_context(plan, tmp_path / "one", fake_export(FAKE), lambda p, f: wheel)
-    second = assemble_context(plan, tmp_path / "two", fake_export(FAKE), lambda p, f: wheel)
+    first = assemble(plan, tmp_path / "one", fake_export(FAKE), lambda p, f: wheel)
+    second = assemble(plan, tmp_path / "two", fake_export(FAKE), lambda p, f: wheel)
     assert snapshot(first.path) == snapshot(second.path)
     names = {p for p, *_ in snapshot(first.path)}
     assert {
@@ -137,7 +143,7 @@ def test_context_layout_and_determinism(tmp_path: Path, wheel: Path) -> None:
         "wheels/" + wheel.name,
         "envbuild/requirements.txt",
         "envbuild/manifest.json",
-        "envbuild/inimage_check.py",
+        "envbuild/inimage_probe.py",
         "src/alpha/alpha/__init__.py",
         "src/alpha/.envbuild-commit",
         "src/beta/README",
@@ -161,9 +167,7 @@ def test_a_package_file_with_another_hash_is_refused_by_name(tmp_path: Path, whe
     impostor = make_wheel(tmp_path, version="1.0")
     impostor.write_bytes(impostor.read_bytes() + b"\0")
     with pytest.raises(ContextError) as info:
-        assemble_context(
-            plan_context(lock, lock_sha256=LOCK_SHA), tmp_path / "ctx", fake_export(FAKE), lambda p, f: impostor
-        )
+        assemble(plan_context(lock, lock_sha256=LOCK_SHA), tmp_path / "ctx", fake_export(FAKE), lambda p, f: impostor)
     assert "package tiny_pkg 1.0: tiny_pkg-1.0-py3-none-any.whl" in str(info.value)
     assert sha256(wheel) in str(info.value)
     assert not (tmp_path / "ctx" / "wheels").exists() and not (tmp_path / "ctx" / "Dockerfile").exists()
@@ -172,17 +176,13 @@ def test_a_package_file_with_another_hash_is_refused_by_name(tmp_path: Path, whe
 def test_a_source_tree_that_differs_is_refused_with_every_problem(tmp_path: Path, wheel: Path) -> None:
     lock = make_lock(wheel, [("alpha", "1" * 40, "0" * 40), ("beta", "2" * 40, "f" * 40)])
     with pytest.raises(ContextError) as info:
-        assemble_context(
-            plan_context(lock, lock_sha256=LOCK_SHA), tmp_path / "ctx", fake_export(FAKE), lambda p, f: wheel
-        )
+        assemble(plan_context(lock, lock_sha256=LOCK_SHA), tmp_path / "ctx", fake_export(FAKE), lambda p, f: wheel)
     assert len(info.value.problems) == 2
     assert list((tmp_path / "ctx").iterdir()) == []
     assert "source alpha" in info.value.problems[0] and "the lock pins tree " + "0" * 40 in info.value.problems[0]
     (tmp_path / "ctx" / "leftover").write_text("x")
     with pytest.raises(InputError, match="must be empty"):
-        assemble_context(
-            plan_context(lock, lock_sha256=LOCK_SHA), tmp_path / "ctx", fake_export(FAKE), lambda p, f: wheel
-        )
+        assemble(plan_context(lock, lock_sha256=LOCK_SHA), tmp_path / "ctx", fake_export(FAKE), lambda p, f: wheel)
 
 
 @pytest.fixture
@@ -223,7 +223,7 @@ def test_real_git_tree_matches_and_in_image_check_agrees(
 ) -> None:
     repo, commit, tree = real_repo
     lock = make_lock(wheel, [("realsrc", commit, tree)])
-    context = assemble_context(
+    context = assemble(
         plan_context(lock, lock_sha256=LOCK_SHA), tmp_path / "ctx", git_archive_export(repo), lambda p, f: wheel
     )
     assert dict(context.trees) == {"realsrc": tree}
@@ -239,7 +239,7 @@ def test_real_git_tree_matches_and_in_image_check_agrees(
 
     def check() -> list[str]:
         proc = subprocess.run(
-            [sys.executable, "-S", str(context.path / "envbuild/inimage_check.py"), str(tmp_path / "manifest.json")],
+            [sys.executable, "-S", str(context.path / "envbuild/inimage_probe.py"), str(tmp_path / "manifest.json")],
             capture_output=True,
             text=True,
             env={"PYTHONPATH": str(site)},
@@ -257,7 +257,7 @@ def test_real_git_tree_matches_and_in_image_check_agrees(
     problems = check()
     assert any("source realsrc: files of commit" in p and "run.sh" in p for p in problems)
     assert any("source realsrc: the installed files have tree" in p for p in problems)
-    assert inimage_command()[-2:] == ["/opt/envbuild/meta/inimage_check.py", "/opt/envbuild/meta/manifest.json"]
+    assert inimage_command()[-2:] == ["/opt/envbuild/meta/inimage_probe.py", "/opt/envbuild/meta/manifest.json"]
 
 
 def test_compare_inimage_names_each_mismatch() -> None:
@@ -296,7 +296,7 @@ def test_compare_inimage_names_each_mismatch() -> None:
 def test_requirements_file_is_accepted_by_pip(tmp_path: Path, wheel: Path) -> None:
     """pip itself reads the requirements file and finds the wheel with hash checking and no index."""
     lock = make_lock(wheel, [("alpha", "1" * 40, None)])
-    context = assemble_context(
+    context = assemble(
         plan_context(lock, lock_sha256=LOCK_SHA), tmp_path / "ctx", fake_export(FAKE), lambda p, f: wheel
     )
     command = [
@@ -327,5 +327,5 @@ def test_requirements_file_is_accepted_by_pip(tmp_path: Path, wheel: Path) -> No
 
 def test_git_tree_sha_of_listed_files_only(tmp_path: Path, real_repo: tuple[Path, str, str]) -> None:
     repo, _, tree = real_repo
-    files = [p for p in inimage_check.list_files(str(repo)) if not p.startswith(".git/") and p != ".git"]
-    assert inimage_check.git_tree_sha(str(repo), files) == (tree, [])
+    files = [p for p in inimage_probe.list_files(str(repo)) if not p.startswith(".git/") and p != ".git"]
+    assert inimage_probe.git_tree_sha(str(repo), files) == (tree, [])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from envbuild.image.context import plan_context
+from envbuild.image.plan import plan_context
 from envbuild.image.record import build_record, provenance, sbom
 from tests.lib.tinylock import DIGEST, LOCK_SHA, tiny_lock
 

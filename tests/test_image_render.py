@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from envbuild.errors import InputError
-from envbuild.image.context import plan_context
+from envbuild.image.plan import plan_context
 from envbuild.image.render import render_dockerfile
 from envbuild.lock import Lock
 from tests.lib.tinylock import BRANCH_COMMIT, DIGEST, LOCK_SHA, NONE_COMMIT, TAG_COMMIT, WHEEL_COMMIT, tiny_lock

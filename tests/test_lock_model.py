@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from envbuild.errors import LockfileError
-from envbuild.lock import dump_lock, load_lock, parse_lock, write_lock
+from envbuild.lock import dump_lock, parse_lock, read_lock, write_lock
 from envbuild.lock.schema import SCHEMA_PATH, lock_schema, schema_text
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,7 +43,7 @@ def test_minimal_lock_is_valid() -> None:
 
 
 def test_real_lock_loads_and_is_canonical() -> None:
-    lock = load_lock(REAL_LOCK)
+    lock = read_lock(REAL_LOCK).lock
     assert len(lock.sources) == 9
     megatron = lock.source("megatron-lm")
     assert (megatron.ref, megatron.ref_type, megatron.commit) == ("core_v0.18.0", "tag", SHA)
@@ -54,12 +54,12 @@ def test_real_lock_loads_and_is_canonical() -> None:
 
 
 def test_writing_is_deterministic_and_round_trips(tmp_path: Path) -> None:
-    lock = load_lock(REAL_LOCK)
+    lock = read_lock(REAL_LOCK).lock
     first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
     write_lock(first, lock)
-    write_lock(second, load_lock(first))
+    write_lock(second, read_lock(first).lock)
     assert first.read_bytes() == second.read_bytes()
-    assert load_lock(second) == lock
+    assert read_lock(second).lock == lock
 
 
 def test_every_problem_is_reported_at_once_with_line_and_field() -> None:
@@ -179,7 +179,7 @@ def test_malformed_documents(text: str, words: str) -> None:
 
 def test_unreadable_file_names_the_file(tmp_path: Path) -> None:
     with pytest.raises(LockfileError) as info:
-        load_lock(tmp_path / "absent.lock.yaml")
+        read_lock(tmp_path / "absent.lock.yaml").lock
     assert "absent.lock.yaml" in str(info.value) and "cannot read" in str(info.value)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from envbuild.errors import RemoteError
-from envbuild.lock.io import load_lock
+from envbuild.lock.io import read_lock
 from envrun.cli_run import main_for_tests
 from envrun.overrides import OverrideError, merge_overrides, validate_overrides
 from envrun.recipe import load_recipe, recipe_path
@@ -34,7 +34,7 @@ def test_merge_delete_of_an_added_key_drops_it() -> None:
 
 
 def test_the_lock_pins_the_verl_wheel() -> None:
-    wheel = verl_wheel_from_lock(load_lock(LOCK), str(LOCK))
+    wheel = verl_wheel_from_lock(read_lock(LOCK).lock, str(LOCK))
     assert (wheel.filename, wheel.sha256) == (VERL_091.filename, VERL_091.sha256)
 
 

@@ -22,7 +22,7 @@ from envbuild.check.report import CheckReport, Difference
 from envbuild.engine import Engine
 from envbuild.errors import LockfileError, Problem
 from envbuild.image.build import BuildResult, ImageOptions, build_image
-from envbuild.lock import load_lock
+from envbuild.lock import read_lock
 from envbuild.results import VerifyReport
 from envbuild.verify import VerifyOptions, verify_lock
 
@@ -47,7 +47,7 @@ def run_check(
 ) -> CheckReport:
 
     say = progress or (lambda message: None)
-    lock = load_lock(lock_path)
+    lock = read_lock(lock_path).lock
     try:
         lock_sha256 = hashlib.sha256(lock_path.read_bytes()).hexdigest()
     except OSError as exc:

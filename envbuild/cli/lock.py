@@ -7,8 +7,9 @@ import sys
 from pathlib import Path
 
 from envbuild.cli.common import Progress, add_source_options, source_settings
+from envbuild.fileio import write_atomic
 from envbuild.git.cache import GitCache
-from envbuild.lock import dump_lock, load_lock, write_lock
+from envbuild.lock import dump_lock, read_lock, write_lock
 from envbuild.lock.diff import CommitCounter, diff_locks, render_changes
 from envbuild.mirrors import Mirrors
 from envbuild.report import render_json, render_verify
@@ -68,7 +69,7 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    lock = load_lock(args.lockfile)  # before the heavier imports: a bad lock fails fast
+    lock = read_lock(args.lockfile).lock  # before the heavier imports: a bad lock fails fast
     from envbuild.verify import VerifyOptions, verify_lock
 
     cache_dir, mirrors = source_settings(args)
@@ -84,7 +85,7 @@ def cmd_update(args: argparse.Namespace) -> int:
     from envbuild.git.cache import GitCache
     from envbuild.update import update_lock
 
-    lock = load_lock(args.lockfile)
+    lock = read_lock(args.lockfile).lock
     cache_dir, mirrors = source_settings(args)
     cache = GitCache(cache_dir / "git")
     new = update_lock(
@@ -110,7 +111,7 @@ def cmd_update(args: argparse.Namespace) -> int:
 def cmd_diff(args: argparse.Namespace) -> int:
     from envbuild.git.cache import GitCache
 
-    old, new = load_lock(args.old), load_lock(args.new)
+    old, new = read_lock(args.old).lock, read_lock(args.new).lock
     cache_dir, mirrors = source_settings(args)
     changes = diff_locks(old, new, _commit_counter(GitCache(cache_dir / "git"), mirrors))
     sys.stdout.write(
@@ -130,7 +131,7 @@ def _commit_counter(cache: GitCache, mirrors: Mirrors) -> CommitCounter:
 def cmd_export(args: argparse.Namespace) -> int:
     from envbuild.lock import export
 
-    lock = load_lock(args.lockfile)
+    lock = read_lock(args.lockfile).lock
     if args.format == "pylock" and not args.offline:
         from envbuild.packages import package_file_urls
 
@@ -138,7 +139,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     else:
         text = export.export_lock(lock, args.format)
     if args.output:
-        args.output.write_text(text, encoding="utf-8")
+        write_atomic(args.output, text)
     else:
         sys.stdout.write(text)
     return 0

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from envbuild.errors import CacheError
+from envbuild.fileio import write_atomic
 from envbuild.git.remote import GitError, GitRunner, RefListing
 from envbuild.locking import file_lock
 
@@ -108,7 +109,7 @@ class GitCache:
         """One ``git ls-remote``; the answer is also kept for ``--offline``."""
         repo = self.ensure(url)
         listing = self.git.ls_remote(repo.path, url)
-        _write_atomic(repo.path / LISTING_FILE, listing.raw)
+        write_atomic(repo.path / LISTING_FILE, listing.raw)
         return listing
 
     def cached_listing(self, url: str) -> RefListing | None:
@@ -202,14 +203,3 @@ def _unlink(path: Path, removed: list[Path]) -> None:
         removed.append(path)
     except FileNotFoundError:
         pass
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -26,7 +26,7 @@ from pathlib import Path
 from envbuild.errors import EnvbuildError
 from envbuild.git.cache import CachedRepo, GitCache
 from envbuild.git.remote import NO_LAZY_FETCH_URL, GitError
-from envbuild.image import inimage_check
+from envbuild.image import inimage_probe
 from envbuild.lock.model import Source
 from envbuild.mirrors import Mirrors
 
@@ -160,8 +160,8 @@ def export_tree(source: Source, dest: Path, exporter: TreeExporter) -> str:
             tar.extractall(dest, filter="tar")  # refuses absolute and ../ names
     finally:
         os.unlink(archive)
-    files = inimage_check.list_files(str(dest))
-    written, unreadable = inimage_check.git_tree_sha(str(dest), files)
+    files = inimage_probe.list_files(str(dest))
+    written, unreadable = inimage_probe.git_tree_sha(str(dest), files)
     if written != tree or unreadable:
         gitlinks = _gitlinks(exporter, repo, source.commit)
         why = f" (submodules are not exported: {', '.join(gitlinks[:5])})" if gitlinks else ""

@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import re
 import shutil
 import tempfile
@@ -29,20 +28,17 @@ from typing import Any
 from envbuild.engine import BuildStep, Engine
 from envbuild.errors import EngineError, EnvbuildError, InputError, RemoteError
 from envbuild.filecache import FileCache
+from envbuild.fileio import write_atomic
 from envbuild.git.cache import GitCache
 from envbuild.git.export import TreeExporter, commit_dates
-from envbuild.image.context import (
-    BuildContext,
-    ContextPlan,
-    assemble_context,
-    plan_context,
-)
-from envbuild.image.incheck import compare_inimage, inimage_command
+from envbuild.image.context import BuildContext, assemble_context
+from envbuild.image.inimage_verdict import compare_inimage, inimage_command
 from envbuild.image.normalize import normalize_image
+from envbuild.image.plan import ContextPlan, plan_context
 from envbuild.image.record import build_record, render_record_json
 from envbuild.image.render import base_reference, render_dockerfile
 from envbuild.index import IndexClient
-from envbuild.lock.io import parse_lock
+from envbuild.lock.io import read_lock
 from envbuild.lock.model import IMAGE_NAME, Lock, Package, PackageFile
 from envbuild.locking import file_lock
 from envbuild.mirrors import Mirrors
@@ -96,15 +92,6 @@ class BuildResult:
 # --- stages before the engine -------------------------------------------------------------------
 
 
-def read_lock(lock_path: Path) -> tuple[Lock, str]:
-    """The lock and the sha256 of exactly the bytes it was parsed from."""
-    try:
-        data = Path(lock_path).read_bytes()
-    except OSError as exc:
-        raise InputError(f"{lock_path}: cannot read: {exc.strerror or exc}") from None
-    return parse_lock(data, str(lock_path)), hashlib.sha256(data).hexdigest()
-
-
 def require_verified(
     lock: Lock, lock_path: Path, options: ImageOptions, progress: Progress | None, verified: VerifyReport | None = None
 ) -> VerifyReport:
@@ -150,7 +137,8 @@ def build_epoch(lock: Lock, cache: GitCache, mirrors: Mirrors) -> int | None:
 def plan_image(
     lock_path: Path, options: ImageOptions, progress: Progress | None = None, verified: VerifyReport | None = None
 ) -> tuple[Lock, ContextPlan]:
-    lock, lock_sha256 = read_lock(lock_path)
+    read = read_lock(lock_path)
+    lock, lock_sha256 = read.lock, read.sha256
     check_tags(options.tags)
     require_verified(lock, lock_path, options, progress, verified)
     epoch = build_epoch(lock, GitCache(options.cache_dir / "git"), options.mirrors)
@@ -161,7 +149,8 @@ def dry_run(lock_path: Path, options: ImageOptions, progress: Progress | None = 
     """The plan and the Dockerfile a build of this lock would use: a rendering of the lock alone, with no
     network, no verify and no engine. What would stop a real build is said through ``progress``."""
     say = progress or (lambda message: None)
-    lock, lock_sha256 = read_lock(lock_path)
+    read = read_lock(lock_path)
+    lock, lock_sha256 = read.lock, read.sha256
     check_tags(options.tags)
     unresolved = [p for p in lock.packages if not p.files]
     for package in unresolved:
@@ -182,32 +171,8 @@ def dry_run(lock_path: Path, options: ImageOptions, progress: Progress | None = 
 
 
 def plan_json(plan: ContextPlan) -> dict[str, Any]:
-    return {
-        "lock_name": plan.lock_name,
-        "lock_sha256": plan.lock_sha256,
-        "epoch": plan.epoch,
-        "base_image": {"name": plan.base_name, "digest": plan.base_digest},
-        "python": plan.python,
-        "cann": plan.cann,
-        "sources": [
-            {
-                "name": s.name,
-                "repo": s.repo,
-                "ref": s.ref,
-                "ref_type": s.ref_type,
-                "commit": s.commit,
-                "tree": s.tree,
-                "install": s.mode,
-                "env": dict(s.env),
-                "path": s.image_path,
-            }
-            for s in plan.sources
-        ],
-        "files": [
-            {"package": f.package, "version": f.version, "filename": f.filename, "sha256": f.sha256} for f in plan.files
-        ],
-        "dockerfile": render_dockerfile(plan),
-    }
+    """``envbuild image --dry-run --json``: the plan and the Dockerfile it renders to."""
+    return {**plan.to_json(), "dockerfile": render_dockerfile(plan)}
 
 
 def check_tags(tags: tuple[str, ...]) -> None:
@@ -280,18 +245,7 @@ def remember(cache_dir: Path, raw_id: str, entry: dict[str, Any]) -> None:
     with file_lock(path.with_suffix(".lock"), blocking=True):
         data = read_map(cache_dir)
         data[raw_id] = entry
-        _write_atomic(path, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        write_atomic(path, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
 
 
 # --- the build -----------------------------------------------------------------------------------
@@ -320,7 +274,9 @@ def build_image(
             files = file_fetcher(lock, FileCache(options.cache_dir), IndexClient())
             exporter = TreeExporter(options.cache_dir, mirrors=options.mirrors, offline=options.offline)
             try:
-                context = assemble_context(plan, work / "context", export_source=exporter, file_for=files)
+                context = assemble_context(
+                    plan, render_dockerfile(plan), work / "context", export_source=exporter, file_for=files
+                )
             except EnvbuildError as exc:
                 raise BuildRefused(f"{lock_path}: refusing to build: {exc}") from None
             return _build(lock_path, plan, context, tags, options, engine, work, say, inimage_compare)
@@ -436,7 +392,7 @@ def write_record(
         build_summary(lock_path, plan, trees, image_id, tags, diff_ids, pushed, dockerfile_sha256)
     )
     for name, data in sorted(files.items()):
-        _write_atomic(directory / name, data)
+        write_atomic(directory / name, data)
     return directory
 
 

@@ -36,6 +36,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any, BinaryIO, Literal
 
 from envbuild.errors import EnvbuildError
+from envbuild.fileio import atomic_output, sha256_file
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
@@ -73,14 +74,6 @@ def chain_ids(diff_ids: Sequence[str]) -> list[str]:
             diff_id if not chain else "sha256:" + hashlib.sha256(f"{chain[-1]} {diff_id}".encode()).hexdigest()
         )
     return chain
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return "sha256:" + digest.hexdigest()
 
 
 def _member(outer: tarfile.TarFile, name: str, depth: int = 0) -> tarfile.TarInfo:
@@ -253,7 +246,7 @@ def _rewrite(
         assert source is not None
         with open(target, "wb") as out:
             normalize_layer(source, out, epoch)  # type: ignore[arg-type]
-        new_ids.append(_sha256_file(target))
+        new_ids.append("sha256:" + sha256_file(target))
         rewritten.append(target)
 
     config = normalize_config(config, new_ids, base_layers=len(base), epoch=epoch, base_history=base_history)
@@ -266,14 +259,15 @@ def _rewrite(
         layers.append(
             (diff_id, _member(outer, layer_paths[index]) if index < len(base) else rewritten[index - len(base)])
         )
-    tmp = dest.with_name(f".{dest.name}.tmp")
-    with open(tmp, "wb") as raw, tarfile.open(fileobj=raw, mode="w:", format=tarfile.PAX_FORMAT) as writer:
+    with (
+        atomic_output(dest, durable=False) as raw,
+        tarfile.open(fileobj=raw, mode="w:", format=tarfile.PAX_FORMAT) as writer,
+    ):
         sink = _Writer(writer, outer, epoch)
         if layout == "oci":
             _write_oci(sink, layers, config_bytes, image_id, repo_tags)
         else:
             _write_legacy(sink, layers, config_bytes, image_id, repo_tags)
-    os.replace(tmp, dest)
     return NormalizeResult(image_id, layout, tuple(new_ids), len(base), repo_tags)
 
 

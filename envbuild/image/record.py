@@ -12,7 +12,7 @@ from urllib.parse import quote
 from packaging.utils import canonicalize_name
 
 from envbuild import __version__
-from envbuild.image.context import ContextPlan, SourcePlan
+from envbuild.image.plan import ContextPlan, SourcePlan
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 SLSA_PROVENANCE = "https://slsa.dev/provenance/v1"

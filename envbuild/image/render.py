@@ -13,7 +13,15 @@ from functools import lru_cache
 from pathlib import Path
 
 from envbuild.errors import InputError
-from envbuild.image.context import IMAGE_META, IMAGE_WHEELS, ContextPlan, SourcePlan
+from envbuild.image.plan import (
+    IMAGE_META,
+    IMAGE_WHEELS,
+    LOCK_LABEL,
+    LOCK_NAME_LABEL,
+    ContextPlan,
+    SourcePlan,
+    source_commit_label,
+)
 
 # `templates` is a link to the repository's images/ (where the templates live, per the design card), so
 # that they also ship inside the wheel as package data; a non-editable install finds them here too.
@@ -112,8 +120,8 @@ def render_source(source: SourcePlan) -> str:
 
 
 def render_labels(plan: ContextPlan) -> str:
-    labels = [("io.envbuild.lock.name", plan.lock_name), ("io.envbuild.lock.sha256", plan.lock_sha256)]
-    labels += [(f"io.envbuild.source.{s.name}.commit", s.commit) for s in plan.sources]
+    labels = [(LOCK_NAME_LABEL, plan.lock_name), (LOCK_LABEL, plan.lock_sha256)]
+    labels += [(source_commit_label(s.name), s.commit) for s in plan.sources]
     return " \\\n      ".join(f'"{key}"="{value}"' for key, value in labels)
 
 

@@ -1,6 +1,6 @@
 """The lockfile: model, strict reading, canonical writing, schema, diff and export. No network, no git."""
 
-from envbuild.lock.io import dump_lock, load_lock, parse_lock, write_lock
+from envbuild.lock.io import LockFile, dump_lock, parse_lock, read_lock, write_lock
 from envbuild.lock.model import (
     LOCK_VERSION,
     PYPI_SIMPLE,
@@ -23,8 +23,9 @@ __all__ = [
     "PackageFile",
     "Platform",
     "Source",
+    "LockFile",
     "dump_lock",
-    "load_lock",
+    "read_lock",
     "parse_lock",
     "write_lock",
 ]

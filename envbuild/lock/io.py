@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
-import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,20 +20,32 @@ from packaging.utils import (
 from packaging.version import InvalidVersion, Version
 
 from envbuild.errors import LockfileError, Problem
+from envbuild.fileio import write_atomic
 from envbuild.lock.model import LOCK_VERSION, Lock
 from envbuild.lock.typed import Decoder
 
 HEADER = "# envbuild lockfile: written by `envbuild lock`; every pin is checked by `envbuild lock verify`.\n"
 
 
-def load_lock(path: str | os.PathLike[str]) -> Lock:
-    """Read and validate a lockfile; raise :class:`LockfileError` listing every problem."""
+@dataclass(frozen=True)
+class LockFile:
+    """A lock as read from disk, with the sha256 of exactly the bytes it was parsed from (the digest an
+    image built from it carries, and the key of its check history)."""
+
+    path: Path
+    lock: Lock
+    sha256: str
+
+
+def read_lock(path: str | os.PathLike[str]) -> LockFile:
+    """Read and validate a lockfile; raise :class:`LockfileError` listing every problem. The one way
+    envbuild and envrun read a lock from disk."""
     file = str(path)
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
         raise LockfileError([Problem(file, 0, "", f"cannot read: {exc.strerror or exc}")]) from None
-    return parse_lock(data, file)
+    return LockFile(Path(path), parse_lock(data, file), hashlib.sha256(data).hexdigest())
 
 
 def parse_lock(data: bytes | str, file: str = "<lock>") -> Lock:
@@ -218,12 +231,4 @@ def dump_lock(lock: Lock) -> str:
 
 def write_lock(path: str | os.PathLike[str], lock: Lock) -> None:
     """Write atomically: a reader sees the old lock or the new one, never half of one."""
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(dump_lock(lock))
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, dump_lock(lock))

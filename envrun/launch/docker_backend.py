@@ -13,6 +13,7 @@ from pathlib import Path
 
 from envbuild.engine import Engine, JobSpec
 from envbuild.errors import EngineError, InputError
+from envbuild.image.plan import LOCK_LABEL
 from envrun.launch import LaunchResult, LogSink
 from envrun.plan import RunPlan
 
@@ -47,11 +48,8 @@ def ascend_mounts(root: str = "/") -> dict[str, dict[str, str]]:
 
 def image_labels(ref: str) -> dict[str, str]:
     """The labels of a local image (for the preflight lock-label check)."""
-    engine = Engine.connect()
-    try:
+    with Engine.connect() as engine:
         attrs = engine.inspect(ref)
-    finally:
-        engine.close()
     if attrs is None:
         raise InputError(f"image {ref} not found in the local engine; build or load it first")
     return dict((attrs.get("Config") or {}).get("Labels") or {})
@@ -60,13 +58,10 @@ def image_labels(ref: str) -> dict[str, str]:
 def image_digest(ref: str) -> str | None:
     """The image ID (config digest) and, if pushed, its repository digest; for the run record."""
     try:
-        engine = Engine.connect()
+        with Engine.connect() as engine:
+            attrs = engine.inspect(ref)
     except EngineError:
         return None
-    try:
-        attrs = engine.inspect(ref)
-    finally:
-        engine.close()
     if attrs is None:
         return None
     repo = (attrs.get("RepoDigests") or [None])[0]
@@ -80,8 +75,7 @@ class DockerLauncher:
     def launch(self, plan: RunPlan, log: LogSink) -> LaunchResult:
         if not plan.image:
             raise InputError("--backend docker needs --image REF")
-        engine = Engine.connect()
-        try:
+        with Engine.connect() as engine:
             if engine.inspect(plan.image) is None:
                 raise InputError(f"image {plan.image} not found in the local engine")
             volumes = ascend_mounts()
@@ -98,12 +92,10 @@ class DockerLauncher:
                 network_mode=self.network_mode,
                 ipc_mode="host",
                 working_dir=str(self.workdir) if self.workdir else None,
-                labels={"io.envbuild.run.recipe": plan.recipe, "io.envbuild.lock.sha256": plan.lock_sha256},
+                labels={"io.envbuild.run.recipe": plan.recipe, LOCK_LABEL: plan.lock_sha256},
                 stop_timeout=STOP_TIMEOUT_SECONDS,
             )
             code, interrupted = engine.run_job(spec, log)
-        finally:
-            engine.close()
         if interrupted:
             return LaunchResult(code, interrupted=True, detail="container stopped on Ctrl-C")
         return LaunchResult(code)

@@ -13,12 +13,11 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from envbuild.image import inimage_check
-from envbuild.image.context import IMAGE_META
+from envbuild.image import inimage_probe
+from envbuild.image.plan import IMAGE_MANIFEST, IMAGE_META
 
-SCRIPT = Path(inimage_check.__file__)
-IMAGE_SCRIPT = f"{IMAGE_META}/inimage_check.py"
-IMAGE_MANIFEST = f"{IMAGE_META}/manifest.json"
+SCRIPT = Path(inimage_probe.__file__)
+IMAGE_SCRIPT = f"{IMAGE_META}/inimage_probe.py"
 
 
 def inimage_command() -> list[str]:
@@ -41,9 +40,9 @@ def compare_inimage(report: dict | str, manifest: dict) -> list[str]:
             return [f"the in-image check printed no JSON report: {exc}"]
     assert isinstance(report, dict)
     problems: list[str] = []
-    if report.get("report_version") != inimage_check.REPORT_VERSION:
+    if report.get("report_version") != inimage_probe.REPORT_VERSION:
         problems.append(
-            f"in-image report version {report.get('report_version')!r}, expected {inimage_check.REPORT_VERSION}"
+            f"in-image report version {report.get('report_version')!r}, expected {inimage_probe.REPORT_VERSION}"
         )
     if report.get("lock_sha256") != manifest["lock_sha256"]:
         problems.append(f"the image's manifest is for lock {report.get('lock_sha256')}, not {manifest['lock_sha256']}")

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """The in-image check: what is really installed, printed as JSON. Standard library only.
 
-Shipped into the image as ``/opt/envbuild/meta/inimage_check.py`` and run with the image's
+Shipped into the image as ``/opt/envbuild/meta/inimage_probe.py`` and run with the image's
 ``python3`` against ``/opt/envbuild/meta/manifest.json``. It reports facts only; judging them against
-the lock is :func:`envbuild.image.incheck.compare_inimage`, on the host.
+the lock is :func:`envbuild.image.inimage_verdict.compare_inimage`, on the host.
 
 Each source is checked by content, not by trusting a marker: the git tree SHA of the files the
 manifest lists is recomputed from the installed directory, so a source is "its pinned commit" when

@@ -1,0 +1,67 @@
+"""Writing files atomically and hashing them: the two file primitives every writer and reader shares.
+
+``write_atomic`` is the only way envbuild replaces a file that someone else may read at the same time
+(a lock, a cache map, a build record, a report, a run's status): the data goes to a temporary file with
+a unique name in the same directory, is flushed, and is renamed over the target, so a reader sees the
+old file or the new one, never half of one. On any failure (a full disk, an interrupt) the temporary
+file is removed and the target is left as it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import BinaryIO
+
+_CHUNK = 1 << 20
+
+
+def write_atomic(path: str | os.PathLike[str], data: bytes | str, *, mode: int | None = None) -> None:
+    """Replace ``path`` with ``data`` (``str`` is written as UTF-8) in one rename; ``mode`` sets the
+    permission bits (default: what ``mkstemp`` gives, 0600, widened to 0644 as ``open`` would under the
+    usual umask)."""
+    with atomic_output(path, mode=mode) as handle:
+        handle.write(data.encode("utf-8") if isinstance(data, str) else data)
+
+
+@contextmanager
+def atomic_output(path: str | os.PathLike[str], *, mode: int | None = None, durable: bool = True) -> Iterator[BinaryIO]:
+    """A binary file to stream into; it replaces ``path`` when the block ends normally, and is removed
+    (``path`` untouched) when the block raises. ``durable=False`` skips the fsync, for scratch files
+    of many GB that nobody reads after a crash."""
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            yield handle
+            if durable:
+                handle.flush()
+                os.fsync(handle.fileno())
+        os.chmod(tmp, mode if mode is not None else 0o644 & ~_UMASK)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    """The sha256 (hex) of a file's bytes, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _read_umask() -> int:
+    current = os.umask(0o022)
+    os.umask(current)
+    return current
+
+
+# Read once, at import (single-threaded then): os.umask can only be read by setting it.
+_UMASK = _read_umask()

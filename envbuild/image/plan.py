@@ -1,0 +1,182 @@
+"""The image plan: where everything goes in an image, decided from the lock alone (pure).
+
+A leaf of ``envbuild.image``: the plan types, the image's paths and labels, and :func:`plan_context`.
+Rendering (``render``), assembling the context on disk (``context``), the build record (``record``)
+and judging the in-image report (``inimage_verdict``) import from here; none of them imports another,
+and only the orchestrator (``build``) puts them together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from packaging.utils import canonicalize_name
+
+from envbuild.errors import InputError
+from envbuild.lock.model import Lock, Package, PackageFile, Source
+
+MANIFEST_VERSION = 1
+IMAGE_ROOT = "/opt/envbuild"
+IMAGE_SRC = f"{IMAGE_ROOT}/src"
+IMAGE_META = f"{IMAGE_ROOT}/meta"
+IMAGE_WHEELS = f"{IMAGE_ROOT}/wheels"
+IMAGE_MANIFEST = f"{IMAGE_META}/manifest.json"
+
+# Image labels. LOCK_LABEL is what every consumer (the runner's preflight, the docker backend, the
+# cluster) checks: the sha256 of exactly the lockfile's bytes the image was built from.
+LOCK_LABEL = "io.envbuild.lock.sha256"
+LOCK_NAME_LABEL = "io.envbuild.lock.name"
+
+
+def source_commit_label(name: str) -> str:
+    return f"io.envbuild.source.{name}.commit"
+
+
+@dataclass(frozen=True)
+class SourcePlan:
+    """One source as the image gets it, in layer order."""
+
+    name: str
+    repo: str
+    ref: str
+    ref_type: str
+    commit: str
+    tree: str | None
+    mode: str  # editable | wheel | none
+    env: tuple[tuple[str, str], ...]
+    context_path: str  # src/<name>
+    image_path: str  # /opt/envbuild/src/<name>
+    source: Source  # what export_source is called with
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "repo": self.repo,
+            "ref": self.ref,
+            "ref_type": self.ref_type,
+            "commit": self.commit,
+            "tree": self.tree,
+            "install": self.mode,
+            "env": dict(self.env),
+            "path": self.image_path,
+        }
+
+
+@dataclass(frozen=True)
+class FilePlan:
+    package: str
+    version: str
+    filename: str
+    sha256: str
+    context_path: str  # wheels/<filename>
+    entry: tuple[Package, PackageFile]  # what file_for is called with
+
+    def to_json(self) -> dict[str, Any]:
+        return {"package": self.package, "version": self.version, "filename": self.filename, "sha256": self.sha256}
+
+
+@dataclass(frozen=True)
+class ContextPlan:
+    """Everything the context and the Dockerfile are made from; a pure function of the lock."""
+
+    lock_name: str
+    lock_sha256: str
+    epoch: int
+    base_name: str
+    base_digest: str | None
+    allow_unpinned: bool
+    python: str | None
+    cann: str | None
+    sources: tuple[SourcePlan, ...]
+    files: tuple[FilePlan, ...]
+    requirements: str  # the text of envbuild/requirements.txt
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "lock_name": self.lock_name,
+            "lock_sha256": self.lock_sha256,
+            "epoch": self.epoch,
+            "base_image": {"name": self.base_name, "digest": self.base_digest},
+            "python": self.python,
+            "cann": self.cann,
+            "sources": [s.to_json() for s in self.sources],
+            "files": [f.to_json() for f in self.files],
+        }
+
+
+def layer_order(sources: tuple[Source, ...]) -> tuple[Source, ...]:
+    """Tags first (they do not move), then branches; the lock's order within each.
+
+    A moved pin rebuilds its own layer and every layer after it, so the pins least likely to move
+    go first. The lock's order is kept otherwise, as it may encode a build-time dependency.
+    """
+    return tuple(sorted(sources, key=lambda s: s.ref_type != "tag"))
+
+
+def requirements_text(lock: Lock) -> str:
+    lines = ["# envbuild: installed with pip --no-index --require-hashes --no-deps; do not edit"]
+    for package in sorted(lock.packages, key=lambda p: canonicalize_name(p.name)):
+        hashes = " ".join(f"--hash=sha256:{f.sha256}" for f in sorted(package.files, key=lambda f: f.sha256))
+        lines.append(f"{canonicalize_name(package.name)}=={package.version} {hashes}".rstrip())
+    return "\n".join(lines) + "\n"
+
+
+def plan_context(
+    lock: Lock, *, lock_sha256: str, epoch: int | None = None, allow_unpinned: bool = False
+) -> ContextPlan:
+    """Decide what goes where. ``epoch`` is used when the lock fixes no ``source_date_epoch``
+    (the caller computes the newest pinned commit's date from git)."""
+    problems = []
+    if lock.base_image is None:
+        problems.append("the lock has no base_image: add base_image.name and base_image.digest")
+    elif lock.base_image.digest is None and not allow_unpinned:
+        problems.append(
+            f"base_image {lock.base_image.name} is not pinned: add base_image.digest "
+            "(`envbuild lock update` records it)"
+        )
+    chosen = lock.source_date_epoch if lock.source_date_epoch is not None else epoch
+    if chosen is None:
+        problems.append("no build epoch: set source_date_epoch in the lock or pass the newest commit's date")
+    packages_without_files = [p.name for p in lock.packages if not p.files]
+    if packages_without_files:
+        problems.append(
+            f"packages without files (run `envbuild lock update`): {', '.join(sorted(packages_without_files))}"
+        )
+    if problems:
+        raise InputError("cannot plan the image: " + "; ".join(problems))
+    assert lock.base_image is not None and chosen is not None
+    sources = tuple(
+        SourcePlan(
+            name=s.name,
+            repo=s.repo,
+            ref=s.ref,
+            ref_type=s.ref_type,
+            commit=s.commit,
+            tree=s.tree,
+            mode=(s.install.mode if s.install else "editable"),
+            env=tuple(sorted((s.install.env if s.install else {}).items())),
+            context_path=f"src/{s.name}",
+            image_path=f"{IMAGE_SRC}/{s.name}",
+            source=s,
+        )
+        for s in layer_order(lock.sources)
+    )
+    files = tuple(
+        FilePlan(p.name, p.version, f.filename, f.sha256, f"wheels/{f.filename}", (p, f))
+        for p in sorted(lock.packages, key=lambda p: canonicalize_name(p.name))
+        for f in sorted(p.files, key=lambda f: f.filename)
+    )
+    return ContextPlan(
+        lock_name=lock.name,
+        lock_sha256=lock_sha256,
+        epoch=chosen,
+        base_name=lock.base_image.name,
+        base_digest=lock.base_image.digest,
+        allow_unpinned=allow_unpinned,
+        python=lock.platform.python if lock.platform else None,
+        cann=lock.platform.cann if lock.platform else None,
+        sources=sources,
+        files=files,
+        requirements=requirements_text(lock),
+    )
