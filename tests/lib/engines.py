@@ -23,6 +23,7 @@ import shutil
 import signal
 import subprocess
 import time
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,6 +72,7 @@ class ExtraEngine:
         _terminate(self.process.pid, self.process)
         if containerd is not None:
             _terminate(containerd, None)
+        _unmount_below(self.root)  # dockerd leaves its data root bind-mounted, and a netns file
         self.socket.unlink(missing_ok=True)
         if remove_data:
             shutil.rmtree(self.root, ignore_errors=True)
@@ -99,22 +101,41 @@ def start_engine(root: Path, *, driver: str | None = None) -> ExtraEngine:
     finally:
         log.close()
     engine = ExtraEngine(root, sock, process)
+    try:
+        _wait_until_it_answers(engine)
+    except BaseException:
+        engine.stop(remove_data=False)  # whatever went wrong, no dockerd of ours is left running
+        raise
+    return engine
+
+
+def _wait_until_it_answers(engine: ExtraEngine) -> None:
     deadline = time.monotonic() + START_TIMEOUT
     while True:
-        if process.poll() is not None:
-            engine.stop(remove_data=False)
-            raise AssertionError(f"dockerd exited with {process.returncode}; log: {_tail(root / 'dockerd.log')}")
+        if engine.process.poll() is not None:
+            code = engine.process.returncode
+            raise AssertionError(f"dockerd exited with {code}; log: {_tail(engine.root / 'dockerd.log')}")
         try:
-            with engine.client(timeout=5) as client:
+            with closing(engine.client(timeout=5)) as client:
                 client.ping()
-            return engine
+            return
         except (docker.errors.DockerException, requests.RequestException):
             if time.monotonic() > deadline:
-                engine.stop(remove_data=False)
-                raise AssertionError(
-                    f"dockerd did not answer in {START_TIMEOUT:g} s; log: {_tail(root / 'dockerd.log')}"
-                )
+                log = _tail(engine.root / "dockerd.log")
+                raise AssertionError(f"dockerd did not answer in {START_TIMEOUT:g} s; log: {log}") from None
             time.sleep(0.2)
+
+
+def _unmount_below(root: Path) -> None:
+    """Unmount every mount point at or under ``root``, deepest first (only ours: the paths are ours)."""
+    prefix = str(root.resolve())
+    points = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4].encode().decode("unicode_escape")  # octal escapes such as \040
+        if point == prefix or point.startswith(prefix + "/"):
+            points.append(point)
+    for point in sorted(points, key=len, reverse=True):
+        subprocess.run(["umount", point], capture_output=True, check=False)
 
 
 def _terminate(pid: int, process: subprocess.Popen[bytes] | None) -> None:
