@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -39,9 +38,10 @@ from envbuild.image.record import build_record, render_record_json
 from envbuild.image.render import base_reference, render_dockerfile
 from envbuild.index import IndexClient
 from envbuild.lock.io import read_lock
-from envbuild.lock.model import IMAGE_NAME, Lock, Package, PackageFile
+from envbuild.lock.model import Lock, Package, PackageFile
 from envbuild.locking import file_lock
 from envbuild.mirrors import Mirrors
+from envbuild.reference import check_name_and_tag
 from envbuild.results import VerifyReport
 from envbuild.verify import VerifyOptions, verify_lock
 
@@ -176,9 +176,11 @@ def plan_json(plan: ContextPlan) -> dict[str, Any]:
 
 
 def check_tags(tags: tuple[str, ...]) -> None:
-    bad = [t for t in tags if not re.fullmatch(IMAGE_NAME, t) or "@" in t]
-    if bad:
-        raise InputError(f"--tag: {', '.join(map(repr, bad))}: expected [registry/]repository[:tag], lowercase")
+    """Every ``--tag`` is ``[registry[:port]/]path[:tag]`` in docker's grammar, checked before anything is
+    built (a bad one would otherwise fail only at tagging, leaving an untagged image)."""
+    problems = [f"--tag: {problem}" for tag in tags if (problem := check_name_and_tag(tag)) is not None]
+    if problems:
+        raise InputError("\n".join(problems))
 
 
 def default_tag(plan: ContextPlan) -> str:
