@@ -11,11 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-import yaml
-
 from envbuild.errors import LockfileError, Problem
 from envbuild.lock.model import ENV_NAME, SAFE_NAME, check_env
 from envbuild.lock.typed import Decoder, meta, mfield
+from envbuild.lock.yamlfile import compose_yaml, read_capped
 
 RECIPE_VERSION = 1
 RECIPES_DIR = Path(__file__).parent / "recipes"
@@ -116,21 +115,11 @@ def shipped_recipes() -> tuple[str, ...]:
 
 
 def load_recipe(path: Path) -> Recipe:
-    file = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RecipeError([Problem(file, 0, "", f"cannot read: {getattr(exc, 'strerror', None) or exc}")]) from None
-    return parse_recipe(text, file)
+    return parse_recipe(read_capped(path, RecipeError), str(path))
 
 
-def parse_recipe(text: str, file: str = "<recipe>") -> Recipe:
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        reason = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise RecipeError([Problem(file, mark.line + 1 if mark else 0, "", f"not valid YAML: {reason}")]) from None
+def parse_recipe(text: bytes | str, file: str = "<recipe>") -> Recipe:
+    root = compose_yaml(text, file, RecipeError)
     if root is None:
         raise RecipeError(
             [Problem(file, 0, "", "empty file; a recipe needs recipe, name, entry_point, config_name, override_groups")]

@@ -43,7 +43,8 @@ def run(prog: str, parser: argparse.ArgumentParser, argv: Sequence[str] | None) 
     except EnvbuildError as exc:
         if debug:
             traceback.print_exc()
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        for line in str(exc).splitlines() or [type(exc).__name__]:  # several problems: each its own line
+            print(f"{prog}: error: {line}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
