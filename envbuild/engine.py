@@ -24,8 +24,8 @@ import docker.errors
 import requests
 
 from envbuild.errors import EngineError
+from envbuild.progress import Progress
 
-Progress = Callable[[str], None]
 TIMEOUT = 3600  # seconds for one API call: a build step or a save of a multi-GB image
 LOG_TAIL = 20
 _STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")

@@ -13,10 +13,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from envbuild.cli.common import ArgumentParser, Progress, run
+from envbuild.cli.common import ArgumentParser, StderrProgress, run
 from envbuild.config import load_config
 from envbuild.errors import InputError
 from envbuild.lock.io import parse_lock
+from envbuild.progress import Progress
 from envrun.plan import (
     BACKENDS,
     RunParameters,
@@ -186,7 +187,7 @@ def _audit_exports(plan: RunPlan, exports: ExportSpec, record: RunDir, progress:
 
 
 def run_recipe_command(args: argparse.Namespace) -> int:
-    progress = Progress("envrun", getattr(args, "quiet", False))
+    progress = StderrProgress("envrun", getattr(args, "quiet", False))
     recipe, plan = prepare(args, progress)
     problems = failed(plan.preflight)
     if args.dry_run:

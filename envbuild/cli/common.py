@@ -51,7 +51,7 @@ def run(prog: str, parser: argparse.ArgumentParser, argv: Sequence[str] | None) 
         return 130
 
 
-class Progress:
+class StderrProgress:
     """Progress lines on stderr, safe to call from worker threads; silent with --quiet."""
 
     def __init__(self, prog: str, quiet: bool = False) -> None:

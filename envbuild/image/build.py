@@ -41,11 +41,11 @@ from envbuild.image.plan import ContextPlan, plan_context
 from envbuild.image.record import build_record, build_summary, render_record_json
 from envbuild.image.render import base_reference, render_dockerfile
 from envbuild.lock.io import LockFile, read_lock
+from envbuild.progress import Progress
 from envbuild.reference import check_name_and_tag
 from envbuild.results import VerifyReport
 from envbuild.verify import VerifyOptions, fetch_command, verify_lock
 
-Progress = Callable[[str], None]
 Compare = Callable[[str, dict], list[str]]
 RAW_REPOSITORY = "envbuild-raw"
 
