@@ -5,6 +5,14 @@ inherited ``GIT_DIR``-style redirections), in its own process group so a timeout
 helpers it spawned (``git-remote-https``, ``index-pack``), and with user-controlled values placed
 where git cannot read them as options.
 
+Network commands cannot outlive envbuild: they start through ``setpriv --pdeathsig KILL`` (util-linux),
+so the kernel kills git when the thread that started it dies, however envbuild dies (``kill -9``
+included). That thread waits for git, so a worker thread of verify's pool is as good a parent as the
+main one. Helpers git started then die of the closed pipe; a fetch also inherits the cache lock's
+descriptor, so the lock stays held until the last of them is gone and nobody clears up under them.
+What a server sends is bounded: a ref listing by :data:`MAX_LISTING`, git's messages by their tail,
+every command by its timeout; and fetched objects are checked by git (``fetch.fsckObjects``).
+
 Cache repositories are partial clones whose ``remote.origin.url`` is deliberately unusable
 (:data:`NO_LAZY_FETCH_URL`): git 2.39 would otherwise fetch any missing object from the promisor
 remote behind our back. The real URL is supplied only to the commands that are meant to touch the
@@ -15,10 +23,14 @@ channel, so a URL containing ``=`` or spaces cannot be misparsed). Reads additio
 
 from __future__ import annotations
 
+import functools
 import os
 import re
+import selectors
+import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +44,16 @@ UPSTREAM_NS = "refs/upstream/"
 FILTER = "tree:0"
 NETWORK_TIMEOUT = 600.0
 LOCAL_TIMEOUT = 120.0
+# Object checking on every fetch: a tree or commit git's fsck finds malformed (duplicate entries, `.git`
+# names, a symlinked .gitmodules, …) refuses the fetch. Fetch-time checks run in strict mode, where
+# git's warnings are errors too. The export fetch uses the same key.
+FSCK_CONFIG = {"fetch.fsckObjects": "true"}
+# The ls-remote output we accept: ~700,000 refs, far more than any real repository advertises.
+MAX_LISTING = 64 << 20
+# git's stderr is kept only this far back: its last lines say what went wrong; a server cannot fill memory.
+STDERR_TAIL = 64 << 10
+_NO_SPACE = ("No space left on device", "Disk quota exceeded")
+_FSCK_LINE = re.compile(r"error: object ([0-9a-f]{40,64}): (\w+: .*)")
 
 # Variables that would point our commands at another repository or inject configuration.
 _SCRUBBED_ENV = (
@@ -80,18 +102,32 @@ Observer = Callable[[str, str], None]
 class GitError(RemoteError):
     """A git command failed; ``reason`` is one line a user can act on (usually git's own words)."""
 
-    def __init__(self, command: str, reason: str, returncode: int | None = None) -> None:
+    def __init__(self, command: str, reason: str, returncode: int | None = None, *, stderr: str = "") -> None:
         self.command = command
         self.reason = reason
         self.returncode = returncode
+        self.stderr = stderr
         super().__init__(f"git {command}: {reason}")
+
+    @property
+    def no_space(self) -> bool:
+        """git could not write because the disk (or the quota) is full."""
+        return any(message in self.stderr for message in _NO_SPACE)
 
 
 def last_error_line(stderr: str) -> str:
-    """git's most telling line: the last ``fatal:``/``error:`` line, with a trailing detail line if any."""
+    """git's most telling line, safe to print: an object check's verdict, else the last ``fatal:`` or
+    ``error:`` line with a trailing detail line if any; control characters a server sent are escaped."""
+    return _printable(_telling_line(stderr))
+
+
+def _telling_line(stderr: str) -> str:
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     if not lines:
         return "failed without a message"
+    for line in lines:
+        if fsck := _FSCK_LINE.fullmatch(line):  # git's own reason, not "index-pack failed" after it
+            return f"malformed object refused by git's fsck: {fsck[2]} (object {fsck[1]})"
     errors = [i for i, line in enumerate(lines) if line.startswith(("fatal:", "error:"))]
     if not errors:
         return lines[-1]
@@ -150,6 +186,7 @@ class GitRunner:
     local_timeout: float = LOCAL_TIMEOUT
     observer: Observer | None = None
     executable: str = "git"
+    max_listing: int = MAX_LISTING
 
     def environment(self, config: Mapping[str, str] | None = None) -> dict[str, str]:
         config = config or {}
@@ -187,9 +224,15 @@ class GitRunner:
         stdin: str | None = None,
         config: Mapping[str, str] | None = None,
         timeout: float | None = None,
+        network: bool = False,
+        hold: Sequence[int] = (),
+        max_output: int | None = None,
     ) -> tuple[str, str]:
-        """Like :meth:`run`, returning (stdout, stderr)."""
-        argv = [self.executable, *(["-C", str(repo)] if repo is not None else []), *args]
+        """Like :meth:`run`, returning (stdout, stderr). ``network``: a command that talks to a server,
+        tied to our lifetime (see the module docstring); ``hold``: descriptors git inherits (a cache
+        lock); ``max_output``: stdout beyond this many bytes kills git and fails (no ``stdin`` then)."""
+        prefix = _tied_to_parent() if network else ()
+        argv = [*prefix, self.executable, *(["-C", str(repo)] if repo is not None else []), *args]
         timeout = self.local_timeout if timeout is None else timeout
         try:
             proc = subprocess.Popen(
@@ -197,39 +240,52 @@ class GitRunner:
                 stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                text=True,
                 env=self.environment(config),
                 start_new_session=True,
+                pass_fds=tuple(hold),
             )
         except OSError as exc:
             raise GitError(args[0], f"cannot run git: {exc.strerror}") from None
         try:
-            out, err = proc.communicate(stdin, timeout=timeout)
+            if stdin is None:
+                out, err = _collect(proc, timeout, max_output)
+            else:
+                out, err = proc.communicate(stdin.encode(), timeout=timeout)
         except subprocess.TimeoutExpired:
             _kill_group(proc)
             raise GitError(args[0], f"timed out after {timeout:g} s") from None
+        except _TooMuchOutput:
+            _kill_group(proc)
+            raise GitError(args[0], f"the server sent more than {max_output} bytes; refused") from None
         except BaseException:
             _kill_group(proc)
             raise
+        # Undecodable bytes (a hostile ref name) become U+FFFD instead of a traceback.
+        text, errors = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
         if proc.returncode != 0:
-            raise GitError(args[0], last_error_line(err), proc.returncode)
-        return out, err
+            raise GitError(args[0], last_error_line(errors), proc.returncode, stderr=errors)
+        return text, errors
 
     # -- network -------------------------------------------------------------------------------
 
     def ls_remote(self, repo: Path, url: str) -> RefListing:
         self._observe("ls-remote", url)
-        out = self.run(
+        out = self.run_full(
             ["ls-remote", "--heads", "--tags", "--", "origin"],
             repo=repo,
             config=_real_url(url),
             timeout=self.network_timeout,
-        )
+            network=True,
+            max_output=self.max_listing,
+        )[0]
         return RefListing.parse(out)
 
-    def fetch(self, repo: Path, url: str, refspecs: Sequence[str], *, prune: bool = False) -> bool:
-        """Fetch commits (no trees, no blobs) for ``refspecs``; return False when the server ignored
-        the filter and sent a full pack (git falls back by itself and says so on stderr)."""
+    def fetch(
+        self, repo: Path, url: str, refspecs: Sequence[str], *, prune: bool = False, hold: int | None = None
+    ) -> bool:
+        """Fetch commits (no trees, no blobs) for ``refspecs``, every object checked; return False when
+        the server ignored the filter and sent a full pack (git falls back by itself and says so on
+        stderr). ``hold``: the cache lock's descriptor, which git and its helpers keep while alive."""
         self._observe("fetch", url)
         args = [
             "fetch",
@@ -244,7 +300,14 @@ class GitRunner:
             "--",
             *refspecs,
         ]
-        _, err = self.run_full(args, repo=repo, config=_real_url(url), timeout=self.network_timeout)
+        _, err = self.run_full(
+            args,
+            repo=repo,
+            config={**_real_url(url), **FSCK_CONFIG},
+            timeout=self.network_timeout,
+            network=True,
+            hold=() if hold is None else (hold,),
+        )
         return "filtering not recognized by server" not in err
 
     def _observe(self, command: str, url: str) -> None:
@@ -312,7 +375,59 @@ def _real_url(url: str) -> dict[str, str]:
     return {f"url.{url}.insteadOf": NO_LAZY_FETCH_URL}
 
 
-def _kill_group(proc: subprocess.Popen[str]) -> None:
+class _TooMuchOutput(Exception):
+    pass
+
+
+def _collect(proc: subprocess.Popen[bytes], timeout: float, max_output: int | None) -> tuple[bytes, bytes]:
+    """(stdout, the tail of stderr) of a command without input, within ``timeout`` seconds; raises
+    :class:`_TooMuchOutput` as soon as stdout passes ``max_output`` bytes."""
+    assert proc.stdout is not None and proc.stderr is not None
+    deadline = time.monotonic() + timeout
+    out, err = bytearray(), bytearray()
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stdout, selectors.EVENT_READ, out)
+        selector.register(proc.stderr, selectors.EVENT_READ, err)
+        while selector.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise subprocess.TimeoutExpired(proc.args, timeout)
+            for key, _ in selector.select(left):
+                data = os.read(key.fd, 1 << 16)
+                if not data:
+                    selector.unregister(key.fileobj)
+                    continue
+                key.data.extend(data)
+                if key.data is out and max_output is not None and len(out) > max_output:
+                    raise _TooMuchOutput()
+                if key.data is err and len(err) > 2 * STDERR_TAIL:
+                    del err[:-STDERR_TAIL]
+    proc.wait(max(0.0, deadline - time.monotonic()))
+    return bytes(out), bytes(err)
+
+
+@functools.lru_cache(maxsize=None)
+def _tied_to_parent() -> tuple[str, ...]:
+    """The prefix that makes the kernel SIGKILL a command when the thread that started it dies
+    (``PR_SET_PDEATHSIG``, set by util-linux's setpriv before it execs git). Without a working setpriv
+    (not Linux, util-linux < 2.33) there is none, and only the inherited lock protects the cache."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        return ()
+    prefix = (setpriv, "--pdeathsig", "KILL", "--")
+    try:
+        probe = subprocess.run([*prefix, "true"], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    return prefix if probe.returncode == 0 else ()
+
+
+def _printable(text: str, limit: int = 300) -> str:
+    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
+    return shown + ("…" if len(text) > limit else "")
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     """Kill git and every helper it started: they share the process group we created for it."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)

@@ -76,6 +76,34 @@ class Repo:
         git("gc", "-q", "--prune=now", cwd=self.path)
 
 
+# Trees git's fsck refuses, by its message id: the entries (mode, name) of a one-level tree.
+MALFORMED_TREES = {
+    "duplicateEntries": [(b"100644", b"a"), (b"100644", b"a")],
+    "hasDotgit": [(b"100644", b".git")],
+    "hasDotdot": [(b"100644", b"..")],
+    "gitmodulesSymlink": [(b"120000", b".gitmodules")],
+}
+
+
+def commit_malformed(repo: Path, kind: str, *, branch: str = "main") -> str:
+    """Put a commit on ``branch`` that git's fsck refuses: a tree of :data:`MALFORMED_TREES` ``kind``,
+    or (``kind="badTimezone"``) a commit whose author has an impossible time zone. Written with
+    ``hash-object --literally``, which skips the checks; returns the commit."""
+    parent = git("rev-parse", "--verify", branch, cwd=repo)
+    if kind == "badTimezone":
+        tree = git("rev-parse", f"{parent}^{{tree}}", cwd=repo)
+        person = "Test <test@example.invalid> 1700000000"
+        body = f"tree {tree}\nparent {parent}\nauthor {person} +99999\ncommitter {person} +0000\n\nbad zone\n"
+        commit = git("hash-object", "-t", "commit", "-w", "--literally", "--stdin", cwd=repo, stdin=body.encode())
+    else:
+        blob = bytes.fromhex(git("hash-object", "-w", "--stdin", cwd=repo, stdin=b"x\n"))
+        data = b"".join(mode + b" " + name + b"\0" + blob for mode, name in MALFORMED_TREES[kind])
+        tree = git("hash-object", "-t", "tree", "-w", "--literally", "--stdin", cwd=repo, stdin=data)
+        commit = git("commit-tree", tree, "-p", parent, "-m", kind, cwd=repo)
+    git("update-ref", f"refs/heads/{branch}", commit, cwd=repo)
+    return commit
+
+
 def make_repo(path: Path) -> Repo:
     path.mkdir(parents=True)
     git("init", "-q", "-b", "main", str(path))
@@ -299,3 +327,34 @@ def child_pids(pid: int) -> list[int]:
         if int(fields[1]) == pid:
             children.append(int(stat.parent.name))
     return children
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children, their children, …), to follow git's helpers too."""
+    found: list[int] = []
+    frontier = [pid]
+    while frontier:
+        children = child_pids(frontier.pop())
+        found += children
+        frontier += children
+    return found
+
+
+def is_running(pid: int) -> bool:
+    """Alive and not a zombie waiting to be reaped."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def open_files(pid: int) -> set[str]:
+    """What ``pid``'s descriptors point at (empty once it is gone)."""
+    targets = set()
+    for fd in Path(f"/proc/{pid}/fd").glob("*"):
+        try:
+            targets.add(os.readlink(fd))
+        except OSError:
+            pass
+    return targets
