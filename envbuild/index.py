@@ -5,18 +5,16 @@ read too, so a per-package index such as Ascend's is not refused for its format.
 reach or understand an index becomes a :class:`RemoteError` naming the index and the package.
 
 An index is trusted no further than the sha256s the lock pins, so what it sends is bounded before it
-is used: a page is refused the moment it passes ``max_page`` bytes (it is never read whole first);
-a page whose files are not http(s) URLs once resolved against it (a ``file://`` index may also list
-regular files inside its own directory), or whose sizes, hashes or yanked fields have the wrong
-shape, is refused as malformed; and a download is refused the moment it passes the size the index
-states for it (PEP 700 ``size``) or, when none is stated, ``max_download``
-(``$ENVBUILD_MAX_DOWNLOAD``, default 4 GiB; a stated size above it is refused before any byte moves).
+is used: a page is refused the moment it passes ``max_page`` bytes (it is never read whole first), and
+read by :mod:`envbuild.indexpage`, which refuses files that are not http(s) URLs and fields in a wrong
+shape; a download is refused the moment it passes the size the index states for it (PEP 700 ``size``)
+or, when none is stated, ``max_download`` (``$ENVBUILD_MAX_DOWNLOAD``, default 4 GiB; a stated size
+above it is refused before any byte moves); a ``file://`` index serves only regular files inside it.
 """
 
 from __future__ import annotations
 
 import codecs
-import json
 import os
 import re
 import stat
@@ -24,17 +22,18 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
-from dataclasses import dataclass
-from html.parser import HTMLParser
 from pathlib import Path
 from typing import BinaryIO
-from urllib.parse import unquote, urldefrag, urljoin, urlsplit
+from urllib.parse import urlsplit
 from urllib.request import url2pathname
 
 import requests
 from packaging.utils import canonicalize_name
 
 from envbuild.errors import InputError, RemoteError
+from envbuild.indexpage import IndexFile, ProjectPage, parse_html, parse_json, show
+
+__all__ = ["IndexClient", "IndexFile", "ProjectPage", "max_download_from_env", "project_url"]
 
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 # PEP 691's recommended negotiation: JSON preferred, HTML accepted from indexes that lack JSON.
@@ -48,34 +47,7 @@ MAX_DOWNLOAD = 4 << 30
 # PyPI's largest project pages (thousands of nightly files) are tens of MB; hundreds of MB is hostile.
 MAX_PAGE = 64 << 20
 CHUNK = 1 << 16
-_SHA256 = re.compile(r"[0-9a-fA-F]{64}")
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
-
-@dataclass(frozen=True)
-class IndexFile:
-    """One file an index lists for a project."""
-
-    filename: str
-    url: str
-    sha256: str | None
-    yanked: bool
-    yanked_reason: str | None = None
-    requires_python: str | None = None
-    size: int | None = None  # PEP 700: the size in bytes the index states, when it does
-
-
-@dataclass(frozen=True)
-class ProjectPage:
-    """What an index lists for one project; ``found`` is False when the index does not know it (404)."""
-
-    index: str
-    name: str
-    files: tuple[IndexFile, ...]
-    found: bool = True
-
-    def file(self, filename: str) -> IndexFile | None:
-        return next((f for f in self.files if f.filename == filename), None)
 
 
 def project_url(index: str, name: str) -> str:
@@ -163,8 +135,8 @@ class IndexClient:
                 raise RemoteError(f"index {index}: reading the page for {name} failed: {_reason(exc)}") from None
             base = response.url or url
             if is_json:
-                return _parse_json(index, name, body, base)
-            return _parse_html(index, name, body.decode(_encoding(response), "replace"), base)
+                return parse_json(index, name, body, base)
+            return parse_html(index, name, body.decode(_encoding(response), "replace"), base)
 
     def download(self, url: str, out: BinaryIO, timeout: tuple[float, float] = (10, 300)) -> None:
         """Stream one distribution file, as a project page listed it, into ``out``. The caller checks
@@ -185,7 +157,7 @@ class IndexClient:
             _copy_local(index, url, out, limit, bound)
             return
         if scheme not in ("http", "https"):
-            raise RemoteError(f"{_show(url)}: refusing to download: only http(s) URLs are fetched from an index")
+            raise RemoteError(f"{show(url)}: refusing to download: only http(s) URLs are fetched from an index")
         try:
             # identity: the sha256 is of the file's bytes, and nothing to decompress means nothing to inflate.
             headers = {"Accept-Encoding": "identity"}
@@ -289,16 +261,10 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, requests.Timeout):
         return "timed out"
     if isinstance(exc, requests.exceptions.InvalidSchema):  # requests follows redirects only to http(s)
-        return f"redirected to a URL that is not http(s): {_show(str(exc).rsplit(' for ', 1)[-1])}"
+        return f"redirected to a URL that is not http(s): {show(str(exc).rsplit(' for ', 1)[-1])}"
     if isinstance(exc, RemoteError):
         return str(exc)
-    return _show(str(exc).splitlines()[0]) if str(exc) else type(exc).__name__
-
-
-def _show(text: str, limit: int = 200) -> str:
-    """Text an index sent, safe for one line of a terminal: control characters escaped, length capped."""
-    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
-    return shown + ("…" if len(text) > limit else "")
+    return show(str(exc).splitlines()[0]) if str(exc) else type(exc).__name__
 
 
 def _read_file_index(index: str, name: str, url: str, limit: int) -> ProjectPage:
@@ -318,121 +284,8 @@ def _read_file_index(index: str, name: str, url: str, limit: int) -> ProjectPage
         if len(data) > limit:
             raise RemoteError(f"index {index}: the page for {name} ({path}) is larger than {limit} bytes; refused")
         if leaf == "index.json":
-            return _parse_json(index, name, data, path.as_uri())
-        return _parse_html(index, name, data.decode("utf-8", "replace"), path.as_uri())
+            return parse_json(index, name, data, path.as_uri())
+        return parse_html(index, name, data.decode("utf-8", "replace"), path.as_uri())
     if not Path(url2pathname(urlsplit(index).path)).is_dir():
         raise RemoteError(f"index {index} out of reach: no such directory")
     return ProjectPage(index, name, (), found=False)
-
-
-def _malformed(index: str, name: str, why: str) -> RemoteError:
-    return RemoteError(f"index {index} answered a malformed page for {name}: {why}")
-
-
-def _file_problem(index: str, filename: object, url: str) -> str | None:
-    """Why a listed file cannot be taken as it is, or None: a plain file name and a URL to fetch."""
-    if not isinstance(filename, str) or not filename or "/" in filename or not filename.isprintable():
-        return f"filename {_show(repr(filename))} is not a plain file name"
-    if not url.isprintable():
-        return f"url {_show(repr(url))} holds control characters"
-    scheme = urlsplit(url).scheme.lower()
-    if scheme in ("http", "https"):
-        return None
-    if scheme == "file" and urlsplit(index).scheme == "file":
-        root = os.path.normpath(url2pathname(urlsplit(index).path))
-        path = os.path.normpath(url2pathname(urlsplit(url).path))
-        if os.path.commonpath([root, path]) == root:
-            return None
-        return f"url {_show(url)!r} is outside the file:// index"
-    return f"url {_show(url)!r} is not an http(s) URL"
-
-
-def _parse_json(index: str, name: str, body: bytes, base: str) -> ProjectPage:
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise _malformed(index, name, f"not JSON ({_show(str(exc), 120)})") from None
-    except RecursionError:
-        raise _malformed(index, name, "not JSON (nested too deeply)") from None
-    if not isinstance(data, dict) or not isinstance(data.get("files"), list):
-        raise _malformed(index, name, "no 'files' list (PEP 691)")
-    files = []
-    for i, item in enumerate(data["files"]):
-        if (
-            not isinstance(item, dict)
-            or not isinstance(item.get("filename"), str)
-            or not isinstance(item.get("url"), str)
-            or not isinstance(item.get("hashes", {}), dict)
-        ):
-            raise _malformed(index, name, f"files[{i}] lacks a filename, url or hashes mapping")
-        url = urljoin(base, item["url"])
-        if problem := _file_problem(index, item["filename"], url):
-            raise _malformed(index, name, f"files[{i}]: {problem}")
-        sha = item.get("hashes", {}).get("sha256")
-        if sha is not None and not (isinstance(sha, str) and _SHA256.fullmatch(sha)):
-            raise _malformed(index, name, f"files[{i}]: hashes.sha256 {_show(repr(sha), 80)} is not 64 hex digits")
-        size = item.get("size")
-        if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 0):
-            raise _malformed(index, name, f"files[{i}]: size {_show(repr(size), 80)} is not a byte count")
-        yanked = item.get("yanked", False)
-        if not isinstance(yanked, (bool, str)):
-            raise _malformed(
-                index, name, f"files[{i}]: yanked {_show(repr(yanked), 80)} is neither a bool nor a reason"
-            )
-        requires = item.get("requires-python")
-        files.append(
-            IndexFile(
-                filename=item["filename"],
-                url=url,
-                sha256=sha.lower() if sha else None,
-                yanked=bool(yanked) if not isinstance(yanked, str) else True,
-                yanked_reason=_show(yanked) if isinstance(yanked, str) and yanked else None,
-                requires_python=requires if isinstance(requires, str) else None,
-                size=size,
-            )
-        )
-    return ProjectPage(index, name, tuple(files))
-
-
-class _Anchors(HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.anchors: list[dict[str, str | None]] = []
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag == "a":
-            self.anchors.append(dict(attrs))
-
-
-def _parse_html(index: str, name: str, body: str, base: str) -> ProjectPage:
-    parser = _Anchors()
-    try:
-        parser.feed(body)
-    except Exception as exc:  # html.parser is lenient; this is only for pathological input
-        raise _malformed(index, name, f"unreadable HTML ({_show(str(exc), 120)})") from None
-    files = []
-    for i, anchor in enumerate(parser.anchors):
-        href = anchor.get("href")
-        if not href:
-            continue
-        url, fragment = urldefrag(urljoin(base, href))
-        filename = unquote(urlsplit(url).path.rsplit("/", 1)[-1])
-        if not filename:
-            continue  # a directory: the parent or a sort link of a served directory listing, not a file
-        if problem := _file_problem(index, filename, url):
-            raise _malformed(index, name, f"link {i}: {problem}")
-        algo, _, digest = fragment.partition("=")
-        if algo == "sha256" and not _SHA256.fullmatch(digest):
-            raise _malformed(index, name, f"link {i}: sha256 {_show(repr(digest), 80)} is not 64 hex digits")
-        yanked = "data-yanked" in anchor
-        files.append(
-            IndexFile(
-                filename=filename,
-                url=url,
-                sha256=digest.lower() if algo == "sha256" else None,
-                yanked=yanked,
-                yanked_reason=(_show(anchor.get("data-yanked") or "") or None) if yanked else None,
-                requires_python=anchor.get("data-requires-python"),
-            )
-        )
-    return ProjectPage(index, name, tuple(files))

@@ -94,6 +94,15 @@ def test_last_error_line() -> None:
     )
     assert last_error_line("warning: x\nfatal: repository 'x' not found\n") == "repository 'x' not found"
     assert last_error_line("") == "failed without a message"
+    fsck = (
+        f"error: object {'ab' * 20}: duplicateEntries: contains duplicate file entries\n"
+        "fatal: fsck error in packed object\nfatal: index-pack failed\n"
+    )
+    assert last_error_line(fsck) == (
+        f"malformed object refused by git's fsck: duplicateEntries: contains duplicate file entries (object {'ab' * 20})"
+    )
+    hostile = "remote: \x1b[2J\x1b[31mall good\r\nfatal: \x1b]0;title\x07gone\n"
+    assert last_error_line(hostile) == "\\x1b]0;title\\x07gone"  # escaped, not sent to the terminal
 
 
 def test_concurrent_creation_yields_one_repository(tmp_path: Path) -> None:
@@ -129,9 +138,14 @@ def test_remove_stale_files(tmp_path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("x")
     (repo / "objects/incoming-123/pack").mkdir(parents=True)
+    # Listings are written without the lock: only a temporary file old enough to be a dead writer's goes.
+    dead, live = repo / ".envbuild-ls-remote.dead.tmp", repo / ".envbuild-ls-remote.live.tmp"
+    dead.write_text("x")
+    live.write_text("x")
+    os.utime(dead, (time.time() - 2 * 3600, time.time() - 2 * 3600))
     removed = remove_stale_files(repo)
-    assert set(stale) <= set(removed) and not any(p.exists() for p in stale)
-    assert not (repo / "objects/incoming-123").exists() and (repo / "config").exists()
+    assert set(stale) | {dead} <= set(removed) and not any(p.exists() for p in [*stale, dead])
+    assert not (repo / "objects/incoming-123").exists() and (repo / "config").exists() and live.exists()
 
 
 @pytest.fixture(scope="module")

@@ -92,7 +92,7 @@ class GitCache:
             (tmp / URL_FILE).write_text(url + "\n", encoding="utf-8")
         except (GitError, OSError) as exc:
             shutil.rmtree(tmp, ignore_errors=True)
-            raise self._fault(exc) from None
+            raise self.cache_error(exc) from None
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -108,20 +108,22 @@ class GitCache:
     @contextmanager
     def locked(self, url: str) -> Iterator[CachedRepo]:
         """Hold the repository's write lock; on entry, clear what a killed git left behind."""
-        with self._held(url) as (repo, _):
+        with self.held(url) as (repo, _):
             yield repo
 
     @contextmanager
-    def _held(self, url: str) -> Iterator[tuple[CachedRepo, int]]:
-        """:meth:`locked`, with the lock's descriptor for a git that must hold the lock as long as it lives."""
+    def held(self, url: str) -> Iterator[tuple[CachedRepo, int]]:
+        """:meth:`locked`, yielding ``(repo, fd)``: pass ``fd`` as ``hold`` to a git that writes into the
+        repository, so the lock stays held as long as that git (or a helper of it) lives."""
         repo = self.ensure(url)
         with held_lock(repo.lock_path) as fd:
             assert fd is not None  # a blocking lock is always held
             remove_stale_files(repo.path)
             yield repo, fd
 
-    def _fault(self, exc: GitError | OSError) -> Exception:
-        """A failed write as the user should see it: a full disk is the cache's fault, in one line."""
+    def cache_error(self, exc: GitError | OSError) -> Exception:
+        """A failed write into the cache as the user should see it: a full disk is the cache's fault
+        (:class:`CacheError`, one line), any other git failure stays what it was."""
         if isinstance(exc, OSError):
             return cache_fault(self.root, exc)
         return CacheError(f"no space left in the cache ({self.root})") if exc.no_space else exc
@@ -177,7 +179,7 @@ class GitCache:
         ``wanted`` commit is already present (another verify fetched it meanwhile) or the upstream
         namespace already equals ``fresh``. Otherwise returns whether the server honoured the filter."""
         wanted = set(wanted)
-        with self._held(url) as (repo, fd):
+        with self.held(url) as (repo, fd):
             if fresh is not None and self.git.namespace_refs(repo.path) == fresh:
                 return None
             if wanted and wanted <= set(self.git.commit_trees(repo.path, wanted)):
@@ -186,7 +188,7 @@ class GitCache:
                 return self.git.fetch(repo.path, url, refspecs, prune=prune, hold=fd)
             except GitError as exc:
                 remove_stale_files(repo.path)  # what the failed git left: a partial pack may fill the disk
-                raise self._fault(exc) from None
+                raise self.cache_error(exc) from None
 
     def left_right(self, url: str, commit: str, head: str) -> tuple[int, int]:
         return self.git.left_right(self.repo(url).path, commit, head)
@@ -226,7 +228,7 @@ def remove_stale_files(repo: Path) -> list[Path]:
                 name.endswith(".lock")
                 or name.startswith("tmp_")
                 or (name.startswith("pack-") and name.endswith(".keep"))
-                or (name.startswith(f".{LISTING_FILE}.") and name.endswith(".tmp"))  # a killed write_atomic's
+                or _old_listing_temporary(here / name)
             ):
                 _unlink(here / name, removed)
         for name in list(dirnames):
@@ -235,6 +237,17 @@ def remove_stale_files(repo: Path) -> list[Path]:
                 removed.append(here / name)
                 dirnames.remove(name)
     return removed
+
+
+def _old_listing_temporary(path: Path) -> bool:
+    """A listing's temporary file that a killed write left. Listings are written without the lock, so
+    only age tells a dead writer's file from a live one's (a write takes milliseconds)."""
+    if not (path.name.startswith(f".{LISTING_FILE}.") and path.name.endswith(".tmp")):
+        return False
+    try:
+        return time.time() - path.stat().st_mtime > STALE_TMP_SECONDS
+    except OSError:
+        return False
 
 
 def _unlink(path: Path, removed: list[Path]) -> None:
