@@ -62,7 +62,7 @@ def test_odd_ref_names_are_only_names(hostile: HostileGitServer, tmp_path: Path)
     assert verify_source(pin, cache).status == "ok"  # the listing alone answers a tag without a tree
     assert verify_source(pin, cache, offline=True).status == "ok"  # and the kept listing reads back
     listing = cache.cached_listing(hostile.url())
-    assert listing is not None and listing.heads["\ufffd\ufffd"] == "2" * 40  # undecodable, not a traceback
+    assert listing is not None and listing.heads["\udcff\udcfe"] == "2" * 40  # its bytes kept, not a traceback
     missing = verify_source(source(hostile, ref="gone"), cache)
     assert (missing.status, missing.detail) == ("missing-ref", "upstream has no branch named gone")
 

@@ -134,8 +134,9 @@ class GitCache:
         """One ``git ls-remote``; the answer is also kept for ``--offline``."""
         repo = self.ensure(url)
         listing = self.git.ls_remote(repo.path, url)
+        raw = listing.raw.encode("utf-8", "surrogateescape")  # the bytes git printed, UTF-8 or not
         try:
-            write_atomic(repo.path / LISTING_FILE, listing.raw)
+            write_atomic(repo.path / LISTING_FILE, raw)
         except OSError as exc:
             # A pack a killed fetch left may hold the space: clear it, unless a fetch is running, and retry.
             if not is_no_space(exc):
@@ -144,14 +145,15 @@ class GitCache:
                 if not (held and remove_stale_files(repo.path)):
                     raise cache_fault(self.root, exc) from None
                 try:
-                    write_atomic(repo.path / LISTING_FILE, listing.raw)
+                    write_atomic(repo.path / LISTING_FILE, raw)
                 except OSError as again:
                     raise cache_fault(self.root, again) from None
         return listing
 
     def cached_listing(self, url: str) -> RefListing | None:
         try:
-            return RefListing.parse((self.repo(url).path / LISTING_FILE).read_text(encoding="utf-8"))
+            path = self.repo(url).path / LISTING_FILE
+            return RefListing.parse(path.read_text(encoding="utf-8", errors="surrogateescape"))
         except OSError:
             return None
 

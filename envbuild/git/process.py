@@ -12,8 +12,8 @@ descriptor (``hold``), so the lock stays held until the last of them is gone.
 
 What a server sends is bounded: stdout by ``max_output``, git's own memory by ``max_memory`` (git holds
 a whole ref advertisement before it prints a line, and has no limit of its own), stderr by its tail,
-every command by its timeout. Bytes that do not decode become U+FFFD and control characters in git's
-messages are escaped, so nothing a server sends reaches a terminal raw.
+every command by its timeout. Bytes that are not UTF-8 are kept (``surrogateescape``), and control
+characters and such bytes in git's messages are escaped, so nothing a server sends reaches a terminal raw.
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def run_git(
         if stdin is None:
             out, err = _collect(proc, timeout, max_output, max_memory)
         else:
-            out, err = proc.communicate(stdin.encode(), timeout=timeout)
+            out, err = proc.communicate(stdin.encode("utf-8", "surrogateescape"), timeout=timeout)
     except subprocess.TimeoutExpired:
         _kill_group(proc)
         raise GitError(command, f"timed out after {timeout:g} s") from None
@@ -156,7 +156,9 @@ def run_git(
     except BaseException:
         _kill_group(proc)
         raise
-    text, errors = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+    # A path in a hostile tree or a ref name need not be UTF-8: keep its bytes (os.fsencode gives them
+    # back) rather than fail to decode; what reaches a message is escaped by last_error_line.
+    text, errors = out.decode("utf-8", "surrogateescape"), err.decode("utf-8", "surrogateescape")
     if proc.returncode != 0:
         raise GitError(command, last_error_line(errors), proc.returncode, stderr=errors)
     return text, errors
