@@ -1,10 +1,11 @@
 """A content-addressed cache of package files: ``<cache_dir>/files/sha256/<hex>``.
 
 A file enters the cache only after its sha256 has been checked, by an atomic rename of a temporary
-file written in the same directory, so a reader sees a whole, verified file or nothing. Concurrent
-fetches of one file are serialised by an advisory lock per hash (released by the kernel when a process
-dies); temporary files left by a killed download are removed by the next fetch of that hash, and are
-never mistaken for cache entries because their names are not 64-hex.
+file written in the same directory (:func:`envbuild.fileio.atomic_output`), so a reader sees a whole,
+verified file or nothing. Concurrent fetches of one file are serialised by an advisory lock per hash
+(released by the kernel when a process dies); temporary files left by a killed download are removed
+by the next fetch of that hash, and are never mistaken for cache entries because their names are not
+64-hex. A failed write (a full disk) removes its temporary file and is a :class:`CacheError`.
 """
 
 from __future__ import annotations
@@ -14,19 +15,19 @@ import hashlib
 import io
 import os
 import re
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from envbuild.errors import RemoteError
-from envbuild.fileio import sha256_file
-from envbuild.locking import file_lock
+from envbuild.fileio import atomic_output, sha256_file
+from envbuild.locking import cache_fault, file_lock
 
 Download = Callable[[str, BinaryIO], None]
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-_CHUNK = 1 << 20
+# atomic_output names its temporary file ".<target>.<random>.tmp"; ".tmp-<sha>-*" is the older scheme.
+_TEMPORARY = re.compile(r"\.(?:tmp-)?([0-9a-f]{64})[.-].*")
 
 
 class FileHashError(RemoteError):
@@ -41,10 +42,12 @@ class FileHashError(RemoteError):
 
 
 class _HashingWriter(io.RawIOBase):
-    """Passes writes to a file while hashing them, so a download is read once."""
+    """Passes writes to a file while hashing them, so a download is read once. A failed write is the
+    cache's fault (a full disk), not the download's, and says so."""
 
-    def __init__(self, out: BinaryIO) -> None:
+    def __init__(self, out: BinaryIO, directory: Path) -> None:
         self._out = out
+        self._directory = directory
         self.digest = hashlib.sha256()
         self.size = 0
 
@@ -55,7 +58,10 @@ class _HashingWriter(io.RawIOBase):
         view = memoryview(data).cast("B")
         self.digest.update(view)
         self.size += len(view)
-        self._out.write(view)
+        try:
+            self._out.write(view)
+        except OSError as exc:
+            raise cache_fault(self._directory, exc) from None
         return len(view)
 
 
@@ -92,43 +98,51 @@ class FileCache:
         """The verified file for *sha256*, calling ``download(url, out)`` only when it is not cached."""
         if found := self.get(sha256):
             return found
-        self.dir.mkdir(parents=True, exist_ok=True)
         with self._locked(sha256):
             target = self.path_for(sha256)
             if target.exists():  # another process finished it while we waited
                 return target
-            for stale in self.dir.glob(f".tmp-{sha256}-*"):
+            for stale in self.temporary_files(sha256):
                 stale.unlink(missing_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".tmp-{sha256}-", dir=self.dir)
+            downloading = False
             try:
-                with os.fdopen(fd, "wb") as out:
-                    writer = _HashingWriter(out)
+                with atomic_output(target, mode=0o444) as out:
+                    writer = _HashingWriter(out, self.dir)
+                    downloading = True
                     download(url, writer)  # type: ignore[arg-type]
-                    out.flush()
-                    os.fsync(out.fileno())
-                actual = writer.digest.hexdigest()
-                if actual != sha256:
-                    raise FileHashError(filename, url, sha256, actual)
-                os.chmod(tmp, 0o444)
-                os.replace(tmp, target)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+                    downloading = False
+                    actual = writer.digest.hexdigest()
+                    if actual != sha256:
+                        raise FileHashError(filename, url, sha256, actual)
+            except OSError as exc:
+                if downloading:
+                    raise  # the download's own error (reading its source), not the cache's
+                raise cache_fault(self.dir, exc) from None
             return target
+
+    def temporary_files(self, sha256: str | None = None) -> list[Path]:
+        """Temporary files of unfinished fetches (of ``sha256``, or of any hash)."""
+        return [path for path, sha in self._temporaries() if sha256 in (None, sha)]
 
     def clean_temporary(self) -> int:
         """Remove temporary files no running fetch holds; returns how many were removed."""
         removed = 0
-        for stale in sorted(self.dir.glob(".tmp-*")) if self.dir.is_dir() else []:
-            sha = stale.name[len(".tmp-") : len(".tmp-") + 64]
-            if not _HEX64.fullmatch(sha):
-                continue
+        for stale, sha in self._temporaries():
             with self._locked(sha, blocking=False) as held:
                 if held:
                     stale.unlink(missing_ok=True)
                     removed += 1
         return removed
 
+    def _temporaries(self) -> list[tuple[Path, str]]:
+        if not self.dir.is_dir():
+            return []
+        matches = ((entry, _TEMPORARY.fullmatch(entry.name)) for entry in sorted(self.dir.iterdir()))
+        return [(entry, match[1]) for entry, match in matches if match]
+
     def _locked(self, sha256: str, blocking: bool = True) -> contextlib.AbstractContextManager[bool]:
-        self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise cache_fault(self.dir, exc) from None
         return file_lock(self.dir / f".lock-{sha256}", blocking=blocking)

@@ -3,26 +3,37 @@
 JSON (PEP 691) is asked for first; an index that only speaks HTML (PEP 503, as many mirrors do) is
 read too, so a per-package index such as Ascend's is not refused for its format. Every failure to
 reach or understand an index becomes a :class:`RemoteError` naming the index and the package.
+
+An index is trusted no further than the sha256s the lock pins, so what it sends is bounded before it
+is used: a page is refused the moment it passes ``max_page`` bytes (it is never read whole first), and
+read by :mod:`envbuild.indexpage`, which refuses files that are not http(s) URLs and fields in a wrong
+shape; a download is refused the moment it passes the size the index states for it (PEP 700 ``size``)
+or, when none is stated, ``max_download`` (``$ENVBUILD_MAX_DOWNLOAD``, default 4 GiB; a stated size
+above it is refused before any byte moves); a ``file://`` index serves only regular files inside it.
 """
 
 from __future__ import annotations
 
-import json
-import shutil
+import codecs
+import os
+import re
+import stat
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future
-from dataclasses import dataclass
-from html.parser import HTMLParser
 from pathlib import Path
-from typing import Any, BinaryIO
-from urllib.parse import unquote, urldefrag, urljoin, urlsplit
+from typing import BinaryIO
+from urllib.parse import urlsplit
 from urllib.request import url2pathname
 
 import requests
 from packaging.utils import canonicalize_name
 
-from envbuild.errors import RemoteError
+from envbuild.errors import InputError, RemoteError
+from envbuild.indexpage import IndexFile, ProjectPage, parse_html, parse_json, show
+
+__all__ = ["IndexClient", "IndexFile", "ProjectPage", "max_download_from_env", "project_url"]
 
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 # PEP 691's recommended negotiation: JSON preferred, HTML accepted from indexes that lack JSON.
@@ -30,51 +41,56 @@ ACCEPT = f"{JSON_TYPE}, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0
 TIMEOUT = (10.0, 60.0)  # connect, read: a large project page (torch) takes a while to send
 RETRIES = 3
 BACKOFF = 0.5
-
-
-@dataclass(frozen=True)
-class IndexFile:
-    """One file an index lists for a project."""
-
-    filename: str
-    url: str
-    sha256: str | None
-    yanked: bool
-    yanked_reason: str | None = None
-    requires_python: str | None = None
-
-
-@dataclass(frozen=True)
-class ProjectPage:
-    """What an index lists for one project; ``found`` is False when the index does not know it (404)."""
-
-    index: str
-    name: str
-    files: tuple[IndexFile, ...]
-    found: bool = True
-
-    def file(self, filename: str) -> IndexFile | None:
-        return next((f for f in self.files if f.filename == filename), None)
+MAX_DOWNLOAD_ENV = "ENVBUILD_MAX_DOWNLOAD"
+# Generous: the GLM-5.2 stack has wheels of about 1 GB. Raise it with $ENVBUILD_MAX_DOWNLOAD.
+MAX_DOWNLOAD = 4 << 30
+# PyPI's largest project pages (thousands of nightly files) are tens of MB; hundreds of MB is hostile.
+MAX_PAGE = 64 << 20
+CHUNK = 1 << 16
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 def project_url(index: str, name: str) -> str:
     return f"{index.rstrip('/')}/{canonicalize_name(name)}/"
 
 
+def max_download_from_env() -> int:
+    """``$ENVBUILD_MAX_DOWNLOAD`` (bytes, or with a K/M/G/T suffix), else :data:`MAX_DOWNLOAD`."""
+    text = os.environ.get(MAX_DOWNLOAD_ENV, "").strip()
+    if not text:
+        return MAX_DOWNLOAD
+    match = re.fullmatch(r"([0-9]+)\s*([KMGT]?)(?:i?B)?", text, re.IGNORECASE)
+    if match is None or int(match[1]) == 0:
+        raise InputError(f"${MAX_DOWNLOAD_ENV}: expected a positive size such as 8G or 2147483648, got {text!r}")
+    return int(match[1]) * _UNITS[match[2].upper()]
+
+
 class IndexClient:
-    """Fetches project pages, one request per (index, project) per run, safe to share between threads."""
+    """Fetches project pages, one request per (index, project) per run, safe to share between threads.
+
+    The client remembers what each page said about each file URL, so :meth:`download` knows the size
+    the index stated for it and which ``file://`` index (if any) listed it."""
 
     def __init__(
-        self, session: requests.Session | None = None, *, timeout: tuple[float, float] = TIMEOUT, retries: int = RETRIES
+        self,
+        session: requests.Session | None = None,
+        *,
+        timeout: tuple[float, float] = TIMEOUT,
+        retries: int = RETRIES,
+        max_page: int = MAX_PAGE,
+        max_download: int | None = None,
     ) -> None:
         self.session = session or requests.Session()
         self.timeout = timeout
         self.retries = retries
+        self.max_page = max_page
+        self.max_download = max_download_from_env() if max_download is None else max_download
         self._lock = threading.Lock()
         # A future per key, so two threads asking for one page wait for one request instead of making two.
         self._pages: dict[tuple[str, str], Future[ProjectPage]] = {}
         # An index found out of reach is not asked again this run: one wait per index, not per package.
         self._down: dict[str, str] = {}
+        self._listed: dict[str, tuple[str, IndexFile]] = {}  # url -> (index, file)
         self.requests_made = 0
 
     def project(self, index: str, name: str) -> ProjectPage:
@@ -87,7 +103,11 @@ class IndexClient:
         assert future is not None
         if owner:
             try:
-                future.set_result(self._fetch(*key))
+                page = self._fetch(*key)
+                with self._lock:
+                    for listed in page.files:
+                        self._listed.setdefault(listed.url, (page.index, listed))
+                future.set_result(page)
             except BaseException as exc:
                 future.set_exception(exc)
         return future.result()
@@ -95,42 +115,62 @@ class IndexClient:
     def _fetch(self, index: str, name: str) -> ProjectPage:
         url = project_url(index, name)
         if urlsplit(index).scheme == "file":
-            return _read_file_index(index, name, url)
-        response = self._get(index, name, url)
-        if response.status_code == 404:
-            return ProjectPage(index, name, (), found=False)
-        if response.status_code != 200:
-            raise RemoteError(f"index {index} answered HTTP {response.status_code} for {name} ({url})")
-        ctype = response.headers.get("Content-Type", "").split(";")[0].strip().lower()
-        if ctype == JSON_TYPE or ctype.endswith("+json") or ctype == "application/json":
-            return _parse_json(index, name, response.content, response.url or url)
-        if ctype in ("text/html", "application/vnd.pypi.simple.v1+html"):
-            return _parse_html(index, name, response.text, response.url or url)
-        raise RemoteError(
-            f"index {index} answered {name} with unexpected content type {ctype or 'none'!r} "
-            f"({url}); is it a PEP 503/691 simple index?"
-        )
+            return _read_file_index(index, name, url, self.max_page)
+        with self._get(index, name, url) as response:
+            if response.status_code == 404:
+                return ProjectPage(index, name, (), found=False)
+            if response.status_code != 200:
+                raise RemoteError(f"index {index} answered HTTP {response.status_code} for {name} ({url})")
+            ctype = response.headers.get("Content-Type", "").split(";")[0].strip().lower()
+            is_json = ctype == JSON_TYPE or ctype.endswith("+json") or ctype == "application/json"
+            if not is_json and ctype not in ("text/html", "application/vnd.pypi.simple.v1+html"):
+                raise RemoteError(
+                    f"index {index} answered {name} with unexpected content type {ctype[:80] or 'none'!r} "
+                    f"({url}); is it a PEP 503/691 simple index?"
+                )
+            try:
+                what = f"index {index}: the page for {name}"
+                body = b"".join(_bounded(response, self.max_page, what, "the page size limit"))
+            except requests.RequestException as exc:
+                raise RemoteError(f"index {index}: reading the page for {name} failed: {_reason(exc)}") from None
+            base = response.url or url
+            if is_json:
+                return parse_json(index, name, body, base)
+            return parse_html(index, name, body.decode(_encoding(response), "replace"), base)
 
     def download(self, url: str, out: BinaryIO, timeout: tuple[float, float] = (10, 300)) -> None:
-        """Stream one distribution file (as a project page listed it) into ``out``; file:// too.
-        The caller checks the sha256: this only moves bytes."""
-        if urlsplit(url).scheme == "file":
-            try:
-                with open(url2pathname(urlsplit(url).path), "rb") as handle:
-                    shutil.copyfileobj(handle, out, 1 << 20)
-            except OSError as exc:
-                raise RemoteError(f"{url}: cannot read: {exc.strerror or exc}") from None
+        """Stream one distribution file, as a project page listed it, into ``out``. The caller checks
+        the sha256: this only moves bytes, and never more than the index stated (or the limit)."""
+        index, listed = self._listed.get(url, (None, None))
+        stated = listed.size if listed is not None else None
+        if stated is not None and stated > self.max_download:
+            raise RemoteError(
+                f"{url}: refusing to download: the index states {stated} bytes, more than the limit of "
+                f"{self.max_download} (raise ${MAX_DOWNLOAD_ENV} if that is right)"
+            )
+        if stated is not None:
+            limit, bound = stated, "the size the index states"
+        else:
+            limit, bound = self.max_download, f"the download limit (${MAX_DOWNLOAD_ENV})"
+        scheme = urlsplit(url).scheme.lower()
+        if scheme == "file" and index is not None and urlsplit(index).scheme == "file":
+            _copy_local(index, url, out, limit, bound)
             return
+        if scheme not in ("http", "https"):
+            raise RemoteError(f"{show(url)}: refusing to download: only http(s) URLs are fetched from an index")
         try:
-            with self.session.get(url, stream=True, timeout=timeout) as response:
+            # identity: the sha256 is of the file's bytes, and nothing to decompress means nothing to inflate.
+            headers = {"Accept-Encoding": "identity"}
+            with self.session.get(url, stream=True, timeout=timeout, headers=headers) as response:
                 if response.status_code != 200:
                     raise RemoteError(f"{url}: HTTP {response.status_code}")
-                for chunk in response.iter_content(1 << 20):
+                for chunk in _bounded(response, limit, url, bound):
                     out.write(chunk)
         except requests.RequestException as exc:
             raise RemoteError(f"{url}: download failed: {_reason(exc)}") from None
 
     def _get(self, index: str, name: str, url: str) -> requests.Response:
+        """The response (headers read, body not yet) to a page request, retried on 5xx and lost connections."""
         if index in self._down:
             raise RemoteError(f"index {index} out of reach: {self._down[index]} (while fetching {name})")
         last: Exception | None = None
@@ -140,7 +180,7 @@ class IndexClient:
             with self._lock:
                 self.requests_made += 1
             try:
-                response = self.session.get(url, headers={"Accept": ACCEPT}, timeout=self.timeout)
+                response = self.session.get(url, headers={"Accept": ACCEPT}, timeout=self.timeout, stream=True)
             except (requests.ConnectionError, requests.Timeout) as exc:
                 last = exc
                 if _is_name_error(exc):
@@ -149,6 +189,7 @@ class IndexClient:
             except requests.RequestException as exc:
                 raise RemoteError(f"index {index} out of reach for {name}: {_reason(exc)}") from None
             if response.status_code >= 500:
+                response.close()
                 last = RemoteError(f"HTTP {response.status_code}")
                 continue
             return response
@@ -157,6 +198,46 @@ class IndexClient:
         if not isinstance(last, RemoteError):
             self._down[index] = reason
         raise RemoteError(f"index {index} out of reach: {reason} (while fetching {name})") from None
+
+
+def _bounded(response: requests.Response, limit: int, what: str, bound: str) -> Iterator[bytes]:
+    """The body in chunks, refused as soon as it passes ``limit`` bytes (the declared length first)."""
+    declared = response.headers.get("Content-Length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise RemoteError(f"{what} is {declared} bytes, more than {bound} ({limit} bytes); refused")
+    received = 0
+    for chunk in response.iter_content(CHUNK):
+        received += len(chunk)
+        if received > limit:
+            raise RemoteError(f"{what} passed {bound} ({limit} bytes); refused")
+        yield chunk
+
+
+def _copy_local(index: str, url: str, out: BinaryIO, limit: int, bound: str) -> None:
+    """A file a ``file://`` index lists: only a regular file inside the index's directory."""
+    root = os.path.realpath(url2pathname(urlsplit(index).path))
+    path = os.path.realpath(url2pathname(urlsplit(url).path))
+    if os.path.commonpath([root, path]) != root:
+        raise RemoteError(f"{url}: refusing to read it: not inside the file:// index {index}")
+    try:
+        with open(path, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                raise RemoteError(f"{url}: refusing to read it: not a regular file")
+            copied = 0
+            while chunk := handle.read(CHUNK):
+                copied += len(chunk)
+                if copied > limit:
+                    raise RemoteError(f"{url} passed {bound} ({limit} bytes); refused")
+                out.write(chunk)
+    except OSError as exc:
+        raise RemoteError(f"{url}: cannot read: {exc.strerror or exc}") from None
+
+
+def _encoding(response: requests.Response) -> str:
+    try:
+        return codecs.lookup(response.encoding or "utf-8").name
+    except LookupError:  # a charset nobody knows: read it as UTF-8, replacing what does not decode
+        return "utf-8"
 
 
 def _is_name_error(exc: BaseException) -> bool:
@@ -179,96 +260,32 @@ def _reason(exc: BaseException) -> str:
             return reason
     if isinstance(exc, requests.Timeout):
         return "timed out"
+    if isinstance(exc, requests.exceptions.InvalidSchema):  # requests follows redirects only to http(s)
+        return f"redirected to a URL that is not http(s): {show(str(exc).rsplit(' for ', 1)[-1])}"
     if isinstance(exc, RemoteError):
         return str(exc)
-    return str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+    return show(str(exc).splitlines()[0]) if str(exc) else type(exc).__name__
 
 
-def _read_file_index(index: str, name: str, url: str) -> ProjectPage:
+def _read_file_index(index: str, name: str, url: str, limit: int) -> ProjectPage:
     """A file:// index is a directory per project holding ``index.json`` (PEP 691) or ``index.html``."""
     directory = Path(url2pathname(urlsplit(url).path))
-    for leaf, parse in (("index.json", _parse_json), ("index.html", _parse_html)):
+    for leaf in ("index.json", "index.html"):
         path = directory / leaf
         try:
-            data = path.read_bytes()
+            with open(path, "rb") as handle:
+                if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                    raise RemoteError(f"index {index}: {path} is not a regular file")
+                data = handle.read(limit + 1)
         except FileNotFoundError:
             continue
         except OSError as exc:
             raise RemoteError(f"index {index}: cannot read {path}: {exc.strerror or exc}") from None
-        body: Any = data if leaf.endswith(".json") else data.decode("utf-8", "replace")
-        return parse(index, name, body, path.as_uri())
+        if len(data) > limit:
+            raise RemoteError(f"index {index}: the page for {name} ({path}) is larger than {limit} bytes; refused")
+        if leaf == "index.json":
+            return parse_json(index, name, data, path.as_uri())
+        return parse_html(index, name, data.decode("utf-8", "replace"), path.as_uri())
     if not Path(url2pathname(urlsplit(index).path)).is_dir():
         raise RemoteError(f"index {index} out of reach: no such directory")
     return ProjectPage(index, name, (), found=False)
-
-
-def _malformed(index: str, name: str, why: str) -> RemoteError:
-    return RemoteError(f"index {index} answered a malformed page for {name}: {why}")
-
-
-def _parse_json(index: str, name: str, body: bytes, base: str) -> ProjectPage:
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise _malformed(index, name, f"not JSON ({exc})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("files"), list):
-        raise _malformed(index, name, "no 'files' list (PEP 691)")
-    files = []
-    for i, item in enumerate(data["files"]):
-        if (
-            not isinstance(item, dict)
-            or not isinstance(item.get("filename"), str)
-            or not isinstance(item.get("url"), str)
-            or not isinstance(item.get("hashes", {}), dict)
-        ):
-            raise _malformed(index, name, f"files[{i}] lacks a filename, url or hashes mapping")
-        yanked = item.get("yanked", False)
-        sha = item.get("hashes", {}).get("sha256")
-        files.append(
-            IndexFile(
-                filename=item["filename"],
-                url=urljoin(base, item["url"]),
-                sha256=sha.lower() if isinstance(sha, str) else None,
-                yanked=bool(yanked),
-                yanked_reason=yanked if isinstance(yanked, str) and yanked else None,
-                requires_python=item.get("requires-python") if isinstance(item.get("requires-python"), str) else None,
-            )
-        )
-    return ProjectPage(index, name, tuple(files))
-
-
-class _Anchors(HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.anchors: list[dict[str, str | None]] = []
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag == "a":
-            self.anchors.append(dict(attrs))
-
-
-def _parse_html(index: str, name: str, body: str, base: str) -> ProjectPage:
-    parser = _Anchors()
-    try:
-        parser.feed(body)
-    except Exception as exc:  # html.parser is lenient; this is only for pathological input
-        raise _malformed(index, name, f"unreadable HTML ({exc})") from None
-    files = []
-    for anchor in parser.anchors:
-        href = anchor.get("href")
-        if not href:
-            continue
-        url, fragment = urldefrag(urljoin(base, href))
-        algo, _, digest = fragment.partition("=")
-        yanked = "data-yanked" in anchor
-        files.append(
-            IndexFile(
-                filename=unquote(urlsplit(url).path.rsplit("/", 1)[-1]),
-                url=url,
-                sha256=digest.lower() if algo == "sha256" and digest else None,
-                yanked=yanked,
-                yanked_reason=(anchor.get("data-yanked") or None) if yanked else None,
-                requires_python=anchor.get("data-requires-python"),
-            )
-        )
-    return ProjectPage(index, name, tuple(files))

@@ -1,11 +1,15 @@
-"""The one way envbuild serialises writers to a cache: an ``fcntl.flock`` on a lock file.
+"""The one way envbuild serialises writers to a cache (an ``fcntl.flock`` on a lock file), and the one
+way a failed cache write is reported.
 
-The kernel releases a flock when its holder dies, however it dies, so a killed process never leaves a
-cache locked; what it half-wrote is for the next holder to clear up.
+The kernel releases a flock when the last descriptor of its open file is closed, so a killed process
+never leaves a cache locked; what it half-wrote is for the next holder to clear up. A child that
+inherits the descriptor (a ``git fetch`` writing into the cache) keeps the lock held until it, too,
+is gone, so nobody clears up under a writer that outlived its parent.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 from collections.abc import Iterator
@@ -14,21 +18,44 @@ from pathlib import Path
 
 from envbuild.errors import CacheError
 
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
 
 @contextmanager
 def file_lock(path: Path, *, blocking: bool = True) -> Iterator[bool]:
     """Hold an exclusive lock on ``path`` (created if absent). Yields True when held; with
     ``blocking=False`` yields False at once when another process holds it."""
+    with held_lock(path, blocking=blocking) as fd:
+        yield fd is not None
+
+
+@contextmanager
+def held_lock(path: Path, *, blocking: bool = True) -> Iterator[int | None]:
+    """Like :func:`file_lock`, yielding the locked descriptor (None when not held), for a child
+    process that must hold the lock as long as it lives (``pass_fds``)."""
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
+        if is_no_space(exc):
+            raise cache_fault(path.parent, exc) from None
         raise CacheError(f"{path}: cannot open the cache lock: {exc.strerror}") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
         except BlockingIOError:
-            yield False
+            yield None
             return
-        yield True
+        yield fd
     finally:
-        os.close(fd)  # closing releases the lock
+        os.close(fd)  # closing releases the lock, unless a child still holds the descriptor
+
+
+def is_no_space(exc: OSError) -> bool:
+    return exc.errno in _NO_SPACE
+
+
+def cache_fault(directory: Path, exc: OSError) -> CacheError:
+    """The one-line error for a failed write into the cache at ``directory``."""
+    if is_no_space(exc):
+        return CacheError(f"no space left in the cache ({directory})")
+    return CacheError(f"{directory}: cannot write to the cache: {exc.strerror or exc}")

@@ -23,6 +23,17 @@ def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]], max_widt
     return "\n".join(lines) + "\n"
 
 
+# What git says when a host cannot be reached at all (not when it answered and was refused: an fsck
+# error or a missing repository is no reason to look for a mirror).
+_OUT_OF_REACH = ("could not resolve host", "unable to connect", "connection refused", "connection timed out",
+                 "network is unreachable", "no route to host", "timed out")  # fmt: skip
+
+
+def _out_of_reach(detail: str) -> bool:
+    lowered = detail.lower()
+    return any(words in lowered for words in _OUT_OF_REACH)
+
+
 def render_verify(report: VerifyReport) -> str:
     rows = [(r.kind.replace("_", "-"), r.name, r.status, r.detail) for r in report.results]
     counts: dict[str, int] = {}
@@ -35,7 +46,7 @@ def render_verify(report: VerifyReport) -> str:
         render_table(("KIND", "NAME", "STATUS", "DETAIL"), rows)
         + f"\n{verdict}{strict}: {report.lock_path}: {summary}\n"
     )
-    if any(r.kind == "source" and r.status == "unreachable" for r in report.results):
+    if any(r.kind == "source" and r.status == "unreachable" and _out_of_reach(r.detail) for r in report.results):
         text += (
             "hint: where the upstream git hosts are out of reach, verify against internal mirrors with "
             "--mirror FROM=TO (or `mirrors:` in the config file); --offline answers from the cache\n"

@@ -143,7 +143,7 @@ def test_a_killed_download_leaves_the_cache_usable(tmp_path: Path) -> None:
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "started"
         cache = FileCache(tmp_path / "cache")
-        temps = list(cache.dir.glob(".tmp-*"))
+        temps = cache.temporary_files()
         assert len(temps) == 1 and temps[0].stat().st_size > 0
         assert cache.get(SHA) is None
         assert cache.clean_temporary() == 0  # the running download holds its lock
@@ -159,12 +159,13 @@ def test_a_killed_download_leaves_the_cache_usable(tmp_path: Path) -> None:
     path = cache.fetch(source.as_uri(), SHA, "pkg.whl", file_download)
     assert time.monotonic() - started < 30  # the dead process's lock was released by the kernel
     assert path.read_bytes() == PAYLOAD
-    assert list(cache.dir.glob(".tmp-*")) == []
+    assert cache.temporary_files() == []
 
 
 def test_clean_temporary_removes_orphans(tmp_path: Path) -> None:
     cache = FileCache(tmp_path / "cache")
     cache.dir.mkdir(parents=True)
-    (cache.dir / f".tmp-{SHA}-abc").write_bytes(b"half")
-    assert cache.clean_temporary() == 1
-    assert list(cache.dir.glob(".tmp-*")) == []
+    (cache.dir / f".tmp-{SHA}-abc").write_bytes(b"half")  # the naming of earlier versions
+    (cache.dir / f".{SHA}.x1y2z3.tmp").write_bytes(b"half")  # atomic_output's
+    assert cache.clean_temporary() == 2
+    assert cache.temporary_files() == [] and list(cache.dir.glob("*.tmp")) == []

@@ -3,6 +3,7 @@ and killed fetches."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -22,13 +23,17 @@ from envbuild.git.remote import (
     last_error_line,
 )
 from envbuild.lock.model import Source
+from envbuild.locking import file_lock
 from envbuild.sources import verify_source
 from tests.lib.gitrepos import (
     Served,
     ThrottlingProxy,
     child_pids,
+    descendants,
     fast_import_repo,
     git,
+    is_running,
+    open_files,
     stop_process_group,
 )
 
@@ -40,6 +45,7 @@ import json, sys
 from pathlib import Path
 from envbuild.git.cache import GitCache
 from envbuild.lock.model import Source
+from envbuild.locking import file_lock
 from envbuild.sources import verify_sources
 root, url, *commits = sys.argv[1:]
 messages = []
@@ -47,6 +53,10 @@ sources = [Source(name="big", repo=url, ref="main", ref_type="branch", commit=c)
 results = verify_sources(sources, GitCache(Path(root)), progress=messages.append)
 print(json.dumps({"statuses": [r.status for r in results], "messages": messages}))
 """
+
+
+# `envbuild` itself, as a user runs it (the console script is this, installed).
+ENVBUILD = "import sys; from envbuild.cli import main; sys.exit(main())"
 
 
 def test_cache_key_is_a_safe_name_per_url() -> None:
@@ -84,6 +94,15 @@ def test_last_error_line() -> None:
     )
     assert last_error_line("warning: x\nfatal: repository 'x' not found\n") == "repository 'x' not found"
     assert last_error_line("") == "failed without a message"
+    fsck = (
+        f"error: object {'ab' * 20}: duplicateEntries: contains duplicate file entries\n"
+        "fatal: fsck error in packed object\nfatal: index-pack failed\n"
+    )
+    assert last_error_line(fsck) == (
+        f"malformed object refused by git's fsck: duplicateEntries: contains duplicate file entries (object {'ab' * 20})"
+    )
+    hostile = "remote: \x1b[2J\x1b[31mall good\r\nfatal: \x1b]0;title\x07gone\n"
+    assert last_error_line(hostile) == "\\x1b]0;title\\x07gone"  # escaped, not sent to the terminal
 
 
 def test_concurrent_creation_yields_one_repository(tmp_path: Path) -> None:
@@ -119,9 +138,14 @@ def test_remove_stale_files(tmp_path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("x")
     (repo / "objects/incoming-123/pack").mkdir(parents=True)
+    # Listings are written without the lock: only a temporary file old enough to be a dead writer's goes.
+    dead, live = repo / ".envbuild-ls-remote.dead.tmp", repo / ".envbuild-ls-remote.live.tmp"
+    dead.write_text("x")
+    live.write_text("x")
+    os.utime(dead, (time.time() - 2 * 3600, time.time() - 2 * 3600))
     removed = remove_stale_files(repo)
-    assert set(stale) <= set(removed) and not any(p.exists() for p in stale)
-    assert not (repo / "objects/incoming-123").exists() and (repo / "config").exists()
+    assert set(stale) | {dead} <= set(removed) and not any(p.exists() for p in [*stale, dead])
+    assert not (repo / "objects/incoming-123").exists() and (repo / "config").exists() and live.exists()
 
 
 @pytest.fixture(scope="module")
@@ -238,11 +262,13 @@ def test_a_fetch_killed_halfway_leaves_the_cache_usable(
         while time.monotonic() < deadline and not list(repo.glob("objects/pack/tmp_pack_*")):
             time.sleep(0.01)
         assert list(repo.glob("objects/pack/tmp_pack_*")), "the fetch never started receiving"
-        for pid in child_pids(proc.pid):  # the git fetch, in its own process group
-            os.killpg(pid, signal.SIGKILL)
-            killed.append(pid)
-        os.kill(proc.pid, signal.SIGKILL)
+        gits = child_pids(proc.pid)  # the git fetch, in its own process group
+        os.kill(proc.pid, signal.SIGKILL)  # the verify first: a verify that outlives its git cleans up
         proc.wait(10)
+        for pid in gits:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            killed.append(pid)
     finally:
         stop_process_group(proc)  # type: ignore[arg-type]
     assert killed
@@ -258,3 +284,56 @@ def test_a_fetch_killed_halfway_leaves_the_cache_usable(
         env={**os.environ, "GIT_ALLOW_PROTOCOL": "file"},
     )
     assert fsck.returncode == 0, fsck.stderr
+
+
+@pytest.mark.gitdaemon
+def test_kill_9_of_envbuild_in_mid_fetch_leaves_no_git_writing_into_the_cache(
+    served: Served, big: str, tmp_path: Path, proxy: ThrottlingProxy
+) -> None:
+    url = f"git://127.0.0.1:{proxy.port}/{big}"  # a full pack, slowed down: the fetch is caught halfway
+    old = git("rev-parse", "main~3", cwd=served.base / big)
+    lock = tmp_path / "big.lock.yaml"
+    lock.write_text(
+        f"version: 1\nname: big\nsources:\n  - {{name: big, repo: '{url}', ref: main, ref_type: branch, commit: {old}}}\n"
+    )
+    cache = GitCache(tmp_path / "cache" / "git")
+    repo = cache.repo(url)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ENVBUILD, "lock", "verify", str(lock), "--cache-dir", str(tmp_path / "cache")],
+        cwd=PROJECT_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    ours: list[int] = []
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not list(repo.path.glob("objects/pack/tmp_pack_*")):
+            time.sleep(0.01)
+        assert list(repo.path.glob("objects/pack/tmp_pack_*")), "the fetch never started receiving"
+        ours = descendants(proc.pid)  # git fetch and the index-pack writing the pack
+        assert len(ours) >= 2, ours
+        # Every one of them holds the cache lock while it lives, not only envbuild.
+        assert all(str(repo.lock_path) in open_files(pid) for pid in ours), [open_files(p) for p in ours]
+
+        os.kill(proc.pid, signal.SIGKILL)  # envbuild alone, as the OOM killer or a CI timeout would
+        proc.wait(10)
+        deadline = time.monotonic() + 10
+        while (survivors := [pid for pid in ours if is_running(pid)]) and time.monotonic() < deadline:
+            with file_lock(repo.lock_path, blocking=False) as free:
+                if free:  # then no git of ours may still write; the last may be exiting, give it a moment
+                    time.sleep(0.5)
+                    writing = [pid for pid in survivors if is_running(pid)]
+                    assert not writing, f"git {writing} outlived envbuild without holding the cache lock"
+            time.sleep(0.02)
+        assert survivors == [], "git outlived envbuild by more than 10 s"
+    finally:
+        for pid in ours:
+            if is_running(pid):
+                os.kill(pid, signal.SIGKILL)
+        stop_process_group(proc)  # type: ignore[arg-type]
+
+    proxy.delay = 0
+    result = verify_source(Source(name="big", repo=url, ref="main", ref_type="branch", commit=old), cache)
+    assert (result.status, result.facts["ahead"]) == ("behind", 3)
+    assert not list(repo.path.glob("objects/pack/tmp_*")) and not list(repo.path.rglob("*.lock"))

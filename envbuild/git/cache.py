@@ -15,6 +15,12 @@ no lock: git publishes packs and refs atomically, and upstream refs live in thei
 
 The last ref listing is kept beside the objects (``envbuild-ls-remote``, replaced atomically) so
 ``--offline`` can answer from the refs the cache last saw.
+
+A fetch's git inherits the lock's descriptor, so a git that outlived a killed verify still holds the
+lock and its files are never taken for stale. A write that fails for want of space (a fetch, the
+listing, a new repository) removes what it left at once and is a :class:`CacheError` (``no space left
+in the cache``), not an unreachable remote; a pack a killed fetch left on a full disk is cleared by the
+next listing that needs its room.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from pathlib import Path
 from envbuild.errors import CacheError
 from envbuild.fileio import write_atomic
 from envbuild.git.remote import GitError, GitRunner, RefListing
-from envbuild.locking import file_lock
+from envbuild.locking import cache_fault, file_lock, held_lock, is_no_space
 
 LISTING_FILE = "envbuild-ls-remote"
 URL_FILE = "envbuild-url"
@@ -80,28 +86,47 @@ class GitCache:
             self._remove_stale_tmp()
             tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{repo.path.stem}-", dir=self.root))
         except OSError as exc:
-            raise CacheError(f"{self.root}: cannot create the git cache: {exc.strerror}") from None
+            raise cache_fault(self.root, exc) from None
         try:
             self.git.init_bare(tmp)
             (tmp / URL_FILE).write_text(url + "\n", encoding="utf-8")
+        except (GitError, OSError) as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise self.cache_error(exc) from None
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        try:
             os.rename(tmp, repo.path)
         except OSError:
             # Another process created it first (rename onto a non-empty directory fails): use theirs.
             shutil.rmtree(tmp, ignore_errors=True)
             if not repo.exists():
                 raise CacheError(f"{repo.path}: cannot create the cache repository") from None
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
         return repo
 
     @contextmanager
     def locked(self, url: str) -> Iterator[CachedRepo]:
         """Hold the repository's write lock; on entry, clear what a killed git left behind."""
-        repo = self.ensure(url)
-        with file_lock(repo.lock_path):
-            remove_stale_files(repo.path)
+        with self.held(url) as (repo, _):
             yield repo
+
+    @contextmanager
+    def held(self, url: str) -> Iterator[tuple[CachedRepo, int]]:
+        """:meth:`locked`, yielding ``(repo, fd)``: pass ``fd`` as ``hold`` to a git that writes into the
+        repository, so the lock stays held as long as that git (or a helper of it) lives."""
+        repo = self.ensure(url)
+        with held_lock(repo.lock_path) as fd:
+            assert fd is not None  # a blocking lock is always held
+            remove_stale_files(repo.path)
+            yield repo, fd
+
+    def cache_error(self, exc: GitError | OSError) -> Exception:
+        """A failed write into the cache as the user should see it: a full disk is the cache's fault
+        (:class:`CacheError`, one line), any other git failure stays what it was."""
+        if isinstance(exc, OSError):
+            return cache_fault(self.root, exc)
+        return CacheError(f"no space left in the cache ({self.root})") if exc.no_space else exc
 
     # -- refs ----------------------------------------------------------------------------------
 
@@ -109,12 +134,26 @@ class GitCache:
         """One ``git ls-remote``; the answer is also kept for ``--offline``."""
         repo = self.ensure(url)
         listing = self.git.ls_remote(repo.path, url)
-        write_atomic(repo.path / LISTING_FILE, listing.raw)
+        raw = listing.raw.encode("utf-8", "surrogateescape")  # the bytes git printed, UTF-8 or not
+        try:
+            write_atomic(repo.path / LISTING_FILE, raw)
+        except OSError as exc:
+            # A pack a killed fetch left may hold the space: clear it, unless a fetch is running, and retry.
+            if not is_no_space(exc):
+                raise cache_fault(self.root, exc) from None
+            with file_lock(repo.lock_path, blocking=False) as held:
+                if not (held and remove_stale_files(repo.path)):
+                    raise cache_fault(self.root, exc) from None
+                try:
+                    write_atomic(repo.path / LISTING_FILE, raw)
+                except OSError as again:
+                    raise cache_fault(self.root, again) from None
         return listing
 
     def cached_listing(self, url: str) -> RefListing | None:
         try:
-            return RefListing.parse((self.repo(url).path / LISTING_FILE).read_text(encoding="utf-8"))
+            path = self.repo(url).path / LISTING_FILE
+            return RefListing.parse(path.read_text(encoding="utf-8", errors="surrogateescape"))
         except OSError:
             return None
 
@@ -142,12 +181,16 @@ class GitCache:
         ``wanted`` commit is already present (another verify fetched it meanwhile) or the upstream
         namespace already equals ``fresh``. Otherwise returns whether the server honoured the filter."""
         wanted = set(wanted)
-        with self.locked(url) as repo:
+        with self.held(url) as (repo, fd):
             if fresh is not None and self.git.namespace_refs(repo.path) == fresh:
                 return None
             if wanted and wanted <= set(self.git.commit_trees(repo.path, wanted)):
                 return None
-            return self.git.fetch(repo.path, url, refspecs, prune=prune)
+            try:
+                return self.git.fetch(repo.path, url, refspecs, prune=prune, hold=fd)
+            except GitError as exc:
+                remove_stale_files(repo.path)  # what the failed git left: a partial pack may fill the disk
+                raise self.cache_error(exc) from None
 
     def left_right(self, url: str, commit: str, head: str) -> tuple[int, int]:
         return self.git.left_right(self.repo(url).path, commit, head)
@@ -187,6 +230,7 @@ def remove_stale_files(repo: Path) -> list[Path]:
                 name.endswith(".lock")
                 or name.startswith("tmp_")
                 or (name.startswith("pack-") and name.endswith(".keep"))
+                or _old_listing_temporary(here / name)
             ):
                 _unlink(here / name, removed)
         for name in list(dirnames):
@@ -195,6 +239,17 @@ def remove_stale_files(repo: Path) -> list[Path]:
                 removed.append(here / name)
                 dirnames.remove(name)
     return removed
+
+
+def _old_listing_temporary(path: Path) -> bool:
+    """A listing's temporary file that a killed write left. Listings are written without the lock, so
+    only age tells a dead writer's file from a live one's (a write takes milliseconds)."""
+    if not (path.name.startswith(f".{LISTING_FILE}.") and path.name.endswith(".tmp")):
+        return False
+    try:
+        return time.time() - path.stat().st_mtime > STALE_TMP_SECONDS
+    except OSError:
+        return False
 
 
 def _unlink(path: Path, removed: list[Path]) -> None:

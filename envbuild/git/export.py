@@ -25,8 +25,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from envbuild.errors import EnvbuildError
-from envbuild.git.cache import CachedRepo, GitCache
-from envbuild.git.remote import NO_LAZY_FETCH_URL, GitError
+from envbuild.git.cache import CachedRepo, GitCache, remove_stale_files
+from envbuild.git.remote import FSCK_CONFIG, NO_LAZY_FETCH_URL, GitError
 from envbuild.git.treewriter import TreeWriteError, write_tar_tree
 from envbuild.image import inimage_probe
 from envbuild.lock.model import Source
@@ -45,7 +45,7 @@ def _fetch_config(url: str) -> dict[str, str]:
     """The real URL for this one command, and git's object checks on what it receives: a tree git
     itself calls malformed (duplicate entries, ``.git`` names, ``.gitmodules`` tricks) is refused at the
     fetch, before anything is written."""
-    return {f"url.{url}.insteadOf": NO_LAZY_FETCH_URL, "fetch.fsckObjects": "true"}
+    return {f"url.{url}.insteadOf": NO_LAZY_FETCH_URL, **FSCK_CONFIG}
 
 
 class TreeExporter:
@@ -98,7 +98,7 @@ def fetch_commit(exporter: TreeExporter, source: Source) -> CachedRepo:
             "where the upstream is reachable"
         )
     git = exporter.cache.git
-    with exporter.cache.locked(url) as repo:
+    with exporter.cache.held(url) as (repo, lock_fd):
         if _complete(exporter, repo, source.commit):
             return repo  # another build fetched it while we waited for the lock
         base = [
@@ -116,6 +116,8 @@ def fetch_commit(exporter: TreeExporter, source: Source) -> CachedRepo:
                 repo=repo.path,
                 config=_fetch_config(url),
                 timeout=git.network_timeout,
+                network=True,
+                hold=(lock_fd,),
             )
         except GitError as first:
             # The server refuses wants by SHA: fetch the ref's whole history, which holds the commit.
@@ -133,8 +135,13 @@ def fetch_commit(exporter: TreeExporter, source: Source) -> CachedRepo:
                     repo=repo.path,
                     config=_fetch_config(url),
                     timeout=git.network_timeout,
+                    network=True,
+                    hold=(lock_fd,),
                 )
             except GitError as second:
+                if first.no_space or second.no_space:  # a full disk: say so, and leave no half-written pack
+                    remove_stale_files(repo.path)
+                    raise exporter.cache.cache_error(second if second.no_space else first) from None
                 raise ExportError(
                     f"source {source.name}: cannot fetch the files of {source.commit} from {url}: "
                     f"{first.reason}; {second.reason}"

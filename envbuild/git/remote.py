@@ -1,9 +1,9 @@
-"""The only module that runs git.
+"""The git commands envbuild runs; :mod:`envbuild.git.process` starts them (hardened, bounded, tied
+to envbuild's lifetime) and is the only code that starts git.
 
-Every command runs with a hardened environment (no prompts, only https/ssh/git/file transports, no
-inherited ``GIT_DIR``-style redirections), in its own process group so a timeout kills git *and* the
-helpers it spawned (``git-remote-https``, ``index-pack``), and with user-controlled values placed
-where git cannot read them as options.
+User-controlled values are placed where git cannot read them as options. Network commands are bounded
+in memory and a ref listing by :data:`MAX_LISTING`; every fetch has git check the objects it receives
+(:data:`FSCK_CONFIG`) and inherits the lock of the cache repository it writes into.
 
 Cache repositories are partial clones whose ``remote.origin.url`` is deliberately unusable
 (:data:`NO_LAZY_FETCH_URL`): git 2.39 would otherwise fetch any missing object from the promisor
@@ -15,42 +15,31 @@ channel, so a URL containing ``=`` or spaces cannot be misparsed). Reads additio
 
 from __future__ import annotations
 
-import os
-import re
-import signal
-import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from envbuild.errors import RemoteError
+from envbuild.git.process import GitError, git_environment, last_error_line, run_git
 
-ALLOWED_PROTOCOLS = "https:ssh:git:file"
+__all__ = ["GitError", "GitRunner", "RefListing", "last_error_line"]
+
 # A transport git refuses at once (it is not in GIT_ALLOW_PROTOCOL and no helper of that name exists).
 NO_LAZY_FETCH_URL = "envbuild-no-lazy-fetch://cache-only"
 UPSTREAM_NS = "refs/upstream/"
 FILTER = "tree:0"
 NETWORK_TIMEOUT = 600.0
 LOCAL_TIMEOUT = 120.0
-
-# Variables that would point our commands at another repository or inject configuration.
-_SCRUBBED_ENV = (
-    "GIT_DIR",
-    "GIT_WORK_TREE",
-    "GIT_INDEX_FILE",
-    "GIT_OBJECT_DIRECTORY",
-    "GIT_ALTERNATE_OBJECT_DIRECTORIES",
-    "GIT_NAMESPACE",
-    "GIT_CEILING_DIRECTORIES",
-    "GIT_CONFIG_PARAMETERS",
-    "GIT_CONFIG",
-    "GIT_QUARANTINE_PATH",
-    "GIT_NO_REPLACE_OBJECTS",
-    "GIT_REPLACE_REF_BASE",
-    "GIT_SHALLOW_FILE",
-    "GIT_COMMON_DIR",
-    "GIT_CONFIG_COUNT",
-)
+# Object checking on every fetch: a tree or commit git's fsck finds malformed (duplicate entries, `.git`
+# names, a symlinked .gitmodules, …) refuses the fetch. Fetch-time checks run in strict mode, where
+# git's warnings are errors too. The export fetch uses the same key.
+FSCK_CONFIG = {"fetch.fsckObjects": "true"}
+# The ls-remote output we accept: ~700,000 refs, far more than any real repository advertises.
+MAX_LISTING = 64 << 20
+# The memory a network git may grow to. git holds a server's whole ref advertisement before it prints
+# a line (and has no limit of its own), so an advertisement without end grows git until the timeout:
+# ~3 bytes per byte sent. Real listings and fetches stay far below (index-pack, the heavy part, is a
+# child and not counted).
+MAX_MEMORY = 2 << 30
 
 # Written by GitCache on creation; the url is never the real one (see the module docstring).
 CACHE_REPO_CONFIG = f"""\
@@ -75,33 +64,6 @@ CACHE_REPO_CONFIG = f"""\
 """
 
 Observer = Callable[[str, str], None]
-
-
-class GitError(RemoteError):
-    """A git command failed; ``reason`` is one line a user can act on (usually git's own words)."""
-
-    def __init__(self, command: str, reason: str, returncode: int | None = None) -> None:
-        self.command = command
-        self.reason = reason
-        self.returncode = returncode
-        super().__init__(f"git {command}: {reason}")
-
-
-def last_error_line(stderr: str) -> str:
-    """git's most telling line: the last ``fatal:``/``error:`` line, with a trailing detail line if any."""
-    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
-    if not lines:
-        return "failed without a message"
-    errors = [i for i, line in enumerate(lines) if line.startswith(("fatal:", "error:"))]
-    if not errors:
-        return lines[-1]
-    first = lines[errors[-1]].split(":", 1)[1].strip()
-    # "unable to access 'URL/': Could not resolve host: x" — the URL is in the result already; keep the cause.
-    first = re.sub(r"^unable to access '[^']*': ", "", first)
-    # git daemon failures put the actual errno on the line after "fatal: unable to connect to host:".
-    if errors[-1] + 1 < len(lines) and first.endswith(":"):
-        return f"{first} {lines[errors[-1] + 1]}"
-    return first
 
 
 @dataclass(frozen=True)
@@ -150,22 +112,11 @@ class GitRunner:
     local_timeout: float = LOCAL_TIMEOUT
     observer: Observer | None = None
     executable: str = "git"
+    max_listing: int = MAX_LISTING
+    max_memory: int = MAX_MEMORY
 
     def environment(self, config: Mapping[str, str] | None = None) -> dict[str, str]:
-        config = config or {}
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if k not in _SCRUBBED_ENV and not k.startswith(("GIT_CONFIG_KEY_", "GIT_CONFIG_VALUE_"))
-        }
-        env.update(GIT_TERMINAL_PROMPT="0", GIT_ALLOW_PROTOCOL=ALLOWED_PROTOCOLS, LC_ALL="C", LANGUAGE="C")
-        if "GIT_SSH_COMMAND" not in env and "GIT_SSH" not in env:
-            env["GIT_SSH_COMMAND"] = "ssh -o BatchMode=yes"  # never wait for a password
-        env["GIT_CONFIG_COUNT"] = str(len(config))
-        for i, (key, value) in enumerate(config.items()):
-            env[f"GIT_CONFIG_KEY_{i}"] = key
-            env[f"GIT_CONFIG_VALUE_{i}"] = value
-        return env
+        return git_environment(config)
 
     def run(
         self,
@@ -175,9 +126,14 @@ class GitRunner:
         stdin: str | None = None,
         config: Mapping[str, str] | None = None,
         timeout: float | None = None,
+        network: bool = False,
+        hold: Sequence[int] = (),
     ) -> str:
-        """Run ``git [-C repo] args``; return stdout, raise :class:`GitError` on failure or timeout."""
-        return self.run_full(args, repo=repo, stdin=stdin, config=config, timeout=timeout)[0]
+        """Run ``git [-C repo] args``; return stdout, raise :class:`GitError` on failure or timeout.
+        ``network`` and ``hold`` as for :meth:`run_full`."""
+        return self.run_full(args, repo=repo, stdin=stdin, config=config, timeout=timeout, network=network, hold=hold)[
+            0
+        ]
 
     def run_full(
         self,
@@ -187,51 +143,47 @@ class GitRunner:
         stdin: str | None = None,
         config: Mapping[str, str] | None = None,
         timeout: float | None = None,
+        network: bool = False,
+        hold: Sequence[int] = (),
+        max_output: int | None = None,
     ) -> tuple[str, str]:
-        """Like :meth:`run`, returning (stdout, stderr)."""
+        """Like :meth:`run`, returning (stdout, stderr). ``network``: a command that talks to a server,
+        tied to our lifetime and bounded in memory (see the module docstring); ``hold``: descriptors
+        git inherits (a cache lock); ``max_output``: stdout beyond this many bytes kills git and fails
+        (no ``stdin`` then)."""
         argv = [self.executable, *(["-C", str(repo)] if repo is not None else []), *args]
-        timeout = self.local_timeout if timeout is None else timeout
-        try:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                # A path in a hostile tree need not be UTF-8: keep its bytes rather than fail to decode.
-                encoding="utf-8",
-                errors="surrogateescape",
-                env=self.environment(config),
-                start_new_session=True,
-            )
-        except OSError as exc:
-            raise GitError(args[0], f"cannot run git: {exc.strerror}") from None
-        try:
-            out, err = proc.communicate(stdin, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            raise GitError(args[0], f"timed out after {timeout:g} s") from None
-        except BaseException:
-            _kill_group(proc)
-            raise
-        if proc.returncode != 0:
-            raise GitError(args[0], last_error_line(err), proc.returncode)
-        return out, err
+        return run_git(
+            argv,
+            command=args[0],
+            env=self.environment(config),
+            stdin=stdin,
+            timeout=self.local_timeout if timeout is None else timeout,
+            network=network,
+            hold=hold,
+            max_output=max_output,
+            max_memory=self.max_memory if network else None,
+        )
 
     # -- network -------------------------------------------------------------------------------
 
     def ls_remote(self, repo: Path, url: str) -> RefListing:
         self._observe("ls-remote", url)
-        out = self.run(
+        out = self.run_full(
             ["ls-remote", "--heads", "--tags", "--", "origin"],
             repo=repo,
             config=_real_url(url),
             timeout=self.network_timeout,
-        )
+            network=True,
+            max_output=self.max_listing,
+        )[0]
         return RefListing.parse(out)
 
-    def fetch(self, repo: Path, url: str, refspecs: Sequence[str], *, prune: bool = False) -> bool:
-        """Fetch commits (no trees, no blobs) for ``refspecs``; return False when the server ignored
-        the filter and sent a full pack (git falls back by itself and says so on stderr)."""
+    def fetch(
+        self, repo: Path, url: str, refspecs: Sequence[str], *, prune: bool = False, hold: int | None = None
+    ) -> bool:
+        """Fetch commits (no trees, no blobs) for ``refspecs``, every object checked; return False when
+        the server ignored the filter and sent a full pack (git falls back by itself and says so on
+        stderr). ``hold``: the cache lock's descriptor, which git and its helpers keep while alive."""
         self._observe("fetch", url)
         args = [
             "fetch",
@@ -246,7 +198,14 @@ class GitRunner:
             "--",
             *refspecs,
         ]
-        _, err = self.run_full(args, repo=repo, config=_real_url(url), timeout=self.network_timeout)
+        _, err = self.run_full(
+            args,
+            repo=repo,
+            config={**_real_url(url), **FSCK_CONFIG},
+            timeout=self.network_timeout,
+            network=True,
+            hold=() if hold is None else (hold,),
+        )
         return "filtering not recognized by server" not in err
 
     def _observe(self, command: str, url: str) -> None:
@@ -312,12 +271,3 @@ class GitRunner:
 
 def _real_url(url: str) -> dict[str, str]:
     return {f"url.{url}.insteadOf": NO_LAZY_FETCH_URL}
-
-
-def _kill_group(proc: subprocess.Popen[str]) -> None:
-    """Kill git and every helper it started: they share the process group we created for it."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.communicate()

@@ -7,6 +7,7 @@ process started here is stopped by its PID (daemons by their own process group) 
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import signal
@@ -14,6 +15,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -74,6 +76,34 @@ class Repo:
         git("checkout", "-q", branch, cwd=self.path)
         git("reflog", "expire", "--expire=now", "--all", cwd=self.path)
         git("gc", "-q", "--prune=now", cwd=self.path)
+
+
+# Trees git's fsck refuses, by its message id: the entries (mode, name) of a one-level tree.
+MALFORMED_TREES = {
+    "duplicateEntries": [(b"100644", b"a"), (b"100644", b"a")],
+    "hasDotgit": [(b"100644", b".git")],
+    "hasDotdot": [(b"100644", b"..")],
+    "gitmodulesSymlink": [(b"120000", b".gitmodules")],
+}
+
+
+def commit_malformed(repo: Path, kind: str, *, branch: str = "main") -> str:
+    """Put a commit on ``branch`` that git's fsck refuses: a tree of :data:`MALFORMED_TREES` ``kind``,
+    or (``kind="badTimezone"``) a commit whose author has an impossible time zone. Written with
+    ``hash-object --literally``, which skips the checks; returns the commit."""
+    parent = git("rev-parse", "--verify", branch, cwd=repo)
+    if kind == "badTimezone":
+        tree = git("rev-parse", f"{parent}^{{tree}}", cwd=repo)
+        person = "Test <test@example.invalid> 1700000000"
+        body = f"tree {tree}\nparent {parent}\nauthor {person} +99999\ncommitter {person} +0000\n\nbad zone\n"
+        commit = git("hash-object", "-t", "commit", "-w", "--literally", "--stdin", cwd=repo, stdin=body.encode())
+    else:
+        blob = bytes.fromhex(git("hash-object", "-w", "--stdin", cwd=repo, stdin=b"x\n"))
+        data = b"".join(mode + b" " + name + b"\0" + blob for mode, name in MALFORMED_TREES[kind])
+        tree = git("hash-object", "-t", "tree", "-w", "--literally", "--stdin", cwd=repo, stdin=data)
+        commit = git("commit-tree", tree, "-p", parent, "-m", kind, cwd=repo)
+    git("update-ref", f"refs/heads/{branch}", commit, cwd=repo)
+    return commit
 
 
 def make_repo(path: Path) -> Repo:
@@ -299,3 +329,124 @@ def child_pids(pid: int) -> list[int]:
         if int(fields[1]) == pid:
             children.append(int(stat.parent.name))
     return children
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children, their children, …), to follow git's helpers too."""
+    found: list[int] = []
+    frontier = [pid]
+    while frontier:
+        children = child_pids(frontier.pop())
+        found += children
+        frontier += children
+    return found
+
+
+def is_running(pid: int) -> bool:
+    """Alive and not a zombie waiting to be reaped."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def command_line(pid: int) -> str:
+    """``pid``'s arguments joined by spaces ("" once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def open_files(pid: int) -> set[str]:
+    """What ``pid``'s descriptors point at (empty once it is gone)."""
+    targets = set()
+    for fd in Path(f"/proc/{pid}/fd").glob("*"):
+        try:
+            targets.add(os.readlink(fd))
+        except OSError:
+            pass
+    return targets
+
+
+def pkt_line(payload: bytes) -> bytes:
+    """One pkt-line of git's wire protocol: four hex digits of length, then the payload."""
+    return b"%04x" % (len(payload) + 4) + payload
+
+
+@dataclass
+class HostileGitServer:
+    """A git:// server on 127.0.0.1 that answers every request as ``mode`` says (protocol v0):
+
+    - ``refs``: advertises ``refs`` (``(sha, name)`` pairs, names as raw bytes), then ends;
+    - ``endless``: advertises refs without end (``refs/heads/bNNNNNNNNN``);
+    - ``drip``: one valid ref every ``drip_interval`` seconds, never ending, never silent for long;
+    - ``garbage``: bytes that are no pkt-line at all.
+
+    Runs in daemon threads; ``sent`` counts the bytes written; ``close()`` stops it."""
+
+    mode: str
+    refs: list[tuple[str, bytes]] = field(default_factory=list)
+    drip_interval: float = 0.2
+    port: int = 0
+    sent: int = 0
+    _server: socket.socket | None = None
+    _clients: list[socket.socket] = field(default_factory=list)
+
+    def start(self) -> "HostileGitServer":
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._server.getsockname()[1])
+        threading.Thread(target=self._accept, daemon=True).start()
+        return self
+
+    def url(self, name: str = "repo.git") -> str:
+        return f"git://127.0.0.1:{self.port}/{name}"
+
+    def _accept(self) -> None:
+        assert self._server is not None
+        while True:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            self._clients.append(client)
+            threading.Thread(target=self._answer, args=(client,), daemon=True).start()
+
+    def _answer(self, client: socket.socket) -> None:
+        try:
+            length = int(client.recv(4), 16)  # the request: git-upload-pack /path\0host=…\0
+            client.recv(length - 4)
+            for chunk in self._chunks():
+                client.sendall(chunk)
+                self.sent += len(chunk)
+            client.recv(1 << 16)  # the client's flush or its wants; then hang up
+        except (OSError, ValueError):
+            pass
+        finally:
+            client.close()
+
+    def _chunks(self) -> Iterator[bytes]:
+        sha = b"1" * 40
+        if self.mode == "garbage":
+            yield b"HTTP/1.1 200 OK\r\n\r\n\x00\xff not a pkt-line" * 4
+        elif self.mode == "refs":
+            for i, (commit, name) in enumerate(self.refs):
+                caps = b"\0multi_ack side-band-64k ofs-delta" if i == 0 else b""
+                yield pkt_line(commit.encode() + b" " + name + caps + b"\n")
+            yield b"0000"
+        elif self.mode in ("endless", "drip"):
+            yield pkt_line(sha + b" refs/heads/main\0side-band-64k ofs-delta\n")
+            for n in itertools.count():
+                batch = 1 if self.mode == "drip" else 1000
+                yield b"".join(pkt_line(sha + b" refs/heads/b%09d\n" % (n * batch + i)) for i in range(batch))
+                if self.mode == "drip":
+                    time.sleep(self.drip_interval)
+        else:
+            raise ValueError(self.mode)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for client in self._clients:
+            client.close()

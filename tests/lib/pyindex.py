@@ -2,7 +2,8 @@
 
 Tests build distributions with :func:`make_wheel` / :func:`make_sdist`, put them in a directory and
 serve it with :class:`PyIndex`; the index can then be made to misbehave (yank, re-hash, drop a file,
-answer garbage) to reach every verification status. pip and uv can install from it too.
+answer garbage, list another URL or size, redirect, stream without end) to reach every verification
+status and every hostile case. pip and uv can install from it too.
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ import base64
 import hashlib
 import io
 import json
+import shutil
 import socket
 import tarfile
 import threading
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -72,6 +75,26 @@ def make_sdist(directory: Path, name: str, version: str) -> Path:
     return path
 
 
+def endless(chunk: bytes = b"\0" * 65536) -> Callable[[], Iterator[bytes]]:
+    """A body that never ends (like ``/dev/zero`` behind a URL), for :meth:`PyIndex.route`."""
+
+    def body() -> Iterator[bytes]:
+        while True:
+            yield chunk
+
+    return body
+
+
+@dataclass
+class Route:
+    """A canned answer for one path: any status, headers, and a body given whole or as a stream."""
+
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes | Callable[[], Iterable[bytes]] = b""
+    sent: int = 0  # body bytes written so far
+
+
 def _project_of(filename: str) -> str:
     if filename.endswith(".whl"):
         return parse_wheel_filename(filename)[0]
@@ -91,6 +114,9 @@ class PyIndex:
         self.hashes: dict[str, str] = {}
         self.hidden: set[str] = set()
         self.raw: dict[str, tuple[int, str, bytes]] = {}  # project -> (status, content type, body)
+        self.urls: dict[str, str] = {}  # filename -> the URL its page lists instead of /files/<name>
+        self.sizes: dict[str, object] = {}  # filename -> the PEP 700 size its JSON page states instead
+        self.routes: dict[str, Route] = {}  # path -> canned answer, before anything else
         self.requests: list[str] = []
         self._server: ThreadingHTTPServer | None = None
 
@@ -107,6 +133,19 @@ class PyIndex:
     def answer(self, project: str, body: bytes, status: int = 200, content_type: str = JSON_TYPE) -> None:
         self.raw[canonicalize_name(project)] = (status, content_type, body)
 
+    def relink(self, filename: str, url: str) -> None:
+        """List ``filename`` at ``url`` (absolute or relative to the page)."""
+        self.urls[filename] = url
+
+    def state_size(self, filename: str, size: object) -> None:
+        """State ``size`` (any JSON value) as the file's PEP 700 size."""
+        self.sizes[filename] = size
+
+    def route(self, path: str, route: Route) -> Route:
+        """Answer ``path`` (e.g. ``/files/x.whl``) with ``route``; returns it, to read ``sent`` later."""
+        self.routes[path] = route
+        return route
+
     # --- content ------------------------------------------------------------------------------
     def sha256(self, filename: str) -> str:
         return hashlib.sha256((self.root / filename).read_bytes()).hexdigest()
@@ -121,9 +160,10 @@ class PyIndex:
             out.append(
                 {
                     "filename": path.name,
-                    "url": f"/files/{path.name}",
+                    "url": self.urls.get(path.name, f"/files/{path.name}"),
                     "hashes": {"sha256": self.hashes.get(path.name, self.sha256(path.name))},
                     "yanked": self.yanked.get(path.name, False),
+                    "size": self.sizes.get(path.name, path.stat().st_size),
                 }
             )
         return out
@@ -135,10 +175,11 @@ class PyIndex:
         if not files and not any(_project_of(p.name) == key for p in self.root.iterdir()):
             return 404, "text/plain", b"not found"
         if as_json:
-            body = {"meta": {"api-version": "1.1"}, "name": key, "files": files}
+            body = {"meta": {"api-version": "1.1"}, "name": key, "files": files}  # 1.1: sizes (PEP 700)
             return 200, JSON_TYPE, json.dumps(body).encode()
         links = []
         for f in files:
+            del f["size"]  # HTML pages state no sizes
             yanked = f["yanked"]
             attr = "" if yanked is False else f' data-yanked="{"" if yanked is True else yanked}"'
             links.append(f'<a href="{f["url"]}#sha256={f["hashes"]["sha256"]}"{attr}>{f["filename"]}</a><br/>')
@@ -162,6 +203,9 @@ class PyIndex:
             def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
                 if not getattr(self, "_head_only", False):
                     index.requests.append(self.path)
+                if (route := index.routes.get(self.path.split("?")[0])) is not None:
+                    self._send_route(route)
+                    return
                 parts = [p for p in self.path.split("?")[0].split("/") if p]
                 if len(parts) == 2 and parts[0] == "files" and (index.root / parts[1]).is_file():
                     self._send(200, "application/octet-stream", (index.root / parts[1]).read_bytes())
@@ -179,6 +223,19 @@ class PyIndex:
                 if not getattr(self, "_head_only", False):
                     self.wfile.write(body)
 
+            def _send_route(self, route: Route) -> None:
+                self.send_response(route.status)
+                for name, value in route.headers.items():
+                    self.send_header(name, value)
+                self.end_headers()
+                chunks = [route.body] if isinstance(route.body, bytes) else route.body()
+                try:
+                    for chunk in chunks:
+                        self.wfile.write(chunk)
+                        route.sent += len(chunk)
+                except OSError:
+                    pass  # the client stopped reading: what the test wants
+
             def log_message(self, *args: Any) -> None:
                 pass
 
@@ -193,14 +250,17 @@ class PyIndex:
 
 
 def write_file_index(root: Path, dists: Path) -> str:
-    """A file:// PEP 691 index of ``dists``: ``root/<project>/index.json``; returns its URL."""
+    """A file:// PEP 691 index of ``dists``: ``root/<project>/index.json`` linking to copies of the
+    files in ``root/files/`` (relative URLs, inside the index, as a file:// index must); returns its URL."""
     projects: dict[str, list[dict[str, Any]]] = {}
+    (root / "files").mkdir(parents=True, exist_ok=True)
     for path in sorted(dists.iterdir()):
         if path.name.endswith((".whl", ".tar.gz")):
+            shutil.copyfile(path, root / "files" / path.name)
             projects.setdefault(_project_of(path.name), []).append(
                 {
                     "filename": path.name,
-                    "url": path.as_uri(),
+                    "url": f"../files/{path.name}",
                     "hashes": {"sha256": hashlib.sha256(path.read_bytes()).hexdigest()},
                 }
             )

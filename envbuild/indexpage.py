@@ -1,0 +1,166 @@
+"""One Simple API project page (PEP 691 JSON, PEP 503 HTML) read into typed values: pure, no I/O.
+
+A page is what an index says, and an index is trusted no further than the sha256s the lock pins, so a
+page is refused whole (one :class:`RemoteError` naming the index, the project and the field) when a
+file it lists is not a plain file name at an http(s) URL once resolved against the page (a ``file://``
+index may also list files inside its own directory), or when its size, sha256 or yanked field has the
+wrong shape. Text from the page that reaches a message is escaped: no control character reaches a
+terminal. Directory links of a served listing (the parent, sort links) are not files, and are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from html.parser import HTMLParser
+from urllib.parse import unquote, urldefrag, urljoin, urlsplit
+from urllib.request import url2pathname
+
+from envbuild.errors import RemoteError
+
+_SHA256 = re.compile(r"[0-9a-fA-F]{64}")
+
+
+@dataclass(frozen=True)
+class IndexFile:
+    """One file an index lists for a project."""
+
+    filename: str
+    url: str
+    sha256: str | None
+    yanked: bool
+    yanked_reason: str | None = None
+    requires_python: str | None = None
+    size: int | None = None  # PEP 700: the size in bytes the index states, when it does
+
+
+@dataclass(frozen=True)
+class ProjectPage:
+    """What an index lists for one project; ``found`` is False when the index does not know it (404)."""
+
+    index: str
+    name: str
+    files: tuple[IndexFile, ...]
+    found: bool = True
+
+    def file(self, filename: str) -> IndexFile | None:
+        return next((f for f in self.files if f.filename == filename), None)
+
+
+def show(text: str, limit: int = 200) -> str:
+    """Text an index sent, safe for one line of a terminal: control characters escaped, length capped."""
+    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
+    return shown + ("…" if len(text) > limit else "")
+
+
+def _malformed(index: str, name: str, why: str) -> RemoteError:
+    return RemoteError(f"index {index} answered a malformed page for {name}: {why}")
+
+
+def _file_problem(index: str, filename: object, url: str) -> str | None:
+    """Why a listed file cannot be taken as it is, or None: a plain file name and a URL to fetch."""
+    if not isinstance(filename, str) or not filename or "/" in filename or not filename.isprintable():
+        return f"filename {show(repr(filename))} is not a plain file name"
+    if not url.isprintable():
+        return f"url {show(repr(url))} holds control characters"
+    scheme = urlsplit(url).scheme.lower()
+    if scheme in ("http", "https"):
+        return None
+    if scheme == "file" and urlsplit(index).scheme == "file":
+        root = os.path.normpath(url2pathname(urlsplit(index).path))
+        path = os.path.normpath(url2pathname(urlsplit(url).path))
+        if os.path.commonpath([root, path]) == root:
+            return None
+        return f"url {show(url)!r} is outside the file:// index"
+    return f"url {show(url)!r} is not an http(s) URL"
+
+
+def parse_json(index: str, name: str, body: bytes, base: str) -> ProjectPage:
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _malformed(index, name, f"not JSON ({show(str(exc), 120)})") from None
+    except RecursionError:
+        raise _malformed(index, name, "not JSON (nested too deeply)") from None
+    if not isinstance(data, dict) or not isinstance(data.get("files"), list):
+        raise _malformed(index, name, "no 'files' list (PEP 691)")
+    files = []
+    for i, item in enumerate(data["files"]):
+        if (
+            not isinstance(item, dict)
+            or not isinstance(item.get("filename"), str)
+            or not isinstance(item.get("url"), str)
+            or not isinstance(item.get("hashes", {}), dict)
+        ):
+            raise _malformed(index, name, f"files[{i}] lacks a filename, url or hashes mapping")
+        url = urljoin(base, item["url"])
+        if problem := _file_problem(index, item["filename"], url):
+            raise _malformed(index, name, f"files[{i}]: {problem}")
+        sha = item.get("hashes", {}).get("sha256")
+        if sha is not None and not (isinstance(sha, str) and _SHA256.fullmatch(sha)):
+            raise _malformed(index, name, f"files[{i}]: hashes.sha256 {show(repr(sha), 80)} is not 64 hex digits")
+        size = item.get("size")
+        if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 0):
+            raise _malformed(index, name, f"files[{i}]: size {show(repr(size), 80)} is not a byte count")
+        yanked = item.get("yanked", False)
+        if not isinstance(yanked, (bool, str)):
+            raise _malformed(index, name, f"files[{i}]: yanked {show(repr(yanked), 80)} is neither a bool nor a reason")
+        requires = item.get("requires-python")
+        files.append(
+            IndexFile(
+                filename=item["filename"],
+                url=url,
+                sha256=sha.lower() if sha else None,
+                yanked=bool(yanked) if not isinstance(yanked, str) else True,
+                yanked_reason=show(yanked) if isinstance(yanked, str) and yanked else None,
+                requires_python=requires if isinstance(requires, str) else None,
+                size=size,
+            )
+        )
+    return ProjectPage(index, name, tuple(files))
+
+
+class _Anchors(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.anchors: list[dict[str, str | None]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "a":
+            self.anchors.append(dict(attrs))
+
+
+def parse_html(index: str, name: str, body: str, base: str) -> ProjectPage:
+    parser = _Anchors()
+    try:
+        parser.feed(body)
+    except Exception as exc:  # html.parser is lenient; this is only for pathological input
+        raise _malformed(index, name, f"unreadable HTML ({show(str(exc), 120)})") from None
+    files = []
+    for i, anchor in enumerate(parser.anchors):
+        href = anchor.get("href")
+        if not href:
+            continue
+        url, fragment = urldefrag(urljoin(base, href))
+        filename = unquote(urlsplit(url).path.rsplit("/", 1)[-1])
+        if not filename:
+            continue  # a directory: the parent or a sort link of a served directory listing, not a file
+        if problem := _file_problem(index, filename, url):
+            raise _malformed(index, name, f"link {i}: {problem}")
+        algo, _, digest = fragment.partition("=")
+        if algo == "sha256" and not _SHA256.fullmatch(digest):
+            raise _malformed(index, name, f"link {i}: sha256 {show(repr(digest), 80)} is not 64 hex digits")
+        yanked = "data-yanked" in anchor
+        files.append(
+            IndexFile(
+                filename=filename,
+                url=url,
+                sha256=digest.lower() if algo == "sha256" else None,
+                yanked=yanked,
+                yanked_reason=(show(anchor.get("data-yanked") or "") or None) if yanked else None,
+                requires_python=anchor.get("data-requires-python"),
+            )
+        )
+    return ProjectPage(index, name, tuple(files))
