@@ -99,8 +99,7 @@ def test_implausible_counts_has_an_absolute_cap() -> None:
     [
         ("model.layers.5.mlp.gate.weight", (5, "mlp.gate.weight")),
         ("model.layers.123456789.x", (123456789, "x")),
-        ("model.layers.1234567890.x", None),  # no model has a billion layers; int() of 5,000 digits fails
-        ("model.layers." + "9" * 5000 + ".x", None),
+        ("model.layers." + "9" * 5000 + ".x", None),  # int() refuses more than 4300 digits
         ("model.layers.05.x", None),
     ],
 )

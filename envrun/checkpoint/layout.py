@@ -37,8 +37,6 @@ MTP_OPTIONAL = ("shared_head.head.weight", "embed_tokens.weight")
 
 # No leading zeros: "model.layers.05.x" is not layer 5 to any loader, so it must not count as one.
 _LAYER_PREFIX = "model.layers."
-# A layer index longer than this is no layer of any model (and int() refuses past 4300 digits).
-_MAX_INDEX_DIGITS = 9
 
 # A GLM-style config.json is a few KB; configs with large label maps reach a few hundred.
 MAX_CONFIG_BYTES = 4 * MiB
@@ -174,16 +172,12 @@ def split_layer_name(name: str) -> tuple[int, str] | None:
     if not name.startswith(_LAYER_PREFIX):
         return None
     index, dot, suffix = name[len(_LAYER_PREFIX) :].partition(".")
-    if (
-        not dot
-        or not suffix
-        or not index.isascii()
-        or not index.isdigit()
-        or (index[0] == "0" and len(index) > 1)
-        or len(index) > _MAX_INDEX_DIGITS
-    ):
+    if not dot or not suffix or not index.isascii() or not index.isdigit() or (index[0] == "0" and len(index) > 1):
         return None
-    return int(index), suffix
+    try:
+        return int(index), suffix
+    except ValueError:  # int() refuses more than 4300 digits; no layer of any model has them
+        return None
 
 
 def implausible_counts(layout: ModelLayout, held: int) -> str | None:

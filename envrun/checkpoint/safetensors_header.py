@@ -225,7 +225,6 @@ def _parse_entry(entry: object, sizes: dict[tuple[object, ...], int | str], data
         if (
             type(dtype) is str
             and type(shape) is list
-            and len(shape) <= MAX_DIMS
             and type(offsets) is list
             and len(offsets) == 2
             and set(map(type, shape)) <= {int}

@@ -110,14 +110,12 @@ class JSONLimitError(ValueError):
 def load_json(raw: bytes, *, max_depth: int = MAX_JSON_DEPTH, max_containers: int | None = None) -> object:
     """``json.loads`` of UTF-8 ``raw``, after checking that it nests at most ``max_depth`` levels and
     holds at most ``max_containers`` objects and arrays. Raises ValueError for any unreadable JSON."""
-    brackets = raw.count(b"[") + raw.count(b"{")  # C speed; an index has a handful, a config a few dozen
-    if brackets > max_depth or (max_containers is not None and brackets > max_containers):
-        skeleton = _skeleton(raw)
-        if _deeper_than(skeleton, max_depth):
-            raise JSONLimitError(f"JSON nested deeper than {max_depth} levels")
-        containers = skeleton.count(b"[")
-        if max_containers is not None and containers > max_containers:
-            raise JSONLimitError(f"{containers:,} JSON objects and arrays, more than the {max_containers:,} allowed")
+    skeleton = _skeleton(raw)  # ~1 ms per MB; a tenth of what json.loads costs
+    if _deeper_than(skeleton, max_depth):
+        raise JSONLimitError(f"JSON nested deeper than {max_depth} levels")
+    containers = skeleton.count(b"[")
+    if max_containers is not None and containers > max_containers:
+        raise JSONLimitError(f"{containers:,} JSON objects and arrays, more than the {max_containers:,} allowed")
     try:
         return json.loads(raw.decode("utf-8"))
     except RecursionError:  # only for malformed JSON the skeleton could not measure
