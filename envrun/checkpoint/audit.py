@@ -250,14 +250,19 @@ _MAX_SORTED_NUMBERS = 8
 _MAX_FOLDED_NUMBERS = 4
 _MAX_FOLDED_PARTS = 32
 _MAX_SHOWN_NAME = 300
+_MAX_INT_DIGITS = 4000
+_HUGE_NUMBER = 10**_MAX_INT_DIGITS
 
 
 def _natural_key(name: str) -> tuple[Any, ...]:
     # split() with a group alternates text and number, so position i has the same type in every key.
-    # A number compares by its significant digits' count, then the digits: numeric order without
-    # int(), which refuses numbers of more than 4300 digits; the digits as written break ties ("05").
-    parts = _DIGITS.split(name, maxsplit=_MAX_SORTED_NUMBERS)
-    return tuple((len(part.lstrip("0")), part.lstrip("0"), part) if i % 2 else part for i, part in enumerate(parts))
+    # int() refuses more than 4300 digits: longer numbers (no layer has them) sort after all others,
+    # by length; the name itself breaks every tie, "05" against "5" included, so the order is total.
+    parts: list[Any] = _DIGITS.split(name, maxsplit=_MAX_SORTED_NUMBERS)
+    for i in range(1, len(parts), 2):
+        digits = len(parts[i])
+        parts[i] = int(parts[i]) if digits < _MAX_INT_DIGITS else _HUGE_NUMBER + digits
+    return tuple(parts), name
 
 
 def natural_sorted(names: Iterable[str]) -> tuple[str, ...]:
