@@ -112,10 +112,9 @@ def audit_checkpoint(model_dir: Path) -> AuditReport:
         held[SINGLE_FILE] = frozenset(header.tensors)
         bytes_read += header.bytes_read
     elif index_path is not None:
-        weight_map, index_bytes = _read_index(index_path)
+        weight_map, placed, index_bytes = _read_index(index_path)
         bytes_read += index_bytes
         _check_counts(layout, config_path, len(weight_map), index_path)
-        placed = Counter(weight_map.values())
         shard_names = sorted(placed)
         for shard in shard_names:
             path = _locate(model_dir, shard, _header_error)
@@ -188,8 +187,8 @@ def _check_counts(layout: ModelLayout, config_path: Path, held: int, source: Pat
         raise ModelConfigError(f"{config_path}: {problem}; {source} holds {held:,} tensors")
 
 
-def _read_index(path: Path) -> tuple[dict[str, str], int]:
-    """weight_map of the index at ``path``, and the bytes read."""
+def _read_index(path: Path) -> tuple[dict[str, str], Counter[str], int]:
+    """weight_map of the index at ``path``, how many tensors it places in each file, the bytes read."""
 
     def fail(message: str) -> InputError:
         return _index_error(path, message)
@@ -204,17 +203,17 @@ def _read_index(path: Path) -> tuple[dict[str, str], int]:
     weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
         raise fail("weight_map must be a non-empty object of tensor name -> shard file")
-    not_names = sorted(name for name, shard in weight_map.items() if not isinstance(shard, str))
-    if not_names:
-        raise fail(f"weight_map[{brief(not_names[0])}] is {brief(weight_map[not_names[0]])}, not a shard file name")
-    shards = set(weight_map.values())
+    if set(map(type, weight_map.values())) != {str}:
+        name = min(name for name, shard in weight_map.items() if type(shard) is not str)
+        raise fail(f"weight_map[{brief(name)}] is {brief(weight_map[name])}, not a shard file name")
+    shards = Counter(weight_map.values())
     bad = sorted(shard for shard in shards if not _is_shard_file_name(shard))
     if bad:
         # A path with a separator could point the audit (and a loader) outside the model directory.
         raise fail(f"weight_map names {brief(bad[0])}, not a .safetensors file name in this directory")
     if len(shards) > MAX_SHARD_FILES:
         raise fail(f"weight_map names {len(shards):,} shard files, more than the {MAX_SHARD_FILES:,} an audit reads")
-    return weight_map, len(raw)
+    return weight_map, shards, len(raw)
 
 
 def _is_shard_file_name(name: str) -> bool:
