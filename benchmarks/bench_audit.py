@@ -11,7 +11,12 @@ evicted from the page cache with posix_fadvise) and warm, and what they read is 
 - read_bytes: bytes this process caused to be fetched from storage (/proc/self/io); holes cost none.
 - cached: bytes of the shards resident in the page cache afterwards (mincore), i.e. pages touched.
 
-Run: .venv/bin/python benchmarks/bench_audit.py [--realistic-sizes] [--repeat 5]
+With ``--hostile``, the refusal of hostile variants of that checkpoint is timed as well (a FIFO, a link
+to /dev/zero, sparse files of gigabytes, a config declaring a billion layers, JSON nested 100,000 deep,
+objects by the million, a shape of 100,000 dimensions, an index naming 300,000 shards): each must end
+in one InputError naming the file, in well under a second, which tests must not assert on time.
+
+Run: .venv/bin/python benchmarks/bench_audit.py [--realistic-sizes] [--repeat 5] [--hostile]
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import json
 import math
 import mmap
 import os
+import shutil
 import statistics
 import struct
 import sys
@@ -36,8 +42,9 @@ sys.path.insert(0, str(ROOT))
 
 from safetensors import safe_open  # noqa: E402
 
+from envbuild.errors import InputError  # noqa: E402
 from envrun.checkpoint import audit_checkpoint, read_safetensors_header  # noqa: E402
-from tests.lib.ckptgen import CheckpointSpec, write_checkpoint  # noqa: E402
+from tests.lib.ckptgen import CheckpointSpec, write_checkpoint, write_raw_safetensors  # noqa: E402
 
 # Approximate GLM-5 dimensions, only to give shards realistic sizes; nothing reads the values.
 H, MOE_FF, DENSE_FF, VOCAB, Q_LORA, KV_LORA = 6144, 2048, 12288, 154880, 2048, 512
@@ -169,6 +176,83 @@ def human(n: float) -> str:
     return str(n)
 
 
+# --- hostile variants ---------------------------------------------------------------------------
+
+INDEX = "model.safetensors.index.json"
+
+
+def _prepend(path: Path, text: str) -> None:
+    """Insert ``text`` as the first member of the JSON object in ``path``."""
+    path.write_text(path.read_text().replace("{", "{" + text, 1))
+
+
+def _add_to_weight_map(path: Path, entries: dict[str, str]) -> None:
+    index = json.loads(path.read_text())
+    index["weight_map"].update(entries)
+    path.write_text(json.dumps(index))
+
+
+def _replace(path: Path) -> Path:
+    path.unlink()
+    return path
+
+
+def _single_file(d: Path, header: bytes) -> None:
+    """Replace the shards and index of ``d`` by a single model.safetensors with ``header``."""
+    for path in [*d.glob("*.safetensors"), d / INDEX]:
+        path.unlink()
+    write_raw_safetensors(d / "model.safetensors", header, b"\0" * 8)
+
+
+NESTED = "[" * 100_000 + "]" * 100_000
+HOSTILE: dict[str, Callable[[Path], object]] = {
+    "config.json is a FIFO": lambda d: os.mkfifo(_replace(d / "config.json")),
+    "the index links to /dev/zero": lambda d: _replace(d / INDEX).symlink_to("/dev/zero"),
+    "config.json is a sparse 3 GB file": lambda d: os.truncate(d / "config.json", 3 << 30),
+    "the index is a sparse 3 GB file": lambda d: os.truncate(d / INDEX, 3 << 30),
+    "config.json (~70 bytes) declares 10^9 layers x 10^6 experts": lambda d: (d / "config.json").write_text(
+        '{"num_hidden_layers": 1000000000, "n_routed_experts": 1000000}'
+    ),
+    "config.json nested 100,000 deep": lambda d: _prepend(d / "config.json", f'"deep": {NESTED},'),
+    "the index nested 100,000 deep": lambda d: _prepend(d / INDEX, f'"deep": {NESTED},'),
+    "the index holds 20M empty arrays (60 MB)": lambda d: _prepend(d / INDEX, '"pad": [%s[]],' % ("[]," * 20_000_000)),
+    "the index names 300,000 shard files": lambda d: _add_to_weight_map(
+        d / INDEX, {f"model.layers.9.t{k}": f"s{k}.safetensors" for k in range(300_000)}
+    ),
+    "a shard's header length is 99 MB (sparse 3 GB file)": lambda d: os.truncate(
+        write_raw_safetensors(_replace(d / "model-00050-of-00100.safetensors"), b"", length=99_000_000), 3 << 30
+    ),
+    "model.safetensors: a shape of 100,000 dimensions of 2^63": lambda d: _single_file(
+        d, b'{"a": {"dtype": "F32", "shape": [%s], "data_offsets": [0, 8]}}' % b",".join([b"%d" % 2**63] * 100_000)
+    ),
+    "model.safetensors: a header nested 100,000 deep": lambda d: _single_file(
+        d, b'{"a": {"dtype": "F32", "shape": %s, "data_offsets": [0, 8]}}' % NESTED.encode()
+    ),
+    "model.safetensors: a header of 20M empty arrays (60 MB)": lambda d: _single_file(
+        d, b'{"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8], "pad": [%s[]]}}' % (b"[]," * 20_000_000)
+    ),
+}
+
+
+def time_refusals(model_dir: Path, work: Path) -> None:
+    """Audit a hostile variant of ``model_dir`` per case; print the time to the refusal and its line."""
+    print("\nhostile variants of this checkpoint: time to refuse (best of 3), and the refusal")
+    for title, make in HOSTILE.items():
+        case = work / "case"
+        shutil.copytree(model_dir, case, symlinks=True)
+        make(case)
+        times, message = [], "NOT REFUSED"
+        for _ in range(3):
+            start = time.perf_counter()
+            try:
+                audit_checkpoint(case)
+            except InputError as exc:
+                message = str(exc).replace(str(case), "DIR")
+            times.append(time.perf_counter() - start)
+        print(f"  {min(times) * 1000:7.1f} ms  {title}\n             {message[:150]}")
+        shutil.rmtree(case)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layers", type=int, default=78)
@@ -178,10 +262,11 @@ def main() -> int:
     parser.add_argument("--shards", type=int, default=100)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--realistic-sizes", action="store_true", help="sparse shards of GLM-5's real size")
+    parser.add_argument("--hostile", action="store_true", help="also time the refusal of hostile variants")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="bench_audit_") as tmp:
-        model_dir = Path(tmp)
+        model_dir = Path(tmp) / "model"
         spec = CheckpointSpec(
             layers=args.layers,
             mtp_layers=args.mtp,
@@ -244,6 +329,8 @@ def main() -> int:
                 )
             print(f"  {state:4}  audit / safe_open: {', '.join(ratios)}")
         print(f"\naudit's own count of bytes read (config + index + headers): {human(report.bytes_read)}")
+        if args.hostile:
+            time_refusals(model_dir, Path(tmp))
     return 0
 
 

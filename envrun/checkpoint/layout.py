@@ -6,17 +6,23 @@ layer holds (attention variants, indexers, quantisation scales) differs between 
 releases, so it is learned from the checkpoint itself: a suffix that at least half the layers of a
 kind carry is expected in every layer of that kind. One layer that lost a tensor is then missing it,
 and one layer with a stray tensor has an unexpected one, without a table per model.
+
+config.json is hostile input like the rest of a checkpoint: it is read through
+:mod:`envrun.checkpoint.untrusted`, and what it declares is checked against what the checkpoint holds
+(:func:`implausible_counts`) before a single expected name is generated, so that a 100-byte file
+declaring a billion layers is refused instead of filling memory with names.
 """
 
 from __future__ import annotations
 
-import json
+import os
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from envbuild.errors import InputError
+from envrun.checkpoint.untrusted import JSONLimitError, MiB, brief, load_json, read_limited
 
 EMBED = "model.embed_tokens.weight"
 FINAL_NORM = "model.norm.weight"
@@ -31,6 +37,18 @@ MTP_OPTIONAL = ("shared_head.head.weight", "embed_tokens.weight")
 
 # No leading zeros: "model.layers.05.x" is not layer 5 to any loader, so it must not count as one.
 _LAYER_PREFIX = "model.layers."
+
+# A GLM-style config.json is a few KB; configs with large label maps reach a few hundred.
+MAX_CONFIG_BYTES = 4 * MiB
+# Objects and arrays in it: a GLM-style config has a handful, one with per-layer block settings a few hundred.
+MAX_CONFIG_CONTAINERS = 10_000
+# What config.json declares must be plausible against the tensors the checkpoint holds: an audit
+# builds every expected name, so it must not expect vastly more than it was given. A factor, not
+# equality, so that a checkpoint that really lost tensors is still reported as "not ok" (exit 1);
+# an absolute cap, because an index of 64 MiB holds about a million names.
+PLAUSIBLE_FACTOR = 4
+PLAUSIBLE_SLACK = 1024
+MAX_EXPECTED_TENSORS = 2_000_000
 
 
 class ModelConfigError(InputError):
@@ -59,6 +77,24 @@ class ModelLayout:
         # DeepSeek's rule (modeling_deepseek): MoE from first_k_dense_replace on, every moe_layer_freq-th.
         return self.n_routed_experts > 0 and layer >= self.first_k_dense_replace and layer % self.moe_layer_freq == 0
 
+    def moe_layers_between(self, start: int, stop: int) -> int:
+        """How many of the layers ``start..stop-1`` are MoE layers, without counting them one by one."""
+        first = max(start, self.first_k_dense_replace)
+        if self.n_routed_experts == 0 or first >= stop:
+            return 0
+        freq = self.moe_layer_freq  # multiples of freq in [first, stop)
+        return (stop - 1) // freq - (first - 1) // freq
+
+    def min_tensor_count(self) -> int:
+        """How many names :func:`derive_expectation` requires at the least: the essentials of every
+        layer, MTP layers included. Arithmetic only, so any declared count costs nothing to check."""
+        n, m = self.num_hidden_layers, self.num_mtp_layers
+        dense = len(LAYER_NORMS) + 1 + len(PROJ)
+        moe = len(LAYER_NORMS) + 1 + 1 + len(PROJ) * self.n_routed_experts + (len(PROJ) if self.n_shared_experts else 0)
+        moe_layers = self.moe_layers_between(0, n + m)
+        top = 2 + (0 if self.tie_word_embeddings else 1)  # embedding, final norm, lm_head
+        return top + (n + m - moe_layers) * dense + moe_layers * moe + m * len(MTP_REQUIRED)
+
     def essential_suffixes(self, layer: int) -> frozenset[str]:
         """Tensors a decoder layer cannot do without, whatever the model family."""
         names = set(LAYER_NORMS) | {"self_attn.o_proj.weight"}
@@ -74,12 +110,19 @@ class ModelLayout:
 
 def load_layout(config_path: Path) -> ModelLayout:
     """Read the layer plan from ``config_path``; every problem is reported at once, naming the file."""
+
+    def fail(message: str) -> ModelConfigError:
+        return ModelConfigError(f"{config_path}: {message}")
+
+    if not os.path.lexists(config_path):
+        raise fail("not found; a Hugging Face model directory needs config.json")
+    raw = read_limited(config_path, MAX_CONFIG_BYTES, "a config.json", fail)
     try:
-        doc = json.loads(config_path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ModelConfigError(f"{config_path}: not found; a Hugging Face model directory needs config.json") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ModelConfigError(f"{config_path}: not readable JSON ({exc})") from exc
+        doc = load_json(raw, max_containers=MAX_CONFIG_CONTAINERS)
+    except JSONLimitError as exc:
+        raise fail(str(exc)) from None
+    except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise fail(f"not readable JSON ({exc})") from None
     if not isinstance(doc, dict):
         raise ModelConfigError(f"{config_path}: a JSON {type(doc).__name__}, expected an object")
 
@@ -90,7 +133,7 @@ def load_layout(config_path: Path) -> ModelLayout:
             if k in doc and doc[k] is not None:
                 value = doc[k]
                 if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                    problems.append(f"{k}: {value!r} is not an integer >= {minimum}")
+                    problems.append(f"{k}: {brief(value)} is not an integer >= {minimum}")
                     return minimum
                 return value
         if default is None:
@@ -117,7 +160,7 @@ def load_layout(config_path: Path) -> ModelLayout:
 def _flag(doc: dict[str, object], key: str, problems: list[str]) -> bool:
     value = doc.get(key, False)
     if not isinstance(value, bool):
-        problems.append(f"{key}: {value!r} is not true or false")
+        problems.append(f"{key}: {brief(value)} is not true or false")
         return False
     return value
 
@@ -131,7 +174,30 @@ def split_layer_name(name: str) -> tuple[int, str] | None:
     index, dot, suffix = name[len(_LAYER_PREFIX) :].partition(".")
     if not dot or not suffix or not index.isascii() or not index.isdigit() or (index[0] == "0" and len(index) > 1):
         return None
-    return int(index), suffix
+    try:
+        return int(index), suffix
+    except ValueError:  # int() refuses more than 4300 digits; no layer of any model has them
+        return None
+
+
+def implausible_counts(layout: ModelLayout, held: int) -> str | None:
+    """What is implausible in ``layout`` for a checkpoint holding ``held`` tensors, or None."""
+    need = layout.min_tensor_count()
+    if need <= min(PLAUSIBLE_FACTOR * held + PLAUSIBLE_SLACK, MAX_EXPECTED_TENSORS):
+        return None
+    n, m = layout.num_hidden_layers, layout.num_mtp_layers
+    moe = layout.moe_layers_between(0, n + m)
+    declared = f"declares {_number(n)} layers + {_number(m)} MTP layers"
+    if moe:
+        declared += f" ({_number(moe)} MoE with {_number(layout.n_routed_experts)} routed experts each)"
+    if need > MAX_EXPECTED_TENSORS and PLAUSIBLE_FACTOR * held + PLAUSIBLE_SLACK >= need:
+        return f"{declared}, at least {_number(need)} tensors, more than the {MAX_EXPECTED_TENSORS:,} an audit expects"
+    return f"{declared}, at least {_number(need)} tensors"
+
+
+def _number(n: int) -> str:
+    # A JSON integer may have thousands of digits, and str() refuses past 4300: say its size instead.
+    return f"{n:,}" if n < 10**18 else f"about 10^{int(n.bit_length() * 0.30103)}"
 
 
 @dataclass(frozen=True)

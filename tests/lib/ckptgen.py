@@ -6,11 +6,19 @@ noaux_tc router with its score-correction bias, MLA attention with the DSA index
 Shapes are tiny: the audit reads names and header fields, never values, so only counts matter.
 
 Used by the tests and by benchmarks/bench_audit.py (GLM-5 size: 78 layers, 1 MTP, 256 experts).
+Hostile checkpoints are built from a valid one by the tests themselves; :func:`write_raw_safetensors`
+writes a header byte for byte, and :func:`run_audit_guarded` runs the CLI where a hang or a runaway
+allocation fails the test instead of the suite.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import resource
+import struct
+import subprocess
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,3 +157,45 @@ def write_checkpoint(
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
         (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
     return layout
+
+
+def write_raw_safetensors(path: Path, header: object, data: bytes = b"", *, length: int | None = None) -> Path:
+    """A .safetensors file with ``header`` as given (JSON-encoded unless bytes) and ``length`` as its
+    length field (default: the header's real length), so malformed and hostile headers can be written."""
+    raw = header if isinstance(header, bytes) else json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw) if length is None else length) + raw + data)
+    return path
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class AuditRun:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_audit_guarded(model_dir: Path, *args: str, timeout: float = 10, address_space: int = 1 << 30) -> AuditRun:
+    """``envrun checkpoint audit MODEL_DIR *args`` in a child process limited to ``timeout`` seconds and
+    ``address_space`` bytes: a regression to a hang or to building names until memory runs out then
+    fails the one test (a timeout, or a MemoryError that is not exit status 2) instead of the suite.
+    A guard, not a timing assertion: a healthy audit of these inputs takes well under a second."""
+
+    def limit_memory() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "envrun.cli", "checkpoint", "audit", str(model_dir), *args],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            capture_output=True,
+            timeout=timeout,
+            preexec_fn=limit_memory,
+        )
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"envrun checkpoint audit {model_dir} did not finish within {timeout} s") from None
+    out, err = (b.decode("utf-8", "backslashreplace") for b in (proc.stdout, proc.stderr))
+    return AuditRun(proc.returncode, out, err)
