@@ -34,7 +34,7 @@ def launcher_for(plan: RunPlan) -> Launcher:
     if plan.backend == "ray":
         from envrun.launch.ray_backend import RayLauncher
 
-        return RayLauncher(plan.ray_address or "")
+        return RayLauncher(plan.ray_address or "")  # build_plan gives every Ray plan an address
     from envrun.launch.docker_backend import DockerLauncher
 
     return DockerLauncher()

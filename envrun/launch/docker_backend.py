@@ -73,18 +73,18 @@ class DockerLauncher:
         self.network_mode, self.workdir = network_mode, workdir
 
     def launch(self, plan: RunPlan, log: LogSink) -> LaunchResult:
-        if not plan.image:
-            raise InputError("--backend docker needs --image REF")
+        image = plan.image or ""  # build_plan gives every docker plan an image
         with Engine.connect() as engine:
-            if engine.inspect(plan.image) is None:
-                raise InputError(f"image {plan.image} not found in the local engine")
+            if engine.inspect(image) is None:
+                raise InputError(f"image {image} not found in the local engine")
             volumes = ascend_mounts()
-            for path in {plan.model, *plan.data_files} - {None}:
-                # Same path inside and out, so the trainer's overrides mean the same files.
-                host = str(Path(path).resolve())  # type: ignore[arg-type]
-                volumes.setdefault(host, {"bind": host, "mode": "ro"})
+            for path in (plan.model, *plan.data_files):
+                if path is not None:
+                    # Same path inside and out, so the trainer's overrides mean the same files.
+                    host = str(path.resolve())
+                    volumes.setdefault(host, {"bind": host, "mode": "ro"})
             spec = JobSpec(
-                image=plan.image,
+                image=image,
                 command=tuple(plan.argv),
                 env=dict(plan.env),
                 devices=tuple(ascend_devices()),
