@@ -60,6 +60,9 @@ def _add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=BACKENDS, default="local", help="where the job runs (default local)")
     p.add_argument("--ray-address", metavar="URL", help="Ray dashboard address for --backend ray")
     p.add_argument(
+        "--cluster", metavar="NAME", help="for --backend ray: the cluster `envrun cluster up` started (its job API)"
+    )
+    p.add_argument(
         "--run-dir", type=Path, metavar="DIR", help="run record directory (default runs/<recipe>-<UTC time>)"
     )
     p.add_argument(
@@ -122,6 +125,7 @@ def run_recipe_command(args: argparse.Namespace) -> int:
         offline=args.offline,
         dry_run=args.dry_run,
         skip_checks=tuple(args.skip_check),
+        cluster=args.cluster,
     )
     progress = Progress("envrun", getattr(args, "quiet", False))
     prepared = prepare_run(request, progress)

@@ -1,7 +1,10 @@
 """Launching a prepared run and recording it: run directory, the launcher's verdict, the export audit.
 
 Order: a failed preflight refuses the run before anything exists; then the run directory is created
-and the plan recorded, the backend's launcher runs the job to its end (streaming into ``output.log``),
+and the plan recorded; the launcher asks where the job will run whether it may (each node of a Ray
+cluster says which lock it runs: its answers join ``preflight.json``, and a node on another lock
+refuses the job, recorded as ``refused``, exit 1, nothing submitted); the launcher runs the job to its
+end (streaming into ``output.log``),
 and, when the job succeeded under a lenient checkpoint setting, every Hugging Face export it wrote is
 audited. ``status.json`` is written last, whatever happened, so a record always says how the run ended.
 """
@@ -12,9 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from envbuild.errors import EnvbuildError
 from envrun.exports import ExportSpec, audit_exports
 from envrun.launch import LaunchResult, launcher_for
-from envrun.plan import RunPlan
+from envrun.plan import PreflightLine, RunPlan
+from envrun.preflight import TARGET_CHECK, failed
 from envrun.prepare import PreparedRun
 from envrun.rundir import RunDir, Status, default_run_dir
 
@@ -44,16 +49,33 @@ class RunOutcome:
         return {"status": self.status, "exit_code": self.exit_code, "run_dir": str(self.run_dir)}
 
 
+class TargetRefused(EnvbuildError):
+    """Where the job would run may not run it (a node on another lock); nothing was started (exit 1)."""
+
+
 def execute_run(prepared: PreparedRun, run_dir: Path | None = None, progress: Progress = lambda m: None) -> RunOutcome:
     """Launch ``prepared`` and record it under ``run_dir`` (default ``runs/<recipe>-<UTC time>``)."""
     prepared.refuse_if_failed()
     plan = prepared.plan
     launcher = launcher_for(plan)
     record = RunDir(run_dir or default_run_dir(plan.recipe))
-    record.record_plan(plan, image_digest=_image_digest(plan))
+    digest = _image_digest(plan)
+    record.record_plan(plan, image_digest=digest)
     progress(f"run directory {record.path}")
     try:
+        if TARGET_CHECK in prepared.skip_checks:
+            target: tuple[PreflightLine, ...] = (PreflightLine(TARGET_CHECK, "skip", "skipped by --skip-check"),)
+        else:
+            target = launcher.check_target(plan, progress)
+        if target:
+            plan = plan.with_preflight(plan.preflight + target)
+            record.record_plan(plan, image_digest=digest)
+        if refused := failed(target):
+            raise TargetRefused("refused, nothing submitted: " + "; ".join(line.detail for line in refused))
         result = launcher.launch(plan, record.log)
+    except TargetRefused as exc:
+        record.finish("refused", None, detail=str(exc))
+        raise
     except BaseException as exc:
         record.finish("error", None, detail=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         raise

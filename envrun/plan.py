@@ -7,7 +7,7 @@ import re
 import shlex
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 from envbuild.errors import InputError
 from envbuild.lock.model import ENV_NAME
@@ -30,9 +30,13 @@ class PreflightLine:
     name: str
     status: PreflightStatus
     detail: str
+    facts: Mapping[str, Any] | None = None  # what the check was told (a node's own answer), for the record
 
-    def to_json(self) -> dict[str, str]:
-        return {"name": self.name, "status": self.status, "detail": self.detail}
+    def to_json(self) -> dict[str, Any]:
+        document: dict[str, Any] = {"name": self.name, "status": self.status, "detail": self.detail}
+        if self.facts is not None:
+            document["facts"] = dict(self.facts)
+        return document
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,9 @@ from envbuild.errors import EnvbuildError, InputError
 from envbuild.image.plan import LOCK_LABEL
 from envrun.plan import PreflightLine, RunPlan
 
-CHECKS = ("image-lock-label", "npus", "model", "data")
+# The last is not run here: it asks where the job runs (a Ray cluster's nodes), when it is launched.
+TARGET_CHECK = "ray-node"
+CHECKS = ("image-lock-label", "npus", "model", "data", TARGET_CHECK)
 PARQUET_MAGIC = b"PAR1"
 
 ImageLabels = Callable[[str], "dict[str, str]"]  # image ref -> labels; raises EnvbuildError if absent

@@ -8,7 +8,7 @@ nothing is written; :func:`envrun.execute.execute_run` launches what this return
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -36,6 +36,7 @@ class RunRequest:
     offline: bool = False
     dry_run: bool = False
     skip_checks: tuple[str, ...] = ()
+    cluster: str | None = None  # a cluster `envrun cluster up` started: its job API is the Ray address
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class PreparedRun:
     recipe: Recipe
     lock: LockFile
     plan: RunPlan
+    skip_checks: tuple[str, ...] = ()  # the user's --skip-check, for the checks made at launch
 
     @property
     def failed_checks(self) -> list[PreflightLine]:
@@ -77,6 +79,22 @@ def resolve_lock(recipe: Recipe, given: Path | None) -> Path:
     raise InputError(f"{recipe.lock}: the recipe's lock is not here or in {CHECKOUT}; pass --lock PATH")
 
 
+def _cache_dir(request: RunRequest) -> Path:
+    return request.cache_dir or load_config(None).cache_dir
+
+
+def _on_cluster(params: RunParameters, name: str, cache_dir: Path) -> RunParameters:
+    """``params`` aimed at the job API of the cluster ``name`` (from its state file)."""
+    from envrun.cluster.state import require_state
+
+    if params.backend != "ray" or params.ray_address:
+        raise InputError("--cluster NAME: use it with --backend ray and without --ray-address")
+    state = require_state(cache_dir, name)
+    if state.phase != "up" or not state.address:
+        raise InputError(f"cluster {name} is still starting, or its start failed: see `envrun cluster status {name}`")
+    return replace(params, ray_address=state.address)
+
+
 def prepare_run(request: RunRequest, progress: Progress = lambda message: None) -> PreparedRun:
     """Read, plan, validate and preflight ``request``; raise the project's errors on bad input.
 
@@ -84,7 +102,10 @@ def prepare_run(request: RunRequest, progress: Progress = lambda message: None) 
     :meth:`PreparedRun.refuse_if_failed`."""
     recipe = load_recipe(recipe_path(request.recipe))
     lock = read_lock(resolve_lock(recipe, request.lock))
-    plan = build_plan(recipe, request.params, str(lock.path), lock.sha256)
+    params = request.params
+    if request.cluster is not None:
+        params = _on_cluster(params, request.cluster, _cache_dir(request))
+    plan = build_plan(recipe, params, str(lock.path), lock.sha256)
 
     from envrun.overrides import validate_overrides  # Hydra costs a second to import
 
@@ -93,8 +114,7 @@ def prepare_run(request: RunRequest, progress: Progress = lambda message: None) 
         from envrun.verlconfig import verl_config_dir, verl_wheel_from_lock
 
         wheel = verl_wheel_from_lock(lock.lock, str(lock.path), recipe.verl_package)
-        cache_dir = request.cache_dir or load_config(None).cache_dir
-        config_dir = verl_config_dir(wheel, cache_dir, offline=request.offline, progress=progress)
+        config_dir = verl_config_dir(wheel, _cache_dir(request), offline=request.offline, progress=progress)
     progress(f"validating {len(plan.overrides)} overrides against {config_dir}")
     validate_overrides(plan.overrides, config_dir, recipe.config_name)
 
@@ -104,4 +124,4 @@ def prepare_run(request: RunRequest, progress: Progress = lambda message: None) 
 
         env = PreflightEnv(image_labels=image_labels)
     lines = run_preflight(plan, env, dry_run=request.dry_run, skip=request.skip_checks)
-    return PreparedRun(recipe, lock, plan.with_preflight(lines))
+    return PreparedRun(recipe, lock, plan.with_preflight(lines), request.skip_checks)

@@ -11,11 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-import yaml
-
 from envbuild.errors import LockfileError, Problem
 from envbuild.lock.model import ENV_NAME, SAFE_NAME, check_env
-from envbuild.lock.typed import Decoder, meta, mfield
+from envbuild.lock.typed import meta, mfield
+from envrun.typedyaml import decode_yaml
 
 RECIPE_VERSION = 1
 RECIPES_DIR = Path(__file__).parent / "recipes"
@@ -125,23 +124,14 @@ def load_recipe(path: Path) -> Recipe:
 
 
 def parse_recipe(text: str, file: str = "<recipe>") -> Recipe:
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        reason = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise RecipeError([Problem(file, mark.line + 1 if mark else 0, "", f"not valid YAML: {reason}")]) from None
-    if root is None:
-        raise RecipeError(
-            [Problem(file, 0, "", "empty file; a recipe needs recipe, name, entry_point, config_name, override_groups")]
-        )
-    decoder = Decoder(file)
-    recipe = decoder.decode(Recipe, root, "")
-    if recipe is not None:
-        decoder.problems.extend(_cross_checks(recipe, file))
-    if decoder.problems or recipe is None:
-        raise RecipeError(decoder.problems)
-    return recipe
+    return decode_yaml(
+        text,
+        file,
+        Recipe,
+        RecipeError,
+        empty="a recipe needs recipe, name, entry_point, config_name, override_groups",
+        checks=lambda recipe, root: _cross_checks(recipe, file),
+    )
 
 
 def _cross_checks(recipe: Recipe, file: str) -> list[Problem]:

@@ -14,12 +14,13 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from envrun.execute import execute_run
+from envrun.execute import TargetRefused, execute_run
 from envrun.prepare import PreparedRun, prepare_run
 from envrun.rundir import read_status
 from tests.lib.tinyrun import Tiny
@@ -125,10 +126,14 @@ def _wait_for_job_api(address: str, head: subprocess.Popen[bytes], log: Path) ->
             time.sleep(1)
 
 
-def ray_run(tiny: Tiny, address: str, **env: str) -> PreparedRun:
-    """A Ray run of the fake trainer, which expects exactly its plan; ``env`` goes to the job only."""
+def ray_run(tiny: Tiny, address: str, *, check_nodes: bool = False, **env: str) -> PreparedRun:
+    """A Ray run of the fake trainer, which expects exactly its plan; ``env`` goes to the job only. This
+    head runs this machine's Python, not an envbuild image: the per-node lock check is skipped unless asked."""
     extra_env = {"FAKE_TRAINER_EXPECT": str(tiny.expect_file), **env}
-    prepared = prepare_run(tiny.request(backend="ray", ray_address=address, extra_env=extra_env))
+    request = tiny.request(backend="ray", ray_address=address, extra_env=extra_env)
+    if not check_nodes:
+        request = replace(request, skip_checks=(*request.skip_checks, "ray-node"))
+    prepared = prepare_run(request)
     tiny.expect(prepared.plan)
     return prepared
 
@@ -143,6 +148,31 @@ def test_job_runs_on_ray_and_streams_logs(ray_head: str, tiny: Tiny, capsys: pyt
     log = (outcome.run_dir / "output.log").read_text()
     assert "submitted Ray job envrun-tiny-" in log and "fake trainer: ok" in log
     assert read_status(outcome.run_dir)["status"] == "succeeded"
+
+
+def test_nodes_that_cannot_be_checked_refuse_the_job(ray_head: str, tiny: Tiny) -> None:
+    """This head is no envbuild image: its `python3` has no Ray, so the check cannot run there. Unverified
+    is refused (a real image's answers are tested in test_cluster_ray.py)."""
+    from ray.job_submission import JobSubmissionClient
+
+    before = {job.submission_id for job in JobSubmissionClient(ray_head).list_jobs()}
+    with pytest.raises(TargetRefused) as info:
+        execute_run(ray_run(tiny, ray_head, check_nodes=True), tiny.tmp / "run")
+    assert info.value.exit_code == 1
+    assert "nothing submitted: the nodes could not be asked which lock they run" in str(info.value)
+    status = read_status(tiny.tmp / "run")
+    assert status["status"] == "refused" and "could not be asked" in status["detail"]
+    (line,) = [c for c in json.loads((tiny.tmp / "run" / "preflight.json").read_text()) if c["name"] == "ray-node"]
+    assert line["status"] == "fail"
+    new = {job.submission_id for job in JobSubmissionClient(ray_head).list_jobs()} - before
+    assert len(new) == 1 and new.pop().startswith("envrun-nodecheck-")  # only the check was submitted
+
+
+def test_a_skipped_node_check_is_recorded(ray_head: str, tiny: Tiny) -> None:
+    outcome = execute_run(ray_run(tiny, ray_head), tiny.tmp / "run")
+    assert outcome.status == "succeeded"
+    recorded = json.loads((outcome.run_dir / "preflight.json").read_text())
+    assert {"name": "ray-node", "status": "skip", "detail": "skipped by --skip-check"} in recorded
 
 
 def test_failed_ray_job_is_recorded(ray_head: str, tiny: Tiny) -> None:
@@ -160,7 +190,7 @@ def test_ctrl_c_stops_the_ray_job_and_records_interrupted(ray_head: str, tiny: T
     from tests.lib.tinyrun import REPO
 
     ray_run(tiny, ray_head, FAKE_TRAINER_SLEEP="300")
-    extra = ["--backend", "ray", "--ray-address", ray_head]
+    extra = ["--backend", "ray", "--ray-address", ray_head, "--skip-check", "ray-node"]
     extra += ["--env", f"FAKE_TRAINER_EXPECT={tiny.expect_file}", "--env", "FAKE_TRAINER_SLEEP=300"]
     run_dir = tiny.tmp / "run"
     cli = subprocess.Popen(

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-from envrun.plan import RunPlan
+from envrun.plan import PreflightLine, RunPlan
 
 LogSink = Callable[[str], None]
 
@@ -22,6 +22,10 @@ class LaunchResult:
 
 
 class Launcher(Protocol):
+    def check_target(self, plan: RunPlan, progress: LogSink) -> tuple[PreflightLine, ...]:
+        """Ask where the job will run whether it may (a cluster's nodes: which lock each runs); the lines
+        join the run's preflight record, and a failed one refuses the job before it starts."""
+
     def launch(self, plan: RunPlan, log: LogSink) -> LaunchResult:
         """Run the job to its end; on KeyboardInterrupt stop it and return ``interrupted=True``."""
 

@@ -8,8 +8,8 @@ that needs two hosts (a multi-node cluster on one machine), starts its own engin
 - has its own unix socket, ``--exec-root`` (where its containerd keeps state), ``--pidfile`` and
   ``--data-root``, all under one directory the caller owns, and an empty config file, so nothing
   under ``/etc/docker`` leaks in;
-- is stopped by its PID (TERM, then KILL), with its containerd, and its data removed with
-  :meth:`ExtraEngine.stop`.
+- is stopped by its PID (TERM, then KILL), with its containerd, what it left mounted under its root
+  unmounted, and its data removed with :meth:`ExtraEngine.stop`.
 
 Unix socket paths are limited to 108 bytes, so the socket lives under ``/run/envbuild-test-engines``
 with a short random name rather than under a deep ``tmp_path``.
@@ -72,6 +72,7 @@ class ExtraEngine:
         if containerd is not None:
             _terminate(containerd, None)
         self.socket.unlink(missing_ok=True)
+        _unmount_under(self.root)  # dockerd leaves its default netns bind-mounted under the exec root
         if remove_data:
             shutil.rmtree(self.root, ignore_errors=True)
 
@@ -99,22 +100,43 @@ def start_engine(root: Path, *, driver: str | None = None) -> ExtraEngine:
     finally:
         log.close()
     engine = ExtraEngine(root, sock, process)
+    try:
+        _wait_until_it_answers(engine)
+    except BaseException:
+        engine.stop(remove_data=False)  # never leave a daemon behind, whatever went wrong
+        raise
+    return engine
+
+
+def _wait_until_it_answers(engine: ExtraEngine) -> None:
     deadline = time.monotonic() + START_TIMEOUT
     while True:
-        if process.poll() is not None:
-            engine.stop(remove_data=False)
-            raise AssertionError(f"dockerd exited with {process.returncode}; log: {_tail(root / 'dockerd.log')}")
+        if engine.process.poll() is not None:
+            raise AssertionError(
+                f"dockerd exited with {engine.process.returncode}; log: {_tail(engine.root / 'dockerd.log')}"
+            )
+        client = None
         try:
-            with engine.client(timeout=5) as client:
-                client.ping()
-            return engine
+            client = engine.client(timeout=5)
+            client.ping()
+            return
         except (docker.errors.DockerException, requests.RequestException):
             if time.monotonic() > deadline:
-                engine.stop(remove_data=False)
                 raise AssertionError(
-                    f"dockerd did not answer in {START_TIMEOUT:g} s; log: {_tail(root / 'dockerd.log')}"
-                )
+                    f"dockerd did not answer in {START_TIMEOUT:g} s; log: {_tail(engine.root / 'dockerd.log')}"
+                ) from None
             time.sleep(0.2)
+        finally:
+            if client is not None:
+                client.close()
+
+
+def _unmount_under(root: Path) -> None:
+    """Unmount what is still mounted under ``root`` (deepest first); only ever our own engine's mounts."""
+    prefix = str(root.resolve())
+    mounted = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+    for target in sorted((m for m in mounted if m == prefix or m.startswith(prefix + "/")), key=len, reverse=True):
+        subprocess.run(["umount", "--lazy", target], capture_output=True, check=False)
 
 
 def _terminate(pid: int, process: subprocess.Popen[bytes] | None) -> None:
