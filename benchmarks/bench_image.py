@@ -38,6 +38,7 @@ import docker  # noqa: E402
 
 from envbuild.engine import Engine  # noqa: E402
 from envbuild.image.build import BuildResult, ImageOptions, build_image  # noqa: E402
+from envbuild.verify import VerifyOptions  # noqa: E402
 from tests.lib.baseimage import ensure_base_image  # noqa: E402
 from tests.lib.gitrepos import GitDaemon  # noqa: E402
 from tests.lib.imagelock import ImageLockEnv, make_sources, make_wheels  # noqa: E402
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
                 start = time.perf_counter()
                 return build_image(
                     lock,
-                    ImageOptions(cache_dir=root / f"cache{next(caches)}", no_cache=True),
+                    ImageOptions(VerifyOptions(root / f"cache{next(caches)}"), no_cache=True),
                     engine=engine,
                     progress=stages if args.stages else None,
                 )
@@ -173,7 +174,9 @@ def main(argv: list[str] | None = None) -> int:
             assert isinstance(first, BuildResult)
             cache = root / f"cache{next(caches) - 1}"
             t_noop, noop = timed(
-                "no-op rebuild", args.repeat, lambda _: build_image(lock, ImageOptions(cache_dir=cache), engine=engine)
+                "no-op rebuild",
+                args.repeat,
+                lambda _: build_image(lock, ImageOptions(VerifyOptions(cache)), engine=engine),
             )
             assert isinstance(noop, BuildResult) and noop.image_id == first.image_id
 
@@ -186,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
             t_moved, moved = timed(
                 "rebuild after moving one pin (gamma)",
                 args.repeat,
-                lambda i: build_image(moved_locks[i], ImageOptions(cache_dir=cache), engine=engine),
+                lambda i: build_image(moved_locks[i], ImageOptions(VerifyOptions(cache)), engine=engine),
             )
             assert isinstance(moved, BuildResult)
             rebuilt = [s.instruction[:40] for s in moved.steps if not s.cached]

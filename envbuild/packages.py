@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -26,12 +27,14 @@ def verify_packages(
     progress: Callable[[str], None] | None = None,
     session: requests.Session | None = None,
     client: IndexClient | None = None,
+    lock_path: str = "LOCKFILE",
 ) -> list[PinResult]:
-    """One result per package, in lock order; packages are checked in parallel, one request each."""
+    """One result per package, in lock order; packages are checked in parallel, one request each.
+    ``lock_path`` goes into the advice of an unresolved package."""
     client = client or IndexClient(session)
 
     def check(package: Package) -> PinResult:
-        result = verify_package(package, lock.index_for(package), client)
+        result = verify_package(package, lock.index_for(package), client, lock_path)
         if progress and result.status != "ok":  # one line per problem, not per package: locks hold hundreds
             progress(f"package {package.name} {package.version}: {result.status}")
         return result
@@ -45,16 +48,16 @@ def verify_packages(
         return list(pool.map(check, lock.packages))
 
 
-def verify_package(package: Package, index: str, client: IndexClient) -> PinResult:
+def verify_package(package: Package, index: str, client: IndexClient, lock_path: str = "LOCKFILE") -> PinResult:
     """The verdict on one package against the project page its index serves."""
     try:
         page = client.project(index, package.name)
     except RemoteError as exc:
         return PinResult("package", package.name, "unreachable", str(exc), {"index": index, "version": package.version})
-    return judge_package(package, page)
+    return judge_package(package, page, lock_path)
 
 
-def judge_package(package: Package, page: ProjectPage) -> PinResult:
+def judge_package(package: Package, page: ProjectPage, lock_path: str = "LOCKFILE") -> PinResult:
     """Pure comparison of the lock's files with what the index lists: no I/O, easy to test."""
     facts: dict[str, Any] = {"index": page.index, "version": package.version}
     if not package.files:
@@ -70,7 +73,8 @@ def judge_package(package: Package, page: ProjectPage) -> PinResult:
             "package",
             package.name,
             "unresolved",
-            f"the lock records no files for {package.name} {package.version} ({listed}); run `envbuild lock update`",
+            f"the lock records no files for {package.name} {package.version} ({listed}); "
+            f"run `envbuild lock update {shlex.quote(lock_path)}`",
             facts,
         )
     problems: list[dict[str, Any]] = []

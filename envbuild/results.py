@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Union
 
 Kind = Literal["source", "package", "base_image"]
 
-# Source statuses, exactly as documented; `behind` is a warning, the rest of the non-ok ones fail.
-SOURCE_STATUSES = (
+# The statuses of each kind, exactly as documented in the README. Every other non-ok status fails;
+# a warning passes unless --strict: `behind` (the branch moved on, the pin is still on it) and `cached`
+# (offline: the package's files are in the cache by sha256, but the index was not asked).
+SourceStatus = Literal[
     "ok",
     "behind",
     "not-on-ref",
@@ -18,10 +20,11 @@ SOURCE_STATUSES = (
     "missing-commit",
     "tree-mismatch",
     "unreachable",
-)
-PACKAGE_STATUSES = ("ok", "missing-file", "hash-mismatch", "yanked", "unresolved", "unreachable")
-BASE_IMAGE_STATUSES = ("ok", "unpinned")
-WARNING_STATUSES = frozenset({"behind"})
+]
+PackageStatus = Literal["ok", "cached", "missing-file", "hash-mismatch", "yanked", "unresolved", "unreachable"]
+BaseImageStatus = Literal["ok", "unpinned"]
+Status = Union[SourceStatus, PackageStatus, BaseImageStatus]
+WARNING_STATUSES: frozenset[Status] = frozenset({"behind", "cached"})
 
 
 @dataclass(frozen=True)
@@ -30,7 +33,7 @@ class PinResult:
 
     kind: Kind
     name: str
-    status: str
+    status: Status
     detail: str = ""
     facts: dict[str, Any] = field(default_factory=dict)
 

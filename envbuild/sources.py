@@ -25,7 +25,7 @@ from envbuild.git.cache import GitCache
 from envbuild.git.remote import GitError, RefListing
 from envbuild.lock.model import HEX40, REF_NAME, Source, check_repo_url
 from envbuild.mirrors import Mirrors
-from envbuild.results import PinResult
+from envbuild.results import PinResult, SourceStatus
 
 Progress = Callable[[str], None]
 OFFLINE_MISS = "offline and not in cache"
@@ -290,7 +290,7 @@ def _tree_verdict(source: Source, url: str, trees: dict[str, str]) -> PinResult 
     )
 
 
-def _result(source: Source, url: str, status: str, detail: str, **facts: object) -> PinResult:
+def _result(source: Source, url: str, status: SourceStatus, detail: str, **facts: object) -> PinResult:
     return PinResult("source", source.name, status, detail, {"url": url, "commit": source.commit, **facts})
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
+from envbuild.filecache import FileCache
 from envbuild.git.cache import GitCache
-from envbuild.lock.model import Lock
+from envbuild.lock.model import Lock, Package
 from envbuild.mirrors import Mirrors
 from envbuild.packages import verify_packages
 from envbuild.results import PinResult, VerifyReport
@@ -38,6 +40,33 @@ def verify_base_image(lock: Lock) -> list[PinResult]:
     return [PinResult("base_image", image.name, "ok", f"pinned by {image.digest}", {"digest": image.digest})]
 
 
+def fetch_command(lock_path: str | Path, options: VerifyOptions) -> str:
+    """The `envbuild lock fetch` command that fills exactly this cache, through the same mirrors: the
+    advice every offline refusal gives."""
+    words = ["envbuild", "lock", "fetch", str(lock_path), "--cache-dir", str(options.cache_dir)]
+    for source, target in options.mirrors.rules:
+        words += ["--mirror", f"{source}={target}"]
+    return shlex.join(words)
+
+
+def verify_package_offline(package: Package, files: FileCache, advice: str) -> PinResult:
+    """Offline, the index cannot be asked; what can be known is whether the cache holds every file the
+    lock pins (stored under its sha256 only after its bytes were checked): ``cached`` (passes unless
+    --strict) or ``unreachable``."""
+    facts: dict[str, Any] = {"version": package.version}
+    absent = [f.filename for f in package.files if files.get(f.sha256) is None]
+    if package.files and not absent:
+        return PinResult(
+            "package",
+            package.name,
+            "cached",
+            "offline: every file is in the cache by its sha256; the index was not asked",
+            facts,
+        )
+    what = f"{', '.join(absent)} not in the cache" if absent else "no files in the lock"
+    return PinResult("package", package.name, "unreachable", f"offline, and {what}; run `{advice}`", facts)
+
+
 def verify_lock(lock: Lock, lock_path: str, options: VerifyOptions, progress: Progress | None = None) -> VerifyReport:
     cache = GitCache(options.cache_dir / "git")
     results = verify_sources(
@@ -45,11 +74,9 @@ def verify_lock(lock: Lock, lock_path: str, options: VerifyOptions, progress: Pr
     )
     if lock.packages:
         if options.offline:
-            results += [
-                PinResult("package", p.name, "unreachable", "offline: the package index was not asked")
-                for p in lock.packages
-            ]
+            files = FileCache(options.cache_dir)
+            results += [verify_package_offline(p, files, fetch_command(lock_path, options)) for p in lock.packages]
         else:
-            results += verify_packages(lock, jobs=options.jobs, progress=progress)
+            results += verify_packages(lock, jobs=options.jobs, progress=progress, lock_path=lock_path)
     results += verify_base_image(lock)
     return VerifyReport(lock_path, tuple(results), strict=options.strict)

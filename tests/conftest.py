@@ -5,6 +5,8 @@
 - ``base_image``: the cached test base image (:class:`tests.lib.baseimage.BaseImage`), built on first use;
 - ``pushed_base_image``: that image pushed once per session to the local registry
   (:class:`tests.lib.services.PushedImage`), for tests that need a base image pinned by digest;
+- ``fresh_engine``: a dockerd of its own (:mod:`tests.lib.engines`), empty: no image, no layer cache,
+  for tests that start where a new user starts (module-scoped; stopped and removed after);
 - ``tiny``: a tiny recipe, Hydra config, checkpoint and data for runner tests (:mod:`tests.lib.tinyrun`);
 - ``served``: git daemons on 127.0.0.1 over one directory, with and without ``uploadpack.allowFilter``.
 
@@ -24,6 +26,7 @@ import docker.errors
 import pytest
 
 from tests.lib.baseimage import BaseImage, ensure_base_image
+from tests.lib.engines import ExtraEngine, start_engine
 from tests.lib.gitrepos import GitDaemon, Served
 from tests.lib.services import (
     FIXTURE_MARKERS,
@@ -121,3 +124,13 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 @pytest.fixture()
 def tiny(tmp_path: Path) -> Tiny:
     return tiny_setup(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def fresh_engine(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExtraEngine]:
+    _require(pytestconfig, "docker")  # the machine can run dockerd at all
+    engine = start_engine(tmp_path_factory.mktemp("engine"))
+    try:
+        yield engine
+    finally:
+        engine.stop()

@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import docker
 import pytest
@@ -27,10 +28,13 @@ from envbuild.image.build import (
     ImageOptions,
     build_image,
     dry_run,
-    read_map,
 )
+from envbuild.image.buildcache import read_map
+from envbuild.image.context import ContextError
 from envbuild.image.inimage_verdict import compare_inimage
+from envbuild.image.inputs import InputFetchError
 from envbuild.results import PinResult, VerifyReport
+from envbuild.verify import VerifyOptions
 from tests.lib.gitrepos import Served
 from tests.lib.imagelock import (
     ImageLockEnv,
@@ -89,8 +93,8 @@ def lock_path(env: ImageLockEnv, work: Path) -> Path:
     return env.write(work / "locks" / "imagetest.lock.yaml")
 
 
-def options(work: Path, **changes: object) -> ImageOptions:
-    return ImageOptions(**{"cache_dir": work / "cache", **changes})  # type: ignore[arg-type]
+def options(work: Path, cache_dir: Path | None = None, **changes: Any) -> ImageOptions:
+    return ImageOptions(VerifyOptions(cache_dir=cache_dir or work / "cache"), **changes)
 
 
 @pytest.fixture(scope="module")
@@ -206,8 +210,9 @@ def test_a_package_file_with_another_hash_is_refused_before_any_build(env: Image
     wheel = next(env.index.root.glob("tinytwo-*.whl")).name
     env.index.rehash(wheel, "0" * 64)
     try:
-        with pytest.raises(BuildRefused, match=r"package tinytwo 2\.0: .*does not match"):
+        with pytest.raises(InputFetchError, match=r"package tinytwo 2\.0: .*does not match") as refused:
             build_image(path, options(work, cache_dir=work / "fresh-cache"), engine=NoEngine())  # type: ignore[arg-type]
+        assert len(refused.value.problems) == 1  # a download failure stays one, with its reason
     finally:
         env.index.hashes.pop(wheel)
 
@@ -220,7 +225,7 @@ def test_a_source_whose_tree_differs_is_refused_before_any_build(env: ImageLockE
         build_image(path, options(work), engine=NoEngine())  # type: ignore[arg-type]
     # Past verify (as when `envbuild check` hands a report in), the export refuses it too.
     passing = VerifyReport(str(path), (PinResult("source", "beta", "ok"),))
-    with pytest.raises(BuildRefused, match=r"source beta: the commit's tree is [0-9a-f]{40}, the lock pins tree 1{40}"):
+    with pytest.raises(ContextError, match=r"source beta: the commit's tree is [0-9a-f]{40}, the lock pins tree 1{40}"):
         build_image(path, options(work), engine=NoEngine(), verified=passing)  # type: ignore[arg-type]
 
 

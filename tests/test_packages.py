@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import requests
 from envbuild.index import IndexClient
 from envbuild.lock import Lock, Package, PackageFile, parse_lock
 from envbuild.packages import package_file_urls, verify_packages
-from envbuild.results import PACKAGE_STATUSES
+from envbuild.results import PackageStatus
 from tests.lib.pyindex import PyIndex, dead_port_url, make_sdist, make_wheel
 
 WHEEL = "alpha-1.0-py3-none-any.whl"
@@ -133,7 +134,15 @@ def test_malformed_index_answer_is_unreachable_not_a_traceback(dists: Path) -> N
 
 
 def test_every_status_is_documented() -> None:
-    assert set(PACKAGE_STATUSES) == {"ok", "missing-file", "hash-mismatch", "yanked", "unresolved", "unreachable"}
+    assert set(typing.get_args(PackageStatus)) == {
+        "ok",
+        "cached",
+        "missing-file",
+        "hash-mismatch",
+        "yanked",
+        "unresolved",
+        "unreachable",
+    }
 
 
 def test_one_request_per_package_in_parallel(dists: Path) -> None:

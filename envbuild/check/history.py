@@ -26,6 +26,7 @@ class HistoryEntry:
     reproducible: bool | None  # None: no build was attempted (verify failed)
     image_id: str | None
     pins: dict[str, str] = field(default_factory=dict)  # "kind:name" -> status
+    failed_stage: str | None = None  # where the check stopped, when it did (absent in older histories)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -38,7 +39,7 @@ def _entry(data: Any, where: str) -> HistoryEntry:
     if not isinstance(data, dict) or not _FIELDS <= set(data):
         missing = sorted(_FIELDS - set(data)) if isinstance(data, dict) else ["(not an object)"]
         raise InputError(f"{where}: not a history entry (missing {', '.join(missing)})")
-    return HistoryEntry(**{k: data[k] for k in _FIELDS})
+    return HistoryEntry(**{k: data[k] for k in _FIELDS}, failed_stage=data.get("failed_stage"))
 
 
 def read_history(path: Path, warn: Callable[[str], None] | None = None) -> list[HistoryEntry]:

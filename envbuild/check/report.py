@@ -47,6 +47,17 @@ class Difference:
         }
 
 
+Stage = Literal["history", "verify", "engine", "fetch", "build", "compare"]
+
+
+@dataclass(frozen=True)
+class CheckFailure:
+    """The stage at which the check stopped, and why (one line a person can act on)."""
+
+    stage: Stage
+    reason: str
+
+
 @dataclass(frozen=True)
 class CheckReport:
     verify: VerifyReport
@@ -54,15 +65,14 @@ class CheckReport:
     image_ids: tuple[str, ...] = ()
     differences: tuple[Difference, ...] = ()
     compared_with: str = ""  # "history" or "second build"
-    note: str = ""  # why no build happened, when none did
-    record: str | None = None
+    failure: CheckFailure | None = None  # the check stopped early: at which stage, and why
 
     @property
     def ok(self) -> bool:
-        return self.verify.ok and self.reproducible
+        return self.failure is None and self.verify.ok and self.reproducible
 
     def to_json(self) -> dict[str, Any]:
-        data = {
+        data: dict[str, Any] = {
             "ok": self.ok,
             "verify": self.verify.to_json(),
             "reproducible": self.reproducible,
@@ -71,8 +81,9 @@ class CheckReport:
         }
         if self.compared_with:
             data["compared_with"] = self.compared_with
-        if self.note:
-            data["note"] = self.note
+        if self.failure is not None:
+            data["failed_stage"] = self.failure.stage
+            data["error"] = self.failure.reason
         return data
 
 
@@ -87,9 +98,11 @@ def render_markdown(report: CheckReport) -> str:
     for r in report.verify.results:
         lines.append(f"| {r.kind} | {_md(r.name)} | `{r.status}` | {_md(r.detail)} |")
     lines.append("")
-    if report.note:
-        lines.append(f"Image: not rebuilt — {_md(report.note)}")
-    else:
+    if report.failure is not None:
+        lines.append(f"**Stopped at {report.failure.stage}:** {_md(report.failure.reason)}")
+        if report.image_ids:
+            lines.append("")
+    if report.image_ids or report.failure is None:
         ids = " vs ".join(f"`{i}`" for i in report.image_ids)
         state = "reproduced" if report.reproducible else "**did not reproduce**"
         lines.append(f"Image {state} (compared with {report.compared_with or 'a second build'}): {ids}")
@@ -114,6 +127,7 @@ _COLOURS = {
     "not reproduced": "#c62828",
     "not built": "#757575",
 }
+_FAILED_BUILD = ("engine", "fetch", "build", "compare")
 
 
 def _cell(status: str | None) -> str:
@@ -121,6 +135,14 @@ def _cell(status: str | None) -> str:
         return '<td class="none">–</td>'
     colour = _COLOURS.get(status, "#c62828")
     return f'<td style="background:{colour}" title="{html.escape(status)}">{html.escape(status)}</td>'
+
+
+def _image_status(entry: HistoryEntry) -> str:
+    if entry.failed_stage in _FAILED_BUILD:
+        return f"failed: {entry.failed_stage}"
+    if entry.reproducible is None:
+        return "not built"
+    return "reproduced" if entry.reproducible else "not reproduced"
 
 
 def render_html(history: list[HistoryEntry], lock_path: str, nights: int = 30) -> str:
@@ -132,10 +154,7 @@ def render_html(history: list[HistoryEntry], lock_path: str, nights: int = 30) -
     for pin in pins:
         cells = "".join(_cell(e.pins.get(pin)) for e in runs)
         rows.append(f"<tr><th class=pin>{html.escape(pin)}</th>{cells}</tr>")
-    image = "".join(
-        _cell("not built" if e.reproducible is None else "reproduced" if e.reproducible else "not reproduced")
-        for e in runs
-    )
+    image = "".join(_cell(_image_status(e)) for e in runs)
     rows.append(f"<tr><th class=pin>image</th>{image}</tr>")
     title = html.escape(f"envbuild check: {lock_path}")
     return f"""<!doctype html>

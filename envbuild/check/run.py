@@ -1,28 +1,33 @@
 """`envbuild check`: verify every pin, rebuild without cache, compare the image with the last recorded
-build of the same lock (or with a second build), explain a mismatch, report and append to the history."""
+build of the same lock (or with a second build), explain a mismatch, report and append to the history.
+
+The check always gives its answer once the lockfile parsed: whatever fails afterwards — the history
+cannot be read, a pin fails verify, the engine is down, an input cannot be fetched, a build step fails,
+the comparison fails — becomes a :class:`CheckReport` with ``ok: false`` and a
+:class:`~envbuild.check.report.CheckFailure` naming the stage and the reason, which the CLI prints and
+writes into the report directory like any other night's. A failing night is when the report matters
+most. Only an invalid lockfile or invalid arguments stop it earlier (exit 2).
+"""
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
 from envbuild.check.explain import explain
-from envbuild.check.history import (
-    HistoryEntry,
-    append_history,
-    last_image_id,
-    read_history,
-)
-from envbuild.check.report import CheckReport, Difference
+from envbuild.check.history import HistoryEntry, append_history, last_image_id, read_history
+from envbuild.check.report import CheckFailure, CheckReport, Difference, Stage
 from envbuild.engine import Engine
-from envbuild.errors import LockfileError, Problem
+from envbuild.errors import EnvbuildError
 from envbuild.image.build import BuildResult, ImageOptions, build_image
-from envbuild.lock import read_lock
+from envbuild.image.inputs import fetch_inputs
+from envbuild.lock.io import LockFile, read_lock
 from envbuild.results import VerifyReport
 from envbuild.verify import VerifyOptions, verify_lock
 
@@ -37,6 +42,20 @@ class CheckOptions:
     history: Path | None = None
 
 
+class _StageFailed(Exception):
+    def __init__(self, stage: Stage, reason: str) -> None:
+        self.failure = CheckFailure(stage, reason)
+
+
+@contextmanager
+def _stage(stage: Stage) -> Iterator[None]:
+    """Turn any of the project's errors inside the block into a failure of ``stage``."""
+    try:
+        yield
+    except EnvbuildError as exc:
+        raise _StageFailed(stage, str(exc)) from None
+
+
 def run_check(
     lock_path: Path,
     options: CheckOptions,
@@ -45,70 +64,79 @@ def run_check(
     engine: Engine | None = None,
     now: datetime | None = None,
 ) -> CheckReport:
-
     say = progress or (lambda message: None)
-    lock = read_lock(lock_path).lock
+    read = read_lock(lock_path)  # an invalid lockfile is the one thing that stops the check (exit 2)
+    verified = VerifyReport(str(lock_path), (), strict=options.verify.strict)
+    history: list[HistoryEntry] = []
+    history_ok = True
     try:
-        lock_sha256 = hashlib.sha256(lock_path.read_bytes()).hexdigest()
-    except OSError as exc:
-        raise LockfileError([Problem(str(lock_path), 0, "", f"cannot read: {exc}")]) from None
-    history = read_history(options.history, say) if options.history else []
+        with _stage("history"):
+            history = read_history(options.history, say) if options.history else []
+        say(f"verifying {lock_path}")
+        with _stage("verify"):
+            verified = verify_lock(read.lock, str(lock_path), options.verify, progress)
+        if not verified.ok:
+            failing = [f"{r.kind} {r.name}: {r.status}" for r in verified.results if not r.passes(verified.strict)]
+            raise _StageFailed("verify", "the lock fails verify (" + "; ".join(failing) + "), so no image was built")
+        report = _rebuild_and_compare(read, options, verified, history, engine, say, progress)
+    except _StageFailed as failed:
+        history_ok = failed.failure.stage != "history"
+        report = CheckReport(verified, False, failure=failed.failure)
+    if options.history is not None and history_ok:
+        _record(options.history, read, report, now)
+    return report
 
-    say(f"verifying {lock_path}")
-    verified = verify_lock(lock, str(lock_path), options.verify, progress)
-    if not verified.ok:
-        report = CheckReport(verified, False, note="verify failed, so no image was built")
-        _record(options.history, lock_path, lock_sha256, report, None, now)
-        return report
 
+def _rebuild_and_compare(
+    read: LockFile,
+    options: CheckOptions,
+    verified: VerifyReport,
+    history: list[HistoryEntry],
+    engine: Engine | None,
+    say: Progress,
+    progress: Progress | None,
+) -> CheckReport:
     source = options.verify
-    work = Path(tempfile.mkdtemp(prefix="check-", dir=_ensure(source.cache_dir)))
-    own = engine is None
-    engine = engine or Engine.connect()
-    try:
-        image_options = ImageOptions(
-            cache_dir=source.cache_dir,
-            mirrors=source.mirrors,
-            offline=source.offline,
-            jobs=source.jobs,
-            no_cache=True,
-            record_dir=work / "record-1",
-            keep_archive=work / "first.tar",
-            tags=(f"envbuild-check/{lock.name}:first",),
-        )
-        say("rebuilding without cache")
-        first = build_image(lock_path, image_options, progress=progress, engine=engine, verified=verified)
-        previous = last_image_id(history, lock_sha256)
-        if previous is not None:
-            report = _against_history(verified, first, previous, engine, work, say)
-        else:
+    with _stage("engine"):
+        connected = nullcontext(engine) if engine is not None else Engine.connect()
+    with connected as live:
+        with _stage("fetch"):
+            # Here rather than inside the builds, so a fetch failure is named as one.
+            fetch_inputs(read.lock, read.path, source, progress=say)
+        source.cache_dir.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix="check-", dir=source.cache_dir))
+        try:
+            image_options = ImageOptions(
+                source,
+                no_cache=True,
+                record_dir=work / "record-1",
+                keep_archive=work / "first.tar",
+                tags=(f"envbuild-check/{read.lock.name}:first",),
+            )
+            say("rebuilding without cache")
+            with _stage("build"):
+                first = build_image(read.path, image_options, progress=progress, engine=live, verified=verified)
+            previous = last_image_id(history, read.sha256)
+            if previous is not None:
+                with _stage("compare"):
+                    return _against_history(verified, first, previous, live, work, say)
             say("no earlier build of this lock in the history: building a second time to compare")
-            second = build_image(
-                lock_path,
-                replace(
-                    image_options,
-                    record_dir=work / "record-2",
-                    keep_archive=work / "second.tar",
-                    tags=(f"envbuild-check/{lock.name}:second",),
-                ),
-                progress=progress,
-                engine=engine,
-                verified=verified,
+            second_options = replace(
+                image_options,
+                record_dir=work / "record-2",
+                keep_archive=work / "second.tar",
+                tags=(f"envbuild-check/{read.lock.name}:second",),
             )
-            differences = () if first.image_id == second.image_id else explain(work / "first.tar", work / "second.tar")
-            report = CheckReport(
-                verified,
-                first.image_id == second.image_id,
-                (first.image_id, second.image_id),
-                differences,
-                compared_with="second build",
+            with _stage("build"):
+                second = build_image(read.path, second_options, progress=progress, engine=live, verified=verified)
+            with _stage("compare"):
+                same = first.image_id == second.image_id
+                differences = () if same else explain(work / "first.tar", work / "second.tar")
+            return CheckReport(
+                verified, same, (first.image_id, second.image_id), differences, compared_with="second build"
             )
-        _record(options.history, lock_path, lock_sha256, report, first.image_id, now)
-        return report
-    finally:
-        if own:
-            engine.close()
-        shutil.rmtree(work, ignore_errors=True)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def _against_history(
@@ -126,26 +154,20 @@ def _against_history(
     return CheckReport(verified, False, ids, differences, compared_with="history")
 
 
-def _ensure(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def _record(
-    history: Path | None,
-    lock_path: Path,
-    lock_sha256: str,
-    report: CheckReport,
-    image_id: str | None,
-    now: datetime | None,
-) -> None:
-    if history is None:
-        return
+def _record(history: Path, read: LockFile, report: CheckReport, now: datetime | None) -> None:
     when = (now or datetime.now(timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    pins = {f"{r.kind}:{r.name}": r.status for r in report.verify.results}
+    pins: dict[str, str] = {f"{r.kind}:{r.name}": r.status for r in report.verify.results}
+    built = bool(report.image_ids)
     append_history(
         history,
         HistoryEntry(
-            when, str(lock_path), lock_sha256, report.ok, None if report.note else report.reproducible, image_id, pins
+            when,
+            str(read.path),
+            read.sha256,
+            report.ok,
+            report.reproducible if built else None,
+            report.image_ids[-1] if built else None,
+            pins,
+            failed_stage=report.failure.stage if report.failure else None,
         ),
     )

@@ -6,7 +6,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from envbuild.cli.common import Progress, add_source_options, source_settings
+from envbuild.check.history import read_history
+from envbuild.check.report import CheckReport, render_html, render_markdown
+from envbuild.cli.common import Progress, add_source_options, verify_options
+from envbuild.errors import EnvbuildError
+from envbuild.fileio import write_atomic
 from envbuild.report import render_json
 
 
@@ -32,22 +36,25 @@ def add_check_command(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from envbuild.check.history import read_history
-    from envbuild.check.report import render_html, render_markdown
     from envbuild.check.run import CheckOptions, run_check
-    from envbuild.verify import VerifyOptions
 
-    cache_dir, mirrors = source_settings(args)
-    options = CheckOptions(
-        VerifyOptions(cache_dir=cache_dir, mirrors=mirrors, offline=args.offline, strict=args.strict, jobs=args.jobs),
-        history=args.history,
-    )
+    options = CheckOptions(verify_options(args), history=args.history)
     report = run_check(args.lockfile, options, Progress("envbuild", args.quiet))
     if args.report:
-        args.report.mkdir(parents=True, exist_ok=True)
-        (args.report / "check.json").write_text(render_json(report.to_json()), encoding="utf-8")
-        (args.report / "check.md").write_text(render_markdown(report), encoding="utf-8")
-        history = read_history(args.history) if args.history else []
-        (args.report / "check.html").write_text(render_html(history, str(args.lockfile)), encoding="utf-8")
+        write_reports(args.report, report, args.history, str(args.lockfile))
     sys.stdout.write(render_json(report.to_json()) if args.json else render_markdown(report))
     return 0 if report.ok else 1
+
+
+def write_reports(directory: Path, report: CheckReport, history_path: Path | None, lock: str) -> None:
+    """check.json, check.md and check.html, each written atomically, for every outcome of the check. The
+    grid is drawn from the history as it now stands (this run appended); an unreadable history gives an
+    empty grid, and the JSON and Markdown say why."""
+    directory.mkdir(parents=True, exist_ok=True)
+    write_atomic(directory / "check.json", render_json(report.to_json()))
+    write_atomic(directory / "check.md", render_markdown(report))
+    try:
+        history = read_history(history_path) if history_path else []
+    except EnvbuildError:
+        history = []
+    write_atomic(directory / "check.html", render_html(history, lock))

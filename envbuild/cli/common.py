@@ -12,6 +12,7 @@ from typing import Callable, Sequence
 from envbuild.config import load_config
 from envbuild.errors import EnvbuildError, InputError, LockfileError
 from envbuild.mirrors import Mirrors
+from envbuild.verify import VerifyOptions
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -97,6 +98,18 @@ def add_source_options(parser: argparse.ArgumentParser) -> None:
         "--config", type=Path, help="config file (default: $ENVBUILD_CONFIG or ~/.config/envbuild/config.yaml)"
     )
     parser.add_argument("--jobs", type=int, default=8, help="parallel fetches (default 8)")
+
+
+def verify_options(args: argparse.Namespace) -> VerifyOptions:
+    """The options of `lock verify` (cache, mirrors, offline, strict, jobs), as every command takes them."""
+    cache_dir, mirrors = source_settings(args)
+    return VerifyOptions(
+        cache_dir=cache_dir,
+        mirrors=mirrors,
+        offline=args.offline,
+        strict=getattr(args, "strict", False),
+        jobs=args.jobs,
+    )
 
 
 def source_settings(args: argparse.Namespace) -> tuple[Path, Mirrors]:

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from envbuild.cli.common import Progress, add_source_options, source_settings
+from envbuild.cli.common import Progress, add_source_options, verify_options
 from envbuild.report import render_json
 
 
@@ -27,6 +27,7 @@ def add_image_command(subparsers: argparse._SubParsersAction) -> None:
     image.add_argument(
         "--record-dir", type=Path, help="where the build record goes (default <lock's directory>/build/<lock name>)"
     )
+    image.add_argument("--strict", action="store_true", help="refuse a lock whose branch pins moved on (behind)")
     add_source_options(image)
     image.set_defaults(handler=cmd_image)
 
@@ -34,12 +35,8 @@ def add_image_command(subparsers: argparse._SubParsersAction) -> None:
 def cmd_image(args: argparse.Namespace) -> int:
     from envbuild.image.build import ImageOptions, build_image, dry_run, plan_json
 
-    cache_dir, mirrors = source_settings(args)
     options = ImageOptions(
-        cache_dir=cache_dir,
-        mirrors=mirrors,
-        offline=args.offline,
-        jobs=args.jobs,
+        verify_options(args),
         tags=tuple(args.tag),
         push=args.push,
         no_cache=args.no_cache,

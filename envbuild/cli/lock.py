@@ -6,7 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from envbuild.cli.common import Progress, add_source_options, source_settings
+from envbuild.cli.common import Progress, add_source_options, source_settings, verify_options
+from envbuild.errors import InputError
 from envbuild.fileio import write_atomic
 from envbuild.git.cache import GitCache
 from envbuild.lock import dump_lock, read_lock, write_lock
@@ -59,6 +60,14 @@ def add_lock_commands(subparsers: argparse._SubParsersAction) -> None:
     )
     export.set_defaults(handler=cmd_export)
 
+    fetch = commands.add_parser(
+        "fetch", help="verify the lock and fetch everything a build needs into the cache (for --offline builds)"
+    )
+    fetch.add_argument("lockfile", type=Path)
+    fetch.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    add_source_options(fetch)
+    fetch.set_defaults(handler=cmd_fetch)
+
     schema = commands.add_parser("schema", help="print the JSON schema of the lockfile format")
     schema.set_defaults(handler=cmd_schema)
 
@@ -70,15 +79,44 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     lock = read_lock(args.lockfile).lock  # before the heavier imports: a bad lock fails fast
-    from envbuild.verify import VerifyOptions, verify_lock
+    from envbuild.verify import verify_lock
 
-    cache_dir, mirrors = source_settings(args)
-    options = VerifyOptions(
-        cache_dir=cache_dir, mirrors=mirrors, offline=args.offline, strict=args.strict, jobs=args.jobs
-    )
-    report = verify_lock(lock, str(args.lockfile), options, Progress("envbuild", args.quiet))
+    report = verify_lock(lock, str(args.lockfile), verify_options(args), Progress("envbuild", args.quiet))
     sys.stdout.write(render_json(report.to_json()) if args.json else render_verify(report))
     return 0 if report.ok else 1
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    """Verify online (the ref listings and commits `--offline` verifies against), then fetch every source's
+    tree and package file (what `envbuild image --offline` builds from). A lock that fails verify is
+    reported and nothing is fetched (a build would refuse it): exit 1."""
+    read = read_lock(args.lockfile)
+    from envbuild.image.inputs import fetch_inputs
+    from envbuild.verify import verify_lock
+
+    if args.offline:
+        raise InputError("lock fetch: --offline makes no sense here; this command is what fills the cache")
+    options = verify_options(args)
+    progress = Progress("envbuild", args.quiet)
+    report = verify_lock(read.lock, str(args.lockfile), options, progress)
+    if not report.ok:
+        sys.stdout.write(
+            render_json({"lock": str(args.lockfile), "verify": report.to_json(), "inputs": []})
+            if args.json
+            else render_verify(report) + "nothing fetched: the lock fails verify\n"
+        )
+        return 1
+    inputs = fetch_inputs(read.lock, read.path, options, progress=progress)
+    if args.json:
+        sys.stdout.write(render_json({"lock": str(args.lockfile), "verify": report.to_json(), **inputs.to_json()}))
+    else:
+        fetched = sum(i.fetched for i in inputs.inputs)
+        print(
+            f"{args.lockfile}: {len(inputs.inputs)} inputs in {options.cache_dir} "
+            f"({fetched} fetched now, {len(inputs.inputs) - fetched} cached before); `envbuild image --offline` "
+            "can build from them"
+        )
+    return 0
 
 
 def cmd_update(args: argparse.Namespace) -> int:

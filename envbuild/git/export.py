@@ -8,9 +8,11 @@ v2 servers such as GitHub and ``git daemon`` accept a want by SHA), under a ref
 ``refs/envbuild/export/<commit>`` so it stays. A server that refuses wants by SHA gets a fetch of the
 ref's full history instead.
 
-The export is ``git archive`` with every content-changing attribute neutralised (``export-subst``,
-``export-ignore``, eol conversion, filters, ``ident``) through the repository's ``info/attributes``,
-and the result is checked: the git tree SHA of the written files must equal the commit's tree (and the
+Fetches run with ``fetch.fsckObjects``: a tree git itself calls malformed (duplicate entries, ``.git``
+names) is refused before it reaches the cache. The export is ``git archive`` with every content-changing
+attribute neutralised (``export-subst``, ``export-ignore``, eol conversion, filters, ``ident``) through
+the repository's ``info/attributes``, written by :mod:`envbuild.git.treewriter` (which never follows a
+link, so a hostile tree cannot write outside the destination), and the result is checked: the git tree SHA of the written files must equal the commit's tree (and the
 lock's ``tree`` where recorded). Submodules (gitlinks) are not exported; a tree holding one fails
 that check, naming it.
 """
@@ -18,7 +20,6 @@ that check, naming it.
 from __future__ import annotations
 
 import os
-import tarfile
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -26,6 +27,7 @@ from pathlib import Path
 from envbuild.errors import EnvbuildError
 from envbuild.git.cache import CachedRepo, GitCache
 from envbuild.git.remote import NO_LAZY_FETCH_URL, GitError
+from envbuild.git.treewriter import TreeWriteError, write_tar_tree
 from envbuild.image import inimage_probe
 from envbuild.lock.model import Source
 from envbuild.mirrors import Mirrors
@@ -39,8 +41,11 @@ class ExportError(EnvbuildError):
     """A source's pinned commit cannot be exported as its exact tree."""
 
 
-def _real_url(url: str) -> dict[str, str]:
-    return {f"url.{url}.insteadOf": NO_LAZY_FETCH_URL}
+def _fetch_config(url: str) -> dict[str, str]:
+    """The real URL for this one command, and git's object checks on what it receives: a tree git
+    itself calls malformed (duplicate entries, ``.git`` names, ``.gitmodules`` tricks) is refused at the
+    fetch, before anything is written."""
+    return {f"url.{url}.insteadOf": NO_LAZY_FETCH_URL, "fetch.fsckObjects": "true"}
 
 
 class TreeExporter:
@@ -54,6 +59,7 @@ class TreeExporter:
         offline: bool = False,
         verify_cache: GitCache | None = None,
     ) -> None:
+        self.cache_dir = Path(cache_dir)
         self.cache = GitCache(Path(cache_dir) / "git-export")
         self.verify_cache = verify_cache or GitCache(Path(cache_dir) / "git")
         self.mirrors, self.offline = mirrors, offline
@@ -73,6 +79,12 @@ def _complete(exporter: TreeExporter, repo: CachedRepo, commit: str) -> str | No
     return git.commit_trees(repo.path, [commit])[commit]
 
 
+def has_commit(exporter: TreeExporter, source: Source) -> bool:
+    """Does the export cache hold the commit with every object of its tree (no network)?"""
+    repo = exporter.cache.repo(exporter.mirrors.rewrite(source.repo))
+    return repo.exists() and _complete(exporter, repo, source.commit) is not None
+
+
 def fetch_commit(exporter: TreeExporter, source: Source) -> CachedRepo:
     """Make the export repository for ``source`` hold its commit and the whole tree of it."""
     url = exporter.mirrors.rewrite(source.repo)
@@ -82,7 +94,8 @@ def fetch_commit(exporter: TreeExporter, source: Source) -> CachedRepo:
     if exporter.offline:
         raise ExportError(
             f"source {source.name}: the files of {source.commit} are not in the cache "
-            f"({exporter.cache.root}) and --offline forbids fetching them"
+            f"({exporter.cache.root}) and --offline forbids fetching them; run `envbuild lock fetch LOCKFILE` "
+            "where the upstream is reachable"
         )
     git = exporter.cache.git
     with exporter.cache.locked(url) as repo:
@@ -101,7 +114,7 @@ def fetch_commit(exporter: TreeExporter, source: Source) -> CachedRepo:
             git.run(
                 [*base, "--depth=1", "origin", "--", f"+{source.commit}:{EXPORT_NS}{source.commit}"],
                 repo=repo.path,
-                config=_real_url(url),
+                config=_fetch_config(url),
                 timeout=git.network_timeout,
             )
         except GitError as first:
@@ -118,7 +131,7 @@ def fetch_commit(exporter: TreeExporter, source: Source) -> CachedRepo:
                         f"+refs/{space}/{source.ref}:refs/envbuild/ref/{space}/{source.ref}",
                     ],
                     repo=repo.path,
-                    config=_real_url(url),
+                    config=_fetch_config(url),
                     timeout=git.network_timeout,
                 )
             except GitError as second:
@@ -156,8 +169,12 @@ def export_tree(source: Source, dest: Path, exporter: TreeExporter) -> str:
     os.close(fd)
     try:
         git.run(["archive", "--format=tar", f"--output={archive}", source.commit], repo=repo.path)
-        with tarfile.open(archive, mode="r:") as tar:
-            tar.extractall(dest, filter="tar")  # refuses absolute and ../ names
+        with open(archive, "rb") as stream:
+            write_tar_tree(stream, dest)
+    except TreeWriteError as exc:
+        raise ExportError(
+            f"source {source.name}: the tree of {source.commit} cannot be written safely: {exc}"
+        ) from None
     finally:
         os.unlink(archive)
     files = inimage_probe.list_files(str(dest))

@@ -197,7 +197,9 @@ class GitRunner:
                 stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                text=True,
+                # A path in a hostile tree need not be UTF-8: keep its bytes rather than fail to decode.
+                encoding="utf-8",
+                errors="surrogateescape",
                 env=self.environment(config),
                 start_new_session=True,
             )

@@ -129,7 +129,11 @@ def assemble_context(
     for source in plan.sources:
         target = dest / source.context_path
         target.mkdir(parents=True)
-        export_source(source.source, target)
+        try:
+            export_source(source.source, target)
+        except EnvbuildError as exc:  # the export names the source; keep it with the other problems
+            problems.append(str(exc) if str(exc).startswith("source ") else f"source {source.name}: {exc}")
+            continue
         files = inimage_probe.list_files(str(target))
         if COMMIT_MARKER in files:
             problems.append(f"source {source.name}: the tree holds {COMMIT_MARKER}, a name envbuild reserves")

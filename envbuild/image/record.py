@@ -209,3 +209,43 @@ def build_record(
         ),
         sbom(plan, image_id=image_id, image_name=tags[0] if tags else None),
     )
+
+
+def build_summary(
+    lock_path: str,
+    plan: ContextPlan,
+    trees: dict[str, str],
+    image_id: str,
+    tags: tuple[str, ...],
+    diff_ids: tuple[str, ...],
+    pushed: tuple[tuple[str, str], ...],
+    dockerfile_sha256: str,
+) -> dict:
+    inputs: list[dict[str, Any]] = [{"kind": "base_image", "name": plan.base_name, "digest": plan.base_digest}]
+    inputs += [
+        {
+            "kind": "source",
+            "name": s.name,
+            "repo": s.repo,
+            "ref": s.ref,
+            "ref_type": s.ref_type,
+            "commit": s.commit,
+            "tree": trees.get(s.name, s.tree),
+            "install": s.mode,
+        }
+        for s in plan.sources
+    ]
+    inputs += [
+        {"kind": "package_file", "name": f.package, "version": f.version, "filename": f.filename, "sha256": f.sha256}
+        for f in plan.files
+    ]
+    inputs.append({"kind": "dockerfile", "name": "Dockerfile", "sha256": dockerfile_sha256})
+    return {
+        "lock": {"path": lock_path, "sha256": plan.lock_sha256, "name": plan.lock_name},
+        "image_id": image_id,
+        "tags": sorted(tags),
+        "diff_ids": list(diff_ids),
+        "source_date_epoch": plan.epoch,
+        "inputs": inputs,
+        "pushed": [{"tag": tag, "digest": digest} for tag, digest in sorted(pushed)],
+    }

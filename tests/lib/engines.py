@@ -8,8 +8,8 @@ that needs two hosts (a multi-node cluster on one machine), starts its own engin
 - has its own unix socket, ``--exec-root`` (where its containerd keeps state), ``--pidfile`` and
   ``--data-root``, all under one directory the caller owns, and an empty config file, so nothing
   under ``/etc/docker`` leaks in;
-- is stopped by its PID (TERM, then KILL), with its containerd, what it left mounted under its root
-  unmounted, and its data removed with :meth:`ExtraEngine.stop`.
+- is stopped by its PID (TERM, then KILL), with its containerd, and its data removed with
+  :meth:`ExtraEngine.stop`.
 
 Unix socket paths are limited to 108 bytes, so the socket lives under ``/run/envbuild-test-engines``
 with a short random name rather than under a deep ``tmp_path``.
@@ -23,6 +23,7 @@ import shutil
 import signal
 import subprocess
 import time
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,8 +72,8 @@ class ExtraEngine:
         _terminate(self.process.pid, self.process)
         if containerd is not None:
             _terminate(containerd, None)
+        _unmount_below(self.root)  # dockerd leaves its data root bind-mounted, and a netns file
         self.socket.unlink(missing_ok=True)
-        _unmount_under(self.root)  # dockerd leaves its default netns bind-mounted under the exec root
         if remove_data:
             shutil.rmtree(self.root, ignore_errors=True)
 
@@ -103,7 +104,7 @@ def start_engine(root: Path, *, driver: str | None = None) -> ExtraEngine:
     try:
         _wait_until_it_answers(engine)
     except BaseException:
-        engine.stop(remove_data=False)  # never leave a daemon behind, whatever went wrong
+        engine.stop(remove_data=False)  # whatever went wrong, no dockerd of ours is left running
         raise
     return engine
 
@@ -112,31 +113,29 @@ def _wait_until_it_answers(engine: ExtraEngine) -> None:
     deadline = time.monotonic() + START_TIMEOUT
     while True:
         if engine.process.poll() is not None:
-            raise AssertionError(
-                f"dockerd exited with {engine.process.returncode}; log: {_tail(engine.root / 'dockerd.log')}"
-            )
-        client = None
+            code = engine.process.returncode
+            raise AssertionError(f"dockerd exited with {code}; log: {_tail(engine.root / 'dockerd.log')}")
         try:
-            client = engine.client(timeout=5)
-            client.ping()
+            with closing(engine.client(timeout=5)) as client:
+                client.ping()
             return
         except (docker.errors.DockerException, requests.RequestException):
             if time.monotonic() > deadline:
-                raise AssertionError(
-                    f"dockerd did not answer in {START_TIMEOUT:g} s; log: {_tail(engine.root / 'dockerd.log')}"
-                ) from None
+                log = _tail(engine.root / "dockerd.log")
+                raise AssertionError(f"dockerd did not answer in {START_TIMEOUT:g} s; log: {log}") from None
             time.sleep(0.2)
-        finally:
-            if client is not None:
-                client.close()
 
 
-def _unmount_under(root: Path) -> None:
-    """Unmount what is still mounted under ``root`` (deepest first); only ever our own engine's mounts."""
+def _unmount_below(root: Path) -> None:
+    """Unmount every mount point at or under ``root``, deepest first (only ours: the paths are ours)."""
     prefix = str(root.resolve())
-    mounted = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
-    for target in sorted((m for m in mounted if m == prefix or m.startswith(prefix + "/")), key=len, reverse=True):
-        subprocess.run(["umount", "--lazy", target], capture_output=True, check=False)
+    points = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4].encode().decode("unicode_escape")  # octal escapes such as \040
+        if point == prefix or point.startswith(prefix + "/"):
+            points.append(point)
+    for point in sorted(points, key=len, reverse=True):
+        subprocess.run(["umount", point], capture_output=True, check=False)
 
 
 def _terminate(pid: int, process: subprocess.Popen[bytes] | None) -> None:

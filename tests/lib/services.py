@@ -25,6 +25,7 @@ FIXTURE_MARKERS = {
     "base_image": ("docker",),
     "registry": ("registry",),
     "pushed_base_image": ("docker", "registry"),
+    "fresh_engine": ("docker",),
 }
 
 

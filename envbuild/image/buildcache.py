@@ -1,0 +1,65 @@
+"""What ``envbuild image`` keeps between builds under ``<cache_dir>/image``: scratch directories and the
+map from raw built images to the normalised, checked images made from them.
+
+- ``work/build-*``: one scratch directory per running build (the context, saved and normalised
+  archives), held by an ``flock`` on ``work/build-*.lock``; the ones a killed build left behind (their
+  lock no longer held) are removed by the next build on its way in.
+- ``normalized.json``: ``{raw image ID: {"image_id": normalised ID, "lock_sha256": …}}`` for every raw
+  image that passed the in-image check, so a rebuild the engine answers from its layer cache skips save,
+  normalise, load and check. Written under a lock, atomically; a damaged map only costs a normalisation.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from envbuild.fileio import write_atomic
+from envbuild.locking import file_lock
+
+
+@contextmanager
+def context_dir(cache_dir: Path) -> Iterator[Path]:
+    """A scratch directory under ``<cache_dir>/image/work``, held by an flock while in use; the ones a
+    killed build left behind (their lock no longer held) are removed on the way in."""
+    root = cache_dir / "image" / "work"
+    root.mkdir(parents=True, exist_ok=True)
+    for lock_file in root.glob("*.lock"):
+        with file_lock(lock_file, blocking=False) as held:
+            if held:
+                shutil.rmtree(lock_file.with_suffix(""), ignore_errors=True)
+                lock_file.unlink(missing_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="build-", dir=root))
+    lock_file = work.with_name(work.name + ".lock")
+    try:
+        with file_lock(lock_file, blocking=True):
+            yield work
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        lock_file.unlink(missing_ok=True)
+
+
+def _map_path(cache_dir: Path) -> Path:
+    return cache_dir / "image" / "normalized.json"
+
+
+def read_map(cache_dir: Path) -> dict[str, dict[str, Any]]:
+    try:
+        data = json.loads(_map_path(cache_dir).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}  # a missing or damaged map only costs a normalisation
+    return data if isinstance(data, dict) else {}
+
+
+def remember(cache_dir: Path, raw_id: str, entry: dict[str, Any]) -> None:
+    path = _map_path(cache_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with file_lock(path.with_suffix(".lock"), blocking=True):
+        data = read_map(cache_dir)
+        data[raw_id] = entry
+        write_atomic(path, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())

@@ -1,0 +1,154 @@
+"""A build's inputs, in the caches: the exact tree of every source and every package file of a lock.
+
+``envbuild image`` and ``envbuild check`` call :func:`fetch_inputs` themselves, before planning, whatever
+``lock verify`` did or did not fetch: verify's fast path settles a pin at a branch head or a tag from
+the ref listing alone and fetches nothing, while a build needs the commit (its date is the default
+epoch) and every file of its tree. ``envbuild lock fetch`` runs it alone, so that a later ``--offline``
+build (an air-gapped cluster with a copied cache) finds everything.
+
+Offline, nothing is fetched: every input that is not in the cache is named at once, with the command
+that puts it there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from envbuild.errors import EnvbuildError, RemoteError
+from envbuild.filecache import FileCache
+from envbuild.git.export import TreeExporter, commit_dates, fetch_commit, has_commit
+from envbuild.index import IndexClient
+from envbuild.lock.model import Lock, Package, PackageFile, Source
+from envbuild.verify import VerifyOptions, fetch_command
+
+Progress = Callable[[str], None]
+
+
+class InputsMissing(EnvbuildError):
+    """Offline, and the cache lacks inputs of the build; names each and the command that fetches them."""
+
+
+class InputFetchError(EnvbuildError):
+    """An input could not be fetched (a remote fault, or it is not what the lock pins); names each."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = sorted(problems)
+        super().__init__("; ".join(self.problems))
+
+
+@dataclass(frozen=True)
+class FetchedInput:
+    kind: Literal["source", "package_file"]
+    name: str  # the source, or the package
+    what: str  # the commit, or the file name
+    fetched: bool  # False: it was in the cache already
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "name": self.name, "what": self.what, "fetched": self.fetched}
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Everything a build of the lock reads, in the caches; ``epoch`` is the newest pinned commit's
+    committer date (None for a lock without sources)."""
+
+    inputs: tuple[FetchedInput, ...]
+    epoch: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"inputs": [i.to_json() for i in self.inputs], "newest_commit_date": self.epoch}
+
+
+def exporter_for(options: VerifyOptions) -> TreeExporter:
+    return TreeExporter(options.cache_dir, mirrors=options.mirrors, offline=options.offline)
+
+
+def fetch_inputs(
+    lock: Lock,
+    lock_path: Path,
+    options: VerifyOptions,
+    *,
+    client: IndexClient | None = None,
+    progress: Progress | None = None,
+) -> Inputs:
+    """Put every input of ``lock`` in the caches of ``options.cache_dir`` (offline: check that they are
+    there), through ``options.mirrors``."""
+    say = progress or (lambda message: None)
+    exporter, files, jobs = exporter_for(options), FileCache(options.cache_dir), options.jobs
+    missing: list[str] = []
+    if exporter.offline:
+        missing += [f"source {s.name} (commit {s.commit})" for s in lock.sources if not has_commit(exporter, s)]
+        missing += [
+            f"package {p.name} {p.version} ({f.filename})" for p, f in _package_files(lock) if not files.get(f.sha256)
+        ]
+        if missing:
+            raise InputsMissing(
+                f"{lock_path}: --offline, and the cache ({exporter.cache_dir}) lacks {'; '.join(missing)}; run "
+                f"`{fetch_command(lock_path, options)}` where the upstreams are reachable"
+            )
+    fetched_sources = _fetch_sources(lock.sources, exporter, jobs, say)
+    fetched_files = _fetch_files(lock, files, client or IndexClient(), say)
+    return Inputs((*fetched_sources, *fetched_files), newest_commit_date(lock, exporter))
+
+
+def newest_commit_date(lock: Lock, exporter: TreeExporter) -> int | None:
+    """The newest committer date of the pinned commits, read from the export cache (no network)."""
+    dates = []
+    for source in lock.sources:
+        found = commit_dates(exporter.cache, exporter.mirrors.rewrite(source.repo), [source.commit])
+        if source.commit not in found:
+            raise EnvbuildError(f"source {source.name}: commit {source.commit} is not in {exporter.cache.root}")
+        dates.append(found[source.commit])
+    return max(dates) if dates else None
+
+
+def _fetch_sources(sources: tuple[Source, ...], exporter: TreeExporter, jobs: int, say: Progress) -> list[FetchedInput]:
+    def one(source: Source) -> FetchedInput:
+        if has_commit(exporter, source):
+            return FetchedInput("source", source.name, source.commit, False)
+        say(f"fetching the files of {source.name} ({source.ref_type} {source.ref} at {source.commit[:12]})")
+        fetch_commit(exporter, source)
+        return FetchedInput("source", source.name, source.commit, True)
+
+    problems: list[str] = []
+    results: list[FetchedInput] = []
+    with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(sources) or 1))) as pool:
+        for source, future in [(s, pool.submit(one, s)) for s in sources]:
+            try:
+                results.append(future.result())
+            except EnvbuildError as exc:
+                problems.append(str(exc) if str(exc).startswith("source ") else f"source {source.name}: {exc}")
+    if problems:
+        raise InputFetchError(problems)
+    return results
+
+
+def _package_files(lock: Lock) -> list[tuple[Package, PackageFile]]:
+    return [(p, f) for p in lock.packages for f in sorted(p.files, key=lambda f: f.filename)]
+
+
+def _fetch_files(lock: Lock, files: FileCache, client: IndexClient, say: Progress) -> list[FetchedInput]:
+    results: list[FetchedInput] = []
+    problems: list[str] = []
+    for package, file in _package_files(lock):
+        if files.get(file.sha256):
+            results.append(FetchedInput("package_file", package.name, file.filename, False))
+            continue
+        say(f"downloading {file.filename}")
+        try:
+            page = client.project(lock.index_for(package), package.name)
+            listed = page.file(file.filename)
+            if listed is None:
+                raise RemoteError(f"{page.index} no longer lists {file.filename}")
+            files.fetch(listed.url, file.sha256, file.filename, client.download)
+        except EnvbuildError as exc:
+            problems.append(f"package {package.name} {package.version}: {exc}")
+            continue
+        results.append(FetchedInput("package_file", package.name, file.filename, True))
+    if problems:
+        raise InputFetchError(problems)
+    return results
