@@ -5,24 +5,47 @@ cache_dir: /var/cache/envbuild           # default ~/.cache/envbuild (or $ENVBUI
 mirrors:                                 # like git's url.<base>.insteadOf
   https://github.com/: https://git.internal.example/github/
 ```
+
+Read like a lockfile: the same YAML reader (size cap, UTF-8, no anchors or aliases) and the same strict
+decoder, so every problem is reported at once as ``FILE:LINE: FIELD: message`` and exits 2.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from envbuild.errors import InputError
-from envbuild.mirrors import Mirrors
+from envbuild.errors import LockfileError, Problem
+from envbuild.lock.typed import Decoder, mfield, shown
+from envbuild.lock.yamlfile import compose_yaml, read_capped
+from envbuild.mirrors import Mirrors, check_rule
+
+
+class ConfigError(LockfileError):
+    """The config file failed validation: every problem, each with its file and line (exit 2)."""
 
 
 @dataclass(frozen=True)
 class Config:
     cache_dir: Path
     mirrors: Mirrors
+
+
+def _check_cache_dir(value: str) -> str | None:
+    if not value or any(not c.isprintable() for c in value):
+        return f"{shown(value)} is empty or contains control characters; give a directory path"
+    return None
+
+
+@dataclass(frozen=True)
+class ConfigFile:
+    """The config file as written."""
+
+    cache_dir: str | None = mfield(None, check=_check_cache_dir, description="cache of repositories and files")
+    mirrors: dict[str, str] = field(default_factory=dict)
 
 
 def default_config_path() -> Path:
@@ -40,25 +63,42 @@ def default_cache_dir() -> Path:
 
 
 def load_config(path: Path | None = None) -> Config:
+    """The config in force. A file named by ``--config`` or ``$ENVBUILD_CONFIG`` must exist (a typo must
+    not silently drop its mirrors); the default one may be absent."""
+    named = path is not None or bool(os.environ.get("ENVBUILD_CONFIG"))
     path = path or default_config_path()
-    data: object = {}
-    if path.exists():
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise InputError(f"{path}: cannot read config: {str(exc).splitlines()[0]}") from None
-    if not isinstance(data, dict):
-        raise InputError(f"{path}: expected a mapping at the top level")
-    unknown = set(data) - {"cache_dir", "mirrors"}
-    if unknown:
-        raise InputError(f"{path}: {sorted(unknown)[0]}: unknown key (known keys: cache_dir, mirrors)")
-    mirrors = data.get("mirrors") or {}
-    if not isinstance(mirrors, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in mirrors.items()):
-        raise InputError(f"{path}: mirrors: expected a mapping of URL prefix to URL prefix")
-    cache = data.get("cache_dir")
-    if cache is not None and not isinstance(cache, str):
-        raise InputError(f"{path}: cache_dir: expected a string")
+    if named or path.exists():
+        parsed = parse_config(read_capped(path, ConfigError), str(path))
+    else:
+        parsed = ConfigFile()
     return Config(
-        cache_dir=Path(cache).expanduser() if cache else default_cache_dir(),
-        mirrors=Mirrors(tuple(mirrors.items())),
+        cache_dir=Path(parsed.cache_dir).expanduser() if parsed.cache_dir else default_cache_dir(),
+        mirrors=Mirrors(tuple(parsed.mirrors.items())),
     )
+
+
+def parse_config(data: bytes | str, file: str = "<config>") -> ConfigFile:
+    root = compose_yaml(data, file, ConfigError)
+    if root is None:
+        return ConfigFile()
+    decoder = Decoder(file)
+    parsed = decoder.decode(ConfigFile, root, "")
+    decoder.problems.extend(_mirror_problems(root, file))
+    if decoder.problems or parsed is None:
+        raise ConfigError(decoder.problems)
+    return parsed
+
+
+def _mirror_problems(root: yaml.Node, file: str) -> list[Problem]:
+    """Each mirror rule checked on its own line (the decoder has checked the shape already)."""
+    if not isinstance(root, yaml.MappingNode):
+        return []
+    problems = []
+    for key, value in root.value:
+        if key.value != "mirrors" or not isinstance(value, yaml.MappingNode):
+            continue
+        for source, target in value.value:
+            if isinstance(source, yaml.ScalarNode) and isinstance(target, yaml.ScalarNode):
+                if (problem := check_rule(source.value, target.value)) is not None:
+                    problems.append(Problem(file, source.start_mark.line + 1, "mirrors", problem))
+    return problems

@@ -24,8 +24,8 @@ import docker.errors
 import requests
 
 from envbuild.errors import EngineError
+from envbuild.progress import Progress
 
-Progress = Callable[[str], None]
 TIMEOUT = 3600  # seconds for one API call: a build step or a save of a multi-GB image
 CONNECT_TIMEOUT = 30  # seconds for the first answer of an engine
 LOG_TAIL = 20

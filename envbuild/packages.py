@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shlex
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -13,6 +12,7 @@ from packaging.version import Version
 from envbuild.errors import RemoteError
 from envbuild.index import IndexClient, ProjectPage
 from envbuild.lock.model import Lock, Package
+from envbuild.progress import Progress
 from envbuild.resolve import file_version
 from envbuild.results import PinResult
 
@@ -24,7 +24,7 @@ def verify_packages(
     lock: Lock,
     *,
     jobs: int = 8,
-    progress: Callable[[str], None] | None = None,
+    progress: Progress | None = None,
     session: requests.Session | None = None,
     client: IndexClient | None = None,
     lock_path: str = "LOCKFILE",

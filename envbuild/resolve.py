@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
@@ -29,6 +29,7 @@ from packaging.version import InvalidVersion, Version
 from envbuild.errors import EnvbuildError, InputError, RemoteError
 from envbuild.index import IndexClient, IndexFile
 from envbuild.lock.model import PYPI_SIMPLE, Lock, Package, PackageFile, Platform
+from envbuild.progress import Progress
 
 # The glibc floor the lock's platform promises; uv resolves for the same (`<arch>-manylinux_2_28`).
 GLIBC = (2, 28)
@@ -156,7 +157,7 @@ def run_uv_compile(requirements: Sequence[str], platform: Platform, index: str) 
 
 
 def resolve_packages(
-    lock: Lock, *, progress: Callable[[str], None] | None = None, client: IndexClient | None = None, jobs: int = 8
+    lock: Lock, *, progress: Progress | None = None, client: IndexClient | None = None, jobs: int = 8
 ) -> tuple[Package, ...]:
     """The full closure of ``lock.requirements`` for ``lock.platform``, every installable file hashed.
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
@@ -25,9 +25,9 @@ from envbuild.git.cache import GitCache
 from envbuild.git.remote import GitError, RefListing
 from envbuild.lock.model import HEX40, REF_NAME, Source, check_repo_url
 from envbuild.mirrors import Mirrors
+from envbuild.progress import Progress
 from envbuild.results import PinResult, SourceStatus
 
-Progress = Callable[[str], None]
 OFFLINE_MISS = "offline and not in cache"
 ALL_REFS = ("+refs/heads/*:refs/upstream/heads/*", "+refs/tags/*:refs/upstream/tags/*")
 

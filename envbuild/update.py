@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Sequence
+from typing import Sequence
 
 from envbuild.errors import EngineError, InputError
 from envbuild.git.cache import GitCache
 from envbuild.lock.model import BaseImage, Lock, Source
 from envbuild.mirrors import Mirrors
+from envbuild.progress import Progress
 from envbuild.resolve import resolve_packages
 from envbuild.sources import resolve_ref
-
-Progress = Callable[[str], None]
 
 
 def update_lock(

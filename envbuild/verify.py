@@ -5,17 +5,16 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from envbuild.filecache import FileCache
 from envbuild.git.cache import GitCache
 from envbuild.lock.model import Lock, Package
 from envbuild.mirrors import Mirrors
 from envbuild.packages import verify_packages
+from envbuild.progress import Progress
 from envbuild.results import PinResult, VerifyReport
 from envbuild.sources import verify_sources
-
-Progress = Callable[[str], None]
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from envbuild.cli.common import Progress
+from envbuild.cli.common import StderrProgress
 from envbuild.config import load_config
 
 
@@ -60,7 +60,7 @@ def _up(args: argparse.Namespace) -> int:
     spec = load_cluster_file(args.cluster_file)
     lock = read_lock(args.lock) if args.lock else None
     options = UpOptions(image=args.image, cache_dir=_cache_dir(args), lock=lock, join_timeout=args.timeout)
-    info = cluster_up(spec, options, Progress("envrun", args.quiet))
+    info = cluster_up(spec, options, StderrProgress("envrun", args.quiet))
     sys.stdout.write(json.dumps(info.to_json(), indent=2) + "\n" if args.json else render_cluster(info))
     return 0
 
@@ -83,6 +83,6 @@ def _down(args: argparse.Namespace) -> int:
     if args.target.endswith((".yaml", ".yml")) or Path(args.target).is_file():
         spec = load_cluster_file(Path(args.target))
         name, hosts = spec.name, spec.engines
-    removed = cluster_down(name, _cache_dir(args), hosts, Progress("envrun", args.quiet))
+    removed = cluster_down(name, _cache_dir(args), hosts, StderrProgress("envrun", args.quiet))
     print(f"cluster {name}: removed {len(removed)} container(s)")
     return 0

@@ -13,7 +13,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from envbuild.cli.common import Progress
+from envbuild.cli.common import StderrProgress
 from envbuild.errors import InputError
 from envrun.plan import BACKENDS, RunParameters, render_plan_json, render_plan_text
 from envrun.preflight import CHECKS
@@ -127,7 +127,7 @@ def run_recipe_command(args: argparse.Namespace) -> int:
         skip_checks=tuple(args.skip_check),
         cluster=args.cluster,
     )
-    progress = Progress("envrun", getattr(args, "quiet", False))
+    progress = StderrProgress("envrun", getattr(args, "quiet", False))
     prepared = prepare_run(request, progress)
     if args.dry_run:
         sys.stdout.write(render_plan_json(prepared.plan) if args.json else render_plan_text(prepared.plan))

@@ -13,17 +13,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from envbuild.errors import EnvbuildError
+from envbuild.progress import Progress, silent
 from envrun.exports import ExportSpec, audit_exports
 from envrun.launch import LaunchResult, launcher_for
 from envrun.plan import PreflightLine, RunPlan
 from envrun.preflight import TARGET_CHECK, failed
 from envrun.prepare import PreparedRun
 from envrun.rundir import RunDir, Status, default_run_dir
-
-Progress = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -53,7 +51,7 @@ class TargetRefused(EnvbuildError):
     """Where the job would run may not run it (a node on another lock); nothing was started (exit 1)."""
 
 
-def execute_run(prepared: PreparedRun, run_dir: Path | None = None, progress: Progress = lambda m: None) -> RunOutcome:
+def execute_run(prepared: PreparedRun, run_dir: Path | None = None, progress: Progress = silent) -> RunOutcome:
     """Launch ``prepared`` and record it under ``run_dir`` (default ``runs/<recipe>-<UTC time>``)."""
     prepared.refuse_if_failed()
     plan = prepared.plan

@@ -10,17 +10,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
 
 from envbuild.config import load_config
 from envbuild.errors import InputError
 from envbuild.lock.io import LockFile, read_lock
+from envbuild.progress import Progress, silent
 from envrun.exports import ExportSpec
 from envrun.plan import PreflightLine, RunParameters, RunPlan, build_plan
 from envrun.preflight import PreflightEnv, PreflightError, failed, run_preflight
 from envrun.recipe import Recipe, load_recipe, recipe_path
 
-Progress = Callable[[str], None]
 CHECKOUT = Path(__file__).resolve().parents[1]
 
 
@@ -95,7 +94,7 @@ def _on_cluster(params: RunParameters, name: str, cache_dir: Path) -> RunParamet
     return replace(params, ray_address=state.address)
 
 
-def prepare_run(request: RunRequest, progress: Progress = lambda message: None) -> PreparedRun:
+def prepare_run(request: RunRequest, progress: Progress = silent) -> PreparedRun:
     """Read, plan, validate and preflight ``request``; raise the project's errors on bad input.
 
     A failed preflight check does not raise here (a dry run shows the whole report first): see

@@ -14,6 +14,7 @@ from typing import Literal
 from envbuild.errors import LockfileError, Problem
 from envbuild.lock.model import ENV_NAME, SAFE_NAME, check_env
 from envbuild.lock.typed import meta, mfield
+from envbuild.lock.yamlfile import read_capped
 from envrun.typedyaml import decode_yaml
 
 RECIPE_VERSION = 1
@@ -115,15 +116,10 @@ def shipped_recipes() -> tuple[str, ...]:
 
 
 def load_recipe(path: Path) -> Recipe:
-    file = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RecipeError([Problem(file, 0, "", f"cannot read: {getattr(exc, 'strerror', None) or exc}")]) from None
-    return parse_recipe(text, file)
+    return parse_recipe(read_capped(path, RecipeError), str(path))
 
 
-def parse_recipe(text: str, file: str = "<recipe>") -> Recipe:
+def parse_recipe(text: bytes | str, file: str = "<recipe>") -> Recipe:
     return decode_yaml(
         text,
         file,

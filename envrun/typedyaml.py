@@ -1,5 +1,6 @@
-"""Reading envrun's YAML files (recipes, cluster files) into typed values, strictly, with the lock's
-decoder: every problem as ``FILE:LINE: FIELD: message``, all of them raised at once (exit 2)."""
+"""Reading envrun's YAML files (recipes, cluster files) into typed values, strictly: read as every
+envbuild YAML file is (:func:`envbuild.lock.yamlfile.compose_yaml`: plain data only), decoded with the
+lock's decoder; every problem as ``FILE:LINE: FIELD: message``, all of them raised at once (exit 2)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ import yaml
 
 from envbuild.errors import LockfileError, Problem
 from envbuild.lock.typed import Decoder
+from envbuild.lock.yamlfile import compose_yaml
 
 T = TypeVar("T")
 
 
 def decode_yaml(
-    text: str,
+    text: bytes | str,
     file: str,
     cls: type[T],
     error: type[LockfileError],
@@ -23,12 +25,7 @@ def decode_yaml(
     checks: Callable[[T, yaml.Node], list[Problem]] = lambda value, root: [],
 ) -> T:
     """``text`` as a ``cls``; ``empty`` says what an empty file lacks; ``checks`` adds cross-field problems."""
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        reason = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise error([Problem(file, mark.line + 1 if mark else 0, "", f"not valid YAML: {reason}")]) from None
+    root = compose_yaml(text, file, error)  # plain data only: size cap, UTF-8, no anchors or aliases
     if root is None:
         raise error([Problem(file, 0, "", f"empty file; {empty}")])
     decoder = Decoder(file)

@@ -50,7 +50,11 @@ def test_a_cluster_file_is_data() -> None:
         ),
         (
             ("ssh://root@node-001", "ssh://root:secret@node-001"),
-            "nodes[0].engine: 'ssh://root:secret@node-001' carries a password",
+            "nodes[0].engine: 'ssh://***@node-001' carries a password",  # never echoed
+        ),
+        (
+            ("tcp://node-002:2375", "tcp://u:pw@node-002:2375"),
+            "nodes[1].engine: 'tcp://***@node-002:2375' carries credentials",
         ),
         (
             ("unix:///run/docker.sock", "unix://run/docker.sock"),
@@ -70,6 +74,7 @@ def test_bad_cluster_files_are_named_by_line_and_field(change: tuple[str, str], 
     with pytest.raises(ClusterFileError) as info:
         parse_cluster_file(GOOD.replace(*change), "c.yaml")
     assert expected in str(info.value) and info.value.exit_code == 2
+    assert "secret" not in str(info.value) and ":pw@" not in str(info.value)
 
 
 @pytest.mark.parametrize(

@@ -82,7 +82,7 @@ def test_every_problem_is_reported_at_once_with_line_and_field() -> None:
         """)
     found = problems(text)
     expected = [
-        ("t.lock.yaml:2: name:", "safe name"),
+        ("t.lock.yaml:2: name:", "path component"),
         ("t.lock.yaml:3: colour:", "unknown key"),
         ("t.lock.yaml:5: sources[0].name:", "safe name"),
         ("t.lock.yaml:6: sources[0].repo:", "remote helper"),
@@ -105,7 +105,7 @@ def test_every_problem_is_reported_at_once_with_line_and_field() -> None:
         ("-oProxyCommand=evil", "option"),
         ("ext::ssh evil", "remote helper"),
         ("fd::3", "remote helper"),
-        ("https://user:secret@example.org/x.git", "password"),
+        ("https://user:secret@example.org/x.git", "credentials"),
         ("https:///nohost.git", "no host"),
         ("/srv/git/local.git", "scheme"),
         ("https://example.org/a b.git", "whitespace"),
@@ -197,6 +197,10 @@ def test_schema_agrees_with_the_validator_on_samples() -> None:
         {**real, "colour": 1},
         {**real, "sources": [{**real["sources"][0], "commit": "ba7b5eb"}]},
         {**real, "sources": [{**real["sources"][0], "ref_type": "sha"}]},
+        {**real, "name": "a-"},  # not a docker path component
+        {**real, "name": "a" * 243},  # envbuild-raw/<name> would pass docker's 255
+        {**real, "source_date_epoch": 8**11},  # past what a tar header holds
+        {**real, "base_image": {**real["base_image"], "name": "x-:1"}},
     ):
         assert list(validator.iter_errors(bad)), bad
         with pytest.raises(LockfileError):

@@ -18,7 +18,6 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
 
 from envbuild.check.explain import explain
 from envbuild.check.history import HistoryEntry, append_history, last_image_id, read_history
@@ -28,10 +27,9 @@ from envbuild.errors import EnvbuildError
 from envbuild.image.build import BuildResult, ImageOptions, build_image
 from envbuild.image.inputs import fetch_inputs
 from envbuild.lock.io import LockFile, read_lock
+from envbuild.progress import Progress
 from envbuild.results import VerifyReport
 from envbuild.verify import VerifyOptions, verify_lock
-
-Progress = Callable[[str], None]
 
 
 @dataclass(frozen=True)

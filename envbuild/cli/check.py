@@ -8,10 +8,10 @@ from pathlib import Path
 
 from envbuild.check.history import read_history
 from envbuild.check.report import CheckReport, render_html, render_markdown
-from envbuild.cli.common import Progress, add_source_options, verify_options
+from envbuild.cli.common import StderrProgress, add_source_options, verify_options
 from envbuild.errors import EnvbuildError
 from envbuild.fileio import write_atomic
-from envbuild.report import render_json
+from envbuild.output import render_json
 
 
 def add_check_command(subparsers: argparse._SubParsersAction) -> None:
@@ -39,7 +39,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from envbuild.check.run import CheckOptions, run_check
 
     options = CheckOptions(verify_options(args), history=args.history)
-    report = run_check(args.lockfile, options, Progress("envbuild", args.quiet))
+    report = run_check(args.lockfile, options, StderrProgress("envbuild", args.quiet))
     if args.report:
         write_reports(args.report, report, args.history, str(args.lockfile))
     sys.stdout.write(render_json(report.to_json()) if args.json else render_markdown(report))

@@ -43,14 +43,15 @@ def run(prog: str, parser: argparse.ArgumentParser, argv: Sequence[str] | None) 
     except EnvbuildError as exc:
         if debug:
             traceback.print_exc()
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        for line in str(exc).splitlines() or [type(exc).__name__]:  # several problems: each its own line
+            print(f"{prog}: error: {line}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
 
 
-class Progress:
+class StderrProgress:
     """Progress lines on stderr, safe to call from worker threads; silent with --quiet."""
 
     def __init__(self, prog: str, quiet: bool = False) -> None:

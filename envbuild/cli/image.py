@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from envbuild.cli.common import Progress, add_source_options, verify_options
-from envbuild.report import render_json
+from envbuild.cli.common import StderrProgress, add_source_options, verify_options
+from envbuild.output import render_json
 
 
 def add_image_command(subparsers: argparse._SubParsersAction) -> None:
@@ -42,7 +42,7 @@ def cmd_image(args: argparse.Namespace) -> int:
         no_cache=args.no_cache,
         record_dir=args.record_dir,
     )
-    progress = Progress("envbuild", args.quiet)
+    progress = StderrProgress("envbuild", args.quiet)
     if args.dry_run:
         plan, dockerfile = dry_run(args.lockfile, options, progress)
         sys.stdout.write(render_json(plan_json(plan)) if args.json else dockerfile)

@@ -6,14 +6,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from envbuild.cli.common import Progress, add_source_options, source_settings, verify_options
+from envbuild.cli.common import StderrProgress, add_source_options, source_settings, verify_options
 from envbuild.errors import InputError
 from envbuild.fileio import write_atomic
 from envbuild.git.cache import GitCache
 from envbuild.lock import dump_lock, read_lock, write_lock
 from envbuild.lock.diff import CommitCounter, diff_locks, render_changes
 from envbuild.mirrors import Mirrors
-from envbuild.report import render_json, render_verify
+from envbuild.output import render_json, render_verify
 
 
 def add_lock_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -81,7 +81,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     lock = read_lock(args.lockfile).lock  # before the heavier imports: a bad lock fails fast
     from envbuild.verify import verify_lock
 
-    report = verify_lock(lock, str(args.lockfile), verify_options(args), Progress("envbuild", args.quiet))
+    report = verify_lock(lock, str(args.lockfile), verify_options(args), StderrProgress("envbuild", args.quiet))
     sys.stdout.write(render_json(report.to_json()) if args.json else render_verify(report))
     return 0 if report.ok else 1
 
@@ -97,7 +97,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     if args.offline:
         raise InputError("lock fetch: --offline makes no sense here; this command is what fills the cache")
     options = verify_options(args)
-    progress = Progress("envbuild", args.quiet)
+    progress = StderrProgress("envbuild", args.quiet)
     report = verify_lock(read.lock, str(args.lockfile), options, progress)
     if not report.ok:
         sys.stdout.write(
@@ -127,7 +127,12 @@ def cmd_update(args: argparse.Namespace) -> int:
     cache_dir, mirrors = source_settings(args)
     cache = GitCache(cache_dir / "git")
     new = update_lock(
-        lock, args.names, cache, mirrors=mirrors, packages=args.packages, progress=Progress("envbuild", args.quiet)
+        lock,
+        args.names,
+        cache,
+        mirrors=mirrors,
+        packages=args.packages,
+        progress=StderrProgress("envbuild", args.quiet),
     )
     changes = diff_locks(lock, new, _commit_counter(cache, mirrors))
     if not args.dry_run and dump_lock(new) != args.lockfile.read_text(encoding="utf-8"):

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import re
 import shutil
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -42,11 +41,11 @@ from envbuild.image.plan import ContextPlan, plan_context
 from envbuild.image.record import build_record, build_summary, render_record_json
 from envbuild.image.render import base_reference, render_dockerfile
 from envbuild.lock.io import LockFile, read_lock
-from envbuild.lock.model import IMAGE_NAME
+from envbuild.progress import Progress
+from envbuild.reference import check_name_and_tag
 from envbuild.results import VerifyReport
 from envbuild.verify import VerifyOptions, fetch_command, verify_lock
 
-Progress = Callable[[str], None]
 Compare = Callable[[str, dict], list[str]]
 RAW_REPOSITORY = "envbuild-raw"
 
@@ -117,9 +116,11 @@ def require_verified(
 
 
 def check_tags(tags: tuple[str, ...]) -> None:
-    bad = [t for t in tags if not re.fullmatch(IMAGE_NAME, t) or "@" in t]
-    if bad:
-        raise InputError(f"--tag: {', '.join(map(repr, bad))}: expected [registry/]repository[:tag], lowercase")
+    """Every ``--tag`` is ``[registry[:port]/]path[:tag]`` in docker's grammar, checked before anything is
+    built (a bad one would otherwise fail only at tagging, leaving an untagged image)."""
+    problems = [f"--tag: {problem}" for tag in tags if (problem := check_name_and_tag(tag)) is not None]
+    if problems:
+        raise InputError("\n".join(problems))
 
 
 def default_tag(plan: ContextPlan) -> str:

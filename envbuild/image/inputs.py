@@ -12,7 +12,6 @@ that puts it there.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +22,8 @@ from envbuild.filecache import FileCache
 from envbuild.git.export import TreeExporter, commit_dates, fetch_commit, has_commit
 from envbuild.index import IndexClient
 from envbuild.lock.model import Lock, Package, PackageFile, Source
+from envbuild.progress import Progress
 from envbuild.verify import VerifyOptions, fetch_command
-
-Progress = Callable[[str], None]
 
 
 class InputsMissing(EnvbuildError):

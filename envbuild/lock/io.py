@@ -22,7 +22,8 @@ from packaging.version import InvalidVersion, Version
 from envbuild.errors import LockfileError, Problem
 from envbuild.fileio import write_atomic
 from envbuild.lock.model import LOCK_VERSION, Lock
-from envbuild.lock.typed import Decoder
+from envbuild.lock.typed import DECIMAL_INT, MAX_INT_DIGITS, Decoder
+from envbuild.lock.yamlfile import compose_yaml, read_capped
 
 HEADER = "# envbuild lockfile: written by `envbuild lock`; every pin is checked by `envbuild lock verify`.\n"
 
@@ -40,23 +41,12 @@ class LockFile:
 def read_lock(path: str | os.PathLike[str]) -> LockFile:
     """Read and validate a lockfile; raise :class:`LockfileError` listing every problem. The one way
     envbuild and envrun read a lock from disk."""
-    file = str(path)
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise LockfileError([Problem(file, 0, "", f"cannot read: {exc.strerror or exc}")]) from None
-    return LockFile(Path(path), parse_lock(data, file), hashlib.sha256(data).hexdigest())
+    data = read_capped(path)
+    return LockFile(Path(path), parse_lock(data, str(path)), hashlib.sha256(data).hexdigest())
 
 
 def parse_lock(data: bytes | str, file: str = "<lock>") -> Lock:
-    text = data.decode("utf-8", errors="strict") if isinstance(data, bytes) else data
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark else 0
-        reason = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise LockfileError([Problem(file, line, "", f"not valid YAML: {reason}")]) from None
+    root = compose_yaml(data, file)
     if root is None:
         raise LockfileError([Problem(file, 0, "", "empty file; a lock needs version, name and sources")])
     _check_version(root, file)
@@ -70,23 +60,20 @@ def parse_lock(data: bytes | str, file: str = "<lock>") -> Lock:
 
 
 def _check_version(root: yaml.Node, file: str) -> None:
-    """Give a missing and an unsupported version their own, clear messages before anything else."""
+    """Give a missing and an unsupported version their own, clear messages before anything else (any
+    other malformed version is the decoder's to report)."""
     if not isinstance(root, yaml.MappingNode):
         return
     for key, value in root.value:
-        if key.value == "version":
-            if isinstance(value, yaml.ScalarNode) and value.tag.endswith(":int") and int(value.value) != LOCK_VERSION:
-                raise LockfileError(
-                    [
-                        Problem(
-                            file,
-                            value.start_mark.line + 1,
-                            "version",
-                            f"unsupported lockfile version {value.value}; this envbuild reads version {LOCK_VERSION} (upgrade envbuild)",
-                        )
-                    ]
-                )
-            return
+        if key.value != "version":
+            continue
+        number = value.value if isinstance(value, yaml.ScalarNode) and value.tag.endswith(":int") else ""
+        if DECIMAL_INT.fullmatch(number) and len(number) <= MAX_INT_DIGITS and int(number) != LOCK_VERSION:
+            message = (
+                f"unsupported lockfile version {number}; this envbuild reads version {LOCK_VERSION} (upgrade envbuild)"
+            )
+            raise LockfileError([Problem(file, value.start_mark.line + 1, "version", message)])
+        return
     raise LockfileError([Problem(file, 1, "version", f"required key is missing (add `version: {LOCK_VERSION}`)")])
 
 
@@ -171,7 +158,8 @@ class _FlowMap(dict):
 
 
 class _Dumper(yaml.SafeDumper):
-    pass
+    def ignore_aliases(self, data: Any) -> bool:
+        return True  # the reader refuses anchors and aliases, so the writer never emits one
 
 
 _Dumper.add_representer(

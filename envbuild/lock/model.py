@@ -9,12 +9,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from typing import Literal
-from urllib.parse import urlsplit
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
-from envbuild.lock.typed import meta, mfield
+from envbuild import reference
+from envbuild.lock.typed import meta, mfield, shown
+from envbuild.lock.urls import check_index_url, check_repo_url, redact_urls
 
 LOCK_VERSION = 1
 PYPI_SIMPLE = "https://pypi.org/simple"
@@ -27,68 +28,51 @@ SAFE_NAME = r"[a-z0-9][a-z0-9._-]*"
 REF_NAME = r"(?!-)(?!refs/)(?!.*\.\.)(?!.*//)(?!.*@\{)(?!.*\.lock(/|$))(?!.*/\.)(?!\.)[A-Za-z0-9._/+-]+(?<![/.])"
 PACKAGE_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
 DIST_FILENAME = r"[A-Za-z0-9][A-Za-z0-9._+!-]*\.(?:whl|tar\.gz|zip)"
-IMAGE_NAME = r"[a-z0-9][a-z0-9._-]*(?::[0-9]+)?(?:/[a-z0-9][a-z0-9._-]*)*(?::[A-Za-z0-9_][A-Za-z0-9._-]{0,127})?"
-IMAGE_DIGEST = r"sha256:[0-9a-f]{64}"
+IMAGE_NAME = reference.NAME_AND_TAG
+IMAGE_DIGEST = reference.SHA256_DIGEST
 ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+# The lock name is the path component of the image tags envbuild sets, envbuild/<name>:<sha12> and
+# envbuild-raw/<name>:<sha12>; the longer prefix leaves this much of docker's 255 for the name.
+LOCK_NAME_MAX = reference.NAME_TOTAL_MAX - len("envbuild-raw/")
+# SOURCE_DATE_EPOCH goes into tar headers (11 octal digits in ustar), Python's datetime and the image
+# config's RFC 3339 "created" (4-digit years): the tar header is the smallest of the three.
+MAX_EPOCH = 8**11 - 1  # 2242-03-16T12:56:31Z
+# Source names, refs and file names become file names (in the cache, the build context, .git/refs):
+# one path component, which no common filesystem allows longer than this.
+NAME_MAX = 255
 
 _SAFE = "a safe name: lowercase letters, digits, '.', '_', '-', starting with a letter or digit"
 _SHA = "40 lowercase hex characters (a full SHA; short SHAs are not allowed)"
-
-REPO_SCHEMES = ("https", "ssh", "git", "file")
-_SCP_LIKE = re.compile(r"[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:(?!/?-)[A-Za-z0-9._~/-]+")
-
-
-def check_repo_url(url: str) -> str | None:
-    """Refuse anything git could treat as an option, a transport helper or a local path."""
-    if url.startswith("-"):
-        return f"{url!r} starts with '-' and would be read as an option"
-    if "::" in url.split("/", 1)[0] or url.startswith("ext:"):
-        return f"{url!r} names a git remote helper; only {', '.join(REPO_SCHEMES)} URLs are allowed"
-    if any(c.isspace() or ord(c) < 32 for c in url):
-        return f"{url!r} contains whitespace or control characters"
-    if _SCP_LIKE.fullmatch(url):
-        return None
-    parts = urlsplit(url)
-    if parts.scheme not in REPO_SCHEMES:
-        return f"{url!r}: scheme must be one of {', '.join(REPO_SCHEMES)}"
-    if parts.scheme != "file" and not parts.hostname:
-        return f"{url!r} has no host"
-    if parts.password:
-        return f"{url!r} carries a password; use a credential helper, not the lockfile"
-    return None
-
-
-def check_index_url(url: str) -> str | None:
-    parts = urlsplit(url)
-    if parts.scheme not in ("https", "http", "file") or any(c.isspace() for c in url):
-        return f"{url!r}: a package index must be an https, http or file URL"
-    if parts.username or parts.password:
-        return f"{url!r} carries credentials; use netrc or keyring, not the lockfile"
-    if parts.scheme != "file" and not parts.hostname:
-        return f"{url!r} has no host"
-    return None
 
 
 def check_version(value: str) -> str | None:
     try:
         Version(value)
     except InvalidVersion:
-        return f"{value!r} is not a valid PEP 440 version"
+        return f"{shown(value)} is not a valid PEP 440 version"
     return None
 
 
 def check_requirement(value: str) -> str | None:
+    """A PEP 508 requirement resolved from the index: a direct URL would bypass the index and the
+    hash-pinned files (and may carry credentials), so it is refused without being quoted."""
     try:
-        Requirement(value)
+        requirement = Requirement(value)
     except InvalidRequirement as exc:
-        return f"{value!r} is not a PEP 508 requirement: {exc}"
+        reason = str(exc).splitlines()[0]  # packaging appends the input and a caret on further lines
+        return f"{shown(redact_urls(value))} is not a PEP 508 requirement: {redact_urls(reason)}"
+    if requirement.url is not None:
+        return (
+            f"{requirement.name}: a direct URL reference (name @ URL) is not allowed; the package closure is "
+            "resolved from the index, so name a version (name==1.0) and give its index in `index`"
+        )
     return None
 
 
 def check_env(env: dict[str, str]) -> str | None:
     for key, value in env.items():
         if not re.fullmatch(ENV_NAME, key):
-            return f"{key!r} is not a valid environment variable name"
+            return f"{shown(key)} is not a valid environment variable name"
         if value is not None and ("\n" in value or "\0" in value):
             return f"value of {key} contains a newline or NUL"
     return None
@@ -110,6 +94,7 @@ class Platform:
     cann: str | None = mfield(
         None,
         pattern=r"[0-9]+\.[0-9]+\.[0-9]+(?:\.[A-Za-z0-9]+)*",
+        max_length=64,
         expect='a CANN version such as "9.1.0"',
         description="CANN toolkit version",
     )
@@ -122,8 +107,8 @@ class BaseImage:
     name: str = field(
         metadata=meta(
             pattern=IMAGE_NAME,
-            expect="registry/repository:tag (no digest, lowercase)",
-            description="registry/repository:tag, without a digest",
+            check=reference.check_name_and_tag,
+            description="[registry[:port]/]repository[:tag] in docker's reference grammar, without a digest",
         )
     )
     digest: str | None = mfield(
@@ -146,11 +131,14 @@ class Install:
 class Source:
     """One git repository pinned to a commit, with the ref it is supposed to be on."""
 
-    name: str = field(metadata=meta(pattern=SAFE_NAME, expect=_SAFE, description="a safe path component"))
+    name: str = field(
+        metadata=meta(pattern=SAFE_NAME, max_length=NAME_MAX, expect=_SAFE, description="a safe path component")
+    )
     repo: str = field(metadata=meta(check=check_repo_url, description="https, ssh, git or file URL"))
     ref: str = field(
         metadata=meta(
             pattern=REF_NAME,
+            max_length=NAME_MAX,
             expect="a branch or tag short name (no leading '-', no '..', not refs/...)",
             description="branch or tag short name",
         )
@@ -165,7 +153,9 @@ class Source:
 class PackageFile:
     """One distribution file the lock allows, by sha256."""
 
-    filename: str = field(metadata=meta(pattern=DIST_FILENAME, expect="a wheel or sdist file name, no path"))
+    filename: str = field(
+        metadata=meta(pattern=DIST_FILENAME, max_length=NAME_MAX, expect="a wheel or sdist file name, no path")
+    )
     sha256: str = field(metadata=meta(pattern=HEX64, expect="64 lowercase hex characters (a full sha256)"))
 
 
@@ -173,7 +163,7 @@ class PackageFile:
 class Package:
     """One Python distribution at one version, with every file allowed for the lock's platform."""
 
-    name: str = field(metadata=meta(pattern=PACKAGE_NAME, expect="a Python distribution name"))
+    name: str = field(metadata=meta(pattern=PACKAGE_NAME, max_length=NAME_MAX, expect="a Python distribution name"))
     version: str = field(metadata=meta(check=check_version))
     files: tuple[PackageFile, ...] = ()
     index: str | None = mfield(
@@ -186,18 +176,28 @@ class Lock:
     """A whole environment: sources, packages and base image."""
 
     version: Literal[1]
-    name: str = field(metadata=meta(pattern=SAFE_NAME, expect=_SAFE))
+    name: str = field(
+        metadata=meta(
+            pattern=reference.PATH_COMPONENT,
+            max_length=LOCK_NAME_MAX,
+            expect="a docker repository path component: lowercase letters and digits separated by one '.', "
+            "one or two '_', or '-'s (the image is envbuild/<name>)",
+            description="a docker repository path component; it names the image envbuild/<name>",
+        )
+    )
     sources: tuple[Source, ...]
     platform: Platform | None = None
     base_image: BaseImage | None = None
     index: str | None = mfield(None, check=check_index_url, description="default PEP 691 index; PyPI when absent")
     source_date_epoch: int | None = mfield(
-        None, description="clamp for build timestamps; default the newest pinned commit"
+        None,
+        minimum=0,
+        maximum=MAX_EPOCH,
+        expect=f"seconds since 1970 from 0 to {MAX_EPOCH} (2242-03-16T12:56:31Z, the latest a tar header holds)",
+        description="clamp for build timestamps; default the newest pinned commit",
     )
     requirements: tuple[str, ...] = mfield(
-        (),
-        check=lambda reqs: next(filter(None, map(check_requirement, reqs)), None),
-        description="PEP 508 roots the package closure is resolved from",
+        (), item_check=check_requirement, description="PEP 508 roots the package closure is resolved from"
     )
     packages: tuple[Package, ...] = ()
 

@@ -3,12 +3,14 @@
 One description of the data (the dataclasses, their type hints and per-field ``meta``) drives both
 the validator and the committed JSON schema, so the two cannot drift apart. The decoder walks the
 composed YAML node tree rather than the loaded Python objects, so every problem carries the line it
-was found on, and it collects every problem instead of stopping at the first.
+was found on, and it collects every problem instead of stopping at the first. The tree comes from
+:mod:`envbuild.lock.yamlfile`, which refuses aliases, so the walk visits each node once.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import types
 import typing
@@ -18,6 +20,7 @@ from typing import Any, Callable, Literal, Union
 import yaml
 
 from envbuild.errors import Problem
+from envbuild.lock.urls import redact_url
 
 _STR = "tag:yaml.org,2002:str"
 _INT = "tag:yaml.org,2002:int"
@@ -38,10 +41,26 @@ def meta(
     pattern: str | None = None,
     check: Callable[[Any], str | None] | None = None,
     expect: str = "",
+    *,
+    max_length: int | None = None,
+    minimum: int | None = None,
+    maximum: int | None = None,
+    item_check: Callable[[Any], str | None] | None = None,
 ) -> dict[str, Any]:
-    """Field metadata: a ``pattern`` (checked and put in the schema), what it ``expect``s in words,
-    and an extra ``check`` returning a problem message or None."""
-    return {"description": description, "pattern": pattern, "check": check, "expect": expect}
+    """Field metadata: a ``pattern`` (checked and put in the schema), what it ``expect``s in words, an
+    extra ``check`` returning a problem message or None (its message wins over the pattern's), bounds
+    (``max_length`` for strings, ``minimum``/``maximum`` for integers: checked and in the schema), and an
+    ``item_check`` run on each item of a list, so a problem names the item."""
+    return {
+        "description": description,
+        "pattern": pattern,
+        "check": check,
+        "expect": expect,
+        "max_length": max_length,
+        "minimum": minimum,
+        "maximum": maximum,
+        "item_check": item_check,
+    }
 
 
 def mfield(default: Any = MISSING, *, default_factory: Any = MISSING, **kwargs: Any) -> Any:
@@ -49,6 +68,21 @@ def mfield(default: Any = MISSING, *, default_factory: Any = MISSING, **kwargs: 
     if default_factory is not MISSING:
         return field(default_factory=default_factory, metadata=meta(**kwargs))
     return field(default=default, metadata=meta(**kwargs))
+
+
+def shown(value: str, limit: int = 80) -> str:
+    """A value as a message quotes it: ``repr``, cut to ``limit`` characters, and with everything before
+    an '@' hidden (a URL's user part, or credentials pasted into a name)."""
+    text = redact_url(value) if "@" in value else value
+    if len(text) > limit:
+        return f"{text[:limit]!r}… ({len(text)} characters)"
+    return repr(text)
+
+
+# YAML 1.1 also reads 0x1f, 0o17, 017 (octal!), 1_000 and 1:30 as integers; other YAML readers disagree
+# on several of them, so data written by a tool uses plain decimal only.
+DECIMAL_INT = re.compile(r"-?(?:0|[1-9][0-9]*)")
+MAX_INT_DIGITS = 19  # beyond any field's range, and far below what int() refuses to parse (4300 digits)
 
 
 @dataclass
@@ -77,23 +111,32 @@ class Decoder:
         if origin is dict:
             return self._mapping_of_str(node, path)
         if hint is str:
-            return self._scalar(node, path, _STR, str)
+            return self._scalar(node, path, _STR)
         if hint is int:
-            return self._scalar(node, path, _INT, int)
+            return self._scalar(node, path, _INT)
         raise TypeError(f"typed: no decoder for {hint!r}")  # a programming error, not user input
 
-    def _scalar(self, node: yaml.Node, path: str, tag: str, to: type) -> Any:
+    def _scalar(self, node: yaml.Node, path: str, tag: str) -> Any:
         if not isinstance(node, yaml.ScalarNode) or node.tag != tag:
             hint = " (quote it to make it a string)" if tag == _STR and isinstance(node, yaml.ScalarNode) else ""
             self.problem(node, path, f"expected {_TYPE_NAMES[tag]}, got {_describe(node)}{hint}")
             return None
-        return to(yaml.safe_load(yaml.serialize(node))) if tag != _STR else node.value
+        if tag == _STR:
+            return node.value
+        if not DECIMAL_INT.fullmatch(node.value):
+            self.problem(node, path, f"expected a plain decimal integer, got {shown(node.value)}")
+            return None
+        if len(node.value.lstrip("-")) > MAX_INT_DIGITS:
+            self.problem(node, path, f"{shown(node.value)} is out of range (more than {MAX_INT_DIGITS} digits)")
+            return None
+        return int(node.value)
 
     def _literal(self, choices: tuple[Any, ...], node: yaml.Node, path: str) -> Any:
-        value = yaml.safe_load(yaml.serialize(node)) if isinstance(node, yaml.ScalarNode) else None
-        if not isinstance(node, yaml.ScalarNode) or value not in choices or isinstance(value, bool):
+        value = _literal_value(node)
+        if value is None or value not in choices:
             allowed = " | ".join(str(c) for c in choices)
-            self.problem(node, path, f"expected one of {allowed}, got {_describe(node, value)}")
+            decimal = " (written in plain decimal)" if node.tag == _INT and value is None else ""
+            self.problem(node, path, f"expected one of {allowed}{decimal}, got {_describe(node)}")
             return None
         return value
 
@@ -110,12 +153,11 @@ class Decoder:
         pairs: list[tuple[str, yaml.Node, yaml.Node]] = []
         seen: set[str] = set()
         for key_node, value_node in node.value:
-            key_path = f"{path}.{key_node.value}" if path else str(key_node.value)
             if not isinstance(key_node, yaml.ScalarNode) or key_node.tag != _STR:
                 self.problem(key_node, path or "(top level)", f"keys must be strings, got {_describe(key_node)}")
                 continue
             if key_node.value in seen:
-                self.problem(key_node, key_path, "duplicate key")
+                self.problem(key_node, _join(path, key_node.value), "duplicate key")
                 continue
             seen.add(key_node.value)
             pairs.append((key_node.value, key_node, value_node))
@@ -125,39 +167,92 @@ class Decoder:
         pairs = self._pairs(node, path)
         if pairs is None:
             return None
-        return {key: self._scalar(value, f"{path}.{key}", _STR, str) for key, _, value in pairs}
+        return {key: self._scalar(value, _join(path, key), _STR) for key, _, value in pairs}
 
     def _dataclass(self, cls: type, node: yaml.Node, path: str) -> Any:
         pairs = self._pairs(node, path)
         if pairs is None:
             return None
-        hints = typing.get_type_hints(cls)
-        fields = {f.name: f for f in dataclasses.fields(cls)}
+        hints, fields = _shape(cls)
         values: dict[str, Any] = {}
         for key, key_node, value_node in pairs:
-            key_path = f"{path}.{key}" if path else key
+            key_path = _join(path, key)
             if key not in fields:
                 known = ", ".join(fields)
                 self.problem(key_node, key_path, f"unknown key (known keys: {known})")
                 continue
             value = self.decode(hints[key], value_node, key_path)
-            if value is not None:
+            if value is not None and _complete(value):
                 self._check(fields[key], value, value_node, key_path)
             values[key] = value
         for name, f in fields.items():
             required = f.default is MISSING and f.default_factory is MISSING
             if required and name not in values:
-                self.problem(node, f"{path}.{name}" if path else name, "required key is missing")
+                self.problem(node, _join(path, name), "required key is missing")
         if any(_required(f) and values.get(name) is None for name, f in fields.items()):
             return None
         return cls(**{k: v for k, v in values.items() if v is not None})
 
     def _check(self, f: dataclasses.Field, value: Any, node: yaml.Node, path: str) -> None:
-        pattern, check = f.metadata.get("pattern"), f.metadata.get("check")
-        if pattern and isinstance(value, str) and not re.fullmatch(pattern, value):
-            self.problem(node, path, f"expected {f.metadata.get('expect') or 'a match of ' + pattern}, got {value!r}")
-        elif check is not None and (message := check(value)):
+        """Bounds first (so no pattern ever runs over a huge string), then the check, then the pattern."""
+        m = f.metadata
+        if isinstance(value, str) and m.get("max_length") is not None and len(value) > m["max_length"]:
+            self.problem(node, path, f"{len(value)} characters long, at most {m['max_length']} allowed")
+        elif isinstance(value, int) and not _within(value, m.get("minimum"), m.get("maximum")):
+            self.problem(node, path, f"{value} is out of range: expected {m.get('expect') or _bounds(m)}")
+        elif m.get("check") is not None and (message := m["check"](value)):
             self.problem(node, path, message)
+        elif m.get("pattern") and isinstance(value, str) and not re.fullmatch(m["pattern"], value):
+            self.problem(node, path, f"expected {m.get('expect') or 'a match of ' + m['pattern']}, got {shown(value)}")
+        elif m.get("item_check") is not None:
+            for i, (item, child) in enumerate(zip(value, node.value)):
+                if message := m["item_check"](item):
+                    self.problem(child, f"{path}[{i}]", message)
+
+
+@functools.lru_cache(maxsize=None)
+def _shape(cls: type) -> tuple[dict[str, Any], dict[str, dataclasses.Field]]:
+    """A dataclass's resolved type hints and fields, worked out once per class: resolving string
+    annotations compiles them, which was most of the time of reading a lock with many packages."""
+    return typing.get_type_hints(cls), {f.name: f for f in dataclasses.fields(cls)}
+
+
+def _join(path: str, key: str) -> str:
+    # A key is quoted in messages like a value: a config's mirror key may be a URL with credentials.
+    key = redact_url(key) if "@" in key else key
+    return f"{path}.{key}" if path else key
+
+
+def _complete(value: Any) -> bool:
+    """Whether a decoded list or mapping has every item (a failed item is None, already reported):
+    checks only see values of the declared type."""
+    if isinstance(value, tuple):
+        return all(item is not None for item in value)
+    if isinstance(value, dict):
+        return all(item is not None for item in value.values())
+    return True
+
+
+def _within(value: int, minimum: int | None, maximum: int | None) -> bool:
+    return (minimum is None or value >= minimum) and (maximum is None or value <= maximum)
+
+
+def _bounds(m: Any) -> str:
+    low = "" if m.get("minimum") is None else f"{m['minimum']} ≤ "
+    high = "" if m.get("maximum") is None else f" ≤ {m['maximum']}"
+    return f"{low}value{high}"
+
+
+def _literal_value(node: yaml.Node) -> Any:
+    """A scalar's value for comparing with Literal choices, without constructing it through YAML (a
+    custom tag or a malformed ``!!int`` would raise): strings as written, integers in plain decimal."""
+    if not isinstance(node, yaml.ScalarNode):
+        return None
+    if node.tag == _STR:
+        return node.value
+    if node.tag == _INT and DECIMAL_INT.fullmatch(node.value) and len(node.value) <= MAX_INT_DIGITS:
+        return int(node.value)
+    return None
 
 
 def _required(f: dataclasses.Field) -> bool:
@@ -173,13 +268,15 @@ def _strip_none(hint: Any) -> Any:
     return args[0]
 
 
-def _describe(node: yaml.Node, value: Any = None) -> str:
+def _describe(node: yaml.Node) -> str:
     if isinstance(node, yaml.MappingNode):
         return "a mapping"
     if isinstance(node, yaml.SequenceNode):
         return "a list"
-    kind = _TYPE_NAMES.get(node.tag, node.tag)
-    return f"{kind} {node.value!r}" if node.tag != _NULL else "null"
+    if node.tag == _NULL:
+        return "null"
+    kind = _TYPE_NAMES.get(node.tag, f"a value tagged {node.tag}")
+    return f"{kind} {shown(node.value)}"
 
 
 # --- JSON Schema --------------------------------------------------------------------------------
@@ -209,6 +306,9 @@ def _schema(hint: Any, defs: dict[str, Any]) -> dict[str, Any]:
                 prop = _schema(hints[f.name], defs)
                 if f.metadata.get("pattern"):
                     prop["pattern"] = f"^(?:{f.metadata['pattern']})$"  # the decoder uses fullmatch
+                for key, keyword in (("max_length", "maxLength"), ("minimum", "minimum"), ("maximum", "maximum")):
+                    if f.metadata.get(key) is not None:  # keywords that only constrain their own type
+                        prop[keyword] = f.metadata[key]
                 if f.metadata.get("description"):
                     prop["description"] = f.metadata["description"]
                 props[f.name] = prop

@@ -10,17 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from envbuild.engine import ContainerState, Engine
 from envbuild.errors import EngineError
 from envbuild.image.plan import LOCK_LABEL
+from envbuild.progress import Progress, silent
 from envrun import ray_api
 from envrun.cluster.info import ClusterInfo, NodeInfo, OtherNode
 from envrun.cluster.nodes import container_name
 from envrun.cluster.state import CLUSTER_LABEL, ROLE_LABEL, load_state, remove_state, require_state
-
-Progress = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -78,9 +76,7 @@ def cluster_status(name: str, cache_dir: Path) -> ClusterInfo:
     return ClusterInfo(name, state.address, tuple(nodes), others)
 
 
-def cluster_down(
-    name: str, cache_dir: Path, hosts: tuple[str, ...] = (), progress: Progress = lambda m: None
-) -> list[Removed]:
+def cluster_down(name: str, cache_dir: Path, hosts: tuple[str, ...] = (), progress: Progress = silent) -> list[Removed]:
     """Remove every container of cluster ``name`` on the hosts its state names (and ``hosts``, from a
     cluster file); then its state file. Raises after trying every host if one could not be reached."""
     state = load_state(cache_dir, name)

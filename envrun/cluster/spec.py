@@ -26,6 +26,8 @@ import yaml
 from envbuild.errors import LockfileError, Problem
 from envbuild.lock.model import SAFE_NAME
 from envbuild.lock.typed import meta, mfield
+from envbuild.lock.urls import check_userinfo, redact_url
+from envbuild.lock.yamlfile import read_capped
 from envrun.typedyaml import decode_yaml
 
 ENGINE_SCHEMES = ("ssh", "tcp", "unix")
@@ -46,26 +48,31 @@ class ClusterFileError(LockfileError):
     """A cluster file failed validation: every problem, each with its file and line (exit 2)."""
 
 
+ENGINE_CREDENTIALS = "ssh keys belong to ssh-agent or ~/.ssh/config, TLS certificates to the docker config"
+
+
 def check_engine_url(url: str) -> str | None:
+    """ssh://[user@]host[:port], tcp://host:port or unix:///path; never a secret (refusals hide the user part)."""
     if any(c.isspace() or ord(c) < 32 for c in url):
-        return f"{url!r} contains whitespace or control characters"
-    parts = urlsplit(url)
-    if parts.scheme not in ENGINE_SCHEMES:
-        return f"{url!r}: expected a container engine URL (ssh://[user@]host, tcp://host:port or unix:///path)"
-    if parts.password:
-        return f"{url!r} carries a password; use ssh keys (ssh://) or the docker config, not the cluster file"
-    if parts.scheme == "unix":
-        return None if parts.path.startswith("/") and not parts.netloc else f"{url!r}: expected unix:///absolute/path"
-    if not parts.hostname:
-        return f"{url!r} has no host"
+        return f"{redact_url(url)!r} contains whitespace or control characters"
+    if problem := check_userinfo(url, ENGINE_CREDENTIALS):
+        return problem
+    shown = redact_url(url)
     try:
+        parts = urlsplit(url)
         port = parts.port
     except ValueError:
-        return f"{url!r} has an invalid port"
+        return f"{shown!r} has an invalid host or port"
+    if parts.scheme not in ENGINE_SCHEMES:
+        return f"{shown!r}: expected a container engine URL (ssh://[user@]host, tcp://host:port or unix:///path)"
+    if parts.scheme == "unix":
+        return None if parts.path.startswith("/") and not parts.netloc else f"{shown!r}: expected unix:///absolute/path"
+    if not parts.hostname:
+        return f"{shown!r} has no host"
     if parts.scheme == "tcp" and port is None:
-        return f"{url!r}: a tcp:// engine needs a port (dockerd's is usually 2375, or 2376 with TLS)"
+        return f"{shown!r}: a tcp:// engine needs a port (dockerd's is usually 2375, or 2376 with TLS)"
     if parts.path not in ("", "/"):
-        return f"{url!r}: an engine URL has no path"
+        return f"{shown!r}: an engine URL has no path"
     return None
 
 
@@ -120,16 +127,10 @@ class ClusterSpec:
 
 
 def load_cluster_file(path: Path) -> ClusterSpec:
-    file = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = getattr(exc, "strerror", None) or exc
-        raise ClusterFileError([Problem(file, 0, "", f"cannot read: {reason}")]) from None
-    return parse_cluster_file(text, file)
+    return parse_cluster_file(read_capped(path, ClusterFileError), str(path))
 
 
-def parse_cluster_file(text: str, file: str = "<cluster>") -> ClusterSpec:
+def parse_cluster_file(text: bytes | str, file: str = "<cluster>") -> ClusterSpec:
     def at_least_the_head(spec: ClusterSpec, root: yaml.Node) -> list[Problem]:
         return [] if spec.nodes else [Problem(file, root.start_mark.line + 1, "nodes", "needs at least the head node")]
 

@@ -23,19 +23,18 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
 
 from envbuild.engine import Engine, split_tag
 from envbuild.errors import EngineError, EnvbuildError, InputError
 from envbuild.image.plan import LOCK_LABEL
 from envbuild.lock.io import LockFile
+from envbuild.progress import Progress, silent
 from envrun import ray_api
 from envrun.cluster.info import ClusterInfo, NodeInfo
 from envrun.cluster.nodes import HostFacts, container_name, host_paths, node_container, probe_command, probe_volumes
 from envrun.cluster.spec import ClusterSpec
 from envrun.cluster.state import CLUSTER_LABEL, ClusterState, load_state, remove_state, save_state, state_path
 
-Progress = Callable[[str], None]
 ADDRESS_FILE = "ray_current_cluster"  # where `ray start --head` writes the GCS address, in its temp dir
 POLL_SECONDS = 1.0
 
@@ -64,7 +63,7 @@ class _Started:
     container: str
 
 
-def cluster_up(spec: ClusterSpec, options: UpOptions, progress: Progress = lambda m: None) -> ClusterInfo:
+def cluster_up(spec: ClusterSpec, options: UpOptions, progress: Progress = silent) -> ClusterInfo:
     if load_state(options.cache_dir, spec.name) is not None:
         raise InputError(
             f"cluster {spec.name} is already recorded ({state_path(options.cache_dir, spec.name)}); "

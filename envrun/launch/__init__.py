@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
+from envbuild.progress import Progress
 from envrun.plan import PreflightLine, RunPlan
 
 LogSink = Callable[[str], None]
@@ -22,7 +23,7 @@ class LaunchResult:
 
 
 class Launcher(Protocol):
-    def check_target(self, plan: RunPlan, progress: LogSink) -> tuple[PreflightLine, ...]:
+    def check_target(self, plan: RunPlan, progress: Progress) -> tuple[PreflightLine, ...]:
         """Ask where the job will run whether it may (a cluster's nodes: which lock each runs); the lines
         join the run's preflight record, and a failed one refuses the job before it starts."""
 

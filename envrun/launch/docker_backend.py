@@ -14,6 +14,7 @@ from pathlib import Path
 from envbuild.engine import Engine, JobSpec
 from envbuild.errors import EngineError, InputError
 from envbuild.image.plan import LOCK_LABEL
+from envbuild.progress import Progress
 from envrun.launch import LaunchResult, LogSink
 from envrun.plan import PreflightLine, RunPlan
 
@@ -70,7 +71,7 @@ class DockerLauncher:
     def __init__(self, network_mode: str = "host", workdir: Path | None = None) -> None:
         self.network_mode, self.workdir = network_mode, workdir
 
-    def check_target(self, plan: RunPlan, progress: LogSink) -> tuple[PreflightLine, ...]:
+    def check_target(self, plan: RunPlan, progress: Progress) -> tuple[PreflightLine, ...]:
         return ()  # this host and its image: the preflight has checked both
 
     def launch(self, plan: RunPlan, log: LogSink) -> LaunchResult:

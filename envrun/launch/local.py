@@ -8,6 +8,7 @@ import subprocess
 import threading
 
 from envbuild.errors import InputError
+from envbuild.progress import Progress
 from envrun.launch import LaunchResult, LogSink
 from envrun.plan import PreflightLine, RunPlan
 
@@ -15,7 +16,7 @@ STOP_GRACE_SECONDS = 20.0
 
 
 class LocalLauncher:
-    def check_target(self, plan: RunPlan, progress: LogSink) -> tuple[PreflightLine, ...]:
+    def check_target(self, plan: RunPlan, progress: Progress) -> tuple[PreflightLine, ...]:
         return ()  # this host: the preflight has checked it
 
     def launch(self, plan: RunPlan, log: LogSink) -> LaunchResult:

@@ -12,6 +12,7 @@ import uuid
 from typing import Any
 
 from envbuild.errors import EngineError
+from envbuild.progress import Progress
 from envrun import ray_api
 from envrun.launch import LaunchResult, LogSink
 from envrun.plan import PreflightLine, RunPlan
@@ -28,7 +29,7 @@ class RayLauncher:
         self.address = address
         self.job_id: str | None = None
 
-    def check_target(self, plan: RunPlan, progress: LogSink) -> tuple[PreflightLine, ...]:
+    def check_target(self, plan: RunPlan, progress: Progress) -> tuple[PreflightLine, ...]:
         """Each alive node's own answer: the lock it runs and the NPUs it sees."""
         from envrun.cluster.nodecheck import CHECK, ask_nodes, node_lines
 

@@ -1,0 +1,132 @@
+"""Mirror rules (--mirror and the config file's mirrors:) and the config file reader."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from envbuild.cli import main
+from envbuild.config import ConfigError, load_config, parse_config
+from envbuild.errors import InputError
+from envbuild.mirrors import Mirrors
+
+
+def test_longest_prefix_wins_and_a_url_is_rewritten_once() -> None:
+    mirrors = Mirrors.parse(["https://github.com/=https://m.example/gh/", "https://github.com/NVIDIA/=git://m/nv/"])
+    assert mirrors.rewrite("https://github.com/NVIDIA/Megatron-LM.git") == "git://m/nv/Megatron-LM.git"
+    assert mirrors.rewrite("https://github.com/volcengine/verl") == "https://m.example/gh/volcengine/verl"
+    assert mirrors.rewrite("https://gitlab.com/x") == "https://gitlab.com/x"
+    loop = Mirrors.parse(["https://a/=https://b/", "https://b/=https://a/"])
+    assert loop.rewrite("https://a/x") == "https://b/x"
+
+
+def test_the_command_line_takes_precedence_over_the_config() -> None:
+    config = Mirrors((("https://github.com/", "https://from-config/"),))
+    merged = config.merged(Mirrors.parse(["https://github.com/=https://from-cli/"]))
+    assert merged.rewrite("https://github.com/x") == "https://from-cli/x"
+
+
+def test_ssh_rules_may_name_a_plain_user() -> None:
+    mirrors = Mirrors.parse(["git@github.com:=ssh://git@mirror.example/github/"])
+    assert mirrors.rewrite("git@github.com:org/x.git") == "ssh://git@mirror.example/github/org/x.git"
+
+
+def test_every_bad_rule_is_reported_at_once() -> None:
+    specs = ["no-equals", "=https://m/", "https://a/=", "https://a/=https://m /", "https://a/=https://tok@m/", "a=b"]
+    with pytest.raises(InputError) as info:
+        Mirrors.parse(specs)
+    lines = str(info.value).splitlines()
+    assert len(lines) == 5 and all(line.startswith("--mirror: ") for line in lines), lines
+    assert "whitespace" in lines[3] and "'https://***@m/' carries credentials" in lines[4]
+    assert "tok" not in str(info.value)
+
+
+def write(tmp_path: Path, text: str | bytes) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_bytes(text if isinstance(text, bytes) else textwrap.dedent(text).encode())
+    return path
+
+
+def problems(path: Path) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    return [str(p) for p in info.value.problems]
+
+
+def test_a_valid_config(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """\
+        cache_dir: ~/cache
+        mirrors:
+          https://github.com/: https://git.internal.example/github/
+        """,
+    )
+    config = load_config(path)
+    assert config.cache_dir == Path("~/cache").expanduser()
+    assert config.mirrors.rewrite("https://github.com/x") == "https://git.internal.example/github/x"
+    assert load_config(write(tmp_path, "")).mirrors == Mirrors()
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("cache_dir: 7\n", ":1: cache_dir: expected a string"),
+        ("cache_dir: ''\n", ":1: cache_dir: '' is empty"),
+        ('cache_dir: "/tmp/a\\0b"\n', ":1: cache_dir: "),
+        ("colour: blue\n", ":1: colour: unknown key"),
+        ("mirrors: [a, b]\n", ":1: mirrors: expected a mapping"),
+        ("mirrors:\n  https://a/: 1\n", ":2: mirrors.https://a/: expected a string"),
+        ("mirrors:\n  https://a/: ''\n", ":2: mirrors: expected FROM=TO with neither side empty"),
+        ("mirrors:\n  https://a/: https://u:pw@m/\n", ":2: mirrors: 'https://***@m/' carries credentials"),
+        ("- a list\n", ":1: expected a mapping"),
+        ("base: &b {x: 1}\nmirrors: *b\n", ":1: base: YAML anchors and aliases"),
+        ("mirrors: {a: [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}\n", "levels deep"),
+        ("mirrors: {\n", "not valid YAML"),
+    ],
+)
+def test_config_problems_name_file_line_and_field(text: str, expected: str, tmp_path: Path) -> None:
+    path = write(tmp_path, text)
+    found = problems(path)
+    assert len(found) == 1 and found[0].startswith(str(path)) and expected in found[0], found
+    assert "pw" not in found[0]
+
+
+def test_config_encoding_size_and_existence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert problems(write(tmp_path, b"cache_dir: /tmp/caf\xe9\n")) == [
+        f"{tmp_path / 'config.yaml'}:1: cache_dir: not UTF-8 (byte 0xe9); save the file as UTF-8"
+    ]
+    (found,) = problems(write(tmp_path, b"#" * (2 << 20)))
+    assert "larger than 1 MiB" in found
+    # A config named on the command line or by $ENVBUILD_CONFIG must exist; the default one may not.
+    assert "cannot read" in problems(tmp_path / "typo.yaml")[0]
+    monkeypatch.setenv("ENVBUILD_CONFIG", str(tmp_path / "typo.yaml"))
+    with pytest.raises(ConfigError):
+        load_config()
+    monkeypatch.delenv("ENVBUILD_CONFIG")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "nothing-here"))
+    assert load_config().mirrors == Mirrors()
+
+
+def test_parse_config_reports_every_problem() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config("cache_dir: 1\ncolour: 2\nmirrors:\n  'https://a/': 'https://t@b/'\n", "c.yaml")
+    assert [(p.line, p.field) for p in info.value.problems] == [(1, "cache_dir"), (2, "colour"), (4, "mirrors")]
+
+
+def test_a_bad_config_stops_the_cli_with_one_line(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    config = write(tmp_path, "mirrors: &m {}\n")
+    lock = tmp_path / "l.yaml"
+    lock.write_text(
+        "version: 1\nname: x\nsources:\n  - {name: a, repo: 'https://e.org/a.git', ref: main, ref_type: branch, "
+        f"commit: {'a' * 40}}}\n"
+    )
+    code = main(["lock", "verify", str(lock), "--config", str(config), "--offline"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert (
+        err
+        == f"envbuild: error: {config}:1: mirrors: YAML anchors and aliases (&m, *m) are not allowed: write each value out in full\n"
+    )
