@@ -44,6 +44,15 @@ class LockfileError(InputError):
         super().__init__("\n".join(str(p) for p in self.problems))
 
 
+class ProblemsError(EnvbuildError):
+    """Several problems found at once (every package file, every source), reported together: one
+    line each, sorted; ``problems`` keeps them for callers and tests."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = sorted(problems)
+        super().__init__("\n".join(self.problems))
+
+
 class RemoteError(EnvbuildError):
     """A remote (git server, package index, registry) could not be reached or answered wrongly."""
 

@@ -8,6 +8,7 @@
 - ``fresh_engine``: a dockerd of its own (:mod:`tests.lib.engines`), empty: no image, no layer cache,
   for tests that start where a new user starts (module-scoped; stopped and removed after);
 - ``tiny``: a tiny recipe, Hydra config, checkpoint and data for runner tests (:mod:`tests.lib.tinyrun`);
+- ``tiny_index``: a PEP 691 index on 127.0.0.1 serving one tiny wheel, ``tinyone`` 1.0 (module-scoped);
 - ``served``: git daemons on 127.0.0.1 over one directory, with and without ``uploadpack.allowFilter``.
 
 Tests that use a service fixture carry the matching marker (``docker``, ``registry``); a test that uses
@@ -28,6 +29,7 @@ import pytest
 from tests.lib.baseimage import BaseImage, ensure_base_image
 from tests.lib.engines import ExtraEngine, start_engine
 from tests.lib.gitrepos import GitDaemon, Served
+from tests.lib.pyindex import PyIndex, make_wheel
 from tests.lib.services import (
     FIXTURE_MARKERS,
     PROBES,
@@ -134,3 +136,11 @@ def fresh_engine(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathF
         yield engine
     finally:
         engine.stop()
+
+
+@pytest.fixture(scope="module")
+def tiny_index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PyIndex]:
+    root = tmp_path_factory.mktemp("tiny-index")
+    make_wheel(root, "tinyone", "1.0")
+    with PyIndex(root) as index:
+        yield index

@@ -5,7 +5,7 @@ report matters most."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +15,7 @@ from envbuild.cli import main as envbuild
 from envbuild.lock import Lock, Package, PackageFile, Source, write_lock
 from envbuild.lock.model import BaseImage, Install, Platform
 from tests.lib.gitrepos import Repo, Served, git
-from tests.lib.pyindex import PyIndex, make_wheel
+from tests.lib.pyindex import PyIndex
 from tests.lib.services import PushedImage
 
 
@@ -56,14 +56,6 @@ def files_source(world: World, name: str) -> Source:
     repo, commit = world.repo(name, {"data.txt": f"{name}\n"})
     return Source(name="data", repo=world.served.url(name, "daemon-filter"), ref="main", ref_type="branch",
                   commit=commit, install=Install(mode="none"))  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PyIndex]:
-    root = tmp_path_factory.mktemp("outcome-index")
-    make_wheel(root, "tinyone", "1.0")
-    with PyIndex(root) as served_index:
-        yield served_index
 
 
 def tag_moved(world: World, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -133,14 +125,14 @@ OUTCOMES: dict[str, tuple[Callable[[World, pytest.MonkeyPatch], Path], str, str,
 def test_every_failure_gives_json_reports_and_history(
     outcome: str,
     served: Served,
-    index: PyIndex,
+    tiny_index: PyIndex,
     pushed_base_image: PushedImage,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     setup, stage, words, appended = OUTCOMES[outcome]
-    world = World(served, index, pushed_base_image, tmp_path)
+    world = World(served, tiny_index, pushed_base_image, tmp_path)
     lock = setup(world, monkeypatch)
     history = tmp_path / "history.jsonl"
     before = history.read_text() if history.exists() else ""

@@ -18,7 +18,6 @@ import os
 import re
 import shlex
 import subprocess
-from collections.abc import Iterator
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +36,7 @@ from envrun.verlconfig import verl_config_dir, verl_wheel_from_lock
 from tests.lib.ckptgen import CheckpointSpec, write_checkpoint
 from tests.lib.engines import ExtraEngine
 from tests.lib.gitrepos import Repo, Served
-from tests.lib.pyindex import PyIndex, make_wheel
+from tests.lib.pyindex import PyIndex
 from tests.lib.services import PushedImage
 from tests.lib.tinyrun import FAKE_TRAINER, write_parquet_like
 
@@ -126,14 +125,6 @@ def upstreams(served: Served) -> Upstreams:
 
 
 @pytest.fixture(scope="module")
-def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PyIndex]:
-    root = tmp_path_factory.mktemp("fresh-index")
-    make_wheel(root, "tinyone", "1.0")
-    with PyIndex(root) as served_index:
-        yield served_index
-
-
-@pytest.fixture(scope="module")
 def verl_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """verl's real config (the wheel the real lock pins, from PyPI) to validate grpo-glm5's overrides."""
     lock = read_lock(REAL_LOCK).lock
@@ -172,7 +163,7 @@ def run_json(capsys: pytest.CaptureFixture[str], entry: object, argv: list[str],
 @pytest.mark.slow
 def test_a_new_user_goes_from_lock_update_to_a_run(
     upstreams: Upstreams,
-    index: PyIndex,
+    tiny_index: PyIndex,
     pushed_base_image: PushedImage,
     fresh_engine: ExtraEngine,
     verl_config: Path,
@@ -185,7 +176,7 @@ def test_a_new_user_goes_from_lock_update_to_a_run(
         assert client.images.list(all=True) == []  # nothing of the lock's: not even its base image
     arch = docker.from_env(version="auto").info()["Architecture"]
     lock = tmp_path / "fresh.lock.yaml"
-    write_initial_lock(lock, upstreams, index, pushed_base_image, "aarch64" if arch == "aarch64" else "x86_64")
+    write_initial_lock(lock, upstreams, tiny_index, pushed_base_image, "aarch64" if arch == "aarch64" else "x86_64")
     names = list(SHAPES)
 
     # lock update, on an empty cache, moves every pin to its ref.

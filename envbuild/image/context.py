@@ -26,7 +26,7 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from envbuild.errors import EnvbuildError, InputError
+from envbuild.errors import EnvbuildError, InputError, ProblemsError
 from envbuild.fileio import sha256_file
 from envbuild.image import inimage_probe
 from envbuild.image.plan import MANIFEST_VERSION, ContextPlan
@@ -38,12 +38,8 @@ ExportSource = Callable[[Source, Path], None]
 FileFor = Callable[[Package, PackageFile], Path]
 
 
-class ContextError(EnvbuildError):
+class ContextError(ProblemsError):
     """The build context cannot be made: a package file or a source tree is not what the lock pins."""
-
-    def __init__(self, problems: list[str]) -> None:
-        self.problems = sorted(problems)
-        super().__init__("; ".join(self.problems))
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from envbuild.errors import EnvbuildError, RemoteError
+from envbuild.errors import EnvbuildError, ProblemsError, RemoteError
 from envbuild.filecache import FileCache
 from envbuild.git.export import TreeExporter, commit_dates, fetch_commit, has_commit
 from envbuild.index import IndexClient
@@ -30,12 +30,8 @@ class InputsMissing(EnvbuildError):
     """Offline, and the cache lacks inputs of the build; names each and the command that fetches them."""
 
 
-class InputFetchError(EnvbuildError):
+class InputFetchError(ProblemsError):
     """An input could not be fetched (a remote fault, or it is not what the lock pins); names each."""
-
-    def __init__(self, problems: list[str]) -> None:
-        self.problems = sorted(problems)
-        super().__init__("; ".join(self.problems))
 
 
 @dataclass(frozen=True)
