@@ -27,6 +27,7 @@ from envbuild.errors import EngineError
 from envbuild.progress import Progress
 
 TIMEOUT = 3600  # seconds for one API call: a build step or a save of a multi-GB image
+CONNECT_TIMEOUT = 30  # seconds for the first answer of an engine
 LOG_TAIL = 20
 _STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -83,7 +84,7 @@ def engine_address() -> str:
 
 
 @contextmanager
-def _engine_errors(what: str) -> Iterator[None]:
+def _engine_errors(what: str, address: str | None = None) -> Iterator[None]:
     try:
         yield
     except docker.errors.ImageNotFound as exc:
@@ -92,27 +93,40 @@ def _engine_errors(what: str) -> Iterator[None]:
         if isinstance(exc, docker.errors.APIError) and exc.response is not None:
             raise EngineError(f"{what}: {_reason(exc)}") from None
         raise EngineError(
-            f"{what}: the container engine at {engine_address()} stopped answering: {_reason(exc)}"
+            f"{what}: the container engine at {address or engine_address()} stopped answering: {_reason(exc)}"
         ) from None
 
 
 class Engine:
     """A docker engine. ``Engine.connect()`` checks that one answers."""
 
-    def __init__(self, client: docker.DockerClient) -> None:
+    def __init__(self, client: docker.DockerClient, address: str | None = None) -> None:
         self.client = client
         self.api = client.api
+        self.address = address or engine_address()
 
     @classmethod
-    def connect(cls) -> "Engine":
+    def connect(cls, address: str | None = None) -> "Engine":
+        """The engine at ``DOCKER_HOST``, or at ``address``: ``unix:///path``, ``tcp://host:port`` or
+        ``ssh://user@host`` (through the system's ssh client, so its config and agent apply)."""
         try:
-            client = docker.from_env(version="auto", timeout=TIMEOUT)
+            if address is None:
+                client = docker.from_env(version="auto", timeout=CONNECT_TIMEOUT)
+            else:
+                client = docker.DockerClient(
+                    base_url=address,
+                    version="auto",
+                    timeout=CONNECT_TIMEOUT,
+                    use_ssh_client=address.startswith("ssh://"),
+                )
             client.ping()
         except (docker.errors.DockerException, requests.RequestException) as exc:
+            hint = "start dockerd or set DOCKER_HOST" if address is None else "is dockerd running there, and reachable?"
             raise EngineError(
-                f"no container engine answers at {engine_address()}: {_reason(exc)} (start dockerd or set DOCKER_HOST)"
+                f"no container engine answers at {address or engine_address()}: {_reason(exc)} ({hint})"
             ) from None
-        return cls(client)
+        client.api.timeout = TIMEOUT  # a host that does not answer is found out fast; a long build is not cut
+        return cls(client, address)
 
     def close(self) -> None:
         self.client.close()
@@ -200,7 +214,7 @@ class Engine:
 
     def inspect(self, ref: str) -> dict[str, Any] | None:
         """The image's inspect data, or None when the engine does not have it."""
-        with _engine_errors(f"inspect {ref}"):
+        with _engine_errors(f"inspect {ref}", self.address):
             try:
                 return self.api.inspect_image(ref)
             except docker.errors.ImageNotFound:
@@ -263,15 +277,36 @@ class Engine:
 
     def registry_digest(self, name: str) -> str:
         """The manifest digest the registry serves for ``name`` now (read back after a push)."""
-        with _engine_errors(f"registry data of {name}"):
+        with _engine_errors(f"registry data of {name}", self.address):
             return self.api.inspect_distribution(name)["Descriptor"]["digest"]
+
+    def pull(self, reference: str, progress: Progress | None = None) -> str:
+        """Pull ``repository@sha256:…`` (or ``repository:tag``) with the docker config's credentials;
+        returns the image ID."""
+        repository, tag = split_reference(reference)
+        with _engine_errors(f"pull {reference}", self.address):
+            for event in self.api.pull(repository, tag, stream=True, decode=True):
+                if "error" in event or "errorDetail" in event:
+                    message = (event.get("errorDetail") or {}).get("message") or event.get("error")
+                    raise EngineError(f"pull {reference} on {self.address}: {message}")
+            image_id = self.api.inspect_image(reference)["Id"]
+        if progress:
+            progress(f"pulled {reference} on {self.address}")
+        return image_id
+
+    def memory_bytes(self) -> int:
+        """The engine host's memory, as the engine reports it."""
+        with _engine_errors("info", self.address):
+            return int(self.api.info().get("MemTotal") or 0)
 
     # -- containers ---------------------------------------------------------------------------
 
-    def run(self, image: str, command: list[str]) -> RunOutput:
+    def run(self, image: str, command: list[str], volumes: dict[str, dict[str, str]] | None = None) -> RunOutput:
         """Run ``command`` in a new container of ``image`` with no network; always removed after."""
-        with _engine_errors(f"run in {image[:19] if image.startswith('sha256:') else image}"):
-            container = self.client.containers.create(image, command, network_mode="none", detach=True)
+        with _engine_errors(f"run in {image[:19] if image.startswith('sha256:') else image}", self.address):
+            container = self.client.containers.create(
+                image, command, network_mode="none", volumes=volumes or {}, detach=True
+            )
             try:
                 container.start()
                 status = container.wait(timeout=TIMEOUT)
@@ -284,20 +319,10 @@ class Engine:
     def run_job(self, spec: JobSpec, on_output: Callable[[str], None]) -> tuple[int | None, bool]:
         """Run a long job: stream its output to ``on_output`` until it ends; on Ctrl-C stop the container
         (SIGTERM, then SIGKILL after ``spec.stop_timeout``). Returns (exit code, interrupted)."""
-        with _engine_errors(f"run {spec.image}"):
-            container = self.client.containers.run(
-                spec.image,
-                command=list(spec.command),
-                environment=dict(spec.env),
-                devices=list(spec.devices),
-                volumes=dict(spec.volumes),
-                ipc_mode=spec.ipc_mode,
-                network_mode=spec.network_mode,
-                labels=dict(spec.labels),
-                working_dir=spec.working_dir,
-                detach=True,
-            )
+        container_id = self.start(spec)
         try:
+            with _engine_errors(f"run {spec.image}", self.address):
+                container = self.client.containers.get(container_id)
             try:
                 for chunk in container.logs(stream=True, follow=True):
                     on_output(chunk.decode("utf-8", errors="replace"))
@@ -309,9 +334,83 @@ class Engine:
                     return int(container.wait(timeout=spec.stop_timeout + 10)["StatusCode"]), True
         finally:
             try:
-                container.remove(force=True)
+                self.api.remove_container(container_id, force=True)
             except (docker.errors.DockerException, requests.RequestException):
                 pass  # the engine went away; nothing more to clean here
+
+    def start(self, spec: JobSpec) -> str:
+        """Create and start a detached, long-running container; its ID. A container that was created but
+        would not start is removed again."""
+        with _engine_errors(f"start {spec.name or spec.image} on {self.address}", self.address):
+            same = ("ipc_mode", "network_mode", "working_dir", "name", "shm_size")  # the SDK's names for them
+            container = self.client.containers.create(
+                spec.image,
+                command=list(spec.command),
+                environment=dict(spec.env),
+                devices=list(spec.devices),
+                volumes=dict(spec.volumes),
+                labels=dict(spec.labels),
+                **{option: getattr(spec, option) for option in same},
+            )
+            try:
+                container.start()
+            except BaseException:
+                container.remove(force=True)
+                raise
+        return str(container.id)
+
+    def containers(self, labels: dict[str, str]) -> list[ContainerState]:
+        """Every container (running or not) carrying all of ``labels``, by name."""
+        wanted = [f"{key}={value}" for key, value in sorted(labels.items())]
+        with _engine_errors(f"list containers on {self.address}", self.address):
+            found = self.api.containers(all=True, filters={"label": wanted})
+        return sorted(
+            (
+                ContainerState(
+                    c["Id"], (c.get("Names") or ["/"])[0].lstrip("/"), c["State"], c["ImageID"], c.get("Labels") or {}
+                )
+                for c in found
+            ),
+            key=lambda c: c.name,
+        )
+
+    def container(self, container_id: str) -> ContainerState | None:
+        """A container's state now, or None when it is gone."""
+        with _engine_errors(f"inspect container {container_id[:12]} on {self.address}", self.address):
+            try:
+                attrs = self.api.inspect_container(container_id)
+            except docker.errors.NotFound:
+                return None
+        config = attrs.get("Config") or {}
+        return ContainerState(
+            attrs["Id"], attrs["Name"].lstrip("/"), attrs["State"]["Status"], attrs["Image"], config.get("Labels") or {}
+        )
+
+    def exec(self, container_id: str, command: list[str]) -> RunOutput:
+        """Run ``command`` in a running container and wait for it."""
+        with _engine_errors(f"exec in {container_id[:12]} on {self.address}", self.address):
+            handle = self.api.exec_create(container_id, command, stdout=True, stderr=True)
+            out, err = self.api.exec_start(handle["Id"], demux=True)
+            code = self.api.exec_inspect(handle["Id"]).get("ExitCode")
+        return RunOutput(
+            -1 if code is None else int(code),
+            (out or b"").decode("utf-8", "replace"),
+            (err or b"").decode("utf-8", "replace"),
+        )
+
+    def logs_tail(self, container_id: str, lines: int = LOG_TAIL) -> str:
+        with _engine_errors(f"logs of {container_id[:12]} on {self.address}", self.address):
+            return self.api.logs(container_id, tail=lines).decode("utf-8", "replace")
+
+    def remove_container(self, container_id: str, stop_timeout: int = 30) -> bool:
+        """Stop (SIGTERM, SIGKILL after ``stop_timeout``) and remove a container; False when it was gone."""
+        with _engine_errors(f"remove container {container_id[:12]} on {self.address}", self.address):
+            try:
+                self.api.stop(container_id, timeout=stop_timeout)
+                self.api.remove_container(container_id, force=True)
+            except docker.errors.NotFound:
+                return False
+        return True
 
 
 @dataclass(frozen=True)
@@ -328,6 +427,29 @@ class JobSpec:
     labels: dict[str, str] = field(default_factory=dict)
     working_dir: str | None = None
     stop_timeout: int = 20
+    name: str | None = None  # the container's name; None lets the engine pick one
+    shm_size: int | None = None  # bytes of /dev/shm; None is the engine's default (64 MB)
+
+
+@dataclass(frozen=True)
+class ContainerState:
+    """A container as the engine sees it now."""
+
+    id: str  # full 64 hex
+    name: str
+    state: str  # created | running | paused | restarting | removing | exited | dead
+    image_id: str
+    labels: dict[str, str]
+
+    @property
+    def running(self) -> bool:
+        return self.state == "running"
+
+
+def split_reference(reference: str) -> tuple[str, str]:
+    """``repo@sha256:…`` → (repo, "sha256:…"); otherwise as :func:`split_tag`."""
+    repository, at, digest = reference.partition("@")
+    return (repository, digest) if at else split_tag(reference)
 
 
 def split_tag(name: str) -> tuple[str, str]:

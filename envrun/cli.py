@@ -16,6 +16,7 @@ from envbuild.cli.common import ArgumentParser, add_global_options, run
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from envrun.cli_cluster import add_cluster_command
     from envrun.cli_run import add_run_commands
 
     parser = ArgumentParser(prog="envrun", description="Run training jobs from locked images.")
@@ -23,13 +24,19 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_checkpoint(commands)
     add_run_commands(commands)
+    add_cluster_command(commands)
     return parser
 
 
+def add_command_group(commands: argparse._SubParsersAction, name: str, help: str) -> argparse._SubParsersAction:
+    """A command made of actions (``envrun NAME ACTION``); without an action it prints its help, exit 2."""
+    group = commands.add_parser(name, help=help)
+    group.set_defaults(handler=lambda args: (group.print_help(sys.stderr), 2)[1])
+    return group.add_subparsers(dest="action", metavar="ACTION")
+
+
 def _add_checkpoint(commands: argparse._SubParsersAction) -> None:
-    checkpoint = commands.add_parser("checkpoint", help="inspect Hugging Face checkpoints")
-    actions = checkpoint.add_subparsers(dest="action", metavar="ACTION")
-    checkpoint.set_defaults(handler=lambda args: (checkpoint.print_help(sys.stderr), 2)[1])
+    actions = add_command_group(commands, "checkpoint", "inspect Hugging Face checkpoints")
     audit = actions.add_parser(
         "audit",
         help="check a checkpoint is complete except, at most, its MTP layers (reads headers only)",

@@ -1,7 +1,8 @@
-"""``envrun <recipe>`` and ``envrun run RECIPE_FILE``: validate, preflight, launch, record.
+"""``envrun <recipe>`` and ``envrun run RECIPE_FILE``: a thin layer over :mod:`envrun.prepare` and
+:mod:`envrun.execute` — parse, build a :class:`~envrun.prepare.RunRequest`, call, print.
 
 Every recipe shipped in ``envrun/recipes/`` becomes a subcommand of its own name, so another recipe
-is another file. The lead wires :func:`add_run_commands` into ``envrun.cli``.
+is another file.
 """
 
 from __future__ import annotations
@@ -11,29 +12,12 @@ import json
 import shlex
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
 
-from envbuild.cli.common import ArgumentParser, StderrProgress, run
-from envbuild.config import load_config
+from envbuild.cli.common import StderrProgress
 from envbuild.errors import InputError
-from envbuild.lock.io import parse_lock
-from envbuild.progress import Progress
-from envrun.plan import (
-    BACKENDS,
-    RunParameters,
-    RunPlan,
-    build_plan,
-    render_plan_json,
-    render_plan_text,
-)
-from envrun.preflight import CHECKS, PreflightEnv, PreflightError, failed, run_preflight
-from envrun.recipe import Recipe, load_recipe, recipe_path, shipped_recipes
-
-if TYPE_CHECKING:
-    from envrun.exports import ExportSpec
-    from envrun.rundir import RunDir
-
-CHECKOUT = Path(__file__).resolve().parents[1]
+from envrun.plan import BACKENDS, RunParameters, render_plan_json, render_plan_text
+from envrun.preflight import CHECKS
+from envrun.recipe import shipped_recipes
 
 
 def add_run_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -76,6 +60,9 @@ def _add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=BACKENDS, default="local", help="where the job runs (default local)")
     p.add_argument("--ray-address", metavar="URL", help="Ray dashboard address for --backend ray")
     p.add_argument(
+        "--cluster", metavar="NAME", help="for --backend ray: the cluster `envrun cluster up` started (its job API)"
+    )
+    p.add_argument(
         "--run-dir", type=Path, metavar="DIR", help="run record directory (default runs/<recipe>-<UTC time>)"
     )
     p.add_argument(
@@ -103,17 +90,6 @@ def _add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
 
 
-def _resolve_lock(recipe: Recipe, given: Path | None) -> Path:
-    if given is not None:
-        return given
-    if recipe.lock is None:
-        raise InputError(f"recipe {recipe.name} names no lock; pass --lock PATH")
-    for base in (Path.cwd(), CHECKOUT):
-        if (base / recipe.lock).is_file():
-            return base / recipe.lock
-    raise InputError(f"{recipe.lock}: the recipe's lock is not here or in {CHECKOUT}; pass --lock PATH")
-
-
 def _env_pairs(pairs: list[str]) -> dict[str, str]:
     env = {}
     for pair in pairs:
@@ -124,134 +100,42 @@ def _env_pairs(pairs: list[str]) -> dict[str, str]:
     return env
 
 
-def prepare(args: argparse.Namespace, progress: Progress) -> tuple[Recipe, RunPlan]:
-    """Recipe, lock and parameters to a validated plan with its preflight report."""
-    recipe = load_recipe(recipe_path(args.recipe))
-    lock_path = _resolve_lock(recipe, args.lock)
-    try:
-        lock_bytes = lock_path.read_bytes()
-    except OSError as exc:
-        raise InputError(f"{lock_path}: cannot read the lock: {exc.strerror or exc}") from None
-    lock = parse_lock(lock_bytes, str(lock_path))
-    params = RunParameters(
-        backend=args.backend,
-        model=args.model,
-        train_files=tuple(args.data),
-        val_files=tuple(args.val_data),
-        nnodes=args.nnodes,
-        npus_per_node=args.npus_per_node,
-        image=args.image,
-        overrides=tuple(args.overrides),
-        extra_env=_env_pairs(args.env),
-        ray_address=args.ray_address,
-        entry_point=tuple(shlex.split(args.entry_point)) if args.entry_point else None,
-    )
-    plan = build_plan(recipe, params, str(lock_path), lock_bytes)
-
-    from envrun.overrides import validate_overrides  # Hydra costs a second to import
-
-    config_dir = args.verl_config
-    if config_dir is None:
-        from envrun.verlconfig import verl_config_dir, verl_wheel_from_lock
-
-        wheel = verl_wheel_from_lock(lock, str(lock_path), recipe.verl_package)
-        config_dir = verl_config_dir(
-            wheel, args.cache_dir or load_config(None).cache_dir, offline=args.offline, progress=progress
-        )
-    progress(f"validating {len(plan.overrides)} overrides against {config_dir}")
-    validate_overrides(plan.overrides, config_dir, recipe.config_name)
-
-    labels: Callable[[str], dict[str, str]] | None = None
-    if plan.image:
-        from envrun.launch.docker_backend import image_labels
-
-        labels = image_labels
-    results = run_preflight(plan, PreflightEnv(image_labels=labels), dry_run=args.dry_run, skip=args.skip_check)
-    return recipe, plan.with_preflight(results)
-
-
-def _audit_exports(plan: RunPlan, exports: ExportSpec, record: RunDir, progress: Progress) -> list[str]:
-    """The lenient save's guard: every HF export the run wrote may lack the MTP layers and nothing else."""
-    from envrun.exports import audit_exports
-
-    where, audits = audit_exports(plan.overrides, plan.env, exports)
-    record.record_json("exports.json", {"where": where, "exports": [a.to_json() for a in audits]})
-    progress(f"export audit: {where}")
-    bad = []
-    for audit in audits:
-        if not audit.ok:
-            lost = audit.error or ", ".join([*audit.missing[:3], *audit.unexpected[:3]])
-            bad.append(f"{audit.path}: {lost}")
-            print(f"envrun: export audit FAILED: {audit.path}: {lost}", file=sys.stderr)  # a result, not progress
-    return bad
-
-
 def run_recipe_command(args: argparse.Namespace) -> int:
+    from envrun.execute import execute_run
+    from envrun.prepare import RunRequest, prepare_run
+
+    request = RunRequest(
+        recipe=args.recipe,
+        params=RunParameters(
+            backend=args.backend,
+            model=args.model,
+            train_files=tuple(args.data),
+            val_files=tuple(args.val_data),
+            nnodes=args.nnodes,
+            npus_per_node=args.npus_per_node,
+            image=args.image,
+            overrides=tuple(args.overrides),
+            extra_env=_env_pairs(args.env),
+            ray_address=args.ray_address,
+            entry_point=tuple(shlex.split(args.entry_point)) if args.entry_point else None,
+        ),
+        lock=args.lock,
+        verl_config=args.verl_config,
+        cache_dir=args.cache_dir,
+        offline=args.offline,
+        dry_run=args.dry_run,
+        skip_checks=tuple(args.skip_check),
+        cluster=args.cluster,
+    )
     progress = StderrProgress("envrun", getattr(args, "quiet", False))
-    recipe, plan = prepare(args, progress)
-    problems = failed(plan.preflight)
+    prepared = prepare_run(request, progress)
     if args.dry_run:
-        sys.stdout.write(render_plan_json(plan) if args.json else render_plan_text(plan))
-    if problems:
-        raise PreflightError(
-            "preflight failed, nothing started: " + "; ".join(f"{c.name}: {c.detail}" for c in problems)
-        )
-    if args.dry_run:
+        sys.stdout.write(render_plan_json(prepared.plan) if args.json else render_plan_text(prepared.plan))
+        prepared.refuse_if_failed()
         return 0
-    exports = None
-    if recipe.lenient_checkpoint is not None:
-        from envrun.exports import ExportSpec
-
-        exports = ExportSpec(recipe.lenient_checkpoint.export_dir_key, recipe.lenient_checkpoint.export_pattern)
-    return launch_and_record(plan, args.run_dir, progress, as_json=args.json, exports=exports)
-
-
-def launch_and_record(
-    plan: RunPlan, run_dir: Path | None, progress: Progress, as_json: bool = False, exports: ExportSpec | None = None
-) -> int:
-    from envrun.launch import launcher_for
-    from envrun.rundir import RunDir, default_run_dir
-
-    launcher = launcher_for(plan)
-    record = RunDir(run_dir or default_run_dir(plan.recipe))
-    digest = None
-    if plan.image and plan.backend == "docker":
-        from envrun.launch.docker_backend import image_digest
-
-        digest = image_digest(plan.image)
-    record.record_plan(plan, image_digest=digest)
-    progress(f"run directory {record.path}")
-    try:
-        result = launcher.launch(plan, record.log)
-    except BaseException as exc:
-        record.finish("error", None, detail=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-        raise
-    detail = result.detail
-    if result.interrupted:
-        status, code = "interrupted", 130
-    else:
-        status, code = (
-            ("succeeded" if result.exit_code == 0 else "failed"),
-            (result.exit_code if result.exit_code is not None else 1),
-        )
-    if status == "succeeded" and exports is not None:
-        bad = _audit_exports(plan, exports, record, progress)
-        if bad:
-            status, code, detail = "failed", 1, "export audit: " + "; ".join(bad)
-    record.finish(status, result.exit_code, detail)  # type: ignore[arg-type]
-    progress(f"{status} (exit {result.exit_code}); record in {record.path}")
-    if as_json:
-        print(
-            json.dumps({"status": status, "exit_code": result.exit_code, "run_dir": str(record.path)}, sort_keys=True)
-        )
-    return code
-
-
-def main_for_tests(argv: Sequence[str] | None = None) -> int:
-    parser = ArgumentParser(prog="envrun")
-    add_run_commands(parser.add_subparsers(dest="command", metavar="COMMAND"))
-    return run("envrun", parser, argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main_for_tests())
+    outcome = execute_run(prepared, args.run_dir, progress)
+    for failure in outcome.export_failures:
+        print(f"envrun: export audit FAILED: {failure}", file=sys.stderr)  # a result, not progress
+    if args.json:
+        print(json.dumps(outcome.to_json(), sort_keys=True))
+    return outcome.exit_status

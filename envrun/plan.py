@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import shlex
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 from envbuild.errors import InputError
 from envbuild.lock.model import ENV_NAME
@@ -21,16 +20,23 @@ BACKENDS: tuple[Backend, ...] = ("docker", "ray", "local")
 _PLAIN = re.compile(r"[A-Za-z0-9_/.+:@%-]+")
 
 
+PreflightStatus = Literal["ok", "fail", "skip"]
+
+
 @dataclass(frozen=True)
-class CheckResult:
-    """One preflight line."""
+class PreflightLine:
+    """One line of the preflight report: a check's name, its verdict and why."""
 
     name: str
-    status: Literal["ok", "fail", "skip"]
+    status: PreflightStatus
     detail: str
+    facts: Mapping[str, Any] | None = None  # what the check was told (a node's own answer), for the record
 
-    def to_json(self) -> dict[str, str]:
-        return {"name": self.name, "status": self.status, "detail": self.detail}
+    def to_json(self) -> dict[str, Any]:
+        document: dict[str, Any] = {"name": self.name, "status": self.status, "detail": self.detail}
+        if self.facts is not None:
+            document["facts"] = dict(self.facts)
+        return document
 
 
 @dataclass(frozen=True)
@@ -65,19 +71,14 @@ class RunPlan:
     data_files: tuple[Path, ...]
     lenient_checkpoint: bool
     ray_address: str | None = None
-    preflight: tuple[CheckResult, ...] = ()
+    preflight: tuple[PreflightLine, ...] = ()
 
-    def with_preflight(self, results: tuple[CheckResult, ...]) -> RunPlan:
+    def with_preflight(self, results: tuple[PreflightLine, ...]) -> RunPlan:
         return replace(self, preflight=results)
 
     @property
     def command_line(self) -> str:
         return shlex.join(self.argv)
-
-
-def lock_sha256(lock_bytes: bytes) -> str:
-    """The digest an image built from this lock carries in its ``io.envbuild.lock.sha256`` label."""
-    return hashlib.sha256(lock_bytes).hexdigest()
 
 
 def hydra_string(value: str) -> str:
@@ -116,8 +117,12 @@ def parameter_overrides(recipe: Recipe, params: RunParameters) -> tuple[str, ...
     return tuple(out)
 
 
-def build_plan(recipe: Recipe, params: RunParameters, lock_file: str, lock_bytes: bytes) -> RunPlan:
-    """The plan for ``recipe`` with ``params``: a pure function, so a dry run needs nothing running."""
+def build_plan(recipe: Recipe, params: RunParameters, lock_file: str, lock_sha256: str) -> RunPlan:
+    """The plan for ``recipe`` with ``params``: a pure function, so a dry run needs nothing running.
+
+    The one place a plan is validated: what it returns is complete for its backend (an image for
+    docker, an address for Ray), and the launchers trust it. ``lock_sha256`` is the digest of the lock's
+    bytes as :func:`envbuild.lock.io.read_lock` gives it (the digest the image's label carries)."""
     if params.backend not in BACKENDS:
         raise InputError(f"--backend: expected one of {', '.join(BACKENDS)}, got {params.backend!r}")
     recipe_keys = {override_key(o) for o in recipe.overrides()}
@@ -144,7 +149,7 @@ def build_plan(recipe: Recipe, params: RunParameters, lock_file: str, lock_bytes
         backend=params.backend,
         image=params.image,
         lock_file=lock_file,
-        lock_sha256=lock_sha256(lock_bytes),
+        lock_sha256=lock_sha256,
         config_name=recipe.config_name,
         overrides=overrides,
         model=params.model,

@@ -15,14 +15,16 @@ from typing import Any, Callable, Iterable
 
 from envbuild.errors import EnvbuildError, InputError
 from envbuild.image.plan import LOCK_LABEL
-from envrun.plan import CheckResult, RunPlan
+from envrun.plan import PreflightLine, RunPlan
 
-CHECKS = ("image-lock-label", "npus", "model", "data")
+# The last is not run here: it asks where the job runs (a Ray cluster's nodes), when it is launched.
+TARGET_CHECK = "ray-node"
+CHECKS = ("image-lock-label", "npus", "model", "data", TARGET_CHECK)
 PARQUET_MAGIC = b"PAR1"
 
 ImageLabels = Callable[[str], "dict[str, str]"]  # image ref -> labels; raises EnvbuildError if absent
 Audit = Callable[[Path], Any]  # model dir -> report with .ok, .missing, .to_json()
-NpuProbe = Callable[[], CheckResult]
+NpuProbe = Callable[[], PreflightLine]
 
 
 class PreflightError(InputError):
@@ -38,7 +40,7 @@ class PreflightEnv:
 
 def run_preflight(
     plan: RunPlan, env: PreflightEnv, *, dry_run: bool = False, skip: Iterable[str] = ()
-) -> tuple[CheckResult, ...]:
+) -> tuple[PreflightLine, ...]:
     skip = set(skip)
     unknown = skip - set(CHECKS)
     if unknown:
@@ -50,63 +52,63 @@ def run_preflight(
         ("model", lambda: check_model(plan, env.audit)),
         ("data", lambda: check_data(plan.data_files)),
     ):
-        results.append(CheckResult(name, "skip", "skipped by --skip-check") if name in skip else check())
+        results.append(PreflightLine(name, "skip", "skipped by --skip-check") if name in skip else check())
     return tuple(results)
 
 
-def failed(results: Iterable[CheckResult]) -> list[CheckResult]:
+def failed(results: Iterable[PreflightLine]) -> list[PreflightLine]:
     return [r for r in results if r.status == "fail"]
 
 
-def check_image_label(plan: RunPlan, image_labels: ImageLabels | None) -> CheckResult:
+def check_image_label(plan: RunPlan, image_labels: ImageLabels | None) -> PreflightLine:
     name = "image-lock-label"
     if not plan.image:
-        return CheckResult(name, "skip", f"no --image; the {plan.backend} backend runs in the current image")
+        return PreflightLine(name, "skip", f"no --image; the {plan.backend} backend runs in the current image")
     if image_labels is None:
-        return CheckResult(name, "fail", f"{plan.image}: cannot read its labels (no container engine)")
+        return PreflightLine(name, "fail", f"{plan.image}: cannot read its labels (no container engine)")
     try:
         labels = image_labels(plan.image)
     except EnvbuildError as exc:
-        return CheckResult(name, "fail", f"{plan.image}: {exc}")
+        return PreflightLine(name, "fail", f"{plan.image}: {exc}")
     found = (labels or {}).get(LOCK_LABEL)
     if found is None:
-        return CheckResult(
+        return PreflightLine(
             name, "fail", f"{plan.image} has no {LOCK_LABEL} label; build it with `envbuild image build`"
         )
     if found != plan.lock_sha256:
-        return CheckResult(
+        return PreflightLine(
             name,
             "fail",
             f"{plan.image} was built from lock sha256 {found}, not {plan.lock_file} "
             f"(sha256 {plan.lock_sha256}); rebuild the image or pass the lock it was built from",
         )
-    return CheckResult(name, "ok", f"{plan.image} carries {LOCK_LABEL}={found}")
+    return PreflightLine(name, "ok", f"{plan.image} carries {LOCK_LABEL}={found}")
 
 
-def check_npus(plan: RunPlan, probe: NpuProbe | None, dry_run: bool) -> CheckResult:
+def check_npus(plan: RunPlan, probe: NpuProbe | None, dry_run: bool) -> PreflightLine:
     if dry_run:
-        return CheckResult("npus", "skip", "dry run")
+        return PreflightLine("npus", "skip", "dry run")
     if plan.backend == "ray":
-        return CheckResult("npus", "skip", "the Ray cluster's nodes run the job; verl checks their NPUs")
+        return PreflightLine("npus", "skip", "the Ray cluster's nodes run the job; verl checks their NPUs")
     return (probe or probe_npus)()
 
 
-def probe_npus() -> CheckResult:
+def probe_npus() -> PreflightLine:
     devices = sorted(d for d in glob.glob("/dev/davinci[0-9]*"))
     if not devices:
-        return CheckResult("npus", "fail", "no /dev/davinci* device: no Ascend NPU visible on this host")
+        return PreflightLine("npus", "fail", "no /dev/davinci* device: no Ascend NPU visible on this host")
     npu_smi = shutil.which("npu-smi") or ("/usr/local/bin/npu-smi" if Path("/usr/local/bin/npu-smi").exists() else None)
     if npu_smi is None:
-        return CheckResult(
+        return PreflightLine(
             "npus", "fail", f"{len(devices)} /dev/davinci* devices but no npu-smi (driver not installed?)"
         )
     try:
         done = subprocess.run([npu_smi, "info"], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return CheckResult("npus", "fail", f"npu-smi info failed: {exc}")
+        return PreflightLine("npus", "fail", f"npu-smi info failed: {exc}")
     if done.returncode != 0:
-        return CheckResult("npus", "fail", f"npu-smi info exited {done.returncode}: {done.stderr.strip()[:200]}")
-    return CheckResult("npus", "ok", f"{len(devices)} devices ({', '.join(devices)}); npu-smi info ok")
+        return PreflightLine("npus", "fail", f"npu-smi info exited {done.returncode}: {done.stderr.strip()[:200]}")
+    return PreflightLine("npus", "ok", f"{len(devices)} devices ({', '.join(devices)}); npu-smi info ok")
 
 
 def default_audit(model_dir: Path) -> Any:
@@ -117,39 +119,39 @@ def default_audit(model_dir: Path) -> Any:
     return audit_checkpoint(model_dir)
 
 
-def check_model(plan: RunPlan, audit: Audit | None) -> CheckResult:
+def check_model(plan: RunPlan, audit: Audit | None) -> PreflightLine:
     model = plan.model
     if model is None:
-        return CheckResult("model", "skip", "the model path is set by an override, not --model")
+        return PreflightLine("model", "skip", "the model path is set by an override, not --model")
     if not model.is_dir():
-        return CheckResult("model", "fail", f"{model}: not a directory; pass the model directory holding config.json")
+        return PreflightLine("model", "fail", f"{model}: not a directory; pass the model directory holding config.json")
     if not plan.lenient_checkpoint:
-        return CheckResult("model", "ok", f"{model}: a directory")
+        return PreflightLine("model", "ok", f"{model}: a directory")
     try:
         report = (audit or default_audit)(model)
     except EnvbuildError as exc:
-        return CheckResult("model", "fail", f"{model}: checkpoint unreadable: {exc}")
+        return PreflightLine("model", "fail", f"{model}: checkpoint unreadable: {exc}")
     if not report.ok:
         missing = list(getattr(report, "missing", ()))
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         unexpected = list(getattr(report, "unexpected", ()))
         more = f"; unexpected: {', '.join(unexpected[:5])}" if unexpected else ""
-        return CheckResult(
+        return PreflightLine(
             "model",
             "fail",
             f"{model}: checkpoint audit failed (checkpoint.strict=False "
             f"tolerates only the MTP layers): missing: {shown or '-'}{more}",
         )
-    return CheckResult("model", "ok", f"{model}: checkpoint audit ok (only MTP layers may be absent)")
+    return PreflightLine("model", "ok", f"{model}: checkpoint audit ok (only MTP layers may be absent)")
 
 
-def check_data(files: tuple[Path, ...]) -> CheckResult:
+def check_data(files: tuple[Path, ...]) -> PreflightLine:
     if not files:
-        return CheckResult("data", "skip", "the data files are set by overrides, not --data")
+        return PreflightLine("data", "skip", "the data files are set by overrides, not --data")
     problems = [p for p in map(_parquet_problem, files) if p]
     if problems:
-        return CheckResult("data", "fail", "; ".join(problems))
-    return CheckResult("data", "ok", f"{len(files)} parquet file(s)")
+        return PreflightLine("data", "fail", "; ".join(problems))
+    return PreflightLine("data", "ok", f"{len(files)} parquet file(s)")
 
 
 def _parquet_problem(path: Path) -> str | None:

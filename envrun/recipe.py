@@ -13,8 +13,9 @@ from typing import Literal
 
 from envbuild.errors import LockfileError, Problem
 from envbuild.lock.model import ENV_NAME, SAFE_NAME, check_env
-from envbuild.lock.typed import Decoder, meta, mfield
-from envbuild.lock.yamlfile import compose_yaml, read_capped
+from envbuild.lock.typed import meta, mfield
+from envbuild.lock.yamlfile import read_capped
+from envrun.typedyaml import decode_yaml
 
 RECIPE_VERSION = 1
 RECIPES_DIR = Path(__file__).parent / "recipes"
@@ -119,18 +120,14 @@ def load_recipe(path: Path) -> Recipe:
 
 
 def parse_recipe(text: bytes | str, file: str = "<recipe>") -> Recipe:
-    root = compose_yaml(text, file, RecipeError)
-    if root is None:
-        raise RecipeError(
-            [Problem(file, 0, "", "empty file; a recipe needs recipe, name, entry_point, config_name, override_groups")]
-        )
-    decoder = Decoder(file)
-    recipe = decoder.decode(Recipe, root, "")
-    if recipe is not None:
-        decoder.problems.extend(_cross_checks(recipe, file))
-    if decoder.problems or recipe is None:
-        raise RecipeError(decoder.problems)
-    return recipe
+    return decode_yaml(
+        text,
+        file,
+        Recipe,
+        RecipeError,
+        empty="a recipe needs recipe, name, entry_point, config_name, override_groups",
+        checks=lambda recipe, root: _cross_checks(recipe, file),
+    )
 
 
 def _cross_checks(recipe: Recipe, file: str) -> list[Problem]:

@@ -6,7 +6,7 @@ Layout::
     command.txt     the command as one shell line (to rerun by hand)
     preflight.json  every preflight line
     output.log      the job's output, as streamed
-    status.json     {"status": "succeeded" | "failed" | "interrupted" | "error", "exit_code": N}
+    status.json     {"status": "succeeded" | "failed" | "interrupted" | "error" | "refused", "exit_code": N}
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from envbuild.errors import CacheError
 from envbuild.fileio import write_atomic
 from envrun.plan import RunPlan, plan_to_json
 
-Status = Literal["succeeded", "failed", "interrupted", "error"]
+# refused: where the job would run may not run it (a node on another lock); nothing was started.
+Status = Literal["succeeded", "failed", "interrupted", "error", "refused"]
 
 
 def default_run_dir(recipe: str, base: Path = Path("runs")) -> Path:

@@ -12,7 +12,9 @@ from pathlib import Path
 import docker
 import pytest
 
-from envrun.cli_run import main_for_tests
+from envrun.cli import main
+from envrun.execute import execute_run
+from envrun.prepare import RunRequest, prepare_run
 from envrun.rundir import read_status
 from tests.lib.tinyrun import FAKE_TRAINER, LOCK, Tiny, tiny_setup
 
@@ -43,7 +45,6 @@ def trainer_image(docker_client: docker.DockerClient, base_image) -> str:  # noq
 
 
 def docker_args(tiny: Tiny, image: str, *extra: str) -> list[str]:
-    expect = tiny.model / "expect.json"  # the model directory is mounted at the same path
     return tiny.args(
         "--backend",
         "docker",
@@ -52,28 +53,34 @@ def docker_args(tiny: Tiny, image: str, *extra: str) -> list[str]:
         "--entry-point",
         "python3 /opt/fake_trainer.py",
         "--env",
-        f"FAKE_TRAINER_EXPECT={expect}",
+        f"FAKE_TRAINER_EXPECT={tiny.model / 'expect.json'}",
         *extra,
         entry=False,
     )
 
 
-def test_docker_run_passes_argv_env_and_records_the_image(
-    trainer_image: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    tiny = tiny_setup(tmp_path)
-    assert main_for_tests(docker_args(tiny, trainer_image, "--dry-run", "--json")) == 0
-    plan = json.loads(capsys.readouterr().out)
-    assert plan["backend"] == "docker"
-    label = next(c for c in plan["preflight"] if c["name"] == "image-lock-label")
-    assert label["status"] == "ok", label
-    (tiny.model / "expect.json").write_text(json.dumps({"args": plan["argv"][2:], "env": plan["env"]}))
+def docker_request(tiny: Tiny, image: str) -> RunRequest:
+    # The model directory is mounted at the same path: the expectation lives there.
+    return tiny.request(
+        backend="docker",
+        image=image,
+        entry_point=("python3", "/opt/fake_trainer.py"),
+        extra_env={"FAKE_TRAINER_EXPECT": str(tiny.model / "expect.json")},
+    )
 
-    run_dir = tmp_path / "run"
-    assert main_for_tests(docker_args(tiny, trainer_image, "--run-dir", str(run_dir))) == 0
-    assert "fake trainer: ok" in (run_dir / "output.log").read_text()
-    assert read_status(run_dir) == {"status": "succeeded", "exit_code": 0}
-    recorded = json.loads((run_dir / "plan.json").read_text())
+
+def test_docker_run_passes_argv_env_and_records_the_image(trainer_image: str, tmp_path: Path) -> None:
+    tiny = tiny_setup(tmp_path)
+    prepared = prepare_run(docker_request(tiny, trainer_image))
+    assert prepared.plan.backend == "docker"
+    label = next(c for c in prepared.plan.preflight if c.name == "image-lock-label")
+    assert label.status == "ok", label
+    tiny.expect(prepared.plan, tiny.model / "expect.json")
+
+    outcome = execute_run(prepared, tmp_path / "run")
+    assert "fake trainer: ok" in (outcome.run_dir / "output.log").read_text()
+    assert read_status(outcome.run_dir) == {"status": "succeeded", "exit_code": 0}
+    recorded = json.loads((outcome.run_dir / "plan.json").read_text())
     image_id = docker.from_env(version="auto").images.get(trainer_image).id
     assert recorded["image_digest"].startswith(image_id)
 
@@ -86,7 +93,7 @@ def test_an_image_without_the_lock_label_is_refused(
 ) -> None:
     tiny = tiny_setup(tmp_path)
     (tiny.model / "expect.json").write_text("{}")
-    code = main_for_tests(docker_args(tiny, base_image.tag, "--run-dir", str(tmp_path / "run")))
+    code = main(docker_args(tiny, base_image.tag, "--run-dir", str(tmp_path / "run")))
     err = capsys.readouterr().err
     assert code == 2 and "image-lock-label" in err and "nothing started" in err
     assert not (tmp_path / "run").exists()

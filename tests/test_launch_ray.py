@@ -1,20 +1,29 @@
-"""The Ray backend against a real local Ray head: the fake trainer is submitted as a real job."""
+"""The Ray backend against a real local Ray head: the fake trainer is submitted as a real job.
+
+The head is this module's own: ``ray start --head --block`` as a child in a session of its own, stopped
+by its PID (Ray's SIGTERM handler stops the node's processes) and then, by PID, anything left in that
+session or naming its temp dir. Never ``ray stop``, which stops every Ray on the machine.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from envrun.cli_run import main_for_tests
+from envrun.execute import TargetRefused, execute_run
+from envrun.prepare import PreparedRun, prepare_run
 from envrun.rundir import read_status
-from tests.lib.tinyrun import Tiny, dry_run_json
+from tests.lib.tinyrun import Tiny
 
 RAY = Path(sys.executable).parent / "ray"
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -32,9 +41,37 @@ def free_port(low: int = 20000) -> int:
     raise RuntimeError("no free port")
 
 
-def _ray_processes(marker: str) -> list[str]:
-    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [line for line in ps.splitlines() if marker in line and "ps -eo" not in line]
+def _ours(session: int, marker: str) -> list[int]:
+    """PIDs of the processes in our head's session, or naming its temp dir (Ray's own daemons)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            args = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if stat[0] != "Z" and (int(stat[3]) == session or marker in args):
+            found.append(int(entry.name))
+    return found
+
+
+def _stop_head(head: subprocess.Popen[bytes], marker: str) -> None:
+    head.send_signal(signal.SIGTERM)
+    try:
+        head.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        head.kill()
+        head.wait()
+    deadline = time.monotonic() + 30
+    while (left := _ours(head.pid, marker)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 @pytest.fixture(scope="module")
@@ -43,42 +80,43 @@ def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     dashboard = free_port(gcs + 1)
     client = free_port(dashboard + 1)
     temp_dir = f"/tmp/ray-envrun-{gcs}"  # short: Ray's unix sockets live under it
-    start = subprocess.run(
-        [
-            str(RAY),
-            "start",
-            "--head",
-            "--node-ip-address=127.0.0.1",
-            f"--port={gcs}",
-            "--dashboard-host=127.0.0.1",
-            f"--dashboard-port={dashboard}",
-            f"--ray-client-server-port={client}",
-            "--num-cpus=2",
-            f"--temp-dir={temp_dir}",
-            "--disable-usage-stats",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    log = tmp_path_factory.mktemp("ray") / "head.log"
+    with log.open("wb") as out:
+        head = subprocess.Popen(
+            [
+                str(RAY),
+                "start",
+                "--head",
+                "--block",
+                "--node-ip-address=127.0.0.1",
+                f"--port={gcs}",
+                "--dashboard-host=127.0.0.1",
+                f"--dashboard-port={dashboard}",
+                f"--ray-client-server-port={client}",
+                "--num-cpus=2",
+                f"--temp-dir={temp_dir}",
+                "--disable-usage-stats",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # a session of our own: what we stop is exactly what we started
+        )
     try:
-        assert start.returncode == 0, start.stderr[-2000:]
         address = f"http://127.0.0.1:{dashboard}"
-        _wait_for_job_api(address)
+        _wait_for_job_api(address, head, log)
         yield address
     finally:
-        subprocess.run([str(RAY), "stop", "--force"], capture_output=True, timeout=120)
-        deadline = time.monotonic() + 30
-        while _ray_processes(temp_dir) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert not _ray_processes(temp_dir), "Ray processes left behind"
+        _stop_head(head, temp_dir)
+        assert not _ours(head.pid, temp_dir), "Ray processes left behind"
 
 
-def _wait_for_job_api(address: str) -> None:
+def _wait_for_job_api(address: str, head: subprocess.Popen[bytes], log: Path) -> None:
     from ray.job_submission import JobSubmissionClient
 
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while True:
+        assert head.poll() is None, f"ray start exited {head.returncode}: {log.read_text()[-2000:]}"
         try:
             JobSubmissionClient(address).list_jobs()
             return
@@ -88,68 +126,75 @@ def _wait_for_job_api(address: str) -> None:
             time.sleep(1)
 
 
+def ray_run(tiny: Tiny, address: str, *, check_nodes: bool = False, **env: str) -> PreparedRun:
+    """A Ray run of the fake trainer, which expects exactly its plan; ``env`` goes to the job only. This
+    head runs this machine's Python, not an envbuild image: the per-node lock check is skipped unless asked."""
+    extra_env = {"FAKE_TRAINER_EXPECT": str(tiny.expect_file), **env}
+    request = tiny.request(backend="ray", ray_address=address, extra_env=extra_env)
+    if not check_nodes:
+        request = replace(request, skip_checks=(*request.skip_checks, "ray-node"))
+    prepared = prepare_run(request)
+    tiny.expect(prepared.plan)
+    return prepared
+
+
 def test_job_runs_on_ray_and_streams_logs(ray_head: str, tiny: Tiny, capsys: pytest.CaptureFixture[str]) -> None:
-    expect = tiny.tmp / "expect.json"
-    extra = ["--backend", "ray", "--ray-address", ray_head, "--env", f"FAKE_TRAINER_EXPECT={expect}"]
-    plan = dry_run_json(tiny, capsys, *extra)
-    assert plan["backend"] == "ray"
     # The env reaches the job only through Ray's runtime_env: the head was started without it.
-    expect.write_text(json.dumps({"args": plan["argv"][2:], "env": plan["env"]}))
-    run_dir = tiny.tmp / "run"
-    assert main_for_tests(tiny.args(*extra, "--run-dir", str(run_dir))) == 0
+    prepared = ray_run(tiny, ray_head)
+    assert prepared.plan.backend == "ray"
+    outcome = execute_run(prepared, tiny.tmp / "run")
+    assert outcome.status == "succeeded" and outcome.exit_status == 0
     assert "fake trainer: ok" in capsys.readouterr().out
-    log = (run_dir / "output.log").read_text()
+    log = (outcome.run_dir / "output.log").read_text()
     assert "submitted Ray job envrun-tiny-" in log and "fake trainer: ok" in log
-    assert read_status(run_dir)["status"] == "succeeded"
+    assert read_status(outcome.run_dir)["status"] == "succeeded"
 
 
-def test_failed_ray_job_is_recorded(ray_head: str, tiny: Tiny, capsys: pytest.CaptureFixture[str]) -> None:
-    expect = tiny.tmp / "expect.json"
-    expect.write_text(json.dumps({"args": ["not", "these"], "env": {}}))
-    run_dir = tiny.tmp / "run"
-    code = main_for_tests(
-        tiny.args(
-            "--backend",
-            "ray",
-            "--ray-address",
-            ray_head,
-            "--env",
-            f"FAKE_TRAINER_EXPECT={expect}",
-            "--run-dir",
-            str(run_dir),
-        )
-    )
-    assert code == 1
-    assert read_status(run_dir)["status"] == "failed"
-    assert "expected 'not'" in (run_dir / "output.log").read_text()
+def test_nodes_that_cannot_be_checked_refuse_the_job(ray_head: str, tiny: Tiny) -> None:
+    """This head is no envbuild image: its `python3` has no Ray, so the check cannot run there. Unverified
+    is refused (a real image's answers are tested in test_cluster_ray.py)."""
+    from ray.job_submission import JobSubmissionClient
+
+    before = {job.submission_id for job in JobSubmissionClient(ray_head).list_jobs()}
+    with pytest.raises(TargetRefused) as info:
+        execute_run(ray_run(tiny, ray_head, check_nodes=True), tiny.tmp / "run")
+    assert info.value.exit_code == 1
+    assert "nothing submitted: the nodes could not be asked which lock they run" in str(info.value)
+    status = read_status(tiny.tmp / "run")
+    assert status["status"] == "refused" and "could not be asked" in status["detail"]
+    (line,) = [c for c in json.loads((tiny.tmp / "run" / "preflight.json").read_text()) if c["name"] == "ray-node"]
+    assert line["status"] == "fail"
+    new = {job.submission_id for job in JobSubmissionClient(ray_head).list_jobs()} - before
+    assert len(new) == 1 and new.pop().startswith("envrun-nodecheck-")  # only the check was submitted
 
 
-def test_ctrl_c_stops_the_ray_job_and_records_interrupted(
-    ray_head: str, tiny: Tiny, capsys: pytest.CaptureFixture[str]
-) -> None:
-    import os
-    import signal
+def test_a_skipped_node_check_is_recorded(ray_head: str, tiny: Tiny) -> None:
+    outcome = execute_run(ray_run(tiny, ray_head), tiny.tmp / "run")
+    assert outcome.status == "succeeded"
+    recorded = json.loads((outcome.run_dir / "preflight.json").read_text())
+    assert {"name": "ray-node", "status": "skip", "detail": "skipped by --skip-check"} in recorded
 
+
+def test_failed_ray_job_is_recorded(ray_head: str, tiny: Tiny) -> None:
+    prepared = ray_run(tiny, ray_head)
+    tiny.expect_file.write_text(json.dumps({"args": ["not", "these"], "env": {}}))
+    outcome = execute_run(prepared, tiny.tmp / "run")
+    assert outcome.exit_status == 1
+    assert read_status(outcome.run_dir)["status"] == "failed"
+    assert "expected 'not'" in (outcome.run_dir / "output.log").read_text()
+
+
+def test_ctrl_c_stops_the_ray_job_and_records_interrupted(ray_head: str, tiny: Tiny) -> None:
     from ray.job_submission import JobSubmissionClient
 
     from tests.lib.tinyrun import REPO
 
-    expect = tiny.tmp / "expect.json"
-    extra = [
-        "--backend",
-        "ray",
-        "--ray-address",
-        ray_head,
-        "--env",
-        f"FAKE_TRAINER_EXPECT={expect}",
-        "--env",
-        "FAKE_TRAINER_SLEEP=300",
-    ]
-    plan = dry_run_json(tiny, capsys, *extra)
-    expect.write_text(json.dumps({"args": plan["argv"][2:], "env": plan["env"]}))
+    ray_run(tiny, ray_head, FAKE_TRAINER_SLEEP="300")
+    extra = ["--backend", "ray", "--ray-address", ray_head, "--skip-check", "ray-node"]
+    extra += ["--env", f"FAKE_TRAINER_EXPECT={tiny.expect_file}", "--env", "FAKE_TRAINER_SLEEP=300"]
     run_dir = tiny.tmp / "run"
     cli = subprocess.Popen(
-        [sys.executable, "-m", "envrun.cli_run", *tiny.args(*extra, "--run-dir", str(run_dir))],
+        [sys.executable, "-m", "envrun.cli", *tiny.args(*extra, "--run-dir", str(run_dir))],
         cwd=REPO,
         env=os.environ.copy(),
         stdout=subprocess.PIPE,

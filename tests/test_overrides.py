@@ -9,7 +9,7 @@ import pytest
 
 from envbuild.errors import RemoteError
 from envbuild.lock.io import read_lock
-from envrun.cli_run import main_for_tests
+from envrun.cli import main
 from envrun.overrides import OverrideError, merge_overrides, validate_overrides
 from envrun.recipe import load_recipe, recipe_path
 from envrun.verlconfig import VerlWheel, verl_config_dir, verl_wheel_from_lock
@@ -98,7 +98,7 @@ def test_grpo_glm5_dry_run_and_unknown_override_through_the_cli(
 ) -> None:
     tiny = tiny_setup(tmp_path)
     args = ["grpo-glm5", "--model", str(tiny.model), "--data", str(tiny.data), "--cache-dir", str(verl_cache), "-q"]
-    assert main_for_tests([*args, "--dry-run", "--json", "--nnodes", "2"]) == 0
+    assert main([*args, "--dry-run", "--json", "--nnodes", "2"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["argv"][:6] == [
         "python3",
@@ -114,7 +114,7 @@ def test_grpo_glm5_dry_run_and_unknown_override_through_the_cli(
     assert [c["status"] for c in plan["preflight"] if c["name"] == "model"] == ["ok"]
 
     run_dir = tmp_path / "run"
-    assert main_for_tests([*args, "-o", "trainer.nnode=2", "--run-dir", str(run_dir)]) == 2
+    assert main([*args, "-o", "trainer.nnode=2", "--run-dir", str(run_dir)]) == 2
     err = capsys.readouterr().err
     assert "trainer.nnode=2: unknown key trainer.nnode" in err and "did you mean trainer.nnodes?" in err
     assert not run_dir.exists()

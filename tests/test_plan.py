@@ -6,21 +6,29 @@ so they need no network; the grpo-glm5 recipe against verl's real config is in t
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 import pytest
 
-from envrun.cli_run import main_for_tests
+from envbuild.errors import InputError
+from envrun.cli import main
+from envrun.overrides import OverrideError
 from envrun.plan import RunParameters, build_plan, hydra_string
+from envrun.preflight import PreflightError
+from envrun.prepare import prepare_run
 from envrun.recipe import load_recipe, recipe_path
 from tests.lib.ckptgen import CheckpointSpec, write_checkpoint
-from tests.lib.tinyrun import LOCK, Tiny, dry_run_json, tiny_setup
+from tests.lib.tinyrun import LOCK, Tiny, tiny_setup
 
 
-def test_dry_run_json_is_the_full_command(tiny: Tiny, capsys: pytest.CaptureFixture[str]) -> None:
-    plan = dry_run_json(tiny, capsys, "--entry-point", "python3 -m tiny.main", "--nnodes", "2", "-o", "data.batch=16")
-    assert list(plan)[:4] == ["argv", "env", "backend", "preflight"]
-    assert plan["argv"] == [
+def test_dry_run_plan_is_the_full_command(tiny: Tiny) -> None:
+    request = tiny.request(
+        dry_run=True, entry_point=("python3", "-m", "tiny.main"), nnodes=2, overrides=("data.batch=16",)
+    )
+    plan = prepare_run(request).plan
+    assert list(plan.argv) == [
         "python3",
         "-m",
         "tiny.main",
@@ -36,21 +44,32 @@ def test_dry_run_json_is_the_full_command(tiny: Tiny, capsys: pytest.CaptureFixt
         f"data.val_files={tiny.data}",
         "trainer.nnodes=2",
     ]
-    assert plan["env"] == {"TINY_PATCH": "1"}
-    assert plan["backend"] == "local"
-    assert {c["name"]: c["status"] for c in plan["preflight"]} == {
+    assert plan.env == {"TINY_PATCH": "1"}
+    assert plan.backend == "local"
+    assert {c.name: c.status for c in plan.preflight} == {
         "image-lock-label": "skip",
         "npus": "skip",
         "model": "ok",
         "data": "ok",
     }
-    assert plan["lock"]["sha256"] == __import__("hashlib").sha256(LOCK.read_bytes()).hexdigest()
+    assert plan.lock_sha256 == hashlib.sha256(LOCK.read_bytes()).hexdigest()
 
 
-def test_dry_run_text(tiny: Tiny, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main_for_tests(tiny.args("--dry-run")) == 0
+def test_dry_run_text_through_the_cli(tiny: Tiny, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(tiny.args("--dry-run")) == 0
     out = capsys.readouterr().out
     assert "--config-name=tiny" in out and "ok   model:" in out
+
+
+def test_dry_run_json_through_the_cli(tiny: Tiny, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(tiny.args("--dry-run", "--json", "--nnodes", "2")) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert list(plan)[:4] == ["argv", "env", "backend", "preflight"]
+    assert "trainer.nnodes=2" in plan["argv"] and plan["preflight"][2] == {
+        "name": "model",
+        "status": "ok",
+        "detail": f"{tiny.model}: checkpoint audit ok (only MTP layers may be absent)",
+    }
 
 
 def test_hydra_string_quotes_only_what_needs_it() -> None:
@@ -63,7 +82,7 @@ def test_hydra_string_quotes_only_what_needs_it() -> None:
 def test_user_value_wins_and_keeps_the_recipes_plus(tiny: Tiny) -> None:
     recipe = load_recipe(tiny.recipe)
     params = RunParameters(model=tiny.model, train_files=(tiny.data,), overrides=("data.extra.deep=z", "~data.batch"))
-    plan = build_plan(recipe, params, "lock.yaml", b"lock")
+    plan = build_plan(recipe, params, "lock.yaml", "0" * 64)
     assert "+data.extra.deep=z" in plan.overrides
     assert "~data.batch" in plan.overrides and "data.batch=4" not in plan.overrides
 
@@ -71,45 +90,55 @@ def test_user_value_wins_and_keeps_the_recipes_plus(tiny: Tiny) -> None:
 def test_model_is_required(tiny: Tiny) -> None:
     recipe = load_recipe(recipe_path("grpo-glm5"))
     with pytest.raises(Exception, match="--model is required"):
-        build_plan(recipe, RunParameters(train_files=(tiny.data,)), "lock.yaml", b"")
+        build_plan(recipe, RunParameters(train_files=(tiny.data,)), "lock.yaml", "0" * 64)
 
 
 def test_missing_model_dir_stops_before_anything(tiny: Tiny, capsys: pytest.CaptureFixture[str]) -> None:
     args = tiny.args("--run-dir", str(tiny.tmp / "run"))
     args[args.index("--model") + 1] = str(tiny.tmp / "nowhere")
-    assert main_for_tests(args) == 2
-    err = capsys.readouterr().err
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
     assert "preflight failed, nothing started" in err and "nowhere: not a directory" in err
     assert not (tiny.tmp / "run").exists()
 
 
-def test_non_parquet_data_is_refused(tiny: Tiny, capsys: pytest.CaptureFixture[str]) -> None:
+def _refused(tiny: Tiny, **params: object) -> str:
+    prepared = prepare_run(tiny.request(**params))
+    with pytest.raises(PreflightError) as info:
+        prepared.refuse_if_failed()
+    assert info.value.exit_code == 2
+    return str(info.value)
+
+
+def test_non_parquet_data_is_refused(tiny: Tiny) -> None:
     (tiny.tmp / "train.parquet").write_text("a,b\n1,2\n")
-    assert main_for_tests(tiny.args("--run-dir", str(tiny.tmp / "run"))) == 2
-    assert "not a parquet file" in capsys.readouterr().err
-    assert not (tiny.tmp / "run").exists()
+    assert "not a parquet file" in _refused(tiny)
 
 
-def test_truncated_shard_is_refused(tiny: Tiny, capsys: pytest.CaptureFixture[str]) -> None:
+def test_truncated_shard_is_refused(tiny: Tiny) -> None:
     shard = sorted(tiny.model.glob("model-*.safetensors"))[1]
     shard.write_bytes(shard.read_bytes()[:20])
-    assert main_for_tests(tiny.args("--run-dir", str(tiny.tmp / "run"))) == 2
-    err = capsys.readouterr().err
-    assert "model:" in err and shard.name in err
-    assert not (tiny.tmp / "run").exists()
+    message = _refused(tiny)
+    assert "model:" in message and shard.name in message
 
 
-def test_lost_lm_head_fails_the_audit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_lost_lm_head_fails_the_audit(tmp_path: Path) -> None:
     tiny = tiny_setup(tmp_path)
     for f in tiny.model.iterdir():
         f.unlink()
     write_checkpoint(tiny.model, CheckpointSpec(include_mtp=False), drop=["lm_head.weight"])
-    assert main_for_tests(tiny.args("--dry-run")) == 2
-    assert "lm_head.weight" in capsys.readouterr().err
+    assert "lm_head.weight" in _refused(tiny, dry_run=True)
 
 
-def test_unknown_override_names_the_key_offline(tiny: Tiny, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main_for_tests(tiny.args("-o", "trainer.nnode=3", "--run-dir", str(tiny.tmp / "run"))) == 2
-    err = capsys.readouterr().err
-    assert "unknown key trainer.nnode" in err and "did you mean trainer.nnodes?" in err
-    assert not (tiny.tmp / "run").exists()
+def test_unknown_override_names_the_key_offline(tiny: Tiny) -> None:
+    with pytest.raises(OverrideError) as info:
+        prepare_run(tiny.request(overrides=("trainer.nnode=3",)))
+    assert "unknown key trainer.nnode" in str(info.value) and "did you mean trainer.nnodes?" in str(info.value)
+
+
+def test_an_unknown_skip_check_is_bad_input(tiny: Tiny) -> None:
+    from dataclasses import replace
+
+    with pytest.raises(InputError, match="unknown check gpus"):
+        prepare_run(replace(tiny.request(), skip_checks=("gpus",)))

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from envbuild.errors import CacheError
-from envrun.plan import CheckResult, RunParameters, build_plan
+from envrun.plan import PreflightLine, RunParameters, build_plan
 from envrun.recipe import load_recipe, recipe_path
 from envrun.rundir import RunDir, read_status
 
@@ -17,8 +17,8 @@ from envrun.rundir import RunDir, read_status
 def a_plan(tmp_path: Path):
     recipe = load_recipe(recipe_path("grpo-glm5"))
     params = RunParameters(model=tmp_path / "m", train_files=(tmp_path / "d.parquet",), overrides=("trainer.nnodes=2",))
-    return build_plan(recipe, params, "lock.yaml", b"lock bytes").with_preflight(
-        (CheckResult("data", "ok", "1 parquet file(s)"),)
+    return build_plan(recipe, params, "lock.yaml", "ab" * 32).with_preflight(
+        (PreflightLine("data", "ok", "1 parquet file(s)"),)
     )
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-from envrun.plan import RunPlan
+from envbuild.progress import Progress
+from envrun.plan import PreflightLine, RunPlan
 
 LogSink = Callable[[str], None]
 
@@ -22,6 +23,10 @@ class LaunchResult:
 
 
 class Launcher(Protocol):
+    def check_target(self, plan: RunPlan, progress: Progress) -> tuple[PreflightLine, ...]:
+        """Ask where the job will run whether it may (a cluster's nodes: which lock each runs); the lines
+        join the run's preflight record, and a failed one refuses the job before it starts."""
+
     def launch(self, plan: RunPlan, log: LogSink) -> LaunchResult:
         """Run the job to its end; on KeyboardInterrupt stop it and return ``interrupted=True``."""
 
@@ -34,7 +39,7 @@ def launcher_for(plan: RunPlan) -> Launcher:
     if plan.backend == "ray":
         from envrun.launch.ray_backend import RayLauncher
 
-        return RayLauncher(plan.ray_address or "")
+        return RayLauncher(plan.ray_address or "")  # build_plan gives every Ray plan an address
     from envrun.launch.docker_backend import DockerLauncher
 
     return DockerLauncher()

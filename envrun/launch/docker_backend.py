@@ -14,8 +14,9 @@ from pathlib import Path
 from envbuild.engine import Engine, JobSpec
 from envbuild.errors import EngineError, InputError
 from envbuild.image.plan import LOCK_LABEL
+from envbuild.progress import Progress
 from envrun.launch import LaunchResult, LogSink
-from envrun.plan import RunPlan
+from envrun.plan import PreflightLine, RunPlan
 
 DEVICE_PATTERNS = ("/dev/davinci[0-9]*", "/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc")
 DRIVER_MOUNTS = (
@@ -28,22 +29,20 @@ DRIVER_MOUNTS = (
 STOP_TIMEOUT_SECONDS = 20
 
 
-def ascend_devices(root: str = "/") -> list[str]:
-    """``host:container:rwm`` device specs for the Ascend devices present under ``root``."""
+def ascend_paths(root: str = "/") -> tuple[str, ...]:
+    """The Ascend devices and driver files present under ``root``, as paths on that host."""
     found: list[str] = []
-    for pattern in DEVICE_PATTERNS:
+    for pattern in (*DEVICE_PATTERNS, *DRIVER_MOUNTS):
         found += sorted(glob.glob(os.path.join(root, pattern.lstrip("/"))))
-    return [f"{p}:/{os.path.relpath(p, root)}:rwm" for p in found]
+    return tuple("/" + os.path.relpath(p, root) for p in found)
 
 
-def ascend_mounts(root: str = "/") -> dict[str, dict[str, str]]:
-    """Read-only driver mounts for those of :data:`DRIVER_MOUNTS` present under ``root``."""
-    mounts = {}
-    for path in DRIVER_MOUNTS:
-        host = os.path.join(root, path.lstrip("/"))
-        if os.path.exists(host):
-            mounts[host] = {"bind": path, "mode": "ro"}
-    return mounts
+def devices_and_mounts(paths: tuple[str, ...]) -> tuple[list[str], dict[str, dict[str, str]]]:
+    """``host:container:rwm`` device specs and read-only driver mounts for the Ascend ``paths`` a host has
+    (from :func:`ascend_paths` here, or from a probe on another host)."""
+    devices = [f"{p}:{p}:rwm" for p in paths if p.startswith("/dev/")]
+    mounts = {p: {"bind": p, "mode": "ro"} for p in paths if p in DRIVER_MOUNTS}
+    return devices, mounts
 
 
 def image_labels(ref: str) -> dict[str, str]:
@@ -72,22 +71,25 @@ class DockerLauncher:
     def __init__(self, network_mode: str = "host", workdir: Path | None = None) -> None:
         self.network_mode, self.workdir = network_mode, workdir
 
+    def check_target(self, plan: RunPlan, progress: Progress) -> tuple[PreflightLine, ...]:
+        return ()  # this host and its image: the preflight has checked both
+
     def launch(self, plan: RunPlan, log: LogSink) -> LaunchResult:
-        if not plan.image:
-            raise InputError("--backend docker needs --image REF")
+        image = plan.image or ""  # build_plan gives every docker plan an image
         with Engine.connect() as engine:
-            if engine.inspect(plan.image) is None:
-                raise InputError(f"image {plan.image} not found in the local engine")
-            volumes = ascend_mounts()
-            for path in {plan.model, *plan.data_files} - {None}:
-                # Same path inside and out, so the trainer's overrides mean the same files.
-                host = str(Path(path).resolve())  # type: ignore[arg-type]
-                volumes.setdefault(host, {"bind": host, "mode": "ro"})
+            if engine.inspect(image) is None:
+                raise InputError(f"image {image} not found in the local engine")
+            devices, volumes = devices_and_mounts(ascend_paths())
+            for path in (plan.model, *plan.data_files):
+                if path is not None:
+                    # Same path inside and out, so the trainer's overrides mean the same files.
+                    host = str(path.resolve())
+                    volumes.setdefault(host, {"bind": host, "mode": "ro"})
             spec = JobSpec(
-                image=plan.image,
+                image=image,
                 command=tuple(plan.argv),
                 env=dict(plan.env),
-                devices=tuple(ascend_devices()),
+                devices=tuple(devices),
                 volumes=volumes,
                 network_mode=self.network_mode,
                 ipc_mode="host",

@@ -8,13 +8,17 @@ import subprocess
 import threading
 
 from envbuild.errors import InputError
+from envbuild.progress import Progress
 from envrun.launch import LaunchResult, LogSink
-from envrun.plan import RunPlan
+from envrun.plan import PreflightLine, RunPlan
 
 STOP_GRACE_SECONDS = 20.0
 
 
 class LocalLauncher:
+    def check_target(self, plan: RunPlan, progress: Progress) -> tuple[PreflightLine, ...]:
+        return ()  # this host: the preflight has checked it
+
     def launch(self, plan: RunPlan, log: LogSink) -> LaunchResult:
         try:
             # A session of its own: a terminal's Ctrl-C reaches only us, and we stop the whole group.

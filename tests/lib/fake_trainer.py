@@ -4,7 +4,11 @@
 program and the environment entries it must see. Exit 0 when both match, 1 (with the difference)
 otherwise. ``FAKE_TRAINER_EXPORT=FROM=TO`` copies a checkpoint directory as a run's HF export.
 ``FAKE_TRAINER_SLEEP`` seconds: wait after the check (for Ctrl-C tests); SIGINT exits 130.
-Runnable as ``python tests/lib/fake_trainer.py`` or ``python -m tests.lib.fake_trainer``.
+``FAKE_TRAINER_RAY_NODES=N`` (on a Ray cluster, as verl's driver is): run one task pinned to each alive
+node, which reports its node and the environment it sees; exit 1 unless there are N nodes and every
+task saw ``FAKE_TRAINER_RAY_ENV`` (``NAME=VALUE``, the recipe's runtime env reaching the workers).
+Runnable as ``python tests/lib/fake_trainer.py``, ``python -m tests.lib.fake_trainer`` or, inside an
+image that does not hold this file, ``python3 -c "$(cat fake_trainer.py)" ARGS``.
 """
 
 from __future__ import annotations
@@ -16,8 +20,35 @@ import sys
 import time
 
 
+def on_every_node(count: int, env: str) -> list[str]:
+    """One task per alive Ray node; the problems seen (none when all ``count`` nodes ran it and saw ``env``)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    @ray.remote(num_cpus=0)
+    def where(name: str) -> tuple[str, str | None]:
+        return ray.get_runtime_context().get_node_id(), os.environ.get(name)
+
+    ray.init()
+    nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+    name, _, value = env.partition("=")
+    pinned = [NodeAffinitySchedulingStrategy(node, soft=False) for node in nodes]
+    answers = ray.get([where.options(scheduling_strategy=s).remote(name) for s in pinned])
+    print(f"fake trainer: ran a task on nodes {sorted(a[0] for a in answers)}", flush=True)
+    problems = [f"{len(nodes)} alive nodes, expected {count}"] if len(nodes) != count else []
+    problems += [f"node {node}: env {name}={seen!r}, expected {value!r}" for node, seen in answers if seen != value]
+    problems += [f"a task pinned to {n} ran on {a[0]}" for n, a in zip(nodes, answers) if a[0] != n]
+    return problems
+
+
 def main(args: list[str]) -> int:
     expect_file = os.environ.get("FAKE_TRAINER_EXPECT")
+    if not expect_file and os.environ.get("FAKE_TRAINER_RAY_NODES"):
+        problems = on_every_node(int(os.environ["FAKE_TRAINER_RAY_NODES"]), os.environ.get("FAKE_TRAINER_RAY_ENV", ""))
+        for problem in problems:
+            print(f"fake trainer: {problem}", flush=True)
+        print("fake trainer: ok, on every node" if not problems else "fake trainer: FAILED", flush=True)
+        return 1 if problems else 0
     if not expect_file:
         print("fake trainer: FAKE_TRAINER_EXPECT is not set", flush=True)
         return 1

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
-import pytest
-
-from envrun.cli_run import main_for_tests
+from envrun.plan import RunParameters, RunPlan
+from envrun.prepare import RunRequest
 from tests.lib.ckptgen import CheckpointSpec, write_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,6 +72,29 @@ class Tiny:
             args += ["--entry-point", f"{sys.executable} {FAKE_TRAINER}"]
         return args + list(extra)
 
+    def request(self, *, dry_run: bool = False, **params: Any) -> RunRequest:
+        """The library's request for what :meth:`args` says on the command line; ``params`` replace
+        :class:`RunParameters` fields (``backend``, ``overrides``, ``extra_env``, ...)."""
+        base = RunParameters(
+            model=self.model, train_files=(self.data,), entry_point=(sys.executable, str(FAKE_TRAINER))
+        )
+        return RunRequest(
+            str(self.recipe),
+            replace(base, **params),
+            lock=LOCK,
+            verl_config=self.config,
+            dry_run=dry_run,
+            skip_checks=("npus",),  # no NPU on a test host; the record says it was skipped
+        )
+
+    @property
+    def expect_file(self) -> Path:
+        return self.tmp / "expect.json"
+
+    def expect(self, plan: RunPlan, path: Path | None = None) -> None:
+        """Tell the fake trainer to expect exactly ``plan``'s arguments (after its program) and env."""
+        (path or self.expect_file).write_text(json.dumps({"args": list(plan.argv[2:]), "env": plan.env}))
+
 
 def write_parquet_like(path: Path) -> Path:
     """Bytes with parquet's magic at both ends: all the preflight reads (pyarrow is not a dependency)."""
@@ -88,8 +111,3 @@ def tiny_setup(tmp: Path) -> Tiny:
     model = tmp / "model"
     write_checkpoint(model, CheckpointSpec(include_mtp=False))
     return Tiny(recipe, config, model, write_parquet_like(tmp / "train.parquet"), tmp)
-
-
-def dry_run_json(tiny: Tiny, capsys: pytest.CaptureFixture[str], *extra: str) -> dict:
-    assert main_for_tests(tiny.args("--dry-run", "--json", *extra)) == 0
-    return json.loads(capsys.readouterr().out)

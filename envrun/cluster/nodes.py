@@ -1,0 +1,116 @@
+"""A cluster node's container, as a pure function of the cluster file, the node and what its host has.
+
+Each node is one container of the locked image on its host: host networking (Ray's ports are the
+host's; nodes sharing a host need distinct ports through ``ray_start_args``), the Ascend devices and
+driver mounts that exist on that host (the docker backend's explicit list, never ``--privileged``),
+half the host's memory as ``/dev/shm`` (Ray's object store takes 30 % by default and wants it in
+shared memory), and ``ray start … --block`` as the main process, so stopping the container stops the
+node (SIGTERM: Ray's own clean shutdown) and a node that dies shows as an exited container.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from envbuild.engine import JobSpec
+from envbuild.image.plan import LOCK_LABEL
+from envrun.cluster.spec import ClusterSpec
+from envrun.cluster.state import CLUSTER_LABEL, NODE_LABEL, ROLE_LABEL
+from envrun.launch.docker_backend import DEVICE_PATTERNS, DRIVER_MOUNTS, devices_and_mounts
+
+# Where a host's paths are seen inside the probe container (read-only binds of what always exists).
+PROBE_ROOT = "/host"
+PROBE_BINDS = ("/dev", "/usr/local", "/etc")
+# Lists the host paths (under PROBE_ROOT) matching the patterns in argv[1]; run with the image's python3.
+PROBE_SCRIPT = (
+    "import glob, json, sys\n"
+    "print(json.dumps(sorted({p for pattern in json.loads(sys.argv[1]) for p in glob.glob(pattern)})))\n"
+)
+STOP_TIMEOUT_SECONDS = 30
+# The image ships no bytecode (a reproducible build compiles nothing). Letting Python write it into the
+# node container's own layer compiles each module once instead of in each of Ray's dozen processes,
+# which halves a node's start on a busy host (and keeps it inside Ray's fixed 30 s registration wait).
+NODE_ENV = {"PYTHONDONTWRITEBYTECODE": "", "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What one host has for a node: its Ascend paths (as found on the host) and its memory."""
+
+    ascend_paths: tuple[str, ...]
+    memory_bytes: int
+
+    @property
+    def npus(self) -> int:
+        return sum(1 for p in self.ascend_paths if p.startswith("/dev/davinci") and p[len("/dev/davinci") :].isdigit())
+
+
+def probe_command() -> list[str]:
+    patterns = [PROBE_ROOT + p for p in (*DEVICE_PATTERNS, *DRIVER_MOUNTS)]
+    return ["python3", "-c", PROBE_SCRIPT, json.dumps(patterns)]
+
+
+def probe_volumes() -> dict[str, dict[str, str]]:
+    return {path: {"bind": PROBE_ROOT + path, "mode": "ro"} for path in PROBE_BINDS}
+
+
+def host_paths(probe_output: str) -> tuple[str, ...]:
+    """The probe's answer as host paths (``/host/dev/davinci0`` → ``/dev/davinci0``)."""
+    found = json.loads(probe_output)
+    return tuple(p[len(PROBE_ROOT) :] for p in found if isinstance(p, str) and p.startswith(PROBE_ROOT + "/"))
+
+
+def container_name(cluster: str, index: int) -> str:
+    return f"envrun-{cluster}-{index}"
+
+
+def ray_start_command(cluster: ClusterSpec, index: int, head_address: str | None, npus: int) -> tuple[str, ...]:
+    """``ray start`` for node ``index``; workers join ``head_address`` (``ip:port`` of the GCS)."""
+    node = cluster.nodes[index]
+    argv = ["ray", "start", "--block", "--disable-usage-stats", f"--node-name={container_name(cluster.name, index)}"]
+    if index == 0:
+        # The job API listens on the head's advertised address when the file gives one; else everywhere,
+        # as clients must reach it from outside the host.
+        argv += [
+            "--head",
+            f"--port={cluster.head_port}",
+            f"--dashboard-port={cluster.dashboard_port}",
+            f"--dashboard-host={node.ip or '0.0.0.0'}",
+        ]
+    else:
+        argv.append(f"--address={head_address}")
+    if node.ip:
+        argv.append(f"--node-ip-address={node.ip}")
+    if npus:
+        argv.append("--resources=" + json.dumps({"NPU": npus}))
+    return (*argv, *node.ray_start_args)
+
+
+def node_container(
+    cluster: ClusterSpec,
+    index: int,
+    *,
+    image: str,
+    lock_sha256: str,
+    host: HostFacts,
+    head_address: str | None = None,
+) -> JobSpec:
+    devices, mounts = devices_and_mounts(host.ascend_paths)
+    return JobSpec(
+        image=image,
+        command=ray_start_command(cluster, index, head_address, host.npus),
+        env=NODE_ENV,
+        devices=tuple(devices),
+        volumes=mounts,
+        network_mode="host",
+        labels={
+            CLUSTER_LABEL: cluster.name,
+            NODE_LABEL: str(index),
+            ROLE_LABEL: "head" if index == 0 else "worker",
+            LOCK_LABEL: lock_sha256,
+        },
+        stop_timeout=STOP_TIMEOUT_SECONDS,
+        name=container_name(cluster.name, index),
+        shm_size=host.memory_bytes // 2 or None,
+    )

@@ -1,0 +1,139 @@
+"""The cluster file: a Ray cluster as data, read strictly with the lock's typed decoder.
+
+```yaml
+name: glm5                      # the handle for `envrun cluster status/down`
+head_port: 6379                 # optional: the GCS port (Ray's default)
+dashboard_port: 8265            # optional: the job API port (Ray's default)
+nodes:                          # the first is the head
+  - engine: ssh://root@node-001 # the host's container engine: ssh://, tcp://host:port or unix:///path
+    ip: 10.0.0.1                # optional: the address Ray advertises for this node
+    ray_start_args: [--num-cpus=64]   # optional, appended to this node's `ray start`
+```
+
+Every problem is reported at once as ``FILE:LINE: FIELD: message`` (exit 2). The flags ``envrun cluster``
+itself sets are refused in ``ray_start_args``: they would silently fight the file's own fields.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import yaml
+
+from envbuild.errors import LockfileError, Problem
+from envbuild.lock.model import SAFE_NAME
+from envbuild.lock.typed import meta, mfield
+from envbuild.lock.urls import check_userinfo, redact_url
+from envbuild.lock.yamlfile import read_capped
+from envrun.typedyaml import decode_yaml
+
+ENGINE_SCHEMES = ("ssh", "tcp", "unix")
+# Flags `envrun cluster up` sets from the file or from what it finds on the host.
+MANAGED_FLAGS = {
+    "--head": "the first node is the head",
+    "--address": "workers join the head at its address",
+    "--block": "the node runs as the container's main process",
+    "--node-name": "the node is named after its container",
+    "--node-ip-address": "set `ip` on the node",
+    "--port": "set `head_port`",
+    "--dashboard-port": "set `dashboard_port`",
+    "--resources": "the node's NPUs are counted on its host",
+}
+
+
+class ClusterFileError(LockfileError):
+    """A cluster file failed validation: every problem, each with its file and line (exit 2)."""
+
+
+ENGINE_CREDENTIALS = "ssh keys belong to ssh-agent or ~/.ssh/config, TLS certificates to the docker config"
+
+
+def check_engine_url(url: str) -> str | None:
+    """ssh://[user@]host[:port], tcp://host:port or unix:///path; never a secret (refusals hide the user part)."""
+    if any(c.isspace() or ord(c) < 32 for c in url):
+        return f"{redact_url(url)!r} contains whitespace or control characters"
+    if problem := check_userinfo(url, ENGINE_CREDENTIALS):
+        return problem
+    shown = redact_url(url)
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return f"{shown!r} has an invalid host or port"
+    if parts.scheme not in ENGINE_SCHEMES:
+        return f"{shown!r}: expected a container engine URL (ssh://[user@]host, tcp://host:port or unix:///path)"
+    if parts.scheme == "unix":
+        return None if parts.path.startswith("/") and not parts.netloc else f"{shown!r}: expected unix:///absolute/path"
+    if not parts.hostname:
+        return f"{shown!r} has no host"
+    if parts.scheme == "tcp" and port is None:
+        return f"{shown!r}: a tcp:// engine needs a port (dockerd's is usually 2375, or 2376 with TLS)"
+    if parts.path not in ("", "/"):
+        return f"{shown!r}: an engine URL has no path"
+    return None
+
+
+def check_ip(value: str) -> str | None:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return f"{value!r} is not an IP address"
+    return None
+
+
+def check_port(value: int) -> str | None:
+    return None if 1 <= value <= 65535 else f"{value} is not a port (1-65535)"
+
+
+def check_ray_start_args(args: tuple[str, ...]) -> str | None:
+    for arg in args:
+        if not arg.startswith("--") or any(c in arg for c in "\n\0"):
+            return f"{arg!r}: expected a `ray start` flag such as --num-cpus=64"
+        flag = arg.split("=", 1)[0]
+        if flag in MANAGED_FLAGS:
+            return f"{flag} is set by envrun cluster ({MANAGED_FLAGS[flag]})"
+    return None
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One node: its host's container engine, the address Ray advertises, extra `ray start` flags."""
+
+    engine: str = field(metadata=meta(check=check_engine_url, description="the host's container engine URL"))
+    ip: str | None = mfield(None, check=check_ip, description="the address Ray advertises for this node")
+    ray_start_args: tuple[str, ...] = mfield((), check=check_ray_start_args, description="appended to `ray start`")
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """A Ray cluster of containers of one locked image; the first node is the head."""
+
+    name: str = field(metadata=meta(pattern=SAFE_NAME, expect="a safe name such as glm5"))
+    nodes: tuple[NodeSpec, ...]
+    head_port: int = mfield(6379, check=check_port, description="the head's GCS port")
+    dashboard_port: int = mfield(8265, check=check_port, description="the job API port")
+
+    @property
+    def head(self) -> NodeSpec:
+        return self.nodes[0]
+
+    @property
+    def engines(self) -> tuple[str, ...]:
+        """Each host's engine once, in the file's order."""
+        return tuple(dict.fromkeys(node.engine for node in self.nodes))
+
+
+def load_cluster_file(path: Path) -> ClusterSpec:
+    return parse_cluster_file(read_capped(path, ClusterFileError), str(path))
+
+
+def parse_cluster_file(text: bytes | str, file: str = "<cluster>") -> ClusterSpec:
+    def at_least_the_head(spec: ClusterSpec, root: yaml.Node) -> list[Problem]:
+        return [] if spec.nodes else [Problem(file, root.start_mark.line + 1, "nodes", "needs at least the head node")]
+
+    return decode_yaml(
+        text, file, ClusterSpec, ClusterFileError, empty="a cluster file needs name and nodes", checks=at_least_the_head
+    )

@@ -1,0 +1,106 @@
+"""Where a cluster's state lives: labels on its containers, and a state file naming its hosts.
+
+Two halves, because each answers a question the other cannot:
+
+- **Labels are the truth on each host.** Every container ``up`` starts carries
+  ``io.envbuild.cluster.name=<name>`` (with its node index and role, and the lock digest), so ``down``
+  asks each host's engine for exactly that cluster's containers and removes them by ID — whatever the
+  state file says, however ``up`` ended (killed half-way, a host lost and back), and without ever
+  touching a container it did not start.
+- **The state file says which hosts to ask.** A name alone does not say where its engines are, and an
+  engine cannot be asked about a cluster it is not part of. ``<cache_dir>/clusters/<name>.json`` records
+  the engines, the job API address, the image (by digest) and the lock digest. It is written before
+  the first container starts (so an interrupted ``up`` is still found by ``down NAME``) and completed
+  once every node has joined; ``down`` removes it when every host is done. Without it,
+  ``down CLUSTER.yaml`` asks the file's hosts.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from envbuild.errors import CacheError, InputError
+from envbuild.fileio import write_atomic
+
+CLUSTER_LABEL = "io.envbuild.cluster.name"
+NODE_LABEL = "io.envbuild.cluster.node"  # the node's index in the cluster file
+ROLE_LABEL = "io.envbuild.cluster.role"  # head | worker
+STATE_VERSION = 1
+Phase = Literal["starting", "up"]
+
+
+@dataclass(frozen=True)
+class ClusterState:
+    name: str
+    phase: Phase
+    image: str  # repository@sha256:… — what every node runs
+    lock_sha256: str
+    engines: tuple[str, ...]  # one per node, in the cluster file's order; the first is the head's
+    address: str | None = None  # the job API URL, once the head is up
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": STATE_VERSION,
+            "name": self.name,
+            "phase": self.phase,
+            "image": self.image,
+            "lock_sha256": self.lock_sha256,
+            "engines": list(self.engines),
+            "address": self.address,
+        }
+
+    @classmethod
+    def from_json(cls, document: dict[str, Any]) -> ClusterState:
+        return cls(
+            name=document["name"],
+            phase=document["phase"],
+            image=document["image"],
+            lock_sha256=document["lock_sha256"],
+            engines=tuple(document["engines"]),
+            address=document.get("address"),
+        )
+
+
+def state_path(cache_dir: Path, name: str) -> Path:
+    return Path(cache_dir) / "clusters" / f"{name}.json"
+
+
+def load_state(cache_dir: Path, name: str) -> ClusterState | None:
+    path = state_path(cache_dir, name)
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise CacheError(f"{path}: unreadable cluster state ({exc}); remove it after `envrun cluster down FILE`")
+    if not isinstance(document, dict) or document.get("version") != STATE_VERSION:
+        raise CacheError(f"{path}: not a cluster state of version {STATE_VERSION}")
+    try:
+        return ClusterState.from_json(document)
+    except (KeyError, TypeError) as exc:
+        raise CacheError(f"{path}: incomplete cluster state (no {exc})") from None
+
+
+def save_state(cache_dir: Path, state: ClusterState) -> None:
+    path = state_path(cache_dir, state.name)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(state.to_json(), indent=2, sort_keys=True) + "\n")
+    except OSError as exc:
+        raise CacheError(f"{path}: cannot write the cluster state: {exc.strerror or exc}") from None
+
+
+def remove_state(cache_dir: Path, name: str) -> None:
+    state_path(cache_dir, name).unlink(missing_ok=True)
+
+
+def require_state(cache_dir: Path, name: str) -> ClusterState:
+    state = load_state(cache_dir, name)
+    if state is None:
+        raise InputError(
+            f"no cluster {name} is up (no {state_path(cache_dir, name)}); start it with `envrun cluster up`"
+        )
+    return state

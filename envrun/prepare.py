@@ -1,0 +1,126 @@
+"""Preparing a run: recipe, lock and its digest, the plan, verl's config, override validation, preflight.
+
+Order: the recipe and the lock are read (strictly; the lock with the sha256 of exactly its bytes), the
+plan is built (:func:`envrun.plan.build_plan`, the one place a plan is validated), every override is
+checked against the verl config the run will use, then the preflight runs. Nothing is started and
+nothing is written; :func:`envrun.execute.execute_run` launches what this returns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from envbuild.config import load_config
+from envbuild.errors import InputError
+from envbuild.lock.io import LockFile, read_lock
+from envbuild.progress import Progress, silent
+from envrun.exports import ExportSpec
+from envrun.plan import PreflightLine, RunParameters, RunPlan, build_plan
+from envrun.preflight import PreflightEnv, PreflightError, failed, run_preflight
+from envrun.recipe import Recipe, load_recipe, recipe_path
+
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """Everything a run is prepared from: the recipe, the user's parameters and where to look things up."""
+
+    recipe: str  # a shipped recipe's name (grpo-glm5) or a recipe file
+    params: RunParameters
+    lock: Path | None = None  # default: the recipe's lock
+    verl_config: Path | None = None  # an extracted verl/trainer/config; default: from the lock's verl wheel
+    cache_dir: Path | None = None  # default: the config file's cache_dir
+    offline: bool = False
+    dry_run: bool = False
+    skip_checks: tuple[str, ...] = ()
+    cluster: str | None = None  # a cluster `envrun cluster up` started: its job API is the Ray address
+
+
+@dataclass(frozen=True)
+class PreparedRun:
+    """A validated plan with its preflight report, and what the run is checked against afterwards."""
+
+    recipe: Recipe
+    lock: LockFile
+    plan: RunPlan
+    skip_checks: tuple[str, ...] = ()  # the user's --skip-check, for the checks made at launch
+
+    @property
+    def failed_checks(self) -> list[PreflightLine]:
+        return failed(self.plan.preflight)
+
+    @property
+    def exports(self) -> ExportSpec | None:
+        """Where the lenient save's exports are audited after the run; None for a strict recipe."""
+        lenient = self.recipe.lenient_checkpoint
+        return None if lenient is None else ExportSpec(lenient.export_dir_key, lenient.export_pattern)
+
+    def refuse_if_failed(self) -> None:
+        """Raise :class:`PreflightError` (exit 2, nothing started) when a preflight check failed."""
+        problems = self.failed_checks
+        if problems:
+            raise PreflightError(
+                "preflight failed, nothing started: " + "; ".join(f"{c.name}: {c.detail}" for c in problems)
+            )
+
+
+def resolve_lock(recipe: Recipe, given: Path | None) -> Path:
+    """The lock given, else the recipe's, relative to the current directory or this checkout."""
+    if given is not None:
+        return given
+    if recipe.lock is None:
+        raise InputError(f"recipe {recipe.name} names no lock; pass --lock PATH")
+    for base in (Path.cwd(), CHECKOUT):
+        if (base / recipe.lock).is_file():
+            return base / recipe.lock
+    raise InputError(f"{recipe.lock}: the recipe's lock is not here or in {CHECKOUT}; pass --lock PATH")
+
+
+def _cache_dir(request: RunRequest) -> Path:
+    return request.cache_dir or load_config(None).cache_dir
+
+
+def _on_cluster(params: RunParameters, name: str, cache_dir: Path) -> RunParameters:
+    """``params`` aimed at the job API of the cluster ``name`` (from its state file)."""
+    from envrun.cluster.state import require_state
+
+    if params.backend != "ray" or params.ray_address:
+        raise InputError("--cluster NAME: use it with --backend ray and without --ray-address")
+    state = require_state(cache_dir, name)
+    if state.phase != "up" or not state.address:
+        raise InputError(f"cluster {name} is still starting, or its start failed: see `envrun cluster status {name}`")
+    return replace(params, ray_address=state.address)
+
+
+def prepare_run(request: RunRequest, progress: Progress = silent) -> PreparedRun:
+    """Read, plan, validate and preflight ``request``; raise the project's errors on bad input.
+
+    A failed preflight check does not raise here (a dry run shows the whole report first): see
+    :meth:`PreparedRun.refuse_if_failed`."""
+    recipe = load_recipe(recipe_path(request.recipe))
+    lock = read_lock(resolve_lock(recipe, request.lock))
+    params = request.params
+    if request.cluster is not None:
+        params = _on_cluster(params, request.cluster, _cache_dir(request))
+    plan = build_plan(recipe, params, str(lock.path), lock.sha256)
+
+    from envrun.overrides import validate_overrides  # Hydra costs a second to import
+
+    config_dir = request.verl_config
+    if config_dir is None:
+        from envrun.verlconfig import verl_config_dir, verl_wheel_from_lock
+
+        wheel = verl_wheel_from_lock(lock.lock, str(lock.path), recipe.verl_package)
+        config_dir = verl_config_dir(wheel, _cache_dir(request), offline=request.offline, progress=progress)
+    progress(f"validating {len(plan.overrides)} overrides against {config_dir}")
+    validate_overrides(plan.overrides, config_dir, recipe.config_name)
+
+    env = PreflightEnv()
+    if plan.image:
+        from envrun.launch.docker_backend import image_labels
+
+        env = PreflightEnv(image_labels=image_labels)
+    lines = run_preflight(plan, env, dry_run=request.dry_run, skip=request.skip_checks)
+    return PreparedRun(recipe, lock, plan.with_preflight(lines), request.skip_checks)

@@ -1,0 +1,37 @@
+"""Reading envrun's YAML files (recipes, cluster files) into typed values, strictly: read as every
+envbuild YAML file is (:func:`envbuild.lock.yamlfile.compose_yaml`: plain data only), decoded with the
+lock's decoder; every problem as ``FILE:LINE: FIELD: message``, all of them raised at once (exit 2)."""
+
+from __future__ import annotations
+
+from typing import Callable, TypeVar
+
+import yaml
+
+from envbuild.errors import LockfileError, Problem
+from envbuild.lock.typed import Decoder
+from envbuild.lock.yamlfile import compose_yaml
+
+T = TypeVar("T")
+
+
+def decode_yaml(
+    text: bytes | str,
+    file: str,
+    cls: type[T],
+    error: type[LockfileError],
+    *,
+    empty: str,
+    checks: Callable[[T, yaml.Node], list[Problem]] = lambda value, root: [],
+) -> T:
+    """``text`` as a ``cls``; ``empty`` says what an empty file lacks; ``checks`` adds cross-field problems."""
+    root = compose_yaml(text, file, error)  # plain data only: size cap, UTF-8, no anchors or aliases
+    if root is None:
+        raise error([Problem(file, 0, "", f"empty file; {empty}")])
+    decoder = Decoder(file)
+    value = decoder.decode(cls, root, "")
+    if value is not None:
+        decoder.problems.extend(checks(value, root))
+    if decoder.problems or value is None:
+        raise error(decoder.problems)
+    return value

@@ -1,0 +1,168 @@
+"""A small lock with Ray in it, images built from it by ``envbuild image``, and cluster files whose nodes
+share this machine — for the ``envrun cluster`` tests.
+
+- The lock: the test base image (Debian bookworm, python3.11) plus ``ray[default]`` at the client's own
+  Ray version (so the client's job API speaks the cluster's), resolved for linux/<arch>/cp311 from PyPI
+  once per machine with ``envbuild lock update`` and kept in ``/var/cache/envbuild-test/ray-cluster/``;
+  each session pins it to its own registry's base image. The wheels go through envbuild's file cache
+  in the same directory, so the suite downloads them once per machine.
+- Images: ``envbuild image LOCK --push --json`` run as a user runs it (the console script, a subprocess).
+- Cluster files: every node on 127.0.0.1 with its own block of Ray's ports (host networking), one CPU
+  and a small object store.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from envbuild.lock import Lock, write_lock
+from envbuild.lock.io import read_lock
+from envbuild.lock.model import BaseImage, Platform
+from tests.lib.baseimage import CACHE_DIR
+from tests.lib.services import PushedImage
+
+RAY_CACHE = CACHE_DIR / "ray-cluster"
+ENVBUILD_CACHE = RAY_CACHE / "envbuild-cache"  # envbuild's git and file caches: wheels once per machine
+RESOLVE_REVISION = 1  # bump when the template below changes in a way its key does not show
+EPOCH = 1767225600  # 2026-01-01: fixed, so the same lock always builds the same image
+BIN = Path(sys.executable).parent
+NODE_PORTS = 50  # a block of ports per node: Ray's own ports, then its worker range
+
+
+def ray_requirement() -> str:
+    return f"ray[default]=={metadata.version('ray')}"
+
+
+def _template(base: BaseImage, name: str) -> Lock:
+    return Lock(
+        version=1,
+        name=name,
+        sources=(),
+        platform=Platform(os="linux", arch=platform.machine(), python="3.11", cann="9.1.0"),
+        base_image=base,
+        source_date_epoch=EPOCH,
+        requirements=(ray_requirement(),),
+    )
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # parallel sessions wait rather than resolve twice
+        yield
+
+
+def resolved_lock(base: PushedImage, directory: Path, name: str = "raycluster") -> Path:
+    """``directory/<name>.lock.yaml``: Ray's closure (resolved once per machine) on ``base``."""
+    pinned = BaseImage(name=f"{base.repository}:{base.tag}", digest=base.digest)
+    key_source = json.dumps([ray_requirement(), platform.machine(), RESOLVE_REVISION]).encode()
+    cached = RAY_CACHE / f"resolved-{hashlib.sha256(key_source).hexdigest()[:16]}.lock.yaml"
+    RAY_CACHE.mkdir(parents=True, exist_ok=True)
+    with _locked(RAY_CACHE / "resolve.lock"):
+        if not cached.exists():
+            scratch = RAY_CACHE / f"resolving-{os.getpid()}.lock.yaml"
+            write_lock(scratch, _template(pinned, name))
+            done = subprocess.run(
+                [str(BIN / "envbuild"), "lock", "update", str(scratch), "--cache-dir", str(ENVBUILD_CACHE), "-q"],
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
+            assert done.returncode == 0, f"envbuild lock update failed: {done.stderr[-2000:]}"
+            scratch.replace(cached)
+    lock = dataclasses.replace(read_lock(cached).lock, name=name, base_image=pinned)
+    path = directory / f"{name}.lock.yaml"
+    write_lock(path, lock)
+    return path
+
+
+@dataclass(frozen=True)
+class BuiltImage:
+    lock: Path
+    lock_sha256: str
+    image_id: str
+    reference: str  # registry/repository:tag, pushed
+
+
+def build_and_push(lock: Path, registry: str, record_dir: Path) -> BuiltImage:
+    """``envbuild image LOCK --tag REGISTRY/envbuild-test/<name>:<sha12> --push``, as a user runs it."""
+    sha = read_lock(lock).sha256
+    reference = f"{registry}/envbuild-test/{read_lock(lock).lock.name}:{sha[:12]}"
+    done = subprocess.run(
+        [str(BIN / "envbuild"), "image", str(lock), "--tag", reference, "--push", "--json", "-q"]
+        + ["--cache-dir", str(ENVBUILD_CACHE), "--record-dir", str(record_dir)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert done.returncode == 0, f"envbuild image failed: {done.stderr[-3000:]}"
+    result = json.loads(done.stdout)
+    assert result["lock_sha256"] == sha
+    return BuiltImage(lock, sha, result["image_id"], reference)
+
+
+def free_block(count: int, low: int = 24000) -> int:
+    """The first port of ``count`` consecutive free ports at or above ``low`` (below Linux's ephemeral range)."""
+    base = low
+    while base + count < 32768:
+        taken = next((p for p in range(base, base + count) if not _free(p)), None)
+        if taken is None:
+            return base
+        base = taken + 1
+    raise RuntimeError(f"no {count} consecutive free ports between {low} and 32768")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def node_args(base: int, *, head: bool) -> list[str]:
+    """``ray start`` flags giving a node the ports ``base``…``base+NODE_PORTS-1`` and a small footprint."""
+    ports = [
+        f"--node-manager-port={base}",
+        f"--object-manager-port={base + 1}",
+        f"--metrics-export-port={base + 2}",
+        f"--dashboard-agent-listen-port={base + 3}",
+        f"--dashboard-agent-grpc-port={base + 4}",
+        f"--runtime-env-agent-port={base + 5}",
+        f"--min-worker-port={base + 10}",
+        f"--max-worker-port={base + NODE_PORTS - 1}",
+    ]
+    if head:
+        ports.append(f"--ray-client-server-port={base + 6}")
+    return ["--num-cpus=1", "--object-store-memory=100000000", *ports]
+
+
+def cluster_file(path: Path, name: str, engines: list[str], *, extra: dict[int, list[str]] | None = None) -> Path:
+    """A cluster file: node i on ``engines[i]``, all on 127.0.0.1 with ports of their own; the head's
+    GCS and job API ports come first. ``extra[i]`` is appended to node i's ``ray_start_args``."""
+    base = free_block(2 + NODE_PORTS * len(engines))
+    nodes = [
+        {
+            "engine": engine,
+            "ip": "127.0.0.1",
+            "ray_start_args": node_args(base + 2 + NODE_PORTS * i, head=i == 0) + (extra or {}).get(i, []),
+        }
+        for i, engine in enumerate(engines)
+    ]
+    document = {"name": name, "head_port": base, "dashboard_port": base + 1, "nodes": nodes}
+    path.write_text(json.dumps(document, indent=2))  # JSON is YAML
+    return path

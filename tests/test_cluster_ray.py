@@ -1,0 +1,279 @@
+"""``envrun cluster`` for real: two extra dockerd on this machine are two hosts, the image is built from a
+Ray lock by ``envbuild image`` and pushed to the test registry, each host pulls it by digest, and real
+Ray runs in the containers. One image pair and one cluster serve the whole module (tests run in order:
+the failures that must leave nothing first, then the cluster's life, ``down`` last).
+
+Everything started here is stopped by its ID: the engines by PID, containers by container ID (``down``
+removes by ID what carries the cluster's label; the stale node is removed by its own ID).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+
+from envbuild.engine import split_reference
+from envbuild.lock.io import read_lock
+from envrun import ray_api
+from envrun.cli import main
+from envrun.cluster.info import ClusterInfo
+from envrun.cluster.spec import ClusterSpec, load_cluster_file
+from envrun.cluster.state import CLUSTER_LABEL, state_path
+from envrun.cluster.up import UpOptions, cluster_up
+from envrun.execute import execute_run
+from envrun.prepare import prepare_run
+from envrun.rundir import read_status
+from tests.lib.engines import ExtraEngine, start_engine
+from tests.lib.raycluster import NODE_PORTS, BuiltImage, build_and_push, cluster_file, free_block, node_args
+from tests.lib.raycluster import resolved_lock as ray_lock
+from tests.lib.services import PushedImage
+from tests.lib.tinyrun import FAKE_TRAINER, Tiny, tiny_setup
+
+pytestmark = [pytest.mark.network, pytest.mark.docker, pytest.mark.registry, pytest.mark.ray, pytest.mark.slow]
+NAME = "pair"
+
+
+@dataclass(frozen=True)
+class Images:
+    current: BuiltImage  # the lock the cluster runs
+    stale: BuiltImage  # another lock's image: last week's
+
+
+@pytest.fixture(scope="module")
+def images(pushed_base_image: PushedImage, registry: str, tmp_path_factory: pytest.TempPathFactory) -> Images:
+    work = tmp_path_factory.mktemp("raylocks")
+    current = build_and_push(ray_lock(pushed_base_image, work, "raycluster"), registry, work / "record")
+    stale = build_and_push(ray_lock(pushed_base_image, work, "raycluster-lastweek"), registry, work / "record-old")
+    assert current.lock_sha256 != stale.lock_sha256 and current.image_id != stale.image_id
+    return Images(current, stale)
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ExtraEngine]]:
+    started: list[ExtraEngine] = []
+    try:
+        for index in range(2):
+            started.append(start_engine(tmp_path_factory.mktemp(f"host{index}")))
+        yield started
+    finally:
+        for engine in started:
+            engine.stop()
+
+
+@pytest.fixture(scope="module")
+def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("state")
+
+
+def containers_of(engine: ExtraEngine, name: str) -> list[str]:
+    client = engine.client()
+    try:
+        return [c.id for c in client.containers.list(all=True, filters={"label": f"{CLUSTER_LABEL}={name}"})]
+    finally:
+        client.close()
+
+
+def all_containers(engine: ExtraEngine) -> list[str]:
+    client = engine.client()
+    try:
+        return [c.id for c in client.containers.list(all=True)]
+    finally:
+        client.close()
+
+
+def one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("envrun: error: ")]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    return errors[0]
+
+
+def test_an_unreachable_host_fails_up_and_starts_nothing(
+    images: Images, hosts: list[ExtraEngine], state_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    absent = "unix:///run/envbuild-test-engines/absent-host.sock"
+    spec = cluster_file(tmp_path / "c.yaml", "lost", [hosts[0].host, absent])
+    args = ["cluster", "up", str(spec), "--image", images.current.reference, "--cache-dir", str(state_dir)]
+    assert main(args) == 1
+    assert absent in one_line_error(capsys)
+    assert containers_of(hosts[0], "lost") == [] and not state_path(state_dir, "lost").exists()
+
+
+def test_a_node_that_does_not_join_leaves_nothing_started(
+    images: Images, hosts: list[ExtraEngine], state_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The head comes up on the first host; the second host's node exits at once: the head goes too.
+    spec = cluster_file(tmp_path / "c.yaml", "broken", [h.host for h in hosts], extra={1: ["--no-such-flag"]})
+    args = ["cluster", "up", str(spec), "--image", images.current.reference, "--lock", str(images.current.lock)]
+    assert main([*args, "--cache-dir", str(state_dir)]) == 1
+    error = one_line_error(capsys)
+    assert hosts[1].host in error and "envrun-broken-1" in error and "no-such-flag" in error
+    assert containers_of(hosts[0], "broken") == containers_of(hosts[1], "broken") == []
+    assert not state_path(state_dir, "broken").exists()
+
+
+def test_an_image_of_another_lock_is_refused_before_anything_starts(
+    images: Images, hosts: list[ExtraEngine], state_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = cluster_file(tmp_path / "c.yaml", "wrong", [hosts[0].host])
+    args = ["cluster", "up", str(spec), "--image", images.stale.reference, "--lock", str(images.current.lock)]
+    assert main([*args, "--cache-dir", str(state_dir)]) == 2
+    error = one_line_error(capsys)
+    assert images.stale.lock_sha256 in error and images.current.lock_sha256 in error
+    assert containers_of(hosts[0], "wrong") == [] and not state_path(state_dir, "wrong").exists()
+
+
+@dataclass(frozen=True)
+class Running:
+    spec: ClusterSpec
+    info: ClusterInfo
+
+    @property
+    def address(self) -> str:
+        assert self.info.address is not None
+        return self.info.address
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    images: Images, hosts: list[ExtraEngine], state_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Running]:
+    path = cluster_file(tmp_path_factory.mktemp("cluster") / "pair.yaml", NAME, [h.host for h in hosts])
+    spec = load_cluster_file(path)
+    options = UpOptions(image=images.current.reference, cache_dir=state_dir, lock=read_lock(images.current.lock))
+    try:
+        yield Running(spec, cluster_up(spec, options))
+    finally:
+        assert main(["cluster", "down", NAME, "--cache-dir", str(state_dir), "-q"]) == 0
+
+
+def test_up_starts_one_checked_node_per_host(cluster: Running, images: Images, hosts: list[ExtraEngine]) -> None:
+    info = cluster.info
+    assert [n.host for n in info.nodes] == [h.host for h in hosts]
+    assert [n.head for n in info.nodes] == [True, False]
+    for node, host in zip(info.nodes, hosts):
+        assert node.image_id == images.current.image_id  # pulled by digest: the very image that was built
+        assert node.lock_sha256 == images.current.lock_sha256
+        assert containers_of(host, NAME) == [node.container]
+        assert node.npus == 0  # no Ascend device on this machine
+    ids = [n.ray_node_id for n in info.nodes]
+    assert len(set(ids)) == 2 and all(i and len(i) == 56 for i in ids)
+    assert cluster.address == f"http://127.0.0.1:{cluster.spec.dashboard_port}"
+
+
+def test_status_reads_every_node_live(cluster: Running, state_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["cluster", "status", NAME, "--json", "--cache-dir", str(state_dir)]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["name"] == NAME and status["address"] == cluster.address
+    assert [n["alive"] for n in status["nodes"]] == [True, True]
+    expected = [{**n.to_json(), "alive": True, "state": "running"} for n in cluster.info.nodes]
+    assert status["nodes"] == expected
+
+
+def cluster_run(tiny: Tiny, images: Images, state_dir: Path) -> list[str]:
+    """The tiny recipe on the cluster, its stand-in trainer sent along (the image does not hold it)."""
+    source = FAKE_TRAINER.read_text()
+    return tiny.args(
+        "--backend", "ray", "--cluster", NAME, "--cache-dir", str(state_dir), "--lock", str(images.current.lock),
+        "--entry-point", f"python3 -c {shlex.quote(source)}",
+        "--env", "FAKE_TRAINER_RAY_NODES=2", "--env", "FAKE_TRAINER_RAY_ENV=TINY_PATCH=1",
+        entry=False,
+    )  # fmt: skip
+
+
+def test_a_job_is_checked_on_every_node_then_runs_a_task_on_each(
+    cluster: Running, images: Images, state_dir: Path, tmp_path: Path
+) -> None:
+    tiny = tiny_setup(tmp_path)
+    request = tiny.request(
+        backend="ray",
+        entry_point=("python3", "-c", FAKE_TRAINER.read_text()),
+        extra_env={"FAKE_TRAINER_RAY_NODES": "2", "FAKE_TRAINER_RAY_ENV": "TINY_PATCH=1"},
+    )
+    request = replace(request, lock=images.current.lock, cluster=NAME, cache_dir=state_dir)
+    outcome = execute_run(prepare_run(request), tmp_path / "run")
+    log = (outcome.run_dir / "output.log").read_text()
+    assert outcome.status == "succeeded", log[-2000:]
+    assert "fake trainer: ok, on every node" in log
+    node_ids = sorted(str(n.ray_node_id) for n in cluster.info.nodes)
+    assert str(node_ids) in log  # a task ran on each node
+    lines = [
+        line for line in json.loads((outcome.run_dir / "preflight.json").read_text()) if line["name"] == "ray-node"
+    ]
+    assert sorted(line["facts"]["node_id"] for line in lines) == node_ids
+    for line in lines:
+        assert line["status"] == "ok" and line["facts"]["lock_sha256"] == images.current.lock_sha256
+        assert line["facts"]["answered_from"] == line["facts"]["node_id"]  # the node itself answered
+
+
+@pytest.fixture()
+def stale_node(cluster: Running, images: Images, hosts: list[ExtraEngine]) -> Iterator[str]:
+    """A container of last week's image on the second host, joined to the cluster by hand."""
+    client = hosts[1].client()
+    repository, digest = split_reference(images.stale.reference)
+    client.images.pull(repository, tag=digest)
+    container = client.containers.run(
+        images.stale.reference,
+        ["ray", "start", "--block", f"--address=127.0.0.1:{cluster.spec.head_port}", "--node-name=stale-by-hand"]
+        + node_args(free_block(NODE_PORTS), head=False),
+        network_mode="host",
+        environment={"PYTHONDONTWRITEBYTECODE": ""},
+        detach=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not any(n.name == "stale-by-hand" and n.alive for n in ray_api.list_nodes(cluster.address)):
+            container.reload()
+            assert container.status == "running", container.logs(tail=5)
+            assert time.monotonic() < deadline, "the stale node did not join"
+            time.sleep(1)
+        yield container.id
+    finally:
+        container.remove(force=True)
+        client.close()
+
+
+def test_a_node_on_another_lock_refuses_the_job(
+    cluster: Running,
+    images: Images,
+    state_dir: Path,
+    stale_node: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from ray.job_submission import JobSubmissionClient
+
+    jobs = JobSubmissionClient(cluster.address)
+    before = {job.submission_id for job in jobs.list_jobs()}
+    tiny = tiny_setup(tmp_path)
+    run_dir = tmp_path / "run"
+    assert main([*cluster_run(tiny, images, state_dir), "--run-dir", str(run_dir)]) == 1
+    error = one_line_error(capsys)
+    assert "stale-by-hand" in error and images.stale.lock_sha256 in error and "nothing submitted" in error
+    status = read_status(run_dir)
+    assert status["status"] == "refused" and images.stale.lock_sha256 in status["detail"]
+    recorded = json.loads((run_dir / "preflight.json").read_text())
+    stale = next(line for line in recorded if line["name"] == "ray-node" and line["status"] == "fail")
+    assert stale["facts"]["name"] == "stale-by-hand" and stale["facts"]["lock_sha256"] == images.stale.lock_sha256
+    new = {job.submission_id for job in jobs.list_jobs()} - before
+    assert new and all(job.startswith("envrun-nodecheck-") for job in new)  # the check ran; the job did not
+    assert main(["cluster", "status", NAME, "--json", "--cache-dir", str(state_dir)]) == 0
+    (other,) = json.loads(capsys.readouterr().out)["other_nodes"]  # status shows who joined by hand
+    assert other["name"] == "stale-by-hand" and other["ray_node_id"] == stale["facts"]["node_id"]
+
+
+def test_down_leaves_nothing_on_any_host(
+    cluster: Running, hosts: list[ExtraEngine], state_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["cluster", "down", NAME, "--cache-dir", str(state_dir)]) == 0
+    assert "removed 2 container(s)" in capsys.readouterr().out
+    assert all_containers(hosts[0]) == all_containers(hosts[1]) == []
+    assert not state_path(state_dir, NAME).exists()
+    assert main(["cluster", "down", NAME, "--cache-dir", str(state_dir)]) == 0  # again: nothing to do
+    assert "removed 0 container(s)" in capsys.readouterr().out

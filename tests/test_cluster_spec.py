@@ -1,0 +1,181 @@
+"""The cluster file read strictly, a node's container and ``ray start`` line, the node check's verdict and
+the cluster state — pure parts, no engine and no Ray (those are in test_cluster_ray.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from envrun.cli import main
+from envrun.cluster.nodecheck import node_lines
+from envrun.cluster.nodes import HostFacts, host_paths, node_container, probe_command, ray_start_command
+from envrun.cluster.spec import ClusterFileError, parse_cluster_file
+from envrun.cluster.state import ClusterState, load_state, save_state, state_path
+
+GOOD = """\
+name: glm5
+head_port: 6380
+nodes:
+  - engine: ssh://root@node-001
+    ip: 10.0.0.1
+    ray_start_args: [--num-cpus=64]
+  - engine: tcp://node-002:2375
+  - engine: unix:///run/docker.sock
+"""
+
+
+def test_a_cluster_file_is_data() -> None:
+    spec = parse_cluster_file(GOOD, "c.yaml")
+    assert (spec.name, spec.head_port, spec.dashboard_port) == ("glm5", 6380, 8265)
+    assert [n.engine for n in spec.nodes] == ["ssh://root@node-001", "tcp://node-002:2375", "unix:///run/docker.sock"]
+    assert spec.head.ip == "10.0.0.1" and spec.head.ray_start_args == ("--num-cpus=64",)
+    assert spec.nodes[1].ip is None and spec.nodes[1].ray_start_args == ()
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (("name: glm5", "name: glm5\ncolour: red"), "c.yaml:2: colour: unknown key"),
+        (("head_port: 6380", "head_port: '6380'"), "c.yaml:2: head_port: expected an integer"),
+        (("head_port: 6380", "head_port: 70000"), "c.yaml:2: head_port: 70000 is not a port"),
+        (
+            ("ssh://root@node-001", "http://node-001"),
+            "c.yaml:4: nodes[0].engine: 'http://node-001': expected a container",
+        ),
+        (
+            ("tcp://node-002:2375", "tcp://node-002"),
+            "c.yaml:7: nodes[1].engine: 'tcp://node-002': a tcp:// engine needs a port",
+        ),
+        (
+            ("ssh://root@node-001", "ssh://root:secret@node-001"),
+            "nodes[0].engine: 'ssh://***@node-001' carries a password",  # never echoed
+        ),
+        (
+            ("tcp://node-002:2375", "tcp://u:pw@node-002:2375"),
+            "nodes[1].engine: 'tcp://***@node-002:2375' carries credentials",
+        ),
+        (
+            ("unix:///run/docker.sock", "unix://run/docker.sock"),
+            "c.yaml:8: nodes[2].engine: 'unix://run/docker.sock': expected unix:///absolute/path",
+        ),
+        (("ip: 10.0.0.1", "ip: node-001"), "c.yaml:5: nodes[0].ip: 'node-001' is not an IP address"),
+        (
+            ("[--num-cpus=64]", "[--port=1]"),
+            "nodes[0].ray_start_args: --port is set by envrun cluster (set `head_port`)",
+        ),
+        (("[--num-cpus=64]", "[--head]"), "nodes[0].ray_start_args: --head is set by envrun cluster"),
+        (("[--num-cpus=64]", "[num-cpus]"), "nodes[0].ray_start_args: 'num-cpus': expected a `ray start` flag"),
+        (("    ip: 10.0.0.1\n", "    ip: 10.0.0.1\n    npus: 16\n"), "c.yaml:6: nodes[0].npus: unknown key"),
+    ],
+)
+def test_bad_cluster_files_are_named_by_line_and_field(change: tuple[str, str], expected: str) -> None:
+    with pytest.raises(ClusterFileError) as info:
+        parse_cluster_file(GOOD.replace(*change), "c.yaml")
+    assert expected in str(info.value) and info.value.exit_code == 2
+    assert "secret" not in str(info.value) and ":pw@" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("", "empty file"),
+        ("name: x\nnodes: []\n", "nodes: needs at least the head node"),
+        ("nodes: [", "not valid YAML"),
+    ],
+)
+def test_empty_or_broken_files(text: str, expected: str) -> None:
+    with pytest.raises(ClusterFileError, match=expected):
+        parse_cluster_file(text, "c.yaml")
+
+
+def test_every_problem_at_once() -> None:
+    with pytest.raises(ClusterFileError) as info:
+        parse_cluster_file(GOOD.replace("ip: 10.0.0.1", "ip: x").replace("head_port: 6380", "head_port: 0"), "c.yaml")
+    assert len(info.value.problems) == 2
+
+
+def test_a_bad_file_stops_up_with_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(GOOD.replace("tcp://node-002:2375", "ftp://node-002"))
+    assert main(["cluster", "up", str(path), "--image", "x:1", "--cache-dir", str(tmp_path / "state")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and f"{path}:7: nodes[1].engine" in err
+    assert not (tmp_path / "state").exists()
+
+
+def test_ray_start_lines_of_head_and_worker() -> None:
+    spec = parse_cluster_file(GOOD, "c.yaml")
+    assert ray_start_command(spec, 0, None, 16) == (
+        "ray", "start", "--block", "--disable-usage-stats", "--node-name=envrun-glm5-0",
+        "--head", "--port=6380", "--dashboard-port=8265", "--dashboard-host=10.0.0.1",
+        "--node-ip-address=10.0.0.1", '--resources={"NPU": 16}', "--num-cpus=64",
+    )  # fmt: skip
+    assert ray_start_command(spec, 1, "10.0.0.1:6380", 0) == (
+        "ray", "start", "--block", "--disable-usage-stats", "--node-name=envrun-glm5-1", "--address=10.0.0.1:6380",
+    )  # fmt: skip
+
+
+def test_a_node_gets_what_its_host_has() -> None:
+    spec = parse_cluster_file(GOOD, "c.yaml")
+    answer = json.dumps(
+        ["/host/dev/davinci0", "/host/dev/davinci1", "/host/dev/davinci_manager", "/host/usr/local/dcmi"]
+    )
+    host = HostFacts(host_paths(answer), memory_bytes=64 << 30)
+    assert host.npus == 2
+    node = node_container(spec, 1, image="r/x@sha256:" + "a" * 64, lock_sha256="b" * 64, host=host, head_address="h:1")
+    assert node.devices == ("/dev/davinci0:/dev/davinci0:rwm", "/dev/davinci1:/dev/davinci1:rwm",
+                            "/dev/davinci_manager:/dev/davinci_manager:rwm")  # fmt: skip
+    assert node.volumes == {"/usr/local/dcmi": {"bind": "/usr/local/dcmi", "mode": "ro"}}
+    assert (node.network_mode, node.shm_size, node.name) == ("host", 32 << 30, "envrun-glm5-1")
+    assert node.labels == {
+        "io.envbuild.cluster.name": "glm5",
+        "io.envbuild.cluster.node": "1",
+        "io.envbuild.cluster.role": "worker",
+        "io.envbuild.lock.sha256": "b" * 64,
+    }
+    assert '--resources={"NPU": 2}' in node.command
+    assert json.loads(probe_command()[-1])[0] == "/host/dev/davinci[0-9]*"
+
+
+def _answer(name: str, lock: str | None, **more: object) -> dict[str, object]:
+    return {"node_id": name * 56, "name": f"n{name}", "ip": "10.0.0.1", "lock_sha256": lock, "devices": [], **more}
+
+
+def test_the_node_verdict_names_each_node_and_what_it_runs() -> None:
+    want, other = "a" * 64, "c" * 64
+    lines = node_lines(
+        [
+            _answer("1", want, devices=["/dev/davinci0"], npu_resource=1),
+            _answer("2", other),
+            _answer("3", None, manifest_problem="FileNotFoundError: no such file"),
+            _answer("4", None, error="GetTimeoutError: timed out"),
+        ],
+        want,
+        "x.lock.yaml",
+    )
+    assert [line.status for line in lines] == ["ok", "fail", "fail", "fail"]
+    assert "node n1 (ip 10.0.0.1, Ray node " + "1" * 56 + ")" in lines[0].detail
+    assert "1 NPU(s) visible (/dev/davinci0), Ray NPU resource 1" in lines[0].detail
+    assert f"runs lock sha256 {other}, not x.lock.yaml (sha256 {want})" in lines[1].detail
+    assert "runs no envbuild image" in lines[2].detail and "FileNotFoundError" in lines[2].detail
+    assert "did not answer: GetTimeoutError" in lines[3].detail
+    assert lines[1].to_json()["facts"]["lock_sha256"] == other  # the node's own answer, recorded
+    assert [line.status for line in node_lines([], want, "x")] == ["fail"]
+
+
+def test_state_round_trips_and_names_its_file(tmp_path: Path) -> None:
+    state = ClusterState("glm5", "up", "r/x@sha256:" + "a" * 64, "b" * 64, ("ssh://a", "ssh://b"), "http://h:8265")
+    save_state(tmp_path, state)
+    assert load_state(tmp_path, "glm5") == state and state_path(tmp_path, "glm5").name == "glm5.json"
+    assert load_state(tmp_path, "other") is None
+
+
+def test_down_without_a_cluster_is_a_no_op_and_status_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["cluster", "down", "nothing", "--cache-dir", str(tmp_path)]) == 0
+    assert "removed 0 container(s)" in capsys.readouterr().out
+    assert main(["cluster", "status", "nothing", "--cache-dir", str(tmp_path)]) == 2
+    assert "no cluster nothing is up" in capsys.readouterr().err
