@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable
 
 from envbuild.errors import EnvbuildError, InputError
 from envbuild.image.plan import LOCK_LABEL
+from envrun.checkpoint.audit import shown_name
 from envrun.plan import PreflightLine, RunPlan
 
 # The last is not run here: it asks where the job runs (a Ray cluster's nodes), when it is launched.
@@ -132,9 +133,10 @@ def check_model(plan: RunPlan, audit: Audit | None) -> PreflightLine:
     except EnvbuildError as exc:
         return PreflightLine("model", "fail", f"{model}: checkpoint unreadable: {exc}")
     if not report.ok:
-        missing = list(getattr(report, "missing", ()))
+        # Names come from the checkpoint: escaped and shortened as the audit's own report does.
+        missing = [shown_name(n) for n in getattr(report, "missing", ())]
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-        unexpected = list(getattr(report, "unexpected", ()))
+        unexpected = [shown_name(n) for n in getattr(report, "unexpected", ())]
         more = f"; unexpected: {', '.join(unexpected[:5])}" if unexpected else ""
         return PreflightLine(
             "model",

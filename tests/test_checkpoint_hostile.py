@@ -332,3 +332,33 @@ def test_hostile_tensor_names_survive_the_cli(model: Path) -> None:
     assert set(json.loads(run.stdout)["unexpected"]) == set(HOSTILE_NAMES)
     human = run_audit_guarded(model)
     assert human.returncode == 1 and "\x1b" not in human.stdout and human.stderr == ""
+
+
+def hub_snapshot(tmp_path: Path) -> Path:
+    """A checkpoint laid out as the Hugging Face hub cache keeps one: every file of the snapshot is a
+    symlink ``../../blobs/<name>`` into the repository's ``blobs/``."""
+    repo = tmp_path / "hub" / "models--org--glm"
+    snapshot, blobs = repo / "snapshots" / ("a" * 40), repo / "blobs"
+    write_checkpoint(snapshot, SPEC)
+    blobs.mkdir()
+    for file in sorted(snapshot.iterdir()):
+        blob = blobs / f"blob-{file.name}"
+        file.rename(blob)
+        file.symlink_to(Path("../../blobs") / blob.name)
+    return snapshot
+
+
+def test_a_hugging_face_hub_snapshot_is_audited_through_its_blob_links(tmp_path: Path) -> None:
+    snapshot = hub_snapshot(tmp_path)
+    assert audit_checkpoint(snapshot).ok
+
+
+def test_a_hub_snapshot_link_outside_its_own_blobs_is_still_refused(tmp_path: Path) -> None:
+    snapshot = hub_snapshot(tmp_path)
+    stranger = tmp_path / "hub" / "models--other--x" / "blobs"
+    stranger.mkdir(parents=True)
+    (stranger / "config.json").write_bytes((snapshot / "config.json").read_bytes())
+    (snapshot / "config.json").unlink()
+    (snapshot / "config.json").symlink_to(stranger / "config.json")
+    run = run_audit_guarded(snapshot)
+    assert_refused(run, snapshot / "config.json", "outside the model directory")

@@ -314,7 +314,7 @@ def _render_numbers(numbers: frozenset[int]) -> str:
     return "{" + ",".join(str(a) if a == b else f"{a}..{b}" for a, b in runs) + "}"
 
 
-def _shown(name: str) -> str:
+def shown_name(name: str) -> str:
     # Names come from the checkpoint: a newline or an escape sequence in one must not forge a line of
     # the report or rewrite the terminal, and a name of megabytes must not become one line of them.
     if not name.isprintable():
@@ -350,7 +350,7 @@ def render_audit(report: AuditReport, model_dir: Path, limit: int = 40) -> str:
         if names:
             folded = abbreviate_names(names)
             lines.append(f"  {title} ({len(names)}):")
-            lines.extend(f"    {_shown(n)}" for n in folded[:limit])
+            lines.extend(f"    {shown_name(n)}" for n in folded[:limit])
             if len(folded) > limit:
                 lines.append(f"    ... and {len(folded) - limit} more groups")
     return "\n".join(lines)

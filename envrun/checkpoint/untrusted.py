@@ -7,7 +7,8 @@ to ``/dev/zero`` or to a file outside the checkpoint, a sparse file of terabytes
 than the parser's recursion limit. Every file the audit reads goes through this module:
 
 - :func:`locate` admits only a regular file inside the model directory (a symlink may lead elsewhere in
-  it, never out of it);
+  it, never out of it — except, in the Hugging Face hub cache layout ``models--X/snapshots/<rev>/``,
+  into that same repository's ``blobs/``, where the hub keeps every file a snapshot links to);
 - :func:`open_regular` opens with ``O_NONBLOCK``, so that not even a FIFO swapped in after the check can
   block the open, and checks the descriptor itself with ``fstat``;
 - :func:`read_limited` refuses a file over a stated limit before reading, and never reads more than it;
@@ -51,8 +52,8 @@ def locate(model_dir: Path, name: str, fail: Fail) -> Path | None:
     except OSError as exc:
         raise fail(f"cannot open: {exc.strerror or exc}") from exc
     if stat.S_ISLNK(st.st_mode):
-        root, target = os.path.realpath(model_dir), os.path.realpath(path)
-        if os.path.commonpath([root, target]) != root:
+        target = os.path.realpath(path)
+        if not any(os.path.commonpath([root, target]) == root for root in allowed_roots(model_dir)):
             raise fail(f"a symlink to {brief_path(target)}, outside the model directory")
         try:
             st = os.stat(target)
@@ -63,6 +64,19 @@ def locate(model_dir: Path, name: str, fail: Fail) -> Path | None:
     if not stat.S_ISREG(st.st_mode):
         raise fail(f"{_kind(st.st_mode)}, not a regular file")
     return path
+
+
+def allowed_roots(model_dir: Path) -> list[str]:
+    """Where a symlink of the checkpoint may lead: the model directory, and for a snapshot of the Hugging
+    Face hub cache (``<cache>/models--org--name/snapshots/<rev>``) that repository's ``blobs/`` too."""
+    root = os.path.realpath(model_dir)
+    roots = [root]
+    snapshots = os.path.dirname(root)
+    if os.path.basename(snapshots) == "snapshots":
+        blobs = os.path.join(os.path.dirname(snapshots), "blobs")
+        if os.path.isdir(blobs) and not os.path.islink(blobs):
+            roots.append(os.path.realpath(blobs))
+    return roots
 
 
 def open_regular(path: Path, fail: Fail) -> tuple[int, int]:
