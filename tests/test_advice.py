@@ -158,3 +158,24 @@ def test_every_advised_command_parses(tmp_path: Path) -> None:
         ["lock", "verify", lock],
     ):
         assert build_parser().parse_args(argv).handler is not None
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["check", "{lock}", "--report", "{file}"], "--report {file}: exists and is not a directory"),
+        (["check", "{lock}", "--history", "{file}/h.jsonl"], "cannot be created"),
+        (["check", "{lock}", "--history", "/dev/null"], "exists and is not a regular file"),
+        (["lock", "export", "{lock}", "--format", "repos", "-o", "{dir}"], "is a directory"),
+    ],
+)
+def test_an_output_path_that_cannot_be_written_is_refused_before_anything_runs(
+    argv: list[str], words: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lock = tmp_path / "l.yaml"
+    lock.write_text("version: 1\nname: x\nsources: []\n")
+    (tmp_path / "afile").write_text("")
+    names = {"lock": str(lock), "file": str(tmp_path / "afile"), "dir": str(tmp_path)}
+    code, _, err = run(capsys, *[a.format(**names) for a in argv])
+    assert code == 2 and err.count("\n") == 1 and words.format(**names) in err
+    assert (tmp_path / "afile").read_text() == ""

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from envbuild.check.history import read_history
 from envbuild.check.report import CheckReport, render_html, render_markdown
 from envbuild.cli.common import StderrProgress, add_source_options, verify_options
-from envbuild.errors import EnvbuildError
+from envbuild.errors import EnvbuildError, InputError
 from envbuild.fileio import write_atomic
 from envbuild.output import render_json
 
@@ -38,12 +39,37 @@ def add_check_command(subparsers: argparse._SubParsersAction) -> None:
 def cmd_check(args: argparse.Namespace) -> int:
     from envbuild.check.run import CheckOptions, run_check
 
+    check_outputs(args.report, args.history)  # a bad path fails now, not after an hour of building
     options = CheckOptions(verify_options(args), history=args.history)
     report = run_check(args.lockfile, options, StderrProgress("envbuild", args.quiet))
     if args.report:
         write_reports(args.report, report, args.history, str(args.lockfile))
     sys.stdout.write(render_json(report.to_json()) if args.json else render_markdown(report))
     return 0 if report.ok else 1
+
+
+def check_outputs(report: Path | None, history: Path | None) -> None:
+    """``--report`` must be a directory (or creatable as one) and ``--history`` a regular file (or
+    creatable as one in an existing directory); checked before anything runs."""
+    problems = []
+    if report is not None and report.exists() and not report.is_dir():
+        problems.append(f"--report {report}: exists and is not a directory")
+    elif report is not None and not report.exists() and not _creatable(report):
+        problems.append(f"--report {report}: cannot be created (its parent is not a writable directory)")
+    if history is not None:
+        if history.exists() and not history.is_file():
+            problems.append(f"--history {history}: exists and is not a regular file")
+        elif not history.exists() and not _creatable(history):
+            problems.append(f"--history {history}: cannot be created (its parent is not a writable directory)")
+    if problems:
+        raise InputError("\n".join(problems))
+
+
+def _creatable(path: Path) -> bool:
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    return parent.is_dir() and os.access(parent, os.W_OK)
 
 
 def write_reports(directory: Path, report: CheckReport, history_path: Path | None, lock: str) -> None:

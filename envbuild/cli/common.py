@@ -46,6 +46,13 @@ def run(prog: str, parser: argparse.ArgumentParser, argv: Sequence[str] | None) 
         for line in str(exc).splitlines() or [type(exc).__name__]:  # several problems: each its own line
             print(f"{prog}: error: {line}", file=sys.stderr)
         return exc.exit_code
+    except OSError as exc:  # a file the user named cannot be written or read: one line, never a traceback
+        if debug:
+            traceback.print_exc()
+        named = exc.filename2 or exc.filename  # for a rename, the target the user named, not our temporary
+        where = f"{named}: " if named else ""
+        print(f"{prog}: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130

@@ -175,6 +175,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     from envbuild.lock import export
 
     lock = read_lock(args.lockfile).lock
+    if args.output is not None and args.output.is_dir():
+        raise InputError(f"-o {args.output}: is a directory; name the file to write")
     if args.format == "pylock" and not args.offline:
         from envbuild.packages import package_file_urls
 
