@@ -7,6 +7,8 @@ reach or understand an index becomes a :class:`RemoteError` naming the index and
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import shutil
 import threading
@@ -30,6 +32,9 @@ ACCEPT = f"{JSON_TYPE}, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0
 TIMEOUT = (10.0, 60.0)  # connect, read: a large project page (torch) takes a while to send
 RETRIES = 3
 BACKOFF = 0.5
+MAX_METADATA = 4 << 20  # a wheel's METADATA is kilobytes; a description may make it larger, not this
+# A metadata read fetches the zip's tail, its central directory (torch's is about 2 MB) and one member.
+MAX_RANGE_BYTES = 32 << 20
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,9 @@ class IndexFile:
     yanked: bool
     yanked_reason: str | None = None
     requires_python: str | None = None
+    # PEP 658/714: the index serves the file's core metadata at ``<url>.metadata``. None: not announced;
+    # "": announced without a hash; else its sha256.
+    core_metadata: str | None = None
 
 
 @dataclass(frozen=True)
@@ -158,6 +166,179 @@ class IndexClient:
             self._down[index] = reason
         raise RemoteError(f"index {index} out of reach: {reason} (while fetching {name})") from None
 
+    # -- core metadata (PEP 658; else the wheel's own METADATA, by HTTP range requests) ------------
+
+    def core_metadata(self, file: IndexFile, max_size: int = MAX_METADATA) -> bytes:
+        """The file's core metadata as the index serves it beside the file (PEP 658), checked against the
+        sha256 the page announced for it."""
+        if file.core_metadata is None:
+            raise RemoteError(f"{file.url}: the index announces no core metadata for it")
+        url = f"{file.url}.metadata"
+        data = self._get_bounded(url, max_size)
+        if file.core_metadata and hashlib.sha256(data).hexdigest() != file.core_metadata:
+            raise RemoteError(f"{url}: sha256 does not match the {file.core_metadata} its index announced")
+        return data
+
+    def open_ranges(self, url: str, *, max_bytes: int = MAX_RANGE_BYTES) -> RangeFile:
+        """A read-only, seekable file over HTTP range requests (or a local file for ``file://``), reading
+        no more than ``max_bytes`` in all: enough to read one member of a zip from its central directory
+        without downloading the archive."""
+        scheme = urlsplit(url).scheme.lower()
+        if scheme == "file":
+            return RangeFile.local(url2pathname(urlsplit(url).path), max_bytes)
+        if scheme not in ("http", "https"):
+            raise RemoteError(f"{url}: only http(s) and file URLs are read")
+        return RangeFile(self.session, url, self.timeout, max_bytes)
+
+    def _get_bounded(self, url: str, limit: int) -> bytes:
+        if urlsplit(url).scheme.lower() == "file":
+            try:
+                with open(url2pathname(urlsplit(url).path), "rb") as handle:
+                    data = handle.read(limit + 1)
+            except OSError as exc:
+                raise RemoteError(f"{url}: cannot read: {exc.strerror or exc}") from None
+        elif urlsplit(url).scheme.lower() in ("http", "https"):
+            try:
+                with self.session.get(url, stream=True, timeout=self.timeout) as response:
+                    if response.status_code != 200:
+                        raise RemoteError(f"{url}: HTTP {response.status_code}")
+                    data = b""
+                    for chunk in response.iter_content(1 << 16):
+                        data += chunk
+                        if len(data) > limit:
+                            break
+            except requests.RequestException as exc:
+                raise RemoteError(f"{url}: {_reason(exc)}") from None
+        else:
+            raise RemoteError(f"{url}: only http(s) and file URLs are read")
+        if len(data) > limit:
+            raise RemoteError(f"{url}: more than {limit} bytes; refused")
+        return data
+
+
+class RangeFile(io.RawIOBase):
+    """Bytes of a remote file fetched on demand with ``Range`` requests, in blocks, each block once.
+
+    The first request asks for the file's tail (where a zip keeps its directory) and learns the size from
+    ``Content-Range``. A server that ignores ranges (200) is read whole only if the file is small
+    (``max_bytes``); every byte fetched counts against ``max_bytes``, so a hostile answer cannot make a
+    metadata read into a download."""
+
+    BLOCK = 1 << 16
+
+    def __init__(
+        self, session: requests.Session | None, url: str, timeout: tuple[float, float], max_bytes: int
+    ) -> None:
+        super().__init__()
+        self.session, self.url, self.timeout, self.max_bytes = session, url, timeout, max_bytes
+        self.fetched = 0
+        self.requests = 0
+        self._blocks: dict[int, bytes] = {}  # offset -> bytes, from range answers
+        self._pos = 0
+        self.size = self._fetch_tail() if session is not None else 0
+
+    @classmethod
+    def local(cls, path: str, max_bytes: int) -> RangeFile:
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read(max_bytes + 1)
+        except OSError as exc:
+            raise RemoteError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        if len(data) > max_bytes:
+            raise RemoteError(f"{path}: more than {max_bytes} bytes; refused")
+        made = cls(None, Path(path).as_uri(), TIMEOUT, max_bytes)
+        made._blocks, made.size = {0: data}, len(data)
+        return made
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: self.size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        end = min(self._pos + len(view), self.size)
+        if end <= self._pos:
+            return 0
+        data = self._read(self._pos, end)
+        view[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+    def _read(self, start: int, end: int) -> bytes:
+        for offset, block in self._blocks.items():
+            if offset <= start and end <= offset + len(block):
+                return block[start - offset : end - offset]
+        first = max(0, min(start, self.size - self.BLOCK)) if end - start < self.BLOCK else start
+        last = min(self.size, max(end, first + self.BLOCK))
+        block = self._request(f"bytes={first}-{last - 1}", expect=last - first)[1]
+        self._blocks[first] = block
+        return block[start - first : end - first]
+
+    def _fetch_tail(self) -> int:
+        total, block = self._request(f"bytes=-{self.BLOCK}")
+        self._blocks[total - len(block)] = block
+        return total
+
+    def _request(self, ranges: str, expect: int | None = None) -> tuple[int, bytes]:
+        assert self.session is not None
+        self.requests += 1
+        headers = {"Range": ranges, "Accept-Encoding": "identity"}
+        try:
+            with self.session.get(self.url, headers=headers, stream=True, timeout=self.timeout) as response:
+                if response.status_code not in (200, 206):
+                    raise RemoteError(f"{self.url}: HTTP {response.status_code} to a range request")
+                whole = response.status_code == 200
+                data = bytearray()
+                for chunk in response.iter_content(1 << 16):
+                    data += chunk
+                    if self.fetched + len(data) > self.max_bytes:
+                        why = "does not serve byte ranges and is" if whole else "needs"
+                        raise RemoteError(f"{self.url} {why} more than {self.max_bytes} bytes to read its metadata")
+                content_range = response.headers.get("Content-Range", "")
+        except requests.RequestException as exc:
+            raise RemoteError(f"{self.url}: {_reason(exc)}") from None
+        self.fetched += len(data)
+        if whole:  # the server ignored the range: what came is the whole file
+            self._blocks = {0: bytes(data)}
+            return len(data), bytes(data[-self.BLOCK :]) if expect is None else bytes(data)
+        total = content_range.rpartition("/")[2]
+        if not total.isdigit() or (expect is not None and len(data) != expect):
+            raise RemoteError(
+                f"{self.url}: a malformed answer to a range request ({content_range or 'no Content-Range'})"
+            )
+        return int(total), bytes(data)
+
+
+def _json_announcement(item: dict[str, Any]) -> Any:
+    value = item.get("core-metadata", item.get("dist-info-metadata", False))
+    return False if value is None else value
+
+
+def _announced_metadata(value: Any) -> str | None:
+    """PEP 658/714's announcement as None (not announced), "" (served, without a hash) or the sha256 of
+    the metadata file. JSON says ``false``, ``true`` or ``{"sha256": …}``; HTML ``data-core-metadata``
+    is absent (False here), bare (None), ``true`` or ``sha256=…``."""
+    if value is False or value == "false":
+        return None
+    sha: Any = None
+    if isinstance(value, dict):
+        sha = value.get("sha256")
+    elif isinstance(value, str) and value.startswith("sha256="):
+        sha = value[len("sha256=") :]
+    if isinstance(sha, str) and len(sha) == 64 and all(c in "0123456789abcdefABCDEF" for c in sha):
+        return sha.lower()
+    return ""
+
 
 def _is_name_error(exc: BaseException) -> bool:
     return "NameResolutionError" in repr(exc) or "Name or service not known" in str(exc)
@@ -232,6 +413,7 @@ def _parse_json(index: str, name: str, body: bytes, base: str) -> ProjectPage:
                 yanked=bool(yanked),
                 yanked_reason=yanked if isinstance(yanked, str) and yanked else None,
                 requires_python=item.get("requires-python") if isinstance(item.get("requires-python"), str) else None,
+                core_metadata=_announced_metadata(_json_announcement(item)),
             )
         )
     return ProjectPage(index, name, tuple(files))
@@ -269,6 +451,9 @@ def _parse_html(index: str, name: str, body: str, base: str) -> ProjectPage:
                 yanked=yanked,
                 yanked_reason=(anchor.get("data-yanked") or None) if yanked else None,
                 requires_python=anchor.get("data-requires-python"),
+                core_metadata=_announced_metadata(
+                    anchor.get("data-core-metadata", anchor.get("data-dist-info-metadata", False))
+                ),
             )
         )
     return ProjectPage(index, name, tuple(files))

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from envbuild.errors import CacheError
 from envbuild.fileio import write_atomic
-from envbuild.git.remote import GitError, GitRunner, RefListing
+from envbuild.git.remote import GitError, GitRunner, RefListing, TreeEntry
 from envbuild.locking import file_lock
 
 LISTING_FILE = "envbuild-ls-remote"
@@ -148,6 +148,30 @@ class GitCache:
             if wanted and wanted <= set(self.git.commit_trees(repo.path, wanted)):
                 return None
             return self.git.fetch(repo.path, url, refspecs, prune=prune)
+
+    def fetch_objects(self, url: str, commit: str, oids: Iterable[str]) -> bool:
+        """Fetch exactly the objects of ``oids`` (trees and blobs of ``commit``'s tree) the cache lacks, under
+        the lock; False when, once the lock is held, every one is there (another process fetched them)."""
+        oids = set(oids)
+        with self.locked(url) as repo:
+            missing = oids - self.git.present_objects(repo.path, commit)
+            if not missing:
+                return False
+            self.git.fetch_objects(repo.path, url, sorted(missing))
+            return True
+
+    def present_objects(self, url: str, commit: str) -> set[str]:
+        repo = self.repo(url)
+        return self.git.present_objects(repo.path, commit) if repo.exists() else set()
+
+    def object_sizes(self, url: str, oids: Iterable[str]) -> dict[str, int]:
+        return self.git.object_sizes(self.repo(url).path, oids)
+
+    def ls_tree(self, url: str, tree: str) -> list[TreeEntry]:
+        return self.git.ls_tree(self.repo(url).path, tree)
+
+    def read_blob(self, url: str, oid: str) -> bytes:
+        return self.git.read_blob(self.repo(url).path, oid)
 
     def left_right(self, url: str, commit: str, head: str) -> tuple[int, int]:
         return self.git.left_right(self.repo(url).path, commit, head)

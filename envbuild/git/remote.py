@@ -141,6 +141,16 @@ class RefListing:
         return set(self.heads.values()) | set(self.tags.values())
 
 
+@dataclass(frozen=True)
+class TreeEntry:
+    """One line of ``git ls-tree``: mode, object type, object ID and name."""
+
+    mode: str
+    kind: str  # blob | tree | commit (a gitlink)
+    oid: str
+    name: str
+
+
 @dataclass
 class GitRunner:
     """Runs git. ``observer(command, url)`` is called before every network command (for progress
@@ -217,6 +227,34 @@ class GitRunner:
             raise GitError(args[0], last_error_line(err), proc.returncode)
         return out, err
 
+    def run_bytes(self, args: Sequence[str], *, repo: Path | None = None, timeout: float | None = None) -> bytes:
+        """Like :meth:`run` (same environment, same process group), returning stdout's bytes exactly as git
+        wrote them: a blob's content, with no newline translation."""
+        argv = [self.executable, *(["-C", str(repo)] if repo is not None else []), *args]
+        timeout = self.local_timeout if timeout is None else timeout
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=self.environment(),
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise GitError(args[0], f"cannot run git: {exc.strerror}") from None
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            raise GitError(args[0], f"timed out after {timeout:g} s") from None
+        except BaseException:
+            _kill_group(proc)
+            raise
+        if proc.returncode != 0:
+            raise GitError(args[0], last_error_line(err.decode("utf-8", "replace")), proc.returncode)
+        return out
+
     # -- network -------------------------------------------------------------------------------
 
     def ls_remote(self, repo: Path, url: str) -> RefListing:
@@ -248,6 +286,27 @@ class GitRunner:
         ]
         _, err = self.run_full(args, repo=repo, config=_real_url(url), timeout=self.network_timeout)
         return "filtering not recognized by server" not in err
+
+    def fetch_objects(self, repo: Path, url: str, oids: Sequence[str]) -> None:
+        """Fetch exactly these objects (trees or blobs of a pinned tree, by ID) and nothing they reach:
+        what a lazy fetch from the promisor remote would do, asked for explicitly. Objects a want names are
+        sent whatever the filter; ``tree:0`` keeps out everything else. The noop negotiation sends no haves:
+        a want by ID has no history to negotiate."""
+        self._observe("fetch", url)
+        args = [
+            "fetch",
+            f"--filter={FILTER}",
+            "--no-tags",
+            "--no-write-fetch-head",
+            "--no-auto-gc",
+            "--no-recurse-submodules",
+            "--quiet",
+            "origin",
+            "--",
+            *sorted(set(oids)),
+        ]
+        config = {**_real_url(url), "fetch.negotiationAlgorithm": "noop"}
+        self.run(args, repo=repo, config=config, timeout=self.network_timeout)
 
     def _observe(self, command: str, url: str) -> None:
         if self.observer is not None:
@@ -306,6 +365,43 @@ class GitRunner:
             refs[ref[len(UPSTREAM_NS) :]] = sha
         return refs
 
+    def present_objects(self, repo: Path, commit: str) -> set[str]:
+        """The objects of ``commit``'s tree that ``repo`` holds, found by walking the trees it holds
+        (``--missing=print`` marks the rest and turns lazy fetching off: ``cat-file`` would fetch)."""
+        out = self.run(["rev-list", "--objects", "--no-walk", "--missing=print", commit, "--"], repo=repo)
+        return {line.split(" ", 1)[0] for line in out.splitlines() if line and not line.startswith("?")}
+
+    def object_sizes(self, repo: Path, oids: Iterable[str]) -> dict[str, int]:
+        """{oid: size in bytes} of objects ``repo`` holds (only ask for present ones: see above)."""
+        oids = sorted(set(oids))
+        if not oids:
+            return {}
+        out = self.run(
+            ["cat-file", "--batch-check=%(objectname) %(objectsize)"], repo=repo, stdin="".join(f"{o}\n" for o in oids)
+        )
+        sizes: dict[str, int] = {}
+        for line in out.splitlines():
+            oid, _, size = line.partition(" ")
+            if size.isdigit():
+                sizes[oid] = int(size)
+        return sizes
+
+    def ls_tree(self, repo: Path, tree: str) -> list[TreeEntry]:
+        """The entries of one tree object present in ``repo`` (the objects they name need not be)."""
+        out = self.run(["ls-tree", "-z", "--full-tree", tree, "--"], repo=repo)
+        entries = []
+        for record in out.split("\0"):
+            if not record:
+                continue
+            head, _, name = record.partition("\t")
+            mode, kind, oid = head.split(" ")
+            entries.append(TreeEntry(mode, kind, oid, name))
+        return entries
+
+    def read_blob(self, repo: Path, oid: str) -> bytes:
+        """The bytes of one blob present in ``repo``."""
+        return self.run_bytes(["cat-file", "blob", oid], repo=repo)
+
     def count_range(self, repo: Path, old: str, new: str) -> int:
         return int(self.run(["rev-list", "--missing=allow-any", "--count", f"{old}..{new}", "--"], repo=repo))
 
@@ -314,7 +410,7 @@ def _real_url(url: str) -> dict[str, str]:
     return {f"url.{url}.insteadOf": NO_LAZY_FETCH_URL}
 
 
-def _kill_group(proc: subprocess.Popen[str]) -> None:
+def _kill_group(proc: "subprocess.Popen[str] | subprocess.Popen[bytes]") -> None:
     """Kill git and every helper it started: they share the process group we created for it."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
