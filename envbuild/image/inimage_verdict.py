@@ -107,7 +107,11 @@ def environment_problems(report: dict, manifest: dict) -> list[str]:
         source = owner.get(canonicalize_name(problem["distribution"]))
         text = problem["requirement"]
         try:
-            name = Requirement(text).name
+            parsed = Requirement(text)
+            name, text = (
+                parsed.name,
+                str(parsed),
+            )  # `tinythree (>=1)`, as older setuptools writes it, reads tinythree>=1
         except InvalidRequirement:
             name = text
         waived = {canonicalize_name(w["name"]) for w in (source or {}).get("waive", [])}

@@ -122,15 +122,12 @@ def read_metadata(
     jobs: int = 8,
     progress: Progress | None = None,
 ) -> dict[str, PackageMetadata]:
-    """{normalised name: metadata} for every locked package, read in parallel."""
-    if progress and lock.packages:
-        progress(f"reading the core metadata of {len(lock.packages)} packages")
+    """{normalised name: metadata} for every locked package, read in parallel. What could not be read is in
+    the results (``requires=None`` and why), so progress only says what went to the network."""
     with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(lock.packages) or 1))) as pool:
         found = list(pool.map(lambda p: reader.package(lock, p), lock.packages))
-    if progress:
-        unread = [m.name for m in found if m.requires is None]
-        if unread:
-            progress(f"metadata not read for {len(unread)} package(s): {', '.join(unread[:8])}")
+    if progress and reader.network_reads:
+        progress(f"read the core metadata of {reader.network_reads} package file(s) from the index")
     return {canonicalize_name(m.name): m for m in found}
 
 
