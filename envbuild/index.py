@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import shutil
 import threading
 import time
@@ -179,16 +180,25 @@ class IndexClient:
             raise RemoteError(f"{url}: sha256 does not match the {file.core_metadata} its index announced")
         return data
 
-    def open_ranges(self, url: str, *, max_bytes: int = MAX_RANGE_BYTES) -> RangeFile:
-        """A read-only, seekable file over HTTP range requests (or a local file for ``file://``), reading
-        no more than ``max_bytes`` in all: enough to read one member of a zip from its central directory
-        without downloading the archive."""
+    def open_ranges(self, url: str, *, index: str | None = None, max_bytes: int = MAX_RANGE_BYTES) -> BinaryIO:
+        """A read-only, seekable file over HTTP range requests, reading no more than ``max_bytes`` in all:
+        enough to read one member of a zip from its central directory without downloading the archive.
+        A ``file://`` URL is opened directly, only when ``index`` is a ``file://`` index holding it."""
         scheme = urlsplit(url).scheme.lower()
         if scheme == "file":
-            return RangeFile.local(url2pathname(urlsplit(url).path), max_bytes)
+            root = url2pathname(urlsplit(index).path) if index and urlsplit(index).scheme == "file" else None
+            path = url2pathname(urlsplit(url).path)
+            if root is None or os.path.commonpath([os.path.realpath(root), os.path.realpath(path)]) != os.path.realpath(
+                root
+            ):
+                raise RemoteError(f"{url}: a file URL is read only from the file:// index that lists it")
+            try:
+                return open(path, "rb")
+            except OSError as exc:
+                raise RemoteError(f"{url}: cannot read: {exc.strerror or exc}") from None
         if scheme not in ("http", "https"):
-            raise RemoteError(f"{url}: only http(s) and file URLs are read")
-        return RangeFile(self.session, url, self.timeout, max_bytes)
+            raise RemoteError(f"{url}: only http(s) URLs are read from an index")
+        return io.BufferedReader(RangeFile(self.session, url, self.timeout, max_bytes))
 
     def _get_bounded(self, url: str, limit: int) -> bytes:
         if urlsplit(url).scheme.lower() == "file":
@@ -226,29 +236,14 @@ class RangeFile(io.RawIOBase):
 
     BLOCK = 1 << 16
 
-    def __init__(
-        self, session: requests.Session | None, url: str, timeout: tuple[float, float], max_bytes: int
-    ) -> None:
+    def __init__(self, session: requests.Session, url: str, timeout: tuple[float, float], max_bytes: int) -> None:
         super().__init__()
         self.session, self.url, self.timeout, self.max_bytes = session, url, timeout, max_bytes
         self.fetched = 0
         self.requests = 0
         self._blocks: dict[int, bytes] = {}  # offset -> bytes, from range answers
         self._pos = 0
-        self.size = self._fetch_tail() if session is not None else 0
-
-    @classmethod
-    def local(cls, path: str, max_bytes: int) -> RangeFile:
-        try:
-            with open(path, "rb") as handle:
-                data = handle.read(max_bytes + 1)
-        except OSError as exc:
-            raise RemoteError(f"{path}: cannot read: {exc.strerror or exc}") from None
-        if len(data) > max_bytes:
-            raise RemoteError(f"{path}: more than {max_bytes} bytes; refused")
-        made = cls(None, Path(path).as_uri(), TIMEOUT, max_bytes)
-        made._blocks, made.size = {0: data}, len(data)
-        return made
+        self.size = self._fetch_tail()
 
     def readable(self) -> bool:
         return True
@@ -290,7 +285,6 @@ class RangeFile(io.RawIOBase):
         return total
 
     def _request(self, ranges: str, expect: int | None = None) -> tuple[int, bytes]:
-        assert self.session is not None
         self.requests += 1
         headers = {"Range": ranges, "Accept-Encoding": "identity"}
         try:

@@ -3,6 +3,7 @@ waived by name, from core metadata read off a real local index (range requests, 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from envbuild.cli import main
+from envbuild.errors import RemoteError
 from envbuild.filecache import FileCache
 from envbuild.index import IndexClient
 from envbuild.lock import Lock, Package, PackageFile, Source, write_lock
@@ -19,7 +21,7 @@ from envbuild.requirements.closure import PackageMetadata, check_closure
 from envbuild.requirements.metadata import MetadataReader, read_metadata
 from envbuild.results import VerifyReport
 from tests.lib.gitrepos import make_repo
-from tests.lib.pyindex import PyIndex, make_sdist, make_wheel
+from tests.lib.pyindex import PyIndex, make_sdist, make_wheel, write_file_index
 
 ARM = Platform(os="linux", arch="aarch64", python="3.12")
 
@@ -276,3 +278,18 @@ def test_verify_reports_requirements_in_json_and_groups_them_in_the_table(
     assert lines[first_requirement].split()[2] == "conflict"  # problems first …
     assert any(line.split()[:4] == ["requirement", "(4", "more)", "ok"] for line in lines)  # … a count of the rest
     assert "requirements 1 conflict, 4 ok, 1 unknown, 1 unmet, 1 waived" in text
+
+
+def test_a_file_index_is_read_in_place(dists: Path, tmp_path: Path) -> None:
+    url = write_file_index(tmp_path, dists)  # the files inside the index directory
+    with PyIndex(dists) as served:
+        lock = dataclasses.replace(closure_lock(served), index=url)
+    found = read_metadata(lock, MetadataReader(tmp_path / "cache", IndexClient()))
+    assert found["app"].requires is not None and found["plugin"].requires == (
+        'speedup; extra == "fast"',
+        'slowpath; extra == "slow"',
+    )
+    with pytest.raises(RemoteError, match="read only from the file:// index that lists it"):
+        IndexClient().open_ranges(
+            (dists / "app-1.0-py3-none-any.whl").as_uri(), index=(tmp_path / "elsewhere").as_uri()
+        )

@@ -60,7 +60,8 @@ class PinnedTree:
                     self.cache.fetch(self.url, [self.refspec], wanted=[self.commit])
                 trees = self.cache.commit_trees(self.url, [self.commit])
             if self.commit not in trees:
-                raise GitError("fetch", f"{self.url} did not send commit {self.commit}")
+                where = f" (neither by ID nor with {self.refspec.split(':')[0].lstrip('+')})" if self.refspec else ""
+                raise GitError("fetch", f"the upstream repository does not hold commit {self.commit}{where}")
             self._root = trees[self.commit]
         return self._root
 

@@ -167,7 +167,11 @@ def _requirers(lock: Lock, metadata: Mapping[str, PackageMetadata]) -> dict[str,
         if not source.installed:
             continue
         unknown = []
-        why = source.requires_unknown or "not recorded in the lock (`envbuild lock update` reads them)"
+        why = (
+            f"not known: {source.requires_unknown}"
+            if source.requires_unknown
+            else "not recorded in the lock (`envbuild lock update` reads them from the pinned tree)"
+        )
         if source.build_requires is None:
             unknown.append((True, f"build requirements {why}"))
         if source.requires is None:

@@ -96,7 +96,9 @@ class MetadataReader:
             if listed.core_metadata is not None:
                 data = self.client.core_metadata(listed)
             else:
-                data = read_wheel_metadata(io.BufferedReader(self.client.open_ranges(listed.url)), file.filename)
+                data = read_wheel_metadata(
+                    self.client.open_ranges(listed.url, index=lock.index_for(package)), file.filename
+                )
         _requires(data, package, file.filename, settled=True)  # only what names the package is kept
         self.dir.mkdir(parents=True, exist_ok=True)
         write_atomic(cached, data)
