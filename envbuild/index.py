@@ -201,29 +201,20 @@ class IndexClient:
         return io.BufferedReader(RangeFile(self.session, url, self.timeout, max_bytes))
 
     def _get_bounded(self, url: str, limit: int) -> bytes:
-        if urlsplit(url).scheme.lower() == "file":
-            try:
-                with open(url2pathname(urlsplit(url).path), "rb") as handle:
-                    data = handle.read(limit + 1)
-            except OSError as exc:
-                raise RemoteError(f"{url}: cannot read: {exc.strerror or exc}") from None
-        elif urlsplit(url).scheme.lower() in ("http", "https"):
-            try:
-                with self.session.get(url, stream=True, timeout=self.timeout) as response:
-                    if response.status_code != 200:
-                        raise RemoteError(f"{url}: HTTP {response.status_code}")
-                    data = b""
-                    for chunk in response.iter_content(1 << 16):
-                        data += chunk
-                        if len(data) > limit:
-                            break
-            except requests.RequestException as exc:
-                raise RemoteError(f"{url}: {_reason(exc)}") from None
-        else:
-            raise RemoteError(f"{url}: only http(s) and file URLs are read")
-        if len(data) > limit:
-            raise RemoteError(f"{url}: more than {limit} bytes; refused")
-        return data
+        if urlsplit(url).scheme.lower() not in ("http", "https"):
+            raise RemoteError(f"{url}: only http(s) URLs are read from an index")
+        data = bytearray()
+        try:
+            with self.session.get(url, stream=True, timeout=self.timeout) as response:
+                if response.status_code != 200:
+                    raise RemoteError(f"{url}: HTTP {response.status_code}")
+                for chunk in response.iter_content(1 << 16):
+                    data += chunk
+                    if len(data) > limit:
+                        raise RemoteError(f"{url}: more than {limit} bytes; refused")
+        except requests.RequestException as exc:
+            raise RemoteError(f"{url}: {_reason(exc)}") from None
+        return bytes(data)
 
 
 class RangeFile(io.RawIOBase):

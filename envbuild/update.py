@@ -10,7 +10,7 @@ from envbuild.git.cache import GitCache
 from envbuild.lock.model import BaseImage, Lock, Source
 from envbuild.mirrors import Mirrors
 from envbuild.progress import Progress
-from envbuild.requirements.sources import read_source_requirements
+from envbuild.requirements.reading import read_source_requirements
 from envbuild.resolve import resolve_packages
 from envbuild.sources import resolve_ref
 

@@ -224,7 +224,10 @@ class Source:
         description="runtime requirements of the pinned tree (extras as `extra == ...` markers); absent: not read",
     )
     requires_unknown: str | None = mfield(
-        None, max_length=REASON_MAX, description="why `lock update` could not read what is absent above"
+        None,
+        max_length=REASON_MAX,
+        check=check_reason,
+        description="why `lock update` could not read what is absent above",
     )
     waive: tuple[Waiver, ...] = mfield((), description="requirements of this source the lock accepts unmet, by name")
     skip_imports: tuple[SkippedImport, ...] = mfield(

@@ -22,6 +22,7 @@ import email.parser
 import email.policy
 import io
 import tarfile
+import threading
 import zipfile
 import zlib
 from collections.abc import Callable
@@ -57,6 +58,7 @@ class MetadataReader:
         self.client = client or IndexClient()
         self.offline = offline
         self.network_reads = 0
+        self._count = threading.Lock()
 
     def package(self, lock: Lock, package: Package) -> PackageMetadata:
         """The union of the requirements of every locked file of ``package`` (they normally agree)."""
@@ -89,11 +91,11 @@ class MetadataReader:
         elif self.offline:
             raise MetadataError("offline, and neither its metadata nor the file is in the cache")
         else:
-            self.network_reads += 1
+            self._counted()
             listed = self.client.project(lock.index_for(package), package.name).file(file.filename)
             if listed is None:
                 raise MetadataError(f"{lock.index_for(package)} no longer lists it")
-            if listed.core_metadata is not None:
+            if listed.core_metadata is not None and listed.url.startswith(("https://", "http://")):
                 data = self.client.core_metadata(listed)
             else:
                 data = read_wheel_metadata(
@@ -110,11 +112,15 @@ class MetadataReader:
             return local
         if self.offline:
             raise MetadataError("offline, and the sdist is not in the file cache")
-        self.network_reads += 1
+        self._counted()
         listed = self.client.project(lock.index_for(package), package.name).file(file.filename)
         if listed is None:
             raise MetadataError(f"{lock.index_for(package)} no longer lists it")
         return self.files.fetch(listed.url, file.sha256, file.filename, self.client.download)
+
+    def _counted(self) -> None:
+        with self._count:
+            self.network_reads += 1
 
 
 def read_metadata(
