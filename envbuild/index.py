@@ -15,6 +15,8 @@ above it is refused before any byte moves); a ``file://`` index serves only regu
 from __future__ import annotations
 
 import codecs
+import hashlib
+import io
 import os
 import re
 import stat
@@ -23,7 +25,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 from urllib.request import url2pathname
 
@@ -48,6 +50,9 @@ MAX_DOWNLOAD = 4 << 30
 MAX_PAGE = 64 << 20
 CHUNK = 1 << 16
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+MAX_METADATA = 4 << 20  # a wheel's METADATA is kilobytes; a description may make it larger, not this
+# A metadata read fetches the zip's tail, its central directory (torch's is about 2 MB) and one member.
+MAX_RANGE_BYTES = 32 << 20
 
 
 def project_url(index: str, name: str) -> str:
@@ -198,6 +203,142 @@ class IndexClient:
         if not isinstance(last, RemoteError):
             self._down[index] = reason
         raise RemoteError(f"index {index} out of reach: {reason} (while fetching {name})") from None
+
+    # -- core metadata (PEP 658; else the wheel's own METADATA, by HTTP range requests) ------------
+
+    def core_metadata(self, file: IndexFile, max_size: int = MAX_METADATA) -> bytes:
+        """The file's core metadata as the index serves it beside the file (PEP 658), checked against the
+        sha256 the page announced for it."""
+        if file.core_metadata is None:
+            raise RemoteError(f"{file.url}: the index announces no core metadata for it")
+        url = f"{file.url}.metadata"
+        data = self._get_bounded(url, max_size)
+        if file.core_metadata and hashlib.sha256(data).hexdigest() != file.core_metadata:
+            raise RemoteError(f"{url}: sha256 does not match the {file.core_metadata} its index announced")
+        return data
+
+    def open_ranges(self, url: str, *, index: str | None = None, max_bytes: int = MAX_RANGE_BYTES) -> BinaryIO:
+        """A read-only, seekable file over HTTP range requests, reading no more than ``max_bytes`` in all:
+        enough to read one member of a zip from its central directory without downloading the archive.
+        A ``file://`` URL is opened directly, only when ``index`` is a ``file://`` index holding it."""
+        scheme = urlsplit(url).scheme.lower()
+        if scheme == "file":
+            root = url2pathname(urlsplit(index).path) if index and urlsplit(index).scheme == "file" else None
+            path = url2pathname(urlsplit(url).path)
+            if root is None or os.path.commonpath([os.path.realpath(root), os.path.realpath(path)]) != os.path.realpath(
+                root
+            ):
+                raise RemoteError(f"{url}: a file URL is read only from the file:// index that lists it")
+            try:
+                return open(path, "rb")
+            except OSError as exc:
+                raise RemoteError(f"{url}: cannot read: {exc.strerror or exc}") from None
+        if scheme not in ("http", "https"):
+            raise RemoteError(f"{url}: only http(s) URLs are read from an index")
+        return io.BufferedReader(RangeFile(self.session, url, self.timeout, max_bytes))
+
+    def _get_bounded(self, url: str, limit: int) -> bytes:
+        if urlsplit(url).scheme.lower() not in ("http", "https"):
+            raise RemoteError(f"{url}: only http(s) URLs are read from an index")
+        data = bytearray()
+        try:
+            with self.session.get(url, stream=True, timeout=self.timeout) as response:
+                if response.status_code != 200:
+                    raise RemoteError(f"{url}: HTTP {response.status_code}")
+                for chunk in response.iter_content(1 << 16):
+                    data += chunk
+                    if len(data) > limit:
+                        raise RemoteError(f"{url}: more than {limit} bytes; refused")
+        except requests.RequestException as exc:
+            raise RemoteError(f"{url}: {_reason(exc)}") from None
+        return bytes(data)
+
+
+class RangeFile(io.RawIOBase):
+    """Bytes of a remote file fetched on demand with ``Range`` requests, in blocks, each block once.
+
+    The first request asks for the file's tail (where a zip keeps its directory) and learns the size from
+    ``Content-Range``. A server that ignores ranges (200) is read whole only if the file is small
+    (``max_bytes``); every byte fetched counts against ``max_bytes``, so a hostile answer cannot make a
+    metadata read into a download."""
+
+    BLOCK = 1 << 16
+
+    def __init__(self, session: requests.Session, url: str, timeout: tuple[float, float], max_bytes: int) -> None:
+        super().__init__()
+        self.session, self.url, self.timeout, self.max_bytes = session, url, timeout, max_bytes
+        self.fetched = 0
+        self.requests = 0
+        self._blocks: dict[int, bytes] = {}  # offset -> bytes, from range answers
+        self._pos = 0
+        self.size = self._fetch_tail()
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: self.size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        end = min(self._pos + len(view), self.size)
+        if end <= self._pos:
+            return 0
+        data = self._read(self._pos, end)
+        view[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+    def _read(self, start: int, end: int) -> bytes:
+        for offset, block in self._blocks.items():
+            if offset <= start and end <= offset + len(block):
+                return block[start - offset : end - offset]
+        first = max(0, min(start, self.size - self.BLOCK)) if end - start < self.BLOCK else start
+        last = min(self.size, max(end, first + self.BLOCK))
+        block = self._request(f"bytes={first}-{last - 1}", expect=last - first)[1]
+        self._blocks[first] = block
+        return block[start - first : end - first]
+
+    def _fetch_tail(self) -> int:
+        total, block = self._request(f"bytes=-{self.BLOCK}")
+        self._blocks[total - len(block)] = block
+        return total
+
+    def _request(self, ranges: str, expect: int | None = None) -> tuple[int, bytes]:
+        self.requests += 1
+        headers = {"Range": ranges, "Accept-Encoding": "identity"}
+        try:
+            with self.session.get(self.url, headers=headers, stream=True, timeout=self.timeout) as response:
+                if response.status_code not in (200, 206):
+                    raise RemoteError(f"{self.url}: HTTP {response.status_code} to a range request")
+                whole = response.status_code == 200
+                data = bytearray()
+                for chunk in response.iter_content(1 << 16):
+                    data += chunk
+                    if self.fetched + len(data) > self.max_bytes:
+                        why = "does not serve byte ranges and is" if whole else "needs"
+                        raise RemoteError(f"{self.url} {why} more than {self.max_bytes} bytes to read its metadata")
+                content_range = response.headers.get("Content-Range", "")
+        except requests.RequestException as exc:
+            raise RemoteError(f"{self.url}: {_reason(exc)}") from None
+        self.fetched += len(data)
+        if whole:  # the server ignored the range: what came is the whole file
+            self._blocks = {0: bytes(data)}
+            return len(data), bytes(data[-self.BLOCK :]) if expect is None else bytes(data)
+        total = content_range.rpartition("/")[2]
+        if not total.isdigit() or (expect is not None and len(data) != expect):
+            raise RemoteError(
+                f"{self.url}: a malformed answer to a range request ({content_range or 'no Content-Range'})"
+            )
+        return int(total), bytes(data)
 
 
 def _bounded(response: requests.Response, limit: int, what: str, bound: str) -> Iterator[bytes]:

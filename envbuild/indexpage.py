@@ -15,6 +15,7 @@ import os
 import re
 from dataclasses import dataclass
 from html.parser import HTMLParser
+from typing import Any
 from urllib.parse import unquote, urldefrag, urljoin, urlsplit
 from urllib.request import url2pathname
 
@@ -34,6 +35,9 @@ class IndexFile:
     yanked_reason: str | None = None
     requires_python: str | None = None
     size: int | None = None  # PEP 700: the size in bytes the index states, when it does
+    # PEP 658/714: the index serves the file's core metadata at ``<url>.metadata``. None: not announced;
+    # "": announced without a hash; else its sha256.
+    core_metadata: str | None = None
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,7 @@ def parse_json(index: str, name: str, body: bytes, base: str) -> ProjectPage:
                 yanked_reason=show(yanked) if isinstance(yanked, str) and yanked else None,
                 requires_python=requires if isinstance(requires, str) else None,
                 size=size,
+                core_metadata=_announced_metadata(_json_announcement(item)),
             )
         )
     return ProjectPage(index, name, tuple(files))
@@ -161,6 +166,30 @@ def parse_html(index: str, name: str, body: str, base: str) -> ProjectPage:
                 yanked=yanked,
                 yanked_reason=(show(anchor.get("data-yanked") or "") or None) if yanked else None,
                 requires_python=anchor.get("data-requires-python"),
+                core_metadata=_announced_metadata(
+                    anchor.get("data-core-metadata", anchor.get("data-dist-info-metadata", False))
+                ),
             )
         )
     return ProjectPage(index, name, tuple(files))
+
+
+def _json_announcement(item: dict[str, Any]) -> Any:
+    value = item.get("core-metadata", item.get("dist-info-metadata", False))
+    return False if value is None else value
+
+
+def _announced_metadata(value: Any) -> str | None:
+    """PEP 658/714's announcement as None (not announced), "" (served, without a hash) or the sha256 of
+    the metadata file. JSON says ``false``, ``true`` or ``{"sha256": …}``; HTML ``data-core-metadata``
+    is absent (False here), bare (None), ``true`` or ``sha256=…``."""
+    if value is False or value == "false":
+        return None
+    sha: Any = None
+    if isinstance(value, dict):
+        sha = value.get("sha256")
+    elif isinstance(value, str) and value.startswith("sha256="):
+        sha = value[len("sha256=") :]
+    if isinstance(sha, str) and len(sha) == 64 and all(c in "0123456789abcdefABCDEF" for c in sha):
+        return sha.lower()
+    return ""

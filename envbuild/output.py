@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
-from envbuild.results import VerifyReport
+from envbuild.results import PinResult, VerifyReport
 
 
 def render_json(data: Any) -> str:
@@ -34,17 +34,33 @@ def _out_of_reach(detail: str) -> bool:
     return any(words in lowered for words in _OUT_OF_REACH)
 
 
+# Kinds with hundreds of results (a real lock has 126 packages and several hundred requirements) are
+# grouped in the table: what fails first, then warnings, then waivers (deliberate, so always shown), then
+# one row counting the rest. Sources and the base image are few: every one is shown.
+GROUPED = ("package", "requirement")
+KIND_ORDER = ("source", "package", "requirement", "base_image")
+
+
 def render_verify(report: VerifyReport) -> str:
-    rows = [(r.kind.replace("_", "-"), r.name, r.status, r.detail) for r in report.results]
-    counts: dict[str, int] = {}
-    for result in report.results:
-        counts[result.status] = counts.get(result.status, 0) + 1
-    summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+    rows = []
+    for kind in KIND_ORDER:
+        results = [r for r in report.results if r.kind == kind]
+        if kind not in GROUPED:
+            rows += [_row(r) for r in results]
+            continue
+        failing = [r for r in results if not r.passes()]
+        warning = [r for r in results if r.passes() and not r.passes(strict=True)]
+        waived = [r for r in results if r.status == "waived"]
+        ok = [r for r in results if r.status == "ok"]
+        rows += [_row(r) for r in failing + warning + waived]
+        if ok:
+            more = " more" if len(ok) < len(results) else ""
+            rows.append((kind.replace("_", "-"), f"({len(ok)}{more})", "ok", ""))
     verdict = "OK" if report.ok else "FAILED"
     strict = " (strict)" if report.strict else ""
     text = (
         render_table(("KIND", "NAME", "STATUS", "DETAIL"), rows)
-        + f"\n{verdict}{strict}: {report.lock_path}: {summary}\n"
+        + f"\n{verdict}{strict}: {report.lock_path}: {_summary(report)}\n"
     )
     if any(r.kind == "source" and r.status == "unreachable" and _out_of_reach(r.detail) for r in report.results):
         text += (
@@ -52,3 +68,21 @@ def render_verify(report: VerifyReport) -> str:
             "--mirror FROM=TO (or `mirrors:` in the config file); --offline answers from the cache\n"
         )
     return text
+
+
+def _row(result: PinResult) -> tuple[str, str, str, str]:
+    return (result.kind.replace("_", "-"), result.name, result.status, result.detail)
+
+
+def _summary(report: VerifyReport) -> str:
+    """Counts per kind and status: `sources 2 ok, 7 unreachable; requirements 250 ok, 3 waived`."""
+    parts = []
+    for kind in KIND_ORDER:
+        counts: dict[str, int] = {}
+        for result in report.results:
+            if result.kind == kind:
+                counts[result.status] = counts.get(result.status, 0) + 1
+        if counts:
+            label = {"base_image": "base image"}.get(kind, f"{kind}s")
+            parts.append(f"{label} " + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())))
+    return "; ".join(parts) or "nothing to check"

@@ -8,6 +8,7 @@ install, with their sha256s, so the image can install with ``--require-hashes`` 
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 import tempfile
 from collections.abc import Iterable, Sequence
@@ -30,6 +31,8 @@ from envbuild.errors import EnvbuildError, InputError, RemoteError
 from envbuild.index import IndexClient, IndexFile
 from envbuild.lock.model import PYPI_SIMPLE, Lock, Package, PackageFile, Platform
 from envbuild.progress import Progress
+from envbuild.requirements.markers import parsed
+from envbuild.requirements.roots import Root, explain, source_roots
 
 # The glibc floor the lock's platform promises; uv resolves for the same (`<arch>-manylinux_2_28`).
 GLIBC = (2, 28)
@@ -149,9 +152,9 @@ def run_uv_compile(requirements: Sequence[str], platform: Platform, index: str) 
             raise ResolutionError(f"uv pip compile against {index} did not finish in {UV_TIMEOUT} s") from None
     if proc.returncode != 0:
         tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+        shown = ", ".join(requirements[:12]) + (f" and {len(requirements) - 12} more" if len(requirements) > 12 else "")
         raise ResolutionError(
-            f"uv could not resolve {', '.join(requirements)} for {uv_platform(platform)} "
-            f"CPython {platform.python} against {index}:\n{tail}"
+            f"uv could not resolve {shown} for {uv_platform(platform)} CPython {platform.python} against {index}:\n{tail}"
         )
     return proc.stdout
 
@@ -159,7 +162,8 @@ def run_uv_compile(requirements: Sequence[str], platform: Platform, index: str) 
 def resolve_packages(
     lock: Lock, *, progress: Progress | None = None, client: IndexClient | None = None, jobs: int = 8
 ) -> tuple[Package, ...]:
-    """The full closure of ``lock.requirements`` for ``lock.platform``, every installable file hashed.
+    """The full closure of ``lock.requirements`` and of what the sources declare (:func:`source_roots`) for
+    ``lock.platform``, every installable file hashed.
 
     Packages the lock ties to their own ``index`` are not given to uv (that index may not speak to uv,
     or be out of reach); they are kept, their files re-listed when their index answers.
@@ -171,12 +175,22 @@ def resolve_packages(
     platform = lock.platform
     default_index = (lock.index or PYPI_SIMPLE).rstrip("/")
     pinned = {canonicalize_name(p.name): p for p in lock.packages if p.index}
+    from_sources = source_roots(lock)
     roots = [r for r in lock.requirements if canonicalize_name(Requirement(r).name) not in pinned]
+    added = [r.requirement for r in from_sources if canonicalize_name(parsed(r.requirement).name) not in pinned]
+    added = [r for r in dict.fromkeys(added) if r not in roots]
+    roots += added
 
     pins: list[tuple[str, str]] = []
     if roots:
-        say(f"resolving {len(roots)} requirement(s) with uv for {uv_platform(platform)} CPython {platform.python}")
-        pins = parse_pins(run_uv_compile(roots, platform, default_index))
+        also = f" ({len(added)} from the sources)" if added else ""
+        say(
+            f"resolving {len(roots)} requirement(s){also} with uv for {uv_platform(platform)} CPython {platform.python}"
+        )
+        try:
+            pins = parse_pins(run_uv_compile(roots, platform, default_index))
+        except ResolutionError as exc:
+            raise ResolutionError(_with_sources(str(exc), from_sources)) from None
         say(f"uv pinned {len(pins)} package(s); listing their files")
     for name, version in pins:
         if (own := pinned.get(canonicalize_name(name))) and own.version != version:
@@ -210,6 +224,25 @@ def resolve_packages(
     except RemoteError as exc:
         raise RemoteError(f"cannot list files after resolving: {exc}") from None
     return tuple(sorted(resolved, key=lambda p: canonicalize_name(p.name)))
+
+
+def _with_sources(message: str, roots: list[Root]) -> str:
+    """uv's refusal, with the sources behind each package it names: the fix is usually a waiver there."""
+    reason = message.split("\n", 1)[1] if "\n" in message else message  # uv's words, not our list of roots
+    named = {
+        name
+        for r in roots
+        if re.search(rf"(?<![\w.-]){re.escape(name := parsed(r.requirement).name)}(?![\w-])", reason)
+    }
+    lines = explain(roots, named)
+    if not lines:
+        return message
+    return (
+        message
+        + "\nwhat the sources ask for (a requirement the lock deliberately leaves unmet is waived in the source's "
+        + "`waive`, by name and with the reason):\n"
+        + "\n".join(f"  {line}" for line in lines)
+    )
 
 
 def _to_files(chosen: list[IndexFile]) -> tuple[PackageFile, ...]:

@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
-Kind = Literal["source", "package", "base_image"]
+Kind = Literal["source", "package", "requirement", "base_image"]
 
 # The statuses of each kind, exactly as documented in the README. Every other non-ok status fails;
-# a warning passes unless --strict: `behind` (the branch moved on, the pin is still on it) and `cached`
-# (offline: the package's files are in the cache by sha256, but the index was not asked).
+# a warning passes unless --strict: `behind` (the branch moved on, the pin is still on it), `cached`
+# (offline: the package's files are in the cache by sha256, but the index was not asked) and a
+# requirement's `unknown`.
 SourceStatus = Literal[
     "ok",
     "behind",
@@ -23,8 +24,13 @@ SourceStatus = Literal[
 ]
 PackageStatus = Literal["ok", "cached", "missing-file", "hash-mismatch", "yanked", "unresolved", "unreachable"]
 BaseImageStatus = Literal["ok", "unpinned"]
-Status = Union[SourceStatus, PackageStatus, BaseImageStatus]
-WARNING_STATUSES: frozenset[Status] = frozenset({"behind", "cached"})
+# A requirement of a package or a source: met by the lock (`ok`), not (`unmet`: no such distribution;
+# `conflict`: the locked version is outside the specifier), accepted by name (`waived`), or not known
+# (`unknown`: the requirements were not recorded or the metadata could not be read; a warning).
+RequirementStatus = Literal["ok", "unmet", "conflict", "waived", "unknown"]
+Status = Union[SourceStatus, PackageStatus, RequirementStatus, BaseImageStatus]
+PASSING_STATUSES: frozenset[Status] = frozenset({"ok", "waived"})
+WARNING_STATUSES: frozenset[Status] = frozenset({"behind", "cached", "unknown"})
 
 
 @dataclass(frozen=True)
@@ -38,7 +44,7 @@ class PinResult:
     facts: dict[str, Any] = field(default_factory=dict)
 
     def passes(self, strict: bool = False) -> bool:
-        return self.status == "ok" or (not strict and self.status in WARNING_STATUSES)
+        return self.status in PASSING_STATUSES or (not strict and self.status in WARNING_STATUSES)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -10,6 +10,7 @@ from envbuild.git.cache import GitCache
 from envbuild.lock.model import BaseImage, Lock, Source
 from envbuild.mirrors import Mirrors
 from envbuild.progress import Progress
+from envbuild.requirements.reading import read_source_requirements
 from envbuild.resolve import resolve_packages
 from envbuild.sources import resolve_ref
 
@@ -24,19 +25,29 @@ def update_lock(
     progress: Progress | None = None,
 ) -> Lock:
     """A new lock: the named sources (all when none are named) moved to their ref's current commit and
-    tree; when no source was named, the package closure re-resolved (or as ``packages`` says) and the
-    base image pinned to the digest its registry serves now."""
+    tree; every source's requirements read from its pinned tree; when no source was named, the package
+    closure re-resolved with them (or as ``packages`` says) and the base image pinned to the digest its
+    registry serves now."""
     known = {s.name for s in lock.sources}
     unknown = [n for n in names if n not in known]
     if unknown:
         raise InputError(f"{unknown[0]}: no such source in lock {lock.name!r} (sources: {', '.join(sorted(known))})")
     selected = set(names) or known
     sources = tuple(_update_source(s, cache, mirrors, progress) if s.name in selected else s for s in lock.sources)
+    # Every source's requirements are read from its (new) pinned tree: a moved pin brings new ones, and an
+    # unmoved one is re-read from the cache, where its objects stay once fetched.
+    sources = tuple(
+        read_source_requirements(new, cache, mirrors=mirrors, previous=old, progress=progress)
+        for old, new in zip(lock.sources, sources)
+    )
     updated = dataclasses.replace(lock, sources=sources)
     everything = not names
     if packages if packages is not None else everything:
-        if lock.requirements or lock.packages:
+        declared = any(s.requires or s.build_requires for s in sources)
+        if lock.requirements or lock.packages or (declared and lock.platform is not None):
             updated = dataclasses.replace(updated, packages=resolve_packages(updated, progress=progress))
+        elif declared and progress:
+            progress("warning: the lock has no platform: the sources' requirements are recorded, not resolved")
     if everything and lock.base_image is not None:
         updated = dataclasses.replace(updated, base_image=pin_base_image(lock.base_image, progress))
     return updated

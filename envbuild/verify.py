@@ -1,4 +1,5 @@
-"""`lock verify`: every pin of a lock checked against its upstream, as one typed report."""
+"""`lock verify`: every pin of a lock checked against its upstream, and the environment it describes
+checked whole (every requirement met or waived), as one typed report."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ from typing import Any
 
 from envbuild.filecache import FileCache
 from envbuild.git.cache import GitCache
+from envbuild.index import IndexClient
 from envbuild.lock.model import Lock, Package
 from envbuild.mirrors import Mirrors
 from envbuild.packages import verify_packages
 from envbuild.progress import Progress
+from envbuild.requirements.closure import check_closure
+from envbuild.requirements.metadata import MetadataReader, read_metadata
 from envbuild.results import PinResult, VerifyReport
 from envbuild.sources import verify_sources
 
@@ -66,16 +70,27 @@ def verify_package_offline(package: Package, files: FileCache, advice: str) -> P
     return PinResult("package", package.name, "unreachable", f"offline, and {what}; run `{advice}`", facts)
 
 
+def verify_requirements(
+    lock: Lock, options: VerifyOptions, client: IndexClient | None = None, progress: Progress | None = None
+) -> list[PinResult]:
+    """The whole closure for the lock's platform, from core metadata only (nothing installed): every
+    requirement of the lock's roots, its sources and its packages met by the lock, or waived by name."""
+    reader = MetadataReader(options.cache_dir, client, offline=options.offline)
+    return check_closure(lock, read_metadata(lock, reader, jobs=options.jobs, progress=progress))
+
+
 def verify_lock(lock: Lock, lock_path: str, options: VerifyOptions, progress: Progress | None = None) -> VerifyReport:
     cache = GitCache(options.cache_dir / "git")
     results = verify_sources(
         lock.sources, cache, mirrors=options.mirrors, offline=options.offline, jobs=options.jobs, progress=progress
     )
+    client = IndexClient()  # one page per package for both checks
     if lock.packages:
         if options.offline:
             files = FileCache(options.cache_dir)
             results += [verify_package_offline(p, files, fetch_command(lock_path, options)) for p in lock.packages]
         else:
-            results += verify_packages(lock, jobs=options.jobs, progress=progress, lock_path=lock_path)
+            results += verify_packages(lock, jobs=options.jobs, progress=progress, lock_path=lock_path, client=client)
+    results += verify_requirements(lock, options, client, progress)
     results += verify_base_image(lock)
     return VerifyReport(lock_path, tuple(results), strict=options.strict)

@@ -69,7 +69,7 @@ def test_an_unresolved_package_advises_lock_update_and_it_resolves_it(
 ) -> None:
     lock = package_lock(tmp_path / "l.yaml", index, with_files=False)
     code, out, _ = run(capsys, "lock", "verify", str(lock), "--json", "--cache-dir", str(tmp_path / "c"))
-    (result,) = json.loads(out)["results"]
+    (result,) = [r for r in json.loads(out)["results"] if r["kind"] == "package"]
     assert (code, result["status"]) == (1, "unresolved")
     code, out, _ = run(capsys, *advised(result["detail"]))  # `envbuild lock update <the lock>`, as written
     assert code == 0, out
@@ -103,7 +103,11 @@ def test_offline_verify_advises_lock_fetch_and_then_passes(
     assert run(capsys, *advised(package["detail"]))[0] == 0  # as written, with its --cache-dir
     code, out, _ = run(capsys, "lock", "verify", str(lock), "--offline", "--json", "--cache-dir", cache)
     assert code == 0, out
-    assert {r["kind"]: r["status"] for r in json.loads(out)["results"]} == {"source": "ok", "package": "cached"}
+    assert {r["kind"]: r["status"] for r in json.loads(out)["results"]} == {
+        "source": "ok",
+        "package": "cached",
+        "requirement": "ok",  # the lock's root, checked from the metadata of the file the cache now holds
+    }
     code, out, _ = run(capsys, "lock", "verify", str(lock), "--offline", "--strict", "--json", "--cache-dir", cache)
     assert code == 1  # `cached` says the index was not asked: --strict does not accept that
 

@@ -290,7 +290,7 @@ def test_lock_verify_reports_a_hostile_index_in_one_line(
         code = main(["lock", "verify", str(lock), "--cache-dir", str(tmp_path / "cache"), "--json"])
     out, err = capsys.readouterr()
     assert code == 1
-    [result] = json.loads(out)["results"]
+    [result] = [r for r in json.loads(out)["results"] if r["kind"] == "package"]
     assert result["status"] == "unreachable"
     assert result["detail"] == (
         f"index {index.url} answered a malformed page for alpha: files[0]: url 'file:///dev/zero' is not an http(s) URL"

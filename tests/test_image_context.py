@@ -7,13 +7,16 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
 import textwrap
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
+import packaging
 import pytest
 
 from envbuild.errors import InputError
@@ -218,6 +221,43 @@ def git_archive_export(repo: Path):
     return export
 
 
+def fake_site(site: Path, source_dir: Path, requires: tuple[str, ...] = ("tiny-pkg",)) -> Path:
+    """What an image's site-packages holds after the build, for the probe run as a host process: the wheel
+    installed, the source installed editable (its origin and top-level package recorded as pip does), and
+    the packaging library (pip's vendored copy stands in for it in an image)."""
+    (site / "tiny_pkg-1.0.dist-info").mkdir(parents=True)
+    (site / "tiny_pkg-1.0.dist-info/METADATA").write_text("Metadata-Version: 2.1\nName: tiny_pkg\nVersion: 1.0\n")
+    info = site / "realsrc-0.1.dist-info"
+    info.mkdir()
+    requires_dist = "".join(f"Requires-Dist: {r}\n" for r in requires)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: realsrc\nVersion: 0.1\n{requires_dist}")
+    (info / "direct_url.json").write_text(json.dumps({"url": source_dir.as_uri(), "dir_info": {"editable": True}}))
+    (info / "top_level.txt").write_text("pkg\n")
+    shutil.copytree(Path(packaging.__file__).parent, site / "packaging")
+    return site
+
+
+def probe(context: Path, tmp_path: Path, site: Path, source_dir: Path) -> Callable[[dict], list[str]]:
+    """The in-image check run as a separate stdlib-only process against the context's own tree (standing
+    in for /opt/envbuild/src), judged by the host side."""
+
+    def check(manifest: dict) -> list[str]:
+        (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+        proc = subprocess.run(
+            [sys.executable, "-S", str(context / "envbuild/inimage_probe.py"), str(tmp_path / "manifest.json")],
+            capture_output=True,
+            text=True,
+            env={"PYTHONPATH": f"{site}:{source_dir}"},  # the source importable, as its editable .pth makes it
+            timeout=120,
+        )
+        assert proc.returncode == 0, proc.stderr
+        report = json.loads(proc.stdout)
+        report["python"] = "3.11.2"  # the host's python stands in for the image's
+        return compare_inimage(report, manifest)
+
+    return check
+
+
 def test_real_git_tree_matches_and_in_image_check_agrees(
     tmp_path: Path, wheel: Path, real_repo: tuple[Path, str, str]
 ) -> None:
@@ -231,33 +271,55 @@ def test_real_git_tree_matches_and_in_image_check_agrees(
     # The in-image check, run as a separate stdlib-only process against the context's own tree
     # (standing in for /opt/envbuild/src), with a faked installed distribution.
     manifest = json.loads((context.path / "envbuild/manifest.json").read_text())
-    manifest["sources"][0]["path"] = str(context.path / "src/realsrc")
-    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
-    site = tmp_path / "site"
-    (site / "tiny_pkg-1.0.dist-info").mkdir(parents=True)
-    (site / "tiny_pkg-1.0.dist-info/METADATA").write_text("Metadata-Version: 2.1\nName: tiny_pkg\nVersion: 1.0\n")
+    source_dir = context.path / "src/realsrc"
+    manifest["sources"][0]["path"] = str(source_dir)
+    site = fake_site(tmp_path / "site", source_dir)
+    check = probe(context.path, tmp_path, site, source_dir)
 
-    def check() -> list[str]:
-        proc = subprocess.run(
-            [sys.executable, "-S", str(context.path / "envbuild/inimage_probe.py"), str(tmp_path / "manifest.json")],
-            capture_output=True,
-            text=True,
-            env={"PYTHONPATH": str(site)},
-            timeout=60,
-        )
-        assert proc.returncode == 0, proc.stderr
-        report = json.loads(proc.stdout)
-        report["python"] = "3.11.2"  # the host's python stands in for the image's
-        return compare_inimage(report, manifest)
-
-    assert check() == []
+    assert check(manifest) == []
     (context.path / "src/realsrc/pkg/__init__.py").write_text("X = 2\n")
     (context.path / "src/realsrc/pkg-1.egg-info").mkdir()  # build by-products do not count
     (context.path / "src/realsrc/run.sh").unlink()
-    problems = check()
+    problems = check(manifest)
     assert any("source realsrc: files of commit" in p and "run.sh" in p for p in problems)
     assert any("source realsrc: the installed files have tree" in p for p in problems)
     assert inimage_command()[-2:] == ["/opt/envbuild/meta/inimage_probe.py", "/opt/envbuild/meta/manifest.json"]
+
+
+def test_in_image_check_names_unmet_requirements_and_failed_imports_minus_the_locks_waivers(
+    tmp_path: Path, wheel: Path, real_repo: tuple[Path, str, str]
+) -> None:
+    repo, commit, tree = real_repo
+    lock = make_lock(wheel, [("realsrc", commit, tree)])
+    context = assemble(
+        plan_context(lock, lock_sha256=LOCK_SHA), tmp_path / "ctx", git_archive_export(repo), lambda p, f: wheel
+    )
+    manifest = json.loads((context.path / "envbuild/manifest.json").read_text())
+    source_dir = context.path / "src/realsrc"
+    manifest["sources"][0]["path"] = str(source_dir)
+    # What `pip install --no-deps -e` leaves when the lock lacks a runtime requirement of the source.
+    site = fake_site(
+        tmp_path / "site", source_dir, requires=("tiny-pkg>=2", "msgspec", "winreg-only; sys_platform == 'win32'")
+    )
+    check = probe(context.path, tmp_path, site, source_dir)
+
+    assert check(manifest) == [
+        "source realsrc (realsrc 0.1) requires tiny-pkg>=2, but tiny-pkg 1.0 is installed",
+        "source realsrc (realsrc 0.1) requires msgspec, which is not installed",
+    ]
+    manifest["sources"][0]["waive"] = [{"name": "msgspec", "reason": "not used here"}]
+    assert check(manifest) == ["source realsrc (realsrc 0.1) requires tiny-pkg>=2, but tiny-pkg 1.0 is installed"]
+
+    # A top-level package that does not import fails the image, naming the module and the error …
+    (source_dir / "pkg/__init__.py").write_text("import libascend_hal_stand_in\n")
+    manifest["sources"][0]["waive"] += [{"name": "tiny-pkg", "reason": "checked elsewhere"}]
+    problems = check(manifest)
+    assert problems[-1] == (
+        "source realsrc: import pkg failed: ModuleNotFoundError: No module named 'libascend_hal_stand_in'"
+    )
+    # … unless the lock skips that import by name (it needs an NPU driver a build host does not have).
+    manifest["sources"][0]["skip_imports"] = [{"name": "pkg", "reason": "needs the NPU driver"}]
+    assert [p for p in check(manifest) if "import" in p] == []
 
 
 def test_compare_inimage_names_each_mismatch() -> None:
@@ -271,12 +333,13 @@ def test_compare_inimage_names_each_mismatch() -> None:
             {"name": "d", "version": "1.0"},
         ],
         "sources": [
-            {"name": "s", "commit": "1" * 40, "tree": "2" * 40, "path": "/opt/envbuild/src/s"},
-            {"name": "t", "commit": "3" * 40, "tree": "4" * 40, "path": "/opt/envbuild/src/t"},
+            {"name": "s", "commit": "1" * 40, "tree": "2" * 40, "path": "/opt/envbuild/src/s", "mode": "none"},
+            {"name": "t", "commit": "3" * 40, "tree": "4" * 40, "path": "/opt/envbuild/src/t", "mode": "none"},
         ],
     }
     report = {
-        "report_version": 1,
+        "report_version": inimage_probe.REPORT_VERSION,
+        "consistency": {"error": None, "problems": []},
         "lock_sha256": LOCK_SHA,
         "python": "3.12.1",
         "distributions": {"a": ["1.0.0"], "b": ["2.1"], "d": ["1.0", "0.9"]},

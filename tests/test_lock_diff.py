@@ -73,3 +73,15 @@ def test_base_image_digest_change() -> None:
     new = lock(base_image=BaseImage("reg/cann:9.1.0", "sha256:" + "c" * 64))
     (change,) = diff_locks(old, new)
     assert change.kind == "base_image" and "(unpinned)" in change.fields[0][1] and "c" * 64 in change.fields[0][2]
+
+
+def test_requirement_changes_show_what_was_added_and_removed() -> None:
+    old = lock()
+    source = dataclasses.replace(old.sources[1], requires=("msgspec", "blake3"), build_requires=("setuptools",))
+    new = lock(sources=(old.sources[0], dataclasses.replace(source, requires=("msgspec", "gguf"))))
+    before = lock(sources=(old.sources[0], source))
+    [change] = diff_locks(before, new)
+    assert [f[0] for f in change.fields] == ["requires"]
+    assert render_changes([change]) == "~ source vllm:\n    requires: - blake3\n    requires: + gguf\n"
+    [read] = diff_locks(old, before)
+    assert ("requires", "(not read)", "msgspec\nblake3") in read.fields

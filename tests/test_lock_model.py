@@ -205,3 +205,53 @@ def test_schema_agrees_with_the_validator_on_samples() -> None:
         assert list(validator.iter_errors(bad)), bad
         with pytest.raises(LockfileError):
             parse_lock(yaml.safe_dump(bad))
+
+
+REQUIREMENTS = MINIMAL + (
+    "    provides: {name: megatron-bridge, version: 0.5.0}\n"
+    "    requires_files: [requirements/common.txt]\n"
+    '    build_requires: ["setuptools<80.0.0", wheel]\n'
+    """    requires: ["transformers<5.9.0,>=5.8.1", 'pytest; extra == "dev"']\n"""
+    "    waive:\n"
+    """      - {name: transformers, reason: "verl's guide pins 5.10.4"}\n"""
+    "    skip_imports:\n"
+    "      - {name: vllm_ascend, reason: needs the NPU driver}\n"
+    "  - name: unread\n"
+    "    repo: https://example.org/unread.git\n"
+    "    ref: main\n"
+    "    ref_type: branch\n"
+    f"    commit: {SHA}\n"
+    '    requires_unknown: "the pinned tree cannot be read: unreachable"\n'
+)
+
+
+def test_requirements_waivers_and_skipped_imports_are_part_of_a_source() -> None:
+    lock = parse_lock(REQUIREMENTS, "t.lock.yaml")
+    lib, unread = lock.sources
+    assert lib.distribution == "megatron-bridge" and unread.distribution == "unread"
+    assert lib.build_requires == ("setuptools<80.0.0", "wheel")
+    assert lib.waiver("Transformers") is not None and lib.waiver("wheel") is None
+    assert (unread.requires, unread.build_requires) == (None, None)  # not read: absent, not empty
+    assert parse_lock(dump_lock(lock), "again") == lock
+    empty = parse_lock(MINIMAL + "    requires: []\n", "t.lock.yaml").sources[0]
+    assert empty.requires == () and "requires: []" in dump_lock(parse_lock(MINIMAL + "    requires: []\n"))
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        ("    requires: ['pkg @ https://user:token@example.org/p.whl']\n", "a direct URL reference"),
+        ("    requires: ['not a requirement!!']\n", "is not a PEP 508 requirement"),
+        ("    requires_files: [../outside.txt]\n", "not a relative path inside the source's tree"),
+        ("    requires_files: [/etc/passwd]\n", "not a relative path inside the source's tree"),
+        ("    waive: [{name: x, reason: ''}]\n", "a reason is required"),
+        ("    waive: [{name: x}]\n", "reason: required key is missing"),
+        ("    waive: [{name: x, reason: a}, {name: X, reason: b}]\n", "duplicate 'X' (first at waive[0])"),
+        ("    skip_imports: [{name: not-a-module, reason: r}]\n", "a top-level Python module name"),
+        ("    provides: {name: x, version: not.a version}\n", "is not a valid PEP 440 version"),
+    ],
+)
+def test_bad_requirement_fields_are_named(extra: str, words: str) -> None:
+    found = problems(MINIMAL + extra)
+    assert any(words in p for p in found), found
+    assert all("token" not in p for p in found)

@@ -12,7 +12,7 @@ def report(detail: str) -> VerifyReport:
 
 def test_an_upstream_out_of_reach_points_at_mirrors() -> None:
     text = render_verify(report("Could not resolve host: github.com"))
-    assert "FAILED: l.yaml: 1 unreachable" in text
+    assert "FAILED: l.yaml: sources 1 unreachable" in text
     assert "hint: where the upstream git hosts are out of reach" in text
 
 

@@ -54,7 +54,7 @@ def test_the_quick_start_from_a_fresh_clone(clone: Path, tmp_path: Path) -> None
     assert done.returncode in (0, 1), done.stderr[-3000:]
     report = json.loads(done.stdout[done.stdout.index("{") :])
     kinds = {r["kind"] for r in report["results"]}
-    assert kinds == {"source", "package", "base_image"}
+    assert kinds == {"source", "package", "requirement", "base_image"}
     assert len([r for r in report["results"] if r["kind"] == "source"]) == 9
     packages = [r for r in report["results"] if r["kind"] == "package"]
     assert sum(r["status"] == "ok" for r in packages) >= len(packages) - 1  # triton-ascend: Ascend's own index

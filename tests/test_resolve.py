@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 from pathlib import Path
 
@@ -9,7 +10,9 @@ import pytest
 
 from envbuild.errors import InputError
 from envbuild.index import IndexFile
-from envbuild.lock import Lock, Package, PackageFile, Platform
+from envbuild.lock import Lock, Package, PackageFile, Platform, Source
+from envbuild.lock.model import Install, Provides, Waiver
+from envbuild.requirements.roots import source_roots
 from envbuild.resolve import (
     ResolutionError,
     parse_pins,
@@ -159,6 +162,56 @@ def test_unsatisfiable_requirements_carry_uvs_reason(
         with pytest.raises(ResolutionError, match=r"uv could not resolve pure==9 for aarch64-manylinux_2_28") as info:
             resolve_packages(lock)
     assert "pure" in str(info.value).split("\n", 1)[1]
+
+
+def source(name: str, **fields: object) -> Source:
+    return Source(
+        name=name, repo=f"https://example.org/{name}.git", ref="main", ref_type="branch", commit="1" * 40, **fields
+    )  # type: ignore[arg-type]
+
+
+def test_what_the_sources_declare_is_resolved_in_and_a_waiver_is_not(
+    index_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
+    sources = (
+        # builds with native; asks core (another source) for its `old` extra; waives what no index has.
+        source(
+            "svc",
+            build_requires=("native",),
+            requires=("core-dist[old]", "cuda-only-thing==1.0", "app; sys_platform == 'win32'"),
+            waive=(Waiver("cuda-only-thing", "CUDA-only; not used on Ascend"),),
+        ),
+        source("core", provides=Provides(name="core-dist"), requires=("app==1.0", 'pure<0.5; extra == "old"')),
+        source("files", install=Install(mode="none"), requires=("never-resolved",)),
+    )
+    lock = Lock(version=1, name="r", sources=sources, platform=ARM)
+    assert [r.requirement for r in source_roots(lock)] == ["native", "app==1.0", "pure<0.5"]
+    with PyIndex(index_dir) as index:
+        said: list[str] = []
+        packages = resolve_packages(dataclasses.replace(lock, index=index.url), progress=said.append)
+    assert [(p.name, p.version) for p in packages] == [("app", "1.0"), ("native", "1.1"), ("pure", "0.4")]
+    assert any("resolving 3 requirement(s) (3 from the sources)" in line for line in said)
+
+
+def test_a_refusal_names_the_source_behind_each_package_uv_names(
+    index_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
+    with PyIndex(index_dir) as index:
+        lock = Lock(
+            version=1,
+            name="r",
+            sources=(source("svc", requires=("pure>=9", "app==1.0")),),
+            platform=ARM,
+            index=index.url,
+            requirements=("native",),
+        )
+        with pytest.raises(ResolutionError) as info:
+            resolve_packages(lock)
+    message = str(info.value)
+    assert "what the sources ask for" in message and "  svc requires pure>=9" in message
+    assert "svc requires app==1.0" not in message  # uv did not name it
 
 
 @pytest.mark.network

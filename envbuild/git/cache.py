@@ -38,7 +38,7 @@ from pathlib import Path
 
 from envbuild.errors import CacheError
 from envbuild.fileio import write_atomic
-from envbuild.git.remote import GitError, GitRunner, RefListing
+from envbuild.git.remote import GitError, GitRunner, RefListing, TreeEntry
 from envbuild.locking import cache_fault, file_lock, held_lock, is_no_space
 
 LISTING_FILE = "envbuild-ls-remote"
@@ -191,6 +191,34 @@ class GitCache:
             except GitError as exc:
                 remove_stale_files(repo.path)  # what the failed git left: a partial pack may fill the disk
                 raise self.cache_error(exc) from None
+
+    def fetch_objects(self, url: str, commit: str, oids: Iterable[str]) -> bool:
+        """Fetch exactly the objects of ``oids`` (trees and blobs of ``commit``'s tree) the cache lacks, under
+        the lock; False when, once the lock is held, every one is there (another process fetched them)."""
+        oids = set(oids)
+        with self.held(url) as (repo, fd):
+            missing = oids - self.git.present_objects(repo.path, commit)
+            if not missing:
+                return False
+            try:
+                self.git.fetch_objects(repo.path, url, sorted(missing), hold=(fd,))
+            except GitError as exc:
+                remove_stale_files(repo.path)
+                raise self.cache_error(exc) from None
+            return True
+
+    def present_objects(self, url: str, commit: str) -> set[str]:
+        repo = self.repo(url)
+        return self.git.present_objects(repo.path, commit) if repo.exists() else set()
+
+    def object_sizes(self, url: str, oids: Iterable[str]) -> dict[str, int]:
+        return self.git.object_sizes(self.repo(url).path, oids)
+
+    def ls_tree(self, url: str, tree: str) -> list[TreeEntry]:
+        return self.git.ls_tree(self.repo(url).path, tree)
+
+    def read_blob(self, url: str, oid: str) -> bytes:
+        return self.git.read_blob(self.repo(url).path, oid)
 
     def left_right(self, url: str, commit: str, head: str) -> tuple[int, int]:
         return self.git.left_right(self.repo(url).path, commit, head)

@@ -129,6 +129,29 @@ def run_git(
 ) -> tuple[str, str]:
     """Run ``argv`` (git and its arguments); (stdout, stderr), or :class:`GitError` naming ``command``
     on failure, timeout or a passed bound. ``max_output`` and ``max_memory`` need ``stdin=None``."""
+    out, errors = _run(argv, command, env, timeout, stdin, network, hold, max_output, max_memory)
+    # A path in a hostile tree or a ref name need not be UTF-8: keep its bytes (os.fsencode gives them
+    # back) rather than fail to decode; what reaches a message is escaped by last_error_line.
+    return out.decode("utf-8", "surrogateescape"), errors
+
+
+def run_git_bytes(argv: Sequence[str], *, command: str, env: Mapping[str, str], timeout: float) -> bytes:
+    """Like :func:`run_git` for a local command without input, returning stdout's bytes as git wrote them
+    (a blob's content)."""
+    return _run(argv, command, env, timeout, None, False, (), None, None)[0]
+
+
+def _run(
+    argv: Sequence[str],
+    command: str,
+    env: Mapping[str, str],
+    timeout: float,
+    stdin: str | None,
+    network: bool,
+    hold: Sequence[int],
+    max_output: int | None,
+    max_memory: int | None,
+) -> tuple[bytes, str]:
     prefix = _tied_to_parent() if network else ()
     try:
         proc = subprocess.Popen(
@@ -156,12 +179,10 @@ def run_git(
     except BaseException:
         _kill_group(proc)
         raise
-    # A path in a hostile tree or a ref name need not be UTF-8: keep its bytes (os.fsencode gives them
-    # back) rather than fail to decode; what reaches a message is escaped by last_error_line.
-    text, errors = out.decode("utf-8", "surrogateescape"), err.decode("utf-8", "surrogateescape")
+    errors = err.decode("utf-8", "surrogateescape")
     if proc.returncode != 0:
         raise GitError(command, last_error_line(errors), proc.returncode, stderr=errors)
-    return text, errors
+    return out, errors
 
 
 class _Refused(Exception):

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from envbuild.git.process import GitError, git_environment, last_error_line, run_git
+from envbuild.git.process import GitError, git_environment, last_error_line, run_git, run_git_bytes
 
 __all__ = ["GitError", "GitRunner", "RefListing", "last_error_line"]
 
@@ -103,6 +103,16 @@ class RefListing:
         return set(self.heads.values()) | set(self.tags.values())
 
 
+@dataclass(frozen=True)
+class TreeEntry:
+    """One line of ``git ls-tree``: mode, object type, object ID and name."""
+
+    mode: str
+    kind: str  # blob | tree | commit (a gitlink)
+    oid: str
+    name: str
+
+
 @dataclass
 class GitRunner:
     """Runs git. ``observer(command, url)`` is called before every network command (for progress
@@ -164,6 +174,14 @@ class GitRunner:
             max_memory=self.max_memory if network else None,
         )
 
+    def run_bytes(self, args: Sequence[str], *, repo: Path | None = None, timeout: float | None = None) -> bytes:
+        """Like :meth:`run` (same environment, same process group), returning stdout's bytes exactly as git
+        wrote them: a blob's content, with no newline translation."""
+        argv = [self.executable, *(["-C", str(repo)] if repo is not None else []), *args]
+        return run_git_bytes(
+            argv, command=args[0], env=self.environment(), timeout=self.local_timeout if timeout is None else timeout
+        )
+
     # -- network -------------------------------------------------------------------------------
 
     def ls_remote(self, repo: Path, url: str) -> RefListing:
@@ -207,6 +225,27 @@ class GitRunner:
             hold=() if hold is None else (hold,),
         )
         return "filtering not recognized by server" not in err
+
+    def fetch_objects(self, repo: Path, url: str, oids: Sequence[str], *, hold: Sequence[int] = ()) -> None:
+        """Fetch exactly these objects (trees or blobs of a pinned tree, by ID) and nothing they reach:
+        what a lazy fetch from the promisor remote would do, asked for explicitly. Objects a want names are
+        sent whatever the filter; ``tree:0`` keeps out everything else. The noop negotiation sends no haves:
+        a want by ID has no history to negotiate."""
+        self._observe("fetch", url)
+        args = [
+            "fetch",
+            f"--filter={FILTER}",
+            "--no-tags",
+            "--no-write-fetch-head",
+            "--no-auto-gc",
+            "--no-recurse-submodules",
+            "--quiet",
+            "origin",
+            "--",
+            *sorted(set(oids)),
+        ]
+        config = {**_real_url(url), **FSCK_CONFIG, "fetch.negotiationAlgorithm": "noop"}
+        self.run(args, repo=repo, config=config, timeout=self.network_timeout, network=True, hold=hold)
 
     def _observe(self, command: str, url: str) -> None:
         if self.observer is not None:
@@ -264,6 +303,43 @@ class GitRunner:
             sha, _, ref = line.partition(" ")
             refs[ref[len(UPSTREAM_NS) :]] = sha
         return refs
+
+    def present_objects(self, repo: Path, commit: str) -> set[str]:
+        """The objects of ``commit``'s tree that ``repo`` holds, found by walking the trees it holds
+        (``--missing=print`` marks the rest and turns lazy fetching off: ``cat-file`` would fetch)."""
+        out = self.run(["rev-list", "--objects", "--no-walk", "--missing=print", commit, "--"], repo=repo)
+        return {line.split(" ", 1)[0] for line in out.splitlines() if line and not line.startswith("?")}
+
+    def object_sizes(self, repo: Path, oids: Iterable[str]) -> dict[str, int]:
+        """{oid: size in bytes} of objects ``repo`` holds (only ask for present ones: see above)."""
+        oids = sorted(set(oids))
+        if not oids:
+            return {}
+        out = self.run(
+            ["cat-file", "--batch-check=%(objectname) %(objectsize)"], repo=repo, stdin="".join(f"{o}\n" for o in oids)
+        )
+        sizes: dict[str, int] = {}
+        for line in out.splitlines():
+            oid, _, size = line.partition(" ")
+            if size.isdigit():
+                sizes[oid] = int(size)
+        return sizes
+
+    def ls_tree(self, repo: Path, tree: str) -> list[TreeEntry]:
+        """The entries of one tree object present in ``repo`` (the objects they name need not be)."""
+        out = self.run(["ls-tree", "-z", "--full-tree", tree, "--"], repo=repo)
+        entries = []
+        for record in out.split("\0"):
+            if not record:
+                continue
+            head, _, name = record.partition("\t")
+            mode, kind, oid = head.split(" ")
+            entries.append(TreeEntry(mode, kind, oid, name))
+        return entries
+
+    def read_blob(self, repo: Path, oid: str) -> bytes:
+        """The bytes of one blob present in ``repo``."""
+        return self.run_bytes(["cat-file", "blob", oid], repo=repo)
 
     def count_range(self, repo: Path, old: str, new: str) -> int:
         return int(self.run(["rev-list", "--missing=allow-any", "--count", f"{old}..{new}", "--"], repo=repo))

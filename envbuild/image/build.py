@@ -43,6 +43,7 @@ from envbuild.image.render import base_reference, render_dockerfile
 from envbuild.lock.io import LockFile, read_lock
 from envbuild.progress import Progress
 from envbuild.reference import check_name_and_tag
+from envbuild.requirements.buildcheck import require_buildable
 from envbuild.results import VerifyReport
 from envbuild.verify import VerifyOptions, fetch_command, verify_lock
 
@@ -179,6 +180,7 @@ def build_image(
     read = read_lock(Path(lock_path))
     check_tags(options.tags)
     require_verified(read, options.verify, progress, verified)
+    require_buildable(read.lock, str(read.path))  # every source's build requirements, before the engine starts
     with nullcontext(engine) if engine is not None else Engine.connect() as connected:
         inputs = fetch_inputs(read.lock, read.path, options.verify, progress=progress)
         exporter, files = exporter_for(options.verify), FileCache(options.cache_dir)

@@ -78,6 +78,9 @@ def manifest_for(plan: ContextPlan, file_lists: dict[str, list[str]], trees: dic
                 "mode": s.mode,
                 "path": s.image_path,
                 "files": file_lists[s.name],
+                "distribution": s.distribution,
+                "waive": [{"name": n, "reason": r} for n, r in s.waive],
+                "skip_imports": [{"name": n, "reason": r} for n, r in s.skip_imports],
             }
             for s in plan.sources
         ],

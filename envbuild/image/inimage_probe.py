@@ -9,6 +9,15 @@ Each source is checked by content, not by trusting a marker: the git tree SHA of
 manifest lists is recomputed from the installed directory, so a source is "its pinned commit" when
 that SHA equals the commit's tree. Files the build added (``*.egg-info``, ``build/``) are not listed
 and so do not count; a listed file that is missing or changed does.
+
+The environment is checked whole, after every install: ``pip check``'s semantics (every installed
+distribution's ``Requires-Dist`` whose marker holds, without extras, met by an installed distribution
+at a version its specifier allows, pre-releases included) with the requirement parser pip itself ships,
+and every installed source's top-level packages imported, each in its own interpreter (a crash or a hang
+is one failed import, not a lost report). A build host has no NPU driver: imports run with
+``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` (torch >= 2.5 would load torch_npu, and with it the driver, at
+``import torch``), and the modules the manifest names as skipped are not imported at all. Waivers are
+the host's business (:mod:`envbuild.image.inimage_verdict`): this script reports every problem.
 """
 
 from __future__ import annotations
@@ -19,7 +28,10 @@ import os
 import stat
 import sys
 
-REPORT_VERSION = 1
+REPORT_VERSION = 2
+IMPORT_TIMEOUT = 600
+# Directories at a source's root that hold no importable part of it, when its metadata names none.
+NOT_PACKAGES = {"test", "tests", "doc", "docs", "example", "examples", "benchmark", "benchmarks", "tools", "scripts"}
 DEFAULT_MANIFEST = "/opt/envbuild/meta/manifest.json"
 COMMIT_MARKER = ".envbuild-commit"
 
@@ -118,11 +130,150 @@ def source_report(entry: dict) -> dict:
     return report
 
 
+def _normalize(name: str) -> str:
+    return "-".join(name.replace("_", "-").replace(".", "-").lower().split("-"))
+
+
+def _packaging() -> tuple:
+    """The requirement, version and marker classes of the packaging library pip vendors (pip is what
+    installed everything), else of a standalone packaging."""
+    try:
+        from pip._vendor.packaging import requirements, version
+    except ImportError:
+        from packaging import requirements, version  # type: ignore[no-redef]
+    return requirements.Requirement, version.Version
+
+
+def installed_distributions() -> dict:
+    """{normalised name: distribution}, the first on sys.path winning, as pip sees them."""
+    from importlib import metadata
+
+    found: dict = {}
+    for dist in metadata.distributions():
+        name = dist.metadata["Name"]
+        if name:
+            found.setdefault(_normalize(name), dist)
+    return found
+
+
+def consistency(dists: dict) -> dict:
+    """``pip check``: every problem as {distribution, version, requirement, kind, installed}."""
+    try:
+        Requirement, Version = _packaging()
+    except ImportError as exc:
+        return {"error": f"cannot parse requirements: neither pip nor packaging is importable ({exc})", "problems": []}
+    problems = []
+    for key, dist in sorted(dists.items()):
+        for text in dist.requires or []:
+            entry = {"distribution": key, "version": dist.version, "requirement": text, "installed": None}
+            try:
+                requirement = Requirement(text)
+            except Exception:
+                problems.append({**entry, "kind": "invalid"})
+                continue
+            if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
+                continue
+            target = dists.get(_normalize(requirement.name))
+            if target is None:
+                problems.append({**entry, "kind": "missing"})
+                continue
+            try:
+                met = requirement.specifier.contains(Version(target.version), prereleases=True)
+            except Exception:
+                met = False
+            if not met:
+                problems.append({**entry, "kind": "conflict", "installed": target.version})
+    return {"error": None, "problems": problems}
+
+
+def _origin(dist) -> str:
+    try:
+        data = json.loads(dist.read_text("direct_url.json") or "{}")
+    except (ValueError, OSError):
+        return ""
+    return str(data.get("url", "")) if isinstance(data, dict) else ""
+
+
+def source_distribution(entry: dict, dists: dict):
+    """The distribution the build installed from this source: by where it came from (an editable install
+    points at the source's directory; a built wheel at /tmp/envbuild-wheel-<name>/), else by name."""
+    editable = "file://" + entry["path"]
+    wheel = f"file:///tmp/envbuild-wheel-{entry['name']}/"
+    for dist in dists.values():
+        origin = _origin(dist)
+        if origin.rstrip("/") == editable or origin.startswith(wheel):
+            return dist
+    return dists.get(_normalize(entry.get("distribution") or entry["name"]))
+
+
+def top_level_names(dist, path: str) -> list:
+    """What a distribution installs at the top level: top_level.txt, else its RECORD, else the source
+    directory's packages."""
+    text = dist.read_text("top_level.txt") if dist is not None else None
+    names = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    if not names and dist is not None:
+        for file in dist.files or []:
+            parts = str(file).split("/")
+            if len(parts) == 1 and parts[0].endswith(".py"):
+                name = parts[0][:-3]
+            elif len(parts) > 1 and not parts[0].endswith((".dist-info", ".data", ".egg-info")):
+                name = parts[0]
+            else:
+                continue
+            if name.isidentifier() and name != "__pycache__" and not name.startswith("__editable__"):
+                names.append(name)
+    if not names:
+        for base in (path, os.path.join(path, "src")):
+            if os.path.isdir(base):
+                names += [
+                    name
+                    for name in sorted(os.listdir(base))
+                    if name.isidentifier()
+                    and name not in NOT_PACKAGES
+                    and os.path.isfile(os.path.join(base, name, "__init__.py"))
+                ]
+    return sorted(set(names))
+
+
+def import_module(name: str) -> dict:
+    """Import one module in a fresh interpreter; its last error line if it fails."""
+    import subprocess
+
+    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    code = f"import importlib; importlib.import_module({name!r})"
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code], cwd="/", env=env, capture_output=True, text=True, timeout=IMPORT_TIMEOUT
+        )
+    except subprocess.TimeoutExpired:
+        return {"module": name, "ok": False, "error": f"did not finish in {IMPORT_TIMEOUT} s"}
+    if done.returncode == 0:
+        return {"module": name, "ok": True, "error": None}
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    error = lines[-1][:500] if lines else f"exit status {done.returncode}"
+    return {"module": name, "ok": False, "error": error}
+
+
+def import_report(entry: dict, dists: dict) -> dict:
+    if entry.get("mode", "editable") == "none":
+        return {"distribution": None, "version": None, "imports": [], "skipped": []}
+    dist = source_distribution(entry, dists)
+    skipped = {skip["name"] for skip in entry.get("skip_imports", [])}
+    names = top_level_names(dist, entry["path"])
+    return {
+        "distribution": _normalize(dist.metadata["Name"]) if dist is not None else None,
+        "version": dist.version if dist is not None else None,
+        "imports": [import_module(name) for name in names if name not in skipped],
+        "skipped": [name for name in names if name in skipped],
+    }
+
+
 def main(argv: list[str]) -> int:
     manifest_path = argv[1] if len(argv) > 1 else DEFAULT_MANIFEST
     with open(manifest_path, encoding="utf-8") as handle:
         manifest = json.load(handle)
     found, where = distributions()
+    dists = installed_distributions()
     report = {
         "report_version": REPORT_VERSION,
         "manifest": manifest_path,
@@ -130,7 +281,8 @@ def main(argv: list[str]) -> int:
         "python": "%d.%d.%d" % sys.version_info[:3],
         "distributions": found,
         "locations": where,
-        "sources": {s["name"]: source_report(s) for s in manifest.get("sources", [])},
+        "sources": {s["name"]: {**source_report(s), **import_report(s, dists)} for s in manifest.get("sources", [])},
+        "consistency": consistency(dists),
     }
     json.dump(report, sys.stdout, indent=1, sort_keys=True)
     sys.stdout.write("\n")

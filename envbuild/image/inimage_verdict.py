@@ -2,7 +2,9 @@
 
 The engine runs :func:`inimage_command` in a container of the built (not yet tagged) image, with no
 network, and passes the JSON it prints to :func:`compare_inimage` with the context's manifest. Any
-mismatch fails the build.
+mismatch fails the build: a package or a source that is not what the lock pins, a requirement of an
+installed distribution that the environment does not meet (minus what the requiring source waives, by
+name), or a source's top-level package that does not import (minus what the lock skips, by name).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
@@ -84,4 +87,55 @@ def compare_inimage(report: dict | str, manifest: dict) -> list[str]:
                 f"source {name}: the installed files have tree {seen.get('tree')}, "
                 f"commit {source['commit']} has tree {source['tree']} (a file was changed at build time)"
             )
+    return problems + environment_problems(report, manifest)
+
+
+def environment_problems(report: dict, manifest: dict) -> list[str]:
+    """What ``pip check`` found that no source waives, and every source import that failed: each names
+    the distribution, the requirement and, where one installed it, the source."""
+    problems: list[str] = []
+    sources = [s for s in manifest.get("sources", []) if s.get("mode") != "none"]
+    seen = report.get("sources", {})
+    owner: dict[str, dict] = {}
+    for source in sources:
+        found = seen.get(source["name"], {}).get("distribution") or source.get("distribution") or source["name"]
+        owner[canonicalize_name(found)] = source
+    consistency = report.get("consistency") or {}
+    if consistency.get("error"):
+        problems.append(f"the in-image consistency check could not run: {consistency['error']}")
+    for problem in consistency.get("problems", []):
+        source = owner.get(canonicalize_name(problem["distribution"]))
+        text = problem["requirement"]
+        try:
+            parsed = Requirement(text)
+            name, text = (
+                parsed.name,
+                str(parsed),
+            )  # `tinythree (>=1)`, as older setuptools writes it, reads tinythree>=1
+        except InvalidRequirement:
+            name = text
+        waived = {canonicalize_name(w["name"]) for w in (source or {}).get("waive", [])}
+        if canonicalize_name(name) in waived:
+            continue
+        who = f"{problem['distribution']} {problem['version']}"
+        who = f"source {source['name']} ({who})" if source else who
+        if problem["kind"] == "missing":
+            problems.append(f"{who} requires {text}, which is not installed")
+        elif problem["kind"] == "conflict":
+            problems.append(f"{who} requires {text}, but {canonicalize_name(name)} {problem['installed']} is installed")
+        else:
+            problems.append(f"{who} declares {text!r}, which is not a PEP 508 requirement")
+    for source in sources:
+        found = seen.get(source["name"], {})
+        if found.get("distribution") is None:
+            problems.append(
+                f"source {source['name']}: no installed distribution came from {source['path']} "
+                f"(installed {source.get('mode')}, expected {source.get('distribution') or source['name']})"
+            )
+            continue
+        if not found.get("imports") and not found.get("skipped"):
+            problems.append(f"source {source['name']}: {found['distribution']} installs no top-level package to import")
+        for attempt in found.get("imports", []):
+            if not attempt.get("ok"):
+                problems.append(f"source {source['name']}: import {attempt['module']} failed: {attempt['error']}")
     return problems

@@ -16,7 +16,7 @@ from packaging.utils import canonicalize_name
 from envbuild.errors import InputError
 from envbuild.lock.model import Lock, Package, PackageFile, Source
 
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
 IMAGE_ROOT = "/opt/envbuild"
 IMAGE_SRC = f"{IMAGE_ROOT}/src"
 IMAGE_META = f"{IMAGE_ROOT}/meta"
@@ -48,6 +48,9 @@ class SourcePlan:
     context_path: str  # src/<name>
     image_path: str  # /opt/envbuild/src/<name>
     source: Source  # what export_source is called with
+    distribution: str = ""  # what it installs as (the in-image check finds it by its origin, else by this)
+    waive: tuple[tuple[str, str], ...] = ()  # (requirement name, reason): the in-image check forgives these
+    skip_imports: tuple[tuple[str, str], ...] = ()  # (module, reason): not imported in the image
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -60,6 +63,9 @@ class SourcePlan:
             "install": self.mode,
             "env": dict(self.env),
             "path": self.image_path,
+            "distribution": self.distribution,
+            "waive": [{"name": n, "reason": r} for n, r in self.waive],
+            "skip_imports": [{"name": n, "reason": r} for n, r in self.skip_imports],
         }
 
 
@@ -159,6 +165,9 @@ def plan_context(
             context_path=f"src/{s.name}",
             image_path=f"{IMAGE_SRC}/{s.name}",
             source=s,
+            distribution=s.distribution,
+            waive=tuple((w.name, w.reason) for w in s.waive),
+            skip_imports=tuple((i.name, i.reason) for i in s.skip_imports),
         )
         for s in layer_order(lock.sources)
     )

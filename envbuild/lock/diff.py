@@ -32,8 +32,17 @@ class Change:
         return data
 
 
+# Source fields that are lists: written one item per line, shown as the items added and removed.
+LIST_FIELDS = ("requires_files", "build_requires", "requires", "waive", "skip_imports")
+
+
+def _lines(items: tuple[str, ...] | None) -> str:
+    return "(not read)" if items is None else "\n".join(items)
+
+
 def _source_fields(source: Source) -> dict[str, str]:
     install = source.install
+    provides = source.provides
     return {
         "repo": source.repo,
         "ref": source.ref,
@@ -43,6 +52,13 @@ def _source_fields(source: Source) -> dict[str, str]:
         "install": ""
         if install is None
         else f"{install.mode} {' '.join(f'{k}={v}' for k, v in sorted(install.env.items()))}".strip(),
+        "provides": "" if provides is None else f"{provides.name} {provides.version or ''}".strip(),
+        "requires_files": _lines(source.requires_files),
+        "build_requires": _lines(source.build_requires),
+        "requires": _lines(source.requires),
+        "requires_unknown": source.requires_unknown or "",
+        "waive": _lines(tuple(f"{w.name}: {w.reason}" for w in source.waive)),
+        "skip_imports": _lines(tuple(f"{i.name}: {i.reason}" for i in source.skip_imports)),
     }
 
 
@@ -137,6 +153,11 @@ def render_changes(changes: list[Change]) -> str:
                 suffix = f" ({change.commits} commit{'s' if change.commits != 1 else ''})"
             if field == "files":
                 lines.append("    files changed")
+                continue
+            if field in LIST_FIELDS:
+                before, after = old.split("\n") if old else [], new.split("\n") if new else []
+                lines += [f"    {field}: - {item}" for item in before if item not in after]
+                lines += [f"    {field}: + {item}" for item in after if item not in before]
                 continue
             lines.append(f"    {field}: {old or '(none)'} -> {new or '(none)'}{suffix}")
     return "\n".join(lines) + "\n"

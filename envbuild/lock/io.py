@@ -104,6 +104,22 @@ def _cross_checks(lock: Lock, root: yaml.Node, file: str) -> list[Problem]:
                 )
             )
         seen.setdefault(source.name, i)
+        for key in ("waive", "skip_imports"):
+            first: dict[str, int] = {}
+            for j, entry in enumerate(getattr(source, key)):
+                if entry is None:
+                    continue
+                name = canonicalize_name(entry.name) if key == "waive" else entry.name
+                if name in first:
+                    problems.append(
+                        Problem(
+                            file,
+                            _line_of(root, "sources", i, key, j, "name"),
+                            f"sources[{i}].{key}[{j}].name",
+                            f"duplicate {entry.name!r} (first at {key}[{first[name]}])",
+                        )
+                    )
+                first.setdefault(name, j)
     seen = {}
     for i, package in enumerate(lock.packages):
         if package is None:
@@ -213,6 +229,12 @@ def dump_lock(lock: Lock) -> str:
     for package in data.get("packages", []):
         if "files" in package:
             package["files"] = [_FlowMap(f) for f in package["files"]]
+    for source in data.get("sources", []):
+        if "provides" in source:
+            source["provides"] = _FlowMap(source["provides"])
+        for key in ("waive", "skip_imports"):
+            if key in source:
+                source[key] = [_FlowMap(entry) for entry in source[key]]
     body = yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=4096, allow_unicode=True)
     return HEADER + body
 

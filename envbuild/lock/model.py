@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from envbuild import reference
@@ -40,6 +41,11 @@ MAX_EPOCH = 8**11 - 1  # 2242-03-16T12:56:31Z
 # Source names, refs and file names become file names (in the cache, the build context, .git/refs):
 # one path component, which no common filesystem allows longer than this.
 NAME_MAX = 255
+# A requirement read from a source's tree, a path in it, a reason: generous, but bounded.
+REQUIREMENT_MAX = 1000
+PATH_MAX = 4096
+REASON_MAX = 500
+MODULE_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 
 _SAFE = "a safe name: lowercase letters, digits, '.', '_', '-', starting with a letter or digit"
 _SHA = "40 lowercase hex characters (a full SHA; short SHAs are not allowed)"
@@ -66,6 +72,33 @@ def check_requirement(value: str) -> str | None:
             f"{requirement.name}: a direct URL reference (name @ URL) is not allowed; the package closure is "
             "resolved from the index, so name a version (name==1.0) and give its index in `index`"
         )
+    return None
+
+
+def check_source_requirement(value: str) -> str | None:
+    """A requirement a source declares, as read from its tree: PEP 508, by name (never a URL)."""
+    if len(value) > REQUIREMENT_MAX:
+        return f"{len(value)} characters long, at most {REQUIREMENT_MAX} allowed"
+    return check_requirement(value)
+
+
+def check_tree_path(value: str) -> str | None:
+    """A file inside a source's tree: relative, '/'-separated, never leaving the tree."""
+    if len(value) > PATH_MAX:
+        return f"{len(value)} characters long, at most {PATH_MAX} allowed"
+    parts = value.split("/")
+    if value.startswith("/") or "\\" in value or any(p in ("", ".", "..") for p in parts):
+        return f"{shown(value)} is not a relative path inside the source's tree (no leading '/', '.', '..' or '//')"
+    if not value.isprintable():
+        return f"{shown(value)} holds control characters"
+    return None
+
+
+def check_reason(value: str) -> str | None:
+    if not value.strip():
+        return "a reason is required: say why the lock accepts this"
+    if not value.isprintable():
+        return "must be one line of printable text"
     return None
 
 
@@ -128,6 +161,31 @@ class Install:
 
 
 @dataclass(frozen=True)
+class Provides:
+    """The distribution a source installs as (``[project].name``), and its version when declared statically."""
+
+    name: str = field(metadata=meta(pattern=PACKAGE_NAME, max_length=NAME_MAX, expect="a Python distribution name"))
+    version: str | None = mfield(None, check=check_version, description="absent when the version is dynamic")
+
+
+@dataclass(frozen=True)
+class Waiver:
+    """A requirement of a source the lock leaves to others, by name and with the reason: checked and
+    reported as waived, never resolved, never silently dropped."""
+
+    name: str = field(metadata=meta(pattern=PACKAGE_NAME, max_length=NAME_MAX, expect="a Python distribution name"))
+    reason: str = field(metadata=meta(check=check_reason, max_length=REASON_MAX, description="why the lock accepts it"))
+
+
+@dataclass(frozen=True)
+class SkippedImport:
+    """A top-level module of a source the in-image check does not import (it needs an NPU driver, say), and why."""
+
+    name: str = field(metadata=meta(pattern=MODULE_NAME, max_length=NAME_MAX, expect="a top-level Python module name"))
+    reason: str = field(metadata=meta(check=check_reason, max_length=REASON_MAX, description="why it is not imported"))
+
+
+@dataclass(frozen=True)
 class Source:
     """One git repository pinned to a commit, with the ref it is supposed to be on."""
 
@@ -147,6 +205,48 @@ class Source:
     commit: str = field(metadata=meta(pattern=HEX40, expect=_SHA, description="full 40-hex commit SHA"))
     tree: str | None = mfield(None, pattern=HEX40, expect=_SHA, description="git tree SHA of the commit: a content pin")
     install: Install | None = None
+    provides: Provides | None = mfield(
+        None, description="the distribution it installs as; written by `lock update`; default: the source's name"
+    )
+    requires_files: tuple[str, ...] = mfield(
+        (),
+        item_check=check_tree_path,
+        description="requirement files in the tree that its packaging reads (dynamic dependencies), read by `lock update`",
+    )
+    build_requires: tuple[str, ...] | None = mfield(
+        None,
+        item_check=check_source_requirement,
+        description="[build-system].requires of the pinned tree; absent: not read",
+    )
+    requires: tuple[str, ...] | None = mfield(
+        None,
+        item_check=check_source_requirement,
+        description="runtime requirements of the pinned tree (extras as `extra == ...` markers); absent: not read",
+    )
+    requires_unknown: str | None = mfield(
+        None,
+        max_length=REASON_MAX,
+        check=check_reason,
+        description="why `lock update` could not read what is absent above",
+    )
+    waive: tuple[Waiver, ...] = mfield((), description="requirements of this source the lock accepts unmet, by name")
+    skip_imports: tuple[SkippedImport, ...] = mfield(
+        (), description="top-level modules the in-image check does not import, with the reason"
+    )
+
+    @property
+    def distribution(self) -> str:
+        """The distribution name other requirements find this source by."""
+        return self.provides.name if self.provides is not None else self.name
+
+    def waiver(self, name: str) -> Waiver | None:
+        key = canonicalize_name(name)
+        return next((w for w in self.waive if canonicalize_name(w.name) == key), None)
+
+    @property
+    def installed(self) -> bool:
+        """Whether the build installs it (``install: none`` only copies its files)."""
+        return self.install is None or self.install.mode != "none"
 
 
 @dataclass(frozen=True)

@@ -58,14 +58,29 @@ def make_wheel(
     return path
 
 
-def make_sdist(directory: Path, name: str, version: str) -> Path:
-    """A minimal sdist (PKG-INFO and pyproject.toml) with fixed mtimes, so its sha256 is stable."""
+def make_sdist(
+    directory: Path,
+    name: str,
+    version: str,
+    *,
+    metadata_version: str = "2.1",
+    requires: Iterable[str] = (),
+    egg_info_requires: str | None = None,
+) -> Path:
+    """A minimal sdist (PKG-INFO and pyproject.toml) with fixed mtimes, so its sha256 is stable.
+    ``requires`` go into PKG-INFO as Requires-Dist; ``egg_info_requires`` is the text of a setuptools
+    ``<name>.egg-info/requires.txt`` (an egg-info directory is written only when it is given)."""
     dist = canonicalize_name(name).replace("-", "_")
     root = f"{dist}-{version}"
+    pkg_info = f"Metadata-Version: {metadata_version}\nName: {name}\nVersion: {version}\n"
+    pkg_info += "".join(f"Requires-Dist: {r}\n" for r in requires)
     members = {
-        f"{root}/PKG-INFO": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{root}/PKG-INFO": pkg_info.encode(),
         f"{root}/pyproject.toml": f'[project]\nname = "{name}"\nversion = "{version}"\n'.encode(),
     }
+    if egg_info_requires is not None:
+        members[f"{root}/{dist}.egg-info/PKG-INFO"] = pkg_info.encode()
+        members[f"{root}/{dist}.egg-info/requires.txt"] = egg_info_requires.encode()
     path = directory / f"{root}.tar.gz"
     with tarfile.open(path, "w:gz", format=tarfile.PAX_FORMAT) as tar:
         for arcname, data in members.items():
@@ -101,15 +116,28 @@ def _project_of(filename: str) -> str:
     return parse_sdist_filename(filename)[0]
 
 
+def wheel_metadata(path: Path) -> bytes:
+    """The ``*.dist-info/METADATA`` of a wheel, as an index serving PEP 658 metadata serves it."""
+    with zipfile.ZipFile(path) as wheel:
+        [name] = [n for n in wheel.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
+        return wheel.read(name)
+
+
 class PyIndex:
     """Serves ``root``'s distributions at ``<url>/<project>/`` (JSON or HTML) and ``/files/<name>``.
 
-    Use as a context manager; ``url`` is the index URL to put in a lock.
+    Files are served with HTTP range requests (``ranges``, as a real file host does: ``ranges`` records
+    each one asked) and, with ``metadata``, each wheel's core metadata at ``/files/<name>.metadata``,
+    announced on the project page (PEP 658/714). Use as a context manager; ``url`` is the index URL to
+    put in a lock.
     """
 
-    def __init__(self, root: Path, *, html_only: bool = False) -> None:
+    def __init__(self, root: Path, *, html_only: bool = False, ranges: bool = True, metadata: bool = False) -> None:
         self.root = root
         self.html_only = html_only
+        self.serve_ranges = ranges
+        self.serve_metadata = metadata
+        self.ranges: list[tuple[str, str]] = []  # (file name, Range header) of every range request
         self.yanked: dict[str, str | bool] = {}
         self.hashes: dict[str, str] = {}
         self.hidden: set[str] = set()
@@ -157,15 +185,16 @@ class PyIndex:
                 continue
             if _project_of(path.name) != canonicalize_name(project):
                 continue
-            out.append(
-                {
-                    "filename": path.name,
-                    "url": self.urls.get(path.name, f"/files/{path.name}"),
-                    "hashes": {"sha256": self.hashes.get(path.name, self.sha256(path.name))},
-                    "yanked": self.yanked.get(path.name, False),
-                    "size": self.sizes.get(path.name, path.stat().st_size),
-                }
-            )
+            entry: dict[str, Any] = {
+                "filename": path.name,
+                "url": self.urls.get(path.name, f"/files/{path.name}"),
+                "hashes": {"sha256": self.hashes.get(path.name, self.sha256(path.name))},
+                "yanked": self.yanked.get(path.name, False),
+                "size": self.sizes.get(path.name, path.stat().st_size),
+            }
+            if self.serve_metadata and path.name.endswith(".whl"):
+                entry["core-metadata"] = {"sha256": hashlib.sha256(wheel_metadata(path)).hexdigest()}
+            out.append(entry)
         return out
 
     def page(self, project: str, as_json: bool) -> tuple[int, str, bytes]:
@@ -182,6 +211,8 @@ class PyIndex:
             del f["size"]  # HTML pages state no sizes
             yanked = f["yanked"]
             attr = "" if yanked is False else f' data-yanked="{"" if yanked is True else yanked}"'
+            if "core-metadata" in f:
+                attr += f' data-core-metadata="sha256={f["core-metadata"]["sha256"]}"'
             links.append(f'<a href="{f["url"]}#sha256={f["hashes"]["sha256"]}"{attr}>{f["filename"]}</a><br/>')
         html = "<!DOCTYPE html><html><body>" + "\n".join(links) + "</body></html>"
         return 200, "text/html", html.encode()
@@ -207,18 +238,40 @@ class PyIndex:
                     self._send_route(route)
                     return
                 parts = [p for p in self.path.split("?")[0].split("/") if p]
-                if len(parts) == 2 and parts[0] == "files" and (index.root / parts[1]).is_file():
-                    self._send(200, "application/octet-stream", (index.root / parts[1]).read_bytes())
+                if (
+                    index.serve_metadata
+                    and len(parts) == 2
+                    and parts[0] == "files"
+                    and parts[1].endswith(".whl.metadata")
+                    and (index.root / parts[1][: -len(".metadata")]).is_file()
+                ):
+                    self._send(
+                        200, "application/octet-stream", wheel_metadata(index.root / parts[1][: -len(".metadata")])
+                    )
+                elif len(parts) == 2 and parts[0] == "files" and (index.root / parts[1]).is_file():
+                    data = (index.root / parts[1]).read_bytes()
+                    wanted = self.headers.get("Range")
+                    if index.serve_ranges and wanted and (span := _span(wanted, len(data))) is not None:
+                        index.ranges.append((parts[1], wanted))
+                        start, end = span
+                        extra = {"Content-Range": f"bytes {start}-{end - 1}/{len(data)}"}
+                        self._send(206, "application/octet-stream", data[start:end], extra)
+                    else:
+                        self._send(200, "application/octet-stream", data)
                 elif len(parts) == 2 and parts[0] == "simple":
                     as_json = JSON_TYPE in self.headers.get("Accept", "") and not index.html_only
                     self._send(*index.page(parts[1], as_json))
                 else:
                     self._send(404, "text/plain", b"not found")
 
-            def _send(self, status: int, content_type: str, body: bytes) -> None:
+            def _send(self, status: int, content_type: str, body: bytes, extra: dict[str, str] | None = None) -> None:
                 self.send_response(status)
                 self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(body)))
+                if index.serve_ranges:
+                    self.send_header("Accept-Ranges", "bytes")
+                for key, value in (extra or {}).items():
+                    self.send_header(key, value)
                 self.end_headers()
                 if not getattr(self, "_head_only", False):
                     self.wfile.write(body)
@@ -247,6 +300,18 @@ class PyIndex:
         assert self._server is not None
         self._server.shutdown()
         self._server.server_close()
+
+
+def _span(header: str, size: int) -> tuple[int, int] | None:
+    """[start, end) of a single ``bytes=a-b`` or ``bytes=-n`` range, or None (then the whole file is sent)."""
+    if not header.startswith("bytes=") or "," in header:
+        return None
+    first, _, last = header[len("bytes=") :].partition("-")
+    if not first:
+        return (max(0, size - int(last)), size) if last.isdigit() else None
+    if not first.isdigit() or (last and not last.isdigit()) or int(first) >= size:
+        return None
+    return int(first), min(size, int(last) + 1 if last else size)
 
 
 def write_file_index(root: Path, dists: Path) -> str:

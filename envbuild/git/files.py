@@ -1,0 +1,114 @@
+"""Read a few files of a pinned commit through the verify cache, fetching only what is read.
+
+The verify cache holds commits only (``--filter=tree:0``). Reading ``pyproject.toml`` of a pinned commit
+fetches the commit's root tree (one object) and then the file's blob (one object); a file deeper down
+costs one tree object per directory on its path. Objects are asked for by ID (protocol v2 serves a want
+by ID, as a lazy fetch from a promisor remote does), all the paths of one call at once, one fetch per
+directory depth, under the repository's lock (:meth:`GitCache.fetch_objects`). Nothing else of the tree
+is fetched: reading two files of a repository whose blobs weigh gigabytes moves kilobytes, and a server
+that lost some large blobs (a partial snapshot) still answers for the files that are there.
+
+Reads never fetch behind our back: what the cache holds is found by walking the trees it holds
+(``rev-list --missing=print``, which never fetches), and what it lacks is fetched explicitly, with the
+real URL given to that one command.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from envbuild.git.cache import GitCache
+from envbuild.git.remote import GitError, TreeEntry
+
+MAX_FILE = 1 << 20  # a pyproject.toml or a requirements file; anything larger is not one
+READ_NS = "refs/envbuild/read/"
+
+
+@dataclass(frozen=True)
+class TreeFile:
+    """One path of the pinned tree: its bytes, or why there are none (``absent``, ``a symbolic link``…)."""
+
+    path: str
+    data: bytes | None
+    problem: str | None = None
+
+
+class PinnedTree:
+    """The files of ``commit`` of the repository at ``url`` (already mirror-rewritten), read through ``cache``.
+
+    ``refspec`` is fetched when the server will not send the commit by ID (it names the ref the commit is
+    pinned on, as verify fetches it)."""
+
+    def __init__(
+        self, cache: GitCache, url: str, commit: str, *, refspec: str | None = None, max_size: int = MAX_FILE
+    ) -> None:
+        self.cache, self.url, self.commit, self.refspec, self.max_size = cache, url, commit, refspec, max_size
+        self._root: str | None = None
+        self._listed: dict[str, list[TreeEntry]] = {}
+
+    def root(self) -> str:
+        """The commit's tree, fetching the commit (commits only) when the cache lacks it."""
+        if self._root is None:
+            trees = self.cache.commit_trees(self.url, [self.commit])
+            if self.commit not in trees:
+                try:
+                    self.cache.fetch(self.url, [f"+{self.commit}:{READ_NS}{self.commit}"], wanted=[self.commit])
+                except GitError:
+                    if self.refspec is None:
+                        raise
+                    self.cache.fetch(self.url, [self.refspec], wanted=[self.commit])
+                trees = self.cache.commit_trees(self.url, [self.commit])
+            if self.commit not in trees:
+                where = f" (neither by ID nor with {self.refspec.split(':')[0].lstrip('+')})" if self.refspec else ""
+                raise GitError("fetch", f"the upstream repository does not hold commit {self.commit}{where}")
+            self._root = trees[self.commit]
+        return self._root
+
+    def read(self, paths: Sequence[str]) -> dict[str, TreeFile]:
+        """Each of ``paths`` ('/'-separated, relative to the tree's root) with its bytes or its problem."""
+        results: dict[str, TreeFile] = {}
+        blobs: dict[str, str] = {}
+        frontier = {path: (self.root(), path.split("/")) for path in dict.fromkeys(paths)}
+        while frontier:
+            self._list(tree for tree, _ in frontier.values())
+            deeper: dict[str, tuple[str, list[str]]] = {}
+            for path, (tree, parts) in frontier.items():
+                entry = next((e for e in self._listed[tree] if e.name == parts[0]), None)
+                if entry is None or (len(parts) > 1 and entry.kind != "tree"):
+                    results[path] = TreeFile(path, None, "absent")
+                elif len(parts) > 1:
+                    deeper[path] = (entry.oid, parts[1:])
+                elif entry.kind == "tree":
+                    results[path] = TreeFile(path, None, "a directory")
+                elif entry.kind != "blob":
+                    results[path] = TreeFile(path, None, "a submodule")
+                elif entry.mode == "120000":
+                    results[path] = TreeFile(path, None, "a symbolic link")
+                else:
+                    blobs[path] = entry.oid
+            frontier = deeper
+        self._ensure(blobs.values())
+        sizes = self.cache.object_sizes(self.url, blobs.values())
+        for path, oid in blobs.items():
+            size = sizes[oid]
+            if size > self.max_size:
+                results[path] = TreeFile(path, None, f"{size} bytes, more than the {self.max_size} read")
+            else:
+                results[path] = TreeFile(path, self.cache.read_blob(self.url, oid))
+        return {path: results[path] for path in dict.fromkeys(paths)}
+
+    def _list(self, trees: Iterable[str]) -> None:
+        wanted = set(trees) - self._listed.keys()
+        self._ensure(wanted)
+        for tree in sorted(wanted):
+            self._listed[tree] = self.cache.ls_tree(self.url, tree)
+
+    def _ensure(self, oids: Iterable[str]) -> None:
+        oids = set(oids)
+        if not oids or oids <= self.cache.present_objects(self.url, self.commit):
+            return
+        self.cache.fetch_objects(self.url, self.commit, oids)
+        missing = oids - self.cache.present_objects(self.url, self.commit)
+        if missing:
+            raise GitError("fetch", f"{self.url} did not send object {sorted(missing)[0]} of commit {self.commit}")
