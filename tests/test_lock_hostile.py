@@ -10,7 +10,6 @@ from __future__ import annotations
 import resource
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -18,19 +17,9 @@ import pytest
 from envbuild.cli import main
 from envbuild.lock.model import MAX_EPOCH
 from envbuild.lock.yamlfile import MAX_BYTES, MAX_DEPTH
+from tests.lib.tinylock import MINIMAL_LOCK as LOCK
 
 REPO = Path(__file__).resolve().parents[1]
-SHA = "ba7b5ebce12af60627a80985792a1449ce45f46c"
-LOCK = textwrap.dedent(f"""\
-    version: 1
-    name: tiny
-    sources:
-      - name: lib
-        repo: https://example.org/lib.git
-        ref: main
-        ref_type: branch
-        commit: {SHA}
-    """)
 WHEEL = '{filename: x-1.0-py3-none-any.whl, sha256: "' + "a" * 64 + '"}'
 
 

@@ -13,20 +13,11 @@ import yaml
 from envbuild.errors import LockfileError
 from envbuild.lock import dump_lock, parse_lock, read_lock, write_lock
 from envbuild.lock.schema import SCHEMA_PATH, lock_schema, schema_text
+from tests.lib.tinylock import MINIMAL_LOCK as MINIMAL
+from tests.lib.tinylock import MINIMAL_SHA as SHA
 
 REPO = Path(__file__).resolve().parents[1]
 REAL_LOCK = REPO / "lockfiles" / "glm5_2-ascend.lock.yaml"
-SHA = "ba7b5ebce12af60627a80985792a1449ce45f46c"
-MINIMAL = textwrap.dedent(f"""\
-    version: 1
-    name: tiny
-    sources:
-      - name: lib
-        repo: https://example.org/lib.git
-        ref: main
-        ref_type: branch
-        commit: {SHA}
-    """)
 
 
 def problems(text: str) -> list[str]:

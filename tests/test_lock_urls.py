@@ -5,7 +5,6 @@ output. Also the URL rules themselves and the one redaction every refusal goes t
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -16,19 +15,10 @@ from envbuild.lock.model import Source
 from envbuild.lock.urls import check_index_url, check_repo_url, redact_url, redact_urls
 from envbuild.mirrors import Mirrors
 from envbuild.sources import check_inputs
+from tests.lib.tinylock import MINIMAL_LOCK as LOCK
+from tests.lib.tinylock import MINIMAL_SHA as SHA
 
 SECRET = "ghp_S3cretT0kenValue"
-SHA = "ba7b5ebce12af60627a80985792a1449ce45f46c"
-LOCK = textwrap.dedent(f"""\
-    version: 1
-    name: tiny
-    sources:
-      - name: lib
-        repo: https://example.org/lib.git
-        ref: main
-        ref_type: branch
-        commit: {SHA}
-    """)
 # Where a token hides in a URL: GitHub's token-as-user form, a password, an encoded ':', a '/' that ends
 # the authority early (the rest of the password would follow it), and ssh's user part.
 HTTPS_SECRETS = [

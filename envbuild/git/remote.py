@@ -203,21 +203,8 @@ class GitRunner:
         the server ignored the filter and sent a full pack (git falls back by itself and says so on
         stderr). ``hold``: the cache lock's descriptor, which git and its helpers keep while alive."""
         self._observe("fetch", url)
-        args = [
-            "fetch",
-            f"--filter={FILTER}",
-            "--no-tags",
-            "--no-write-fetch-head",
-            "--no-auto-gc",
-            "--no-recurse-submodules",
-            "--quiet",
-            *(["--prune"] if prune else []),
-            "origin",
-            "--",
-            *refspecs,
-        ]
         _, err = self.run_full(
-            args,
+            _filtered_fetch(*(["--prune"] if prune else []), "origin", "--", *refspecs),
             repo=repo,
             config={**_real_url(url), **FSCK_CONFIG},
             timeout=self.network_timeout,
@@ -232,18 +219,7 @@ class GitRunner:
         sent whatever the filter; ``tree:0`` keeps out everything else. The noop negotiation sends no haves:
         a want by ID has no history to negotiate."""
         self._observe("fetch", url)
-        args = [
-            "fetch",
-            f"--filter={FILTER}",
-            "--no-tags",
-            "--no-write-fetch-head",
-            "--no-auto-gc",
-            "--no-recurse-submodules",
-            "--quiet",
-            "origin",
-            "--",
-            *sorted(set(oids)),
-        ]
+        args = _filtered_fetch("origin", "--", *sorted(set(oids)))
         config = {**_real_url(url), **FSCK_CONFIG, "fetch.negotiationAlgorithm": "noop"}
         self.run(args, repo=repo, config=config, timeout=self.network_timeout, network=True, hold=hold)
 
@@ -343,6 +319,21 @@ class GitRunner:
 
     def count_range(self, repo: Path, old: str, new: str) -> int:
         return int(self.run(["rev-list", "--missing=allow-any", "--count", f"{old}..{new}", "--"], repo=repo))
+
+
+def _filtered_fetch(*rest: str) -> list[str]:
+    """``git fetch`` into a cache repository: commits only (``tree:0``), nothing it was not asked for
+    (no tags, no FETCH_HEAD, no gc, no submodules), quietly; ``rest`` is the remote and what to fetch."""
+    return [
+        "fetch",
+        f"--filter={FILTER}",
+        "--no-tags",
+        "--no-write-fetch-head",
+        "--no-auto-gc",
+        "--no-recurse-submodules",
+        "--quiet",
+        *rest,
+    ]
 
 
 def _real_url(url: str) -> dict[str, str]:

@@ -33,3 +33,17 @@ LOCK_TEXT = textwrap.dedent(f"""\
 
 def tiny_lock(**changes: object) -> Lock:
     return dataclasses.replace(parse_lock(LOCK_TEXT, "tiny.lock.yaml"), **changes)
+
+
+# The smallest valid lock: one source, nothing else (for model and hostile-input tests to start from).
+MINIMAL_SHA = "ba7b5ebce12af60627a80985792a1449ce45f46c"
+MINIMAL_LOCK = textwrap.dedent(f"""\
+    version: 1
+    name: tiny
+    sources:
+      - name: lib
+        repo: https://example.org/lib.git
+        ref: main
+        ref_type: branch
+        commit: {MINIMAL_SHA}
+    """)
