@@ -1,10 +1,15 @@
 """The only module that talks to the container engine: the docker SDK against ``DOCKER_HOST``.
 
 Builds use the legacy builder (what the SDK's build endpoint runs), with no network for ``RUN``
-steps and without a final tag; the stream is turned into one progress line per step, and a failed
-step raises :class:`EngineError` with that step's instruction and the tail of its log. Every failure
-of the engine or of the connection to it becomes a one-line :class:`EngineError`; registry
-credentials come from the docker config (the SDK reads it) and are never printed.
+steps; the stream is turned into one progress line per step, and a failed step raises
+:class:`EngineError` with that step's instruction and the tail of its log. The build context is
+streamed to the engine as it is read (a directory, or a :class:`ContextStream` of tar chunks): the SDK
+would first copy a directory into a temporary tar file, a second copy of every package file.
+
+Long transfers say how far they are, one line at most every few seconds and one at the end: the
+context sent, a ``docker save`` read, a ``docker load`` sent, each layer of a push. Every failure of the
+engine or of the connection to it becomes a one-line :class:`EngineError`; registry credentials come
+from the docker config (the SDK reads it) and are never printed.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import os
 import re
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +30,7 @@ import requests
 
 from envbuild.errors import EngineError
 from envbuild.progress import Progress
+from envbuild.transfer import ContextStream, Meter, PushProgress, directory_context
 
 TIMEOUT = 3600  # seconds for one API call: a build step or a save of a multi-GB image
 LOG_TAIL = 20
@@ -33,6 +39,16 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # The builder's own chatter, not the step's output.
 _NOISE = re.compile(r"^(---> |Removing intermediate container |Successfully )")
 _CHUNK = 1 << 20
+STEP_HEARTBEAT = 30.0  # seconds a build step runs before its progress says so (on its next output)
+
+
+def _chunks_of(archive: Path | Iterable[bytes]) -> Iterator[bytes]:
+    if not isinstance(archive, Path):
+        yield from archive
+        return
+    with open(archive, "rb") as data:
+        while chunk := data.read(_CHUNK):
+            yield chunk
 
 
 @dataclass(frozen=True)
@@ -125,14 +141,25 @@ class Engine:
 
     # -- build --------------------------------------------------------------------------------
 
-    def build(self, context: Path, *, nocache: bool = False, progress: Progress | None = None) -> BuildOutcome:
-        """Build ``context/Dockerfile`` with the legacy builder; no tag, no network for RUN steps."""
+    def build(
+        self,
+        context: Path | ContextStream,
+        *,
+        nocache: bool = False,
+        progress: Progress | None = None,
+        tag: str | None = None,
+        what: str = "the build context",
+    ) -> BuildOutcome:
+        """Build the context's ``Dockerfile`` with the legacy builder, no network for RUN steps; ``tag``
+        is set by the engine when the build succeeds (and only then)."""
         say = progress or (lambda message: None)
         steps: list[BuildStep] = []
         current: dict[str, Any] | None = None
         log: deque[str] = deque(maxlen=LOG_TAIL)
         image_id: str | None = None
         short_id: str | None = None
+        stream_context = directory_context(context) if isinstance(context, Path) else context
+        meter = Meter(say, f"sent {what}", stream_context.payload)
 
         def finish(now: float) -> None:
             if current is not None:
@@ -148,7 +175,15 @@ class Engine:
 
         with _engine_errors("build"):
             stream = self.api.build(
-                path=str(context), rm=True, forcerm=True, nocache=nocache, pull=False, network_mode="none", decode=True
+                fileobj=meter.wrap(stream_context.chunks()),
+                custom_context=True,
+                tag=tag,
+                rm=True,
+                forcerm=True,
+                nocache=nocache,
+                pull=False,
+                network_mode="none",
+                decode=True,
             )
             try:
                 for event in stream:
@@ -176,6 +211,7 @@ class Engine:
                                 "start": now,
                             }
                             log.clear()
+                            current["said"] = now
                             say(f"step {match[1]}/{match[2]}: {match[3][:100]}")
                         elif line.strip() == "---> Using cache" and current is not None:
                             current["cached"] = True
@@ -183,6 +219,13 @@ class Engine:
                             short_id = line.split()[-1]
                         elif line.strip() and not _NOISE.match(line.strip()):
                             log.append(line.rstrip())
+                            if current is not None and time.monotonic() - current["said"] >= STEP_HEARTBEAT:
+                                # A long RUN (installing GBs of packages) says it is alive, with its last line.
+                                current["said"] = now = time.monotonic()
+                                say(
+                                    f"step {current['number']}/{current['total']}: running for "
+                                    f"{now - current['start']:.0f} s: {line.strip()[:80]}"
+                                )
             finally:
                 close = getattr(stream, "close", None)
                 if close is not None:
@@ -210,20 +253,47 @@ class Engine:
         with _engine_errors(f"history of {ref}"):
             return len(self.api.history(ref))
 
-    def save(self, ref: str, dest: Path) -> None:
-        with _engine_errors(f"save {ref}"), open(dest, "wb") as out:
-            for chunk in self.api.get_image(ref, chunk_size=_CHUNK):
+    def history(self, ref: str) -> list[dict[str, Any]]:
+        """The image's history as the engine reports it: newest entry first, each with the ``Id`` of
+        the image that made it when the engine still has that image (else ``<missing>``)."""
+        with _engine_errors(f"history of {ref}"):
+            return list(self.api.history(ref))
+
+    def images(self, *, name: str | None = None, filters: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """The engine's images (leaves only, as ``docker images`` lists them), by repository or filters."""
+        with _engine_errors("list images"):
+            return list(self.api.images(name=name, filters=filters))
+
+    def disk_usage(self) -> dict[str, Any]:
+        """``docker system df``: the engine's layers' size, images and build cache."""
+        with _engine_errors("disk usage"):
+            return dict(self.api.df())
+
+    def save_stream(self, ref: str, progress: Progress | None = None, what: str | None = None) -> Iterator[bytes]:
+        """``docker save`` of one image, as chunks, counted in ``progress``. The engine has no way to save
+        part of an image: every layer, the base's too, is read and sent."""
+        image = self.inspect(ref)
+        meter = Meter(progress or (lambda message: None), what or f"docker save {ref}", (image or {}).get("Size"))
+        with _engine_errors(f"save {ref}"):
+            yield from meter.wrap(self.api.get_image(ref, chunk_size=_CHUNK))
+
+    def save(self, ref: str, dest: Path, progress: Progress | None = None) -> None:
+        with open(dest, "wb") as out:
+            for chunk in self.save_stream(ref, progress):
                 out.write(chunk)
 
-    def load(self, archive: Path) -> list[str]:
-        """Load a ``docker save`` archive; the image IDs the engine reports."""
+    def load(self, archive: Path | Iterable[bytes], progress: Progress | None = None) -> list[str]:
+        """Load a ``docker save`` archive (a file or chunks); the image IDs the engine reports. A layer
+        the engine already has (the same chain of layers) is not read: an archive may name such layers in
+        its manifest without carrying them."""
+        name = str(archive) if isinstance(archive, Path) else "an image archive"
+        meter = Meter(progress or (lambda message: None), "sent to docker load")
         loaded: list[str] = []
-        with _engine_errors(f"load {archive}"), open(archive, "rb") as data:
-            for event in self.api.load_image(data):
+        with _engine_errors(f"load {name}"):
+            for event in self.api.load_image(meter.wrap(_chunks_of(archive))):
                 if "error" in event:
-                    raise EngineError(f"load {archive}: {event['error']}")
-                text = str(event.get("stream", ""))
-                for line in text.splitlines():
+                    raise EngineError(f"load {name}: {event['error']}")
+                for line in str(event.get("stream", "")).splitlines():
                     if line.startswith("Loaded image ID: "):
                         loaded.append(line.split(": ", 1)[1].strip())
                     elif line.startswith("Loaded image: "):
@@ -237,7 +307,8 @@ class Engine:
                 raise EngineError(f"tag {name}: the engine refused the tag")
 
     def remove(self, ref: str, *, force: bool = False) -> bool:
-        """Remove an image or a tag; False when it was not there."""
+        """Remove an image or a tag (an image that loses its last tag goes, with its untagged parents);
+        False when it was not there."""
         with _engine_errors(f"remove {ref}"):
             try:
                 self.api.remove_image(ref, force=force)
@@ -246,19 +317,23 @@ class Engine:
         return True
 
     def push(self, name: str, progress: Progress | None = None) -> str:
-        """Push ``repository:tag`` with the docker config's credentials; returns the manifest digest."""
+        """Push ``repository:tag`` with the docker config's credentials; returns the manifest digest.
+        Progress: each layer once when it is done (sent, already in the registry, or mounted from another
+        repository) and, while layers are sent, the bytes sent of their total."""
+        say = progress or (lambda message: None)
         repository, tag = split_tag(name)
         digest = None
+        push = PushProgress(say, name)
         with _engine_errors(f"push {name}"):
             for event in self.api.push(repository, tag, stream=True, decode=True):
                 if "error" in event or "errorDetail" in event:
                     message = (event.get("errorDetail") or {}).get("message") or event.get("error")
                     raise EngineError(f"push {name}: {message}")
+                push.event(event)
                 digest = (event.get("aux") or {}).get("Digest", digest)
         if digest is None:
             raise EngineError(f"push {name}: the registry reported no manifest digest")
-        if progress:
-            progress(f"pushed {name} ({digest})")
+        say(f"pushed {name} ({digest}): {push.summary()}")
         return digest
 
     def registry_digest(self, name: str) -> str:

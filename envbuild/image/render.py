@@ -1,12 +1,23 @@
-"""The Dockerfile of a lock's image: a pure function of the :class:`ContextPlan`.
+"""The Dockerfiles of a lock's image: pure functions of the :class:`ContextPlan`.
 
-The text comes from templates under ``images/`` (``Dockerfile.in``, ``platform_check.sh.in``) with
-``{{name}}`` placeholders; every value put in is either validated by the lock model (names, SHAs,
+A build runs up to three, each with its own context (so a build sends the engine only what it needs):
+
+1. the packages stage (``packages-stage.Dockerfile.in``): the base, the package files, ``pip install
+   --root /staging``; removed once used, so no package file reaches the image;
+2. the packages image (``packages.Dockerfile.in``): the base — or the base with the distributions the
+   lock replaces removed, a layer envbuild writes itself — plus ``COPY --from`` the stage's ``/staging``;
+   tagged ``envbuild-pkg/<lock name>:<packages key>`` and reused while the key holds (the key hashes
+   everything the stage reads: base, requirements with their hashes, recipe);
+3. the image (``Dockerfile.in``): the packages image, then each source and the metadata.
+
+Without packages, only the third runs, on the base. The text comes from templates under ``images/``
+with ``{{name}}`` placeholders; every value put in is either validated by the lock model (names, SHAs,
 digests, versions) or shell-quoted (the ``install.env`` values).
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shlex
 from functools import lru_cache
@@ -14,8 +25,7 @@ from pathlib import Path
 
 from envbuild.errors import InputError
 from envbuild.image.plan import (
-    IMAGE_META,
-    IMAGE_WHEELS,
+    IMAGE_ROOT,
     LOCK_LABEL,
     LOCK_NAME_LABEL,
     ContextPlan,
@@ -27,8 +37,15 @@ from envbuild.image.plan import (
 # that they also ship inside the wheel as package data; a non-editable install finds them here too.
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 PIP = "python3 -m pip"
+PACKAGES_REPOSITORY = "envbuild-pkg"
+CLAMP = f"{IMAGE_ROOT}/bin/clamp-mtimes"
+STAGE_REPORT = "/envbuild-packages.json"
+# The mtime of every file the packages layer holds (1980-01-01, the earliest a wheel's zip can record).
+# Fixed rather than the build's epoch: with the default epoch (the newest pinned commit's date), moving
+# a source pin may move the epoch, and that must not reinstall every package.
+PACKAGES_EPOCH = 315532800
 # Only what this build itself may leave behind; base-image paths are never touched (a deletion would
-# add a whiteout, i.e. modify the base). __pycache__ outside /opt/envbuild is dropped by normalize.
+# add a whiteout, i.e. modify the base).
 CLEANUP = (
     "rm -rf /tmp/envbuild-* /root/.cache/pip && find /opt/envbuild -depth -name __pycache__ -type d -exec rm -rf {} +"
 )
@@ -77,43 +94,80 @@ def render_platform_check(plan: ContextPlan) -> str:
     ).rstrip("\n")
 
 
-def render_packages(plan: ContextPlan) -> str:
-    if not plan.files:
-        return "# no packages in the lock"
-    return "\n".join(
-        [
-            f"COPY wheels/ {IMAGE_WHEELS}/",
-            f"COPY envbuild/requirements.txt {IMAGE_META}/requirements.txt",
-            f"RUN {PIP} install --no-index --require-hashes --no-deps --no-compile \\",
-            f"      --find-links {IMAGE_WHEELS} -r {IMAGE_META}/requirements.txt \\",
-            f" && {CLEANUP}",
-        ]
+# --- 1. and 2.: the packages ----------------------------------------------------------------------
+
+
+def render_stage_dockerfile(plan: ContextPlan) -> str:
+    return fill(
+        load_template("packages-stage.Dockerfile.in"),
+        {
+            "lock_name": plan.lock_name,
+            "base": base_reference(plan),
+            "platform_check": render_platform_check(plan),
+            "packages_epoch": str(PACKAGES_EPOCH),
+            "report": STAGE_REPORT,
+        },
     )
+
+
+def packages_key(plan: ContextPlan) -> str:
+    """Everything the packages image is made of: the stage's Dockerfile (base by digest, recipe), the
+    requirements (each file's sha256) and the scripts; equal keys give equal packages layers."""
+    digest = hashlib.sha256()
+    for part in (
+        render_stage_dockerfile(plan),
+        load_template("packages.Dockerfile.in"),
+        load_template("stage_packages.py.in"),
+        plan.requirements,
+    ):
+        digest.update(hashlib.sha256(part.encode()).digest())
+    return digest.hexdigest()
+
+
+def packages_reference(plan: ContextPlan) -> str:
+    return f"{PACKAGES_REPOSITORY}/{plan.lock_name}:{packages_key(plan)[:16]}"
+
+
+def render_packages_dockerfile(plan: ContextPlan, base: str, stage: str, removes: bool) -> str:
+    """``base``: the base, or the base with the distributions the lock replaces removed (``removes``)."""
+    note = (
+        "with the distributions the lock replaces removed, in a layer envbuild wrote"
+        if removes
+        else "when it holds no distribution the lock replaces; else the base with those removed"
+    )
+    return fill(
+        load_template("packages.Dockerfile.in"),
+        {"from": base, "from_note": note, "stage": stage, "lock_name": plan.lock_name},
+    )
+
+
+# --- 3.: the image ------------------------------------------------------------------------------
 
 
 def _env_prefix(source: SourcePlan) -> str:
     return "".join(f"{key}={shlex.quote(value)} " for key, value in source.env)
 
 
-def render_source(source: SourcePlan) -> str:
+def render_source(source: SourcePlan, epoch: int) -> str:
     lines = [
         f"# {source.name}: {source.ref_type} {source.ref} at {source.commit} ({source.mode})",
-        f"COPY {source.context_path}/ {source.image_path}/",
+        f"COPY {source.context_path}/ /",
     ]
     env = _env_prefix(source)
+    # `since` is taken as the step starts: clamp-mtimes sets whatever changed after it to the epoch.
+    start = "RUN since=$(($(date +%s) - 1)) \\\n && "
+    end = f' \\\n && {CLEANUP} \\\n && {CLAMP} {epoch} "$since"'
     if source.mode == "editable":
-        lines += [
-            f"RUN {env}{PIP} install --no-build-isolation --no-deps --no-index --no-compile \\",
-            f"      -e {source.image_path} \\",
-            f" && {CLEANUP}",
-        ]
+        lines.append(
+            f"{start}{env}{PIP} install --no-build-isolation --no-deps --no-index --no-compile \\\n"
+            f"      -e {source.image_path}{end}"
+        )
     elif source.mode == "wheel":
         out = f"/tmp/envbuild-wheel-{source.name}"
-        lines += [
-            f"RUN {env}{PIP} wheel --no-build-isolation --no-deps --no-index -w {out} {source.image_path} \\",
-            f" && {PIP} install --no-index --no-deps --no-compile {out}/*.whl \\",
-            f" && {CLEANUP}",
-        ]
+        lines.append(
+            f"{start}{env}{PIP} wheel --no-build-isolation --no-deps --no-index -w {out} {source.image_path} \\\n"
+            f" && {PIP} install --no-index --no-deps --no-compile {out}/*.whl{end}"
+        )
     elif source.mode != "none":
         raise ValueError(f"unknown install mode {source.mode!r}")
     return "\n".join(lines)
@@ -125,18 +179,41 @@ def render_labels(plan: ContextPlan) -> str:
     return " \\\n      ".join(f'"{key}"="{value}"' for key, value in labels)
 
 
-def render_dockerfile(plan: ContextPlan) -> str:
-    """The whole Dockerfile; ``envbuild image --dry-run`` prints exactly this."""
+def render_image_dockerfile(plan: ContextPlan) -> str:
+    """The last Dockerfile: on the packages image (on the base, with the platform check, when the lock
+    has no packages)."""
+    packages = bool(plan.files)
     return fill(
         load_template("Dockerfile.in"),
         {
             "lock_name": plan.lock_name,
             "lock_sha256": plan.lock_sha256,
-            "base": base_reference(plan),
-            "platform_check": render_platform_check(plan),
-            "packages": render_packages(plan),
+            "from": packages_reference(plan) if packages else base_reference(plan),
+            "platform_check": "# the platform was checked in the packages stage"
+            if packages
+            else render_platform_check(plan),
             "epoch": str(plan.epoch),
-            "sources": "\n".join(render_source(s) for s in plan.sources) or "# no sources in the lock",
+            "sources": "\n".join(render_source(s, plan.epoch) for s in plan.sources) or "# no sources in the lock",
             "labels": render_labels(plan),
         },
+    )
+
+
+def render_dockerfile(plan: ContextPlan) -> str:
+    """Every Dockerfile a build of the plan runs, in order; ``envbuild image --dry-run`` prints exactly
+    this, and the build record hashes it."""
+    if not plan.files:
+        return render_image_dockerfile(plan)
+    stage = f"{packages_reference(plan)}-stage"
+    return "\n".join(
+        [
+            "# envbuild image runs three builds, each with its own context: the packages stage (context: the",
+            "# package files), the packages image (no context) and the image (context: the sources).",
+            f"# ---- 1 of 3: the packages stage, tagged {stage} while it is used ----",
+            render_stage_dockerfile(plan),
+            f"# ---- 2 of 3: the packages image, {packages_reference(plan)} ----",
+            render_packages_dockerfile(plan, base_reference(plan), stage, removes=False),
+            "# ---- 3 of 3: the image ----",
+            render_image_dockerfile(plan),
+        ]
     )
