@@ -15,9 +15,6 @@ from the docker config (the SDK reads it) and are never printed.
 from __future__ import annotations
 
 import os
-import re
-import time
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -30,16 +27,10 @@ import requests
 
 from envbuild.errors import EngineError
 from envbuild.progress import Progress
-from envbuild.transfer import ContextStream, Meter, PushProgress, directory_context
+from envbuild.transfer import BuildProgress, BuildStep, ContextStream, LayerProgress, Meter, directory_context
 
 TIMEOUT = 3600  # seconds for one API call: a build step or a save of a multi-GB image
-LOG_TAIL = 20
-_STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-# The builder's own chatter, not the step's output.
-_NOISE = re.compile(r"^(---> |Removing intermediate container |Successfully )")
 _CHUNK = 1 << 20
-STEP_HEARTBEAT = 30.0  # seconds a build step runs before its progress says so (on its next output)
 
 
 def _chunks_of(archive: Path | Iterable[bytes]) -> Iterator[bytes]:
@@ -49,15 +40,6 @@ def _chunks_of(archive: Path | Iterable[bytes]) -> Iterator[bytes]:
     with open(archive, "rb") as data:
         while chunk := data.read(_CHUNK):
             yield chunk
-
-
-@dataclass(frozen=True)
-class BuildStep:
-    number: int
-    total: int
-    instruction: str
-    cached: bool
-    seconds: float
 
 
 @dataclass(frozen=True)
@@ -153,27 +135,10 @@ class Engine:
         """Build the context's ``Dockerfile`` with the legacy builder, no network for RUN steps; ``tag``
         is set by the engine when the build succeeds (and only then)."""
         say = progress or (lambda message: None)
-        steps: list[BuildStep] = []
-        current: dict[str, Any] | None = None
-        log: deque[str] = deque(maxlen=LOG_TAIL)
-        image_id: str | None = None
-        short_id: str | None = None
         stream_context = directory_context(context) if isinstance(context, Path) else context
         meter = Meter(say, f"sent {what}", stream_context.payload)
-
-        def finish(now: float) -> None:
-            if current is not None:
-                steps.append(
-                    BuildStep(
-                        current["number"],
-                        current["total"],
-                        current["instruction"],
-                        current["cached"],
-                        round(now - current["start"], 3),
-                    )
-                )
-
-        with _engine_errors("build"):
+        build = BuildProgress(say)
+        with _engine_errors("build"), build:
             stream = self.api.build(
                 fileobj=meter.wrap(stream_context.chunks()),
                 custom_context=True,
@@ -189,55 +154,20 @@ class Engine:
                 for event in stream:
                     if "error" in event or "errorDetail" in event:
                         message = (event.get("errorDetail") or {}).get("message") or event.get("error") or "failed"
-                        where = (
-                            f"step {current['number']}/{current['total']} ({current['instruction'][:120]})"
-                            if current
-                            else "before the first step"
-                        )
-                        tail = "".join(f"\n    | {line}" for line in log)
-                        raise EngineError(f"build failed at {where}: {message.strip()}{tail}")
-                    if "aux" in event and isinstance(event["aux"], dict) and "ID" in event["aux"]:
-                        image_id = event["aux"]["ID"]
-                    for line in _ANSI.sub("", str(event.get("stream", ""))).splitlines():
-                        if match := _STEP.match(line.strip()):
-                            now = time.monotonic()
-                            finish(now)
-                            # FROM builds nothing: it counts as answered from what the engine holds.
-                            current = {
-                                "number": int(match[1]),
-                                "total": int(match[2]),
-                                "instruction": match[3],
-                                "cached": match[3].upper().startswith("FROM "),
-                                "start": now,
-                            }
-                            log.clear()
-                            current["said"] = now
-                            say(f"step {match[1]}/{match[2]}: {match[3][:100]}")
-                        elif line.strip() == "---> Using cache" and current is not None:
-                            current["cached"] = True
-                        elif line.startswith("Successfully built "):
-                            short_id = line.split()[-1]
-                        elif line.strip() and not _NOISE.match(line.strip()):
-                            log.append(line.rstrip())
-                            if current is not None and time.monotonic() - current["said"] >= STEP_HEARTBEAT:
-                                # A long RUN (installing GBs of packages) says it is alive, with its last line.
-                                current["said"] = now = time.monotonic()
-                                say(
-                                    f"step {current['number']}/{current['total']}: running for "
-                                    f"{now - current['start']:.0f} s: {line.strip()[:80]}"
-                                )
+                        raise EngineError(build.failure(message.strip()))
+                    build.event(event)
             finally:
                 close = getattr(stream, "close", None)
                 if close is not None:
                     close()  # an interrupted client closes the stream: the daemon cancels the build
-            finish(time.monotonic())
-            if image_id is None and short_id is not None:
-                image_id = self.api.inspect_image(short_id)["Id"]
+            image_id = build.image_id
+            if image_id is None and build.short_id is not None:
+                image_id = self.api.inspect_image(build.short_id)["Id"]
         if image_id is None:
             raise EngineError("build: the engine finished without naming the built image")
-        cached = sum(s.cached for s in steps)
-        say(f"built {image_id[:19]}: {len(steps)} steps, {cached} from the layer cache")
-        return BuildOutcome(image_id, tuple(steps))
+        steps = tuple(build.steps)
+        say(f"built {image_id[:19]}: {len(steps)} steps, {sum(s.cached for s in steps)} from the layer cache")
+        return BuildOutcome(image_id, steps)
 
     # -- images -------------------------------------------------------------------------------
 
@@ -323,7 +253,7 @@ class Engine:
         say = progress or (lambda message: None)
         repository, tag = split_tag(name)
         digest = None
-        push = PushProgress(say, name)
+        push = LayerProgress(say, "push", name)
         with _engine_errors(f"push {name}"):
             for event in self.api.push(repository, tag, stream=True, decode=True):
                 if "error" in event or "errorDetail" in event:
@@ -335,6 +265,19 @@ class Engine:
             raise EngineError(f"push {name}: the registry reported no manifest digest")
         say(f"pushed {name} ({digest}): {push.summary()}")
         return digest
+
+    def pull(self, ref: str, progress: Progress | None = None) -> None:
+        """Pull ``ref`` (``name:tag`` or ``name@digest``) with the docker config's credentials; each layer
+        said when it is fetched, and the bytes while they come."""
+        say = progress or (lambda message: None)
+        pull = LayerProgress(say, "pull", ref)
+        with _engine_errors(f"pull {ref}"):
+            for event in self.api.pull(ref, stream=True, decode=True):
+                if "error" in event or "errorDetail" in event:
+                    message = (event.get("errorDetail") or {}).get("message") or event.get("error")
+                    raise EngineError(f"pull {ref}: {message}")
+                pull.event(event)
+        say(f"pulled {ref}: {pull.summary()}")
 
     def registry_digest(self, name: str) -> str:
         """The manifest digest the registry serves for ``name`` now (read back after a push)."""
@@ -355,6 +298,54 @@ class Engine:
             finally:
                 container.remove(force=True)
         return RunOutput(int(status.get("StatusCode", -1)), out, err)
+
+    # A container to install into and commit (the packages image): create, copy files in, run, commit.
+
+    def create(self, image: str, command: list[str], labels: dict[str, str]) -> str:
+        """A stopped container of ``image`` that will run ``command`` with no network; its ID."""
+        with _engine_errors(f"create a container of {_short(image)}"):
+            config = self.api.create_host_config(network_mode="none")
+            return str(self.api.create_container(image, command, labels=labels, host_config=config)["Id"])
+
+    def put_archive(self, container: str, path: str, chunks: Iterable[bytes]) -> None:
+        """Unpack a tar stream into ``path`` of the container (the engine reads it as it comes)."""
+        with _engine_errors(f"copy files into container {container[:12]}"):
+            if not self.api.put_archive(container, path, chunks):
+                raise EngineError(f"copy files into container {container[:12]}: the engine refused the archive")
+
+    def start_and_wait(self, container: str, on_line: Callable[[str], None]) -> RunOutput:
+        """Start the container, pass each line of its stderr to ``on_line`` as it comes, wait for it;
+        its stdout is returned whole."""
+        with _engine_errors(f"run container {container[:12]}"):
+            self.api.start(container)
+            pending = b""
+            for chunk in self.api.logs(container, stdout=False, stderr=True, stream=True, follow=True):
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    on_line(line.decode("utf-8", "replace"))
+            status = self.api.wait(container, timeout=TIMEOUT)
+            out = self.api.logs(container, stdout=True, stderr=False).decode("utf-8", "replace")
+            err = self.api.logs(container, stdout=False, stderr=True).decode("utf-8", "replace")
+        return RunOutput(int(status.get("StatusCode", -1)), out, err)
+
+    def commit(self, container: str) -> str:
+        """The container's file system changes as one new layer on its image: the new image's ID."""
+        with _engine_errors(f"commit container {container[:12]}"):
+            return str(self.api.commit(container)["Id"])
+
+    def remove_container(self, container: str) -> None:
+        """Remove a container, running or not; nothing when it is gone already."""
+        with _engine_errors(f"remove container {container[:12]}"):
+            try:
+                self.api.remove_container(container, force=True)
+            except docker.errors.NotFound:
+                pass
+
+    def containers(self, filters: dict[str, Any]) -> list[dict[str, Any]]:
+        """Every container (running or not) matching ``filters``."""
+        with _engine_errors("list containers"):
+            return list(self.api.containers(all=True, filters=filters))
 
     def run_job(self, spec: JobSpec, on_output: Callable[[str], None]) -> tuple[int | None, bool]:
         """Run a long job: stream its output to ``on_output`` until it ends; on Ctrl-C stop the container
@@ -403,6 +394,10 @@ class JobSpec:
     labels: dict[str, str] = field(default_factory=dict)
     working_dir: str | None = None
     stop_timeout: int = 20
+
+
+def _short(ref: str) -> str:
+    return ref[:19] if ref.startswith("sha256:") else ref
 
 
 def split_tag(name: str) -> tuple[str, str]:

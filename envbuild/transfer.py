@@ -4,9 +4,12 @@ temporary tar); a push's per-layer events turned into a few lines. Used by :mod:
 
 from __future__ import annotations
 
+import re
 import stat
 import tarfile
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,13 +18,21 @@ from typing import Any
 from envbuild.progress import Progress
 
 REPORT_EVERY = 5.0  # seconds between two progress lines of one long transfer
+STEP_HEARTBEAT = 30.0  # seconds a build step runs before its progress says it still does, and between two such lines
+LOG_TAIL = 20
+_STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# The builder's own chatter, not the step's output.
+_NOISE = re.compile(r"^(---> |Removing intermediate container |Successfully )")
 
 
 def human_bytes(count: float) -> str:
-    """``1.21 GB``, ``312 MB``, ``4.1 kB`` (powers of 1000, as docker prints sizes)."""
+    """``1.21 GB``, ``31.2 MB``, ``312 MB``, ``4.10 kB``: three digits (powers of 1000, as docker prints
+    sizes)."""
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if abs(count) >= scale:
-            return f"{count / scale:.3g} {unit}" if count < 100 * scale else f"{count / scale:.0f} {unit}"
+            value = count / scale
+            return f"{value:.{2 if value < 10 else 1 if value < 100 else 0}f} {unit}"
     return f"{int(count)} B"
 
 
@@ -101,48 +112,189 @@ class TarSink:
         yield from parts
 
 
-class PushProgress:
-    """Turns the engine's push events (per layer: Preparing, Waiting, Pushing with bytes, Pushed, Layer
-    already exists, Mounted from) into a few lines."""
+class LayerProgress:
+    """Turns the engine's per-layer events of a push or a pull (Waiting, Pushing/Downloading with bytes,
+    then Pushed, Layer already exists, Mounted from / Pull complete, Already exists) into a few lines:
+    each layer once when it is done, and while bytes move, how many of how many, every few seconds."""
 
-    def __init__(self, say: Progress, name: str) -> None:
-        self.say, self.name = say, name
+    _MOVING = {"push": "Pushing", "pull": "Downloading"}
+    _MOVED = {"push": ("Pushed",), "pull": ("Pull complete",)}
+    _THERE = ("Layer already exists", "Already exists", "Mounted from")
+
+    def __init__(self, say: Progress, verb: str, name: str) -> None:
+        self.say, self.verb, self.name = say, verb, name
         self.layers: dict[str, str] = {}  # layer id -> its last status
         self.sizes: dict[str, int] = {}
-        self.sent: dict[str, int] = {}
+        self.moved: dict[str, int] = {}
         self.last = time.monotonic()
+
+    def _finished(self, status: str) -> bool:
+        return status in self._MOVED[self.verb] or status.startswith(self._THERE)
 
     def event(self, event: dict[str, Any]) -> None:
         layer, status = event.get("id"), str(event.get("status", ""))
-        if not layer or not status or status.startswith(("The push refers", f"{self.name.rsplit(':', 1)[-1]}:")):
-            return
+        if not layer or not status or status.startswith(("Pulling from", "Digest:", "Status:", "The push refers")):
+            return  # lines about the repository or the tag, not a layer
         previous = self.layers.get(layer)
+        if previous is not None and self._finished(previous):
+            return
         self.layers[layer] = status
         detail = event.get("progressDetail") or {}
-        if status == "Pushing" and detail.get("total"):
-            self.sizes[layer], self.sent[layer] = int(detail["total"]), int(detail.get("current", 0))
+        if status == self._MOVING[self.verb] and detail.get("total"):
+            self.sizes[layer], self.moved[layer] = int(detail["total"]), int(detail.get("current", 0))
             now = time.monotonic()
             if now - self.last >= REPORT_EVERY:
                 self.last = now
                 self.say(
-                    f"push {self.name}: {human_bytes(sum(self.sent.values()))} of "
-                    f"{human_bytes(sum(self.sizes.values()))} sent ({self._done()} of {len(self.layers)} layers done)"
+                    f"{self.verb} {self.name}: {human_bytes(sum(self.moved.values()))} of "
+                    f"{human_bytes(sum(self.sizes.values()))} ({self._done()} of {len(self.layers)} layers done)"
                 )
-        elif status != previous and (status in ("Pushed", "Layer already exists") or status.startswith("Mounted from")):
+        elif self._finished(status):
             if layer in self.sizes:
-                self.sent[layer] = self.sizes[layer]
+                self.moved[layer] = self.sizes[layer]
             size = f" ({human_bytes(self.sizes[layer])})" if layer in self.sizes else ""
-            what = "sent" if status == "Pushed" else status[0].lower() + status[1:]
-            self.say(f"push {self.name}: layer {layer} {what}{size}, {self._done()} of {len(self.layers)} done")
+            what = "sent" if status == "Pushed" else "fetched" if status == "Pull complete" else status.lower()
+            self.say(f"{self.verb} {self.name}: layer {layer} {what}{size}, {self._done()} of {len(self.layers)} done")
 
     def _done(self) -> int:
-        return sum(
-            1 for s in self.layers.values() if s in ("Pushed", "Layer already exists") or s.startswith("Mounted")
-        )
+        return sum(1 for status in self.layers.values() if self._finished(status))
 
     def summary(self) -> str:
-        sent = sum(1 for s in self.layers.values() if s == "Pushed")
+        moved = sum(1 for status in self.layers.values() if status in self._MOVED[self.verb])
+        where = "in the registry" if self.verb == "push" else "in the engine"
         return (
-            f"{len(self.layers)} layers, {sent} sent ({human_bytes(sum(self.sizes.values()))}), "
-            f"{len(self.layers) - sent} already in the registry"
+            f"{len(self.layers)} layers, {moved} {'sent' if self.verb == 'push' else 'fetched'} "
+            f"({human_bytes(sum(self.sizes.values()))}), {len(self.layers) - moved} already {where}"
         )
+
+
+@dataclass(frozen=True)
+class BuildStep:
+    number: int
+    total: int
+    instruction: str
+    cached: bool
+    seconds: float
+
+
+class BuildProgress:
+    """The legacy builder's stream as steps and lines: one line per step, and while a step runs long
+    (installing GBs of packages; committing a layer of GBs, during which the engine sends nothing) a line
+    every :data:`STEP_HEARTBEAT` seconds from a timer thread, with the step's last output. Use as a
+    context manager around reading the stream."""
+
+    def __init__(self, say: Progress, heartbeat: float = STEP_HEARTBEAT) -> None:
+        self.say, self.heartbeat = say, heartbeat
+        self.steps: list[BuildStep] = []
+        self.log: deque[str] = deque(maxlen=LOG_TAIL)
+        self.image_id: str | None = None
+        self.short_id: str | None = None
+        self._current: dict[str, Any] | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="envbuild-build-progress", daemon=True)
+
+    def __enter__(self) -> BuildProgress:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        with self._lock:
+            self._finish(time.monotonic())
+
+    def _beat(self) -> None:
+        while not self._stop.wait(min(self.heartbeat, 5.0)):
+            with self._lock:
+                current, now = self._current, time.monotonic()
+                if current is None or now - current["said"] < self.heartbeat:
+                    continue
+                current["said"] = now
+                last = f"; last output: {self.log[-1].strip()[:80]}" if self.log else ""
+                self.say(
+                    f"step {current['number']}/{current['total']}: still running after {now - current['start']:.0f} s{last}"
+                )
+
+    def _finish(self, now: float) -> None:
+        current = self._current
+        if current is not None:
+            seconds = round(now - current["start"], 3)
+            self.steps.append(
+                BuildStep(current["number"], current["total"], current["instruction"], current["cached"], seconds)
+            )
+            self._current = None
+
+    def event(self, event: dict[str, Any]) -> None:
+        if "aux" in event and isinstance(event["aux"], dict) and "ID" in event["aux"]:
+            self.image_id = event["aux"]["ID"]
+        for line in _ANSI.sub("", str(event.get("stream", ""))).splitlines():
+            with self._lock:
+                self._line(line)
+
+    def _line(self, line: str) -> None:
+        if match := _STEP.match(line.strip()):
+            now = time.monotonic()
+            self._finish(now)
+            # FROM builds nothing: it counts as answered from what the engine holds.
+            self._current = {
+                "number": int(match[1]),
+                "total": int(match[2]),
+                "instruction": match[3],
+                "cached": match[3].upper().startswith("FROM "),
+                "start": now,
+                "said": now,
+            }
+            self.log.clear()
+            self.say(f"step {match[1]}/{match[2]}: {match[3][:100]}")
+        elif line.strip() == "---> Using cache" and self._current is not None:
+            self._current["cached"] = True
+        elif line.startswith("Successfully built "):
+            self.short_id = line.split()[-1]
+        elif line.strip() and not _NOISE.match(line.strip()):
+            self.log.append(line.rstrip())
+
+    def failure(self, message: str) -> str:
+        """The one-line error of a failed build: the step, the engine's message, the step's log tail."""
+        with self._lock:
+            current = self._current
+            where = (
+                f"step {current['number']}/{current['total']} ({current['instruction'][:120]})"
+                if current
+                else "before the first step"
+            )
+            tail = "".join(f"\n    | {line}" for line in self.log)
+        return f"build failed at {where}: {message}{tail}"
+
+
+class Heartbeat:
+    """While a long, mostly silent operation runs (a package install, committing a layer of GBs), a line
+    every ``every`` seconds that it still runs, with its last output. A context manager."""
+
+    def __init__(self, say: Progress, what: str, every: float = STEP_HEARTBEAT) -> None:
+        self.say, self.what, self.every = say, what, every
+        self.last = ""
+        self._start = self._said = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="envbuild-heartbeat", daemon=True)
+
+    def output(self, line: str) -> None:
+        if line.strip():
+            self.last = line.strip()
+
+    def __enter__(self) -> Heartbeat:
+        self._start = self._said = time.monotonic()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(min(self.every, 5.0)):
+            now = time.monotonic()
+            if now - self._said >= self.every:
+                self._said = now
+                last = f"; last output: {self.last[:80]}" if self.last else ""
+                self.say(f"{self.what}: still running after {now - self._start:.0f} s{last}")

@@ -19,8 +19,7 @@ def test_dry_run_of_the_real_lock_renders_and_says_what_a_build_would_refuse(
     assert main(["image", str(REAL_LOCK), "--dry-run", "--offline", "--cache-dir", str(tmp_path / "c")]) == 0
     captured = capsys.readouterr()
     lock = read_lock(REAL_LOCK).lock
-    # three Dockerfiles: the packages stage and the packages image on the base, the image on the packages
-    assert captured.out.count("\nFROM ") == 3 and captured.out.count(f"FROM {lock.base_image.name}\n") == 2
+    assert captured.out.count("\nFROM ") == 1 and f"FROM {lock.base_image.name}\n" in captured.out
     for source in lock.sources:
         assert f"COPY src/{source.name}/ " in captured.out
     assert "VLLM_TARGET_DEVICE=empty" in captured.out and "COMPILE_CUSTOM_KERNELS=1" in captured.out

@@ -122,10 +122,8 @@ def test_two_no_cache_builds_give_one_image_id(
     assert again.image_id == reference.image_id
     assert again.diff_ids == reference.diff_ids
     assert again.raw_image_id != reference.raw_image_id  # the raw builds differ; normalising removes that
-    assert again.packages is not None and again.packages.built  # --no-cache builds the packages again too
-    # Three builds (packages stage, packages image, image); in each only FROM is answered by the engine.
-    assert [step.cached for step in again.steps] == [step.instruction.startswith("FROM ") for step in again.steps]
-    assert sum(step.instruction.startswith("FROM ") for step in again.steps) == 3
+    assert again.packages is not None and again.packages.built  # --no-cache makes the packages image again too
+    assert [step.cached for step in again.steps] == [True] + [False] * (len(again.steps) - 1)  # FROM only
     assert reference.archive is not None and reference.archive.is_file()
     assert reference.image_id == "sha256:" + hashlib.sha256(_config_bytes(reference.archive)).hexdigest()
     base_layers = engine.inspect(pushed_base_image.by_digest)["RootFS"]["Layers"]  # type: ignore[index]
@@ -151,21 +149,28 @@ def _layer_digests(archive: Path) -> set[str]:
 
 
 @needs_engine
-def test_the_image_holds_no_package_file_and_the_stage_is_gone(
-    reference: BuildResult, env: ImageLockEnv, engine: Engine
+def test_the_image_holds_no_package_file_and_the_packages_one_layer(
+    reference: BuildResult, env: ImageLockEnv, engine: Engine, pushed_base_image: PushedImage
 ) -> None:
     wheels = [f.filename for p in env.lock().packages for f in p.files]
     names = " -o ".join(f"-name {name}" for name in wheels)
-    found = engine.run(reference.image_id, ["sh", "-c", f"find / -xdev \\( {names} -o -name staging \\) -print"])
+    found = engine.run(
+        reference.image_id, ["sh", "-c", f"find / -xdev \\( {names} -o -name 'envbuild-packages*' \\) -print"]
+    )
     assert (found.exit_code, found.stdout) == (0, ""), found.stderr
     installed = engine.run(reference.image_id, ["sh", "-c", "ls /usr/local/lib/python3.11/dist-packages"])
     assert {"tinyone-1.0.dist-info", "tinytwo-2.0.dist-info"} <= set(installed.stdout.split())
+    # The packages image is the base and one layer; the container it was made in is gone.
     assert reference.packages is not None
-    assert engine.inspect(f"{reference.packages.reference}-stage") is None
-    # No layer of the image is the stage's: every layer above the base is the packages', a source's or
-    # the metadata's, and the packages layer is the installed files alone.
-    history = [h for h in engine.history(reference.image_id) if h["Size"]]
-    assert not any("envbuild-wheels" in h["CreatedBy"] for h in history)
+    packages = engine.inspect(reference.packages.reference)
+    base = engine.inspect(pushed_base_image.by_digest)
+    assert packages is not None and base is not None
+    assert packages["RootFS"]["Layers"][:-1] == base["RootFS"]["Layers"]
+    assert reference.diff_ids[: len(packages["RootFS"]["Layers"])] == tuple(packages["RootFS"]["Layers"])
+    assert engine.history(reference.packages.reference)[0]["CreatedBy"] == (
+        "envbuild: install the lock's 2 package files (pip, no index)"
+    )
+    assert engine.containers({"label": "io.envbuild.lock.name=imagetest"}) == []
 
 
 @needs_engine
@@ -347,11 +352,11 @@ def test_an_interrupted_build_leaves_the_caches_usable(
 
 @needs_engine
 @pytest.mark.parametrize("signal_number", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_an_interrupted_build_removes_its_scratch_and_the_packages_stage(
+def test_an_interrupted_build_removes_its_scratch_and_the_packages_container(
     reference: BuildResult, lock_path: Path, work: Path, engine: Engine, signal_number: int
 ) -> None:
-    """Interrupted while the packages stage builds: the process removes its scratch directory and the
-    stage itself, and exits 130; the engine keeps nothing of the stage."""
+    """Interrupted while the packages are installed: the process removes its scratch directory and the
+    packages container itself, and exits 130."""
     cache = work / f"interrupted-{signal_number}"
     proc = _cli("image", str(lock_path), "--no-cache", "--cache-dir", str(cache))
     assert proc.stderr is not None
@@ -359,7 +364,7 @@ def test_an_interrupted_build_removes_its_scratch_and_the_packages_stage(
     deadline = time.monotonic() + 120
     for line in proc.stderr:
         seen.append(line)
-        if "COPY wheels/" in line or time.monotonic() > deadline:
+        if "packages: installing" in line or time.monotonic() > deadline:
             break
     scratch = list((cache / "image" / "work").glob("build-*"))
     assert scratch, "".join(seen)  # the build was under way, with its scratch directory
@@ -368,8 +373,7 @@ def test_an_interrupted_build_removes_its_scratch_and_the_packages_stage(
     assert proc.returncode == 130, "".join(seen) + err
     assert "envbuild: interrupted" in err and "Traceback" not in err
     assert list((cache / "image" / "work").iterdir()) == []
-    assert reference.packages is not None
-    assert engine.inspect(f"{reference.packages.reference}-stage") is None
+    assert engine.containers({"label": "io.envbuild.lock.name=imagetest"}) == []
     # A step the engine was finishing as the client went away may land after the process tidied up; the
     # next build of the lock removes it.
     assert build_image(lock_path, options(work, cache_dir=cache), engine=engine).image_id == reference.image_id

@@ -18,8 +18,7 @@ from envbuild.image.render import (
     packages_reference,
     render_dockerfile,
     render_image_dockerfile,
-    render_packages_dockerfile,
-    render_stage_dockerfile,
+    render_packages_script,
 )
 from envbuild.lock import Lock
 from tests.lib.tinylock import BRANCH_COMMIT, DIGEST, LOCK_SHA, NONE_COMMIT, TAG_COMMIT, WHEEL_COMMIT, tiny_lock
@@ -37,20 +36,16 @@ def instructions(text: str) -> list[str]:
     return [line for line in joined.splitlines() if line.strip() and not line.startswith("#")]
 
 
-def test_the_stage_starts_from_the_base_by_digest_and_the_image_from_the_packages_image() -> None:
+def test_the_image_starts_from_the_packages_image_and_the_dry_run_shows_how_that_is_made() -> None:
     plan = plan_of()
-    stage, image = instructions(render_stage_dockerfile(plan)), instructions(render_image_dockerfile(plan))
-    assert stage[0] == f"FROM {BASE}"
+    image = instructions(render_image_dockerfile(plan))
     assert image[0] == f"FROM {packages_reference(plan)}"
     assert packages_reference(plan) == f"envbuild-pkg/tiny:{packages_key(plan)[:16]}"
-    packages = instructions(render_packages_dockerfile(plan, BASE, "envbuild-pkg/tiny:k-stage", removes=False))
-    assert packages == [
-        f"FROM {BASE}",
-        'LABEL "io.envbuild.lock.name"="tiny"',
-        "COPY --from=envbuild-pkg/tiny:k-stage /staging/ /",
-    ]
-    everything = instructions(render_dockerfile(plan))  # what --dry-run prints: the three, in order
-    assert [line for line in everything if line.startswith("FROM ")] == [f"FROM {BASE}", f"FROM {BASE}", image[0]]
+    text = render_dockerfile(plan)  # what --dry-run prints
+    assert instructions(text) == image  # one Dockerfile: the packages step is told in comments
+    assert f"\n#   FROM {BASE}\n" in text
+    script = render_packages_script(plan)
+    assert all(f"#     {line}" in text for line in script.splitlines() if line)
 
 
 def test_without_packages_one_dockerfile_on_the_base_checks_the_platform() -> None:
@@ -60,7 +55,7 @@ def test_without_packages_one_dockerfile_on_the_base_checks_the_platform() -> No
     lines = instructions(text)
     assert lines[0] == f"FROM {BASE}" and sum(line.startswith("FROM ") for line in lines) == 1
     assert any("want_cann=9.1.0" in line for line in lines)
-    assert "wheels/" not in text and "--from=" not in text
+    assert "wheels" not in text and "envbuild-pkg" not in text
 
 
 def test_unpinned_base_is_refused_unless_allowed() -> None:
@@ -71,8 +66,8 @@ def test_unpinned_base_is_refused_unless_allowed() -> None:
     forged = dataclasses.replace(plan_of(unpinned, allow_unpinned=True), allow_unpinned=False)
     with pytest.raises(InputError, match="not pinned"):
         render_dockerfile(forged)  # the renderer checks on its own, not only the planner
-    stage = instructions(render_stage_dockerfile(plan_of(unpinned, allow_unpinned=True)))
-    assert stage[0] == "FROM 127.0.0.1:5000/envbuild-test/base:bookworm-cann9.1.0"
+    text = render_dockerfile(plan_of(unpinned, allow_unpinned=True))
+    assert "\n#   FROM 127.0.0.1:5000/envbuild-test/base:bookworm-cann9.1.0\n" in text
 
 
 def test_no_base_image_and_no_epoch_are_reported_together() -> None:
@@ -82,21 +77,34 @@ def test_no_base_image_and_no_epoch_are_reported_together() -> None:
     assert "SOURCE_DATE_EPOCH=1234" in render_dockerfile(plan_of(tiny_lock(source_date_epoch=None), epoch=1234))
 
 
-def test_the_stage_installs_with_hashes_no_index_into_staging_and_reports() -> None:
-    (run,) = [line for line in instructions(render_stage_dockerfile(plan_of())) if "pip install" in line]
+def test_the_packages_script_checks_installs_with_hashes_removes_the_files_and_clamps() -> None:
+    script = render_packages_script(plan_of())
+    lines = instructions(script)
+    (pip,) = [line for line in lines if "pip install" in line]
     for flag in (
-        "--root /staging",
         "--ignore-installed",
         "--no-index",
         "--require-hashes",
         "--no-deps",
         "--no-compile",
-        "--find-links /tmp/envbuild-wheels",
+        "--find-links wheels -r requirements.txt",
     ):
-        assert flag in run
-    assert f"stage_packages.py /staging {PACKAGES_EPOCH} " in run and "> /envbuild-packages.json" in run
-    copies = [line.split()[1] for line in instructions(render_stage_dockerfile(plan_of())) if line.startswith("COPY")]
-    assert copies == ["wheels/", "envbuild/"]
+        assert flag in pip
+    order = [
+        next(i for i, line in enumerate(lines) if needle in line)
+        for needle in (
+            "want_cann=9.1.0",  # the platform first: nothing is installed on a wrong base
+            "stage_packages.py before",
+            "pip install",
+            "stage_packages.py after",
+            "rm -rf /tmp/envbuild-packages",
+            f'clamp-mtimes {PACKAGES_EPOCH} "$since"',
+            "printf '%s\\n' \"$report\"",
+        )
+    ]
+    assert order == sorted(order)
+    result = subprocess.run(["sh", "-n", "-c", script], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
     assert plan_of().requirements.splitlines()[1:] == [
         f"another==2.0 --hash=sha256:{'a' * 64} --hash=sha256:{'f' * 64}",
         f"tiny-pkg==1.0 --hash=sha256:{'e' * 64}",
@@ -127,7 +135,7 @@ def test_layer_order_tools_then_tags_then_branches_then_metadata() -> None:
         ["meta/", "/"],
     ]
     kinds = [line.split()[0] for line in lines]
-    assert kinds[:3] == ["FROM", "LABEL", "ENV"] and kinds[-2:] == ["COPY", "LABEL"]
+    assert kinds[:4] == ["FROM", "LABEL", "ENV", "RUN"] and kinds[-2:] == ["COPY", "LABEL"]  # RUN: the platform
     # The tools' COPY (whose mtimes do not depend on the epoch) comes before the epoch; the sources after.
     epoch_at = lines.index("ENV SOURCE_DATE_EPOCH=1700000000")
     assert lines.index("COPY tools/ /") < epoch_at < lines.index("COPY src/core/ /")
@@ -204,7 +212,7 @@ def _cann_tree(root: Path, version: str) -> Path:
 
 def _run_platform_check(toolkit: Path, lock: Lock) -> subprocess.CompletedProcess[str]:
     plan = dataclasses.replace(plan_of(lock), python=None)  # the host's python is not the image's
-    run = next(l for l in render_stage_dockerfile(plan).split("\nRUN ")[1:] if "want_cann" in l)
+    run = next(l for l in render_image_dockerfile(plan).split("\nRUN ")[1:] if "want_cann" in l)
     script = run.split("\nCOPY ")[0].replace("/usr/local/Ascend/ascend-toolkit", str(toolkit))
     return subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30)
 
@@ -231,7 +239,7 @@ def test_platform_check_fails_the_build_on_another_cann(tmp_path: Path) -> None:
 
 def test_every_run_is_valid_shell() -> None:
     runs = [line[len("RUN ") :] for line in instructions(render_dockerfile(plan_of())) if line.startswith("RUN ")]
-    assert len(runs) == 5  # platform check, packages, and three installed sources
+    assert len(runs) == 4  # the platform check and three installed sources
     for run in runs:
         result = subprocess.run(["sh", "-n", "-c", run], capture_output=True, text=True, timeout=30)
         assert result.returncode == 0, (run, result.stderr)

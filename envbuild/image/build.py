@@ -3,9 +3,9 @@
 The order is fixed: read the lock → verify it (refuse a failing pin) → connect to the engine (no engine:
 one line, nothing fetched) → fetch the inputs into the caches (every source's tree, every package
 file; :mod:`envbuild.image.inputs`) → plan (pure) → assemble the context from the caches (every file and
-tree checked before anything is installed) → the packages image (:mod:`.packages`: built in a stage the
-package files never leave, or reused) → the image on it, legacy builder, no network, sending the
-sources alone (:mod:`.contexts`) → normalise the config (:mod:`.canonical`: the layers are the same bytes
+tree checked before anything is installed) → the packages image (:mod:`.packages`: installed in a
+container that is committed without the package files, or reused) → the image on it, legacy builder, no
+network, sending the sources alone (:mod:`.contexts`) → normalise the config (:mod:`.canonical`: the layers are the same bytes
 on every build, so only the config is rewritten and loaded; the ID must be the computed one) → the
 in-image check (a mismatch removes the image, no tag is set) → tag, push → write the record → tidy the
 engine (:mod:`.retention`).

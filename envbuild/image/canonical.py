@@ -34,6 +34,7 @@ from envbuild.image.imageconfig import (
     removal_layer,
     settle_empty,
 )
+from envbuild.image.render import PACKAGES_EPOCH
 from envbuild.progress import Progress
 
 
@@ -91,24 +92,35 @@ def normalise(engine: Engine, raw_id: str, base: str, epoch: int, say: Progress)
     return CanonicalImage(normalised, tuple(config["rootfs"]["diff_ids"]))
 
 
-def load_removal_image(
+def load_packages_image(
     engine: Engine,
     base: str,
-    remove: list[str],
-    directories: dict[str, list[int]],
-    epoch: int,
-    created_by: str,
+    committed: str,
+    packages: int,
+    report: dict[str, Any],
     tag: str,
     say: Progress,
 ) -> str:
-    """The base with ``remove`` removed: a layer envbuild writes (whiteouts at the epoch) loaded on top
-    of the base's canonical config; tagged ``tag``. Its ID depends only on the base and ``remove``."""
+    """The packages image: the base's canonical config with the committed container's layer on top and,
+    when the base holds distributions the lock replaces, a layer removing their files (whiteouts at the
+    packages epoch, written here: a removal the engine makes carries the clock's time); tagged ``tag``.
+    Its ID depends only on the base, what pip wrote and what was removed."""
     inspect, history = settled_history(engine, base)
-    config = canonical_config(inspect, history, base_entries=len(history), epoch=epoch)
-    layer = removal_layer(remove, directories, epoch)
-    diff_id = "sha256:" + hashlib.sha256(layer).hexdigest()
-    extended = extend_config(config, diff_id, created_by, epoch)
-    loaded = _load(engine, extended, say, {diff_id: layer})
+    config = canonical_config(inspect, history, base_entries=len(history), epoch=PACKAGES_EPOCH)
+    layers = _inspect(engine, committed)["RootFS"]["Layers"]
+    if layers[:-1] != config["rootfs"]["diff_ids"]:
+        raise EngineError(f"the committed packages container {committed[:19]} is not one layer on {base}")
+    config = extend_config(
+        config, layers[-1], f"envbuild: install the lock's {packages} package files (pip, no index)", PACKAGES_EPOCH
+    )
+    carried: dict[str, bytes] = {}
+    if report["remove"]:
+        layer = removal_layer(report["remove"], report["directories"], PACKAGES_EPOCH)
+        diff_id = "sha256:" + hashlib.sha256(layer).hexdigest()
+        replaced = ", ".join(report["replaced"])
+        config = extend_config(config, diff_id, f"envbuild: remove the base's own {replaced}", PACKAGES_EPOCH)
+        carried[diff_id] = layer
+    loaded = _load(engine, config, say, carried)
     engine.tag(loaded, tag)
     return loaded
 

@@ -1,11 +1,9 @@
-"""The build contexts, streamed to the engine from an assembled context directory (:mod:`.context`).
+"""What the engine receives, streamed from an assembled context directory (:mod:`.context`); each step
+gets only what it reads (:mod:`.render`):
 
-Each build gets only what its Dockerfile reads (:mod:`.render`):
-
-- the packages stage: ``Dockerfile``, ``wheels/<file>``, ``envbuild/requirements.txt`` and
-  ``envbuild/stage_packages.py``;
-- the packages image: its ``Dockerfile`` alone;
-- the image: ``Dockerfile``; ``tools/opt/envbuild/bin/clamp-mtimes``; each source as
+- the packages container: ``envbuild-packages/`` with ``wheels/<file>``, ``requirements.txt``,
+  ``stage_packages.py`` and ``clamp-mtimes`` (copied into its ``/tmp``, removed before it is committed);
+- the image's build: ``Dockerfile``; ``tools/opt/envbuild/bin/clamp-mtimes``; each source as
   ``src/<name>/opt/envbuild/src/<name>/...``; ``meta/opt/envbuild/meta/`` (manifest, in-image probe,
   requirements).
 
@@ -142,21 +140,16 @@ def stream(entries: list[Entry]) -> ContextStream:
     return ContextStream(chunks, sum(e.size for e in ordered))
 
 
-def stage_context(context: BuildContext, dockerfile: str) -> ContextStream:
-    """The packages stage: the package files, the requirements and the stage script."""
-    epoch = PACKAGES_EPOCH
-    entries = [_data("Dockerfile", dockerfile.encode(), 0o644, epoch)]
-    entries += [_file(f"wheels/{p.name}", p, 0o444, epoch) for p in sorted((context.path / "wheels").iterdir())]
+def packages_archive(context: BuildContext) -> ContextStream:
+    """The packages container's files, as ``envbuild-packages/...`` (for ``/tmp``)."""
+    epoch, top = PACKAGES_EPOCH, "envbuild-packages"
+    entries = [_file(f"{top}/wheels/{p.name}", p, 0o444, epoch) for p in sorted((context.path / "wheels").iterdir())]
     entries += [
-        _file("envbuild/requirements.txt", context.path / "envbuild" / "requirements.txt", 0o644, epoch),
-        _data("envbuild/stage_packages.py", load_template("stage_packages.py.in").encode(), 0o644, epoch),
+        _file(f"{top}/requirements.txt", context.path / "envbuild" / "requirements.txt", 0o644, epoch),
+        _data(f"{top}/stage_packages.py", load_template("stage_packages.py.in").encode(), 0o644, epoch),
+        _data(f"{top}/clamp-mtimes", load_template("clamp-mtimes.sh.in").encode(), 0o755, epoch),
     ]
     return stream(entries)
-
-
-def dockerfile_context(dockerfile: str) -> ContextStream:
-    """A context of the Dockerfile alone (the packages image copies from the stage, not the context)."""
-    return stream([_data("Dockerfile", dockerfile.encode(), 0o644, PACKAGES_EPOCH)])
 
 
 def image_context(context: BuildContext, dockerfile: str) -> ContextStream:

@@ -1,39 +1,40 @@
 """The packages image: the base plus the lock's installed packages, with no package file in any layer.
 
-1. The packages stage (:func:`.render.render_stage_dockerfile`) receives the package files, installs
-   them into ``/staging`` and reports (``stage_packages.py``) what the base holds that the lock replaces.
-2. When there is such a thing, the base gets a layer that removes it, written by envbuild
-   (:func:`.canonical.load_removal_image`): a removal the engine makes carries the clock's time.
-3. The packages image copies ``/staging`` onto that (``COPY --from``): one deterministic layer, the
-   installed files alone. It is tagged ``envbuild-pkg/<lock name>:<packages key>``.
-4. The stage goes, whatever happened: its package files and ``/staging`` never stay in the engine.
+The legacy builder can only bring files in through a ``COPY`` layer, so the package files would stay in
+some layer under the installed packages (a multi-stage build copies the installed tree again instead:
+measured, that costs more than the install). The packages image is made in a container instead:
 
-A later build whose packages key is the same (same base, package files, recipe) reuses the packages image
-and sends no package file at all; ``--no-cache`` builds it again.
+1. a container of the base is created, the package files are copied into its ``/tmp`` (streamed,
+   :func:`.contexts.packages_archive`), and it runs :func:`.render.render_packages_script`: pip installs
+   the files, ``stage_packages.py`` names what of the base the lock replaces, the package files are
+   removed, every mtime is clamped;
+2. the container is committed: one layer, what pip wrote — the same bytes on every build;
+3. its config is composed like any other (:mod:`.canonical`) and loaded, with the base's replaced
+   distributions removed by a layer envbuild writes on top when there are any; tagged
+   ``envbuild-pkg/<lock name>:<packages key>``. The container and the committed image go.
+
+A later build whose packages key is the same (same base, package files, scripts) reuses the packages
+image and sends no package file at all; ``--no-cache`` makes it again.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from envbuild.engine import BuildStep, Engine
 from envbuild.errors import EngineError
-from envbuild.image.canonical import load_removal_image
+from envbuild.image.canonical import load_packages_image
 from envbuild.image.context import BuildContext
-from envbuild.image.contexts import dockerfile_context, stage_context
-from envbuild.image.render import (
-    PACKAGES_EPOCH,
-    STAGE_REPORT,
-    base_reference,
-    packages_reference,
-    render_packages_dockerfile,
-    render_stage_dockerfile,
-)
-from envbuild.image.retention import prune_dangling
+from envbuild.image.contexts import packages_archive
+from envbuild.image.plan import LOCK_NAME_LABEL
+from envbuild.image.render import base_reference, packages_reference, render_packages_script
 from envbuild.progress import Progress
-from envbuild.transfer import human_bytes
+from envbuild.transfer import Heartbeat, Meter, human_bytes
+
+ROLE_LABEL = "io.envbuild.role"
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class PackagesImage:
     reference: str  # envbuild-pkg/<lock name>:<packages key>
     image_id: str
     built: bool  # False: reused from an earlier build
-    steps: tuple[BuildStep, ...] = ()
+    steps: tuple[BuildStep, ...] = ()  # the packages image is not built by the builder: always ()
     replaced: tuple[str, ...] = ()  # "<name> <version>" of each base distribution the lock replaced
     sent: int = 0  # bytes of package files sent to the engine
 
@@ -53,72 +54,60 @@ def ensure_packages_image(engine: Engine, context: BuildContext, *, no_cache: bo
     if found is not None:
         say(f"packages: {reference} is the base with these package files installed already; reused")
         return PackagesImage(reference, found["Id"], False)
-    stage_tag, removal_tag = f"{reference}-stage", f"{reference}-base"
-    stage_stream = stage_context(context, render_stage_dockerfile(plan))
-    say(f"packages: installing {len(plan.files)} package files ({human_bytes(stage_stream.payload)}) in a stage")
-    done = False
+    archive = packages_archive(context)
+    say(f"packages: installing {len(plan.files)} package files ({human_bytes(archive.payload)}) in a container")
+    base = base_reference(plan)
+    if engine.inspect(base) is None:  # what the builder does for a FROM it lacks: a container does not
+        try:
+            engine.pull(base, say)
+        except EngineError as exc:
+            raise EngineError(f"build failed: the base image cannot be pulled: {exc}") from None
+    since = int(time.time()) - 1  # before anything reaches the container: its clamp starts here
+    labels = {LOCK_NAME_LABEL: plan.lock_name, ROLE_LABEL: "packages"}
+    container = engine.create(base, ["sh", "-c", render_packages_script(plan), "envbuild-packages", str(since)], labels)
+    committed = None
     try:
-        stage = engine.build(stage_stream, nocache=no_cache, progress=say, tag=stage_tag, what="the package files")
-        report = _stage_report(engine, stage.image_id)
-        base = base_reference(plan)
+        engine.put_archive(
+            container, "/tmp", Meter(say, "sent the package files", archive.payload).wrap(archive.chunks())
+        )
+        with Heartbeat(say, "packages: pip install") as beat:
+            output = engine.start_and_wait(container, beat.output)
+        if output.exit_code != 0:
+            tail = "".join(f"\n    | {line}" for line in output.stderr.strip().splitlines()[-20:])
+            raise EngineError(f"installing the package files failed (exit status {output.exit_code}){tail}")
+        report = _report(output.stdout)
+        with Heartbeat(say, "packages: committing the installed files"):
+            committed = engine.commit(container)
         if report["remove"]:
             say(
                 f"packages: the base holds {len(report['replaced'])} distributions the lock replaces "
                 f"({', '.join(report['replaced'][:6])}{', …' if len(report['replaced']) > 6 else ''}); "
-                f"removing {len(report['remove'])} paths of theirs in a layer of their own"
+                f"a layer removes {len(report['remove'])} paths of theirs"
             )
-            load_removal_image(
-                engine,
-                base,
-                report["remove"],
-                report["directories"],
-                PACKAGES_EPOCH,
-                "envbuild: remove the base's own " + ", ".join(report["replaced"]),
-                removal_tag,
-                say,
-            )
-            base = removal_tag
-        dockerfile = render_packages_dockerfile(plan, base, stage_tag, removes=bool(report["remove"]))
-        image = engine.build(
-            dockerfile_context(dockerfile),
-            nocache=no_cache,
-            progress=say,
-            tag=reference,
-            what="the packages Dockerfile",
-        )
-        done = True
+        image_id = load_packages_image(engine, base, committed, len(plan.files), report, reference, say)
     finally:
-        _tidy(engine, stage_tag, removal_tag, plan.lock_name, done)
-    return PackagesImage(
-        reference,
-        image.image_id,
-        True,
-        stage.steps + image.steps,
-        tuple(report["replaced"]),
-        stage_stream.payload,
-    )
+        _tidy(engine, container, committed)
+    say(f"packages: {reference} ({image_id[:19]})")
+    return PackagesImage(reference, image_id, True, (), tuple(report["replaced"]), archive.payload)
 
 
-def _tidy(engine: Engine, stage_tag: str, removal_tag: str, lock_name: str, done: bool) -> None:
+def _tidy(engine: Engine, container: str, committed: str | None) -> None:
     try:
-        engine.remove(stage_tag)  # the stage, its package files and /staging go with their only tag
-        engine.remove(removal_tag)  # a tag only: the removal layer's image is the packages image's parent
-        if not done:
-            prune_dangling(engine, lock_name)  # the steps of a failed or interrupted stage
+        engine.remove_container(container)
+        if committed is not None:
+            engine.remove(committed)  # the packages image shares its layer; this is only its config
     except EngineError:
-        if done:
-            raise
-        # the engine went away mid-build: the next build tidies up; the build's own error is the one to see
+        pass  # the engine went away: the next build of the lock removes what is left (retention)
 
 
-def _stage_report(engine: Engine, stage_id: str) -> dict[str, Any]:
-    output = engine.run(stage_id, ["cat", STAGE_REPORT])
+def _report(stdout: str) -> dict[str, Any]:
     try:
-        report = json.loads(output.stdout)
-        if output.exit_code != 0 or not isinstance(report, dict):
-            raise ValueError(output.stderr.strip()[-300:])
-        for key in ("remove", "replaced", "directories"):
-            report.setdefault(key, [] if key != "directories" else {})
-    except ValueError as exc:
-        raise EngineError(f"the packages stage left no readable report at {STAGE_REPORT}: {exc}") from None
+        report = json.loads(stdout.strip().splitlines()[-1])
+        if not isinstance(report, dict):
+            raise ValueError("not an object")
+        for key in ("remove", "replaced"):
+            report.setdefault(key, [])
+        report.setdefault("directories", {})
+    except (ValueError, IndexError) as exc:
+        raise EngineError(f"the packages step printed no report: {exc}") from None
     return report

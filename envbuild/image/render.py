@@ -1,18 +1,16 @@
-"""The Dockerfiles of a lock's image: pure functions of the :class:`ContextPlan`.
+"""What a build runs, as text: pure functions of the :class:`ContextPlan`.
 
-A build runs up to three, each with its own context (so a build sends the engine only what it needs):
+1. The packages image, ``envbuild-pkg/<lock name>:<packages key>``: the lock's package files are copied
+   into a container of the base, installed (``packages.sh.in``, ``stage_packages.py.in``), removed,
+   and the container is committed — one layer of what pip wrote, no package file in any layer; reused
+   while its key holds (the key hashes everything the step reads: the base by digest, the requirements
+   with their hashes, the scripts).
+2. The image (``Dockerfile.in``), with the legacy builder: the packages image (the base itself when the
+   lock has no packages), then each source and the metadata.
 
-1. the packages stage (``packages-stage.Dockerfile.in``): the base, the package files, ``pip install
-   --root /staging``; removed once used, so no package file reaches the image;
-2. the packages image (``packages.Dockerfile.in``): the base — or the base with the distributions the
-   lock replaces removed, a layer envbuild writes itself — plus ``COPY --from`` the stage's ``/staging``;
-   tagged ``envbuild-pkg/<lock name>:<packages key>`` and reused while the key holds (the key hashes
-   everything the stage reads: base, requirements with their hashes, recipe);
-3. the image (``Dockerfile.in``): the packages image, then each source and the metadata.
-
-Without packages, only the third runs, on the base. The text comes from templates under ``images/``
-with ``{{name}}`` placeholders; every value put in is either validated by the lock model (names, SHAs,
-digests, versions) or shell-quoted (the ``install.env`` values).
+The text comes from templates under ``images/`` with ``{{name}}`` placeholders; every value put in is
+either validated by the lock model (names, SHAs, digests, versions) or shell-quoted (the ``install.env``
+values).
 """
 
 from __future__ import annotations
@@ -39,7 +37,6 @@ TEMPLATE_DIR = Path(__file__).parent / "templates"
 PIP = "python3 -m pip"
 PACKAGES_REPOSITORY = "envbuild-pkg"
 CLAMP = f"{IMAGE_ROOT}/bin/clamp-mtimes"
-STAGE_REPORT = "/envbuild-packages.json"
 # The mtime of every file the packages layer holds (1980-01-01, the earliest a wheel's zip can record).
 # Fixed rather than the build's epoch: with the default epoch (the newest pinned commit's date), moving
 # a source pin may move the epoch, and that must not reinstall every package.
@@ -86,6 +83,7 @@ def _has_tag(name: str) -> bool:
 
 
 def render_platform_check(plan: ContextPlan) -> str:
+    """The RUN instruction that checks the base's CANN and Python against the lock's platform."""
     if not plan.cann and not plan.python:
         return "# no platform.cann or platform.python in the lock: nothing to check in the base image"
     return fill(
@@ -94,30 +92,32 @@ def render_platform_check(plan: ContextPlan) -> str:
     ).rstrip("\n")
 
 
-# --- 1. and 2.: the packages ----------------------------------------------------------------------
+def platform_check_shell(plan: ContextPlan) -> str:
+    """The same check as a shell command (the packages script runs it before installing anything)."""
+    check = render_platform_check(plan)
+    return check[len("RUN ") :] if check.startswith("RUN ") else ": nothing to check"
 
 
-def render_stage_dockerfile(plan: ContextPlan) -> str:
+# --- 1.: the packages ----------------------------------------------------------------------------
+
+
+def render_packages_script(plan: ContextPlan) -> str:
+    """The shell script the packages container runs (``sh -c SCRIPT envbuild-packages SINCE``)."""
     return fill(
-        load_template("packages-stage.Dockerfile.in"),
-        {
-            "lock_name": plan.lock_name,
-            "base": base_reference(plan),
-            "platform_check": render_platform_check(plan),
-            "packages_epoch": str(PACKAGES_EPOCH),
-            "report": STAGE_REPORT,
-        },
+        load_template("packages.sh.in"),
+        {"packages_epoch": str(PACKAGES_EPOCH), "platform_check": platform_check_shell(plan)},
     )
 
 
 def packages_key(plan: ContextPlan) -> str:
-    """Everything the packages image is made of: the stage's Dockerfile (base by digest, recipe), the
-    requirements (each file's sha256) and the scripts; equal keys give equal packages layers."""
+    """Everything the packages image is made of: the base by digest, the requirements (each file's
+    sha256) and the scripts; equal keys give equal packages layers."""
     digest = hashlib.sha256()
     for part in (
-        render_stage_dockerfile(plan),
-        load_template("packages.Dockerfile.in"),
+        base_reference(plan),
+        render_packages_script(plan),
         load_template("stage_packages.py.in"),
+        load_template("clamp-mtimes.sh.in"),
         plan.requirements,
     ):
         digest.update(hashlib.sha256(part.encode()).digest())
@@ -128,20 +128,7 @@ def packages_reference(plan: ContextPlan) -> str:
     return f"{PACKAGES_REPOSITORY}/{plan.lock_name}:{packages_key(plan)[:16]}"
 
 
-def render_packages_dockerfile(plan: ContextPlan, base: str, stage: str, removes: bool) -> str:
-    """``base``: the base, or the base with the distributions the lock replaces removed (``removes``)."""
-    note = (
-        "with the distributions the lock replaces removed, in a layer envbuild wrote"
-        if removes
-        else "when it holds no distribution the lock replaces; else the base with those removed"
-    )
-    return fill(
-        load_template("packages.Dockerfile.in"),
-        {"from": base, "from_note": note, "stage": stage, "lock_name": plan.lock_name},
-    )
-
-
-# --- 3.: the image ------------------------------------------------------------------------------
+# --- 2.: the image ------------------------------------------------------------------------------
 
 
 def _env_prefix(source: SourcePlan) -> str:
@@ -189,9 +176,7 @@ def render_image_dockerfile(plan: ContextPlan) -> str:
             "lock_name": plan.lock_name,
             "lock_sha256": plan.lock_sha256,
             "from": packages_reference(plan) if packages else base_reference(plan),
-            "platform_check": "# the platform was checked in the packages stage"
-            if packages
-            else render_platform_check(plan),
+            "platform_check": render_platform_check(plan),
             "epoch": str(plan.epoch),
             "sources": "\n".join(render_source(s, plan.epoch) for s in plan.sources) or "# no sources in the lock",
             "labels": render_labels(plan),
@@ -200,20 +185,23 @@ def render_image_dockerfile(plan: ContextPlan) -> str:
 
 
 def render_dockerfile(plan: ContextPlan) -> str:
-    """Every Dockerfile a build of the plan runs, in order; ``envbuild image --dry-run`` prints exactly
-    this, and the build record hashes it."""
+    """What a build of the plan runs, in order; ``envbuild image --dry-run`` prints exactly this, and
+    the build record hashes it. The packages step is not a Dockerfile; it is shown as the two lines a
+    Dockerfile would need (in comments), then the script."""
     if not plan.files:
         return render_image_dockerfile(plan)
-    stage = f"{packages_reference(plan)}-stage"
+    script = "\n".join(f"#     {line}" if line else "#" for line in render_packages_script(plan).splitlines())
     return "\n".join(
         [
-            "# envbuild image runs three builds, each with its own context: the packages stage (context: the",
-            "# package files), the packages image (no context) and the image (context: the sources).",
-            f"# ---- 1 of 3: the packages stage, tagged {stage} while it is used ----",
-            render_stage_dockerfile(plan),
-            f"# ---- 2 of 3: the packages image, {packages_reference(plan)} ----",
-            render_packages_dockerfile(plan, base_reference(plan), stage, removes=False),
-            "# ---- 3 of 3: the image ----",
+            f"# ---- 1 of 2: the packages image, {packages_reference(plan)} ----",
+            "# Made in a container, not by the builder, so that no package file lands in a layer: the package",
+            "# files (envbuild/requirements.txt, wheels/) are copied into /tmp/envbuild-packages of a container",
+            "# of the base, the script below installs them and removes them, and the container is committed.",
+            "# As a Dockerfile it would read (with the package files in no layer):",
+            f"#   FROM {base_reference(plan)}",
+            "#   RUN sh -c SCRIPT envbuild-packages SINCE",
+            script,
+            "# ---- 2 of 2: the image ----",
             render_image_dockerfile(plan),
         ]
     )

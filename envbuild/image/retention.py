@@ -4,11 +4,11 @@ Per lock name, after a build:
 
 - ``envbuild-raw/<lock name>:<sha12>``: the newest raw image (its parent chain is the legacy builder's
   layer cache); raw tags of other versions of the lock go;
-- ``envbuild-pkg/<lock name>:<packages key>``: the newest packages image; others go (and the packages
-  stage never outlives its build);
+- ``envbuild-pkg/<lock name>:<packages key>``: the newest packages image; others go;
 - every untagged leaf image carrying the lock's name label goes, with its untagged parents: superseded
   raw images (a ``--no-cache`` build makes a new one each time), images that failed the in-image check,
-  the steps of a failed or interrupted build.
+  the steps of a failed or interrupted build;
+- every container labelled with the lock's name goes: the packages container of a killed build.
 
 Normalised images share every layer with the raw ones (only their configs differ), so keeping both costs
 the engine a few kilobytes. Images under the tags you asked for (``--tag``, the default
@@ -48,6 +48,8 @@ def prune_dangling(engine: Engine, lock_name: str) -> int:
 
 def keep_only(engine: Engine, lock_name: str, keep: set[str], say: Progress) -> None:
     """Drop envbuild's own tags of ``lock_name`` that are not in ``keep``, then prune what they held."""
+    for container in engine.containers(filters={"label": f"{LOCK_NAME_LABEL}={lock_name}"}):
+        engine.remove_container(container["Id"])
     dropped = []
     for repository in (f"{RAW_REPOSITORY}/{lock_name}", f"{PACKAGES_REPOSITORY}/{lock_name}"):
         for image in engine.images(name=repository):
