@@ -369,7 +369,9 @@ def scale_hand_dockerfile(base: str, requirements: list[str]) -> str:
 
 
 def _gb(count: float) -> str:
-    return f"{count / 1e9:.2f} GB"
+    from envbuild.transfer import human_bytes
+
+    return human_bytes(count)
 
 
 def scale_one(
@@ -413,8 +415,9 @@ def scale_one(
         repos = make_sources(upstream)
         wheels = scale_wheels(root / "wheels")
         with PyIndex(root / "wheels") as index:
-            for wheel in wheels:  # once: the test index would hash every file on each request
+            for wheel in wheels:  # once: the test index would hash every file it lists on each request
                 index.hashes[wheel.name] = hashlib.sha256(wheel.read_bytes()).hexdigest()
+            index.sha256 = index.hashes.__getitem__  # type: ignore[method-assign]
             packages = served_packages(index)
             env = ImageLockEnv(repos, {n: daemon.url(n) for n in repos}, index, f"{repository}:{tag}", digest)
             lock = env.write(root / "scale.lock.yaml", env.lock(name=SCALE_LOCK, packages=packages))

@@ -131,12 +131,24 @@ def test_two_no_cache_builds_give_one_image_id(
     carried = _layer_digests(reference.archive)
     assert carried and not carried & set(base_layers)  # the kept archive leaves the base's layers out
     assert carried == set(reference.diff_ids) - set(base_layers)
+    # Nothing of the engine's own per-container files (clamping them would copy them into a layer).
+    assert not {".dockerenv", "etc/mtab"} & _layer_entries(reference.archive)
 
 
 def _config_bytes(archive: Path) -> bytes:
     with tarfile.open(archive) as tar:
         manifest = json.load(tar.extractfile("manifest.json"))  # type: ignore[arg-type]
         return tar.extractfile(manifest[0]["Config"]).read()  # type: ignore[union-attr]
+
+
+def _layer_entries(archive: Path) -> set[str]:
+    names: set[str] = set()
+    with tarfile.open(archive) as tar:
+        for member in tar.getmembers():
+            if member.isfile() and member.name.endswith("layer.tar"):
+                with tarfile.open(fileobj=tar.extractfile(member)) as layer:
+                    names.update(layer.getnames())
+    return names
 
 
 def _layer_digests(archive: Path) -> set[str]:

@@ -109,7 +109,10 @@ def test_a_packages_image_is_the_base_a_committed_layer_and_a_layer_of_removals(
         },
     }
     tag = "envbuild-test/canonical:packages"
-    made = [load_packages_image(engine, base_image.tag, committed, 1, report, tag, lambda m: None) for _ in range(2)]
+    made = [
+        load_packages_image(engine, base_image.tag, committed, "canonicaltest", 1, report, tag, lambda m: None)
+        for _ in range(2)
+    ]
     try:
         assert made[0] == made[1]  # the same layer and removals give the same image
         image = engine.inspect(tag)

@@ -101,6 +101,13 @@ def test_a_distribution_the_base_holds_is_replaced_reproducibly(
     tmp_path: Path,
 ) -> None:
     base, digest = base_with_old_tinyone(docker_client, engine, pushed_base_image, registry, tmp_path)
+    try:
+        _replaced(served, engine, base, digest, tmp_path)
+    finally:
+        engine.remove(base, force=True)
+
+
+def _replaced(served: Served, engine: Engine, base: str, digest: str, tmp_path: Path) -> None:
     site = "/usr/local/lib/python3.11/dist-packages"
     before = engine.run(base, ["sh", "-c", f"ls {site} {site}/tinyone /usr/local/bin"]).stdout.split()
     assert {"tinyone-0.9.dist-info", "old_only.py", "__pycache__", "tinyone-old"} <= set(before)

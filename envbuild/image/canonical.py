@@ -34,6 +34,7 @@ from envbuild.image.imageconfig import (
     removal_layer,
     settle_empty,
 )
+from envbuild.image.plan import LOCK_NAME_LABEL
 from envbuild.image.render import PACKAGES_EPOCH
 from envbuild.progress import Progress
 
@@ -96,6 +97,7 @@ def load_packages_image(
     engine: Engine,
     base: str,
     committed: str,
+    lock_name: str,
     packages: int,
     report: dict[str, Any],
     tag: str,
@@ -107,6 +109,9 @@ def load_packages_image(
     Its ID depends only on the base, what pip wrote and what was removed."""
     inspect, history = settled_history(engine, base)
     config = canonical_config(inspect, history, base_entries=len(history), epoch=PACKAGES_EPOCH)
+    # The lock's name label, as every image envbuild makes for the lock carries (the image sets it too):
+    # the engine's tidying finds it by that (retention).
+    config["config"]["Labels"] = {**(config["config"].get("Labels") or {}), LOCK_NAME_LABEL: lock_name}
     layers = _inspect(engine, committed)["RootFS"]["Layers"]
     if layers[:-1] != config["rootfs"]["diff_ids"]:
         raise EngineError(f"the committed packages container {committed[:19]} is not one layer on {base}")

@@ -35,6 +35,7 @@ from envbuild.progress import Progress
 from envbuild.transfer import Heartbeat, Meter, human_bytes
 
 ROLE_LABEL = "io.envbuild.role"
+HEARTBEAT = 15.0  # seconds between "still running" lines while the packages install or commit
 
 
 @dataclass(frozen=True)
@@ -70,21 +71,27 @@ def ensure_packages_image(engine: Engine, context: BuildContext, *, no_cache: bo
         engine.put_archive(
             container, "/tmp", Meter(say, "sent the package files", archive.payload).wrap(archive.chunks())
         )
-        with Heartbeat(say, "packages: pip install") as beat:
+        say("packages: checking the platform, installing (pip, no index, hashes checked)")
+        started = time.monotonic()
+        with Heartbeat(say, "packages: installing", every=HEARTBEAT) as beat:
             output = engine.start_and_wait(container, beat.output)
         if output.exit_code != 0:
             tail = "".join(f"\n    | {line}" for line in output.stderr.strip().splitlines()[-20:])
             raise EngineError(f"installing the package files failed (exit status {output.exit_code}){tail}")
         report = _report(output.stdout)
-        with Heartbeat(say, "packages: committing the installed files"):
+        say(f"packages: installed in {time.monotonic() - started:.0f} s; committing the container as one layer")
+        started = time.monotonic()
+        with Heartbeat(say, "packages: committing", every=HEARTBEAT):
             committed = engine.commit(container)
+        size = (engine.inspect(committed) or {}).get("Size", 0) - (engine.inspect(base) or {}).get("Size", 0)
+        say(f"packages: committed in {time.monotonic() - started:.0f} s: a layer of {human_bytes(size)}")
         if report["remove"]:
             say(
                 f"packages: the base holds {len(report['replaced'])} distributions the lock replaces "
                 f"({', '.join(report['replaced'][:6])}{', …' if len(report['replaced']) > 6 else ''}); "
                 f"a layer removes {len(report['remove'])} paths of theirs"
             )
-        image_id = load_packages_image(engine, base, committed, len(plan.files), report, reference, say)
+        image_id = load_packages_image(engine, base, committed, plan.lock_name, len(plan.files), report, reference, say)
     finally:
         _tidy(engine, container, committed)
     say(f"packages: {reference} ({image_id[:19]})")
