@@ -50,14 +50,14 @@ def engine_state(client: docker.DockerClient) -> tuple[int, int, int]:
     return usage["LayersSize"], len(client.api.images(all=True)), len(client.api.containers(all=True))
 
 
-def test_rebuilding_a_lock_leaves_the_engine_as_the_first_build_left_it(
+def test_ten_builds_of_a_lock_leave_the_engine_as_the_first_build_left_it(
     env: ImageLockEnv, engine: Engine, docker_client: docker.DockerClient, tmp_path: Path
 ) -> None:
     lock = env.write(tmp_path / "enginestate.lock.yaml", env.lock(name="enginestate"))
     options = ImageOptions(VerifyOptions(tmp_path / "cache"))
     first = build_image(lock, options, engine=engine)
     after_one = engine_state(docker_client)
-    for no_cache in (True, False, True, True, False):  # a new raw image each --no-cache build
+    for no_cache in (True, False, True, True, False, True, False, True, True):  # ten builds in all
         again = build_image(lock, ImageOptions(options.verify, no_cache=no_cache), engine=engine)
         assert again.image_id == first.image_id
         assert engine_state(docker_client) == after_one
