@@ -1,6 +1,10 @@
 """`envbuild image` against a hand-written Dockerfile, side by side, on the test lock of tests/lib/imagelock.py.
 
     . /run/envbuild-test/env; python benchmarks/bench_image.py [--repeat 1]
+    . /run/envbuild-test/env; python benchmarks/bench_image.py --scale [--large-gb 4.25] [--stages]
+
+``--scale`` (below) measures at the real stack's size instead: GBs of real wheels on a base of 0.15 and
+of several GB. Without it:
 
 Needs the test services (``scripts/services start``). Serves three git repositories with ``git daemon``
 and two wheels from a local PEP 691 index on 127.0.0.1, pushes the test base image to the local
@@ -21,10 +25,12 @@ is made once, outside the timings, with the host network. Targets (issue 3): a n
 from __future__ import annotations
 
 import argparse
+import hashlib
 import io
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tarfile
 import tempfile
@@ -134,7 +140,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=1, help="runs of each measurement (median reported)")
     parser.add_argument("--stages", action="store_true", help="print envbuild's progress with elapsed times")
+    parser.add_argument("--scale", action="store_true", help="GBs of real wheels, on a small and a multi-GB base")
+    parser.add_argument("--large-gb", type=float, default=4.25, help="--scale: GB of filler on the large base")
+    parser.add_argument("--save-load", action="store_true", help="--scale: also time docker save/load of each base")
     args = parser.parse_args(argv)
+    if args.scale:
+        return scale(args.large_gb, stages=args.stages, save_load=args.save_load)
     start = time.perf_counter()
 
     def stages(message: str) -> None:
@@ -247,6 +258,311 @@ def main(argv: list[str] | None = None) -> int:
             except docker.errors.APIError:
                 pass
     return 0
+
+
+# --- --scale: the real stack's size -----------------------------------------------------------------
+#
+# Real wheels (torch, pyarrow, ray, numpy and what `import ray` needs; 1.06 GB for linux/x86_64/cp311),
+# downloaded once into /var/cache/envbuild-test/wheels and served by the local index; the same three
+# sources; two bases: the test base (0.15 GB) and the test base plus --large-gb of filler (made once, kept
+# by the engine). For each base, side by side: envbuild image (inputs already in its cache, as the hand
+# build's files are on disk; the engine's cache off) against a hand-written Dockerfile doing the same
+# installs from the same local files (COPY the wheels, pip install them, COPY + install each source);
+# then a no-op rebuild and a rebuild after one source moved (beta, the middle layer group), each with
+# the engine's cache; the image sizes against base + what the installs write (the hand image less its
+# wheels layer); the bytes each build sent the engine.
+
+SCALE_LOCK = "imagescale"
+SCALE_WHEELS = (
+    "torch==2.9.1",
+    "pyarrow==26.0.1",
+    "ray==2.60.0",
+    "numpy==2.4.6",
+    # what `import ray` needs (ray installed --no-deps), and torch's pure-Python requirements
+    "attrs==26.1.0",
+    "certifi==2026.10.19.post1",
+    "charset-normalizer==3.5.3",
+    "click==8.5.1",
+    "filelock==4.3.1",
+    "fsspec==2026.9.0",
+    "idna==3.20",
+    "jinja2==3.1.6",
+    "jsonschema==4.26.0",
+    "jsonschema-specifications==2025.9.1",
+    "markupsafe==3.0.4",
+    "mpmath==1.4.1",
+    "msgpack==1.2.4",
+    "networkx==3.6.1",
+    "packaging==26.4",
+    "protobuf==7.36.2",
+    "pyyaml==6.0.4",
+    "referencing==0.37.0",
+    "requests==2.34.2",
+    "rpds-py==2026.9.1",
+    "sympy==1.14.0",
+    "typing-extensions==4.16.0",
+    "urllib3==2.8.0",
+)
+IMPORT_CHECK = "import numpy, pyarrow, ray, sympy, jinja2; print('imports ok')"
+
+
+def scale_wheels(into: Path) -> list[Path]:
+    """The pinned wheels, downloaded once (pip download, no dependencies) and hard-linked into ``into``."""
+    from packaging.utils import canonicalize_name, parse_wheel_filename
+
+    from tests.lib.baseimage import CACHE_DIR
+
+    cache = CACHE_DIR / "wheels"
+    cache.mkdir(parents=True, exist_ok=True)
+
+    def present() -> dict[str, Path]:
+        found = {}
+        for path in cache.glob("*.whl"):
+            name, version, _, _ = parse_wheel_filename(path.name)
+            found[f"{name}=={version}"] = path
+        return found
+
+    wanted = [f"{canonicalize_name(r.split('==')[0])}=={r.split('==')[1]}" for r in SCALE_WHEELS]
+    missing = [r for r in wanted if r not in present()]
+    if missing:
+        print(f"downloading {len(missing)} wheels into {cache} (once)", file=sys.stderr)
+        platforms = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", str(cache)]
+            + [f"--platform={p}" for p in platforms]
+            + ["--python-version=3.11", "--implementation=cp", "--abi=cp311", "--abi=abi3", "--abi=none", *missing],
+            check=True,
+        )
+    into.mkdir(parents=True, exist_ok=True)
+    links = []
+    for requirement in wanted:
+        source = present()[requirement]
+        os.link(source, into / source.name)
+        links.append(into / source.name)
+    return links
+
+
+def export_tree(repo: Path, commit: str, dest: Path) -> None:
+    """The commit's files, as a user would copy them: git archive | tar x."""
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", commit], cwd=repo, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+
+
+def scale_hand_dockerfile(base: str, requirements: list[str]) -> str:
+    return "\n".join(
+        [
+            f"FROM {base}",
+            "ENV PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1",
+            "COPY wheels/ /wheels/",
+            f"RUN pip install --no-index --no-deps --no-compile --find-links /wheels {' '.join(requirements)}",
+            "COPY src/alpha /src/alpha",
+            "RUN pip install --no-build-isolation --no-deps --no-index -e /src/alpha",
+            "COPY src/beta /src/beta",
+            "RUN pip wheel --no-build-isolation --no-deps --no-index -w /tmp/w /src/beta"
+            " && pip install --no-index --no-deps /tmp/w/*.whl && rm -rf /tmp/w",
+            "COPY src/gamma /src/gamma",
+            "",
+        ]
+    )
+
+
+def _gb(count: float) -> str:
+    from envbuild.transfer import human_bytes
+
+    return human_bytes(count)
+
+
+def scale_one(
+    client: docker.DockerClient, engine: Engine, registry: str, root: Path, base_tag: str, stages: bool, save_load: bool
+) -> dict[str, float]:
+    """Every measurement on one base; returns the figures by name."""
+    from envbuild.image.inputs import fetch_inputs
+    from envbuild.lock.io import read_lock
+    from envbuild.transfer import directory_context
+    from tests.lib.imagelock import served_packages
+
+    out: dict[str, float] = {}
+    base = client.images.get(base_tag)
+    out["base_size"] = base.attrs["Size"]
+    print(f"\nbase {base_tag}: {_gb(out['base_size'])}", file=sys.stderr)
+    if save_load:  # what normalising cost before: docker save and docker load of the whole image, base included
+        saved = root / "base-save.tar"
+        t0 = time.perf_counter()
+        engine.save(base_tag, saved)
+        out["save"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        engine.load(saved)
+        out["load"] = time.perf_counter() - t0
+        saved.unlink()
+        print(f"  docker save of the base {out['save']:.1f} s, docker load {out['load']:.1f} s", file=sys.stderr)
+    t0 = time.perf_counter()
+    repository, tag = f"{registry}/envbuild-bench/scalebase", base_tag.rsplit(":", 1)[1]
+    digest = push_as(client, base_tag, repository, tag)
+    print(f"  pushed to the local registry to pin it by digest: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+
+    start = time.perf_counter()
+
+    def say(message: str) -> None:
+        if stages:
+            print(f"    {time.perf_counter() - start:7.2f} s  {message[:110]}", file=sys.stderr)
+
+    upstream = root / "upstream"
+    upstream.mkdir()
+    daemon = GitDaemon(upstream, allow_filter=True).start()
+    try:
+        repos = make_sources(upstream)
+        wheels = scale_wheels(root / "wheels")
+        with PyIndex(root / "wheels") as index:
+            for wheel in wheels:  # once: the test index would hash every file it lists on each request
+                index.hashes[wheel.name] = hashlib.sha256(wheel.read_bytes()).hexdigest()
+            index.sha256 = index.hashes.__getitem__  # type: ignore[method-assign]
+            packages = served_packages(index)
+            env = ImageLockEnv(repos, {n: daemon.url(n) for n in repos}, index, f"{repository}:{tag}", digest)
+            lock = env.write(root / "scale.lock.yaml", env.lock(name=SCALE_LOCK, packages=packages))
+            pins = env.pins()
+            options = VerifyOptions(root / "cache")
+            t0 = time.perf_counter()
+            fetch_inputs(read_lock(lock).lock, lock, options)
+            out["fetch"] = time.perf_counter() - t0
+            wheel_bytes = sum(w.stat().st_size for w in wheels)
+            print(
+                f"  {len(wheels)} wheels, {_gb(wheel_bytes)}; fetched into an empty cache in {out['fetch']:.1f} s "
+                "(before the timings: the hand build's files are on disk too)",
+                file=sys.stderr,
+            )
+
+            print("  envbuild image:", file=sys.stderr)
+            start = time.perf_counter()
+            full = build_image(lock, ImageOptions(options, no_cache=True), engine=engine, progress=say)
+            out["full"] = time.perf_counter() - start
+            out["sent_full"] = full.sent
+            print(f"    full build (--no-cache)      {out['full']:8.1f} s  sent {_gb(full.sent)}", file=sys.stderr)
+            start = time.perf_counter()
+            noop = build_image(lock, ImageOptions(options), engine=engine, progress=say)
+            out["noop"] = time.perf_counter() - start
+            out["sent_noop"] = noop.sent
+            assert noop.image_id == full.image_id
+            print(f"    no-op rebuild                {out['noop']:8.1f} s  sent {_gb(noop.sent)}", file=sys.stderr)
+            moved_commit = repos["beta"].commit("beta moves", files={"beta/extra.py": "X = 1\n"})
+            moved_lock = env.write(
+                root / "moved.lock.yaml", env.lock(name=SCALE_LOCK, packages=packages, pins={"beta": moved_commit})
+            )
+            start = time.perf_counter()
+            moved = build_image(moved_lock, ImageOptions(options), engine=engine, progress=say)
+            out["moved"] = time.perf_counter() - start
+            out["sent_moved"] = moved.sent
+            rebuilt = [
+                s.instruction.split()[0] + " " + s.instruction.split()[1][:20] for s in moved.steps if not s.cached
+            ]
+            print(
+                f"    one source moved (beta)      {out['moved']:8.1f} s  sent {_gb(moved.sent)}; rebuilt: {rebuilt}",
+                file=sys.stderr,
+            )
+            image = engine.inspect(moved.image_id)
+            assert image is not None
+            out["size"] = image["Size"]
+            checked = engine.run(moved.image_id, ["python3", "-c", IMPORT_CHECK])
+            print(f"    import check: {checked.stdout.strip() or checked.stderr.strip()[-200:]}", file=sys.stderr)
+
+            print("  hand-written Dockerfile (COPY wheels/, pip install, COPY + install each source):", file=sys.stderr)
+            hand = root / "hand"
+            for name in ("alpha", "beta", "gamma"):
+                export_tree(repos[name].path, pins[name], hand / "src" / name)
+            (hand / "wheels").mkdir()
+            for wheel in wheels:
+                os.link(wheel, hand / "wheels" / wheel.name)
+            requirements = [f"{p.name}=={p.version}" for p in packages]
+            (hand / "Dockerfile").write_text(scale_hand_dockerfile(f"{repository}@{digest}", requirements))
+            sent = directory_context(hand).payload
+            start = time.perf_counter()
+            hand_full = engine.build(hand, nocache=True)
+            out["hand_full"] = time.perf_counter() - start
+            HAND_IMAGES.append(hand_full.image_id)
+            print(f"    full build (--no-cache)      {out['hand_full']:8.1f} s  sent {_gb(sent)}", file=sys.stderr)
+            start = time.perf_counter()
+            engine.build(hand)
+            out["hand_noop"] = time.perf_counter() - start
+            print(f"    no-op rebuild                {out['hand_noop']:8.1f} s  sent {_gb(sent)}", file=sys.stderr)
+            export_tree(repos["beta"].path, moved_commit, hand / "src" / "beta")
+            start = time.perf_counter()
+            hand_moved = engine.build(hand)
+            out["hand_moved"] = time.perf_counter() - start
+            HAND_IMAGES.append(hand_moved.image_id)
+            print(f"    one source moved (beta)      {out['hand_moved']:8.1f} s  sent {_gb(sent)}", file=sys.stderr)
+            out["sent_hand"] = sent
+            hand_image = engine.inspect(hand_moved.image_id)
+            assert hand_image is not None
+            out["hand_size"] = hand_image["Size"]
+            wheels_layer = next(
+                h["Size"] for h in engine.history(hand_moved.image_id) if " in /wheels/" in h["CreatedBy"]
+            )
+            out["base_plus_installed"] = out["hand_size"] - wheels_layer
+            checked = engine.run(hand_moved.image_id, ["python3", "-c", IMPORT_CHECK])
+            print(f"    import check: {checked.stdout.strip() or checked.stderr.strip()[-200:]}", file=sys.stderr)
+            out["engine_layers"] = engine.disk_usage().get("LayersSize", 0)
+    finally:
+        daemon.stop()
+    return out
+
+
+def scale(large_gb: float, *, stages: bool, save_load: bool) -> int:
+    from tests.lib.baseimage import ensure_filler_base
+
+    registry = os.environ.get("ENVBUILD_TEST_REGISTRY")
+    if not os.environ.get("DOCKER_HOST") or not registry:
+        raise SystemExit("start the services: scripts/services start; . /run/envbuild-test/env")
+    client = docker.from_env(version="auto", timeout=7200)
+    engine = Engine(client)
+    small = ensure_base_image(client).tag
+    print(f"making the large base (once; kept by the engine): {large_gb:g} GB of filler", file=sys.stderr)
+    large = ensure_filler_base(client, large_gb).tag
+    figures = {}
+    for label, base in (("small", small), ("large", large)):
+        root = Path(tempfile.mkdtemp(prefix=f"bench-scale-{label}-"))
+        try:
+            figures[label] = scale_one(client, engine, registry, root, base, stages, save_load)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+            _remove_scale_images(client)
+    print("\nsummary (goal in brackets)", file=sys.stderr)
+    for label, f in figures.items():
+        print(f"  base {_gb(f['base_size'])}:", file=sys.stderr)
+        print(f"    full build, envbuild / hand:     {f['full'] / f['hand_full']:6.2f}x  [<= 1.5x]", file=sys.stderr)
+        print(f"    no-op rebuild / full build:      {f['noop'] / f['full']:6.1%}  [< 5%]", file=sys.stderr)
+        print(f"    one-source rebuild / full build: {f['moved'] / f['full']:6.1%}  [<= 25%]", file=sys.stderr)
+        print(
+            f"    image {_gb(f['size'])}, base + installed {_gb(f['base_plus_installed'])}: "
+            f"{f['size'] / f['base_plus_installed'] - 1:+.1%}  [within 2%]; hand-written image {_gb(f['hand_size'])}",
+            file=sys.stderr,
+        )
+        print(
+            f"    sent: envbuild {_gb(f['sent_full'])} full, {_gb(f['sent_noop'])} no-op, "
+            f"{_gb(f['sent_moved'])} one source; hand {_gb(f['sent_hand'])} every build",
+            file=sys.stderr,
+        )
+    if len(figures) == 2:
+        growth = figures["large"]["base_size"] / figures["small"]["base_size"]
+        ratio = figures["large"]["moved"] / figures["small"]["moved"]
+        print(f"  one-source rebuild, base {growth:.0f}x larger: {ratio:.2f}x  [<= 1.5x]", file=sys.stderr)
+    return 0
+
+
+def _remove_scale_images(client: docker.DockerClient) -> None:
+    """What a scale run made: envbuild's images of the lock, the hand builds; the bases stay."""
+    for image in client.images.list(filters={"label": f"io.envbuild.lock.name={SCALE_LOCK}"}):
+        try:
+            client.images.remove(image.id, force=True)
+        except docker.errors.APIError:
+            pass
+    for image_id in dict.fromkeys(HAND_IMAGES):
+        try:
+            client.images.remove(image_id, force=True)
+        except docker.errors.APIError:
+            pass
+    HAND_IMAGES.clear()
+    client.images.prune(filters={"dangling": True})
 
 
 if __name__ == "__main__":

@@ -1,19 +1,21 @@
 """The only module that talks to the container engine: the docker SDK against ``DOCKER_HOST``.
 
 Builds use the legacy builder (what the SDK's build endpoint runs), with no network for ``RUN``
-steps and without a final tag; the stream is turned into one progress line per step, and a failed
-step raises :class:`EngineError` with that step's instruction and the tail of its log. Every failure
-of the engine or of the connection to it becomes a one-line :class:`EngineError`; registry
-credentials come from the docker config (the SDK reads it) and are never printed.
+steps; the stream is turned into one progress line per step, and a failed step raises
+:class:`EngineError` with that step's instruction and the tail of its log. The build context is
+streamed to the engine as it is read (a directory, or a :class:`ContextStream` of tar chunks): the SDK
+would first copy a directory into a temporary tar file, a second copy of every package file.
+
+Long transfers say how far they are, one line at most every few seconds and one at the end: the
+context sent, a ``docker save`` read, a ``docker load`` sent, each layer of a push. Every failure of the
+engine or of the connection to it becomes a one-line :class:`EngineError`; registry credentials come
+from the docker config (the SDK reads it) and are never printed.
 """
 
 from __future__ import annotations
 
 import os
-import re
-import time
-from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,24 +27,20 @@ import requests
 
 from envbuild.errors import EngineError
 from envbuild.progress import Progress
+from envbuild.transfer import LOG_TAIL, BuildProgress, BuildStep, ContextStream, LayerProgress, Meter, directory_context
 
 TIMEOUT = 3600  # seconds for one API call: a build step or a save of a multi-GB image
 CONNECT_TIMEOUT = 30  # seconds for the first answer of an engine
-LOG_TAIL = 20
-_STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-# The builder's own chatter, not the step's output.
-_NOISE = re.compile(r"^(---> |Removing intermediate container |Successfully )")
 _CHUNK = 1 << 20
 
 
-@dataclass(frozen=True)
-class BuildStep:
-    number: int
-    total: int
-    instruction: str
-    cached: bool
-    seconds: float
+def _chunks_of(archive: Path | Iterable[bytes]) -> Iterator[bytes]:
+    if not isinstance(archive, Path):
+        yield from archive
+        return
+    with open(archive, "rb") as data:
+        while chunk := data.read(_CHUNK):
+            yield chunk
 
 
 @dataclass(frozen=True)
@@ -139,76 +137,51 @@ class Engine:
 
     # -- build --------------------------------------------------------------------------------
 
-    def build(self, context: Path, *, nocache: bool = False, progress: Progress | None = None) -> BuildOutcome:
-        """Build ``context/Dockerfile`` with the legacy builder; no tag, no network for RUN steps."""
+    def build(
+        self,
+        context: Path | ContextStream,
+        *,
+        nocache: bool = False,
+        progress: Progress | None = None,
+        tag: str | None = None,
+        what: str = "the build context",
+    ) -> BuildOutcome:
+        """Build the context's ``Dockerfile`` with the legacy builder, no network for RUN steps; ``tag``
+        is set by the engine when the build succeeds (and only then)."""
         say = progress or (lambda message: None)
-        steps: list[BuildStep] = []
-        current: dict[str, Any] | None = None
-        log: deque[str] = deque(maxlen=LOG_TAIL)
-        image_id: str | None = None
-        short_id: str | None = None
-
-        def finish(now: float) -> None:
-            if current is not None:
-                steps.append(
-                    BuildStep(
-                        current["number"],
-                        current["total"],
-                        current["instruction"],
-                        current["cached"],
-                        round(now - current["start"], 3),
-                    )
-                )
-
-        with _engine_errors("build"):
+        stream_context = directory_context(context) if isinstance(context, Path) else context
+        meter = Meter(say, f"sent {what}", stream_context.payload)
+        build = BuildProgress(say)
+        with _engine_errors("build", self.address), build:
             stream = self.api.build(
-                path=str(context), rm=True, forcerm=True, nocache=nocache, pull=False, network_mode="none", decode=True
+                fileobj=meter.wrap(stream_context.chunks()),
+                custom_context=True,
+                tag=tag,
+                rm=True,
+                forcerm=True,
+                nocache=nocache,
+                pull=False,
+                network_mode="none",
+                decode=True,
             )
             try:
                 for event in stream:
                     if "error" in event or "errorDetail" in event:
                         message = (event.get("errorDetail") or {}).get("message") or event.get("error") or "failed"
-                        where = (
-                            f"step {current['number']}/{current['total']} ({current['instruction'][:120]})"
-                            if current
-                            else "before the first step"
-                        )
-                        tail = "".join(f"\n    | {line}" for line in log)
-                        raise EngineError(f"build failed at {where}: {message.strip()}{tail}")
-                    if "aux" in event and isinstance(event["aux"], dict) and "ID" in event["aux"]:
-                        image_id = event["aux"]["ID"]
-                    for line in _ANSI.sub("", str(event.get("stream", ""))).splitlines():
-                        if match := _STEP.match(line.strip()):
-                            now = time.monotonic()
-                            finish(now)
-                            # FROM builds nothing: it counts as answered from what the engine holds.
-                            current = {
-                                "number": int(match[1]),
-                                "total": int(match[2]),
-                                "instruction": match[3],
-                                "cached": match[3].upper().startswith("FROM "),
-                                "start": now,
-                            }
-                            log.clear()
-                            say(f"step {match[1]}/{match[2]}: {match[3][:100]}")
-                        elif line.strip() == "---> Using cache" and current is not None:
-                            current["cached"] = True
-                        elif line.startswith("Successfully built "):
-                            short_id = line.split()[-1]
-                        elif line.strip() and not _NOISE.match(line.strip()):
-                            log.append(line.rstrip())
+                        raise EngineError(build.failure(message.strip()))
+                    build.event(event)
             finally:
                 close = getattr(stream, "close", None)
                 if close is not None:
                     close()  # an interrupted client closes the stream: the daemon cancels the build
-            finish(time.monotonic())
-            if image_id is None and short_id is not None:
-                image_id = self.api.inspect_image(short_id)["Id"]
+            image_id = build.image_id
+            if image_id is None and build.short_id is not None:
+                image_id = self.api.inspect_image(build.short_id)["Id"]
         if image_id is None:
             raise EngineError("build: the engine finished without naming the built image")
-        cached = sum(s.cached for s in steps)
-        say(f"built {image_id[:19]}: {len(steps)} steps, {cached} from the layer cache")
-        return BuildOutcome(image_id, tuple(steps))
+        steps = tuple(build.steps)
+        say(f"built {image_id[:19]}: {len(steps)} steps, {sum(s.cached for s in steps)} from the layer cache")
+        return BuildOutcome(image_id, steps)
 
     # -- images -------------------------------------------------------------------------------
 
@@ -221,23 +194,50 @@ class Engine:
                 return None
 
     def history_length(self, ref: str) -> int:
-        with _engine_errors(f"history of {ref}"):
+        with _engine_errors(f"history of {ref}", self.address):
             return len(self.api.history(ref))
 
-    def save(self, ref: str, dest: Path) -> None:
-        with _engine_errors(f"save {ref}"), open(dest, "wb") as out:
-            for chunk in self.api.get_image(ref, chunk_size=_CHUNK):
+    def history(self, ref: str) -> list[dict[str, Any]]:
+        """The image's history as the engine reports it: newest entry first, each with the ``Id`` of
+        the image that made it when the engine still has that image (else ``<missing>``)."""
+        with _engine_errors(f"history of {ref}", self.address):
+            return list(self.api.history(ref))
+
+    def images(self, *, name: str | None = None, filters: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """The engine's images (leaves only, as ``docker images`` lists them), by repository or filters."""
+        with _engine_errors("list images", self.address):
+            return list(self.api.images(name=name, filters=filters))
+
+    def disk_usage(self) -> dict[str, Any]:
+        """``docker system df``: the engine's layers' size, images and build cache."""
+        with _engine_errors("disk usage", self.address):
+            return dict(self.api.df())
+
+    def save_stream(self, ref: str, progress: Progress | None = None, what: str | None = None) -> Iterator[bytes]:
+        """``docker save`` of one image, as chunks, counted in ``progress``. The engine has no way to save
+        part of an image: every layer, the base's too, is read and sent."""
+        image = self.inspect(ref)
+        meter = Meter(progress or (lambda message: None), what or f"docker save {ref}", (image or {}).get("Size"))
+        with _engine_errors(f"save {ref}", self.address):
+            yield from meter.wrap(self.api.get_image(ref, chunk_size=_CHUNK))
+
+    def save(self, ref: str, dest: Path, progress: Progress | None = None) -> None:
+        with open(dest, "wb") as out:
+            for chunk in self.save_stream(ref, progress):
                 out.write(chunk)
 
-    def load(self, archive: Path) -> list[str]:
-        """Load a ``docker save`` archive; the image IDs the engine reports."""
+    def load(self, archive: Path | Iterable[bytes], progress: Progress | None = None) -> list[str]:
+        """Load a ``docker save`` archive (a file or chunks); the image IDs the engine reports. A layer
+        the engine already has (the same chain of layers) is not read: an archive may name such layers in
+        its manifest without carrying them."""
+        name = str(archive) if isinstance(archive, Path) else "an image archive"
+        meter = Meter(progress or (lambda message: None), "sent to docker load")
         loaded: list[str] = []
-        with _engine_errors(f"load {archive}"), open(archive, "rb") as data:
-            for event in self.api.load_image(data):
+        with _engine_errors(f"load {name}", self.address):
+            for event in self.api.load_image(meter.wrap(_chunks_of(archive))):
                 if "error" in event:
-                    raise EngineError(f"load {archive}: {event['error']}")
-                text = str(event.get("stream", ""))
-                for line in text.splitlines():
+                    raise EngineError(f"load {name}: {event['error']}")
+                for line in str(event.get("stream", "")).splitlines():
                     if line.startswith("Loaded image ID: "):
                         loaded.append(line.split(": ", 1)[1].strip())
                     elif line.startswith("Loaded image: "):
@@ -246,13 +246,14 @@ class Engine:
 
     def tag(self, image: str, name: str) -> None:
         repository, tag = split_tag(name)
-        with _engine_errors(f"tag {name}"):
+        with _engine_errors(f"tag {name}", self.address):
             if not self.api.tag(image, repository, tag):
                 raise EngineError(f"tag {name}: the engine refused the tag")
 
     def remove(self, ref: str, *, force: bool = False) -> bool:
-        """Remove an image or a tag; False when it was not there."""
-        with _engine_errors(f"remove {ref}"):
+        """Remove an image or a tag (an image that loses its last tag goes, with its untagged parents);
+        False when it was not there."""
+        with _engine_errors(f"remove {ref}", self.address):
             try:
                 self.api.remove_image(ref, force=force)
             except docker.errors.ImageNotFound:
@@ -260,19 +261,23 @@ class Engine:
         return True
 
     def push(self, name: str, progress: Progress | None = None) -> str:
-        """Push ``repository:tag`` with the docker config's credentials; returns the manifest digest."""
+        """Push ``repository:tag`` with the docker config's credentials; returns the manifest digest.
+        Progress: each layer once when it is done (sent, already in the registry, or mounted from another
+        repository) and, while layers are sent, the bytes sent of their total."""
+        say = progress or (lambda message: None)
         repository, tag = split_tag(name)
         digest = None
-        with _engine_errors(f"push {name}"):
+        push = LayerProgress(say, "push", name)
+        with _engine_errors(f"push {name}", self.address):
             for event in self.api.push(repository, tag, stream=True, decode=True):
                 if "error" in event or "errorDetail" in event:
                     message = (event.get("errorDetail") or {}).get("message") or event.get("error")
                     raise EngineError(f"push {name}: {message}")
+                push.event(event)
                 digest = (event.get("aux") or {}).get("Digest", digest)
         if digest is None:
             raise EngineError(f"push {name}: the registry reported no manifest digest")
-        if progress:
-            progress(f"pushed {name} ({digest})")
+        say(f"pushed {name} ({digest}): {push.summary()}")
         return digest
 
     def registry_digest(self, name: str) -> str:
@@ -281,18 +286,20 @@ class Engine:
             return self.api.inspect_distribution(name)["Descriptor"]["digest"]
 
     def pull(self, reference: str, progress: Progress | None = None) -> str:
-        """Pull ``repository@sha256:…`` (or ``repository:tag``) with the docker config's credentials;
-        returns the image ID."""
+        """Pull ``repository@sha256:…`` (or ``repository:tag``) with the docker config's credentials, each
+        layer said when it is fetched and the bytes while they come; returns the image ID."""
+        say = progress or (lambda message: None)
+        pull = LayerProgress(say, "pull", reference)
         repository, tag = split_reference(reference)
         with _engine_errors(f"pull {reference}", self.address):
             for event in self.api.pull(repository, tag, stream=True, decode=True):
                 if "error" in event or "errorDetail" in event:
                     message = (event.get("errorDetail") or {}).get("message") or event.get("error")
                     raise EngineError(f"pull {reference} on {self.address}: {message}")
+                pull.event(event)
             image_id = self.api.inspect_image(reference)["Id"]
-        if progress:
-            progress(f"pulled {reference} on {self.address}")
-        return image_id
+        say(f"pulled {reference} on {self.address}: {pull.summary()}")
+        return str(image_id)
 
     def memory_bytes(self) -> int:
         """The engine host's memory, as the engine reports it."""
@@ -316,6 +323,41 @@ class Engine:
                 container.remove(force=True)
         return RunOutput(int(status.get("StatusCode", -1)), out, err)
 
+    # A container to install into and commit (the packages image): create, copy files in, run, commit.
+
+    def create(self, image: str, command: list[str], labels: dict[str, str]) -> str:
+        """A stopped container of ``image`` that will run ``command`` with no network; its ID."""
+        with _engine_errors(f"create a container of {_short(image)}", self.address):
+            config = self.api.create_host_config(network_mode="none")
+            return str(self.api.create_container(image, command, labels=labels, host_config=config)["Id"])
+
+    def put_archive(self, container: str, path: str, chunks: Iterable[bytes]) -> None:
+        """Unpack a tar stream into ``path`` of the container (the engine reads it as it comes)."""
+        with _engine_errors(f"copy files into container {container[:12]}", self.address):
+            if not self.api.put_archive(container, path, chunks):
+                raise EngineError(f"copy files into container {container[:12]}: the engine refused the archive")
+
+    def start_and_wait(self, container: str, on_line: Callable[[str], None]) -> RunOutput:
+        """Start the container, pass each line of its stderr to ``on_line`` as it comes, wait for it;
+        its stdout is returned whole."""
+        with _engine_errors(f"run container {container[:12]}", self.address):
+            self.api.start(container)
+            pending = b""
+            for chunk in self.api.logs(container, stdout=False, stderr=True, stream=True, follow=True):
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    on_line(line.decode("utf-8", "replace"))
+            status = self.api.wait(container, timeout=TIMEOUT)
+            out = self.api.logs(container, stdout=True, stderr=False).decode("utf-8", "replace")
+            err = self.api.logs(container, stdout=False, stderr=True).decode("utf-8", "replace")
+        return RunOutput(int(status.get("StatusCode", -1)), out, err)
+
+    def commit(self, container: str) -> str:
+        """The container's file system changes as one new layer on its image: the new image's ID."""
+        with _engine_errors(f"commit container {container[:12]}", self.address):
+            return str(self.api.commit(container)["Id"])
+
     def run_job(self, spec: JobSpec, on_output: Callable[[str], None]) -> tuple[int | None, bool]:
         """Run a long job: stream its output to ``on_output`` until it ends; on Ctrl-C stop the container
         (SIGTERM, then SIGKILL after ``spec.stop_timeout``). Returns (exit code, interrupted)."""
@@ -326,10 +368,10 @@ class Engine:
             try:
                 for chunk in container.logs(stream=True, follow=True):
                     on_output(chunk.decode("utf-8", errors="replace"))
-                with _engine_errors(f"wait for {container.short_id}"):
+                with _engine_errors(f"wait for {container.short_id}", self.address):
                     return int(container.wait()["StatusCode"]), False
             except KeyboardInterrupt:
-                with _engine_errors(f"stop {container.short_id}"):
+                with _engine_errors(f"stop {container.short_id}", self.address):
                     container.stop(timeout=spec.stop_timeout)
                     return int(container.wait(timeout=spec.stop_timeout + 10)["StatusCode"]), True
         finally:
@@ -403,10 +445,12 @@ class Engine:
             return self.api.logs(container_id, tail=lines).decode("utf-8", "replace")
 
     def remove_container(self, container_id: str, stop_timeout: int = 30) -> bool:
-        """Stop (SIGTERM, SIGKILL after ``stop_timeout``) and remove a container; False when it was gone."""
+        """Stop (SIGTERM, SIGKILL after ``stop_timeout``; 0 kills at once) and remove a container, running or
+        not; False when it was gone already."""
         with _engine_errors(f"remove container {container_id[:12]} on {self.address}", self.address):
             try:
-                self.api.stop(container_id, timeout=stop_timeout)
+                if stop_timeout:
+                    self.api.stop(container_id, timeout=stop_timeout)
                 self.api.remove_container(container_id, force=True)
             except docker.errors.NotFound:
                 return False
@@ -450,6 +494,10 @@ def split_reference(reference: str) -> tuple[str, str]:
     """``repo@sha256:…`` → (repo, "sha256:…"); otherwise as :func:`split_tag`."""
     repository, at, digest = reference.partition("@")
     return (repository, digest) if at else split_tag(reference)
+
+
+def _short(ref: str) -> str:
+    return ref[:19] if ref.startswith("sha256:") else ref
 
 
 def split_tag(name: str) -> tuple[str, str]:

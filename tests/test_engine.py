@@ -3,6 +3,9 @@ run without network, tags, and the one-line error when no engine answers."""
 
 from __future__ import annotations
 
+import io
+import tarfile
+import time
 import uuid
 from pathlib import Path
 
@@ -11,6 +14,7 @@ import pytest
 
 from envbuild.engine import Engine, split_tag
 from envbuild.errors import EngineError
+from envbuild.transfer import BuildProgress, Meter, directory_context, human_bytes
 from tests.lib.baseimage import BaseImage
 
 
@@ -97,3 +101,59 @@ def test_split_tag() -> None:
     assert split_tag("127.0.0.1:5000/a/b:t1") == ("127.0.0.1:5000/a/b", "t1")
     assert split_tag("127.0.0.1:5000/a/b") == ("127.0.0.1:5000/a/b", "latest")
     assert split_tag("envbuild/x:0123") == ("envbuild/x", "0123")
+
+
+# --- progress of long transfers and builds (no engine) -----------------------------------------------
+
+
+def test_a_meter_says_how_far_a_transfer_is_and_when_it_is_done() -> None:
+    lines: list[str] = []
+    meter = Meter(lines.append, "sent the package files", total=3_000_000_000, every=0.0)
+    assert list(meter.wrap([b"x" * 1000, b"y" * 500])) == [b"x" * 1000, b"y" * 500]
+    assert lines[0].startswith("sent the package files: 1.00 kB of 3.00 GB (")
+    assert lines[-1].startswith("sent the package files: 1.50 kB in ") and len(lines) == 3
+    assert [human_bytes(n) for n in (999, 1500, 2_340_000, 1_060_000_000, 123_400_000_000)] == [
+        "999 B",
+        "1.50 kB",
+        "2.34 MB",
+        "1.06 GB",
+        "123 GB",
+    ]
+
+
+def test_a_long_silent_step_still_says_it_runs() -> None:
+    """Committing a layer of GBs, the engine sends nothing for minutes: a timer says the step runs."""
+    lines: list[str] = []
+    with BuildProgress(lines.append, heartbeat=0.2) as build:
+        build.event({"stream": "Step 1/2 : FROM base\n"})
+        build.event({"stream": "Step 2/2 : RUN pip install big.whl\n"})
+        build.event({"stream": "Installing collected packages: big\n"})
+        time.sleep(0.9)
+        build.event({"aux": {"ID": "sha256:" + "a" * 64}})
+    assert lines[:2] == ["step 1/2: FROM base", "step 2/2: RUN pip install big.whl"]
+    beats = [line for line in lines[2:] if line.startswith("step 2/2: still running after ")]
+    assert beats and beats[0].endswith("; last output: Installing collected packages: big")
+    assert [(s.number, s.cached) for s in build.steps] == [(1, True), (2, False)]
+    assert build.image_id == "sha256:" + "a" * 64
+
+
+def test_a_failed_step_is_named_with_its_log_tail() -> None:
+    with BuildProgress(lambda line: None) as build:
+        build.event({"stream": "Step 3/4 : RUN false\n ---> Running in 0123456789ab\n"})
+        build.event({"stream": "oops\n"})
+        message = build.failure("The command '/bin/sh -c false' returned a non-zero code: 1")
+    assert message == (
+        "build failed at step 3/4 (RUN false): The command '/bin/sh -c false' returned a non-zero code: 1\n    | oops"
+    )
+
+
+def test_a_directory_context_is_streamed_with_fixed_owners(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "file.txt").write_text("data\n")
+    (tmp_path / "link").symlink_to("sub/file.txt")
+    stream = directory_context(tmp_path)
+    with tarfile.open(fileobj=io.BytesIO(b"".join(stream.chunks()))) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+    assert sorted(members) == ["link", "sub", "sub/file.txt"]
+    assert members["link"].issym() and members["sub/file.txt"].size == 5 == stream.payload
+    assert all((m.uid, m.gid, m.uname, m.gname) == (0, 0, "", "") for m in members.values())

@@ -1,6 +1,6 @@
 """`envbuild image` end to end: a real lock (git daemon, local index, base pinned by digest in the local
 registry) built by the real engine. Built images are shared across the module: two ``--no-cache``
-builds, one cached rebuild per changed input, one interrupted build."""
+builds, one cached rebuild per changed input, interrupted builds (killed, Ctrl-C)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -115,23 +116,73 @@ class NoEngine:
 
 @needs_engine
 def test_two_no_cache_builds_give_one_image_id(
-    reference: BuildResult, lock_path: Path, work: Path, engine: Engine
+    reference: BuildResult, lock_path: Path, work: Path, engine: Engine, pushed_base_image: PushedImage
 ) -> None:
     again = build_image(lock_path, options(work, no_cache=True), engine=engine)
     assert again.image_id == reference.image_id
     assert again.diff_ids == reference.diff_ids
     assert again.raw_image_id != reference.raw_image_id  # the raw builds differ; normalising removes that
+    assert again.packages is not None and again.packages.built  # --no-cache makes the packages image again too
     assert [step.cached for step in again.steps] == [True] + [False] * (len(again.steps) - 1)  # FROM only
     assert reference.archive is not None and reference.archive.is_file()
     assert reference.image_id == "sha256:" + hashlib.sha256(_config_bytes(reference.archive)).hexdigest()
+    base_layers = engine.inspect(pushed_base_image.by_digest)["RootFS"]["Layers"]  # type: ignore[index]
+    assert reference.diff_ids[: len(base_layers)] == tuple(base_layers)
+    carried = _layer_digests(reference.archive)
+    assert carried and not carried & set(base_layers)  # the kept archive leaves the base's layers out
+    assert carried == set(reference.diff_ids) - set(base_layers)
+    # Nothing of the engine's own per-container files (clamping them would copy them into a layer).
+    assert not {".dockerenv", "etc/mtab"} & _layer_entries(reference.archive)
 
 
 def _config_bytes(archive: Path) -> bytes:
-    import tarfile
-
     with tarfile.open(archive) as tar:
         manifest = json.load(tar.extractfile("manifest.json"))  # type: ignore[arg-type]
         return tar.extractfile(manifest[0]["Config"]).read()  # type: ignore[union-attr]
+
+
+def _layer_entries(archive: Path) -> set[str]:
+    names: set[str] = set()
+    with tarfile.open(archive) as tar:
+        for member in tar.getmembers():
+            if member.isfile() and member.name.endswith("layer.tar"):
+                with tarfile.open(fileobj=tar.extractfile(member)) as layer:
+                    names.update(layer.getnames())
+    return names
+
+
+def _layer_digests(archive: Path) -> set[str]:
+    with tarfile.open(archive) as tar:
+        return {
+            "sha256:" + hashlib.sha256(tar.extractfile(m).read()).hexdigest()  # type: ignore[union-attr]
+            for m in tar.getmembers()
+            if m.isfile() and m.name.endswith("layer.tar")
+        }
+
+
+@needs_engine
+def test_the_image_holds_no_package_file_and_the_packages_one_layer(
+    reference: BuildResult, env: ImageLockEnv, engine: Engine, pushed_base_image: PushedImage
+) -> None:
+    wheels = [f.filename for p in env.lock().packages for f in p.files]
+    names = " -o ".join(f"-name {name}" for name in wheels)
+    found = engine.run(
+        reference.image_id, ["sh", "-c", f"find / -xdev \\( {names} -o -name 'envbuild-packages*' \\) -print"]
+    )
+    assert (found.exit_code, found.stdout) == (0, ""), found.stderr
+    installed = engine.run(reference.image_id, ["sh", "-c", "ls /usr/local/lib/python3.11/dist-packages"])
+    assert {"tinyone-1.0.dist-info", "tinytwo-2.0.dist-info"} <= set(installed.stdout.split())
+    # The packages image is the base and one layer; the container it was made in is gone.
+    assert reference.packages is not None
+    packages = engine.inspect(reference.packages.reference)
+    base = engine.inspect(pushed_base_image.by_digest)
+    assert packages is not None and base is not None
+    assert packages["RootFS"]["Layers"][:-1] == base["RootFS"]["Layers"]
+    assert reference.diff_ids[: len(packages["RootFS"]["Layers"])] == tuple(packages["RootFS"]["Layers"])
+    assert engine.history(reference.packages.reference)[0]["CreatedBy"] == (
+        "envbuild: install the lock's 2 package files (pip, no index)"
+    )
+    assert engine.containers({"io.envbuild.lock.name": "imagetest", "io.envbuild.role": "packages"}) == []
 
 
 @needs_engine
@@ -142,6 +193,9 @@ def test_a_no_op_rebuild_reuses_every_layer_and_the_normalised_image(
     assert again.image_id == reference.image_id
     assert again.reused and all(step.cached for step in again.steps)
     assert read_map(work / "cache")[again.raw_image_id]["image_id"] == reference.image_id
+    # The packages image is reused: no package file is sent again, only the sources' context.
+    assert again.packages is not None and not again.packages.built and again.packages.sent == 0
+    assert reference.packages is not None and again.sent == reference.sent - reference.packages.sent
 
 
 @needs_engine
@@ -190,6 +244,7 @@ def test_moving_one_pin_rebuilds_only_from_that_source_on(
     path = env.write(work / "locks" / "moved.lock.yaml", env.lock(pins={"gamma": moved}))
     result = build_image(path, options(work), engine=engine)
     assert result.image_id != reference.image_id
+    assert result.packages is not None and not result.packages.built  # the packages do not depend on a pin
     gamma = next(i for i, step in enumerate(result.steps) if step.instruction.startswith("COPY src/gamma/"))
     assert all(step.cached for step in result.steps[:gamma])
     assert not any(step.cached for step in result.steps[gamma:])
@@ -254,10 +309,16 @@ def test_push_to_the_registry_and_read_the_digest_back(
     reference: BuildResult, lock_path: Path, work: Path, engine: Engine, registry: str
 ) -> None:
     tag = f"{registry}/envbuild-test/imagetest:{reference.lock_sha256[:12]}"
-    result = build_image(lock_path, options(work, tags=(tag,), push=True), engine=engine)
+    lines: list[str] = []
+    result = build_image(lock_path, options(work, tags=(tag,), push=True), engine=engine, progress=lines.append)
     assert result.image_id == reference.image_id
     ((pushed_tag, digest),) = result.pushed
     assert pushed_tag == tag and digest.startswith("sha256:")
+    # Each layer said once, and a total: the base's layer is in the registry already (pinned there).
+    layer_lines = [line for line in lines if line.startswith(f"push {tag}: layer ")]
+    assert len(layer_lines) == len(set(reference.diff_ids))
+    assert any("already exists" in line or "mounted from" in line for line in layer_lines)
+    assert any(line.startswith(f"pushed {tag} ({digest}): {len(layer_lines)} layers, ") for line in lines)
     response = requests.get(
         f"http://{registry}/v2/envbuild-test/imagetest/manifests/{reference.lock_sha256[:12]}",
         headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"},
@@ -299,6 +360,36 @@ def test_an_interrupted_build_leaves_the_caches_usable(
     assert result.image_id == reference.image_id
     leftovers = [p.name for p in (work / "cache" / "image" / "work").iterdir()]
     assert leftovers == []
+
+
+@needs_engine
+@pytest.mark.parametrize("signal_number", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_an_interrupted_build_removes_its_scratch_and_the_packages_container(
+    reference: BuildResult, lock_path: Path, work: Path, engine: Engine, signal_number: int
+) -> None:
+    """Interrupted while the packages are installed: the process removes its scratch directory and the
+    packages container itself, and exits 130."""
+    cache = work / f"interrupted-{signal_number}"
+    proc = _cli("image", str(lock_path), "--no-cache", "--cache-dir", str(cache))
+    assert proc.stderr is not None
+    seen = []
+    deadline = time.monotonic() + 120
+    for line in proc.stderr:
+        seen.append(line)
+        if "packages: installing" in line or time.monotonic() > deadline:
+            break
+    scratch = list((cache / "image" / "work").glob("build-*"))
+    assert scratch, "".join(seen)  # the build was under way, with its scratch directory
+    os.kill(proc.pid, signal_number)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, "".join(seen) + err
+    assert "envbuild: interrupted" in err and "Traceback" not in err
+    assert list((cache / "image" / "work").iterdir()) == []
+    assert engine.containers({"io.envbuild.lock.name": "imagetest", "io.envbuild.role": "packages"}) == []
+    # A step the engine was finishing as the client went away may land after the process tidied up; the
+    # next build of the lock removes it.
+    assert build_image(lock_path, options(work, cache_dir=cache), engine=engine).image_id == reference.image_id
+    assert engine.images(filters={"dangling": True, "label": "io.envbuild.lock.name=imagetest"}) == []
 
 
 @needs_engine

@@ -1,4 +1,4 @@
-"""Rendering the Dockerfile: a pure function of the plan, with assertions that can fail."""
+"""Rendering the Dockerfiles: pure functions of the plan, with assertions that can fail."""
 
 from __future__ import annotations
 
@@ -10,14 +10,24 @@ from pathlib import Path
 import pytest
 
 from envbuild.errors import InputError
-from envbuild.image.plan import plan_context
-from envbuild.image.render import render_dockerfile
+from envbuild.image.plan import ContextPlan, plan_context
+from envbuild.image.render import (
+    CLAMP,
+    PACKAGES_EPOCH,
+    packages_key,
+    packages_reference,
+    render_dockerfile,
+    render_image_dockerfile,
+    render_packages_script,
+)
 from envbuild.lock import Lock
 from tests.lib.tinylock import BRANCH_COMMIT, DIGEST, LOCK_SHA, NONE_COMMIT, TAG_COMMIT, WHEEL_COMMIT, tiny_lock
 
+BASE = f"127.0.0.1:5000/envbuild-test/base@{DIGEST}"
 
-def render(lock: Lock | None = None, **plan_args: object) -> str:
-    return render_dockerfile(plan_context(lock or tiny_lock(), lock_sha256=LOCK_SHA, **plan_args))  # type: ignore[arg-type]
+
+def plan_of(lock: Lock | None = None, **plan_args: object) -> ContextPlan:
+    return plan_context(lock or tiny_lock(), lock_sha256=LOCK_SHA, **plan_args)  # type: ignore[arg-type]
 
 
 def instructions(text: str) -> list[str]:
@@ -26,80 +36,121 @@ def instructions(text: str) -> list[str]:
     return [line for line in joined.splitlines() if line.strip() and not line.startswith("#")]
 
 
-def test_from_is_pinned_by_digest_without_the_tag() -> None:
-    lines = instructions(render())
-    assert lines[0] == f"FROM 127.0.0.1:5000/envbuild-test/base@{DIGEST}"
-    assert sum(line.startswith("FROM ") for line in lines) == 1
+def test_the_image_starts_from_the_packages_image_and_the_dry_run_shows_how_that_is_made() -> None:
+    plan = plan_of()
+    image = instructions(render_image_dockerfile(plan))
+    assert image[0] == f"FROM {packages_reference(plan)}"
+    assert packages_reference(plan) == f"envbuild-pkg/tiny:{packages_key(plan)[:16]}"
+    text = render_dockerfile(plan)  # what --dry-run prints
+    assert instructions(text) == image  # one Dockerfile: the packages step is told in comments
+    assert f"\n#   FROM {BASE}\n" in text
+    script = render_packages_script(plan)
+    assert all(f"#     {line}" in text for line in script.splitlines() if line)
+
+
+def test_without_packages_one_dockerfile_on_the_base_checks_the_platform() -> None:
+    plan = plan_of(tiny_lock(packages=()))
+    text = render_dockerfile(plan)
+    assert text == render_image_dockerfile(plan)
+    lines = instructions(text)
+    assert lines[0] == f"FROM {BASE}" and sum(line.startswith("FROM ") for line in lines) == 1
+    assert any("want_cann=9.1.0" in line for line in lines)
+    assert "wheels" not in text and "envbuild-pkg" not in text
 
 
 def test_unpinned_base_is_refused_unless_allowed() -> None:
     lock = tiny_lock()
     unpinned = dataclasses.replace(lock, base_image=dataclasses.replace(lock.base_image, digest=None))
     with pytest.raises(InputError, match="not pinned"):
-        render(unpinned)
-    forged = dataclasses.replace(
-        plan_context(unpinned, lock_sha256=LOCK_SHA, allow_unpinned=True), allow_unpinned=False
-    )
+        plan_of(unpinned)
+    forged = dataclasses.replace(plan_of(unpinned, allow_unpinned=True), allow_unpinned=False)
     with pytest.raises(InputError, match="not pinned"):
         render_dockerfile(forged)  # the renderer checks on its own, not only the planner
-    assert (
-        instructions(render(unpinned, allow_unpinned=True))[0]
-        == "FROM 127.0.0.1:5000/envbuild-test/base:bookworm-cann9.1.0"
-    )
+    text = render_dockerfile(plan_of(unpinned, allow_unpinned=True))
+    assert "\n#   FROM 127.0.0.1:5000/envbuild-test/base:bookworm-cann9.1.0\n" in text
 
 
 def test_no_base_image_and_no_epoch_are_reported_together() -> None:
     with pytest.raises(InputError) as info:
-        render(tiny_lock(base_image=None, source_date_epoch=None))
+        plan_of(tiny_lock(base_image=None, source_date_epoch=None))
     assert "base_image" in str(info.value) and "epoch" in str(info.value)
-    assert "SOURCE_DATE_EPOCH=1234" in render(tiny_lock(source_date_epoch=None), epoch=1234)
+    assert "SOURCE_DATE_EPOCH=1234" in render_dockerfile(plan_of(tiny_lock(source_date_epoch=None), epoch=1234))
 
 
-def test_layer_order_packages_then_tags_then_branches_then_metadata() -> None:
-    lines = instructions(render())
-    copies = [line.split()[1] for line in lines if line.startswith("COPY ")]
-    assert copies == [
-        "wheels/",
-        "envbuild/requirements.txt",
-        "src/core/",
-        "src/kernels/",
-        "src/engine/",
-        "src/data/",
-        "envbuild/",
+def test_the_packages_script_checks_installs_with_hashes_removes_the_files_and_clamps() -> None:
+    script = render_packages_script(plan_of())
+    lines = instructions(script)
+    (pip,) = [line for line in lines if "pip install" in line]
+    for flag in (
+        "--ignore-installed",
+        "--no-index",
+        "--require-hashes",
+        "--no-deps",
+        "--no-compile",
+        "--find-links wheels -r requirements.txt",
+    ):
+        assert flag in pip
+    order = [
+        next(i for i, line in enumerate(lines) if needle in line)
+        for needle in (
+            "want_cann=9.1.0",  # the platform first: nothing is installed on a wrong base
+            "stage_packages.py before",
+            "pip install",
+            "stage_packages.py after",
+            "rm -rf /tmp/envbuild-packages",
+            f'clamp-mtimes {PACKAGES_EPOCH} "$since"',
+            "printf '%s\\n' \"$report\"",
+        )
     ]
-    kinds = [line.split()[0] for line in lines]
-    assert kinds[:3] == ["FROM", "ENV", "RUN"]  # platform check before anything is installed
-    assert kinds[-2:] == ["COPY", "LABEL"]
-    epoch_at = lines.index("ENV SOURCE_DATE_EPOCH=1700000000")
-    assert (
-        lines.index(next(l for l in lines if "--require-hashes" in l))
-        < epoch_at
-        < lines.index(next(l for l in lines if l.startswith("COPY src/")))
-    )
-
-
-def test_packages_are_installed_with_hashes_and_no_index() -> None:
-    run = next(line for line in instructions(render()) if "requirements.txt" in line and line.startswith("RUN"))
-    for flag in ("--no-index", "--require-hashes", "--no-deps", "--no-compile", "--find-links /opt/envbuild/wheels"):
-        assert flag in run
-    plan = plan_context(tiny_lock(), lock_sha256=LOCK_SHA)
-    assert plan.requirements.splitlines()[1:] == [
+    assert order == sorted(order)
+    result = subprocess.run(["sh", "-n", "-c", script], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert plan_of().requirements.splitlines()[1:] == [
         f"another==2.0 --hash=sha256:{'a' * 64} --hash=sha256:{'f' * 64}",
         f"tiny-pkg==1.0 --hash=sha256:{'e' * 64}",
     ]
 
 
-def test_each_source_installed_as_its_mode_with_only_its_env() -> None:
-    lines = instructions(render())
+def test_the_packages_key_follows_the_packages_not_the_sources() -> None:
+    lock = tiny_lock()
+    moved = dataclasses.replace(
+        lock, sources=tuple(dataclasses.replace(s, commit="9" * 40) for s in lock.sources), source_date_epoch=1
+    )
+    assert packages_key(plan_of(moved)) == packages_key(plan_of(lock))  # pins and the epoch: same packages
+    other = tiny_lock(packages=lock.packages[:1])
+    assert packages_key(plan_of(other)) != packages_key(plan_of(lock))
+    rebased = dataclasses.replace(lock, base_image=dataclasses.replace(lock.base_image, digest="sha256:" + "c" * 64))
+    assert packages_key(plan_of(rebased)) != packages_key(plan_of(lock))
+
+
+def test_layer_order_tools_then_tags_then_branches_then_metadata() -> None:
+    lines = instructions(render_image_dockerfile(plan_of()))
+    copies = [line.split()[1:] for line in lines if line.startswith("COPY ")]
+    assert copies == [
+        ["tools/", "/"],
+        ["src/core/", "/"],
+        ["src/kernels/", "/"],
+        ["src/engine/", "/"],
+        ["src/data/", "/"],
+        ["meta/", "/"],
+    ]
+    kinds = [line.split()[0] for line in lines]
+    assert kinds[:4] == ["FROM", "LABEL", "ENV", "RUN"] and kinds[-2:] == ["COPY", "LABEL"]  # RUN: the platform
+    # The tools' COPY (whose mtimes do not depend on the epoch) comes before the epoch; the sources after.
+    epoch_at = lines.index("ENV SOURCE_DATE_EPOCH=1700000000")
+    assert lines.index("COPY tools/ /") < epoch_at < lines.index("COPY src/core/ /")
+
+
+def test_each_source_installed_as_its_mode_with_only_its_env_and_clamped() -> None:
+    lines = instructions(render_image_dockerfile(plan_of()))
     runs = {
         m.group(1): line
         for line in lines
         if (m := re.search(r"/opt/envbuild/src/([a-z]+)", line)) and line.startswith("RUN")
     }
     assert set(runs) == {"core", "engine", "kernels"}  # `none` is copied, not installed
-    assert runs["engine"].startswith(
-        "RUN NOTE='two words; $HOME' VLLM_TARGET_DEVICE=empty python3 -m pip install "
-        "--no-build-isolation --no-deps --no-index --no-compile"
+    assert " ".join(runs["engine"].split()).startswith(
+        "RUN since=$(($(date +%s) - 1)) && NOTE='two words; $HOME' VLLM_TARGET_DEVICE=empty python3 -m pip install"
     )
     assert "-e /opt/envbuild/src/engine" in runs["engine"]
     assert "COMPILE_CUSTOM_KERNELS=1 python3 -m pip wheel --no-build-isolation --no-deps --no-index" in runs["kernels"]
@@ -109,11 +160,12 @@ def test_each_source_installed_as_its_mode_with_only_its_env() -> None:
     assert not any(line.startswith("ENV") and "VLLM" in line for line in lines)
     for run in runs.values():
         assert "rm -rf /tmp/envbuild-*" in run and "__pycache__" in run
+        assert run.endswith(f'&& {CLAMP} 1700000000 "$since"')  # the last thing the step does
 
 
 def test_env_and_labels() -> None:
-    lines = instructions(render())
-    assert lines[1] == (
+    lines = instructions(render_image_dockerfile(plan_of()))
+    assert lines[2] == (
         "ENV PYTHONDONTWRITEBYTECODE=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_BREAK_SYSTEM_PACKAGES=1"
     )
     labels = dict(re.findall(r'"([^"]+)"="([^"]+)"', lines[-1]))
@@ -125,7 +177,7 @@ def test_env_and_labels() -> None:
         "io.envbuild.source.data.commit": NONE_COMMIT,
         "io.envbuild.source.kernels.commit": WHEEL_COMMIT,
     }
-    assert "{{" not in render()
+    assert "{{" not in render_dockerfile(plan_of())
 
 
 def test_moving_one_branch_pin_changes_only_its_layer_and_what_follows() -> None:
@@ -133,11 +185,11 @@ def test_moving_one_branch_pin_changes_only_its_layer_and_what_follows() -> None
     moved = dataclasses.replace(
         lock, sources=tuple(dataclasses.replace(s, commit="9" * 40) if s.name == "data" else s for s in lock.sources)
     )
-    before, after = instructions(render(lock)), instructions(render(moved))
+    before, after = instructions(render_dockerfile(plan_of(lock))), instructions(render_dockerfile(plan_of(moved)))
     changed = [i for i, (a, b) in enumerate(zip(before, after)) if a != b]
     assert len(before) == len(after)
     assert changed == [len(before) - 1]  # the labels; the COPY text of src/data is the same, its content is not
-    assert render(lock) == render(lock)
+    assert render_dockerfile(plan_of(lock)) == render_dockerfile(plan_of(lock))
 
 
 # --- the platform check, run for real against a CANN-like tree ------------------------------------
@@ -159,9 +211,8 @@ def _cann_tree(root: Path, version: str) -> Path:
 
 
 def _run_platform_check(toolkit: Path, lock: Lock) -> subprocess.CompletedProcess[str]:
-    plan = plan_context(lock, lock_sha256=LOCK_SHA)
-    plan = dataclasses.replace(plan, python=None)  # the host's python is not the image's
-    run = next(l for l in render_dockerfile(plan).split("\nRUN ")[1:] if "want_cann" in l)
+    plan = dataclasses.replace(plan_of(lock), python=None)  # the host's python is not the image's
+    run = next(l for l in render_image_dockerfile(plan).split("\nRUN ")[1:] if "want_cann" in l)
     script = run.split("\nCOPY ")[0].replace("/usr/local/Ascend/ascend-toolkit", str(toolkit))
     return subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30)
 
@@ -187,13 +238,13 @@ def test_platform_check_fails_the_build_on_another_cann(tmp_path: Path) -> None:
 
 
 def test_every_run_is_valid_shell() -> None:
-    runs = [line[len("RUN ") :] for line in instructions(render()) if line.startswith("RUN ")]
-    assert len(runs) == 5  # platform check, packages, and three installed sources
+    runs = [line[len("RUN ") :] for line in instructions(render_dockerfile(plan_of())) if line.startswith("RUN ")]
+    assert len(runs) == 4  # the platform check and three installed sources
     for run in runs:
         result = subprocess.run(["sh", "-n", "-c", run], capture_output=True, text=True, timeout=30)
         assert result.returncode == 0, (run, result.stderr)
 
 
 def test_no_platform_means_no_check() -> None:
-    text = render(tiny_lock(platform=None))
+    text = render_dockerfile(plan_of(tiny_lock(platform=None)))
     assert "want_cann" not in text and "nothing to check" in text

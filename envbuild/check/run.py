@@ -25,6 +25,7 @@ from envbuild.check.report import CheckFailure, CheckReport, Difference, Stage
 from envbuild.engine import Engine
 from envbuild.errors import EnvbuildError
 from envbuild.image.build import BuildResult, ImageOptions, build_image
+from envbuild.image.canonical import save_added_layers
 from envbuild.image.inputs import fetch_inputs
 from envbuild.lock.io import LockFile, read_lock
 from envbuild.progress import Progress
@@ -108,7 +109,6 @@ def _rebuild_and_compare(
                 source,
                 no_cache=True,
                 record_dir=work / "record-1",
-                keep_archive=work / "first.tar",
                 tags=(f"envbuild-check/{read.lock.name}:first",),
             )
             say("rebuilding without cache")
@@ -120,16 +120,13 @@ def _rebuild_and_compare(
                     return _against_history(verified, first, previous, live, work, say)
             say("no earlier build of this lock in the history: building a second time to compare")
             second_options = replace(
-                image_options,
-                record_dir=work / "record-2",
-                keep_archive=work / "second.tar",
-                tags=(f"envbuild-check/{read.lock.name}:second",),
+                image_options, record_dir=work / "record-2", tags=(f"envbuild-check/{read.lock.name}:second",)
             )
             with _stage("build"):
                 second = build_image(read.path, second_options, progress=progress, engine=live, verified=verified)
             with _stage("compare"):
                 same = first.image_id == second.image_id
-                differences = () if same else explain(work / "first.tar", work / "second.tar")
+                differences = () if same else _explain(live, first.image_id, second.image_id, work, say)
             return CheckReport(
                 verified, same, (first.image_id, second.image_id), differences, compared_with="second build"
             )
@@ -144,12 +141,22 @@ def _against_history(
     if previous == first.image_id:
         return CheckReport(verified, True, ids, compared_with="history")
     if engine.inspect(previous) is not None:
-        engine.save(previous, work / "previous.tar")
-        differences = explain(work / "previous.tar", work / "first.tar")
+        differences = _explain(engine, previous, first.image_id, work, say)
     else:
         say(f"the recorded image {previous} is no longer in the engine: comparing image IDs only")
         differences = (Difference("image", previous, first.image_id),)
     return CheckReport(verified, False, ids, differences, compared_with="history")
+
+
+def _explain(engine: Engine, old: str, new: str, work: Path, say: Progress) -> tuple[Difference, ...]:
+    """Save the two images (only when they differ: a save reads every layer of an image) without the
+    layers they share, which explain never reads, and compare them."""
+    shared = set(engine.inspect(old)["RootFS"]["Layers"]) & set(engine.inspect(new)["RootFS"]["Layers"])  # type: ignore[index]
+    archives = [
+        save_added_layers(engine, image, work / f"{name}.tar", shared, say)
+        for name, image in (("old", old), ("new", new))
+    ]
+    return explain(*archives)
 
 
 def _record(history: Path, read: LockFile, report: CheckReport, now: datetime | None) -> None:

@@ -3,27 +3,33 @@
 The order is fixed: read the lock → verify it (refuse a failing pin) → connect to the engine (no engine:
 one line, nothing fetched) → fetch the inputs into the caches (every source's tree, every package
 file; :mod:`envbuild.image.inputs`) → plan (pure) → assemble the context from the caches (every file and
-tree checked before anything is installed) → legacy build, no network → normalise (``docker save`` →
-rewrite → ``docker load``, the ID must be the computed one) → the in-image check (a mismatch removes
-the image, no tag is set) → tag, push → write the record.
+tree checked before anything is installed) → the packages image (:mod:`.packages`: installed in a
+container that is committed without the package files, or reused) → the image on it, legacy builder, no
+network, sending the sources alone (:mod:`.contexts`) → normalise the config (:mod:`.canonical`: the layers are the same bytes
+on every build, so only the config is rewritten and loaded; the ID must be the computed one) → the
+in-image check (a mismatch removes the image, no tag is set) → tag, push → write the record → tidy the
+engine (:mod:`.retention`).
 
 The build fetches what it needs itself, whatever ``lock verify`` fetched: a cold cache and a warm one
 give the same image. ``--offline`` fetches nothing and names what is missing and the command that
 fetches it (``envbuild lock fetch``).
 
 The layer cache: the raw built image keeps a private tag ``envbuild-raw/<lock name>:<sha12>`` so the
-engine keeps its layers for the next build, and ``<cache_dir>/image/normalized.json``
-(:mod:`envbuild.image.buildcache`) maps each raw image ID that passed the in-image check to its
-normalised ID, so a rebuild that the engine answers from its cache skips save, normalise, load and check.
+engine keeps its layers (shared with the normalised image) for the next build, and
+``<cache_dir>/image/normalized.json`` (:mod:`envbuild.image.buildcache`) maps the raw image ID that
+passed the in-image check to its normalised ID, so a rebuild that the engine answers from its cache
+skips normalising and checking. Scratch (the context directory) is removed when the build ends, however
+it ends; SIGTERM is taken as an interrupt while a build runs, so that it unwinds the same way.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import shutil
-from collections.abc import Callable
-from contextlib import nullcontext
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,14 +38,17 @@ from envbuild.engine import BuildStep, Engine
 from envbuild.errors import EngineError, EnvbuildError, InputError
 from envbuild.filecache import FileCache
 from envbuild.fileio import write_atomic
-from envbuild.image.buildcache import context_dir, read_map, remember
+from envbuild.image.buildcache import context_dir, lock_name_held, read_map, remember
+from envbuild.image.canonical import normalise, save_added_layers
 from envbuild.image.context import BuildContext, assemble_context
+from envbuild.image.contexts import image_context
 from envbuild.image.inimage_verdict import compare_inimage, inimage_command
 from envbuild.image.inputs import exporter_for, fetch_inputs, newest_commit_date
-from envbuild.image.normalize import normalize_image
+from envbuild.image.packages import PackagesImage, ensure_packages_image
 from envbuild.image.plan import ContextPlan, plan_context
 from envbuild.image.record import build_record, build_summary, render_record_json
-from envbuild.image.render import base_reference, render_dockerfile
+from envbuild.image.render import base_reference, render_dockerfile, render_image_dockerfile
+from envbuild.image.retention import RAW_REPOSITORY, keep_only, raw_reference
 from envbuild.lock.io import LockFile, read_lock
 from envbuild.progress import Progress
 from envbuild.reference import check_name_and_tag
@@ -48,7 +57,7 @@ from envbuild.results import VerifyReport
 from envbuild.verify import VerifyOptions, fetch_command, verify_lock
 
 Compare = Callable[[str, dict], list[str]]
-RAW_REPOSITORY = "envbuild-raw"
+__all__ = ["RAW_REPOSITORY", "BuildRefused", "BuildResult", "ImageOptions", "build_image", "check_tags", "dry_run"]
 
 
 class BuildRefused(EnvbuildError):
@@ -64,7 +73,7 @@ class ImageOptions:
     push: bool = False
     no_cache: bool = False
     record_dir: Path | None = None
-    keep_archive: Path | None = None  # keep the normalised `docker save` archive here
+    keep_archive: Path | None = None  # save the normalised image here (`docker save`, the base's layers left out)
 
     @property
     def cache_dir(self) -> Path:
@@ -79,10 +88,12 @@ class BuildResult:
     record_dir: Path
     diff_ids: tuple[str, ...]  # the normalised image's layers, base layers first
     raw_image_id: str
-    steps: tuple[BuildStep, ...]
+    steps: tuple[BuildStep, ...]  # every step of every build this one ran (the packages' first)
     reused: bool  # the engine's cache gave a raw image already normalised and checked
     pushed: tuple[tuple[str, str], ...] = ()  # (tag, manifest digest)
     archive: Path | None = None
+    packages: PackagesImage | None = None  # None: the lock has no packages
+    sent: int = 0  # bytes of files sent to the engine as build contexts
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -181,13 +192,13 @@ def build_image(
     check_tags(options.tags)
     require_verified(read, options.verify, progress, verified)
     require_buildable(read.lock, str(read.path))  # every source's build requirements, before the engine starts
-    with nullcontext(engine) if engine is not None else Engine.connect() as connected:
+    with nullcontext(engine) if engine is not None else Engine.connect() as connected, _sigterm_interrupts():
         inputs = fetch_inputs(read.lock, read.path, options.verify, progress=progress)
         exporter, files = exporter_for(options.verify), FileCache(options.cache_dir)
         epoch = read.lock.source_date_epoch if read.lock.source_date_epoch is not None else inputs.epoch
         plan = plan_context(read.lock, lock_sha256=read.sha256, epoch=epoch)
         tags = options.tags or (default_tag(plan),)
-        with context_dir(options.cache_dir) as work:
+        with context_dir(options.cache_dir) as work, lock_name_held(options.cache_dir, plan.lock_name):
             say(f"assembling the build context: {len(plan.sources)} sources, {len(plan.files)} package files")
             context = assemble_context(
                 plan,
@@ -197,6 +208,24 @@ def build_image(
                 file_for=lambda package, file: _cached(files, file.sha256),
             )
             return _build(read.path, plan, context, tags, options, connected, work, say, inimage_compare)
+
+
+@contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """While a build runs, SIGTERM (a CI job cancelled, ``kill``) unwinds like Ctrl-C: the scratch
+    directory, the packages stage and the engine's half-built steps are removed on the way out."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _cached(files: FileCache, sha256: str) -> Path:
@@ -217,60 +246,58 @@ def _build(
     say: Progress,
     compare: Compare,
 ) -> BuildResult:
+    packages = ensure_packages_image(engine, context, no_cache=options.no_cache, say=say) if plan.files else None
+    raw_tag = raw_reference(plan.lock_name, plan.lock_sha256)
+    stream = image_context(context, render_image_dockerfile(plan))
     say(f"building {plan.lock_name} (legacy builder, no network{', no cache' if options.no_cache else ''})")
-    outcome = engine.build(context.path, nocache=options.no_cache, progress=say)
-    engine.tag(outcome.image_id, f"{RAW_REPOSITORY}/{plan.lock_name}:{plan.lock_sha256[:12]}")
+    outcome = engine.build(stream, nocache=options.no_cache, progress=say, tag=raw_tag, what="the sources")
 
     known = read_map(options.cache_dir).get(outcome.image_id)
     image = engine.inspect(known["image_id"]) if known and known.get("lock_sha256") == plan.lock_sha256 else None
-    archive: Path | None = None
-    if image is not None and known is not None and options.keep_archive is None:
+    if image is not None and known is not None:
         image_id, diff_ids, reused = known["image_id"], tuple(image["RootFS"]["Layers"]), True
         say(f"the engine's cache gave an image already normalised and checked: {image_id}")
     else:
-        image_id, diff_ids, archive = _normalise(plan, outcome.image_id, options, engine, work, say)
+        normalised = normalise(engine, outcome.image_id, base_reference(plan), plan.epoch, say)
+        image_id, diff_ids, reused = normalised.image_id, normalised.diff_ids, False
         _check_in_image(image_id, context, engine, compare, say)
-        remember(options.cache_dir, outcome.image_id, {"image_id": image_id, "lock_sha256": plan.lock_sha256})
-        reused = False
+        remember(
+            options.cache_dir,
+            outcome.image_id,
+            {"image_id": image_id, "lock_sha256": plan.lock_sha256, "lock_name": plan.lock_name},
+        )
+    archive = _keep_archive(engine, plan, image_id, options.keep_archive, say)
 
     for tag in tags:
         engine.tag(image_id, tag)
     say(f"tagged {image_id} as {', '.join(tags)}")
     pushed = tuple((tag, engine.push(tag, say)) for tag in tags) if options.push else ()
     record_dir = write_record(lock_path, plan, context, image_id, tags, diff_ids, pushed, options.record_dir)
+    keep_only(engine, plan.lock_name, {raw_tag} | ({packages.reference} if packages else set()), say)
+    steps = (packages.steps if packages else ()) + outcome.steps
+    sent = (packages.sent if packages else 0) + stream.payload
     return BuildResult(
-        image_id, tags, plan.lock_sha256, record_dir, diff_ids, outcome.image_id, outcome.steps, reused, pushed, archive
+        image_id,
+        tags,
+        plan.lock_sha256,
+        record_dir,
+        diff_ids,
+        outcome.image_id,
+        steps,
+        reused,
+        pushed,
+        archive,
+        packages,
+        sent,
     )
 
 
-def _normalise(
-    plan: ContextPlan, raw_id: str, options: ImageOptions, engine: Engine, work: Path, say: Progress
-) -> tuple[str, tuple[str, ...], Path | None]:
-    base = base_reference(plan)
-    info = engine.inspect(base)
-    if info is None:
-        raise EngineError(f"the engine has no {base} after building on it")
-    say("normalising the image (docker save → rewrite → docker load)")
-    saved, normalised = work / "raw.tar", work / "normalised.tar"
-    engine.save(raw_id, saved)
-    result = normalize_image(
-        saved,
-        normalised,
-        base_diff_ids=info["RootFS"]["Layers"],
-        epoch=plan.epoch,
-        base_history=engine.history_length(base),
-        tags=[],
-    )
-    saved.unlink()
-    loaded = engine.load(normalised)
-    if result.image_id not in loaded and (engine.inspect(result.image_id) is None or loaded):
-        raise EngineError(f"docker load gave {', '.join(loaded) or 'no image'}, not the computed {result.image_id}")
-    archive = None
-    if options.keep_archive is not None:
-        archive = Path(options.keep_archive)
-        archive.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(str(normalised), archive)
-    return result.image_id, result.diff_ids, archive
+def _keep_archive(engine: Engine, plan: ContextPlan, image_id: str, keep: Path | None, say: Progress) -> Path | None:
+    if keep is None:
+        return None
+    base = engine.inspect(base_reference(plan))
+    skip = set(base["RootFS"]["Layers"]) if base else set()
+    return save_added_layers(engine, image_id, Path(keep), skip, say)
 
 
 def _check_in_image(image_id: str, context: BuildContext, engine: Engine, compare: Compare, say: Progress) -> None:

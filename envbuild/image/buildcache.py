@@ -1,12 +1,16 @@
-"""What ``envbuild image`` keeps between builds under ``<cache_dir>/image``: scratch directories and the
-map from raw built images to the normalised, checked images made from them.
+"""What ``envbuild image`` keeps between builds under ``<cache_dir>/image``: scratch directories, the map
+from raw built images to the normalised, checked images made from them, and one lock per lock name.
 
-- ``work/build-*``: one scratch directory per running build (the context, saved and normalised
-  archives), held by an ``flock`` on ``work/build-*.lock``; the ones a killed build left behind (their
-  lock no longer held) are removed by the next build on its way in.
-- ``normalized.json``: ``{raw image ID: {"image_id": normalised ID, "lock_sha256": …}}`` for every raw
-  image that passed the in-image check, so a rebuild the engine answers from its layer cache skips save,
-  normalise, load and check. Written under a lock, atomically; a damaged map only costs a normalisation.
+- ``work/build-*``: one scratch directory per running build (the context; an archive kept for
+  ``envbuild check``), held by an ``flock`` on ``work/build-*.lock``; removed when the build ends,
+  however it ends (an exception or Ctrl-C unwinds through it); the ones a killed build left behind
+  (their lock no longer held) are removed by the next build on its way in.
+- ``normalized.json``: ``{raw image ID: {"image_id": normalised ID, "lock_sha256": …, "lock_name": …}}``
+  for the newest raw image of each lock name that passed the in-image check, so a rebuild the engine
+  answers from its layer cache skips normalising and checking. Written under a lock, atomically; a
+  damaged map only costs a normalisation.
+- ``locks/<lock name>.lock``: held while a build of that lock uses the engine, so that two builds of one
+  lock do not remove each other's images when they tidy the engine (:mod:`.retention`).
 """
 
 from __future__ import annotations
@@ -57,9 +61,24 @@ def read_map(cache_dir: Path) -> dict[str, dict[str, Any]]:
 
 
 def remember(cache_dir: Path, raw_id: str, entry: dict[str, Any]) -> None:
+    """Map ``raw_id`` to ``entry``; the entries of older raw images of the same lock name go (the engine
+    no longer keeps those images, :mod:`.retention`)."""
     path = _map_path(cache_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     with file_lock(path.with_suffix(".lock"), blocking=True):
-        data = read_map(cache_dir)
+        data = {
+            raw: known
+            for raw, known in read_map(cache_dir).items()
+            if not isinstance(known, dict) or known.get("lock_name") != entry.get("lock_name")
+        }
         data[raw_id] = entry
         write_atomic(path, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
+
+
+@contextmanager
+def lock_name_held(cache_dir: Path, lock_name: str) -> Iterator[None]:
+    """Hold ``<cache_dir>/image/locks/<lock name>.lock`` (waiting for another build of the lock)."""
+    directory = cache_dir / "image" / "locks"
+    directory.mkdir(parents=True, exist_ok=True)
+    with file_lock(directory / f"{lock_name}.lock", blocking=True):
+        yield

@@ -1,5 +1,10 @@
 """Make a built image reproducible: rewrite a ``docker save`` archive into a canonical one.
 
+``envbuild image`` no longer takes this road: a save reads every layer of the image, the base's too, and a
+load writes them again (103 s and 17 s for a 4.7 GB base here), so its layers are made deterministic as
+they are built and only the config is rewritten (:mod:`envbuild.image.canonical`). What stays in use is
+the archive reader, :func:`_member`, through which ``envbuild check`` reads the archives it explains.
+
 Two legacy builds of one Dockerfile differ only in file mtimes inside the added layers and, in the
 image config, in ``created``, history timestamps, ``container``/``container_config`` and
 ``config.Image`` (upstream-facts §6). This module removes exactly those differences, plus the ones a

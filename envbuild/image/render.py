@@ -1,12 +1,21 @@
-"""The Dockerfile of a lock's image: a pure function of the :class:`ContextPlan`.
+"""What a build runs, as text: pure functions of the :class:`ContextPlan`.
 
-The text comes from templates under ``images/`` (``Dockerfile.in``, ``platform_check.sh.in``) with
-``{{name}}`` placeholders; every value put in is either validated by the lock model (names, SHAs,
-digests, versions) or shell-quoted (the ``install.env`` values).
+1. The packages image, ``envbuild-pkg/<lock name>:<packages key>``: the lock's package files are copied
+   into a container of the base, installed (``packages.sh.in``, ``stage_packages.py.in``), removed,
+   and the container is committed — one layer of what pip wrote, no package file in any layer; reused
+   while its key holds (the key hashes everything the step reads: the base by digest, the requirements
+   with their hashes, the scripts).
+2. The image (``Dockerfile.in``), with the legacy builder: the packages image (the base itself when the
+   lock has no packages), then each source and the metadata.
+
+The text comes from templates under ``images/`` with ``{{name}}`` placeholders; every value put in is
+either validated by the lock model (names, SHAs, digests, versions) or shell-quoted (the ``install.env``
+values).
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shlex
 from functools import lru_cache
@@ -14,8 +23,7 @@ from pathlib import Path
 
 from envbuild.errors import InputError
 from envbuild.image.plan import (
-    IMAGE_META,
-    IMAGE_WHEELS,
+    IMAGE_ROOT,
     LOCK_LABEL,
     LOCK_NAME_LABEL,
     ContextPlan,
@@ -27,8 +35,14 @@ from envbuild.image.plan import (
 # that they also ship inside the wheel as package data; a non-editable install finds them here too.
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 PIP = "python3 -m pip"
+PACKAGES_REPOSITORY = "envbuild-pkg"
+CLAMP = f"{IMAGE_ROOT}/bin/clamp-mtimes"
+# The mtime of every file the packages layer holds (1980-01-01, the earliest a wheel's zip can record).
+# Fixed rather than the build's epoch: with the default epoch (the newest pinned commit's date), moving
+# a source pin may move the epoch, and that must not reinstall every package.
+PACKAGES_EPOCH = 315532800
 # Only what this build itself may leave behind; base-image paths are never touched (a deletion would
-# add a whiteout, i.e. modify the base). __pycache__ outside /opt/envbuild is dropped by normalize.
+# add a whiteout, i.e. modify the base).
 CLEANUP = (
     "rm -rf /tmp/envbuild-* /root/.cache/pip && find /opt/envbuild -depth -name __pycache__ -type d -exec rm -rf {} +"
 )
@@ -69,6 +83,7 @@ def _has_tag(name: str) -> bool:
 
 
 def render_platform_check(plan: ContextPlan) -> str:
+    """The RUN instruction that checks the base's CANN and Python against the lock's platform."""
     if not plan.cann and not plan.python:
         return "# no platform.cann or platform.python in the lock: nothing to check in the base image"
     return fill(
@@ -77,43 +92,69 @@ def render_platform_check(plan: ContextPlan) -> str:
     ).rstrip("\n")
 
 
-def render_packages(plan: ContextPlan) -> str:
-    if not plan.files:
-        return "# no packages in the lock"
-    return "\n".join(
-        [
-            f"COPY wheels/ {IMAGE_WHEELS}/",
-            f"COPY envbuild/requirements.txt {IMAGE_META}/requirements.txt",
-            f"RUN {PIP} install --no-index --require-hashes --no-deps --no-compile \\",
-            f"      --find-links {IMAGE_WHEELS} -r {IMAGE_META}/requirements.txt \\",
-            f" && {CLEANUP}",
-        ]
+def platform_check_shell(plan: ContextPlan) -> str:
+    """The same check as a shell command (the packages script runs it before installing anything)."""
+    check = render_platform_check(plan)
+    return check[len("RUN ") :] if check.startswith("RUN ") else ": nothing to check"
+
+
+# --- 1.: the packages ----------------------------------------------------------------------------
+
+
+def render_packages_script(plan: ContextPlan) -> str:
+    """The shell script the packages container runs (``sh -c SCRIPT envbuild-packages SINCE``)."""
+    return fill(
+        load_template("packages.sh.in"),
+        {"packages_epoch": str(PACKAGES_EPOCH), "platform_check": platform_check_shell(plan)},
     )
+
+
+def packages_key(plan: ContextPlan) -> str:
+    """Everything the packages image is made of: the base by digest, the requirements (each file's
+    sha256) and the scripts; equal keys give equal packages layers."""
+    digest = hashlib.sha256()
+    for part in (
+        base_reference(plan),
+        render_packages_script(plan),
+        load_template("stage_packages.py.in"),
+        load_template("clamp-mtimes.sh.in"),
+        plan.requirements,
+    ):
+        digest.update(hashlib.sha256(part.encode()).digest())
+    return digest.hexdigest()
+
+
+def packages_reference(plan: ContextPlan) -> str:
+    return f"{PACKAGES_REPOSITORY}/{plan.lock_name}:{packages_key(plan)[:16]}"
+
+
+# --- 2.: the image ------------------------------------------------------------------------------
 
 
 def _env_prefix(source: SourcePlan) -> str:
     return "".join(f"{key}={shlex.quote(value)} " for key, value in source.env)
 
 
-def render_source(source: SourcePlan) -> str:
+def render_source(source: SourcePlan, epoch: int) -> str:
     lines = [
         f"# {source.name}: {source.ref_type} {source.ref} at {source.commit} ({source.mode})",
-        f"COPY {source.context_path}/ {source.image_path}/",
+        f"COPY {source.context_path}/ /",
     ]
     env = _env_prefix(source)
+    # `since` is taken as the step starts: clamp-mtimes sets whatever changed after it to the epoch.
+    start = "RUN since=$(($(date +%s) - 1)) \\\n && "
+    end = f' \\\n && {CLEANUP} \\\n && {CLAMP} {epoch} "$since"'
     if source.mode == "editable":
-        lines += [
-            f"RUN {env}{PIP} install --no-build-isolation --no-deps --no-index --no-compile \\",
-            f"      -e {source.image_path} \\",
-            f" && {CLEANUP}",
-        ]
+        lines.append(
+            f"{start}{env}{PIP} install --no-build-isolation --no-deps --no-index --no-compile \\\n"
+            f"      -e {source.image_path}{end}"
+        )
     elif source.mode == "wheel":
         out = f"/tmp/envbuild-wheel-{source.name}"
-        lines += [
-            f"RUN {env}{PIP} wheel --no-build-isolation --no-deps --no-index -w {out} {source.image_path} \\",
-            f" && {PIP} install --no-index --no-deps --no-compile {out}/*.whl \\",
-            f" && {CLEANUP}",
-        ]
+        lines.append(
+            f"{start}{env}{PIP} wheel --no-build-isolation --no-deps --no-index -w {out} {source.image_path} \\\n"
+            f" && {PIP} install --no-index --no-deps --no-compile {out}/*.whl{end}"
+        )
     elif source.mode != "none":
         raise ValueError(f"unknown install mode {source.mode!r}")
     return "\n".join(lines)
@@ -125,18 +166,42 @@ def render_labels(plan: ContextPlan) -> str:
     return " \\\n      ".join(f'"{key}"="{value}"' for key, value in labels)
 
 
-def render_dockerfile(plan: ContextPlan) -> str:
-    """The whole Dockerfile; ``envbuild image --dry-run`` prints exactly this."""
+def render_image_dockerfile(plan: ContextPlan) -> str:
+    """The last Dockerfile: on the packages image (on the base, with the platform check, when the lock
+    has no packages)."""
+    packages = bool(plan.files)
     return fill(
         load_template("Dockerfile.in"),
         {
             "lock_name": plan.lock_name,
             "lock_sha256": plan.lock_sha256,
-            "base": base_reference(plan),
+            "from": packages_reference(plan) if packages else base_reference(plan),
             "platform_check": render_platform_check(plan),
-            "packages": render_packages(plan),
             "epoch": str(plan.epoch),
-            "sources": "\n".join(render_source(s) for s in plan.sources) or "# no sources in the lock",
+            "sources": "\n".join(render_source(s, plan.epoch) for s in plan.sources) or "# no sources in the lock",
             "labels": render_labels(plan),
         },
+    )
+
+
+def render_dockerfile(plan: ContextPlan) -> str:
+    """What a build of the plan runs, in order; ``envbuild image --dry-run`` prints exactly this, and
+    the build record hashes it. The packages step is not a Dockerfile; it is shown as the two lines a
+    Dockerfile would need (in comments), then the script."""
+    if not plan.files:
+        return render_image_dockerfile(plan)
+    script = "\n".join(f"#     {line}" if line else "#" for line in render_packages_script(plan).splitlines())
+    return "\n".join(
+        [
+            f"# ---- 1 of 2: the packages image, {packages_reference(plan)} ----",
+            "# Made in a container, not by the builder, so that no package file lands in a layer: the package",
+            "# files (envbuild/requirements.txt, wheels/) are copied into /tmp/envbuild-packages of a container",
+            "# of the base, the script below installs them and removes them, and the container is committed.",
+            "# As a Dockerfile it would read (with the package files in no layer):",
+            f"#   FROM {base_reference(plan)}",
+            "#   RUN sh -c SCRIPT envbuild-packages SINCE",
+            script,
+            "# ---- 2 of 2: the image ----",
+            render_image_dockerfile(plan),
+        ]
     )

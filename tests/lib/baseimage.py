@@ -403,3 +403,162 @@ def _remove_tree(path: Path) -> None:
         if any(line.split()[1].startswith(prefix) for line in mounts):
             raise RuntimeError(f"{path} still has mounts inside; not deleting it")
     shutil.rmtree(path)
+
+
+# --- a multi-GB base: the test base plus a filler layer ------------------------------------------
+#
+# The real base (a CANN image) is several GB in tens of thousands of files. The benchmark's large base is
+# the test base plus one layer of generated files under /usr/local/Ascend/filler: 20,000 small "kernel"
+# files (4-96 KiB) and as many 64 MiB "libraries" as the size asks for. Content comes from a seeded
+# generator (each MiB a quarter random, the rest zeros: about as compressible as real binaries, so a push
+# does not spend minutes compressing noise), so the same size always gives the same image ID. The layer is
+# generated straight into `docker load` (the base's layers are named in the manifest, not carried: the
+# engine has them), so nothing of its size is ever written outside the engine; the engine keeps it.
+
+FILLER_ROOT = "usr/local/Ascend/filler"
+FILLER_SMALL_FILES = 20_000
+FILLER_LIBRARY = 64 << 20
+FILLER_REVISION = 1
+
+
+def filler_files(total_bytes: int) -> list[tuple[str, int, int]]:
+    """(path in the layer, size, seed) of every generated file, in the layer's (sorted) order."""
+    files: list[tuple[str, int, int]] = []
+    small = 0
+    for index in range(FILLER_SMALL_FILES):
+        size = 4096 + (index * 7919) % (92 * 1024)
+        files.append((f"{FILLER_ROOT}/ops/kernel_{index:05d}.o", size, index))
+        small += size
+    for index in range(max(0, (total_bytes - small) // FILLER_LIBRARY)):
+        files.append((f"{FILLER_ROOT}/lib64/libfiller{index:04d}.so", FILLER_LIBRARY, 1_000_000 + index))
+    return sorted(files)
+
+
+def _file_data(size: int, seed: int) -> Iterator[bytes]:
+    import random
+
+    generator = random.Random(seed)
+    for offset in range(0, size, 1 << 20):
+        chunk = min(1 << 20, size - offset)
+        noise = min(chunk, 1 << 18)
+        yield generator.randbytes(noise) + bytes(chunk - noise)
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+
+    def write(self, data: bytes) -> int:
+        self.parts.append(bytes(data))
+        return len(data)
+
+    def drain(self) -> Iterator[bytes]:
+        parts, self.parts = self.parts, []
+        yield from parts
+
+
+class _Chunks(io.RawIOBase):
+    """A file object over an iterator of byte chunks, for tarfile.addfile."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self.chunks, self.rest = chunks, b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self.rest:
+            try:
+                self.rest = next(self.chunks)
+            except StopIteration:
+                return 0
+        count = min(len(buffer), len(self.rest))
+        buffer[:count], self.rest = self.rest[:count], self.rest[count:]
+        return count
+
+
+def filler_layer(total_bytes: int) -> Iterator[bytes]:
+    """The filler layer's tar stream (deterministic: the same size gives the same bytes)."""
+    sink = _Sink()
+    with tarfile.open(fileobj=sink, mode="w|", format=tarfile.GNU_FORMAT) as tar:  # type: ignore[call-overload]
+        made: set[str] = set()
+        for path, size, seed in filler_files(total_bytes):
+            parts = path.split("/")
+            for depth in range(1, len(parts)):
+                directory = "/".join(parts[:depth])
+                if directory not in made:
+                    made.add(directory)
+                    _add_dir(tar, directory)
+                    yield from sink.drain()
+            info = tarfile.TarInfo(path)
+            info.size, info.mode, info.mtime = size, 0o644, EPOCH
+            tar.addfile(info, io.BufferedReader(_Chunks(_file_data(size, seed)), 1 << 20))
+            yield from sink.drain()
+    yield from sink.drain()
+
+
+def _tar_header(name: str, size: int) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = size, 0o644, EPOCH
+    return info.tobuf(tarfile.GNU_FORMAT)
+
+
+def _tar_member(name: str, data: bytes) -> bytes:
+    return _tar_header(name, len(data)) + data + bytes(-len(data) % tarfile.BLOCKSIZE)
+
+
+def filler_tag(gigabytes: float) -> str:
+    return f"{BASE_IMAGE_TAG}-filler{gigabytes:g}g"
+
+
+def ensure_filler_base(client: docker.DockerClient, gigabytes: float) -> BaseImage:
+    """The test base with ``gigabytes`` of filler on top, loaded once and kept by the engine."""
+    base = ensure_base_image(client)
+    tag = filler_tag(gigabytes)
+    key = hashlib.sha256(f"{base.image_id} {gigabytes} {FILLER_REVISION}".encode()).hexdigest()[:20]
+    try:
+        image = client.images.get(tag)
+        if (image.attrs.get("Config", {}).get("Labels") or {}).get("io.envbuild.test.filler") == key:
+            return BaseImage(tag, image.id, base.cann_version, base.cann_home, base.archive)
+    except docker.errors.ImageNotFound:
+        pass
+    total = int(gigabytes * (1 << 30))
+    digest, size = hashlib.sha256(), 0
+    for chunk in filler_layer(total):  # first pass: the layer's digest and size, for the config
+        digest.update(chunk)
+        size += len(chunk)
+    base_diff = client.api.inspect_image(base.image_id)["RootFS"]["Layers"]
+    config = image_config(base_diff[0], recipe_key())  # the base's own config, as _write_saved_image wrote it
+    config["rootfs"]["diff_ids"] = [*base_diff, "sha256:" + digest.hexdigest()]
+    config["config"]["Labels"]["io.envbuild.test.filler"] = key
+    config["history"].append(
+        {"created": EPOCH_ISO, "created_by": f"filler: {gigabytes:g} GB under /{FILLER_ROOT} (tests/lib/baseimage.py)"}
+    )
+    config_bytes = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
+    config_name = hashlib.sha256(config_bytes).hexdigest() + ".json"
+    layer_name = digest.hexdigest() + "/layer.tar"
+    manifest = json.dumps(
+        [
+            {
+                "Config": config_name,
+                "RepoTags": [tag],
+                "Layers": [f"{d.split(':')[1]}/layer.tar" for d in base_diff] + [layer_name],
+            }
+        ]
+    ).encode()
+
+    def archive() -> Iterator[bytes]:
+        # Written by hand around the layer (headers, data, padding): tarfile would hold it all in memory.
+        yield _tar_member(config_name, config_bytes) + _tar_member("manifest.json", manifest)
+        yield _tar_header(layer_name, size)
+        written = 0
+        for chunk in filler_layer(total):
+            written += len(chunk)
+            yield chunk
+        assert written == size, (written, size)
+        yield bytes(-size % tarfile.BLOCKSIZE) + bytes(2 * tarfile.BLOCKSIZE)
+
+    for _ in client.api.load_image(archive()):
+        pass
+    image = client.images.get(tag)
+    return BaseImage(tag, image.id, base.cann_version, base.cann_home, base.archive)

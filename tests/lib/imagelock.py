@@ -13,14 +13,19 @@ and by ``benchmarks/bench_image.py`` (directly).
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import hashlib
 import platform
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from envbuild.lock import Lock, Package, PackageFile, Source, write_lock
 from envbuild.lock.model import BaseImage, Install, Platform
-from tests.lib.gitrepos import Repo, make_repo
+from tests.lib.gitrepos import Repo, Served, make_repo
 from tests.lib.pyindex import PyIndex, make_wheel
 
 LOCK_NAME = "imagetest"
@@ -75,7 +80,10 @@ class ImageLockEnv:
             "gamma": self.repos["gamma"].rev("main"),
         }
 
-    def lock(self, *, name: str = LOCK_NAME, pins: dict[str, str] | None = None) -> Lock:
+    def lock(
+        self, *, name: str = LOCK_NAME, pins: dict[str, str] | None = None, packages: tuple[Package, ...] | None = None
+    ) -> Lock:
+        """The lock of these upstreams; ``packages`` replaces the two tiny wheels (see :func:`served_packages`)."""
         pins = {**self.pins(), **(pins or {})}
         refs = {
             "alpha": ("v1.0", "tag", "editable"),
@@ -94,11 +102,12 @@ class ImageLockEnv:
             )  # type: ignore[arg-type]
             for n in SOURCE_NAMES
         )
-        packages = tuple(
-            Package(name=n, version=v, files=(PackageFile(f.name, self.index.sha256(f.name)),))
-            for n, v in WHEELS
-            for f in [next(self.index.root.glob(f"{n}-{v}-*.whl"))]
-        )
+        if packages is None:
+            packages = tuple(
+                Package(name=n, version=v, files=(PackageFile(f.name, self.index.sha256(f.name)),))
+                for n, v in WHEELS
+                for f in [next(self.index.root.glob(f"{n}-{v}-*.whl"))]
+            )
         return Lock(
             version=1,
             name=name,
@@ -107,7 +116,7 @@ class ImageLockEnv:
             base_image=BaseImage(name=self.base_name, digest=self.base_digest),
             index=self.index.url,
             source_date_epoch=EPOCH,
-            requirements=tuple(f"{n}=={v}" for n, v in WHEELS),
+            requirements=tuple(f"{p.name}=={p.version}" for p in packages),
             packages=packages,
         )
 
@@ -115,6 +124,19 @@ class ImageLockEnv:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_lock(path, lock or self.lock())
         return path
+
+
+def served_packages(index: PyIndex) -> tuple[Package, ...]:
+    """One package per wheel the index serves (its name and version from the file name), with the
+    wheel's sha256 as the index lists it."""
+    from packaging.utils import parse_wheel_filename
+
+    packages = []
+    for path in sorted(index.root.glob("*.whl")):
+        name, version, _, _ = parse_wheel_filename(path.name)
+        sha256 = index.hashes.get(path.name) or index.sha256(path.name)
+        packages.append(Package(name=str(name), version=str(version), files=(PackageFile(path.name, sha256),)))
+    return tuple(packages)
 
 
 def with_source(lock: Lock, name: str, **changes: object) -> Lock:
@@ -134,3 +156,38 @@ def with_file_hash(lock: Lock, package: str, sha256: str) -> Lock:
             for p in lock.packages
         ),
     )
+
+
+@contextmanager
+def served_env(served: Served, under: str, base_name: str, base_digest: str, wheels: Path) -> Iterator[ImageLockEnv]:
+    """The three sources, made under ``<served.base>/<under>`` and served by the session's git daemon,
+    and the two tiny wheels made in ``wheels`` and served by a local index, on the given base."""
+    repos = make_sources(served.base / under)
+    make_wheels(wheels)
+    with PyIndex(wheels) as index:
+        urls = {name: served.url(f"{under}/{name}", "daemon-filter") for name in repos}
+        yield ImageLockEnv(repos, urls, index, base_name, base_digest)
+
+
+def old_tinyone_wheel(directory: Path) -> Path:
+    """tinyone 0.9: a module 1.0 no longer has and a console script, to install into a base that a lock
+    with tinyone 1.0 then replaces."""
+    info = "tinyone-0.9.dist-info"
+    files = {
+        "tinyone/__init__.py": b"__version__ = '0.9'\n",
+        "tinyone/old_only.py": b"GONE_IN = '1.0'\n",
+        f"{info}/METADATA": b"Metadata-Version: 2.1\nName: tinyone\nVersion: 0.9\n",
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: imagelock\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{info}/entry_points.txt": b"[console_scripts]\ntinyone-old = tinyone.old_only:main\n",
+    }
+    record = "".join(
+        f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}\n"
+        for name, data in files.items()
+    )
+    files[f"{info}/RECORD"] = (record + f"{info}/RECORD,,\n").encode()
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "tinyone-0.9-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in files.items():
+            archive.writestr(zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0)), data)
+    return path

@@ -1,0 +1,68 @@
+"""What envbuild leaves in the engine: what the next build's cache needs, and nothing more.
+
+Per lock name, after a build:
+
+- ``envbuild-raw/<lock name>:<sha12>``: the newest raw image (its parent chain is the legacy builder's
+  layer cache); raw tags of other versions of the lock go;
+- ``envbuild-pkg/<lock name>:<packages key>``: the newest packages image; others go;
+- every untagged leaf image carrying the lock's name label goes, with its untagged parents: superseded
+  raw images (a ``--no-cache`` build makes a new one each time), images that failed the in-image check,
+  the steps of a failed or interrupted build;
+- the packages container of a killed build goes (by its role label: a container a user runs from the
+  lock's image, a job or a cluster node, is never touched).
+
+Normalised images share every layer with the raw ones (only their configs differ), so keeping both costs
+the engine a few kilobytes. Images under the tags you asked for (``--tag``, the default
+``envbuild/<lock name>:<sha12>``) stay until you remove them; the base is never touched.
+"""
+
+from __future__ import annotations
+
+from envbuild.engine import Engine
+from envbuild.errors import EngineError
+from envbuild.image.plan import LOCK_NAME_LABEL, ROLE_LABEL
+from envbuild.image.render import PACKAGES_REPOSITORY
+from envbuild.progress import Progress
+
+RAW_REPOSITORY = "envbuild-raw"
+
+
+def raw_reference(lock_name: str, lock_sha256: str) -> str:
+    return f"{RAW_REPOSITORY}/{lock_name}:{lock_sha256[:12]}"
+
+
+def prune_dangling(engine: Engine, lock_name: str) -> int:
+    """Remove the untagged leaf images labelled with ``lock_name`` (and their untagged parents); the
+    number removed. One a container still uses is left."""
+    removed = 0
+    for _ in range(3):  # removing a leaf can leave an untagged labelled parent with no children: a new leaf
+        leaves = engine.images(filters={"dangling": True, "label": f"{LOCK_NAME_LABEL}={lock_name}"})
+        if not leaves:
+            break
+        for image in leaves:
+            try:
+                removed += engine.remove(image["Id"])
+            except EngineError:
+                pass  # in use by a container (a job still running on it): it stays
+    return removed
+
+
+def keep_only(engine: Engine, lock_name: str, keep: set[str], say: Progress) -> None:
+    """Drop envbuild's own tags of ``lock_name`` that are not in ``keep``, then prune what they held."""
+    # The packages container of a killed build, by its role: a container of the lock's image (a job, a
+    # cluster node) carries the lock's name label too, and is never touched.
+    for container in engine.containers({LOCK_NAME_LABEL: lock_name, ROLE_LABEL: "packages"}):
+        engine.remove_container(container.id, stop_timeout=0)
+    dropped = []
+    for repository in (f"{RAW_REPOSITORY}/{lock_name}", f"{PACKAGES_REPOSITORY}/{lock_name}"):
+        for image in engine.images(name=repository):
+            for tag in image.get("RepoTags") or ():
+                if tag.startswith(f"{repository}:") and tag not in keep:
+                    engine.remove(tag)
+                    dropped.append(tag)
+    removed = prune_dangling(engine, lock_name)
+    if dropped or removed:
+        say(
+            f"tidied the engine: {len(dropped)} superseded tag{'s' * (len(dropped) != 1)} of {lock_name}, "
+            f"{removed} unused image{'s' * (removed != 1)} removed"
+        )

@@ -1,0 +1,143 @@
+"""What `envbuild image` leaves in the engine and does to the base, built for real: repeated builds of a
+lock leave the engine's disk where the first left it, and a base that already holds a distribution the
+lock pins at another version gets it replaced (its files removed by a layer envbuild writes), still
+reproducibly."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import pytest
+
+from envbuild.engine import Engine
+from envbuild.image.build import ImageOptions, build_image
+from envbuild.verify import VerifyOptions
+from tests.lib.gitrepos import Served
+from tests.lib.imagelock import ImageLockEnv, old_tinyone_wheel, served_env
+from tests.lib.services import PushedImage, push_as
+
+pytestmark = [pytest.mark.gitdaemon, pytest.mark.slow, pytest.mark.docker, pytest.mark.registry]
+NAMES = ("enginestate", "replaced")
+
+
+@pytest.fixture(scope="module")
+def engine(docker_client: docker.DockerClient) -> Iterator[Engine]:
+    yield Engine(docker_client)
+    for name in NAMES:
+        for image in docker_client.images.list(all=True, filters={"label": f"io.envbuild.lock.name={name}"}):
+            try:
+                docker_client.images.remove(image.id, force=True)
+            except docker.errors.APIError:
+                pass
+
+
+@pytest.fixture(scope="module")
+def env(
+    served: Served, pushed_base_image: PushedImage, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ImageLockEnv]:
+    base = f"{pushed_base_image.repository}:{pushed_base_image.tag}"
+    with served_env(served, "enginestate", base, pushed_base_image.digest, tmp_path_factory.mktemp("wheels")) as env:
+        yield env
+
+
+def engine_state(client: docker.DockerClient) -> tuple[int, int, int]:
+    """The engine's layers' bytes, its images (intermediate ones too) and its containers."""
+    usage = client.api.df()
+    return usage["LayersSize"], len(client.api.images(all=True)), len(client.api.containers(all=True))
+
+
+def test_ten_builds_of_a_lock_leave_the_engine_as_the_first_build_left_it(
+    env: ImageLockEnv, engine: Engine, docker_client: docker.DockerClient, tmp_path: Path
+) -> None:
+    lock = env.write(tmp_path / "enginestate.lock.yaml", env.lock(name="enginestate"))
+    options = ImageOptions(VerifyOptions(tmp_path / "cache"))
+    first = build_image(lock, options, engine=engine)
+    after_one = engine_state(docker_client)
+    for no_cache in (True, False, True, True, False, True, False, True, True):  # ten builds in all
+        again = build_image(lock, ImageOptions(options.verify, no_cache=no_cache), engine=engine)
+        assert again.image_id == first.image_id
+        assert engine_state(docker_client) == after_one
+    raw = engine.images(name="envbuild-raw/enginestate")
+    packages = engine.images(name="envbuild-pkg/enginestate")
+    assert [len(i["RepoTags"]) for i in raw + packages] == [1, 1]  # the cache: one raw image, one packages image
+
+
+def test_a_container_running_the_locks_image_survives_a_rebuild(
+    env: ImageLockEnv, engine: Engine, docker_client: docker.DockerClient, tmp_path: Path
+) -> None:
+    """The tidying after a build removes the packages container of a killed build, not a job: a container
+    of the lock's image carries the lock's name label too."""
+    lock = env.write(tmp_path / "enginestate.lock.yaml", env.lock(name="enginestate"))
+    options = ImageOptions(VerifyOptions(tmp_path / "cache"))
+    built = build_image(lock, options, engine=engine)
+    job = docker_client.containers.run(built.image_id, ["sleep", "300"], network_mode="none", detach=True)
+    try:
+        assert job.labels["io.envbuild.lock.name"] == "enginestate"
+        build_image(lock, ImageOptions(options.verify, no_cache=True), engine=engine)
+        job.reload()
+        assert job.status == "running"
+    finally:
+        job.remove(force=True)
+
+
+def base_with_old_tinyone(
+    client: docker.DockerClient, engine: Engine, pushed: PushedImage, registry: str, tmp_path: Path
+) -> tuple[str, str]:
+    """The test base with tinyone 0.9 pip-installed (with bytecode, as pip does by default), pushed."""
+    wheel = old_tinyone_wheel(tmp_path / "old")
+    context = io.BytesIO()
+    dockerfile = (
+        f"FROM {pushed.by_digest}\nCOPY {wheel.name} /tmp/\n"
+        f"RUN python3 -m pip install --break-system-packages --no-index --no-deps /tmp/{wheel.name} && rm /tmp/*.whl\n"
+    ).encode()
+    with tarfile.open(fileobj=context, mode="w") as tar:
+        for name, data in (("Dockerfile", dockerfile), (wheel.name, wheel.read_bytes())):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    context.seek(0)
+    image = None
+    for event in client.api.build(fileobj=context, custom_context=True, rm=True, network_mode="none", decode=True):
+        assert "error" not in event, event
+        image = (event.get("aux") or {}).get("ID", image)
+    assert image is not None
+    repository = f"{registry}/envbuild-test/base-old-tinyone"
+    client.images.get(image).tag(repository, "1")
+    return f"{repository}:1", push_as(client, image, repository, "1")
+
+
+def test_a_distribution_the_base_holds_is_replaced_reproducibly(
+    served: Served,
+    pushed_base_image: PushedImage,
+    registry: str,
+    engine: Engine,
+    docker_client: docker.DockerClient,
+    tmp_path: Path,
+) -> None:
+    base, digest = base_with_old_tinyone(docker_client, engine, pushed_base_image, registry, tmp_path)
+    try:
+        _replaced(served, engine, base, digest, tmp_path)
+    finally:
+        engine.remove(base, force=True)
+
+
+def _replaced(served: Served, engine: Engine, base: str, digest: str, tmp_path: Path) -> None:
+    site = "/usr/local/lib/python3.11/dist-packages"
+    before = engine.run(base, ["sh", "-c", f"ls {site} {site}/tinyone /usr/local/bin"]).stdout.split()
+    assert {"tinyone-0.9.dist-info", "old_only.py", "__pycache__", "tinyone-old"} <= set(before)
+    with served_env(served, "replaced", base, digest, tmp_path / "wheels") as env:
+        lock = env.write(tmp_path / "replaced.lock.yaml", env.lock(name="replaced"))
+        first = build_image(lock, ImageOptions(VerifyOptions(tmp_path / "cache"), no_cache=True), engine=engine)
+        second = build_image(lock, ImageOptions(VerifyOptions(tmp_path / "cache"), no_cache=True), engine=engine)
+    assert first.image_id == second.image_id  # the removals are written at fixed times, not the engine's clock
+    assert first.packages is not None and first.packages.replaced == ("tinyone 0.9",)
+    out = engine.run(first.image_id, ["sh", "-c", f"ls {site} {site}/tinyone; ls /usr/local/bin; stat -c %a {site}"])
+    listing = out.stdout.split()
+    assert "tinyone-1.0.dist-info" in listing and "tinyone-0.9.dist-info" not in listing
+    assert "old_only.py" not in listing and "__pycache__" not in listing and "tinyone-old" not in listing
+    versions = engine.run(first.image_id, ["python3", "-c", "import tinyone; print(tinyone.__version__)"])
+    assert versions.stdout.strip() == "1.0"

@@ -1,0 +1,92 @@
+"""stage_packages.py, the script the packages container runs around `pip install` on the base's python3:
+run here with a site directory under tmp_path on its sys.path, and pip's work done by hand."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+from envbuild.image.render import load_template
+
+
+def write(path: Path, text: str = "x\n") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def run(script: Path, *args: str, path: list[Path]) -> str:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in path)}
+    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_what_the_lock_replaces_is_named_as_pip_would_uninstall_it(tmp_path: Path) -> None:
+    live = tmp_path / "live"
+    site, debian = live / "lib" / "site", live / "debian"
+    # the base: tinyone 0.9 where pip installs, with bytecode and a script; tinyone 0.8 in another
+    # directory of sys.path (a distribution's own, which pip leaves: the new one shadows it); another package
+    old = site / "tinyone-0.9.dist-info"
+    write(old / "METADATA", "Metadata-Version: 2.1\nName: TinyOne\nVersion: 0.9\n\nName: not this\n")
+    write(
+        old / "RECORD",
+        "tinyone/__init__.py,sha256=x,2\ntinyone/old_only.py,,\ntinyone/__pycache__/__init__.cpython-311.pyc,,\n"
+        "../../bin/tinyone,,\ntinyone-0.9.dist-info/METADATA,,\ntinyone-0.9.dist-info/RECORD,,\n",
+    )
+    write(site / "tinyone" / "__init__.py", "VERSION = '0.9'\n")
+    write(site / "tinyone" / "old_only.py")
+    write(site / "tinyone" / "__pycache__" / "__init__.cpython-311.pyc")
+    write(site / "tinyone" / "__pycache__" / "old_only.cpython-311.pyc")  # not in RECORD: goes with its .py
+    write(live / "bin" / "tinyone")
+    write(debian / "tinyone-0.8.dist-info" / "METADATA", "Name: tinyone\nVersion: 0.8\n")
+    write(debian / "tinyone-0.8.dist-info" / "RECORD", "tinyone/__init__.py,,\n")
+    write(debian / "tinyone" / "__init__.py")
+    write(site / "other-1.0.dist-info" / "METADATA", "Name: other\nVersion: 1.0\n")
+    write(site / "other" / "__init__.py")
+    requirements = write(tmp_path / "requirements.txt", f"# envbuild\ntinyone==1.0 --hash=sha256:{'a' * 64}\n")
+    script = write(tmp_path / "stage_packages.py", load_template("stage_packages.py.in"))
+
+    before = write(tmp_path / "before.json", run(script, "before", str(requirements), path=[site, debian]))
+    assert sorted((d["info"], d["version"]) for d in json.loads(before.read_text())) == [
+        (str(debian / "tinyone-0.8.dist-info"), "0.8"),
+        (str(old), "0.9"),
+    ]
+    # what pip install --ignore-installed tinyone 1.0 writes: over the old files of the same names
+    new = site / "tinyone-1.0.dist-info"
+    write(new / "METADATA", "Metadata-Version: 2.1\nName: tinyone\nVersion: 1.0\n")
+    write(new / "RECORD", "tinyone/__init__.py,,\n../../bin/tinyone,,\ntinyone-1.0.dist-info/METADATA,,\n")
+    write(site / "tinyone" / "__init__.py", "VERSION = '1.0'\n")
+    write(live / "bin" / "tinyone", "#!/usr/bin/python3\n")
+    (live / "bin").chmod(0o2775)
+
+    report = json.loads(run(script, "after", str(requirements), str(before), path=[site, debian]))
+    assert report["targets"] == [str(site)]
+    assert report["replaced"] == ["tinyone 0.9"]
+    # pip's uninstall, less what the new version wrote again; __pycache__ lost every entry: whole
+    assert report["remove"] == sorted(
+        [str(old), str(site / "tinyone" / "__pycache__"), str(site / "tinyone" / "old_only.py")]
+    )
+    for path in report["remove"]:
+        parent = Path(path).parent
+        while str(parent) != "/":
+            info = parent.lstat()
+            assert report["directories"][str(parent)] == [stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid]
+            parent = parent.parent
+    assert (site / "tinyone" / "old_only.py").exists()  # it only names them; a layer removes them
+
+
+def test_nothing_to_replace_is_an_empty_report(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    write(site / "unrelated-1.0.dist-info" / "METADATA", "Name: unrelated\nVersion: 1.0\n")
+    requirements = write(tmp_path / "requirements.txt", "tinyone==1.0\n")
+    script = write(tmp_path / "stage_packages.py", load_template("stage_packages.py.in"))
+    before = write(tmp_path / "before.json", run(script, "before", str(requirements), path=[site]))
+    assert json.loads(before.read_text()) == []
+    write(site / "tinyone-1.0.dist-info" / "METADATA", "Name: tinyone\nVersion: 1.0\n")
+    report = json.loads(run(script, "after", str(requirements), str(before), path=[site]))
+    assert report == {"directories": {}, "remove": [], "replaced": [], "targets": [str(site)]}
