@@ -5,6 +5,7 @@ reproducibly."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import tarfile
 from collections.abc import Iterator
@@ -82,6 +83,26 @@ def test_a_container_running_the_locks_image_survives_a_rebuild(
         assert job.status == "running"
     finally:
         job.remove(force=True)
+
+
+def test_an_image_pulled_by_digest_survives_the_tidying(
+    env: ImageLockEnv, engine: Engine, docker_client: docker.DockerClient, registry: str, tmp_path: Path
+) -> None:
+    """An untagged image of the lock that came from a registry (a node's copy, pulled by digest) is not a
+    leftover of a build: a build of another version of the lock leaves it."""
+    repository = f"{registry}/envbuild-test/enginestate"
+    lock = env.write(tmp_path / "pulled.lock.yaml", env.lock(name="enginestate"))
+    options = ImageOptions(VerifyOptions(tmp_path / "cache"), tags=(f"{repository}:pulled",), push=True)
+    built = build_image(lock, options, engine=engine)
+    ((_, digest),) = built.pushed
+    docker_client.images.remove(built.image_id, force=True)
+    docker_client.api.pull(repository, digest)
+    pulled = docker_client.api.inspect_image(f"{repository}@{digest}")
+    assert pulled["Id"] == built.image_id and pulled["RepoTags"] == []
+    other = dataclasses.replace(env.lock(name="enginestate"), source_date_epoch=1_600_000_000)
+    moved = build_image(env.write(tmp_path / "other.lock.yaml", other), ImageOptions(options.verify), engine=engine)
+    assert moved.image_id != built.image_id
+    assert engine.inspect(built.image_id) is not None
 
 
 def base_with_old_tinyone(

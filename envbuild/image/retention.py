@@ -33,10 +33,14 @@ def raw_reference(lock_name: str, lock_sha256: str) -> str:
 
 def prune_dangling(engine: Engine, lock_name: str) -> int:
     """Remove the untagged leaf images labelled with ``lock_name`` (and their untagged parents); the
-    number removed. One a container still uses is left."""
+    number removed. One a container still uses is left, and one pulled or pushed by digest."""
     removed = 0
     for _ in range(3):  # removing a leaf can leave an untagged labelled parent with no children: a new leaf
-        leaves = engine.images(filters={"dangling": True, "label": f"{LOCK_NAME_LABEL}={lock_name}"})
+        leaves = [
+            image
+            for image in engine.images(filters={"dangling": True, "label": f"{LOCK_NAME_LABEL}={lock_name}"})
+            if not _from_a_registry(image)
+        ]
         if not leaves:
             break
         for image in leaves:
@@ -45,6 +49,12 @@ def prune_dangling(engine: Engine, lock_name: str) -> int:
             except EngineError:
                 pass  # in use by a container (a job still running on it): it stays
     return removed
+
+
+def _from_a_registry(image: dict) -> bool:
+    """An untagged image pulled or pushed by digest (a cluster node's copy, a pushed build whose tag moved):
+    it is someone's, not a leftover of a build."""
+    return any(digest != "<none>@<none>" for digest in image.get("RepoDigests") or ())
 
 
 def keep_only(engine: Engine, lock_name: str, keep: set[str], say: Progress) -> None:
