@@ -25,6 +25,7 @@ is made once, outside the timings, with the host network. Targets (issue 3): a n
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import io
 import os
@@ -35,6 +36,7 @@ import sys
 import tarfile
 import tempfile
 import time
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -44,6 +46,7 @@ import docker  # noqa: E402
 
 from envbuild.engine import Engine  # noqa: E402
 from envbuild.image.build import BuildResult, ImageOptions, build_image  # noqa: E402
+from envbuild.lock.model import Package, Waiver  # noqa: E402
 from envbuild.verify import VerifyOptions  # noqa: E402
 from tests.lib.baseimage import ensure_base_image  # noqa: E402
 from tests.lib.gitrepos import GitDaemon  # noqa: E402
@@ -290,7 +293,7 @@ SCALE_WHEELS = (
     "jsonschema==4.26.0",
     "jsonschema-specifications==2025.9.1",
     "markupsafe==3.0.4",
-    "mpmath==1.4.1",
+    "mpmath==1.3.0",  # sympy 1.14 requires mpmath<1.4 (verify found it)
     "msgpack==1.2.4",
     "networkx==3.6.1",
     "packaging==26.4",
@@ -304,6 +307,27 @@ SCALE_WHEELS = (
     "urllib3==2.8.0",
 )
 IMPORT_CHECK = "import numpy, pyarrow, ray, sympy, jinja2; print('imports ok')"
+CUDA_ONLY = "the CUDA build's libraries: the benchmark never runs torch on a GPU (installed --no-deps)"
+
+
+def waive_cuda(packages: tuple[Package, ...], wheels: list[Path]) -> tuple[Package, ...]:
+    """torch from PyPI for linux/x86_64 is the CUDA build: the lock waives, by name, the CUDA libraries
+    and triton it requires (read from the wheel's metadata), as the real lock waives its CUDA-only ones."""
+    from packaging.requirements import Requirement
+
+    wheel = next(w for w in wheels if w.name.startswith("torch-"))
+    with zipfile.ZipFile(wheel) as archive:
+        name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        metadata = archive.read(name).decode()
+    cuda = sorted(
+        {
+            Requirement(line.split(":", 1)[1]).name
+            for line in metadata.splitlines()
+            if line.startswith("Requires-Dist:") and (line.split(":", 1)[1].strip().startswith(("nvidia-", "triton")))
+        }
+    )
+    waive = tuple(Waiver(n, CUDA_ONLY) for n in cuda)
+    return tuple(dataclasses.replace(p, waive=waive) if p.name == "torch" else p for p in packages)
 
 
 def scale_wheels(into: Path) -> list[Path]:
@@ -418,7 +442,7 @@ def scale_one(
             for wheel in wheels:  # once: the test index would hash every file it lists on each request
                 index.hashes[wheel.name] = hashlib.sha256(wheel.read_bytes()).hexdigest()
             index.sha256 = index.hashes.__getitem__  # type: ignore[method-assign]
-            packages = served_packages(index)
+            packages = waive_cuda(served_packages(index), wheels)
             env = ImageLockEnv(repos, {n: daemon.url(n) for n in repos}, index, f"{repository}:{tag}", digest)
             lock = env.write(root / "scale.lock.yaml", env.lock(name=SCALE_LOCK, packages=packages))
             pins = env.pins()

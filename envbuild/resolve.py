@@ -118,13 +118,16 @@ def parse_pins(text: str) -> list[tuple[str, str]]:
     return pins
 
 
-def run_uv_compile(requirements: Sequence[str], platform: Platform, index: str) -> str:
-    """Run ``uv pip compile`` for another platform, isolated from any project or user uv config."""
+def run_uv_compile(requirements: Sequence[str], platform: Platform, index: str, excludes: Sequence[str] = ()) -> str:
+    """Run ``uv pip compile`` for another platform, isolated from any project or user uv config;
+    ``excludes`` are distribution names left out of the resolution (the lock waives them)."""
     from uv import find_uv_bin  # imported late: only `lock update` needs the binary
 
     with tempfile.TemporaryDirectory(prefix="envbuild-resolve-") as tmp:
         req_in = Path(tmp) / "requirements.in"
         req_in.write_text("".join(f"{r}\n" for r in requirements), encoding="utf-8")
+        excluded = Path(tmp) / "excludes.txt"
+        excluded.write_text("".join(f"{name}\n" for name in excludes), encoding="utf-8")
         cmd = [
             find_uv_bin(),
             "pip",
@@ -143,6 +146,7 @@ def run_uv_compile(requirements: Sequence[str], platform: Platform, index: str) 
             "--color",
             "never",
             "--quiet",
+            *(["--excludes", str(excluded)] if excludes else []),
         ]
         try:
             proc = subprocess.run(
@@ -166,7 +170,9 @@ def resolve_packages(
     ``lock.platform``, every installable file hashed.
 
     Packages the lock ties to their own ``index`` are not given to uv (that index may not speak to uv,
-    or be out of reach); they are kept, their files re-listed when their index answers.
+    or be out of reach); they are kept, their files re-listed when their index answers. A package keeps
+    its ``waive``, and what packages waive is left out of the resolution (for everyone: a requirement of
+    another package on it is then unmet, and verify says so).
     """
     if lock.platform is None:
         raise InputError(f"lock {lock.name!r} has no platform; add `platform: {{os: linux, arch: ..., python: ...}}`")
@@ -181,6 +187,8 @@ def resolve_packages(
     added = [r for r in dict.fromkeys(added) if r not in roots]
     roots += added
 
+    waivers = {canonicalize_name(p.name): p.waive for p in lock.packages if p.waive}
+    excludes = sorted({canonicalize_name(w.name) for waive in waivers.values() for w in waive})
     pins: list[tuple[str, str]] = []
     if roots:
         also = f" ({len(added)} from the sources)" if added else ""
@@ -188,7 +196,7 @@ def resolve_packages(
             f"resolving {len(roots)} requirement(s){also} with uv for {uv_platform(platform)} CPython {platform.python}"
         )
         try:
-            pins = parse_pins(run_uv_compile(roots, platform, default_index))
+            pins = parse_pins(run_uv_compile(roots, platform, default_index, excludes))
         except ResolutionError as exc:
             raise ResolutionError(_with_sources(str(exc), from_sources)) from None
         say(f"uv pinned {len(pins)} package(s); listing their files")
@@ -202,7 +210,9 @@ def resolve_packages(
         chosen = select_files(page.files, name, version, platform)
         if not chosen:
             say(f"warning: {default_index} lists no file of {name} {version} installable on {uv_platform(platform)}")
-        return Package(name=name, version=version, files=_to_files(chosen))
+        return Package(
+            name=name, version=version, files=_to_files(chosen), waive=waivers.get(canonicalize_name(name), ())
+        )
 
     def refresh(package: Package) -> Package:
         index = lock.index_for(package)

@@ -238,6 +238,35 @@ def test_sources_waivers_extras_and_what_is_not_recorded() -> None:
     )
 
 
+def test_a_package_waives_its_own_requirements_by_name_and_no_one_elses() -> None:
+    """torch from PyPI for x86_64 requires CUDA libraries; a lock that installs it for the CPU waives them
+    on torch, by name, with the reason. The waiver is torch's: another package's same requirement fails."""
+    lock = Lock(
+        version=1,
+        name="whole",
+        platform=ARM,
+        sources=(),
+        packages=(
+            Package(name="torch", version="2.9.1", waive=(Waiver("NVIDIA_cublas-cu12", "CUDA-only; never on a GPU"),)),
+            Package(name="app", version="1.0"),
+        ),
+    )
+    metadata = {
+        "torch": PackageMetadata("torch", ("nvidia-cublas-cu12==12.8.4.1", "triton==3.5.1")),
+        "app": PackageMetadata("app", ("nvidia-cublas-cu12",)),
+    }
+    results = check_closure(lock, metadata)
+    assert statuses(results) == [
+        ("app", "nvidia-cublas-cu12", False, "unmet"),
+        ("torch", "nvidia-cublas-cu12==12.8.4.1", False, "waived"),
+        ("torch", "triton==3.5.1", False, "unmet"),
+    ]
+    assert results[1].detail == (
+        "requires nvidia-cublas-cu12==12.8.4.1: waived: CUDA-only; never on a GPU "
+        "(unmet: no package or source in the lock provides nvidia-cublas-cu12)"
+    )
+
+
 def test_verify_reports_requirements_in_json_and_groups_them_in_the_table(
     dists: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

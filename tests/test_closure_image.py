@@ -1,7 +1,8 @@
 """The image proves the environment whole from inside: a real build (git daemon, local index, the test base
 image pinned in the local registry, the real engine) whose source needs a package the lock lacks, and whose
 package does not import, is not tagged; the failure names the distribution, the requirement and the source.
-Waived by name (and the import skipped by name), the same lock builds and is tagged."""
+Waived by name (and the import skipped by name), the same lock builds and is tagged. A package's own
+waiver (`cudaish` requires a CUDA library the lock does not hold) is honoured inside the image too."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from envbuild.lock.model import BaseImage, Install, Platform, SkippedImport, Wai
 from envbuild.verify import VerifyOptions, verify_lock
 from tests.lib.gitrepos import Served
 from tests.lib.imagelock import ImageLockEnv, make_wheels
-from tests.lib.pyindex import PyIndex
+from tests.lib.pyindex import PyIndex, make_wheel
 from tests.lib.services import PushedImage
 
 pytestmark = [pytest.mark.gitdaemon, pytest.mark.docker, pytest.mark.registry, pytest.mark.slow]
@@ -56,6 +57,7 @@ def lock(served: Served, pushed_base_image: PushedImage, tmp_path_factory: pytes
     )
     wheels = tmp_path_factory.mktemp("wheels")
     make_wheels(wheels)
+    make_wheel(wheels, "cudaish", "1.0", requires=["nvidia-fake-cu12>=12"])
     with PyIndex(wheels) as index:
         env = ImageLockEnv(
             {}, {}, index, f"{pushed_base_image.repository}:{pushed_base_image.tag}", pushed_base_image.digest
@@ -78,8 +80,13 @@ def lock(served: Served, pushed_base_image: PushedImage, tmp_path_factory: pytes
                 ),
             ),
             packages=tuple(
-                Package(name=n, version=v, files=(PackageFile(f.name, index.sha256(f.name)),))
-                for n, v in (("tinyone", "1.0"), ("tinytwo", "2.0"))
+                Package(
+                    name=n,
+                    version=v,
+                    files=(PackageFile(f.name, index.sha256(f.name)),),
+                    waive=(Waiver("nvidia-fake-cu12", "CUDA-only: never loaded on Ascend"),) if n == "cudaish" else (),
+                )
+                for n, v in (("cudaish", "1.0"), ("tinyone", "1.0"), ("tinytwo", "2.0"))
                 for f in [next(wheels.glob(f"{n}-{v}-*.whl"))]
             ),
         )
@@ -111,6 +118,13 @@ def test_a_missing_runtime_requirement_and_a_failing_import_leave_no_tag(
         "unknown",
         "unknown",
     ]
+    assert [(r.status, r.detail) for r in report.results if r.name == "cudaish"] == [
+        (
+            "waived",
+            "requires nvidia-fake-cu12>=12: waived: CUDA-only: never loaded on Ascend "
+            "(unmet: no package or source in the lock provides nvidia-fake-cu12)",
+        )
+    ]
     with pytest.raises(EngineError) as info:
         build(lock, work, "gap", engine)
     message = str(info.value)
@@ -120,6 +134,7 @@ def test_a_missing_runtime_requirement_and_a_failing_import_leave_no_tag(
         "source needy: import npu_only failed: ModuleNotFoundError: No module named 'libascend_hal_stand_in'" in message
     )
     assert "import needy failed" not in message  # its requirement tinyone is locked: it imports
+    assert "nvidia-fake-cu12" not in message  # cudaish waives it, by name: pip check's finding is forgiven
     assert engine.inspect(f"envbuild/{LOCK_NAME}:gap") is None
 
 

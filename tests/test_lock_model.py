@@ -228,6 +228,27 @@ def test_requirements_waivers_and_skipped_imports_are_part_of_a_source() -> None
     assert empty.requires == () and "requires: []" in dump_lock(parse_lock(MINIMAL + "    requires: []\n"))
 
 
+PACKAGE_WAIVERS = MINIMAL + (
+    "packages:\n"
+    "  - name: torch\n"
+    "    version: 2.9.1\n"
+    "    waive:\n"
+    "      - {name: triton, reason: 'CUDA-only: the lock targets Ascend'}\n"
+    "      - {name: nvidia-nccl-cu12, reason: 'CUDA-only: the lock targets Ascend'}\n"
+)
+
+
+def test_a_package_carries_its_waivers_by_name_and_reason() -> None:
+    (torch,) = parse_lock(PACKAGE_WAIVERS, "t.lock.yaml").packages
+    assert torch.waiver("Triton") is not None and torch.waiver("numpy") is None
+    text = dump_lock(parse_lock(PACKAGE_WAIVERS))
+    assert "- {name: triton, reason: 'CUDA-only: the lock targets Ascend'}" in text
+    assert parse_lock(text) == parse_lock(PACKAGE_WAIVERS)
+    duplicate = PACKAGE_WAIVERS + "      - {name: Triton, reason: again}\n"
+    assert problems(duplicate) == ["t.lock.yaml:15: packages[0].waive[2].name: duplicate 'Triton' (first at waive[0])"]
+    assert any("a reason is required" in p for p in problems(PACKAGE_WAIVERS + "      - {name: x, reason: ''}\n"))
+
+
 @pytest.mark.parametrize(
     ("extra", "words"),
     [

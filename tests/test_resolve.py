@@ -194,6 +194,29 @@ def test_what_the_sources_declare_is_resolved_in_and_a_waiver_is_not(
     assert any("resolving 3 requirement(s) (3 from the sources)" in line for line in said)
 
 
+def test_a_packages_waivers_are_kept_and_left_out_of_the_resolution(
+    index_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """app waives pure (the way torch's CUDA libraries are waived on Ascend): an update keeps the waiver on
+    app and does not resolve pure back in."""
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
+    waive = (Waiver("Pure", "provided by the base image"),)
+    with PyIndex(index_dir) as index:
+        lock = Lock(
+            version=1,
+            name="r",
+            sources=(),
+            platform=ARM,
+            index=index.url,
+            requirements=("app==1.0",),
+            packages=(Package(name="app", version="1.0", waive=waive),),
+        )
+        packages = resolve_packages(lock)
+        again = resolve_packages(dataclasses.replace(lock, packages=()))
+    assert [(p.name, p.waive) for p in packages] == [("app", waive), ("native", ())]
+    assert [p.name for p in again] == ["app", "native", "pure"]  # without the waiver, pure is resolved
+
+
 def test_a_refusal_names_the_source_behind_each_package_uv_names(
     index_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

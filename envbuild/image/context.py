@@ -23,6 +23,7 @@ import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from packaging.utils import canonicalize_name
 
@@ -62,7 +63,7 @@ def manifest_for(plan: ContextPlan, file_lists: dict[str, list[str]], trees: dic
         "python": plan.python,
         "cann": plan.cann,
         "packages": [
-            {"name": canonicalize_name(n), "version": v}
+            {"name": canonicalize_name(n), "version": v} | _waive_of(canonicalize_name(n), plan)
             for n, v in sorted(
                 {(f.package, f.version) for f in plan.files}, key=lambda item: canonicalize_name(item[0])
             )
@@ -85,6 +86,13 @@ def manifest_for(plan: ContextPlan, file_lists: dict[str, list[str]], trees: dic
             for s in plan.sources
         ],
     }
+
+
+def _waive_of(package: str, plan: ContextPlan) -> dict[str, Any]:
+    """``{"waive": [...]}`` for a package that waives requirements, else nothing (the manifest of a lock
+    without package waivers stays as it was)."""
+    waive = dict(plan.package_waive).get(package)
+    return {"waive": [{"name": n, "reason": r} for n, r in waive]} if waive else {}
 
 
 def _json_bytes(data: object) -> bytes:

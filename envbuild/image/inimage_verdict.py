@@ -91,8 +91,9 @@ def compare_inimage(report: dict | str, manifest: dict) -> list[str]:
 
 
 def environment_problems(report: dict, manifest: dict) -> list[str]:
-    """What ``pip check`` found that no source waives, and every source import that failed: each names
-    the distribution, the requirement and, where one installed it, the source."""
+    """What ``pip check`` found that the requiring source or package does not waive, and every source
+    import that failed: each names the distribution, the requirement and, where one installed it, the
+    source."""
     problems: list[str] = []
     sources = [s for s in manifest.get("sources", []) if s.get("mode") != "none"]
     seen = report.get("sources", {})
@@ -100,6 +101,10 @@ def environment_problems(report: dict, manifest: dict) -> list[str]:
     for source in sources:
         found = seen.get(source["name"], {}).get("distribution") or source.get("distribution") or source["name"]
         owner[canonicalize_name(found)] = source
+    package_waive = {
+        canonicalize_name(p["name"]): {canonicalize_name(w["name"]) for w in p.get("waive", [])}
+        for p in manifest.get("packages", [])
+    }
     consistency = report.get("consistency") or {}
     if consistency.get("error"):
         problems.append(f"the in-image consistency check could not run: {consistency['error']}")
@@ -115,6 +120,7 @@ def environment_problems(report: dict, manifest: dict) -> list[str]:
         except InvalidRequirement:
             name = text
         waived = {canonicalize_name(w["name"]) for w in (source or {}).get("waive", [])}
+        waived |= package_waive.get(canonicalize_name(problem["distribution"]), set())
         if canonicalize_name(name) in waived:
             continue
         who = f"{problem['distribution']} {problem['version']}"

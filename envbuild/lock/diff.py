@@ -67,6 +67,7 @@ def _package_fields(package: Package) -> dict[str, str]:
         "version": package.version,
         "index": package.index or "",
         "files": ", ".join(f"{f.filename}:{f.sha256[:12]}" for f in sorted(package.files, key=lambda f: f.filename)),
+        "waive": "\n".join(f"{w.name}: {w.reason}" for w in package.waive),
     }
 
 

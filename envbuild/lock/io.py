@@ -88,6 +88,24 @@ def _line_of(root: yaml.Node, *path: Any) -> int:
     return node.start_mark.line + 1
 
 
+def _duplicate_names(
+    entries: tuple[Any, ...], root: yaml.Node, file: str, path: tuple[Any, ...], distribution: bool
+) -> list[Problem]:
+    """Entries of one list (``waive``, ``skip_imports``) that name what an earlier one named."""
+    problems: list[Problem] = []
+    first: dict[str, int] = {}
+    for j, entry in enumerate(entries):
+        if entry is None:
+            continue
+        name = canonicalize_name(entry.name) if distribution else entry.name
+        if name in first:
+            where = f"{path[0]}[{path[1]}].{path[2]}[{j}].name"
+            message = f"duplicate {entry.name!r} (first at {path[2]}[{first[name]}])"
+            problems.append(Problem(file, _line_of(root, *path, j, "name"), where, message))
+        first.setdefault(name, j)
+    return problems
+
+
 def _cross_checks(lock: Lock, root: yaml.Node, file: str) -> list[Problem]:
     problems: list[Problem] = []
     seen: dict[str, int] = {}
@@ -105,21 +123,7 @@ def _cross_checks(lock: Lock, root: yaml.Node, file: str) -> list[Problem]:
             )
         seen.setdefault(source.name, i)
         for key in ("waive", "skip_imports"):
-            first: dict[str, int] = {}
-            for j, entry in enumerate(getattr(source, key)):
-                if entry is None:
-                    continue
-                name = canonicalize_name(entry.name) if key == "waive" else entry.name
-                if name in first:
-                    problems.append(
-                        Problem(
-                            file,
-                            _line_of(root, "sources", i, key, j, "name"),
-                            f"sources[{i}].{key}[{j}].name",
-                            f"duplicate {entry.name!r} (first at {key}[{first[name]}])",
-                        )
-                    )
-                first.setdefault(name, j)
+            problems += _duplicate_names(getattr(source, key), root, file, ("sources", i, key), key == "waive")
     seen = {}
     for i, package in enumerate(lock.packages):
         if package is None:
@@ -135,6 +139,7 @@ def _cross_checks(lock: Lock, root: yaml.Node, file: str) -> list[Problem]:
                 )
             )
         seen.setdefault(key, i)
+        problems += _duplicate_names(package.waive, root, file, ("packages", i, "waive"), True)
         names: set[str] = set()
         for j, dist in enumerate(package.files):
             if dist is None:
@@ -227,8 +232,9 @@ def dump_lock(lock: Lock) -> str:
     plain = _plain(canonical(lock))
     data = {key: plain[key] for key in _LOCK_KEY_ORDER if key in plain}
     for package in data.get("packages", []):
-        if "files" in package:
-            package["files"] = [_FlowMap(f) for f in package["files"]]
+        for key in ("files", "waive"):
+            if key in package:
+                package[key] = [_FlowMap(entry) for entry in package[key]]
     for source in data.get("sources", []):
         if "provides" in source:
             source["provides"] = _FlowMap(source["provides"])

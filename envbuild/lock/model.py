@@ -170,11 +170,17 @@ class Provides:
 
 @dataclass(frozen=True)
 class Waiver:
-    """A requirement of a source the lock leaves to others, by name and with the reason: checked and
-    reported as waived, never resolved, never silently dropped."""
+    """A requirement of a source or a package the lock leaves unmet, by name and with the reason: checked
+    and reported as waived, never resolved, never silently dropped."""
 
     name: str = field(metadata=meta(pattern=PACKAGE_NAME, max_length=NAME_MAX, expect="a Python distribution name"))
     reason: str = field(metadata=meta(check=check_reason, max_length=REASON_MAX, description="why the lock accepts it"))
+
+
+def find_waiver(waive: tuple[Waiver, ...], name: str) -> Waiver | None:
+    """The waiver of requirement ``name`` (compared as normalised distribution names), if any."""
+    key = canonicalize_name(name)
+    return next((w for w in waive if canonicalize_name(w.name) == key), None)
 
 
 @dataclass(frozen=True)
@@ -240,8 +246,7 @@ class Source:
         return self.provides.name if self.provides is not None else self.name
 
     def waiver(self, name: str) -> Waiver | None:
-        key = canonicalize_name(name)
-        return next((w for w in self.waive if canonicalize_name(w.name) == key), None)
+        return find_waiver(self.waive, name)
 
     @property
     def installed(self) -> bool:
@@ -269,6 +274,13 @@ class Package:
     index: str | None = mfield(
         None, check=check_index_url, description="PEP 691 index serving it; default the lock's index"
     )
+    waive: tuple[Waiver, ...] = mfield(
+        (),
+        description="requirements of this package the lock accepts unmet (it is installed without them), by name",
+    )
+
+    def waiver(self, name: str) -> Waiver | None:
+        return find_waiver(self.waive, name)
 
 
 @dataclass(frozen=True)

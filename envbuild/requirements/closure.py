@@ -4,8 +4,8 @@ platform, met by a locked package or a source, or waived by name (pure; the meta
 Each requirement is judged once per requirer, with markers evaluated for ``lock.platform`` and for the
 extras someone asked of the requirer (``megatron-core[dev,mlm]`` brings in megatron-core's ``dev`` and
 ``mlm`` requirements, which may ask for more extras in turn, until nothing new is asked). Versions are
-compared as ``pip check`` does (pre-releases count). A requirement a source waives is reported as waived
-with its reason, and what it would be otherwise; it is never dropped.
+compared as ``pip check`` does (pre-releases count). A requirement its source or package waives is
+reported as waived with the reason, and what it would be otherwise; it is never dropped.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from envbuild.lock.model import Lock, Source
+from envbuild.lock.model import Lock, Package, Source
 from envbuild.requirements.markers import applies, marker_environment, try_parse
 from envbuild.results import PinResult, RequirementStatus
 
@@ -53,7 +53,7 @@ class _Requirer:
     order: tuple[int, str]
     requirements: tuple[tuple[str, bool], ...] | None  # (PEP 508 text, build?)
     unknown: tuple[tuple[bool, str], ...] = ()  # (build?, why) for what is not recorded
-    source: Source | None = None
+    owner: Source | Package | None = None  # whose waivers apply: the lock's own requirements have none
 
 
 def providers(lock: Lock) -> dict[str, Provider]:
@@ -91,7 +91,7 @@ def check_closure(lock: Lock, metadata: Mapping[str, PackageMetadata]) -> list[P
                 continue
             if not applies(requirement, environment, extras):
                 continue
-            result = judge(requirer.name, requirement, text, build, provided, requirer.source)
+            result = judge(requirer.name, requirement, text, build, provided, requirer.owner)
             results.setdefault((key, text, build), (requirer.order, index, result))
             target = canonicalize_name(requirement.name)
             if result.status != "waived" and requirement.extras and target in requested:
@@ -114,11 +114,12 @@ def judge(
     text: str,
     build: bool,
     provided: Mapping[str, Provider],
-    source: Source | None = None,
+    owner: Source | Package | None = None,
 ) -> PinResult:
-    """The verdict on one requirement that applies: ok, unmet, conflict, unknown, or waived by ``source``."""
+    """The verdict on one requirement that applies: ok, unmet, conflict, unknown, or waived by ``owner``
+    (the source or package that requires it)."""
     status, detail = _state(requirement, provided.get(canonicalize_name(requirement.name)))
-    waiver = source.waiver(requirement.name) if source is not None else None
+    waiver = owner.waiver(requirement.name) if owner is not None else None
     if waiver is not None:
         return _result(requirer, text, build, "waived", f"waived: {waiver.reason} ({status}: {detail})")
     return _result(requirer, text, build, status, detail)
@@ -160,9 +161,9 @@ def _requirers(lock: Lock, metadata: Mapping[str, PackageMetadata]) -> dict[str,
         found = metadata.get(key)
         if found is None or found.requires is None:
             why = found.detail if found is not None else "its core metadata was not read"
-            requirers[key] = _Requirer(package.name, (2, key), None, ((False, why),))
+            requirers[key] = _Requirer(package.name, (2, key), None, ((False, why),), package)
         else:
-            requirers[key] = _Requirer(package.name, (2, key), tuple((r, False) for r in found.requires))
+            requirers[key] = _Requirer(package.name, (2, key), tuple((r, False) for r in found.requires), (), package)
     for i, source in enumerate(lock.sources):
         if not source.installed:
             continue
