@@ -255,11 +255,7 @@ def main(argv: list[str] | None = None) -> int:
                         client.images.remove(tag)
                     except docker.errors.APIError:
                         pass
-        for image_id in dict.fromkeys(HAND_IMAGES):
-            try:
-                client.images.remove(image_id, force=True)
-            except docker.errors.APIError:
-                pass
+        _remove_hand_images(client)
     return 0
 
 
@@ -580,13 +576,17 @@ def _remove_scale_images(client: docker.DockerClient) -> None:
             client.images.remove(image.id, force=True)
         except docker.errors.APIError:
             pass
+    _remove_hand_images(client)
+    client.images.prune(filters={"dangling": True})
+
+
+def _remove_hand_images(client: docker.DockerClient) -> None:
     for image_id in dict.fromkeys(HAND_IMAGES):
         try:
             client.images.remove(image_id, force=True)
         except docker.errors.APIError:
             pass
     HAND_IMAGES.clear()
-    client.images.prune(filters={"dangling": True})
 
 
 if __name__ == "__main__":

@@ -53,6 +53,8 @@ from typing import Any
 import docker
 import docker.errors
 
+from envbuild.transfer import TarSink
+
 BASE_IMAGE_TAG = "envbuild-test/base:bookworm-cann9.1.0"
 CANN_VERSION = "9.1.0"
 CANN_HOME = "/usr/local/Ascend/ascend-toolkit"
@@ -444,19 +446,6 @@ def _file_data(size: int, seed: int) -> Iterator[bytes]:
         yield generator.randbytes(noise) + bytes(chunk - noise)
 
 
-class _Sink:
-    def __init__(self) -> None:
-        self.parts: list[bytes] = []
-
-    def write(self, data: bytes) -> int:
-        self.parts.append(bytes(data))
-        return len(data)
-
-    def drain(self) -> Iterator[bytes]:
-        parts, self.parts = self.parts, []
-        yield from parts
-
-
 class _Chunks(io.RawIOBase):
     """A file object over an iterator of byte chunks, for tarfile.addfile."""
 
@@ -479,7 +468,7 @@ class _Chunks(io.RawIOBase):
 
 def filler_layer(total_bytes: int) -> Iterator[bytes]:
     """The filler layer's tar stream (deterministic: the same size gives the same bytes)."""
-    sink = _Sink()
+    sink = TarSink()
     with tarfile.open(fileobj=sink, mode="w|", format=tarfile.GNU_FORMAT) as tar:  # type: ignore[call-overload]
         made: set[str] = set()
         for path, size, seed in filler_files(total_bytes):
