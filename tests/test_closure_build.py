@@ -103,3 +103,14 @@ def test_envbuild_image_refuses_it_in_one_line(
     assert code == 1
     assert "setuptools>=99" in err and "refusing to build" in err
     assert "engine" not in err.lower() and "Traceback" not in err
+
+
+def test_a_dry_run_warns_of_each_unmet_build_requirement(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = unbuildable_lock(tmp_path)
+    code = main(["image", str(path), "--dry-run", "--offline", "--cache-dir", str(tmp_path / "cache")])
+    err = capsys.readouterr().err
+    assert code == 0  # a dry run renders; it says what a build would refuse
+    assert (
+        "warning: source svc builds with setuptools>=99: no package or source in the lock provides setuptools "
+        "(unmet): a build refuses it before the engine starts"
+    ) in err

@@ -52,7 +52,7 @@ from envbuild.image.retention import RAW_REPOSITORY, keep_only, raw_reference
 from envbuild.lock.io import LockFile, read_lock
 from envbuild.progress import Progress
 from envbuild.reference import check_name_and_tag
-from envbuild.requirements.buildcheck import require_buildable
+from envbuild.requirements.buildcheck import build_requirement_problems, require_buildable
 from envbuild.results import VerifyReport
 from envbuild.verify import VerifyOptions, fetch_command, verify_lock
 
@@ -153,6 +153,8 @@ def dry_run(lock_path: Path, options: ImageOptions, progress: Progress | None = 
         )
     if lock.base_image is not None and lock.base_image.digest is None:
         say(f"warning: base image {lock.base_image.name} is not pinned by digest: a build refuses it")
+    for problem in build_requirement_problems(lock):
+        say(f"warning: {problem}: a build refuses it before the engine starts")
     epoch = lock.source_date_epoch
     if epoch is None:
         try:
