@@ -130,3 +130,21 @@ def test_a_bad_config_stops_the_cli_with_one_line(tmp_path: Path, capsys) -> Non
         err
         == f"envbuild: error: {config}:1: mirrors: YAML anchors and aliases (&m, *m) are not allowed: write each value out in full\n"
     )
+
+
+@pytest.mark.parametrize("command", [["lock", "verify"], ["lock", "fetch"], ["image"], ["check"]])
+def test_a_cache_dir_that_is_a_file_is_bad_input(
+    command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lock = tmp_path / "l.yaml"
+    lock.write_text(
+        "version: 1\nname: x\nsources:\n  - {name: a, repo: 'https://e.org/a.git', ref: main, ref_type: branch, "
+        f"commit: {'a' * 40}}}\n"
+    )
+    (tmp_path / "afile").write_text("not a cache\n")
+    offline = [] if command == ["lock", "fetch"] else ["--offline"]  # fetch is what fills the cache
+    code = main([*command, str(lock), "--cache-dir", str(tmp_path / "afile"), *offline])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err == f"envbuild: error: --cache-dir: {tmp_path / 'afile'} is not a directory\n"
+    assert (tmp_path / "afile").read_text() == "not a cache\n"

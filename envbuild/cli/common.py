@@ -126,4 +126,8 @@ def source_settings(args: argparse.Namespace) -> tuple[Path, Mirrors]:
     mirrors = config.mirrors.merged(Mirrors.parse(args.mirror))
     if args.jobs < 1:
         raise InputError(f"--jobs: expected a positive number, got {args.jobs}")
-    return (args.cache_dir or config.cache_dir), mirrors
+    cache_dir = args.cache_dir or config.cache_dir
+    if cache_dir.exists() and not cache_dir.is_dir():
+        where = "--cache-dir" if args.cache_dir else "cache_dir (config file or $ENVBUILD_CACHE)"
+        raise InputError(f"{where}: {cache_dir} is not a directory")
+    return cache_dir, mirrors
