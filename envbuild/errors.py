@@ -36,12 +36,24 @@ class Problem:
         return f"{where}: {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
 
 
+SHOWN_PROBLEMS = 100  # lines of a many-problem error that are printed; ``problems`` keeps every one
+
+
+def problem_lines(lines: list[str]) -> str:
+    """The first :data:`SHOWN_PROBLEMS` lines, and how many more there are: a lockfile with ten thousand
+    bad entries gives a readable error, not ten thousand lines."""
+    shown = lines[:SHOWN_PROBLEMS]
+    if len(lines) > SHOWN_PROBLEMS:
+        shown.append(f"… and {len(lines) - SHOWN_PROBLEMS} more problems (fix these first)")
+    return "\n".join(shown)
+
+
 class LockfileError(InputError):
     """A lockfile failed validation; carries every problem found, not just the first."""
 
     def __init__(self, problems: list[Problem]) -> None:
         self.problems = sorted(problems)
-        super().__init__("\n".join(str(p) for p in self.problems))
+        super().__init__(problem_lines([str(p) for p in self.problems]))
 
 
 class ProblemsError(EnvbuildError):
@@ -50,7 +62,7 @@ class ProblemsError(EnvbuildError):
 
     def __init__(self, problems: list[str]) -> None:
         self.problems = sorted(problems)
-        super().__init__("\n".join(self.problems))
+        super().__init__(problem_lines(self.problems))
 
 
 class RemoteError(EnvbuildError):

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from envbuild.cli import main
+from envbuild.errors import LockfileError
+from envbuild.lock.io import read_lock
 from envbuild.lock.model import MAX_EPOCH
 from envbuild.lock.yamlfile import MAX_BYTES, MAX_DEPTH
 from tests.lib.tinylock import MINIMAL_LOCK as LOCK
@@ -176,3 +178,17 @@ def test_recipes_are_read_by_the_same_reader(tmp_path: Path) -> None:
             load_recipe(recipe)
         (problem,) = info.value.problems
         assert str(problem).startswith(expected), problem
+
+
+def test_a_lock_with_thousands_of_problems_prints_a_readable_error(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    """Every problem is kept for callers; the terminal gets the first hundred and a count of the rest."""
+    bad = "".join(f"  - {{name: 'bad name {i}', version: '1.0'}}\n" for i in range(3000))
+    path = tmp_path / "many.lock.yaml"
+    path.write_text(LOCK + "packages:\n" + bad)
+    with pytest.raises(LockfileError) as info:
+        read_lock(path)
+    assert len(info.value.problems) == 3000
+    assert main(["lock", "verify", str(path), "--offline"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 101 and all(line.startswith("envbuild: error: ") for line in err)
+    assert err[-1] == "envbuild: error: … and 2900 more problems (fix these first)"

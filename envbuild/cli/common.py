@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from envbuild.config import load_config
-from envbuild.errors import EnvbuildError, InputError, LockfileError
+from envbuild.errors import EnvbuildError, InputError
 from envbuild.mirrors import Mirrors
 from envbuild.verify import VerifyOptions
 
@@ -36,10 +36,6 @@ def run(prog: str, parser: argparse.ArgumentParser, argv: Sequence[str] | None) 
             parser.print_help(sys.stderr)
             return 2
         return handler(args)
-    except LockfileError as exc:
-        for problem in exc.problems:
-            print(f"{prog}: error: {problem}", file=sys.stderr)
-        return exc.exit_code
     except EnvbuildError as exc:
         if debug:
             traceback.print_exc()
