@@ -60,6 +60,13 @@ class RunOutput:
     stderr: str
 
 
+def _event_error(event: dict[str, Any]) -> str | None:
+    """The message of an error event in a build, push or pull stream (None for any other event)."""
+    if "error" not in event and "errorDetail" not in event:
+        return None
+    return str((event.get("errorDetail") or {}).get("message") or event.get("error") or "failed")
+
+
 def _reason(exc: BaseException) -> str:
     """One line a user can act on, from the SDK's or requests' nested messages."""
     text = str(exc)
@@ -166,8 +173,7 @@ class Engine:
             )
             try:
                 for event in stream:
-                    if "error" in event or "errorDetail" in event:
-                        message = (event.get("errorDetail") or {}).get("message") or event.get("error") or "failed"
+                    if (message := _event_error(event)) is not None:
                         raise EngineError(build.failure(message.strip()))
                     build.event(event)
             finally:
@@ -270,8 +276,7 @@ class Engine:
         push = LayerProgress(say, "push", name)
         with _engine_errors(f"push {name}", self.address):
             for event in self.api.push(repository, tag, stream=True, decode=True):
-                if "error" in event or "errorDetail" in event:
-                    message = (event.get("errorDetail") or {}).get("message") or event.get("error")
+                if (message := _event_error(event)) is not None:
                     raise EngineError(f"push {name}: {message}")
                 push.event(event)
                 digest = (event.get("aux") or {}).get("Digest", digest)
@@ -293,8 +298,7 @@ class Engine:
         repository, tag = split_reference(reference)
         with _engine_errors(f"pull {reference}", self.address):
             for event in self.api.pull(repository, tag, stream=True, decode=True):
-                if "error" in event or "errorDetail" in event:
-                    message = (event.get("errorDetail") or {}).get("message") or event.get("error")
+                if (message := _event_error(event)) is not None:
                     raise EngineError(f"pull {reference} on {self.address}: {message}")
                 pull.event(event)
             image_id = self.api.inspect_image(reference)["Id"]
