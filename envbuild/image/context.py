@@ -62,12 +62,7 @@ def manifest_for(plan: ContextPlan, file_lists: dict[str, list[str]], trees: dic
         "epoch": plan.epoch,
         "python": plan.python,
         "cann": plan.cann,
-        "packages": [
-            {"name": canonicalize_name(n), "version": v} | _waive_of(canonicalize_name(n), plan)
-            for n, v in sorted(
-                {(f.package, f.version) for f in plan.files}, key=lambda item: canonicalize_name(item[0])
-            )
-        ],
+        "packages": _package_entries(plan),
         "sources": [
             {
                 "name": s.name,
@@ -88,11 +83,16 @@ def manifest_for(plan: ContextPlan, file_lists: dict[str, list[str]], trees: dic
     }
 
 
-def _waive_of(package: str, plan: ContextPlan) -> dict[str, Any]:
-    """``{"waive": [...]}`` for a package that waives requirements, else nothing (the manifest of a lock
-    without package waivers stays as it was)."""
-    waive = dict(plan.package_waive).get(package)
-    return {"waive": [{"name": n, "reason": r} for n, r in waive]} if waive else {}
+def _package_entries(plan: ContextPlan) -> list[dict[str, Any]]:
+    """One entry per package the image installs, by normalised name, with the requirements it waives (the
+    in-image check forgives these, as it does a source's) when it waives any: the manifest of a lock
+    without package waivers stays as it was."""
+    packages = {canonicalize_name(f.package): f.entry[0] for f in plan.files}
+    return [
+        {"name": name, "version": package.version}
+        | ({"waive": [{"name": w.name, "reason": w.reason} for w in package.waive]} if package.waive else {})
+        for name, package in sorted(packages.items())
+    ]
 
 
 def _json_bytes(data: object) -> bytes:

@@ -100,9 +100,6 @@ class ContextPlan:
     sources: tuple[SourcePlan, ...]
     files: tuple[FilePlan, ...]
     requirements: str  # the text of envbuild/requirements.txt
-    # (normalised package name, ((requirement name, reason), ...)) for each package that waives any:
-    # the in-image check forgives these, as it does a source's
-    package_waive: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -194,9 +191,4 @@ def plan_context(
         sources=sources,
         files=files,
         requirements=requirements_text(lock),
-        package_waive=tuple(
-            (canonicalize_name(p.name), tuple((w.name, w.reason) for w in p.waive))
-            for p in sorted(lock.packages, key=lambda p: canonicalize_name(p.name))
-            if p.waive
-        ),
     )
