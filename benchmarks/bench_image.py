@@ -36,7 +36,6 @@ import sys
 import tarfile
 import tempfile
 import time
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -309,19 +308,16 @@ CUDA_ONLY = "the CUDA build's libraries: the benchmark never runs torch on a GPU
 def waive_cuda(packages: tuple[Package, ...], wheels: list[Path]) -> tuple[Package, ...]:
     """torch from PyPI for linux/x86_64 is the CUDA build: the lock waives, by name, the CUDA libraries
     and triton it requires (read from the wheel's metadata), as the real lock waives its CUDA-only ones."""
+    from email.parser import BytesHeaderParser
+
     from packaging.requirements import Requirement
 
+    from envbuild.requirements.metadata import read_wheel_metadata
+
     wheel = next(w for w in wheels if w.name.startswith("torch-"))
-    with zipfile.ZipFile(wheel) as archive:
-        name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
-        metadata = archive.read(name).decode()
-    cuda = sorted(
-        {
-            Requirement(line.split(":", 1)[1]).name
-            for line in metadata.splitlines()
-            if line.startswith("Requires-Dist:") and (line.split(":", 1)[1].strip().startswith(("nvidia-", "triton")))
-        }
-    )
+    metadata = BytesHeaderParser().parsebytes(read_wheel_metadata(wheel.open("rb"), wheel.name))
+    requires = [Requirement(str(text)).name for text in metadata.get_all("Requires-Dist") or []]
+    cuda = sorted({name for name in requires if name.startswith(("nvidia-", "triton"))})
     waive = tuple(Waiver(n, CUDA_ONLY) for n in cuda)
     return tuple(dataclasses.replace(p, waive=waive) if p.name == "torch" else p for p in packages)
 
