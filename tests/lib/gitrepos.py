@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 _IDENTITY = {
     "GIT_AUTHOR_NAME": "Test",
@@ -266,19 +267,15 @@ class Served:
         raise ValueError(transport)
 
 
-@dataclass
-class ThrottlingProxy:
-    """A TCP proxy to a local port that forwards server-to-client bytes slowly while ``delay`` > 0, so
-    a test can catch a fetch halfway. Runs in daemon threads; ``close()`` stops accepting."""
+class _LoopbackServer:
+    """A TCP server on 127.0.0.1 for tests: accepts in a daemon thread and hands each client to ``_serve``;
+    ``close()`` stops accepting and closes every socket it holds (``_sockets``)."""
 
-    target_port: int
-    delay: float = 0.05
-    chunk: int = 16384
-    port: int = 0
-    _server: socket.socket | None = None
-    _sockets: list[socket.socket] = field(default_factory=list)
+    port: int
+    _server: socket.socket | None
+    _sockets: list[socket.socket]
 
-    def start(self) -> "ThrottlingProxy":
+    def start(self: _Server) -> _Server:
         self._server = socket.create_server(("127.0.0.1", 0))
         self.port = int(self._server.getsockname()[1])
         threading.Thread(target=self._accept, daemon=True).start()
@@ -291,10 +288,39 @@ class ThrottlingProxy:
                 client, _ = self._server.accept()
             except OSError:
                 return
-            upstream = socket.create_connection(("127.0.0.1", self.target_port))
-            self._sockets += [client, upstream]
-            threading.Thread(target=self._pipe, args=(client, upstream, False), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(upstream, client, True), daemon=True).start()
+            self._sockets.append(client)
+            self._serve(client)
+
+    def _serve(self, client: socket.socket) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for sock in self._sockets:
+            sock.close()
+
+
+_Server = TypeVar("_Server", bound=_LoopbackServer)
+
+
+@dataclass
+class ThrottlingProxy(_LoopbackServer):
+    """A TCP proxy to a local port that forwards server-to-client bytes slowly while ``delay`` > 0, so
+    a test can catch a fetch halfway. Runs in daemon threads; ``close()`` stops accepting."""
+
+    target_port: int
+    delay: float = 0.05
+    chunk: int = 16384
+    port: int = 0
+    _server: socket.socket | None = None
+    _sockets: list[socket.socket] = field(default_factory=list)
+
+    def _serve(self, client: socket.socket) -> None:
+        upstream = socket.create_connection(("127.0.0.1", self.target_port))
+        self._sockets.append(upstream)
+        threading.Thread(target=self._pipe, args=(client, upstream, False), daemon=True).start()
+        threading.Thread(target=self._pipe, args=(upstream, client, True), daemon=True).start()
 
     def _pipe(self, src: socket.socket, dst: socket.socket, slow: bool) -> None:
         try:
@@ -310,12 +336,6 @@ class ThrottlingProxy:
                     sock.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
-
-    def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        for sock in self._sockets:
-            sock.close()
 
 
 def child_pids(pid: int) -> list[int]:
@@ -376,7 +396,7 @@ def pkt_line(payload: bytes) -> bytes:
 
 
 @dataclass
-class HostileGitServer:
+class HostileGitServer(_LoopbackServer):
     """A git:// server on 127.0.0.1 that answers every request as ``mode`` says (protocol v0):
 
     - ``refs``: advertises ``refs`` (``(sha, name)`` pairs, names as raw bytes), then ends;
@@ -392,26 +412,13 @@ class HostileGitServer:
     port: int = 0
     sent: int = 0
     _server: socket.socket | None = None
-    _clients: list[socket.socket] = field(default_factory=list)
-
-    def start(self) -> "HostileGitServer":
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self.port = int(self._server.getsockname()[1])
-        threading.Thread(target=self._accept, daemon=True).start()
-        return self
+    _sockets: list[socket.socket] = field(default_factory=list)
 
     def url(self, name: str = "repo.git") -> str:
         return f"git://127.0.0.1:{self.port}/{name}"
 
-    def _accept(self) -> None:
-        assert self._server is not None
-        while True:
-            try:
-                client, _ = self._server.accept()
-            except OSError:
-                return
-            self._clients.append(client)
-            threading.Thread(target=self._answer, args=(client,), daemon=True).start()
+    def _serve(self, client: socket.socket) -> None:
+        threading.Thread(target=self._answer, args=(client,), daemon=True).start()
 
     def _answer(self, client: socket.socket) -> None:
         try:
@@ -444,9 +451,3 @@ class HostileGitServer:
                     time.sleep(self.drip_interval)
         else:
             raise ValueError(self.mode)
-
-    def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        for client in self._clients:
-            client.close()
