@@ -290,20 +290,26 @@ class Engine:
         with _engine_errors(f"registry data of {name}", self.address):
             return self.api.inspect_distribution(name)["Descriptor"]["digest"]
 
-    def pull(self, reference: str, progress: Progress | None = None) -> str:
+    def pull(self, reference: str, progress: Progress | None = None, *, platform: str | None = None) -> str:
         """Pull ``repository@sha256:…`` (or ``repository:tag``) with the docker config's credentials, each
-        layer said when it is fetched and the bytes while they come; returns the image ID."""
+        layer said when it is fetched and the bytes while they come; returns the image ID. ``platform``
+        (``linux/arm64``) picks that variant of a multi-platform index, instead of the engine's own."""
         say = progress or (lambda message: None)
         pull = LayerProgress(say, "pull", reference)
         repository, tag = split_reference(reference)
         with _engine_errors(f"pull {reference}", self.address):
-            for event in self.api.pull(repository, tag, stream=True, decode=True):
+            for event in self.api.pull(repository, tag, stream=True, decode=True, platform=platform):
                 if (message := _event_error(event)) is not None:
                     raise EngineError(f"pull {reference} on {self.address}: {message}")
                 pull.event(event)
             image_id = self.api.inspect_image(reference)["Id"]
         say(f"pulled {reference} on {self.address}: {pull.summary()}")
         return str(image_id)
+
+    def machine(self) -> str:
+        """The engine host's machine name, as the engine reports it (``x86_64``, ``aarch64``)."""
+        with _engine_errors("info", self.address):
+            return str(self.api.info().get("Architecture") or "")
 
     def memory_bytes(self) -> int:
         """The engine host's memory, as the engine reports it."""

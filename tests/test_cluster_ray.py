@@ -10,6 +10,7 @@ removes by ID what carries the cluster's label; the stale node is removed by its
 from __future__ import annotations
 
 import json
+import platform
 import shlex
 import time
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from envbuild.engine import split_reference
+from envbuild.image.base import OCI_ARCH
 from envbuild.lock.io import read_lock
 from envrun import ray_api
 from envrun.cli import main
@@ -32,6 +34,7 @@ from envrun.rundir import read_status
 from tests.lib.engines import ExtraEngine, start_engine
 from tests.lib.raycluster import NODE_PORTS, BuiltImage, build_and_push, cluster_file, free_block, node_args
 from tests.lib.raycluster import resolved_lock as ray_lock
+from tests.lib.registryapi import platform_variant, tag_digest
 from tests.lib.services import PushedImage
 from tests.lib.tinyrun import FAKE_TRAINER, Tiny, tiny_setup
 
@@ -127,6 +130,27 @@ def test_an_image_of_another_lock_is_refused_before_anything_starts(
     error = one_line_error(capsys)
     assert images.stale.lock_sha256 in error and images.current.lock_sha256 in error
     assert containers_of(hosts[0], "wrong") == [] and not state_path(state_dir, "wrong").exists()
+
+
+def test_an_image_for_another_machine_is_refused_naming_the_host(
+    images: Images,
+    registry: str,
+    hosts: list[ExtraEngine],
+    state_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The locked image again, its config saying the other machine's architecture (same layers, same label).
+    repository, tag = images.current.reference.removeprefix(f"{registry}/").rsplit(":", 1)
+    other = {"amd64": "arm64", "arm64": "amd64"}[OCI_ARCH[platform.machine()]]
+    variant = platform_variant(registry, repository, tag_digest(registry, repository, tag), other)
+    reference = f"{registry}/{repository}@{variant.digest}"
+    spec = cluster_file(tmp_path / "c.yaml", "foreign", [hosts[0].host])
+    args = ["cluster", "up", str(spec), "--image", reference, "--lock", str(images.current.lock)]
+    assert main([*args, "--cache-dir", str(state_dir)]) == 1
+    error = one_line_error(capsys)
+    assert hosts[0].host in error and f"an image for {other}" in error and platform.machine() in error
+    assert containers_of(hosts[0], "foreign") == [] and not state_path(state_dir, "foreign").exists()
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 The order is fixed: read the lock → verify it (refuse a failing pin) → connect to the engine (no engine:
 one line, nothing fetched) → fetch the inputs into the caches (every source's tree, every package
 file; :mod:`envbuild.image.inputs`) → plan (pure) → assemble the context from the caches (every file and
-tree checked before anything is installed) → the packages image (:mod:`.packages`: installed in a
+tree checked before anything is installed) → the base image on the engine, pulled for the lock's
+platform and refused when it is another's (:mod:`.base`) → the packages image (:mod:`.packages`: installed in a
 container that is committed without the package files, or reused) → the image on it, legacy builder, no
 network, sending the sources alone (:mod:`.contexts`) → normalise the config (:mod:`.canonical`: the layers are the same bytes
 on every build, so only the config is rewritten and loaded; the ID must be the computed one) → the
@@ -38,6 +39,7 @@ from envbuild.engine import BuildStep, Engine
 from envbuild.errors import EngineError, EnvbuildError, InputError
 from envbuild.filecache import FileCache
 from envbuild.fileio import write_atomic
+from envbuild.image.base import ensure_base
 from envbuild.image.buildcache import context_dir, lock_name_held, read_map, remember
 from envbuild.image.canonical import normalise, save_added_layers
 from envbuild.image.context import BuildContext, assemble_context
@@ -248,6 +250,7 @@ def _build(
     say: Progress,
     compare: Compare,
 ) -> BuildResult:
+    ensure_base(engine, plan, say)
     packages = ensure_packages_image(engine, context, no_cache=options.no_cache, say=say) if plan.files else None
     raw_tag = raw_reference(plan.lock_name, plan.lock_sha256)
     stream = image_context(context, render_image_dockerfile(plan))

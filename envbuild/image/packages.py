@@ -56,12 +56,7 @@ def ensure_packages_image(engine: Engine, context: BuildContext, *, no_cache: bo
         return PackagesImage(reference, found["Id"], False)
     archive = packages_archive(context)
     say(f"packages: installing {len(plan.files)} package files ({human_bytes(archive.payload)}) in a container")
-    base = base_reference(plan)
-    if engine.inspect(base) is None:  # what the builder does for a FROM it lacks: a container does not
-        try:
-            engine.pull(base, say)
-        except EngineError as exc:
-            raise EngineError(f"build failed: the base image cannot be pulled: {exc}") from None
+    base = base_reference(plan)  # on the engine, for the lock's platform: ensure_base made sure of it
     since = int(time.time()) - 1  # before anything reaches the container: its clamp starts here
     labels = {LOCK_NAME_LABEL: plan.lock_name, ROLE_LABEL: "packages"}
     container = engine.create(base, ["sh", "-c", render_packages_script(plan), "envbuild-packages", str(since)], labels)

@@ -97,6 +97,7 @@ class ContextPlan:
     allow_unpinned: bool
     python: str | None
     cann: str | None
+    arch: str | None  # the lock's platform.arch (aarch64, x86_64); None without a platform
     sources: tuple[SourcePlan, ...]
     files: tuple[FilePlan, ...]
     requirements: str  # the text of envbuild/requirements.txt
@@ -109,6 +110,7 @@ class ContextPlan:
             "base_image": {"name": self.base_name, "digest": self.base_digest},
             "python": self.python,
             "cann": self.cann,
+            "arch": self.arch,
             "sources": [s.to_json() for s in self.sources],
             "files": [f.to_json() for f in self.files],
         }
@@ -188,6 +190,7 @@ def plan_context(
         allow_unpinned=allow_unpinned,
         python=lock.platform.python if lock.platform else None,
         cann=lock.platform.cann if lock.platform else None,
+        arch=lock.platform.arch if lock.platform else None,
         sources=sources,
         files=files,
         requirements=requirements_text(lock),

@@ -4,8 +4,9 @@ Order — nothing starts until every host has passed steps 1-3:
 
 1. every host's engine answers (one that does not: one line naming it);
 2. the image is pinned to one manifest digest (given, the one the head's engine already knows, or the
-   registry's for its tag), every host has exactly that image (pulled where absent), and its
-   ``io.envbuild.lock.sha256`` label is the lock's (without ``--lock``: it has one);
+   registry's for its tag), every host has exactly that image (pulled where absent), its
+   ``io.envbuild.lock.sha256`` label is the lock's (without ``--lock``: it has one), and it is for the
+   host's machine (an aarch64 image on an x86_64 host: refused, naming the host);
 3. each host is probed for its Ascend devices, driver files and memory, and must hold no container of
    this cluster already;
 4. the state file is written (phase ``starting``, see :mod:`envrun.cluster.state`); the head starts,
@@ -26,6 +27,7 @@ from pathlib import Path
 
 from envbuild.engine import Engine, split_tag
 from envbuild.errors import EngineError, EnvbuildError, InputError
+from envbuild.image.base import OCI_ARCH
 from envbuild.image.plan import LOCK_LABEL
 from envbuild.lock.io import LockFile
 from envbuild.progress import Progress, silent
@@ -146,6 +148,12 @@ def _prepare_host(spec: ClusterSpec, url: str, engine: Engine, reference: str, p
     label = ((attrs.get("Config") or {}).get("Labels") or {}).get(LOCK_LABEL)
     if label is None:
         raise InputError(f"{url}: {reference} has no {LOCK_LABEL} label; build the image with `envbuild image`")
+    machine, arch = engine.machine(), attrs.get("Architecture")
+    if machine and arch and OCI_ARCH.get(machine, machine) != arch:
+        raise EngineError(
+            f"{url}: {reference} is an image for {arch}, but this host is {machine}: its nodes cannot run it; "
+            f"build the lock for {machine} (platform.arch) or leave this host out"
+        )
     leftovers = engine.containers({CLUSTER_LABEL: spec.name})
     if leftovers:
         names = ", ".join(c.name for c in leftovers)
