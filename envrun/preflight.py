@@ -73,9 +73,7 @@ def check_image_label(plan: RunPlan, image_labels: ImageLabels | None) -> Prefli
         return PreflightLine(name, "fail", f"{plan.image}: {exc}")
     found = (labels or {}).get(LOCK_LABEL)
     if found is None:
-        return PreflightLine(
-            name, "fail", f"{plan.image} has no {LOCK_LABEL} label; build it with `envbuild image build`"
-        )
+        return PreflightLine(name, "fail", f"{plan.image} has no {LOCK_LABEL} label; build it with `envbuild image`")
     if found != plan.lock_sha256:
         return PreflightLine(
             name,

@@ -183,3 +183,19 @@ def test_an_output_path_that_cannot_be_written_is_refused_before_anything_runs(
     code, _, err = run(capsys, *[a.format(**names) for a in argv])
     assert code == 2 and err.count("\n") == 1 and words.format(**names) in err
     assert (tmp_path / "afile").read_text() == ""
+
+
+def test_an_image_without_the_lock_label_advises_a_command_that_exists(capsys: pytest.CaptureFixture[str]) -> None:
+    from types import SimpleNamespace
+    from typing import cast
+
+    from envrun.plan import RunPlan
+    from envrun.preflight import check_image_label
+
+    plan = cast(RunPlan, SimpleNamespace(image="someone/else:latest", backend="docker", lock_sha256="a" * 64))
+    line = check_image_label(plan, lambda image: {"maintainer": "someone"})
+    assert line.status == "fail"
+    argv = advised(line.detail)
+    assert argv == ["image"], line.detail  # the build command itself: no subcommand of it
+    code, out, _ = run(capsys, *argv, "--help")
+    assert code == 0 and "usage: envbuild image" in out
