@@ -199,3 +199,29 @@ def test_an_image_without_the_lock_label_advises_a_command_that_exists(capsys: p
     assert argv == ["image"], line.detail  # the build command itself: no subcommand of it
     code, out, _ = run(capsys, *argv, "--help")
     assert code == 0 and "usage: envbuild image" in out
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("damage", [b"{not json", b'{"version": 99}', b'{"version": 1}'])
+def test_a_damaged_cluster_state_advises_down_by_the_cluster_file_which_works(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: bytes
+) -> None:
+    from envrun.cli import main as envrun
+    from envrun.cluster.state import state_path
+
+    cache = tmp_path / "cache"
+    state = state_path(cache, "damaged")
+    state.parent.mkdir(parents=True)
+    state.write_bytes(damage)
+    assert envrun(["cluster", "status", "damaged", "--cache-dir", str(cache)]) == 1
+    err = capsys.readouterr().err
+    found = re.search(r"`envrun ([^`]+)`", err)
+    assert found is not None, err
+    argv = shlex.split(found.group(1))
+    assert argv[:2] == ["cluster", "down"] and argv[2] == "CLUSTER.yaml", err
+    # The cluster's file, naming its one host (this machine's engine, where nothing of it runs).
+    cluster = tmp_path / "damaged.yaml"
+    cluster.write_text(json.dumps({"name": "damaged", "nodes": [{"engine": os.environ["DOCKER_HOST"]}]}))
+    assert envrun([*argv[:2], str(cluster), "--cache-dir", str(cache)]) == 0, capsys.readouterr().err
+    assert not state.exists()
+    assert envrun(["cluster", "down", "damaged", "--cache-dir", str(cache)]) == 0  # idempotent, by name too

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from envbuild.engine import ContainerState, Engine
-from envbuild.errors import EngineError
+from envbuild.errors import CacheError, EngineError
 from envbuild.image.plan import LOCK_LABEL
 from envbuild.progress import Progress, silent
 from envrun import ray_api
@@ -79,7 +79,14 @@ def cluster_status(name: str, cache_dir: Path) -> ClusterInfo:
 def cluster_down(name: str, cache_dir: Path, hosts: tuple[str, ...] = (), progress: Progress = silent) -> list[Removed]:
     """Remove every container of cluster ``name`` on the hosts its state names (and ``hosts``, from a
     cluster file); then its state file. Raises after trying every host if one could not be reached."""
-    state = load_state(cache_dir, name)
+    try:
+        state = load_state(cache_dir, name)
+    except CacheError as exc:
+        if not hosts:
+            raise
+        # A damaged state names no host it can be trusted for: the cluster file's hosts are asked instead.
+        progress(f"{exc}; asking the hosts of the cluster file instead")
+        state = None
     engines = tuple(dict.fromkeys((*(state.engines if state else ()), *hosts)))
     removed: list[Removed] = []
     unreachable: list[str] = []

@@ -64,6 +64,10 @@ class ClusterState:
         )
 
 
+# What takes a cluster down when its state cannot be read: the file it was brought up from names its hosts.
+_DOWN_BY_FILE = "; take the cluster down with its file (`envrun cluster down CLUSTER.yaml`), which asks its hosts"
+
+
 def state_path(cache_dir: Path, name: str) -> Path:
     return Path(cache_dir) / "clusters" / f"{name}.json"
 
@@ -75,13 +79,13 @@ def load_state(cache_dir: Path, name: str) -> ClusterState | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
-        raise CacheError(f"{path}: unreadable cluster state ({exc}); remove it after `envrun cluster down FILE`")
+        raise CacheError(f"{path}: unreadable cluster state ({exc}){_DOWN_BY_FILE}")
     if not isinstance(document, dict) or document.get("version") != STATE_VERSION:
-        raise CacheError(f"{path}: not a cluster state of version {STATE_VERSION}")
+        raise CacheError(f"{path}: not a cluster state of version {STATE_VERSION}{_DOWN_BY_FILE}")
     try:
         return ClusterState.from_json(document)
     except (KeyError, TypeError) as exc:
-        raise CacheError(f"{path}: incomplete cluster state (no {exc})") from None
+        raise CacheError(f"{path}: incomplete cluster state (no {exc}){_DOWN_BY_FILE}") from None
 
 
 def save_state(cache_dir: Path, state: ClusterState) -> None:
