@@ -26,6 +26,7 @@ import docker.errors
 import requests
 
 from envbuild.errors import EngineError
+from envbuild.interrupts import deferred_interrupts
 from envbuild.progress import Progress
 from envbuild.transfer import LOG_TAIL, BuildProgress, BuildStep, ContextStream, LayerProgress, Meter, directory_context
 
@@ -321,25 +322,30 @@ class Engine:
     def run(self, image: str, command: list[str], volumes: dict[str, dict[str, str]] | None = None) -> RunOutput:
         """Run ``command`` in a new container of ``image`` with no network; always removed after."""
         with _engine_errors(f"run in {image[:19] if image.startswith('sha256:') else image}", self.address):
-            container = self.client.containers.create(
-                image, command, network_mode="none", volumes=volumes or {}, detach=True
-            )
+            container = None
             try:
+                with deferred_interrupts():  # Ctrl-C while it is created: taken once it can be removed
+                    container = self.client.containers.create(
+                        image, command, network_mode="none", volumes=volumes or {}, detach=True
+                    )
                 container.start()
                 status = container.wait(timeout=TIMEOUT)
                 out = container.logs(stdout=True, stderr=False).decode("utf-8", "replace")
                 err = container.logs(stdout=False, stderr=True).decode("utf-8", "replace")
             finally:
-                container.remove(force=True)
+                if container is not None:
+                    container.remove(force=True)
         return RunOutput(int(status.get("StatusCode", -1)), out, err)
 
     # A container to install into and commit (the packages image): create, copy files in, run, commit.
 
-    def create(self, image: str, command: list[str], labels: dict[str, str]) -> str:
-        """A stopped container of ``image`` that will run ``command`` with no network; its ID."""
+    def create(self, image: str, command: list[str], labels: dict[str, str], name: str | None = None) -> str:
+        """A stopped container of ``image`` that will run ``command`` with no network; its ID. ``name``:
+        one the caller chose, so that it can remove the container even when it never learnt the ID."""
         with _engine_errors(f"create a container of {_short(image)}", self.address):
             config = self.api.create_host_config(network_mode="none")
-            return str(self.api.create_container(image, command, labels=labels, host_config=config)["Id"])
+            created = self.api.create_container(image, command, labels=labels, host_config=config, name=name)
+            return str(created["Id"])
 
     def put_archive(self, container: str, path: str, chunks: Iterable[bytes]) -> None:
         """Unpack a tar stream into ``path`` of the container (the engine reads it as it comes)."""
@@ -371,8 +377,10 @@ class Engine:
     def run_job(self, spec: JobSpec, on_output: Callable[[str], None]) -> tuple[int | None, bool]:
         """Run a long job: stream its output to ``on_output`` until it ends; on Ctrl-C stop the container
         (SIGTERM, then SIGKILL after ``spec.stop_timeout``). Returns (exit code, interrupted)."""
-        container_id = self.start(spec)
+        container_id = None
         try:
+            with deferred_interrupts():  # Ctrl-C while it starts: taken once it can be stopped and removed
+                container_id = self.start(spec)
             with _engine_errors(f"run {spec.image}", self.address):
                 container = self.client.containers.get(container_id)
             try:
@@ -386,7 +394,8 @@ class Engine:
                     return int(container.wait(timeout=spec.stop_timeout + 10)["StatusCode"]), True
         finally:
             try:
-                self.api.remove_container(container_id, force=True)
+                if container_id is not None:
+                    self.api.remove_container(container_id, force=True)
             except (docker.errors.DockerException, requests.RequestException):
                 pass  # the engine went away; nothing more to clean here
 
@@ -395,19 +404,22 @@ class Engine:
         would not start is removed again."""
         with _engine_errors(f"start {spec.name or spec.image} on {self.address}", self.address):
             same = ("ipc_mode", "network_mode", "working_dir", "name", "shm_size")  # the SDK's names for them
-            container = self.client.containers.create(
-                spec.image,
-                command=list(spec.command),
-                environment=dict(spec.env),
-                devices=list(spec.devices),
-                volumes=dict(spec.volumes),
-                labels=dict(spec.labels),
-                **{option: getattr(spec, option) for option in same},
-            )
+            container = None
             try:
+                with deferred_interrupts():  # Ctrl-C while it is created: taken once it can be removed
+                    container = self.client.containers.create(
+                        spec.image,
+                        command=list(spec.command),
+                        environment=dict(spec.env),
+                        devices=list(spec.devices),
+                        volumes=dict(spec.volumes),
+                        labels=dict(spec.labels),
+                        **{option: getattr(spec, option) for option in same},
+                    )
                 container.start()
             except BaseException:
-                container.remove(force=True)
+                if container is not None:
+                    container.remove(force=True)
                 raise
         return str(container.id)
 

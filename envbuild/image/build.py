@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import signal
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +49,7 @@ from envbuild.image.plan import ContextPlan, plan_context
 from envbuild.image.record import build_record, build_summary, render_record_json
 from envbuild.image.render import base_reference, render_dockerfile, render_image_dockerfile
 from envbuild.image.retention import RAW_REPOSITORY, keep_only, raw_reference
+from envbuild.interrupts import sigterm_interrupts
 from envbuild.lock.io import LockFile, read_lock
 from envbuild.progress import Progress
 from envbuild.reference import check_name_and_tag
@@ -196,7 +195,7 @@ def build_image(
     check_tags(options.tags)
     require_verified(read, options.verify, progress, verified)
     require_buildable(read.lock, str(read.path))  # every source's build requirements, before the engine starts
-    with nullcontext(engine) if engine is not None else Engine.connect() as connected, _sigterm_interrupts():
+    with nullcontext(engine) if engine is not None else Engine.connect() as connected, sigterm_interrupts():
         inputs = fetch_inputs(read.lock, read.path, options.verify, progress=progress)
         exporter, files = exporter_for(options.verify), FileCache(options.cache_dir)
         epoch = read.lock.source_date_epoch if read.lock.source_date_epoch is not None else inputs.epoch
@@ -212,24 +211,6 @@ def build_image(
                 file_for=lambda package, file: _cached(files, file.sha256),
             )
             return _build(read.path, plan, context, tags, options, connected, work, say, inimage_compare)
-
-
-@contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """While a build runs, SIGTERM (a CI job cancelled, ``kill``) unwinds like Ctrl-C: the scratch
-    directory, the packages stage and the engine's half-built steps are removed on the way out."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _cached(files: FileCache, sha256: str) -> Path:

@@ -20,6 +20,7 @@ image and sends no package file at all; ``--no-cache`` makes it again.
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,7 @@ from envbuild.image.context import BuildContext
 from envbuild.image.contexts import packages_archive
 from envbuild.image.plan import LOCK_NAME_LABEL, ROLE_LABEL
 from envbuild.image.render import base_reference, packages_reference, render_packages_script
+from envbuild.interrupts import deferred_interrupts
 from envbuild.progress import Progress
 from envbuild.transfer import Heartbeat, Meter, human_bytes
 
@@ -59,9 +61,16 @@ def ensure_packages_image(engine: Engine, context: BuildContext, *, no_cache: bo
     base = base_reference(plan)  # on the engine, for the lock's platform: ensure_base made sure of it
     since = int(time.time()) - 1  # before anything reaches the container: its clamp starts here
     labels = {LOCK_NAME_LABEL: plan.lock_name, ROLE_LABEL: "packages"}
-    container = engine.create(base, ["sh", "-c", render_packages_script(plan), "envbuild-packages", str(since)], labels)
+    container: str | None = None
     committed = None
     try:
+        with deferred_interrupts():  # Ctrl-C while the engine creates it: taken once its ID is known
+            container = engine.create(
+                base,
+                ["sh", "-c", render_packages_script(plan), "envbuild-packages", str(since)],
+                labels,
+                name=f"envbuild-packages-{plan.lock_name}-{secrets.token_hex(6)}",  # `docker ps` tells whose
+            )
         engine.put_archive(
             container, "/tmp", Meter(say, "sent the package files", archive.payload).wrap(archive.chunks())
         )
@@ -87,7 +96,8 @@ def ensure_packages_image(engine: Engine, context: BuildContext, *, no_cache: bo
             )
         image_id = load_packages_image(engine, base, committed, plan.lock_name, len(plan.files), report, reference, say)
     finally:
-        _tidy(engine, container, committed)
+        if container is not None:
+            _tidy(engine, container, committed)
     say(f"packages: {reference} ({image_id[:19]})")
     return PackagesImage(reference, image_id, True, (), tuple(report["replaced"]), archive.payload)
 

@@ -1,0 +1,63 @@
+"""Ctrl-C and SIGTERM where a half-done step would leave something behind.
+
+- :func:`sigterm_interrupts`: while a build runs, SIGTERM (a CI job cancelled, ``kill``) unwinds like
+  Ctrl-C, so scratch directories and the engine's half-made containers are removed on the way out.
+- :func:`deferred_interrupts`: a signal that arrives inside the block is delivered when it ends. For a
+  call whose result must not be lost: an interrupt while the engine creates a container would leave
+  the container there with its ID never learnt, so never removed. The caller puts the block inside
+  the ``try`` whose ``finally`` removes what it made.
+
+Both act in the main thread only (Python runs signal handlers there); elsewhere they do nothing.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+@contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM raises :class:`KeyboardInterrupt` inside the block, as Ctrl-C does."""
+    if not _main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def deferred_interrupts() -> Iterator[None]:
+    """SIGINT and SIGTERM that arrive inside the block are delivered, to the handlers that were in place,
+    as it ends (however it ends): Ctrl-C becomes :class:`KeyboardInterrupt` there, not halfway through."""
+    if not _main_thread():
+        yield
+        return
+    caught: list[int] = []
+
+    def record(signum: int, frame: object) -> None:
+        caught.append(signum)
+
+    previous = {number: signal.signal(number, record) for number in _SIGNALS}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        for signum in dict.fromkeys(caught):
+            signal.raise_signal(signum)
