@@ -288,8 +288,18 @@ class Engine:
 
     def registry_digest(self, name: str) -> str:
         """The manifest digest the registry serves for ``name`` now (read back after a push)."""
+        return self.distribution(name)[0]
+
+    def distribution(self, name: str) -> tuple[str, tuple[str, ...]]:
+        """What the registry serves for ``name`` now: its manifest digest (an index's, for a
+        multi-platform image) and the platforms it has images for (``linux/arm64``, …), pulling nothing."""
         with _engine_errors(f"registry data of {name}", self.address):
-            return self.api.inspect_distribution(name)["Descriptor"]["digest"]
+            data = self.api.inspect_distribution(name)
+        platforms = tuple(
+            f"{p.get('os') or p.get('OS')}/{p.get('architecture') or p.get('Architecture')}"
+            for p in data.get("Platforms") or ()
+        )
+        return str(data["Descriptor"]["digest"]), platforms
 
     def pull(self, reference: str, progress: Progress | None = None, *, platform: str | None = None) -> str:
         """Pull ``repository@sha256:…`` (or ``repository:tag``) with the docker config's credentials, each

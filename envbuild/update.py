@@ -49,15 +49,18 @@ def update_lock(
         elif declared and progress:
             progress("warning: the lock has no platform: the sources' requirements are recorded, not resolved")
     if everything and lock.base_image is not None:
-        updated = dataclasses.replace(updated, base_image=pin_base_image(lock.base_image, progress))
+        arch = lock.platform.arch if lock.platform else None
+        updated = dataclasses.replace(updated, base_image=pin_base_image(lock.base_image, arch, progress))
     return updated
 
 
-def pin_base_image(image: BaseImage, progress: Progress | None = None) -> BaseImage:
+def pin_base_image(image: BaseImage, arch: str | None = None, progress: Progress | None = None) -> BaseImage:
     """The base image pinned to the manifest digest its registry serves for the tag now, asked through
     the container engine (so its credentials and registry settings apply). Without an engine or a
-    registry answer, the recorded pin stays and a warning says why."""
+    registry answer, or when what it serves has no image for the lock's platform (``arch``: a build
+    would refuse it), the recorded pin stays and a warning says why."""
     from envbuild.engine import Engine
+    from envbuild.image.base import oci_platform
 
     say = progress or (lambda message: None)
     try:
@@ -66,12 +69,19 @@ def pin_base_image(image: BaseImage, progress: Progress | None = None) -> BaseIm
         say(f"warning: base image {image.name} not re-pinned: {exc}")
         return image
     try:
-        digest = engine.registry_digest(image.name)
+        digest, platforms = engine.distribution(image.name)
     except EngineError as exc:
         say(f"warning: base image {image.name} not re-pinned: {exc}")
         return image
     finally:
         engine.close()
+    if arch is not None and platforms and oci_platform(arch) not in platforms:
+        say(
+            f"warning: base image {image.name} not re-pinned: its registry serves {digest} with images for "
+            f"{', '.join(platforms)}, none for the lock's platform linux/{arch} ({oci_platform(arch)}); "
+            "a build would refuse it"
+        )
+        return image
     say(f"base image {image.name} is {digest}")
     return BaseImage(name=image.name, digest=digest)
 

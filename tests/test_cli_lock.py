@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import platform
 import re
 import textwrap
 from pathlib import Path
@@ -10,8 +11,11 @@ from pathlib import Path
 import pytest
 
 from envbuild.cli import main
+from envbuild.image.base import OCI_ARCH
 from envbuild.lock import read_lock
 from tests.lib.gitrepos import Repo, Served
+from tests.lib.registryapi import manifest_of, platform_variant, put_index
+from tests.lib.services import PUSHED_REPOSITORY
 
 pytestmark = pytest.mark.gitdaemon
 
@@ -201,3 +205,36 @@ def test_update_pins_the_base_image_by_the_digest_its_registry_serves(
     # The update also read what the source's tree declares: a setup.py builds with setuptools, not in this lock.
     requirement = {(r["requirement"], r["status"]) for r in results if r["kind"] == "requirement"}
     assert code == 1 and requirement == {("setuptools>=40.8.0", "unmet"), (None, "unknown")}
+
+
+@pytest.mark.docker
+@pytest.mark.registry
+def test_update_pins_a_base_only_where_its_registry_serves_the_locks_platform(
+    upstream, pushed_base_image, registry: str, tmp_path: Path, capsys
+) -> None:  # noqa: ANN001
+    """A single-platform base of another platform is not pinned (a build would refuse it); a
+    multi-platform index that has the lock's platform is pinned by the index's digest."""
+    native = platform.machine()
+    other = {"x86_64": "aarch64", "aarch64": "x86_64"}[native]
+    variant = platform_variant(registry, PUSHED_REPOSITORY, pushed_base_image.digest, OCI_ARCH[other])
+    index = put_index(
+        registry,
+        PUSHED_REPOSITORY,
+        "update-multi",
+        [manifest_of(registry, PUSHED_REPOSITORY, pushed_base_image.digest), variant],
+    )
+    served, _, commits = upstream
+    cache = str(tmp_path / "c")
+    single = f"{pushed_base_image.repository}:{pushed_base_image.tag}"
+    for name, pinned in ((single, None), (f"{pushed_base_image.repository}:update-multi", index)):
+        lock = write_lock(tmp_path / "l.yaml", served.url("cli-upstream", "file"), commit=commits[-1])
+        header = f"platform: {{os: linux, arch: {other}, python: '3.11'}}\nbase_image: {{name: '{name}'}}\n"
+        lock.write_text(lock.read_text().replace("sources:", header + "sources:"))
+        code, _, err = run(capsys, "lock", "update", str(lock), "--no-packages", "--cache-dir", cache)
+        assert code == 0, err
+        assert read_lock(lock).lock.base_image.digest == pinned
+        if pinned is None:
+            assert f"none for the lock's platform linux/{other} (linux/{OCI_ARCH[other]})" in err, err
+            assert f"linux/{OCI_ARCH[native]}" in err
+        else:
+            assert "none for the lock's platform" not in err

@@ -36,11 +36,14 @@ class Base:
     pulled: bool
 
 
+def oci_platform(arch: str) -> str:
+    """``linux/arm64`` for the lock's ``aarch64``: how docker and image indexes name the platform."""
+    return f"linux/{OCI_ARCH.get(arch, arch)}"
+
+
 def lock_platform(plan: ContextPlan) -> str | None:
-    """``linux/arm64`` for a lock whose platform is linux/aarch64; None for a lock without a platform."""
-    if plan.arch is None:
-        return None
-    return f"linux/{OCI_ARCH.get(plan.arch, plan.arch)}"
+    """The platform of a lock whose platform is set (:func:`oci_platform`); None without one."""
+    return None if plan.arch is None else oci_platform(plan.arch)
 
 
 def ensure_base(engine: Engine, plan: ContextPlan, say: Progress) -> Base:
