@@ -351,7 +351,7 @@ class Engine:
 
     def create(self, image: str, command: list[str], labels: dict[str, str], name: str | None = None) -> str:
         """A stopped container of ``image`` that will run ``command`` with no network; its ID. ``name``:
-        one the caller chose, so that it can remove the container even when it never learnt the ID."""
+        what ``docker ps`` shows (the engine picks one when None)."""
         with _engine_errors(f"create a container of {_short(image)}", self.address):
             config = self.api.create_host_config(network_mode="none")
             created = self.api.create_container(image, command, labels=labels, host_config=config, name=name)

@@ -64,17 +64,11 @@ def pin_base_image(image: BaseImage, arch: str | None = None, progress: Progress
 
     say = progress or (lambda message: None)
     try:
-        engine = Engine.connect()
-    except EngineError as exc:
+        with Engine.connect() as engine:
+            digest, platforms = engine.distribution(image.name)
+    except EngineError as exc:  # no engine, or no registry answer
         say(f"warning: base image {image.name} not re-pinned: {exc}")
         return image
-    try:
-        digest, platforms = engine.distribution(image.name)
-    except EngineError as exc:
-        say(f"warning: base image {image.name} not re-pinned: {exc}")
-        return image
-    finally:
-        engine.close()
     if arch is not None and platforms and oci_platform(arch) not in platforms:
         say(
             f"warning: base image {image.name} not re-pinned: its registry serves {digest} with images for "

@@ -113,10 +113,8 @@ def environment_problems(report: dict, manifest: dict) -> list[str]:
         text = problem["requirement"]
         try:
             parsed = Requirement(text)
-            name, text = (
-                parsed.name,
-                str(parsed),
-            )  # `tinythree (>=1)`, as older setuptools writes it, reads tinythree>=1
+            # `tinythree (>=1)`, as older setuptools writes it, reads tinythree>=1
+            name, text = parsed.name, str(parsed)
         except InvalidRequirement:
             name = text
         waived = {canonicalize_name(w["name"]) for w in (source or {}).get("waive", [])}

@@ -53,6 +53,7 @@ from typing import Any
 import docker
 import docker.errors
 
+from envbuild.image.base import OCI_ARCH
 from envbuild.transfer import TarSink
 
 BASE_IMAGE_TAG = "envbuild-test/base:bookworm-cann9.1.0"
@@ -100,7 +101,7 @@ class BaseImage:
 
 def _docker_arch() -> str:
     machine = platform.machine()
-    return {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
+    return OCI_ARCH.get(machine, machine)
 
 
 def cann_files(arch: str | None = None) -> dict[str, str]:
