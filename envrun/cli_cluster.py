@@ -75,11 +75,11 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _down(args: argparse.Namespace) -> int:
-    hosts: tuple[str, ...]
     from envrun.cluster.manage import cluster_down
     from envrun.cluster.spec import load_cluster_file
 
-    name, hosts = args.target, ()
+    name: str = args.target
+    hosts: tuple[str, ...] = ()
     if args.target.endswith((".yaml", ".yml")) or Path(args.target).is_file():
         spec = load_cluster_file(Path(args.target))
         name, hosts = spec.name, spec.engines

@@ -18,7 +18,7 @@ from envbuild.progress import Progress, silent
 from envrun import ray_api
 from envrun.cluster.info import ClusterInfo, NodeInfo, OtherNode
 from envrun.cluster.nodes import container_name
-from envrun.cluster.state import CLUSTER_LABEL, ROLE_LABEL, load_state, remove_state, require_state
+from envrun.cluster.state import CLUSTER_LABEL, NODE_ROLE_LABEL, load_state, remove_state, require_state
 
 
 @dataclass(frozen=True)
@@ -108,4 +108,4 @@ def cluster_down(name: str, cache_dir: Path, hosts: tuple[str, ...] = (), progre
 
 
 def _head_last(container: ContainerState) -> tuple[bool, str]:
-    return (container.labels.get(ROLE_LABEL) == "head", container.name)
+    return (container.labels.get(NODE_ROLE_LABEL) == "head", container.name)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from envbuild.engine import JobSpec
 from envbuild.image.plan import LOCK_LABEL
 from envrun.cluster.spec import ClusterSpec
-from envrun.cluster.state import CLUSTER_LABEL, NODE_LABEL, ROLE_LABEL
+from envrun.cluster.state import CLUSTER_LABEL, NODE_LABEL, NODE_ROLE_LABEL
 from envrun.launch.docker_backend import DEVICE_PATTERNS, DRIVER_MOUNTS, devices_and_mounts
 
 # Where a host's paths are seen inside the probe container (read-only binds of what always exists).
@@ -107,7 +107,7 @@ def node_container(
         labels={
             CLUSTER_LABEL: cluster.name,
             NODE_LABEL: str(index),
-            ROLE_LABEL: "head" if index == 0 else "worker",
+            NODE_ROLE_LABEL: "head" if index == 0 else "worker",
             LOCK_LABEL: lock_sha256,
         },
         stop_timeout=STOP_TIMEOUT_SECONDS,

@@ -27,7 +27,7 @@ from envbuild.fileio import write_atomic
 
 CLUSTER_LABEL = "io.envbuild.cluster.name"
 NODE_LABEL = "io.envbuild.cluster.node"  # the node's index in the cluster file
-ROLE_LABEL = "io.envbuild.cluster.role"  # head | worker
+NODE_ROLE_LABEL = "io.envbuild.cluster.role"  # head | worker
 STATE_VERSION = 1
 Phase = Literal["starting", "up"]
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -71,10 +72,8 @@ def cluster_up(spec: ClusterSpec, options: UpOptions, progress: Progress = silen
             f"cluster {spec.name} is already recorded ({state_path(options.cache_dir, spec.name)}); "
             f"`envrun cluster down {spec.name}` first"
         )
-    engines: dict[str, Engine] = {}
-    try:
-        for url in spec.engines:
-            engines[url] = Engine.connect(url)
+    with ExitStack() as open_engines:  # every engine connected is closed, however up ends
+        engines = {url: open_engines.enter_context(Engine.connect(url)) for url in spec.engines}
         reference = pin_image(options.image, engines[spec.head.engine])
         hosts = _prepare_hosts(spec, engines, reference, progress)
         expected = options.lock.sha256 if options.lock else hosts[spec.head.engine].lock_sha256
@@ -94,9 +93,6 @@ def cluster_up(spec: ClusterSpec, options: UpOptions, progress: Progress = silen
             _roll_back(spec, started, options.cache_dir, exc)
             raise
         save_state(options.cache_dir, replace(state, phase="up", address=address))
-    finally:
-        for engine in engines.values():
-            engine.close()
     nodes = tuple(
         NodeInfo(
             host=s.url,
