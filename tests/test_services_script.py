@@ -108,6 +108,25 @@ def test_registry_that_dies_before_it_answers_says_why_and_is_started_once_more(
 
 
 @pytest.mark.registry
+def test_a_registry_slow_to_exec_its_program_is_waited_for_not_called_dead(instance: Instance, tmp_path: Path) -> None:
+    """Until a child has exec'd the registry its command line is another's (this script's, or empty while
+    it execs): on a loaded machine the first look can come then. The start must not call it dead (it did,
+    in CI: the registry was killed as 'not answering' with an empty log). Here the wait is made long: for
+    a second the child runs under a command line that does not name the registry."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker-registry").write_text(
+        '#!/bin/bash\nREAL=/usr/bin/docker-registry exec -a warming-up bash -c \'sleep 1; exec "$REAL" "$@"\' x "$@"\n'
+    )
+    (bin_dir / "docker-registry").chmod(0o755)
+    instance.env["PATH"] = f"{bin_dir}:{os.environ['PATH']}"
+    started = instance.services("start")
+    assert started.returncode == 0, started.stderr
+    assert "before it answered" not in started.stderr and "once more" not in started.stderr
+    assert _answers(instance.address())
+
+
+@pytest.mark.registry
 def test_registry_that_never_starts_fails_in_one_clear_line(instance: Instance, tmp_path: Path) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -120,6 +139,7 @@ def test_registry_that_never_starts_fails_in_one_clear_line(instance: Instance, 
     assert "listen: permission denied" in started.stderr
     assert started.stderr.rstrip().splitlines()[-1].startswith("services: the registry would not start (log: ")
     assert not (instance.run_dir / "registry.pid").exists()
+    assert not (instance.run_dir / "registry.addr").exists()
     assert not (instance.run_dir / "env").exists()
 
 
