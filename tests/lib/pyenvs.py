@@ -1,0 +1,91 @@
+"""Virtual environments of real upstream packages for the tests, built once per machine and cached.
+
+Tests that must meet the real thing (transformers' ``save_pretrained``, the real verl 0.9.1) run it in
+a virtual environment of its own, never in the project's: the tool does not depend on torch, and the
+real stack's pins (hydra, ray, numpy …) must not decide the tool's test environment.
+
+``cached_venv(requirements)`` returns an environment holding exactly those requirements, built under
+``CACHE_DIR/venvs/<key>``; the key is a hash of the sorted requirements, the interpreter's version and
+:data:`REVISION`. It is built in place under a file lock (a venv's scripts hold their absolute path, so
+it cannot be built elsewhere and renamed), and a stamp written last marks it ready: a build killed
+half-way is removed and made again by the next caller, and parallel sessions wait for one build.
+
+CPU torch: this machine's pip finds a local CPU wheel of ``torch==2.13.0`` (``PIP_FIND_LINKS``); a
+requirement that admits a newer torch would download a CUDA build of several GB, so callers pin it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.lib.baseimage import CACHE_DIR
+
+REVISION = 1  # bump when the way an environment is made changes in a way its key does not show
+VENVS = CACHE_DIR / "venvs"
+TORCH_CPU = "torch==2.13.0"  # the CPU wheel this machine's pip finds locally
+HF_STACK = (TORCH_CPU, "transformers==5.10.4", "safetensors>=0.4")
+_READY = ".envbuild-test-ready"
+
+
+@dataclass(frozen=True)
+class Venv:
+    root: Path
+    requirements: tuple[str, ...]
+
+    @property
+    def python(self) -> Path:
+        return self.root / "bin" / "python"
+
+    def run(self, *args: str, timeout: float = 600, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+        """Run this environment's Python with ``args``; output captured as text."""
+        return subprocess.run(
+            [str(self.python), *args], capture_output=True, text=True, timeout=timeout, check=False, cwd=cwd
+        )
+
+
+def venv_key(requirements: Iterable[str]) -> str:
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    source = json.dumps([sorted(requirements), version, REVISION]).encode()
+    return hashlib.sha256(source).hexdigest()[:16]
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def cached_venv(requirements: Iterable[str], *, timeout: float = 1800) -> Venv:
+    """The cached environment holding ``requirements`` (built on first use, on this machine)."""
+    wanted = tuple(sorted(requirements))
+    root = VENVS / venv_key(wanted)
+    venv = Venv(root, wanted)
+    if (root / _READY).exists():
+        return venv
+    VENVS.mkdir(parents=True, exist_ok=True)
+    with _locked(VENVS / f"{root.name}.lock"):
+        if (root / _READY).exists():
+            return venv
+        shutil.rmtree(root, ignore_errors=True)  # a build that was killed half-way
+        subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, timeout=120)
+        done = subprocess.run(
+            [str(venv.python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *wanted],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if done.returncode != 0:
+            shutil.rmtree(root, ignore_errors=True)
+            raise RuntimeError(f"pip install {' '.join(wanted)} failed:\n{done.stderr[-3000:]}")
+        (root / _READY).write_text(json.dumps(list(wanted)) + "\n")
+    return venv
