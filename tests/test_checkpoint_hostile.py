@@ -219,14 +219,14 @@ def test_nesting_up_to_the_limit_is_read(model: Path) -> None:
 def test_an_index_full_of_empty_arrays_is_refused_unparsed(model: Path) -> None:
     path = model / INDEX
     path.write_text(path.read_text().replace("{", '{"pad": [%s[]],' % ("[]," * 20_000_000), 1))
-    run = run_audit_guarded(model, "--json", address_space=768 << 20)
+    run = run_audit_guarded(model, "--json", address_space=512 << 20)
     assert_refused(run, path, "20,000,005 JSON objects and arrays, more than the 10,000 allowed")
 
 
 def test_a_header_full_of_empty_arrays_is_refused_unparsed(single: Path) -> None:
     raw = b'{"model.norm.weight": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8], "pad": [%s[]]}}'
     path = write_raw_safetensors(replace_with(single / SINGLE), raw % (b"[]," * 20_000_000), b"\0" * 8)
-    assert_refused(run_audit_guarded(single, "--json", address_space=768 << 20), path, "JSON objects and arrays")
+    assert_refused(run_audit_guarded(single, "--json", address_space=512 << 20), path, "JSON objects and arrays")
 
 
 # --- names and values the attacker chose (found by probing every field) ---------------------------
@@ -326,12 +326,20 @@ def test_hostile_tensor_names_are_reported_not_obeyed(model: Path) -> None:
 
 
 def test_hostile_tensor_names_survive_the_cli(model: Path) -> None:
+    # Through `python -m envrun.cli` itself: the entry point, its stdout encoding, its exit status.
     write_checkpoint(model, SPEC, extra=HOSTILE_NAMES)
-    run = run_audit_guarded(model, "--json")
+    run = run_audit_guarded(model, "--json", process=True)
     assert run.returncode == 1, run
     assert set(json.loads(run.stdout)["unexpected"]) == set(HOSTILE_NAMES)
     human = run_audit_guarded(model)
     assert human.returncode == 1 and "\x1b" not in human.stdout and human.stderr == ""
+
+
+def test_the_guard_catches_a_runaway_allocation(model: Path) -> None:
+    # The guard itself can fail a test: the same audit with no memory to spare is no exit 0, 1 or 2.
+    assert run_audit_guarded(model, "--json").returncode == 0
+    starved = run_audit_guarded(model, "--json", address_space=1 << 20)
+    assert starved.returncode not in (0, 1, 2) and "MemoryError" in starved.stderr, starved
 
 
 def hub_snapshot(tmp_path: Path) -> Path:

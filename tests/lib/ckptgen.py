@@ -16,12 +16,17 @@ from __future__ import annotations
 import json
 import os
 import resource
+import signal
 import struct
 import subprocess
 import sys
+import tempfile
+import time
+import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 from safetensors.numpy import save_file
@@ -177,18 +182,93 @@ class AuditRun:
     stderr: str
 
 
-def run_audit_guarded(model_dir: Path, *args: str, timeout: float = 10, address_space: int = 1 << 30) -> AuditRun:
+def run_audit_guarded(
+    model_dir: Path, *args: str, timeout: float = 10, address_space: int = 768 << 20, process: bool = False
+) -> AuditRun:
     """``envrun checkpoint audit MODEL_DIR *args`` in a child process limited to ``timeout`` seconds and
-    ``address_space`` bytes: a regression to a hang or to building names until memory runs out then
-    fails the one test (a timeout, or a MemoryError that is not exit status 2) instead of the suite.
-    A guard, not a timing assertion: a healthy audit of these inputs takes well under a second."""
+    ``address_space`` bytes more than it starts with: a regression to a hang or to building names until
+    memory runs out then fails the one test (a timeout, or a MemoryError that is not exit status 2)
+    instead of the suite. A guard, not a timing assertion: a healthy audit of these inputs takes well
+    under a second.
 
+    The child is this process forked, calling ``envrun.cli.main`` with its stdout and stderr on files:
+    the CLI as users run it, without the ~0.6 s (and, on a loaded machine, several seconds) a new
+    interpreter spends importing envbuild for each case. ``process=True`` starts ``python -m envrun.cli``
+    instead, for the cases that are about the entry point itself."""
+    argv = ["checkpoint", "audit", str(model_dir), *args]
+    if process:
+        return _run_process(argv, timeout, address_space)
+    _warm_cli()
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into pytest
+            _child(argv, out.fileno(), err.fileno(), address_space)
+        status = _wait(pid, timeout)
+        if status is None:
+            raise AssertionError(f"envrun checkpoint audit {model_dir} did not finish within {timeout} s")
+        return AuditRun(os.waitstatus_to_exitcode(status), _text(out), _text(err))
+
+
+def _warm_cli() -> None:
+    # Every import the CLI makes, once, in this process: forked children then start with them.
+    from envrun.cli import build_parser
+
+    build_parser()
+
+
+def _child(argv: list[str], out: int, err: int, address_space: int) -> None:
+    code = 70
+    try:
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+        sys.stdout = open(1, "w", encoding="utf-8", closefd=False)
+        sys.stderr = open(2, "w", encoding="utf-8", closefd=False)
+        limit = _address_space_now() + address_space
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        from envrun.cli import main
+
+        code = main(argv)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _address_space_now() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmSize in /proc/self/status")
+
+
+def _wait(pid: int, timeout: float) -> int | None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        time.sleep(0.005)
+    os.kill(pid, signal.SIGKILL)  # the child this helper forked, by its pid
+    os.waitpid(pid, 0)
+    return None
+
+
+def _text(handle: IO[bytes]) -> str:
+    handle.seek(0)
+    return handle.read().decode("utf-8", "backslashreplace")
+
+
+def _run_process(argv: list[str], timeout: float, address_space: int) -> AuditRun:
     def limit_memory() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+        limit = _address_space_now() + address_space
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "envrun.cli", "checkpoint", "audit", str(model_dir), *args],
+            [sys.executable, "-m", "envrun.cli", *argv],
             cwd=REPO,
             env={**os.environ, "PYTHONPATH": str(REPO)},
             capture_output=True,
@@ -196,6 +276,6 @@ def run_audit_guarded(model_dir: Path, *args: str, timeout: float = 10, address_
             preexec_fn=limit_memory,
         )
     except subprocess.TimeoutExpired:
-        raise AssertionError(f"envrun checkpoint audit {model_dir} did not finish within {timeout} s") from None
+        raise AssertionError(f"envrun {' '.join(argv)} did not finish within {timeout} s") from None
     out, err = (b.decode("utf-8", "backslashreplace") for b in (proc.stdout, proc.stderr))
     return AuditRun(proc.returncode, out, err)
