@@ -324,7 +324,7 @@ def test_missing_config_and_missing_dir_raise(tmp_path: Path) -> None:
 
 
 def test_no_weights_at_all_raises(tmp_path: Path) -> None:
-    (tmp_path / "config.json").write_text('{"num_hidden_layers": 2}')
+    (tmp_path / "config.json").write_text('{"model_type": "glm_moe_dsa", "num_hidden_layers": 2}')
     with pytest.raises(InputError, match="neither model.safetensors"):
         audit_checkpoint(tmp_path)
 

@@ -148,11 +148,18 @@ def test_a_sparse_single_file_with_a_header_of_zeros_is_malformed(single: Path) 
 # --- counts -------------------------------------------------------------------------------------
 
 
-def test_a_100_byte_config_declaring_a_billion_layers_is_refused(model: Path) -> None:
-    config = model / "config.json"
-    config.write_text('{"num_hidden_layers": 1000000000, "n_routed_experts": 1000000}')
-    assert config.stat().st_size <= 100
-    line = assert_refused(run_audit_guarded(model, "--json"), config, "1,000,000,000 layers")
+@pytest.mark.parametrize(
+    ("config", "args"),
+    [
+        ('{"model_type": "glm_moe_dsa", "num_hidden_layers": 1000000000, "n_routed_experts": 1000000}', ()),
+        ('{"num_hidden_layers": 1000000000, "n_routed_experts": 1000000}', ("--trust-uniform-layers",)),
+    ],
+)
+def test_a_100_byte_config_declaring_a_billion_layers_is_refused(model: Path, config: str, args: tuple[str]) -> None:
+    path = model / "config.json"
+    path.write_text(config)
+    assert path.stat().st_size <= 100
+    line = assert_refused(run_audit_guarded(model, "--json", *args), path, "1,000,000,000 layers")
     assert f"{model / INDEX} holds {len(tensor_names(SPEC))} tensors" in line
 
 
@@ -164,13 +171,18 @@ def test_a_billion_mtp_layers_are_refused(model: Path) -> None:
 
 
 def test_a_single_file_config_is_checked_against_its_header(single: Path) -> None:
-    (single / "config.json").write_text('{"num_hidden_layers": 100000, "n_routed_experts": 1000}')
+    (single / "config.json").write_text(
+        '{"model_type": "glm_moe_dsa", "num_hidden_layers": 100000, "n_routed_experts": 1000}'
+    )
     run = run_audit_guarded(single, "--json")
     assert_refused(run, single / "config.json", "100,000 layers", f"{single / SINGLE} holds")
 
 
 def test_a_config_naming_absurd_numbers_gets_a_short_line(model: Path) -> None:
-    (model / "config.json").write_text('{"num_hidden_layers": 1%s, "n_routed_experts": 1%s}' % ("0" * 4000, "0" * 4000))
+    huge = "1" + "0" * 4000
+    (model / "config.json").write_text(
+        '{"model_type": "glm_moe_dsa", "num_hidden_layers": %s, "n_routed_experts": %s}' % (huge, huge)
+    )
     line = assert_refused(run_audit_guarded(model, "--json"), model / "config.json", "layers")
     assert len(line) < 500
 
@@ -286,7 +298,7 @@ def test_a_config_of_many_objects_is_refused_unparsed(model: Path) -> None:
     config = json.loads((model / "config.json").read_text())
     config["pad"] = [[]] * 10_000
     (model / "config.json").write_text(json.dumps(config))
-    with pytest.raises(InputError, match="config.json: 10,003 JSON objects and arrays, more than the 10,000"):
+    with pytest.raises(InputError, match="config.json: 10,004 JSON objects and arrays, more than the 10,000"):
         audit_checkpoint(model)
 
 
@@ -320,7 +332,7 @@ def test_hostile_tensor_names_are_reported_not_obeyed(model: Path) -> None:
     assert not report.ok and set(report.unexpected) == set(HOSTILE_NAMES)
     text = render_audit(report, model)
     lines = text.splitlines()
-    assert "\x1b" not in text and len(lines) == 9, text  # 4 summary lines, a title, 4 names
+    assert "\x1b" not in text and len(lines) == 10, text  # 5 summary lines, a title, 4 names
     assert all(line.startswith("  ") for line in lines[1:]) and max(map(len, lines)) < 400
     assert "checkpoint /models/glm5: OK" in text  # shown, escaped, on the line of its name
 

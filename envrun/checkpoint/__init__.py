@@ -3,10 +3,12 @@
 from envrun.checkpoint.audit import (
     AuditReport,
     CheckpointIndexError,
+    UnsupportedArchitectureError,
     audit_checkpoint,
-    render_audit,
 )
+from envrun.checkpoint.expected import ExpectedNames, NameSource
 from envrun.checkpoint.layout import ModelConfigError, ModelLayout, load_layout
+from envrun.checkpoint.report import render_audit
 from envrun.checkpoint.safetensors_header import (
     SafetensorsHeader,
     SafetensorsHeaderError,
@@ -17,11 +19,14 @@ from envrun.checkpoint.safetensors_header import (
 __all__ = [
     "AuditReport",
     "CheckpointIndexError",
+    "ExpectedNames",
     "ModelConfigError",
     "ModelLayout",
+    "NameSource",
     "SafetensorsHeader",
     "SafetensorsHeaderError",
     "TensorInfo",
+    "UnsupportedArchitectureError",
     "audit_checkpoint",
     "load_layout",
     "read_safetensors_header",

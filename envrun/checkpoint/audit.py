@@ -1,38 +1,76 @@
 """Audit a Hugging Face checkpoint directory from config.json and safetensors headers only.
 
 Why: verl saves HF weights with ``checkpoint.strict=False`` because the MTP layers are absent from
-the trained model, and that leniency would equally let a lost ``lm_head`` or expert shard pass
-(upstream-facts §4). The audit is the check that only the MTP layers are missing. It never reads
-tensor data, so it costs a few megabytes of headers even for a checkpoint of a terabyte.
+the trained model, and that leniency would equally let a lost ``lm_head``, an expert shard or one
+parameter of every layer pass (upstream-facts §4). The audit is the check that only the MTP layers are
+missing. It never reads tensor data, so it costs a few megabytes of headers even for a checkpoint of a
+terabyte.
+
+What the checkpoint must hold comes from the architecture, never from the checkpoint itself
+(:mod:`envrun.checkpoint.expected`): the modelling code's own names when a python with transformers is
+at hand (``expected=``), else the static description of the locked transformers' code for the
+architectures it covers. Any other architecture, or a quantised checkpoint, is refused (exit 2): the
+audit cannot say it is complete. ``trust_uniform_layers=True`` asks by name for the weaker check of
+:mod:`envrun.checkpoint.uniform`, and the report says that is what ran.
 
 The checkpoint is hostile input (a hub download, an export of a job someone else configured), and the
 order of work keeps every cost bounded by what was read: config.json and the index are read within
 their size limits and opened only as regular files inside the model directory
 (:mod:`envrun.checkpoint.untrusted`); what config.json declares is checked against how many tensors
-the index (or the single file) holds before any expected name is generated; each shard's header is
-bounded by what the index places in it. Everything refused is an :class:`InputError` naming the file.
+the index (or the single file) holds before any expected name is generated, and a source of names is
+told the most it may return; each shard's header is bounded by what the index places in it.
+Everything refused is an :class:`InputError` naming the file.
 """
 
 from __future__ import annotations
 
-import re
+import hashlib
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from envbuild.errors import InputError
+from envrun.checkpoint.expected import (
+    Check,
+    Expectation,
+    ExpectedNames,
+    NameSource,
+    from_architecture,
+    from_model_names,
+)
 from envrun.checkpoint.layout import (
     ModelConfigError,
     ModelLayout,
-    derive_expectation,
     implausible_counts,
-    load_layout,
+    layout_from_config,
+    plausible_limit,
+    read_config,
     split_layer_name,
 )
+from envrun.checkpoint.report import (
+    abbreviate_names,
+    group_missing,
+    natural_sorted,
+    render_audit,
+    render_numbers,
+    shown_name,
+)
 from envrun.checkpoint.safetensors_header import SafetensorsHeaderError, read_safetensors_header
+from envrun.checkpoint.uniform import from_uniform_layers
 from envrun.checkpoint.untrusted import JSONLimitError, MiB, brief, load_json, locate, read_limited
+
+# render_audit and shown_name are re-exported: callers (envrun.preflight) take them from here.
+__all__ = [
+    "AuditReport",
+    "CheckpointIndexError",
+    "UnsupportedArchitectureError",
+    "abbreviate_names",
+    "audit_checkpoint",
+    "render_audit",
+    "shown_name",
+]
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -51,6 +89,10 @@ class CheckpointIndexError(InputError):
     """model.safetensors.index.json is not JSON or does not map tensor names to shard file names."""
 
 
+class UnsupportedArchitectureError(ModelConfigError):
+    """No description of the architecture: completeness cannot be checked (exit 2)."""
+
+
 @dataclass(frozen=True)
 class AuditReport:
     """The outcome of :func:`audit_checkpoint`; ``ok`` is the only field a caller must look at."""
@@ -67,87 +109,112 @@ class AuditReport:
     layout: ModelLayout
     tensors: int  # tensors found where the index says they are
     bytes_read: int  # config + index + headers; tensor data is never read
+    check: Check = "architecture"  # what the expected names came from; "uniform-layers" is the weak one
+    expected_from: str = ""  # the same, for people
+    missing_groups: tuple[str, ...] = ()  # ``missing`` by tensor and layers, as a person reads it
+    notes: tuple[str, ...] = ()  # fields of config.json the modelling code does not read, and the like
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document of issue 4 §4, with extra keys after the four that are promised."""
+        lay = self.layout
+        # As many layers as the checkpoint's own tensor count made plausible (layout.implausible_counts).
+        moe = [i for i in range(lay.num_hidden_layers) if lay.is_moe(i)]
+        dense = sorted(set(range(lay.num_hidden_layers)) - set(moe))
         return {
             "ok": self.ok,
             "missing": list(self.missing),
             "unexpected": list(self.unexpected),
             "mtp": {"layers": list(self.mtp_layers), "present": self.mtp_present},
+            "check": self.check,
+            "expected_from": self.expected_from,
+            "missing_groups": list(self.missing_groups),
+            "notes": list(self.notes),
             "mtp_missing": list(self.mtp_missing),
             "shards_missing": list(self.shards_missing),
             "shards_unindexed": list(self.shards_unindexed),
             "shards": len(self.shards),
             "tensors": self.tensors,
-            "num_hidden_layers": self.layout.num_hidden_layers,
-            "first_k_dense_replace": self.layout.first_k_dense_replace,
-            "n_routed_experts": self.layout.n_routed_experts,
-            "tie_word_embeddings": self.layout.tie_word_embeddings,
+            "model_type": lay.model_type,
+            "num_hidden_layers": lay.num_hidden_layers,
+            "layers": {"dense": render_numbers(dense), "moe": render_numbers(moe)},
+            "first_k_dense_replace": lay.first_k_dense_replace if lay.mlp_layer_types is None else None,
+            "n_routed_experts": lay.n_routed_experts,
+            "tie_word_embeddings": lay.tie_word_embeddings,
         }
 
 
-def audit_checkpoint(model_dir: Path) -> AuditReport:
-    """Audit ``model_dir``. Raises :class:`InputError` (exit 2) for input that cannot be read at all."""
+@dataclass(frozen=True)
+class _Held:
+    """Where the checkpoint's tensors are, as a loader finds them."""
+
+    present: frozenset[str]  # in the file the index places them in
+    misplaced: frozenset[str]  # indexed, but not in that file
+    unindexed: frozenset[str]  # in a file, but the index places them elsewhere or nowhere
+    shards: tuple[str, ...]  # files read
+    shards_missing: tuple[str, ...]
+    named: frozenset[str]  # every file the index names (or the single file)
+    bytes_read: int
+
+
+def audit_checkpoint(
+    model_dir: Path,
+    *,
+    expected: ExpectedNames | NameSource | None = None,
+    trust_uniform_layers: bool = False,
+) -> AuditReport:
+    """Audit ``model_dir``. Raises :class:`InputError` (exit 2) for input that cannot be read at all,
+    and for an architecture it cannot check unless ``expected`` (the model's own names, or a source of
+    them such as :class:`envrun.checkpoint.modelnames.ModelNames`) or ``trust_uniform_layers`` is given."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise InputError(f"{model_dir}: not a directory; pass the model directory holding config.json")
-    # When config.json is absent, load_layout says so in its own words.
+    # When config.json is absent, read_config says so in its own words.
     config_path = _locate(model_dir, "config.json", _config_error) or model_dir / "config.json"
-    layout = load_layout(config_path)
-    bytes_read = config_path.stat().st_size
+    config, doc = read_config(config_path)
+    layout = layout_from_config(doc, config_path)
+    weak = _weak_check_reason(layout, config_path, expected is not None, trust_uniform_layers)
+    held = _read_held(model_dir, layout, config_path, len(config))
 
-    # transformers tries the single file before the index, so an audit must look where it looks.
-    # Anything by either name that is not a regular file is refused, not skipped: a loader's
-    # isfile() would skip a FIFO named model.safetensors, but a checkpoint holding one is hostile.
-    held: dict[str, frozenset[str]] = {}
-    shards_missing: list[str] = []
-    single = _locate(model_dir, SINGLE_FILE, _header_error)
-    index_path = None if single else _locate(model_dir, INDEX_FILE, _index_error)
-    if single is not None:
-        weight_map = None
-        shard_names = [SINGLE_FILE]
-        header = read_safetensors_header(single)
-        _check_counts(layout, config_path, len(header.tensors), single)
-        held[SINGLE_FILE] = frozenset(header.tensors)
-        bytes_read += header.bytes_read
-    elif index_path is not None:
-        weight_map, placed, index_bytes = _read_index(index_path)
-        bytes_read += index_bytes
-        _check_counts(layout, config_path, len(weight_map), index_path)
-        shard_names = sorted(placed)
-        for shard in shard_names:
-            path = _locate(model_dir, shard, _header_error)
-            if path is None:
-                shards_missing.append(shard)
-                continue
-            header = read_safetensors_header(path, expected_tensors=placed[shard])
-            held[shard] = frozenset(header.tensors)
-            bytes_read += header.bytes_read
+    if weak:
+        expect = from_uniform_layers(layout, held.present, weak)
+    elif expected is not None:
+        names = expected if isinstance(expected, ExpectedNames) else expected(config, _limit(held))
+        if names.config_sha256 != hashlib.sha256(config).hexdigest():
+            raise InputError(f"{config_path}: the expected names were made from another config.json")
+        expect = from_model_names(layout, names)
     else:
-        raise InputError(f"{model_dir}: neither {SINGLE_FILE} nor {INDEX_FILE}; not a safetensors checkpoint")
+        expect = from_architecture(layout)
+    return _compare(model_dir, layout, held, expect)
 
-    if weight_map is None:
-        present = set(held[SINGLE_FILE])
-        misplaced: set[str] = set()
-        unindexed: set[str] = set()
-    else:
-        # A tensor counts only where the index places it: that is the only place a loader looks.
-        present = {name for name, shard in weight_map.items() if name in held.get(shard, ())}
-        misplaced = set(weight_map) - present
-        unindexed = {name for shard, names in held.items() for name in names if weight_map.get(name) != shard}
 
-    expect = derive_expectation(layout, present)
-    mtp = set(layout.mtp_layers)
-    lost = (expect.required | expect.mtp_required | misplaced) - present
+def _weak_check_reason(layout: ModelLayout, config_path: Path, have_names: bool, trust: bool) -> str:
+    """Why only the uniform-layers check can run ("" when a stronger one can); refused unless trusted."""
+    if not layout.unsupported or (have_names and layout.quantization is None):
+        return ""
+    if trust:
+        return layout.unsupported
+    fix = "" if have_names else "give it the model's own names (--model-python PYTHON) or "
+    raise UnsupportedArchitectureError(
+        f"{config_path}: {layout.unsupported}: the audit cannot check that the checkpoint is complete; "
+        f"{fix}ask for the weaker check by name (--trust-uniform-layers: layers alike, so a tensor lost "
+        "from every layer passes)"
+    )
+
+
+def _limit(held: _Held) -> int:
+    return plausible_limit(len(held.present) + len(held.misplaced))
+
+
+def _compare(model_dir: Path, layout: ModelLayout, held: _Held, expect: Expectation) -> AuditReport:
+    present, mtp = held.present, set(layout.mtp_layers)
+    lost = (expect.required | expect.mtp_required | held.misplaced) - present
     # MTP tensors are tolerated however they went missing, even ones the index still lists: the
     # loaders skip MTP keys, and a lenient save may keep an index entry for a tensor it dropped.
     lost_mtp = {name for name in lost if _layer_of(name) in mtp}
     missing = lost - lost_mtp
-    unexpected = (present - expect.required - expect.mtp_required - expect.allowed) | unindexed
-
+    unexpected = (present - expect.required - expect.mtp_required - expect.allowed) | held.unindexed
     return AuditReport(
-        ok=not missing and not unexpected and not shards_missing,
+        ok=not missing and not unexpected and not held.shards_missing,
         missing=natural_sorted(missing),
         unexpected=natural_sorted(unexpected),
         mtp_layers=layout.mtp_layers,
@@ -155,11 +222,62 @@ def audit_checkpoint(model_dir: Path) -> AuditReport:
         # "the run can train MTP" rather than "nothing is lost".
         mtp_present=bool(mtp) and not lost_mtp,
         mtp_missing=natural_sorted(lost_mtp),
-        shards_missing=tuple(shards_missing),
-        shards_unindexed=_unindexed_files(model_dir, set(shard_names)),
-        shards=tuple(sorted(held)),
+        shards_missing=held.shards_missing,
+        shards_unindexed=_unindexed_files(model_dir, held.named),
+        shards=held.shards,
         layout=layout,
         tensors=len(present),
+        bytes_read=held.bytes_read,
+        check=expect.check,
+        expected_from=expect.source,
+        missing_groups=tuple(group_missing(missing, expect, layout.num_hidden_layers)),
+        notes=layout.notes,
+    )
+
+
+def _read_held(model_dir: Path, layout: ModelLayout, config_path: Path, bytes_read: int) -> _Held:
+    # transformers tries the single file before the index, so an audit must look where it looks.
+    # Anything by either name that is not a regular file is refused, not skipped: a loader's
+    # isfile() would skip a FIFO named model.safetensors, but a checkpoint holding one is hostile.
+    single = _locate(model_dir, SINGLE_FILE, _header_error)
+    index_path = None if single else _locate(model_dir, INDEX_FILE, _index_error)
+    if single is not None:
+        header = read_safetensors_header(single)
+        _check_counts(layout, config_path, len(header.tensors), single)
+        names = frozenset(header.tensors)
+        return _Held(
+            names,
+            frozenset(),
+            frozenset(),
+            (SINGLE_FILE,),
+            (),
+            frozenset({SINGLE_FILE}),
+            bytes_read + header.bytes_read,
+        )
+    if index_path is None:
+        raise InputError(f"{model_dir}: neither {SINGLE_FILE} nor {INDEX_FILE}; not a safetensors checkpoint")
+    weight_map, placed, index_bytes = _read_index(index_path)
+    bytes_read += index_bytes
+    _check_counts(layout, config_path, len(weight_map), index_path)
+    held: dict[str, frozenset[str]] = {}
+    shards_missing: list[str] = []
+    for shard in sorted(placed):
+        path = _locate(model_dir, shard, _header_error)
+        if path is None:
+            shards_missing.append(shard)
+            continue
+        header = read_safetensors_header(path, expected_tensors=placed[shard])
+        held[shard] = frozenset(header.tensors)
+        bytes_read += header.bytes_read
+    # A tensor counts only where the index places it: that is the only place a loader looks.
+    present = frozenset(name for name, shard in weight_map.items() if name in held.get(shard, ()))
+    return _Held(
+        present=present,
+        misplaced=frozenset(weight_map) - present,
+        unindexed=frozenset(n for shard, names in held.items() for n in names if weight_map.get(n) != shard),
+        shards=tuple(sorted(held)),
+        shards_missing=tuple(shards_missing),
+        named=frozenset(placed),
         bytes_read=bytes_read,
     )
 
@@ -181,7 +299,7 @@ def _index_error(path: Path, message: str) -> InputError:
 
 
 def _check_counts(layout: ModelLayout, config_path: Path, held: int, source: Path) -> None:
-    # Before derive_expectation builds a name: a 100-byte config.json can declare a billion layers.
+    # Before any expected name is built: a 100-byte config.json can declare a billion layers.
     problem = implausible_counts(layout, held)
     if problem:
         raise ModelConfigError(f"{config_path}: {problem}; {source} holds {held:,} tensors")
@@ -228,7 +346,7 @@ def _is_shard_file_name(name: str) -> bool:
     )
 
 
-def _unindexed_files(model_dir: Path, named: set[str]) -> tuple[str, ...]:
+def _unindexed_files(model_dir: Path, named: frozenset[str]) -> tuple[str, ...]:
     # Reported, not failed: a stale shard left from an earlier save is ignored by every loader,
     # but a person looking at the directory should know it is not part of the checkpoint.
     return tuple(sorted(p.name for p in model_dir.glob("*.safetensors") if p.name not in named))
@@ -237,120 +355,3 @@ def _unindexed_files(model_dir: Path, named: set[str]) -> tuple[str, ...]:
 def _layer_of(name: str) -> int | None:
     split = split_layer_name(name)
     return split[0] if split else None
-
-
-_DIGITS = re.compile(r"([0-9]+)")
-# "05" folded into a range would print as "5", a different name; only canonical numbers fold, and
-# only numbers of a sane length: a tensor name may carry a number of 5,000 digits, which int() refuses.
-_CANONICAL_INT = re.compile(r"0|[1-9][0-9]{0,17}")
-# Real names carry two numbers (layer, expert) in eight parts; sorting and folding look no further,
-# so that a name of 20,000 numbers costs no more than one of eight.
-_MAX_SORTED_NUMBERS = 8
-_MAX_FOLDED_NUMBERS = 4
-_MAX_FOLDED_PARTS = 32
-_MAX_SHOWN_NAME = 300
-_MAX_INT_DIGITS = 4000
-_HUGE_NUMBER = 10**_MAX_INT_DIGITS
-
-
-def _natural_key(name: str) -> tuple[Any, ...]:
-    # split() with a group alternates text and number, so position i has the same type in every key.
-    # int() refuses more than 4300 digits: longer numbers (no layer has them) sort after all others,
-    # by length; the name itself breaks every tie, "05" against "5" included, so the order is total.
-    parts: list[Any] = _DIGITS.split(name, maxsplit=_MAX_SORTED_NUMBERS)
-    for i in range(1, len(parts), 2):
-        digits = len(parts[i])
-        parts[i] = int(parts[i]) if digits < _MAX_INT_DIGITS else _HUGE_NUMBER + digits
-    return tuple(parts), name
-
-
-def natural_sorted(names: Iterable[str]) -> tuple[str, ...]:
-    """Sort so that layer 10 follows layer 9: deterministic and readable."""
-    return tuple(sorted(names, key=_natural_key))
-
-
-def abbreviate_names(names: list[str] | tuple[str, ...]) -> list[str]:
-    """Fold names that differ in one number into ranges, innermost number first.
-
-    ``model.layers.5.mlp.experts.{0..255}.down_proj.weight`` instead of 256 lines, and then
-    ``model.layers.{3..77}.mlp.experts.{0..255}.down_proj.weight`` when every MoE layer lost it.
-    """
-    # Each name becomes tokens split on ".", numbers as sets so that folding is a set union.
-    items: list[tuple[str | frozenset[int], ...]] = [
-        tuple(frozenset([int(t)]) if _CANONICAL_INT.fullmatch(t) else t for t in name.split("."))
-        if name.count(".") < _MAX_FOLDED_PARTS
-        else (name,)
-        for name in names
-    ]
-    depth = max((sum(isinstance(t, frozenset) for t in item) for item in items), default=0)
-    for k in range(min(depth, _MAX_FOLDED_NUMBERS)):
-        groups: dict[tuple[Any, ...], set[int]] = {}
-        for item in items:
-            positions = [i for i, t in enumerate(item) if isinstance(t, frozenset)]
-            if len(positions) <= k:
-                groups.setdefault(item, set())
-                continue
-            pos = positions[-1 - k]
-            key = item[:pos] + (None,) + item[pos + 1 :]
-            groups.setdefault(key, set()).update(item[pos])  # type: ignore[arg-type]
-        items = [
-            tuple(frozenset(nums) if t is None else t for t in key) if nums else key for key, nums in groups.items()
-        ]
-    # Order groups by their smallest numbers, so "layers.7" follows "layers.{3..5}".
-    items.sort(key=lambda item: tuple((1, 0, t) if isinstance(t, str) else (0, min(t), "") for t in item))
-    return [".".join(t if isinstance(t, str) else _render_numbers(t) for t in item) for item in items]
-
-
-def _render_numbers(numbers: frozenset[int]) -> str:
-    ordered = sorted(numbers)
-    if len(ordered) == 1:
-        return str(ordered[0])
-    runs: list[list[int]] = [[ordered[0], ordered[0]]]
-    for n in ordered[1:]:
-        if n == runs[-1][1] + 1:
-            runs[-1][1] = n
-        else:
-            runs.append([n, n])
-    return "{" + ",".join(str(a) if a == b else f"{a}..{b}" for a, b in runs) + "}"
-
-
-def shown_name(name: str) -> str:
-    # Names come from the checkpoint: a newline or an escape sequence in one must not forge a line of
-    # the report or rewrite the terminal, and a name of megabytes must not become one line of them.
-    if not name.isprintable():
-        name = ascii(name)[1:-1]
-    if len(name) > _MAX_SHOWN_NAME:
-        half = _MAX_SHOWN_NAME // 2
-        name = f"{name[:half]}...({len(name) - 2 * half} characters)...{name[-half:]}"
-    return name
-
-
-def render_audit(report: AuditReport, model_dir: Path, limit: int = 40) -> str:
-    """The human summary: what was checked, the verdict, then what is missing or unexpected."""
-    lay = report.layout
-    dense = lay.num_hidden_layers - lay.moe_layers_between(0, lay.num_hidden_layers)
-    lines = [
-        f"checkpoint {model_dir}: {'OK' if report.ok else 'NOT OK'}",
-        f"  layers: {lay.num_hidden_layers} ({dense} dense, {lay.num_hidden_layers - dense} MoE), "
-        f"experts: {lay.n_routed_experts} routed + {lay.n_shared_experts} shared, "
-        f"lm_head: {'tied' if lay.tie_word_embeddings else 'own'}",
-        f"  shards: {len(report.shards)} read, {len(report.shards_missing)} missing; tensors: {report.tensors}",
-    ]
-    if report.mtp_layers:
-        state = "present" if report.mtp_present else f"absent ({len(report.mtp_missing)} tensors missing, tolerated)"
-        lines.append(f"  MTP layers {_render_numbers(frozenset(report.mtp_layers))}: {state}")
-    else:
-        lines.append("  MTP layers: none declared")
-    for title, names in (
-        ("missing shard files", report.shards_missing),
-        ("missing", report.missing),
-        ("unexpected", report.unexpected),
-        ("shard files not in the index (ignored by loaders)", report.shards_unindexed),
-    ):
-        if names:
-            folded = abbreviate_names(names)
-            lines.append(f"  {title} ({len(names)}):")
-            lines.extend(f"    {shown_name(n)}" for n in folded[:limit])
-            if len(folded) > limit:
-                lines.append(f"    ... and {len(folded) - limit} more groups")
-    return "\n".join(lines)

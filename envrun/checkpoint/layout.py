@@ -1,35 +1,44 @@
-"""What a DeepSeek-V3 / GLM-MoE (glm_moe_dsa) checkpoint should hold, from config.json and the names present.
+"""The layer plan of a checkpoint, read from config.json the way the locked transformers reads it.
 
-Only the essentials are hard-coded (embedding, final norm, lm_head, per-layer norms, the dense MLP or
-the router, every routed expert and the shared experts, the MTP head tensors). Everything else a
-layer holds (attention variants, indexers, quantisation scales) differs between model families and
-releases, so it is learned from the checkpoint itself: a suffix that at least half the layers of a
-kind carry is expected in every layer of that kind. One layer that lost a tensor is then missing it,
-and one layer with a stray tensor has an unexpected one, without a table per model.
+For an architecture of :data:`envrun.checkpoint.architectures.ARCHITECTURES` only the fields its
+modelling code reads decide the plan, with its config class's defaults when they are absent (so a
+``glm_moe_dsa`` config is planned by ``mlp_layer_types``, never by ``first_k_dense_replace``); a field
+the code does not read but that disagrees with the plan is kept as a note for the report. A value the
+config class would refuse (a string where an integer belongs, an ``mlp_layer_types`` that does not
+cover every layer) is refused here too, all problems at once, naming the file and the field.
+
+Any other ``model_type`` (or a quantised checkpoint, whose scales no table here describes) gets the
+generic DeepSeek-style plan, marked ``unsupported``: only the weaker check of
+:mod:`envrun.checkpoint.uniform` can use it, and only when asked for by name.
 
 config.json is hostile input like the rest of a checkpoint: it is read through
 :mod:`envrun.checkpoint.untrusted`, and what it declares is checked against what the checkpoint holds
 (:func:`implausible_counts`) before a single expected name is generated, so that a 100-byte file
-declaring a billion layers is refused instead of filling memory with names.
+declaring a billion layers is refused instead of filling memory with names. Nothing here is sized by
+a declared count: a plan of 10^4000 layers costs what a plan of 4 does.
 """
 
 from __future__ import annotations
 
 import os
-from collections import Counter, defaultdict
-from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from envbuild.errors import InputError
+from envrun.checkpoint.architectures import (
+    ARCHITECTURES,
+    DENSE_MLP,
+    EMBED,
+    FINAL_NORM,
+    LAYER_NORMS,
+    LM_HEAD,
+    PROJ,
+    TRANSFORMERS_VERSION,
+    Architecture,
+    moe_suffix_count,
+)
 from envrun.checkpoint.untrusted import JSONLimitError, MiB, brief, load_json, read_limited
 
-EMBED = "model.embed_tokens.weight"
-FINAL_NORM = "model.norm.weight"
-LM_HEAD = "lm_head.weight"
-
-LAYER_NORMS = ("input_layernorm.weight", "post_attention_layernorm.weight")
-PROJ = ("gate_proj", "up_proj", "down_proj")
 # The MTP head around the decoder block (upstream-facts §4). GLM-4.5 also stores its own
 # shared_head.head and embed_tokens there, GLM-4.6 and GLM-5 do not: allowed, never required.
 MTP_REQUIRED = ("enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight")
@@ -50,6 +59,9 @@ PLAUSIBLE_FACTOR = 4
 PLAUSIBLE_SLACK = 1024
 MAX_EXPECTED_TENSORS = 2_000_000
 
+MLP_LAYER_TYPES = ("dense", "sparse")
+INDEXER_TYPES = ("full", "shared")
+
 
 class ModelConfigError(InputError):
     """config.json is missing, not JSON, or lacks what the audit needs."""
@@ -57,16 +69,24 @@ class ModelConfigError(InputError):
 
 @dataclass(frozen=True)
 class ModelLayout:
-    """The layer plan of a checkpoint, as config.json declares it."""
+    """The layer plan of a checkpoint, as config.json declares it to the modelling code."""
 
     num_hidden_layers: int
     num_mtp_layers: int
-    first_k_dense_replace: int
+    first_k_dense_replace: int  # the leading dense layers, where no mlp_layer_types decides
     n_routed_experts: int
     n_shared_experts: int
-    moe_layer_freq: int
+    moe_layer_freq: int  # only in the generic plan (DeepSeek's remote code); 1 for known architectures
     tie_word_embeddings: bool
     model_type: str | None = None
+    mlp_layer_types: tuple[str, ...] | None = None  # may cover the MTP layers too
+    q_lora_rank: int | None = None
+    attention_bias: bool = False
+    use_qk_norm: bool = False
+    architecture: Architecture | None = None
+    unsupported: str = ""  # why no architecture describes this checkpoint; "" when one does
+    quantization: str | None = None  # quantization_config's quant_method, when there is one
+    notes: tuple[str, ...] = ()
 
     @property
     def mtp_layers(self) -> tuple[int, ...]:
@@ -74,42 +94,62 @@ class ModelLayout:
         return tuple(range(n, n + self.num_mtp_layers))
 
     def is_moe(self, layer: int) -> bool:
-        # DeepSeek's rule (modeling_deepseek): MoE from first_k_dense_replace on, every moe_layer_freq-th.
+        types = self.mlp_layer_types
+        if types is not None and layer < len(types):
+            return types[layer] == "sparse"
+        n = self.num_hidden_layers
+        if layer >= n:  # an MTP layer the config does not type: a block like the last decoder layer's
+            return self.is_moe(n - 1)
         return self.n_routed_experts > 0 and layer >= self.first_k_dense_replace and layer % self.moe_layer_freq == 0
 
     def moe_layers_between(self, start: int, stop: int) -> int:
         """How many of the layers ``start..stop-1`` are MoE layers, without counting them one by one."""
+        n = self.num_hidden_layers
+        if start >= stop:
+            return 0
+        if start >= n:  # MTP layers: typed by the list where it reaches, else like layer n-1
+            typed = self.mlp_layer_types[start:stop] if self.mlp_layer_types is not None else ()
+            rest = stop - start - len(typed)
+            return typed.count("sparse") + (rest if rest and self.is_moe(n - 1) else 0)
+        if stop > n:
+            return self.moe_layers_between(start, n) + self.moe_layers_between(n, stop)
+        if self.mlp_layer_types is not None:
+            return self.mlp_layer_types[start:stop].count("sparse")
         first = max(start, self.first_k_dense_replace)
         if self.n_routed_experts == 0 or first >= stop:
             return 0
         freq = self.moe_layer_freq  # multiples of freq in [first, stop)
         return (stop - 1) // freq - (first - 1) // freq
 
+    def attention_suffixes(self) -> tuple[str, ...]:
+        if self.architecture is None:
+            raise ValueError(f"{self.model_type}: no architecture describes its attention")
+        return self.architecture.attention_suffixes(self.q_lora_rank, self.attention_bias, self.use_qk_norm)
+
     def min_tensor_count(self) -> int:
-        """How many names :func:`derive_expectation` requires at the least: the essentials of every
-        layer, MTP layers included. Arithmetic only, so any declared count costs nothing to check."""
+        """How many names an audit builds at the least for this plan, MTP layers included: every name
+        of the architecture, or the essentials of the generic plan. Arithmetic only, so any declared
+        count costs nothing to check."""
         n, m = self.num_hidden_layers, self.num_mtp_layers
-        dense = len(LAYER_NORMS) + 1 + len(PROJ)
-        moe = len(LAYER_NORMS) + 1 + 1 + len(PROJ) * self.n_routed_experts + (len(PROJ) if self.n_shared_experts else 0)
         moe_layers = self.moe_layers_between(0, n + m)
         top = 2 + (0 if self.tie_word_embeddings else 1)  # embedding, final norm, lm_head
+        if self.architecture is not None:
+            block = len(LAYER_NORMS) + len(self.attention_suffixes())
+            dense, moe = block + len(DENSE_MLP), block + moe_suffix_count(self.n_routed_experts)
+        else:  # uniform.essential_suffixes
+            dense = len(LAYER_NORMS) + 1 + len(PROJ)
+            moe = len(LAYER_NORMS) + 2 + len(PROJ) * self.n_routed_experts + (len(PROJ) if self.n_shared_experts else 0)
         return top + (n + m - moe_layers) * dense + moe_layers * moe + m * len(MTP_REQUIRED)
 
-    def essential_suffixes(self, layer: int) -> frozenset[str]:
-        """Tensors a decoder layer cannot do without, whatever the model family."""
-        names = set(LAYER_NORMS) | {"self_attn.o_proj.weight"}
-        if self.is_moe(layer):
-            names.add("mlp.gate.weight")
-            names.update(f"mlp.experts.{e}.{p}.weight" for e in range(self.n_routed_experts) for p in PROJ)
-            if self.n_shared_experts:
-                names.update(f"mlp.shared_experts.{p}.weight" for p in PROJ)
-        else:
-            names.update(f"mlp.{p}.weight" for p in PROJ)
-        return frozenset(names)
+    def top_level(self) -> tuple[frozenset[str], frozenset[str]]:
+        """(required, allowed) names outside the layers."""
+        if self.tie_word_embeddings:
+            return frozenset({EMBED, FINAL_NORM}), frozenset({LM_HEAD})
+        return frozenset({EMBED, FINAL_NORM, LM_HEAD}), frozenset()
 
 
-def load_layout(config_path: Path) -> ModelLayout:
-    """Read the layer plan from ``config_path``; every problem is reported at once, naming the file."""
+def read_config(config_path: Path) -> tuple[bytes, dict[str, object]]:
+    """The bytes of ``config_path`` and the JSON object they hold, read within the limits above."""
 
     def fail(message: str) -> ModelConfigError:
         return ModelConfigError(f"{config_path}: {message}")
@@ -124,45 +164,170 @@ def load_layout(config_path: Path) -> ModelLayout:
     except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise fail(f"not readable JSON ({exc})") from None
     if not isinstance(doc, dict):
-        raise ModelConfigError(f"{config_path}: a JSON {type(doc).__name__}, expected an object")
+        raise fail(f"a JSON {type(doc).__name__}, expected an object")
+    return raw, doc
 
-    problems: list[str] = []
 
-    def count(key: str, default: int | None, *aliases: str, minimum: int = 0) -> int:
+def load_layout(config_path: Path) -> ModelLayout:
+    """Read the layer plan from ``config_path``; every problem is reported at once, naming the file."""
+    return layout_from_config(read_config(config_path)[1], config_path)
+
+
+def layout_from_config(doc: dict[str, object], config_path: Path) -> ModelLayout:
+    reader = _Reader(doc)
+    declared = doc.get("model_type")
+    model_type = declared if isinstance(declared, str) else None
+    arch = ARCHITECTURES.get(model_type or "")
+    layout = _known_layout(reader, arch) if arch is not None else _generic_layout(reader)
+    if reader.problems:
+        raise ModelConfigError(f"{config_path}: " + "; ".join(reader.problems))
+    unsupported, quantization = "", None
+    if doc.get("quantization_config") is not None:
+        config = doc["quantization_config"]
+        quantization = brief(config.get("quant_method") if isinstance(config, dict) else config)
+        unsupported = f"quantization_config ({quantization}) adds tensors (scales) no description names"
+    elif arch is None:
+        shown = brief(doc["model_type"]) if "model_type" in doc else "absent"
+        known = ", ".join(sorted(ARCHITECTURES))
+        unsupported = f"model_type {shown} is none of the architectures the audit describes ({known})"
+    return replace(
+        layout, model_type=model_type, unsupported=unsupported, quantization=quantization, notes=tuple(reader.notes)
+    )
+
+
+def _known_layout(r: _Reader, arch: Architecture) -> ModelLayout:
+    n = r.count("num_hidden_layers", arch.num_hidden_layers, minimum=1, strict=True)
+    m = r.count("num_nextn_predict_layers", 0, "num_mtp_layers")
+    experts = r.count("n_routed_experts", arch.n_routed_experts, minimum=1, strict=True)  # 0: save_pretrained fails
+    code = f"transformers {TRANSFORMERS_VERSION}'s {arch.causal_lm}"
+    declared_k = r.optional_count("first_k_dense_replace")
+    types: tuple[str, ...] | None = None
+    if arch.layer_types_from == "mlp_layer_types":
+        first_k = arch.default_dense_layers
+        types = r.layer_types("mlp_layer_types", MLP_LAYER_TYPES, n, n + m)
+        dense = _leading_dense(types, n) if types is not None else min(first_k, n)
+        if declared_k is not None and declared_k != dense:
+            decides = "mlp_layer_types" if types is not None else "its default mlp_layer_types"
+            r.notes.append(f"first_k_dense_replace {declared_k} is not read by {code}: {decides} decides")
+    else:
+        first_k = r.count("first_k_dense_replace", arch.default_dense_layers, strict=True)
+        if "mlp_layer_types" in r.doc:
+            r.notes.append(f"mlp_layer_types is not read by {code}: first_k_dense_replace decides")
+    if r.doc.get("moe_layer_freq", 1) != 1:
+        r.notes.append(f"moe_layer_freq {brief(r.doc['moe_layer_freq'])} is not read by {code}")
+    q_lora: int | None = None
+    if arch.attention == "mla":
+        q_lora = r.rank("q_lora_rank", arch.q_lora_rank, nullable=not arch.q_lora_required)
+    if arch.dsa_indexer:
+        indexers = r.layer_types("indexer_types", INDEXER_TYPES, n, None)
+        if indexers is not None and "shared" in indexers[:n]:
+            r.notes.append(f"{code} builds an indexer in every layer, 'shared' ones of indexer_types too")
+    return ModelLayout(
+        num_hidden_layers=n,
+        num_mtp_layers=m,
+        first_k_dense_replace=first_k,
+        n_routed_experts=experts,
+        n_shared_experts=r.count("n_shared_experts", 1, strict=True),
+        moe_layer_freq=1,
+        tie_word_embeddings=r.flag("tie_word_embeddings"),
+        mlp_layer_types=types,
+        q_lora_rank=q_lora,
+        attention_bias=r.flag("attention_bias"),
+        use_qk_norm=r.flag("use_qk_norm") if arch.attention == "gqa" else False,
+        architecture=arch,
+    )
+
+
+def _generic_layout(r: _Reader) -> ModelLayout:
+    n = r.count("num_hidden_layers", None, minimum=1)
+    m = r.count("num_nextn_predict_layers", 0, "num_mtp_layers")
+    types = r.layer_types("mlp_layer_types", MLP_LAYER_TYPES, n, n + m) if "mlp_layer_types" in r.doc else None
+    return ModelLayout(
+        num_hidden_layers=n,
+        num_mtp_layers=m,
+        first_k_dense_replace=r.count("first_k_dense_replace", 0),
+        n_routed_experts=r.count("n_routed_experts", 0),
+        # DeepSeek-V3 and GLM-MoE configs always carry it; absent means the usual one shared expert.
+        n_shared_experts=r.count("n_shared_experts", 1),
+        moe_layer_freq=r.count("moe_layer_freq", 1, minimum=1),
+        tie_word_embeddings=r.flag("tie_word_embeddings"),
+        mlp_layer_types=types,
+    )
+
+
+def _leading_dense(types: tuple[str, ...], n: int) -> int:
+    return next((i for i, t in enumerate(types[:n]) if t == "sparse"), n)
+
+
+class _Reader:
+    """Typed reads of config.json fields, collecting every problem instead of stopping at the first."""
+
+    def __init__(self, doc: dict[str, object]) -> None:
+        self.doc = doc
+        self.problems: list[str] = []
+        self.notes: list[str] = []
+
+    def count(self, key: str, default: int | None, *aliases: str, minimum: int = 0, strict: bool = False) -> int:
+        """An integer >= ``minimum``; absent gives ``default`` (None: required). null gives ``default``
+        too, unless ``strict``: the config classes of the known architectures refuse it."""
         for k in (key, *aliases):
-            if k in doc and doc[k] is not None:
-                value = doc[k]
-                if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                    problems.append(f"{k}: {brief(value)} is not an integer >= {minimum}")
-                    return minimum
-                return value
+            if k in self.doc and (self.doc[k] is not None or strict):
+                return self._integer(k, minimum)
         if default is None:
-            problems.append(f"{key}: required")
+            self.problems.append(f"{key}: required")
             return minimum
         return default
 
-    layout = ModelLayout(
-        num_hidden_layers=count("num_hidden_layers", None, minimum=1),
-        num_mtp_layers=count("num_nextn_predict_layers", 0, "num_mtp_layers"),
-        first_k_dense_replace=count("first_k_dense_replace", 0),
-        n_routed_experts=count("n_routed_experts", 0),
-        # DeepSeek-V3 and GLM-MoE configs always carry it; absent means the usual one shared expert.
-        n_shared_experts=count("n_shared_experts", 1),
-        moe_layer_freq=count("moe_layer_freq", 1, minimum=1),
-        tie_word_embeddings=_flag(doc, "tie_word_embeddings", problems),
-        model_type=doc.get("model_type") if isinstance(doc.get("model_type"), str) else None,
-    )
-    if problems:
-        raise ModelConfigError(f"{config_path}: " + "; ".join(problems))
-    return layout
+    def rank(self, key: str, default: int | None, *, nullable: bool) -> int | None:
+        """An integer >= 0, or null where the modelling code reads null as "none" (q_lora_rank)."""
+        if key not in self.doc:
+            return default
+        if self.doc[key] is None:
+            if not nullable:
+                self.problems.append(f"{key}: null, but the modelling code needs an integer")
+            return None
+        return self._integer(key, 0)
 
+    def optional_count(self, key: str) -> int | None:
+        return None if self.doc.get(key) is None else self._integer(key, 0)
 
-def _flag(doc: dict[str, object], key: str, problems: list[str]) -> bool:
-    value = doc.get(key, False)
-    if not isinstance(value, bool):
-        problems.append(f"{key}: {brief(value)} is not true or false")
-        return False
-    return value
+    def _integer(self, key: str, minimum: int) -> int:
+        value = self.doc[key]
+        if value is None:
+            self.problems.append(f"{key}: null, but the modelling code needs an integer")
+            return minimum
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            self.problems.append(f"{key}: {brief(value)} is not an integer >= {minimum}")
+            return minimum
+        return value
+
+    def flag(self, key: str) -> bool:
+        value = self.doc.get(key, False)
+        if not isinstance(value, bool):
+            self.problems.append(f"{key}: {brief(value)} is not true or false")
+            return False
+        return value
+
+    def layer_types(self, key: str, allowed: tuple[str, ...], least: int, most: int | None) -> tuple[str, ...] | None:
+        """A per-layer list of ``allowed`` words, at least ``least`` long (the modelling code indexes it
+        by layer) and at most ``most``; None when absent or null (the config class fills it in)."""
+        value = self.doc.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            self.problems.append(f"{key}: {brief(value)} is not a list of {' or '.join(map(repr, allowed))}")
+            return None
+        wrong = next((v for v in value if v not in allowed), None)
+        if wrong is not None:
+            self.problems.append(f"{key}: {brief(wrong)} is not {' or '.join(map(repr, allowed))}")
+            return None
+        if len(value) < least or (most is not None and len(value) > most):
+            span = (
+                f"at least {least:,}" if most is None else f"{least:,}" if most == least else f"{least:,} to {most:,}"
+            )
+            self.problems.append(f"{key}: {len(value):,} entries, the layers need {span}")
+            return None
+        return tuple(value)
 
 
 def split_layer_name(name: str) -> tuple[int, str] | None:
@@ -183,7 +348,7 @@ def split_layer_name(name: str) -> tuple[int, str] | None:
 def implausible_counts(layout: ModelLayout, held: int) -> str | None:
     """What is implausible in ``layout`` for a checkpoint holding ``held`` tensors, or None."""
     need = layout.min_tensor_count()
-    if need <= min(PLAUSIBLE_FACTOR * held + PLAUSIBLE_SLACK, MAX_EXPECTED_TENSORS):
+    if need <= plausible_limit(held):
         return None
     n, m = layout.num_hidden_layers, layout.num_mtp_layers
     moe = layout.moe_layers_between(0, n + m)
@@ -195,54 +360,11 @@ def implausible_counts(layout: ModelLayout, held: int) -> str | None:
     return f"{declared}, at least {_number(need)} tensors"
 
 
+def plausible_limit(held: int) -> int:
+    """The most names an audit builds for a checkpoint holding ``held`` tensors."""
+    return min(PLAUSIBLE_FACTOR * held + PLAUSIBLE_SLACK, MAX_EXPECTED_TENSORS)
+
+
 def _number(n: int) -> str:
     # A JSON integer may have thousands of digits, and str() refuses past 4300: say its size instead.
     return f"{n:,}" if n < 10**18 else f"about 10^{int(n.bit_length() * 0.30103)}"
-
-
-@dataclass(frozen=True)
-class Expectation:
-    """What must, may and may not be present, derived from the layout and the names found."""
-
-    required: frozenset[str]  # outside the MTP layers: absence is a loss
-    mtp_required: frozenset[str]  # in the MTP layers: absence is tolerated, but reported
-    allowed: frozenset[str]  # may be present, need not be
-
-
-def derive_expectation(layout: ModelLayout, present: Iterable[str]) -> Expectation:
-    """Expected names for ``layout``, learning the non-essential suffixes from ``present``."""
-    n = layout.num_hidden_layers
-    by_layer: dict[int, set[str]] = defaultdict(set)
-    for name in present:
-        split = split_layer_name(name)
-        if split is not None and split[0] < n:
-            by_layer[split[0]].add(split[1])
-
-    # Attention and norms are compared across all main layers, the MLP within its kind: a single
-    # dense layer still has its attention checked against the other 77.
-    shared_ref = _majority([{s for s in by_layer[i] if not s.startswith("mlp.")} for i in range(n)])
-    mlp_ref = {
-        moe: _majority([{s for s in by_layer[i] if s.startswith("mlp.")} for i in range(n) if layout.is_moe(i) == moe])
-        for moe in (False, True)
-    }
-
-    def block(layer: int) -> frozenset[str]:
-        return shared_ref | mlp_ref[layout.is_moe(layer)] | layout.essential_suffixes(layer)
-
-    required = {EMBED, FINAL_NORM}
-    allowed: set[str] = set()
-    (allowed if layout.tie_word_embeddings else required).add(LM_HEAD)
-    for i in range(n):
-        required.update(f"model.layers.{i}.{s}" for s in block(i))
-    mtp_required: set[str] = set()
-    for i in layout.mtp_layers:
-        mtp_required.update(f"model.layers.{i}.{s}" for s in block(i) | set(MTP_REQUIRED))
-        allowed.update(f"model.layers.{i}.{s}" for s in MTP_OPTIONAL)
-    return Expectation(frozenset(required), frozenset(mtp_required), frozenset(allowed))
-
-
-def _majority(suffix_sets: list[set[str]]) -> frozenset[str]:
-    # "At least half" rather than "more than half": on a tie (two layers, one lacking a tensor)
-    # reporting the tensor missing is the safer mistake for a guard against lost weights.
-    counts = Counter(s for suffixes in suffix_sets for s in suffixes)
-    return frozenset(s for s, c in counts.items() if 2 * c >= len(suffix_sets))

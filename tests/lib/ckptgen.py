@@ -3,6 +3,9 @@
 Names follow the Hugging Face layout as stored on disk: per-expert MLP tensors, shared experts, the
 noaux_tc router with its score-correction bias, MLA attention with the DSA indexer, and MTP layers
 ``N..N+M-1`` as a full decoder block plus enorm/hnorm/eh_proj/shared_head.norm (upstream-facts §4).
+They are the names transformers 5.10.4's save_pretrained writes for the same config, which
+tests/test_checkpoint_real.py checks; this writer exists for sizes save_pretrained cannot reach here
+(GLM-5's 78 layers x 256 experts) and for speed.
 Shapes are tiny: the audit reads names and header fields, never values, so only counts matter.
 
 Used by the tests and by benchmarks/bench_audit.py (GLM-5 size: 78 layers, 1 MTP, 256 experts).
@@ -63,12 +66,16 @@ class CheckpointSpec:
 
 
 def config_dict(spec: CheckpointSpec) -> dict[str, object]:
+    # transformers 5.10.4's glm_moe_dsa reads mlp_layer_types, never first_k_dense_replace (without the
+    # list it makes the first 3 layers dense): the list says what first_k_dense means here, the way
+    # save_pretrained writes it into every config.json.
     return {
         "architectures": ["GlmMoeDsaForCausalLM"],
         "model_type": "glm_moe_dsa",
         "num_hidden_layers": spec.layers,
         "num_nextn_predict_layers": spec.mtp_layers,
         "first_k_dense_replace": spec.first_k_dense,
+        "mlp_layer_types": ["dense" if i < spec.first_k_dense else "sparse" for i in range(spec.layers)],
         "n_routed_experts": spec.experts,
         "n_shared_experts": 1,
         "tie_word_embeddings": spec.tied,
