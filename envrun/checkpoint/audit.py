@@ -136,7 +136,7 @@ class AuditReport:
             "tensors": self.tensors,
             "model_type": lay.model_type,
             "num_hidden_layers": lay.num_hidden_layers,
-            "layers": {"dense": render_numbers(dense), "moe": render_numbers(moe)},
+            "layers": {"dense": render_numbers(dense, braces=False), "moe": render_numbers(moe, braces=False)},
             "first_k_dense_replace": lay.first_k_dense_replace if lay.mlp_layer_types is None else None,
             "n_routed_experts": lay.n_routed_experts,
             "tie_word_embeddings": lay.tie_word_embeddings,

@@ -104,26 +104,31 @@ def group_missing(missing: Iterable[str], expect: Expectation, layers: int) -> l
     lost, so ``*`` never hides a survivor.
     """
     top: list[str] = []
-    by_suffix: dict[str, set[int]] = {}
+    lost: dict[int, list[str]] = {}
     for name in missing:
         split = split_layer_name(name)
         if split is None or split[0] not in expect.layer_suffixes:
             top.append(name)
         else:
-            by_suffix.setdefault(split[1], set()).add(split[0])
-    by_layers: dict[frozenset[int], list[str]] = {}
-    for suffix, layer_set in by_suffix.items():
-        by_layers.setdefault(frozenset(layer_set), []).append(suffix)
+            lost.setdefault(split[0], []).append(split[1])
+    # Fold within each layer first (a whole layer is "*" even if one of its tensors is also lost
+    # elsewhere), then gather the layers that lost the same thing.
     counted: dict[frozenset[str], Counter[str]] = {}
+    layers_of: dict[str, set[int]] = {}
+    for layer, suffixes in lost.items():
+        expected = expect.layer_suffixes[layer]
+        if expected not in counted:
+            counted[expected] = Counter(p for s in expected for p in _prefixes(s))
+        for pattern in _collapse(suffixes, counted[expected]):
+            layers_of.setdefault(pattern, set()).add(layer)
+    by_layers: dict[frozenset[int], list[str]] = {}
+    for pattern, layer_set in layers_of.items():
+        by_layers.setdefault(frozenset(layer_set), []).append(pattern)
     grouped: list[tuple[int, tuple[Any, ...], str]] = []
-    for where, suffixes in by_layers.items():
-        kinds = {expect.layer_suffixes[i] for i in where}
-        common = next(iter(kinds)) if len(kinds) == 1 else frozenset.intersection(*kinds)
-        if common not in counted:
-            counted[common] = Counter(p for s in common for p in _prefixes(s))
+    for where, patterns in by_layers.items():
         named = _named_layers(where, expect, layers)
         numbers = render_numbers(where)
-        for pattern in abbreviate_names(_collapse(suffixes, counted[common])):
+        for pattern in abbreviate_names(patterns):
             line = f"{pattern} in {named}" if named else f"model.layers.{numbers}.{pattern}"
             grouped.append((min(where), _natural_key(pattern), line))
     return list(natural_sorted(top)) + [line for _, _, line in sorted(grouped)]
