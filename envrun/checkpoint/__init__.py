@@ -8,6 +8,13 @@ from envrun.checkpoint.audit import (
 )
 from envrun.checkpoint.expected import ExpectedNames, NameSource
 from envrun.checkpoint.layout import ModelConfigError, ModelLayout, load_layout
+from envrun.checkpoint.modelnames import (
+    ModelNames,
+    ModelNamesError,
+    ModelRefusedConfigError,
+    expected_names_from_model,
+    script_text,
+)
 from envrun.checkpoint.report import render_audit
 from envrun.checkpoint.safetensors_header import (
     SafetensorsHeader,
@@ -22,13 +29,18 @@ __all__ = [
     "ExpectedNames",
     "ModelConfigError",
     "ModelLayout",
+    "ModelNames",
+    "ModelNamesError",
+    "ModelRefusedConfigError",
     "NameSource",
     "SafetensorsHeader",
     "SafetensorsHeaderError",
     "TensorInfo",
     "UnsupportedArchitectureError",
     "audit_checkpoint",
+    "expected_names_from_model",
     "load_layout",
     "read_safetensors_header",
     "render_audit",
+    "script_text",
 ]

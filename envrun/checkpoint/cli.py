@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 from pathlib import Path
 
 
@@ -20,6 +21,12 @@ def add_checkpoint_command(commands: argparse._SubParsersAction) -> None:
     audit.add_argument("model_dir", type=Path, metavar="MODEL_DIR")
     audit.add_argument("--json", action="store_true", help="print the report as JSON (every name)")
     audit.add_argument(
+        "--model-python",
+        metavar="PYTHON",
+        help="expected names from the model itself: this python (a command, e.g. the image's "
+        "'docker run --rm -i IMAGE python3') builds it from config.json on the meta device",
+    )
+    audit.add_argument(
         "--trust-uniform-layers",
         action="store_true",
         help="for an architecture the audit cannot describe: check only that layers are alike "
@@ -31,8 +38,10 @@ def add_checkpoint_command(commands: argparse._SubParsersAction) -> None:
 def checkpoint_audit(args: argparse.Namespace) -> int:
     # Imported here so that `envrun --help` and other subcommands do not pay for it.
     from envrun.checkpoint.audit import audit_checkpoint, render_audit
+    from envrun.checkpoint.modelnames import ModelNames
 
-    report = audit_checkpoint(args.model_dir, trust_uniform_layers=args.trust_uniform_layers)
+    names = ModelNames(tuple(shlex.split(args.model_python))) if args.model_python else None
+    report = audit_checkpoint(args.model_dir, expected=names, trust_uniform_layers=args.trust_uniform_layers)
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
     else:
