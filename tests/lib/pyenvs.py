@@ -45,10 +45,18 @@ class Venv:
     def python(self) -> Path:
         return self.root / "bin" / "python"
 
-    def run(self, *args: str, timeout: float = 600, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-        """Run this environment's Python with ``args``; output captured as text."""
+    def run(
+        self, *args: str, timeout: float = 600, cwd: Path | None = None, input: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """Run this environment's Python with ``args`` (and ``input`` on stdin); output captured as text."""
         return subprocess.run(
-            [str(self.python), *args], capture_output=True, text=True, timeout=timeout, check=False, cwd=cwd
+            [str(self.python), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            cwd=cwd,
+            input=input,
         )
 
 
