@@ -76,7 +76,7 @@ def test_one_expert_tensor_missing_is_not_ok(tmp_path: Path) -> None:
 
 
 def test_expert_lost_in_every_moe_layer_is_caught_without_a_majority(tmp_path: Path) -> None:
-    # The majority rule alone would learn that expert 1 does not exist; the essentials forbid that.
+    # Learned from the layers, a lost expert would look like one that never existed.
     lost = [
         f"model.layers.{i}.mlp.experts.1.{p}.weight" for i in (1, 2, 3) for p in ("gate_proj", "up_proj", "down_proj")
     ]
@@ -93,11 +93,47 @@ def test_shared_experts_and_dense_mlp_are_required(tmp_path: Path) -> None:
     assert set(audit_checkpoint(tmp_path).missing) == set(lost)
 
 
-def test_non_essential_tensor_missing_from_one_layer_is_found_by_majority(tmp_path: Path) -> None:
-    # No table names the DSA indexer; the other layers show that every layer has one.
+def test_an_indexer_tensor_missing_from_one_layer_is_missing(tmp_path: Path) -> None:
     lost = "model.layers.2.self_attn.indexer.wk.weight"
     write_checkpoint(tmp_path, SPEC, drop=[lost])
     assert audit_checkpoint(tmp_path).missing == (lost,)
+
+
+@pytest.mark.parametrize(
+    ("suffixes", "group"),
+    [
+        (
+            [
+                f"self_attn.indexer.{t}"
+                for t in ("wq_b.weight", "wk.weight", "k_norm.weight", "k_norm.bias", "weights_proj.weight")
+            ],
+            "self_attn.indexer.* in all 4 layers",
+        ),
+        (["mlp.gate.e_score_correction_bias"], "mlp.gate.e_score_correction_bias in all 3 MoE layers"),
+        (["self_attn.kv_b_proj.weight"], "self_attn.kv_b_proj.weight in all 4 layers"),
+    ],
+)
+def test_a_tensor_lost_from_every_layer_is_missing(tmp_path: Path, suffixes: list[str], group: str) -> None:
+    # What a lenient save with one missing mapping writes; learned from the layers, it looked normal.
+    lost = [n for i in range(4) for n in layer_names(SPEC, i) if n.split(".", 3)[3] in suffixes]
+    write_checkpoint(tmp_path, SPEC, drop=lost)
+    report = audit_checkpoint(tmp_path)
+    assert not report.ok and set(report.missing) == set(lost) and report.missing_groups == (group,)
+    assert report.check == "architecture" and report.to_json()["check"] == "architecture"
+
+
+def test_an_unknown_architecture_is_refused_unless_the_weak_check_is_asked_for(tmp_path: Path) -> None:
+    write_checkpoint(tmp_path, SPEC)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "kimi_k2"}))
+    with pytest.raises(
+        InputError, match="model_type 'kimi_k2' is none of the architectures the audit describes"
+    ) as info:
+        audit_checkpoint(tmp_path)
+    assert info.value.exit_code == 2
+    report = audit_checkpoint(tmp_path, trust_uniform_layers=True)
+    assert report.ok and report.check == "uniform-layers"
+    assert "uniform layers (--trust-uniform-layers; model_type 'kimi_k2'" in render_audit(report, tmp_path)
 
 
 def test_a_whole_layer_missing_is_named(tmp_path: Path) -> None:
@@ -366,6 +402,7 @@ def test_render_summarises_and_groups(tmp_path: Path) -> None:
     assert "MTP layers 4: absent" in text
     assert "model.layers.{2..3}.mlp.experts.{0..3}.down_proj.weight" in text
     assert "model.layers.2.mlp.experts.0.down_proj.weight" not in text
+    assert "expected names: the glm_moe_dsa modelling code of transformers 5.10.4" in text
 
 
 def test_a_boolean_dimension_is_malformed_even_after_its_integer_twin(tmp_path: Path) -> None:
