@@ -11,12 +11,17 @@ evicted from the page cache with posix_fadvise) and warm, and what they read is 
 - read_bytes: bytes this process caused to be fetched from storage (/proc/self/io); holes cost none.
 - cached: bytes of the shards resident in the page cache afterwards (mincore), i.e. pages touched.
 
+With ``--meta``, the expected names are also taken from the model itself: GLM-5 (78 layers x 256
+experts, from the same config.json) built on the meta device by transformers 5.10.4 in the tests'
+cached environment (tests/lib/pyenvs.py), as the locked image's python would build it; timed against
+the static description, with the script's own split into import, build and names.
+
 With ``--hostile``, the refusal of hostile variants of that checkpoint is timed as well (a FIFO, a link
 to /dev/zero, sparse files of gigabytes, a config declaring a billion layers, JSON nested 100,000 deep,
 objects by the million, a shape of 100,000 dimensions, an index naming 300,000 shards): each must end
 in one InputError naming the file, in well under a second, which tests must not assert on time.
 
-Run: .venv/bin/python benchmarks/bench_audit.py [--realistic-sizes] [--repeat 5] [--hostile]
+Run: .venv/bin/python benchmarks/bench_audit.py [--realistic-sizes] [--repeat 5] [--meta] [--hostile]
 """
 
 from __future__ import annotations
@@ -44,6 +49,9 @@ from safetensors import safe_open  # noqa: E402
 
 from envbuild.errors import InputError  # noqa: E402
 from envrun.checkpoint import audit_checkpoint, read_safetensors_header  # noqa: E402
+from envrun.checkpoint.expected import from_architecture  # noqa: E402
+from envrun.checkpoint.layout import load_layout, plausible_limit  # noqa: E402
+from envrun.checkpoint.modelnames import names_for_config, script_text  # noqa: E402
 from tests.lib.ckptgen import CheckpointSpec, write_checkpoint, write_raw_safetensors  # noqa: E402
 
 # Approximate GLM-5 dimensions, only to give shards realistic sizes; nothing reads the values.
@@ -210,8 +218,8 @@ HOSTILE: dict[str, Callable[[Path], object]] = {
     "the index links to /dev/zero": lambda d: _replace(d / INDEX).symlink_to("/dev/zero"),
     "config.json is a sparse 3 GB file": lambda d: os.truncate(d / "config.json", 3 << 30),
     "the index is a sparse 3 GB file": lambda d: os.truncate(d / INDEX, 3 << 30),
-    "config.json (~70 bytes) declares 10^9 layers x 10^6 experts": lambda d: (d / "config.json").write_text(
-        '{"num_hidden_layers": 1000000000, "n_routed_experts": 1000000}'
+    "config.json (~90 bytes) declares 10^9 layers x 10^6 experts": lambda d: (d / "config.json").write_text(
+        '{"model_type": "glm_moe_dsa", "num_hidden_layers": 1000000000, "n_routed_experts": 1000000}'
     ),
     "config.json nested 100,000 deep": lambda d: _prepend(d / "config.json", f'"deep": {NESTED},'),
     "the index nested 100,000 deep": lambda d: _prepend(d / INDEX, f'"deep": {NESTED},'),
@@ -253,6 +261,52 @@ def time_refusals(model_dir: Path, work: Path) -> None:
         shutil.rmtree(case)
 
 
+def time_meta_names(model_dir: Path, repeat: int) -> None:
+    """Expected names from the model on the meta device, against the static description."""
+    import subprocess
+
+    from tests.lib.pyenvs import HF_STACK, cached_venv
+
+    python = (str(cached_venv(HF_STACK).python),)
+    config = (model_dir / "config.json").read_bytes()
+    held = audit_checkpoint(model_dir).tensors
+    limit = plausible_limit(held)
+    layout = load_layout(model_dir / "config.json")
+
+    static_s = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        static = from_architecture(layout)
+        static_s.append(time.perf_counter() - start)
+    walls, splits = [], []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        names = names_for_config(config, python, max_names=limit)
+        walls.append(time.perf_counter() - start)
+        done = subprocess.run([*python, "-c", script_text(), str(limit)], input=config, capture_output=True, check=True)
+        splits.append(json.loads(done.stdout)["seconds"])
+    assert names.names == static.required, "the model's names and the static description differ"
+    audit_static = min(_timed(lambda: audit_checkpoint(model_dir)) for _ in range(repeat))
+    audit_model = min(_timed(lambda: audit_checkpoint(model_dir, expected=names)) for _ in range(repeat))
+    med = {k: statistics.median(s[k] for s in splits) for k in ("import", "build", "names")}
+    print(f"\nexpected names of {len(names.names):,} tensors (median of {repeat}); {names.source}")
+    print(f"  static description (envrun, host)        {statistics.median(static_s) * 1000:8.1f} ms")
+    print(
+        f"  model on the meta device, whole process  {statistics.median(walls):8.2f} s   "
+        f"(import {med['import']:.2f} s, build {med['build']:.2f} s, save_pretrained's names {med['names']:.2f} s)"
+    )
+    print(f"  meta / static: {statistics.median(walls) / statistics.median(static_s):,.0f}x; the same names")
+    print(
+        f"  audit with the static names {audit_static * 1000:.1f} ms, with the model's names {audit_model * 1000:.1f} ms"
+    )
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layers", type=int, default=78)
@@ -263,6 +317,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--realistic-sizes", action="store_true", help="sparse shards of GLM-5's real size")
     parser.add_argument("--hostile", action="store_true", help="also time the refusal of hostile variants")
+    parser.add_argument("--meta", action="store_true", help="also time expected names from the model (meta device)")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="bench_audit_") as tmp:
@@ -329,6 +384,8 @@ def main() -> int:
                 )
             print(f"  {state:4}  audit / safe_open: {', '.join(ratios)}")
         print(f"\naudit's own count of bytes read (config + index + headers): {human(report.bytes_read)}")
+        if args.meta:
+            time_meta_names(model_dir, min(args.repeat, 3))
         if args.hostile:
             time_refusals(model_dir, Path(tmp))
     return 0
