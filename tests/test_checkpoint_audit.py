@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 from envbuild.errors import InputError
 from envrun.checkpoint import (
     CheckpointIndexError,
+    ExpectedNames,
     ModelConfigError,
     SafetensorsHeaderError,
     audit_checkpoint,
@@ -120,6 +122,19 @@ def test_a_tensor_lost_from_every_layer_is_missing(tmp_path: Path, suffixes: lis
     report = audit_checkpoint(tmp_path)
     assert not report.ok and set(report.missing) == set(lost) and report.missing_groups == (group,)
     assert report.check == "architecture" and report.to_json()["check"] == "architecture"
+
+
+def test_names_from_a_model_that_builds_its_mtp_layers_keep_them_tolerated(tmp_path: Path) -> None:
+    # A later transformers may build the MTP layer; its names are then the model's, and still optional.
+    write_checkpoint(tmp_path, SPEC)
+    config = (tmp_path / "config.json").read_bytes()
+    names = frozenset(tensor_names(SPEC)) | {"model.layers.4.mtp_only.weight"}
+    expected = ExpectedNames(names, "a model that builds MTP", hashlib.sha256(config).hexdigest())
+    report = audit_checkpoint(tmp_path, expected=expected)
+    assert report.ok and report.check == "model" and report.mtp_missing == ("model.layers.4.mtp_only.weight",)
+    lenient = tmp_path / "lenient"
+    write_checkpoint(lenient, CheckpointSpec(include_mtp=False))
+    assert audit_checkpoint(lenient, expected=expected).ok
 
 
 def test_an_unknown_architecture_is_refused_unless_the_weak_check_is_asked_for(tmp_path: Path) -> None:

@@ -68,31 +68,37 @@ def from_architecture(layout: ModelLayout) -> Expectation:
     kinds = {False: frozenset((*block, *DENSE_MLP)), True: frozenset((*block, *moe_suffixes(layout.n_routed_experts)))}
     n = layout.num_hidden_layers
     per_layer = {i: kinds[layout.is_moe(i)] for i in range(n)}
-    mtp = {i: kinds[layout.is_moe(i)] for i in layout.mtp_layers}
+    mtp = {i: kinds[layout.is_moe(i)] | frozenset(MTP_REQUIRED) for i in layout.mtp_layers}
     source = f"the {arch.model_type} modelling code of transformers {TRANSFORMERS_VERSION} (envrun's description)"
     return build_expectation(layout, per_layer, mtp, None, "architecture", source)
 
 
 def from_model_names(layout: ModelLayout, expected: ExpectedNames) -> Expectation:
-    """The names the model gave, with the MTP layers the model does not build added by convention."""
-    n = layout.num_hidden_layers
+    """The names the model gave, with the MTP layers the model does not build added by convention.
+
+    A transformers that does build MTP layers (none does for these types in 5.10.4) gives their names
+    too: they are taken as they are, and stay tolerated like every MTP layer."""
+    n, mtp_layers = layout.num_hidden_layers, set(layout.mtp_layers)
     per_layer: dict[int, set[str]] = {}
+    built_mtp: dict[int, set[str]] = {}
     top: set[str] = set()
     for name in expected.names:
         split = split_layer_name(name)
         if split is not None and split[0] < n:
             per_layer.setdefault(split[0], set()).add(split[1])
+        elif split is not None and split[0] in mtp_layers:
+            built_mtp.setdefault(split[0], set()).add(split[1])
         else:
             top.add(name)
     frozen = {i: frozenset(s) for i, s in per_layer.items()}
-    mtp: dict[int, frozenset[str]] = {}
+    mtp: dict[int, frozenset[str]] = {i: frozenset(s) for i, s in built_mtp.items()}
     if n - 1 in frozen:
         last_moe = _is_moe(frozen[n - 1])
-        for i in layout.mtp_layers:
+        for i in sorted(mtp_layers - mtp.keys()):
             typed = layout.mlp_layer_types is not None and i < len(layout.mlp_layer_types)
             want_moe = layout.is_moe(i) if typed else last_moe
             like = next((j for j in range(n - 1, -1, -1) if j in frozen and _is_moe(frozen[j]) == want_moe), n - 1)
-            mtp[i] = frozen[like]
+            mtp[i] = frozen[like] | frozenset(MTP_REQUIRED)
     return build_expectation(layout, frozen, mtp, frozenset(top), "model", expected.source)
 
 
@@ -113,7 +119,7 @@ def build_expectation(
     mtp_required: set[str] = set()
     for i, suffixes in mtp.items():
         prefix = f"model.layers.{i}."
-        mtp_required.update(prefix + s for s in (*suffixes, *MTP_REQUIRED))
+        mtp_required.update(prefix + s for s in suffixes)
         allowed.update(prefix + s for s in MTP_OPTIONAL)
     return Expectation(
         required=frozenset(required),

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 
 from envrun.checkpoint.architectures import DENSE_MLP, LAYER_NORMS, PROJ
 from envrun.checkpoint.expected import Expectation, build_expectation
-from envrun.checkpoint.layout import ModelLayout, split_layer_name
+from envrun.checkpoint.layout import MTP_REQUIRED, ModelLayout, split_layer_name
 
 WEAKNESS = "learned from the checkpoint's own layers: a tensor lost from every layer of a kind is not caught"
 
@@ -56,7 +56,7 @@ def from_uniform_layers(layout: ModelLayout, present: Iterable[str], reason: str
         return shared_ref | mlp_ref[layout.is_moe(layer)] | essential_suffixes(layout, layer)
 
     per_layer = {i: block(i) for i in range(n)}
-    mtp = {i: block(i) for i in layout.mtp_layers}
+    mtp = {i: block(i) | frozenset(MTP_REQUIRED) for i in layout.mtp_layers}
     source = f"uniform layers (--trust-uniform-layers; {reason}): {WEAKNESS}"
     return build_expectation(layout, per_layer, mtp, None, "uniform-layers", source)
 
