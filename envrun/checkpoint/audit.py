@@ -244,15 +244,14 @@ def _read_held(model_dir: Path, layout: ModelLayout, config_path: Path, bytes_re
     if single is not None:
         header = read_safetensors_header(single)
         _check_counts(layout, config_path, len(header.tensors), single)
-        names = frozenset(header.tensors)
         return _Held(
-            names,
-            frozenset(),
-            frozenset(),
-            (SINGLE_FILE,),
-            (),
-            frozenset({SINGLE_FILE}),
-            bytes_read + header.bytes_read,
+            present=frozenset(header.tensors),
+            misplaced=frozenset(),
+            unindexed=frozenset(),
+            shards=(SINGLE_FILE,),
+            shards_missing=(),
+            named=frozenset({SINGLE_FILE}),
+            bytes_read=bytes_read + header.bytes_read,
         )
     if index_path is None:
         raise InputError(f"{model_dir}: neither {SINGLE_FILE} nor {INDEX_FILE}; not a safetensors checkpoint")
