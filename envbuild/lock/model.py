@@ -25,7 +25,7 @@ from envbuild import reference
 from envbuild.lock.typed import meta, mfield, shown
 from envbuild.lock.urls import check_index_url, check_repo_url, redact_urls
 
-LOCK_VERSION = 2  # what `lock update` writes
+LOCK_VERSION: Literal[2] = 2  # what `lock update` writes
 LOCK_VERSIONS = (1, 2)  # what this envbuild reads
 PYPI_SIMPLE = "https://pypi.org/simple"
 
