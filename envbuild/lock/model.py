@@ -14,6 +14,7 @@ This envbuild writes version 2 when it updates a lock (:data:`LOCK_VERSION`).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -244,6 +245,15 @@ class Submodule:
     @property
     def skipped(self) -> bool:
         return self.skip is not None
+
+
+def walk_submodules(submodules: tuple[Submodule, ...], prefix: str = "") -> Iterator[tuple[str, Submodule]]:
+    """Every submodule at every level, parents first, with its path from the source's root
+    (``csrc/third_party/catlass/3rdparty/googletest``)."""
+    for sub in submodules:
+        path = f"{prefix}{sub.path}"
+        yield path, sub
+        yield from walk_submodules(sub.submodules, f"{path}/")
 
 
 @dataclass(frozen=True)
