@@ -258,5 +258,5 @@ def test_a_skip_without_a_reason_is_bad_input(
     code, out, err = run(capsys, "lock", "verify", str(path), "--cache-dir", str(tmp_path / "c"))
     assert (code, out) == (2, "")
     assert err.strip() == (
-        f"envbuild: error: {path}:18: sources[1].submodules[0].skip: a reason is required: say why the lock accepts this"
+        f"envbuild: error: {path}:17: sources[1].submodules[0].skip: a reason is required: say why the lock accepts this"
     )

@@ -52,10 +52,7 @@ class SubmoduleUpstreams:
         """A version 2 lock of parent, bridge (skipping its Megatron-LM) and megatron, copied only
         (``install: none``); ``extra`` adds top-level keys (``base_image``, ``source_date_epoch``)."""
         more = "".join(f"{key}: {value}\n" for key, value in extra.items())
-        return textwrap.dedent(f"""\
-            version: 2
-            name: {name}
-            {more.strip()}
+        return f"version: 2\nname: {name}\n{more}" + textwrap.dedent(f"""\
             sources:
               - name: parent
                 repo: {self.url("parent")}
@@ -79,9 +76,9 @@ class SubmoduleUpstreams:
                 install: {{mode: none}}
             """)
 
-    def write_lock(self, path: Path, **extra: str) -> Path:
+    def write_lock(self, path: Path, name: str = "submodtest", **extra: str) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.lock_text(**extra))
+        path.write_text(self.lock_text(name, **extra))
         return path
 
 
