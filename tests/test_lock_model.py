@@ -355,3 +355,22 @@ def test_bad_submodule_records_are_named(entry: str, words: str) -> None:
     found = problems(MINIMAL.replace("version: 1", "version: 2") + f"    submodules: [{entry}]\n")
     assert any(words in p and "sources[0].submodules[" in p for p in found), found
     assert all("ghp_secret" not in p for p in found)
+
+
+def test_the_real_lock_records_its_submodule_decisions() -> None:
+    """Megatron-Bridge's Megatron-LM is skipped by path (the megatron-lm source provides it); vllm-ascend's
+    pinned tree could not be read, so its catlass submodule is not recorded as if read from another commit:
+    the reason says so, and what was decided for it."""
+    lock = read_lock(REAL_LOCK).lock
+    assert lock.version == 2
+    (megatron,) = lock.source("megatron-bridge").submodules
+    assert (megatron.path, megatron.commit, megatron.repo) == (
+        "3rdparty/Megatron-LM",
+        "d0b3b775498a8ae6870075f1a5fc32bc260aa1b3",
+        "https://github.com/NVIDIA/Megatron-LM.git",
+    )
+    assert megatron.skip is not None and megatron.skip.startswith("the megatron-lm source provides Megatron-LM")
+    ascend = lock.source("vllm-ascend")
+    assert ascend.submodules == () and ascend.submodules_unknown is not None
+    assert "csrc/third_party/catlass" in ascend.submodules_unknown and "not skipped" in ascend.submodules_unknown
+    assert lock.source("megatron-lm").submodules == () and lock.source("megatron-lm").submodules_unknown is None
