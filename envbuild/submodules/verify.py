@@ -182,7 +182,7 @@ class _Checker:
         if source is not None and record.commit is not None:
             relation, words = self.relation(record.commit, source)
             facts["pairs_with"] = {"source": source.name, "commit": source.commit, **relation}
-            parts.append(words)
+            parts.insert(0, words)  # first: what a reader of the table most needs
             if relation["relation"] == "diverged":
                 status = "diverged"
         return _result(pin, status, "; ".join([*parts, held]), **facts)
