@@ -188,30 +188,30 @@ def test_a_record_the_trees_do_not_hold_fails_verify(
 
 
 def refused_update(
-    served: Served, tmp_path: Path, capsys: pytest.CaptureFixture[str], shape: str, lock_extra: str = ""
-) -> tuple[int, str, bytes, bytes, SubmoduleUpstreams]:
-    """A parent whose tree says ``shape`` of its submodule, and what `lock update` makes of it."""
-    bad = make_upstreams(served, f"sm{next(_counter)}")
-    parent = bad.repos["parent"]
-    catlass = bad.commits["catlass"]
+    up: SubmoduleUpstreams, tmp_path: Path, capsys: pytest.CaptureFixture[str], shape: str, lock_extra: str = ""
+) -> tuple[int, str, bytes, bytes]:
+    """A branch of the parent whose tree says ``shape`` of a submodule, and what `lock update` makes of it."""
+    parent = up.repos["parent"]
+    branch = f"bad{next(_counter)}"
+    parent.checkout(branch, create_at="main")
+    gitmodules = parent.path / ".gitmodules"
     if shape == "unnamed gitlink":
-        bad.commits["parent"] = parent.commit_gitlinks("vendored", {"vendor/lib": catlass})
+        parent.commit_gitlinks("vendored", {"vendor/lib": up.commits["catlass"]})
     elif shape == "entry without gitlink":
-        (parent.path / ".gitmodules").write_text(
-            (parent.path / ".gitmodules").read_text() + '[submodule "docs"]\n\tpath = docs/theme\n\turl = ../theme\n'
-        )
-        bad.commits["parent"] = parent.commit("a stale entry", files={})
+        gitmodules.write_text(gitmodules.read_text() + '[submodule "docs"]\n\tpath = docs/theme\n\turl = ../theme\n')
+        parent.commit("a stale entry", files={})
     elif shape == "remote helper":
-        (parent.path / ".gitmodules").write_text(
+        gitmodules.write_text(
             f'[submodule "catlass"]\n\tpath = {CATLASS_PATH}\n\turl = ext::sh -c touch% /tmp/envbuild-pwned\n'
         )
-        bad.commits["parent"] = parent.commit("a remote helper", files={})
-    path = bad.write_lock(tmp_path / "bad.lock.yaml")
+        parent.commit("a remote helper", files={})
+    parent.checkout("main")
+    path = up.write_lock(tmp_path / "bad.lock.yaml", parent_ref=branch)
     if lock_extra:
         path.write_text(path.read_text().replace("    install: {mode: none}\n", lock_extra, 1))
     before = path.read_bytes()
-    code, _, err = run(capsys, "lock", "update", str(path), "--cache-dir", str(tmp_path / "c"), *bad.mirror_args())
-    return code, err, before, path.read_bytes(), bad
+    code, _, err = run(capsys, "lock", "update", str(path), "--cache-dir", str(tmp_path / "c"), *up.mirror_args())
+    return code, err, before, path.read_bytes()
 
 
 @pytest.mark.parametrize(
@@ -229,24 +229,24 @@ def refused_update(
     ],
 )
 def test_what_the_lock_cannot_record_refuses_the_update_naming_the_path(
-    served: Served, tmp_path: Path, capsys: pytest.CaptureFixture[str], shape: str, words: str
+    up: SubmoduleUpstreams, tmp_path: Path, capsys: pytest.CaptureFixture[str], shape: str, words: str
 ) -> None:
-    code, err, before, after, bad = refused_update(served, tmp_path, capsys, shape)
+    code, err, before, after = refused_update(up, tmp_path, capsys, shape)
     (line,) = err.strip().splitlines()
-    assert code == 2 and line.startswith(f"envbuild: error: {words.format(catlass=bad.commits['catlass'])}"), line
+    assert code == 2 and line.startswith(f"envbuild: error: {words.format(catlass=up.commits['catlass'])}"), line
     assert after == before and not Path("/tmp/envbuild-pwned").exists()
 
 
 def test_a_skip_by_path_records_what_would_be_refused(
-    served: Served, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    up: SubmoduleUpstreams, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     skip = "    install: {mode: none}\n    submodules: [{path: vendor/lib, skip: 'a vendored copy the build never reads'}]\n"
-    code, err, _, after, bad = refused_update(served, tmp_path, capsys, "unnamed gitlink", skip)
+    code, err, _, _ = refused_update(up, tmp_path, capsys, "unnamed gitlink", skip)
     assert code == 0, err
     parent = read_lock(tmp_path / "bad.lock.yaml").lock.source("parent")
     assert [(s.path, s.skip, s.commit) for s in parent.submodules] == [
-        (CATLASS_PATH, None, bad.commits["catlass"]),
-        ("vendor/lib", "a vendored copy the build never reads", bad.commits["catlass"]),
+        (CATLASS_PATH, None, up.commits["catlass"]),
+        ("vendor/lib", "a vendored copy the build never reads", up.commits["catlass"]),
     ]
 
 

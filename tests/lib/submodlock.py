@@ -48,17 +48,18 @@ class SubmoduleUpstreams:
     def tree(self, name: str, commit: str | None = None) -> str:
         return self.repos[name].tree(commit or self.commits[name])
 
-    def lock_text(self, name: str = "submodtest", **extra: str) -> str:
-        """A version 2 lock of parent, bridge (skipping its Megatron-LM) and megatron, copied only
-        (``install: none``); ``extra`` adds top-level keys (``base_image``, ``source_date_epoch``)."""
+    def lock_text(self, name: str = "submodtest", parent_ref: str = "main", **extra: str) -> str:
+        """A version 2 lock of parent (at the head of ``parent_ref``), bridge (skipping its Megatron-LM) and
+        megatron, copied only (``install: none``); ``extra`` adds top-level keys (``base_image``,
+        ``source_date_epoch``)."""
         more = "".join(f"{key}: {value}\n" for key, value in extra.items())
         return f"version: 2\nname: {name}\n{more}" + textwrap.dedent(f"""\
             sources:
               - name: parent
                 repo: {self.url("parent")}
-                ref: main
+                ref: {parent_ref}
                 ref_type: branch
-                commit: {self.commits["parent"]}
+                commit: {self.repos["parent"].rev(parent_ref)}
                 install: {{mode: none}}
               - name: bridge
                 repo: {self.url("bridge")}
@@ -76,9 +77,9 @@ class SubmoduleUpstreams:
                 install: {{mode: none}}
             """)
 
-    def write_lock(self, path: Path, name: str = "submodtest", **extra: str) -> Path:
+    def write_lock(self, path: Path, name: str = "submodtest", parent_ref: str = "main", **extra: str) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.lock_text(name, **extra))
+        path.write_text(self.lock_text(name, parent_ref, **extra))
         return path
 
 
