@@ -32,6 +32,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from envbuild.errors import EnvbuildError
 from envbuild.git.cache import CachedRepo, GitCache, remove_stale_files
@@ -61,18 +62,24 @@ def _fetch_config(url: str) -> dict[str, str]:
 class TreePin:
     """A commit whose whole tree a build writes: a source's, or a submodule's."""
 
-    what: str  # how messages name it: "source vllm-ascend", "submodule vllm-ascend/csrc/third_party/catlass"
+    kind: Literal["source", "submodule"]
+    name: str  # the source's, or SOURCE/PATH for a submodule (vllm-ascend/csrc/third_party/catlass)
     repo: str  # the lock's URL; mirrors apply
     commit: str
     tree: str | None  # the lock's tree pin
     fallback: tuple[str, ...]  # refspecs holding the commit, for a server that will not send it by ID
     submodules: tuple[Submodule, ...]  # what the lock records of the tree's gitlinks
 
+    @property
+    def what(self) -> str:
+        """How messages name it: ``source vllm-ascend``, ``submodule vllm-ascend/csrc/third_party/catlass``."""
+        return f"{self.kind} {self.name}"
+
 
 def source_pin(source: Source) -> TreePin:
     space = "tags" if source.ref_type == "tag" else "heads"
     refspec = f"+refs/{space}/{source.ref}:refs/envbuild/ref/{space}/{source.ref}"
-    return TreePin(f"source {source.name}", source.repo, source.commit, source.tree, (refspec,), source.submodules)
+    return TreePin("source", source.name, source.repo, source.commit, source.tree, (refspec,), source.submodules)
 
 
 def submodule_pins(source: Source) -> Iterator[tuple[str, TreePin]]:
@@ -82,7 +89,7 @@ def submodule_pins(source: Source) -> Iterator[tuple[str, TreePin]]:
             continue
         assert sub.repo is not None and sub.commit is not None  # the lock's reader makes sure
         every = ("+refs/heads/*:refs/envbuild/ref/heads/*", "+refs/tags/*:refs/envbuild/ref/tags/*")
-        yield path, TreePin(f"submodule {source.name}/{path}", sub.repo, sub.commit, sub.tree, every, sub.submodules)
+        yield path, TreePin("submodule", f"{source.name}/{path}", sub.repo, sub.commit, sub.tree, every, sub.submodules)
 
 
 class TreeExporter:

@@ -118,8 +118,7 @@ def tree_pins(lock: Lock) -> list[TreePin]:
 
 def _fetch_trees(pins: list[TreePin], exporter: TreeExporter, jobs: int, say: Progress) -> list[FetchedInput]:
     def one(pin: TreePin) -> FetchedInput:
-        kind, _, name = pin.what.partition(" ")
-        entry = FetchedInput("submodule" if kind == "submodule" else "source", name, pin.commit, False)
+        entry = FetchedInput(pin.kind, pin.name, pin.commit, False)
         if has_commit(exporter, pin):
             return entry
         say(f"fetching the files of {pin.what} ({pin.commit[:12]})")

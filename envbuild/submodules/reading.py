@@ -26,6 +26,7 @@ from envbuild.progress import Progress
 from envbuild.submodules.gitmodules import pair_submodules, parse_gitmodules
 
 MAX_DEPTH = 8  # submodules of submodules; the lock's reader allows 32 levels of YAML, two per level
+MAX_PER_TREE = 256  # each one the image gets is a repository to read: a tree naming thousands is refused
 
 
 class SubmodulesRefused(InputError):
@@ -131,6 +132,9 @@ class _Reader:
             self.say(f"warning: {note}")
         if paired.records and depth > MAX_DEPTH:
             self.problems.append(f"{where}: submodules nested deeper than {MAX_DEPTH} levels")
+            return ()
+        if len(paired.records) > MAX_PER_TREE:
+            self.problems.append(f"{where}: {len(paired.records)} submodules in one tree, more than {MAX_PER_TREE}")
             return ()
         before = {s.path: s for s in previous}
         return tuple(

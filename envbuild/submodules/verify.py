@@ -50,7 +50,7 @@ class Parent:
 
 
 @dataclass(frozen=True)
-class SubmodulePin:
+class RecordedSubmodule:
     """One recorded submodule with where it sits: ``name`` is ``SOURCE/PATH[/PATH…]``."""
 
     name: str
@@ -58,7 +58,7 @@ class SubmodulePin:
     parent: Parent
 
 
-def submodule_pins(source: Source, mirrors: Mirrors) -> Iterator[SubmodulePin]:
+def recorded_submodules(source: Source, mirrors: Mirrors) -> Iterator[RecordedSubmodule]:
     """Every submodule ``source`` records, parents before their submodules."""
     space = "tags" if source.ref_type == "tag" else "heads"
     root = Parent(
@@ -68,10 +68,10 @@ def submodule_pins(source: Source, mirrors: Mirrors) -> Iterator[SubmodulePin]:
         source.tree,
     )
 
-    def walk(records: tuple[Submodule, ...], parent: Parent, prefix: str) -> Iterator[SubmodulePin]:
+    def walk(records: tuple[Submodule, ...], parent: Parent, prefix: str) -> Iterator[RecordedSubmodule]:
         for record in records:
             name = f"{prefix}/{record.path}"
-            yield SubmodulePin(name, record, parent)
+            yield RecordedSubmodule(name, record, parent)
             if record.repo is not None and record.commit is not None:
                 yield from walk(
                     record.submodules, Parent(mirrors.rewrite(record.repo), record.commit, None, record.tree), name
@@ -84,7 +84,7 @@ def check_submodule_urls(lock: Lock, mirrors: Mirrors) -> None:
     """What a mirror rule makes of a submodule's URL follows the lock's URL rules, as for sources."""
     problems = []
     for source in lock.sources:
-        for pin in submodule_pins(source, mirrors):
+        for pin in recorded_submodules(source, mirrors):
             if pin.record.repo is None:
                 continue
             url = mirrors.rewrite(pin.record.repo)
@@ -107,11 +107,11 @@ def verify_submodules(
     repositories in parallel, the submodules of one repository one after the other."""
     check_submodule_urls(lock, mirrors)
     results: list[PinResult] = []
-    pins: list[SubmodulePin] = []
+    pins: list[RecordedSubmodule] = []
     for source in lock.sources:
         if source.submodules_unknown is not None:
             results.append(PinResult("submodule", source.name, "unknown", source.submodules_unknown))
-        pins += submodule_pins(source, mirrors)
+        pins += recorded_submodules(source, mirrors)
     by_repo = {repository_key(s.repo): s for s in lock.sources}
     groups: dict[str, list[int]] = {}
     for index, pin in enumerate(pins):
@@ -133,7 +133,7 @@ class _Checker:
     ) -> None:
         self.cache, self.mirrors, self.offline, self.progress, self.by_repo = cache, mirrors, offline, progress, by_repo
 
-    def group(self, pins: Sequence[SubmodulePin]) -> list[PinResult]:
+    def group(self, pins: Sequence[RecordedSubmodule]) -> list[PinResult]:
         upstreams: dict[str, Upstream] = {}
         results = []
         for pin in pins:
@@ -145,7 +145,7 @@ class _Checker:
                 results.append(_result(pin, "unreachable", exc.reason))
         return results
 
-    def one(self, pin: SubmodulePin, upstreams: dict[str, Upstream]) -> PinResult:
+    def one(self, pin: RecordedSubmodule, upstreams: dict[str, Upstream]) -> PinResult:
         record, path = pin.record, pin.record.path
         parent = PinnedTree(
             self.cache, pin.parent.url, pin.parent.commit, refspec=pin.parent.refspec, offline=self.offline
@@ -229,7 +229,7 @@ def _gitlink_mismatch(path: str, found: str | None, recorded: str | None) -> str
     return f"the parent's tree pins {found} at {path}; the lock records {recorded}"
 
 
-def _result(pin: SubmodulePin, status: SubmoduleStatus, detail: str, **facts: object) -> PinResult:
+def _result(pin: RecordedSubmodule, status: SubmoduleStatus, detail: str, **facts: object) -> PinResult:
     record = pin.record
     base = {"path": record.path, "commit": record.commit, "repo": record.repo, "skip": record.skip}
     return PinResult("submodule", pin.name, status, detail, {**base, **facts})
