@@ -89,9 +89,9 @@ def main(argv: list[str] | None = None) -> int:
         url = {name: daemon.url(f"{name}.git") for name in SHAPES}
         heads["gtest"] = git("rev-parse", "main", cwd=served / "gtest.git")
         marker = served / "gitlinks-added"
-        if not marker.exists():
+        if not marker.exists():  # relative URLs: the daemon's port changes from one run to the next
             with_gitlink(
-                served / "catlass.git", root / "w-catlass", "3rdparty/googletest", heads["gtest"], url["gtest"]
+                served / "catlass.git", root / "w-catlass", "3rdparty/googletest", heads["gtest"], "../gtest.git"
             )
             heads["catlass"] = git("rev-parse", "main", cwd=served / "catlass.git")
             with_gitlink(
@@ -125,7 +125,8 @@ def run_all(root: Path, read: LockFile, parent_url: str, repeat: int) -> dict[st
         return path
 
     def verify(cache: Path) -> None:
-        assert verify_lock(read.lock, str(read.path), VerifyOptions(cache_dir=cache)).ok
+        report = verify_lock(read.lock, str(read.path), VerifyOptions(cache_dir=cache))
+        assert report.ok, [r for r in report.results if not r.passes()]
 
     def cold_verify(i: int) -> Path:
         cache = fresh("verify", i)
