@@ -38,7 +38,7 @@ def _out_of_reach(detail: str) -> bool:
 # grouped in the table: what fails first, then warnings, then waivers (deliberate, so always shown), then
 # one row counting the rest. Sources and the base image are few: every one is shown.
 GROUPED = ("package", "requirement")
-KIND_ORDER = ("source", "package", "requirement", "base_image")
+KIND_ORDER = ("source", "submodule", "package", "requirement", "base_image")
 
 
 def render_verify(report: VerifyReport) -> str:

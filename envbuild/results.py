@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
-Kind = Literal["source", "package", "requirement", "base_image"]
+Kind = Literal["source", "submodule", "package", "requirement", "base_image"]
 
 # The statuses of each kind, exactly as documented in the README. Every other non-ok status fails;
 # a warning passes unless --strict: `behind` (the branch moved on, the pin is still on it), `cached`
-# (offline: the package's files are in the cache by sha256, but the index was not asked) and a
-# requirement's `unknown`.
+# (offline: the package's files are in the cache by sha256, but the index was not asked), a
+# requirement's or a submodule's `unknown`, and a submodule's `diverged`.
 SourceStatus = Literal[
     "ok",
     "behind",
@@ -22,15 +22,22 @@ SourceStatus = Literal[
     "tree-mismatch",
     "unreachable",
 ]
+# A submodule: like a source where that applies (no ref: its commit must be on some upstream ref); also
+# `gitlink-mismatch` (the parent's tree pins another commit at its path, or none), `skipped` (by name,
+# with the reason; passes), `diverged` (a warning: it and the lock's source of the same repository are on
+# different lines of history) and `unknown` (a warning: `lock update` could not read the tree's submodules).
+SubmoduleStatus = Literal[
+    "ok", "skipped", "diverged", "missing-commit", "tree-mismatch", "gitlink-mismatch", "unreachable", "unknown"
+]
 PackageStatus = Literal["ok", "cached", "missing-file", "hash-mismatch", "yanked", "unresolved", "unreachable"]
 BaseImageStatus = Literal["ok", "unpinned"]
 # A requirement of a package or a source: met by the lock (`ok`), not (`unmet`: no such distribution;
 # `conflict`: the locked version is outside the specifier), accepted by name (`waived`), or not known
 # (`unknown`: the requirements were not recorded or the metadata could not be read; a warning).
 RequirementStatus = Literal["ok", "unmet", "conflict", "waived", "unknown"]
-Status = Union[SourceStatus, PackageStatus, RequirementStatus, BaseImageStatus]
-PASSING_STATUSES: frozenset[Status] = frozenset({"ok", "waived"})
-WARNING_STATUSES: frozenset[Status] = frozenset({"behind", "cached", "unknown"})
+Status = Union[SourceStatus, SubmoduleStatus, PackageStatus, RequirementStatus, BaseImageStatus]
+PASSING_STATUSES: frozenset[Status] = frozenset({"ok", "waived", "skipped"})
+WARNING_STATUSES: frozenset[Status] = frozenset({"behind", "cached", "unknown", "diverged"})
 
 
 @dataclass(frozen=True)

@@ -22,13 +22,13 @@ from typing import Literal
 
 from envbuild.errors import InputError, RemoteError
 from envbuild.git.cache import GitCache
+from envbuild.git.files import OFFLINE_MISS
 from envbuild.git.remote import GitError, RefListing
 from envbuild.lock.model import HEX40, REF_NAME, Source, check_repo_url
 from envbuild.mirrors import Mirrors
 from envbuild.progress import Progress
 from envbuild.results import PinResult, SourceStatus
 
-OFFLINE_MISS = "offline and not in cache"
 ALL_REFS = ("+refs/heads/*:refs/upstream/heads/*", "+refs/tags/*:refs/upstream/tags/*")
 
 
@@ -45,12 +45,13 @@ class MissingRefError(RemoteError):
     """The ref is neither a branch nor a tag upstream."""
 
 
-class _Offline(Exception):
+class Offline(Exception):
     """The cache cannot answer without the network."""
 
 
-class _Upstream:
-    """One repository seen through the cache: its ref listing (fetched once) and fetches on demand."""
+class Upstream:
+    """One repository seen through the cache: its ref listing (fetched once) and fetches on demand (also
+    the submodules' verify, :mod:`envbuild.submodules.verify`)."""
 
     def __init__(self, cache: GitCache, url: str, *, offline: bool, progress: Progress | None) -> None:
         self.cache, self.url, self.offline, self.progress = cache, url, offline, progress
@@ -64,7 +65,7 @@ class _Upstream:
             if self.offline:
                 cached = self.cache.cached_listing(self.url)
                 if cached is None:
-                    raise _Offline()
+                    raise Offline()
                 self._listing = cached
             else:
                 try:
@@ -78,12 +79,12 @@ class _Upstream:
         self, lookup: Sequence[str], *, need: Sequence[str] = (), refspecs: Sequence[str] = (), name: str = ""
     ) -> dict[str, str]:
         """{commit: tree} for ``lookup`` + ``need``, fetching ``refspecs`` first when any of ``need``
-        is absent. Offline, a missing ``need`` raises :class:`_Offline`."""
+        is absent. Offline, a missing ``need`` raises :class:`Offline`."""
         trees = self.cache.commit_trees(self.url, [*lookup, *need])
         if all(sha in trees for sha in need):
             return trees
         if self.offline:
-            raise _Offline()
+            raise Offline()
         self._fetch(name, refspecs, wanted=need)
         return self.cache.commit_trees(self.url, [*lookup, *need])
 
@@ -93,6 +94,17 @@ class _Upstream:
         if not self.offline:
             self._fetch(name, ALL_REFS, prune=True, fresh=dict(listing.refs))
         return self.cache.commit_trees(self.url, listing.tips())
+
+    def on_any_ref(self, commit: str, name: str) -> str | None:
+        """The commit's tree when it is on some upstream branch or tag (the commits of every ref fetched,
+        vanished refs pruned, so a commit force-pushed away is not taken for one that exists), else None."""
+        tips = self.all_refs(name)
+        present = self.cache.commit_trees(self.url, [commit])
+        if commit in present and self.cache.reachable_from_any(self.url, commit, set(tips)):
+            return present[commit]
+        if self.offline and not self.listing().tips() <= set(tips):
+            raise Offline()  # some tip we never fetched might hold it
+        return None
 
     def _fetch(
         self,
@@ -187,19 +199,19 @@ def check_inputs(sources: Sequence[Source], mirrors: Mirrors) -> None:
 def _verify_group(
     sources: Sequence[Source], cache: GitCache, url: str, offline: bool, progress: Progress | None
 ) -> list[PinResult]:
-    upstream = _Upstream(cache, url, offline=offline, progress=progress)
+    upstream = Upstream(cache, url, offline=offline, progress=progress)
     results = []
     for source in sources:
         try:
             results.append(_verify(source, upstream))
-        except _Offline:
+        except Offline:
             results.append(_result(source, url, "unreachable", OFFLINE_MISS))
         except GitError as exc:
             results.append(_result(source, url, "unreachable", exc.reason))
     return results
 
 
-def _verify(source: Source, up: _Upstream) -> PinResult:
+def _verify(source: Source, up: Upstream) -> PinResult:
     listing = up.listing()
     ref, kind = source.ref, source.ref_type
     same, other = (listing.heads, listing.tags) if kind == "branch" else (listing.tags, listing.heads)
@@ -260,16 +272,12 @@ def _verify(source: Source, up: _Upstream) -> PinResult:
     return _result(source, up.url, "ok", f"the pinned commit is the head of branch {ref}")
 
 
-def _not_on_ref(source: Source, up: _Upstream) -> PinResult:
+def _not_on_ref(source: Source, up: Upstream) -> PinResult:
     """The commit is not on its branch: tell a commit that exists elsewhere from one that is gone."""
-    tips = up.all_refs(source.name)
-    present = up.cache.commit_trees(up.url, [source.commit])
-    if source.commit in present and up.cache.reachable_from_any(up.url, source.commit, set(tips)):
+    if up.on_any_ref(source.commit, source.name) is not None:
         return _result(
             source, up.url, "not-on-ref", f"the pinned commit exists upstream but is not on branch {source.ref}"
         )
-    if up.offline and not up.listing().tips() <= set(tips):
-        raise _Offline()  # some tip we never fetched might hold it
     return _result(source, up.url, "missing-commit", "the pinned commit is on no upstream branch or tag")
 
 
@@ -303,7 +311,7 @@ def resolve_ref(
     remote cannot be read."""
     check_inputs([source], mirrors)
     url = mirrors.rewrite(source.repo)
-    up = _Upstream(cache, url, offline=False, progress=progress)
+    up = Upstream(cache, url, offline=False, progress=progress)
     listing = up.listing()
     order: tuple[Literal["branch", "tag"], ...] = (
         ("branch", "tag") if source.ref_type == "branch" else ("tag", "branch")

@@ -7,12 +7,13 @@ from typing import Sequence
 
 from envbuild.errors import EngineError, InputError
 from envbuild.git.cache import GitCache
-from envbuild.lock.model import BaseImage, Lock, Source
+from envbuild.lock.model import LOCK_VERSION, BaseImage, Lock, Source
 from envbuild.mirrors import Mirrors
 from envbuild.progress import Progress
 from envbuild.requirements.reading import read_source_requirements
 from envbuild.resolve import resolve_packages
 from envbuild.sources import resolve_ref
+from envbuild.submodules.reading import SubmodulesRefused, read_source_submodules
 
 
 def update_lock(
@@ -24,10 +25,11 @@ def update_lock(
     packages: bool | None = None,
     progress: Progress | None = None,
 ) -> Lock:
-    """A new lock: the named sources (all when none are named) moved to their ref's current commit and
-    tree; every source's requirements read from its pinned tree; when no source was named, the package
-    closure re-resolved with them (or as ``packages`` says) and the base image pinned to the digest its
-    registry serves now."""
+    """A new lock, at the current lock version: the named sources (all when none are named) moved to their
+    ref's current commit and tree; every source's requirements and submodules read from its pinned tree;
+    when no source was named, the package closure re-resolved with them (or as ``packages`` says) and the
+    base image pinned to the digest its registry serves now. Submodules the lock cannot record refuse the
+    update (:class:`SubmodulesRefused`), every source's at once, before anything is resolved."""
     known = {s.name for s in lock.sources}
     unknown = [n for n in names if n not in known]
     if unknown:
@@ -40,7 +42,14 @@ def update_lock(
         read_source_requirements(new, cache, mirrors=mirrors, previous=old, progress=progress)
         for old, new in zip(lock.sources, sources)
     )
-    updated = dataclasses.replace(lock, sources=sources)
+    refused: list[str] = []
+    sources = tuple(
+        read_source_submodules(new, cache, mirrors=mirrors, previous=old, progress=progress, problems=refused)
+        for old, new in zip(lock.sources, sources)
+    )
+    if refused:
+        raise SubmodulesRefused(refused)
+    updated = dataclasses.replace(lock, version=LOCK_VERSION, sources=sources)
     everything = not names
     if packages if packages is not None else everything:
         declared = any(s.requires or s.build_requires for s in sources)

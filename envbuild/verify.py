@@ -19,6 +19,7 @@ from envbuild.requirements.closure import check_closure
 from envbuild.requirements.metadata import MetadataReader, read_metadata
 from envbuild.results import PinResult, VerifyReport
 from envbuild.sources import verify_sources
+from envbuild.submodules.verify import verify_submodules
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,9 @@ def verify_lock(lock: Lock, lock_path: str, options: VerifyOptions, progress: Pr
     cache = GitCache(options.cache_dir / "git")
     results = verify_sources(
         lock.sources, cache, mirrors=options.mirrors, offline=options.offline, jobs=options.jobs, progress=progress
+    )
+    results += verify_submodules(
+        lock, cache, mirrors=options.mirrors, offline=options.offline, jobs=options.jobs, progress=progress
     )
     client = IndexClient()  # one page per package for both checks
     if lock.packages:

@@ -181,7 +181,9 @@ def test_export_repos_and_schema(upstream, tmp_path: Path, capsys) -> None:  # n
     code, out, _ = run(capsys, "lock", "export", str(lock), "--format", "repos")
     assert code == 0 and f"version: {commits[0]}" in out
     code, out, _ = run(capsys, "lock", "schema")
-    assert code == 0 and json.loads(out)["title"].startswith("envbuild lockfile")
+    assert code == 0 and json.loads(out)["title"] == "envbuild lockfile, version 2"
+    code, out, _ = run(capsys, "lock", "schema", "--version", "1")
+    assert code == 0 and "Submodule" not in json.loads(out)["$defs"]
 
 
 @pytest.mark.docker

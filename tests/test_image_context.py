@@ -392,3 +392,63 @@ def test_git_tree_sha_of_listed_files_only(tmp_path: Path, real_repo: tuple[Path
     repo, _, tree = real_repo
     files = [p for p in inimage_probe.list_files(str(repo)) if not p.startswith(".git/") and p != ".git"]
     assert inimage_probe.git_tree_sha(str(repo), files) == (tree, [])
+
+
+def test_git_trees_count_each_gitlink_as_git_does(tmp_path: Path) -> None:
+    """The tree of a directory holding submodules' files equals git's tree of the parent commit, with the
+    submodules as gitlinks; each submodule's files give its own tree."""
+    from tests.lib.gitrepos import make_repo
+
+    inner = make_repo(tmp_path / "inner")
+    inner_commit = inner.commit("inner", files={"include/a.h": "// a\n", "src/b.c": "int b;\n"})
+    outer = make_repo(tmp_path / "outer")
+    outer.commit("outer", files={"csrc/build.sh": "make\n"})
+    outer_commit = outer.commit_gitlinks(
+        "gitlink", {"csrc/third_party/inner": inner_commit}, {"i": ("csrc/third_party/inner", "../inner")}
+    )
+    written = tmp_path / "written"
+    shutil.copytree(outer.path, written, ignore=shutil.ignore_patterns(".git"))
+    shutil.copytree(
+        inner.path, written / "csrc/third_party/inner", ignore=shutil.ignore_patterns(".git"), dirs_exist_ok=True
+    )
+    files = inimage_probe.list_files(str(written))
+    gitlinks = {"csrc/third_party/inner": inner_commit}
+    trees, unreadable = inimage_probe.git_trees(str(written), files, gitlinks, set(gitlinks))
+    assert unreadable == []
+    assert trees == {"": outer.tree(outer_commit), "csrc/third_party/inner": inner.tree(inner_commit)}
+    skipped, _ = inimage_probe.git_trees(str(written), files, gitlinks, set())  # skipped: counted, not walked
+    assert skipped == {"": outer.tree(outer_commit)}
+
+
+def test_compare_inimage_names_a_submodule_changed_at_build_time() -> None:
+    manifest = {
+        "lock_sha256": LOCK_SHA,
+        "packages": [],
+        "sources": [
+            {
+                "name": "s",
+                "commit": "1" * 40,
+                "tree": "2" * 40,
+                "path": "/opt/envbuild/src/s",
+                "mode": "none",
+                "submodules": [
+                    {"path": "lib/a", "commit": "3" * 40, "tree": "4" * 40, "skip": None},
+                    {"path": "lib/b", "commit": "5" * 40, "tree": None, "skip": "not needed"},
+                ],
+            }
+        ],
+    }
+    seen = {"exists": True, "commit_marker": "1" * 40, "tree": "2" * 40, "unreadable": []}
+    report = {
+        "report_version": inimage_probe.REPORT_VERSION,
+        "consistency": {"error": None, "problems": []},
+        "lock_sha256": LOCK_SHA,
+        "distributions": {},
+        "sources": {"s": {**seen, "submodules": {"lib/a": "6" * 40}}},
+    }
+    assert compare_inimage(json.dumps(report), manifest) == [
+        f"submodule s/lib/a: the installed files have tree {'6' * 40}, commit {'3' * 40} has tree {'4' * 40} "
+        "(a file was changed at build time)"
+    ]
+    report["sources"]["s"]["submodules"] = {"lib/a": "4" * 40}  # type: ignore[index]
+    assert compare_inimage(json.dumps(report), manifest) == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import textwrap
 from pathlib import Path
@@ -12,7 +13,8 @@ import yaml
 
 from envbuild.errors import LockfileError
 from envbuild.lock import dump_lock, parse_lock, read_lock, write_lock
-from envbuild.lock.schema import SCHEMA_PATH, lock_schema, schema_text
+from envbuild.lock.model import LOCK_VERSIONS
+from envbuild.lock.schema import SCHEMA_PATHS, lock_schema, schema_text
 from tests.lib.tinylock import MINIMAL_LOCK as MINIMAL
 from tests.lib.tinylock import MINIMAL_SHA as SHA
 
@@ -146,9 +148,10 @@ def test_duplicates_and_mismatched_package_files() -> None:
 
 
 def test_versions_missing_and_unsupported_have_their_own_errors() -> None:
-    assert problems("name: x\nsources: []\n") == ["t.lock.yaml:1: version: required key is missing (add `version: 1`)"]
-    (found,) = problems(MINIMAL.replace("version: 1", "version: 2"))
-    assert "unsupported lockfile version 2" in found and "upgrade envbuild" in found
+    assert problems("name: x\nsources: []\n") == ["t.lock.yaml:1: version: required key is missing (add `version: 2`)"]
+    (found,) = problems(MINIMAL.replace("version: 1", "version: 3"))
+    assert "unsupported lockfile version 3; this envbuild reads versions 1 and 2 (upgrade envbuild)" in found
+    assert parse_lock(MINIMAL).version == 1 and parse_lock(MINIMAL.replace("version: 1", "version: 2")).version == 2
 
 
 @pytest.mark.parametrize(
@@ -174,15 +177,28 @@ def test_unreadable_file_names_the_file(tmp_path: Path) -> None:
     assert "absent.lock.yaml" in str(info.value) and "cannot read" in str(info.value)
 
 
-def test_committed_schema_matches_the_model() -> None:
-    assert SCHEMA_PATH.read_text() == schema_text(), "regenerate with: python -m envbuild.lock.schema"
+@pytest.mark.parametrize("version", LOCK_VERSIONS)
+def test_committed_schema_matches_the_model(version: int) -> None:
+    assert SCHEMA_PATHS[version].read_text() == schema_text(version), "regenerate with: python -m envbuild.lock.schema"
+
+
+def test_the_version_1_schema_is_the_model_without_what_version_2_added() -> None:
+    one, two = lock_schema(1), lock_schema(2)
+    assert "Submodule" not in one["$defs"] and "Submodule" in two["$defs"]
+    assert set(two["$defs"]["Source"]["properties"]) - set(one["$defs"]["Source"]["properties"]) == {
+        "submodules",
+        "submodules_unknown",
+    }
+    sample = yaml.safe_load(SUBMODULES)
+    assert not list(jsonschema.Draft202012Validator(two).iter_errors(sample))
+    assert list(jsonschema.Draft202012Validator(one).iter_errors({**sample, "version": 1}))
 
 
 def test_schema_agrees_with_the_validator_on_samples() -> None:
-    schema = lock_schema()
+    real = yaml.safe_load(REAL_LOCK.read_text())
+    schema = lock_schema(real["version"])  # each lock against its own version's schema
     jsonschema.Draft202012Validator.check_schema(schema)
     validator = jsonschema.Draft202012Validator(schema)
-    real = yaml.safe_load(REAL_LOCK.read_text())
     assert not list(validator.iter_errors(real))
     for bad in (
         {**real, "colour": 1},
@@ -267,3 +283,94 @@ def test_bad_requirement_fields_are_named(extra: str, words: str) -> None:
     found = problems(MINIMAL + extra)
     assert any(words in p for p in found), found
     assert all("token" not in p for p in found)
+
+
+GITLINK = "d0b3b775498a8ae6870075f1a5fc32bc260aa1b3"
+SUBMODULES = MINIMAL.replace("version: 1", "version: 2") + textwrap.indent(
+    textwrap.dedent(f"""\
+        submodules:
+          - path: csrc/third_party/catlass
+            repo: https://gitcode.com/cann/catlass.git
+            commit: {GITLINK}
+            tree: {SHA}
+            submodules:
+              - path: 3rdparty/googletest
+                repo: https://gitcode.com/GitHub_Trending/go/googletest.git
+                commit: {SHA}
+          - path: 3rdparty/Megatron-LM
+            skip: the megatron-lm source provides Megatron-LM
+            repo: https://github.com/NVIDIA/Megatron-LM.git
+            commit: {GITLINK}
+          - {{path: docs/theme, skip: "no gitlink: a stale .gitmodules entry"}}
+        """),
+    "    ",
+)
+
+
+def test_submodules_nest_and_round_trip() -> None:
+    lock = parse_lock(SUBMODULES, "t.lock.yaml")
+    catlass, megatron, theme = lock.sources[0].submodules
+    assert (catlass.skipped, catlass.commit, catlass.submodules[0].path) == (False, GITLINK, "3rdparty/googletest")
+    assert megatron.skipped and megatron.skip == "the megatron-lm source provides Megatron-LM"
+    assert (theme.repo, theme.commit) == (None, None)
+    text = dump_lock(lock)
+    assert (
+        text.startswith(HEADER_LINE + "version: 2\n")
+        and parse_lock(text) == lock
+        and dump_lock(parse_lock(text)) == text
+    )
+
+
+HEADER_LINE = "# envbuild lockfile: written by `envbuild lock`; every pin is checked by `envbuild lock verify`.\n"
+
+
+def test_a_version_1_lock_cannot_record_submodules() -> None:
+    v1 = SUBMODULES.replace("version: 2", "version: 1")
+    assert problems(v1) == [
+        "t.lock.yaml:9: sources[0].submodules: needs version 2 of the format (`version: 2`); this file says `version: 1`"
+    ]
+    with pytest.raises(ValueError, match="a version 1 lock cannot record submodules"):
+        dump_lock(dataclasses.replace(parse_lock(SUBMODULES), version=1))
+
+
+@pytest.mark.parametrize(
+    ("entry", "words"),
+    [
+        ("{path: x, skip: ''}", "skip: a reason is required"),
+        ("{path: x, skip: '   '}", "skip: a reason is required"),
+        ("{path: x, skip: null}", "repo: required for a submodule the image gets"),
+        ("{path: x, repo: 'https://h/x.git'}", "commit: required for a submodule the image gets"),
+        (f"{{path: x, skip: r, commit: {SHA}, tree: {SHA}}}", "tree: a skipped submodule is not written"),
+        ("{path: x, skip: r, submodules: [{path: y, skip: r}]}", "a skipped submodule is not written, so it has"),
+        ("{path: ../x, skip: r}", "not a relative path inside"),
+        ("{path: a/.GIT/hooks, skip: r}", "has a .git component"),
+        ("{path: -x, skip: r}", "starts with '-'"),
+        (f"{{path: x, repo: 'ext::sh -c evil', commit: {SHA}}}", "names a git remote helper"),
+        (f"{{path: x, repo: 'https://ghp_secret@github.com/x.git', commit: {SHA}}}", "carries credentials"),
+        ("{path: x, skip: r}, {path: x, skip: s}", "duplicate 'x' (first at submodules[0])"),
+        ("{path: x, skip: r}, {path: x/y, skip: s}", "'x/y' and 'x' (submodules[0]) are one inside the other"),
+    ],
+)
+def test_bad_submodule_records_are_named(entry: str, words: str) -> None:
+    found = problems(MINIMAL.replace("version: 1", "version: 2") + f"    submodules: [{entry}]\n")
+    assert any(words in p and "sources[0].submodules[" in p for p in found), found
+    assert all("ghp_secret" not in p for p in found)
+
+
+def test_the_real_lock_records_its_submodule_decisions() -> None:
+    """Megatron-Bridge's Megatron-LM is skipped by path (the megatron-lm source provides it); vllm-ascend's
+    pinned tree could not be read, so its catlass submodule is not recorded as if read from another commit:
+    the reason says so, and what was decided for it."""
+    lock = read_lock(REAL_LOCK).lock
+    assert lock.version == 2
+    (megatron,) = lock.source("megatron-bridge").submodules
+    assert (megatron.path, megatron.commit, megatron.repo) == (
+        "3rdparty/Megatron-LM",
+        "d0b3b775498a8ae6870075f1a5fc32bc260aa1b3",
+        "https://github.com/NVIDIA/Megatron-LM.git",
+    )
+    assert megatron.skip is not None and megatron.skip.startswith("the megatron-lm source provides Megatron-LM")
+    ascend = lock.source("vllm-ascend")
+    assert ascend.submodules == () and ascend.submodules_unknown is not None
+    assert "csrc/third_party/catlass" in ascend.submodules_unknown and "not skipped" in ascend.submodules_unknown
+    assert lock.source("megatron-lm").submodules == () and lock.source("megatron-lm").submodules_unknown is None

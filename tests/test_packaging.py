@@ -25,7 +25,7 @@ def test_the_wheel_carries_its_data_files(tmp_path: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     for template in (REPO / "images").glob("*.in"):
         assert f"envbuild/image/templates/{template.name}" in names
-    assert "envbuild/lock/lock-v1.schema.json" in names
+    assert {"envbuild/lock/lock-v1.schema.json", "envbuild/lock/lock-v2.schema.json"} <= names
     assert "envbuild/image/inimage_probe.py" in names
     assert "envrun/recipes/grpo-glm5.yaml" in names
     assert not any(name.startswith(("tests/", "benchmarks/")) for name in names)

@@ -54,8 +54,10 @@ def test_the_quick_start_from_a_fresh_clone(clone: Path, tmp_path: Path) -> None
     assert done.returncode in (0, 1), done.stderr[-3000:]
     report = json.loads(done.stdout[done.stdout.index("{") :])
     kinds = {r["kind"] for r in report["results"]}
-    assert kinds == {"source", "package", "requirement", "base_image"}
+    assert kinds == {"source", "submodule", "package", "requirement", "base_image"}
     assert len([r for r in report["results"] if r["kind"] == "source"]) == 9
+    submodules = {r["name"]: r["status"] for r in report["results"] if r["kind"] == "submodule"}
+    assert "megatron-bridge/3rdparty/Megatron-LM" in submodules and len(submodules) == 8  # 7 sources unknown
     packages = [r for r in report["results"] if r["kind"] == "package"]
     assert sum(r["status"] == "ok" for r in packages) >= len(packages) - 1  # triton-ascend: Ascend's own index
 

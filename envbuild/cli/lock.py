@@ -12,6 +12,7 @@ from envbuild.fileio import write_atomic
 from envbuild.git.cache import GitCache
 from envbuild.lock import dump_lock, read_lock, write_lock
 from envbuild.lock.diff import CommitCounter, diff_locks, render_changes
+from envbuild.lock.model import LOCK_VERSION, LOCK_VERSIONS
 from envbuild.mirrors import Mirrors
 from envbuild.output import render_json, render_verify
 
@@ -69,6 +70,13 @@ def add_lock_commands(subparsers: argparse._SubParsersAction) -> None:
     fetch.set_defaults(handler=cmd_fetch)
 
     schema = commands.add_parser("schema", help="print the JSON schema of the lockfile format")
+    schema.add_argument(
+        "--version",
+        type=int,
+        choices=LOCK_VERSIONS,
+        default=LOCK_VERSION,
+        help="of this format version (default: the current)",
+    )
     schema.set_defaults(handler=cmd_schema)
 
 
@@ -193,5 +201,5 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_schema(args: argparse.Namespace) -> int:
     from envbuild.lock.schema import schema_text
 
-    sys.stdout.write(schema_text())
+    sys.stdout.write(schema_text(args.version))
     return 0

@@ -192,16 +192,17 @@ class GitCache:
                 remove_stale_files(repo.path)  # what the failed git left: a partial pack may fill the disk
                 raise self.cache_error(exc) from None
 
-    def fetch_objects(self, url: str, commit: str, oids: Iterable[str]) -> bool:
+    def fetch_objects(self, url: str, commit: str, oids: Iterable[str], *, trees: bool = False) -> bool:
         """Fetch exactly the objects of ``oids`` (trees and blobs of ``commit``'s tree) the cache lacks, under
-        the lock; False when, once the lock is held, every one is there (another process fetched them)."""
+        the lock; False when, once the lock is held, every one is there (another process fetched them).
+        ``trees``: with every tree below the wanted ones too (no blobs), even when a wanted one is present."""
         oids = set(oids)
         with self.held(url) as (repo, fd):
-            missing = oids - self.git.present_objects(repo.path, commit)
+            missing = oids if trees else oids - self.git.present_objects(repo.path, commit)
             if not missing:
                 return False
             try:
-                self.git.fetch_objects(repo.path, url, sorted(missing), hold=(fd,))
+                self.git.fetch_objects(repo.path, url, sorted(missing), hold=(fd,), trees=trees)
             except GitError as exc:
                 remove_stale_files(repo.path)
                 raise self.cache_error(exc) from None
@@ -216,6 +217,12 @@ class GitCache:
 
     def ls_tree(self, url: str, tree: str) -> list[TreeEntry]:
         return self.git.ls_tree(self.repo(url).path, tree)
+
+    def gitlinks(self, url: str, tree: str) -> dict[str, str]:
+        return self.git.gitlinks(self.repo(url).path, tree)
+
+    def config_blob(self, url: str, oid: str) -> list[tuple[str, str | None]]:
+        return self.git.config_blob(self.repo(url).path, oid)
 
     def read_blob(self, url: str, oid: str) -> bytes:
         return self.git.read_blob(self.repo(url).path, oid)

@@ -13,23 +13,33 @@ names) is refused before it reaches the cache. The export is ``git archive`` wit
 attribute neutralised (``export-subst``, ``export-ignore``, eol conversion, filters, ``ident``) through
 the repository's ``info/attributes``, written by :mod:`envbuild.git.treewriter` (which never follows a
 link, so a hostile tree cannot write outside the destination), and the result is checked: the git tree SHA of the written files must equal the commit's tree (and the
-lock's ``tree`` where recorded). Submodules (gitlinks) are not exported; a tree holding one fails
-that check, naming it.
+lock's ``tree`` where recorded).
+
+Submodules are pins of their own (:class:`TreePin`): each one the lock records and does not skip is
+fetched the same way into the export cache of its own (mirrored) URL and written, by the same tree
+writer, into the empty directory its parent's tree leaves for the gitlink (reached without following a
+link, :func:`~envbuild.git.treewriter.open_below`), level by level. Before anything is written, every
+gitlink of each tree must be one the lock records at that path with that commit (a version 1 lock
+records none: its gitlinks are refused, naming the path, as they always were). The check after writing
+counts each gitlink as git does (mode 160000, the commit), so the source's tree and every submodule's
+tree are checked against their commits.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from envbuild.errors import EnvbuildError
 from envbuild.git.cache import CachedRepo, GitCache, remove_stale_files
 from envbuild.git.remote import FSCK_CONFIG, NO_LAZY_FETCH_URL, GitError
 from envbuild.git.treewriter import TreeWriteError, write_tar_tree
 from envbuild.image import inimage_probe
-from envbuild.lock.model import Source
+from envbuild.lock.model import Source, Submodule, walk_submodules
 from envbuild.mirrors import Mirrors
 
 EXPORT_NS = "refs/envbuild/export/"
@@ -46,6 +56,40 @@ def _fetch_config(url: str) -> dict[str, str]:
     itself calls malformed (duplicate entries, ``.git`` names, ``.gitmodules`` tricks) is refused at the
     fetch, before anything is written."""
     return {f"url.{url}.insteadOf": NO_LAZY_FETCH_URL, **FSCK_CONFIG}
+
+
+@dataclass(frozen=True)
+class TreePin:
+    """A commit whose whole tree a build writes: a source's, or a submodule's."""
+
+    kind: Literal["source", "submodule"]
+    name: str  # the source's, or SOURCE/PATH for a submodule (vllm-ascend/csrc/third_party/catlass)
+    repo: str  # the lock's URL; mirrors apply
+    commit: str
+    tree: str | None  # the lock's tree pin
+    fallback: tuple[str, ...]  # refspecs holding the commit, for a server that will not send it by ID
+    submodules: tuple[Submodule, ...]  # what the lock records of the tree's gitlinks
+
+    @property
+    def what(self) -> str:
+        """How messages name it: ``source vllm-ascend``, ``submodule vllm-ascend/csrc/third_party/catlass``."""
+        return f"{self.kind} {self.name}"
+
+
+def source_pin(source: Source) -> TreePin:
+    space = "tags" if source.ref_type == "tag" else "heads"
+    refspec = f"+refs/{space}/{source.ref}:refs/envbuild/ref/{space}/{source.ref}"
+    return TreePin("source", source.name, source.repo, source.commit, source.tree, (refspec,), source.submodules)
+
+
+def submodule_pins(source: Source) -> Iterator[tuple[str, TreePin]]:
+    """Every submodule of ``source`` the image gets, parents first, with its path from the source's root."""
+    for path, sub in walk_submodules(source.submodules):
+        if sub.skipped:
+            continue
+        assert sub.repo is not None and sub.commit is not None  # the lock's reader makes sure
+        every = ("+refs/heads/*:refs/envbuild/ref/heads/*", "+refs/tags/*:refs/envbuild/ref/tags/*")
+        yield path, TreePin("submodule", f"{source.name}/{path}", sub.repo, sub.commit, sub.tree, every, sub.submodules)
 
 
 class TreeExporter:
@@ -79,27 +123,26 @@ def _complete(exporter: TreeExporter, repo: CachedRepo, commit: str) -> str | No
     return git.commit_trees(repo.path, [commit])[commit]
 
 
-def has_commit(exporter: TreeExporter, source: Source) -> bool:
+def has_commit(exporter: TreeExporter, pin: TreePin) -> bool:
     """Does the export cache hold the commit with every object of its tree (no network)?"""
-    repo = exporter.cache.repo(exporter.mirrors.rewrite(source.repo))
-    return repo.exists() and _complete(exporter, repo, source.commit) is not None
+    repo = exporter.cache.repo(exporter.mirrors.rewrite(pin.repo))
+    return repo.exists() and _complete(exporter, repo, pin.commit) is not None
 
 
-def fetch_commit(exporter: TreeExporter, source: Source) -> CachedRepo:
-    """Make the export repository for ``source`` hold its commit and the whole tree of it."""
-    url = exporter.mirrors.rewrite(source.repo)
+def fetch_commit(exporter: TreeExporter, pin: TreePin) -> CachedRepo:
+    """Make the export repository for ``pin`` hold its commit and the whole tree of it."""
+    url = exporter.mirrors.rewrite(pin.repo)
     repo = exporter.cache.repo(url)
-    if repo.exists() and _complete(exporter, repo, source.commit):
+    if repo.exists() and _complete(exporter, repo, pin.commit):
         return repo
     if exporter.offline:
         raise ExportError(
-            f"source {source.name}: the files of {source.commit} are not in the cache "
-            f"({exporter.cache.root}) and --offline forbids fetching them; run `envbuild lock fetch LOCKFILE` "
-            "where the upstream is reachable"
+            f"{pin.what}: the files of {pin.commit} are not in the cache ({exporter.cache.root}) and --offline "
+            "forbids fetching them; run `envbuild lock fetch LOCKFILE` where the upstream is reachable"
         )
     git = exporter.cache.git
     with exporter.cache.held(url) as (repo, lock_fd):
-        if _complete(exporter, repo, source.commit):
+        if _complete(exporter, repo, pin.commit):
             return repo  # another build fetched it while we waited for the lock
         base = [
             "fetch",
@@ -110,95 +153,109 @@ def fetch_commit(exporter: TreeExporter, source: Source) -> CachedRepo:
             "--no-recurse-submodules",
             "--quiet",
         ]
-        try:
+
+        def fetch(*args: str) -> None:
             git.run(
-                [*base, "--depth=1", "origin", "--", f"+{source.commit}:{EXPORT_NS}{source.commit}"],
+                [*base, *args],
                 repo=repo.path,
                 config=_fetch_config(url),
                 timeout=git.network_timeout,
                 network=True,
                 hold=(lock_fd,),
             )
+
+        try:
+            fetch("--depth=1", "origin", "--", f"+{pin.commit}:{EXPORT_NS}{pin.commit}")
         except GitError as first:
-            # The server refuses wants by SHA: fetch the ref's whole history, which holds the commit.
-            space = "tags" if source.ref_type == "tag" else "heads"
+            # The server refuses wants by SHA: fetch the history of the refs that hold the commit.
             unshallow = ["--unshallow"] if (repo.path / "shallow").exists() else []
             try:
-                git.run(
-                    [
-                        *base,
-                        *unshallow,
-                        "origin",
-                        "--",
-                        f"+refs/{space}/{source.ref}:refs/envbuild/ref/{space}/{source.ref}",
-                    ],
-                    repo=repo.path,
-                    config=_fetch_config(url),
-                    timeout=git.network_timeout,
-                    network=True,
-                    hold=(lock_fd,),
-                )
+                fetch(*unshallow, "origin", "--", *pin.fallback)
             except GitError as second:
                 if first.no_space or second.no_space:  # a full disk: say so, and leave no half-written pack
                     remove_stale_files(repo.path)
                     raise exporter.cache.cache_error(second if second.no_space else first) from None
                 raise ExportError(
-                    f"source {source.name}: cannot fetch the files of {source.commit} from {url}: "
-                    f"{first.reason}; {second.reason}"
+                    f"{pin.what}: cannot fetch the files of {pin.commit} from {url}: {first.reason}; {second.reason}"
                 ) from None
-            if source.commit in git.commit_trees(repo.path, [source.commit]):
-                git.run(["update-ref", f"{EXPORT_NS}{source.commit}", source.commit], repo=repo.path)
+            if pin.commit in git.commit_trees(repo.path, [pin.commit]):
+                git.run(["update-ref", f"{EXPORT_NS}{pin.commit}", pin.commit], repo=repo.path)
         attributes = repo.path / "info" / "attributes"
         attributes.parent.mkdir(exist_ok=True)
         if not attributes.exists() or attributes.read_text(encoding="utf-8") != NEUTRAL_ATTRIBUTES:
             attributes.write_text(NEUTRAL_ATTRIBUTES, encoding="utf-8")
-        if not _complete(exporter, repo, source.commit):
-            raise ExportError(f"source {source.name}: {url} did not send the files of {source.commit}")
+        if not _complete(exporter, repo, pin.commit):
+            raise ExportError(f"{pin.what}: {url} did not send the files of {pin.commit}")
     return repo
 
 
 def export_tree(source: Source, dest: Path, exporter: TreeExporter) -> str:
-    """Write the exact tree of ``source.commit`` into ``dest`` (an existing, empty directory) and
-    return its tree SHA, after checking it against the commit, the verify cache and ``source.tree``."""
-    repo = fetch_commit(exporter, source)
+    """Write the exact tree of ``source.commit`` into ``dest`` (an existing, empty directory), with every
+    submodule the lock records and does not skip written at its path, and return the source's tree SHA,
+    after checking it and every submodule's against their commits, the verify cache and the lock's ``tree``."""
+    root = source_pin(source)
+    tree = _write(exporter, root, dest, "")
+    trees = {"": tree}
+    for path, pin in submodule_pins(source):
+        trees[path] = _write(exporter, pin, dest, path)
+    files = inimage_probe.list_files(str(dest))
+    gitlinks = {path: sub.commit for path, sub in walk_submodules(source.submodules) if sub.commit is not None}
+    written, unreadable = inimage_probe.git_trees(str(dest), files, gitlinks, set(trees) - {""})
+    for path, expected in sorted(trees.items()):
+        if written.get(path) != expected or unreadable:
+            what = f"source {source.name}" if not path else f"submodule {source.name}/{path}"
+            raise ExportError(
+                f"{what}: the exported files have tree {written.get(path)}, the commit has tree {expected}"
+                + (f" (unreadable: {', '.join(unreadable[:5])})" if unreadable else "")
+            )
+    return tree
+
+
+def _write(exporter: TreeExporter, pin: TreePin, dest: Path, at: str) -> str:
+    """Check ``pin``'s tree and gitlinks against the lock, then write its files at ``at`` below ``dest``."""
+    repo = fetch_commit(exporter, pin)
     git = exporter.cache.git
-    tree = git.commit_trees(repo.path, [source.commit])[source.commit]
+    tree = git.commit_trees(repo.path, [pin.commit])[pin.commit]
     problems = []
-    if source.tree is not None and tree != source.tree:
-        problems.append(f"the commit's tree is {tree}, the lock pins tree {source.tree}")
-    verified = exporter.verify_cache.commit_trees(exporter.mirrors.rewrite(source.repo), [source.commit])
-    if source.commit in verified and verified[source.commit] != tree:
-        problems.append(f"the verify cache records tree {verified[source.commit]} for the commit")
+    if pin.tree is not None and tree != pin.tree:
+        problems.append(f"the commit's tree is {tree}, the lock pins tree {pin.tree}")
+    verified = exporter.verify_cache.commit_trees(exporter.mirrors.rewrite(pin.repo), [pin.commit])
+    if pin.commit in verified and verified[pin.commit] != tree:
+        problems.append(f"the verify cache records tree {verified[pin.commit]} for the commit")
+    problems += gitlink_problems(git.gitlinks(repo.path, tree), pin.submodules)
     if problems:
-        raise ExportError(f"source {source.name}: {'; '.join(problems)}")
+        raise ExportError(f"{pin.what}: {'; '.join(problems)}")
 
     fd, archive = tempfile.mkstemp(prefix=".envbuild-export-", suffix=".tar", dir=dest.parent)
     os.close(fd)
     try:
-        git.run(["archive", "--format=tar", f"--output={archive}", source.commit], repo=repo.path)
+        git.run(["archive", "--format=tar", f"--output={archive}", pin.commit], repo=repo.path)
         with open(archive, "rb") as stream:
-            write_tar_tree(stream, dest)
+            write_tar_tree(stream, dest, at=at)
     except TreeWriteError as exc:
-        raise ExportError(
-            f"source {source.name}: the tree of {source.commit} cannot be written safely: {exc}"
-        ) from None
+        raise ExportError(f"{pin.what}: the tree of {pin.commit} cannot be written safely: {exc}") from None
     finally:
         os.unlink(archive)
-    files = inimage_probe.list_files(str(dest))
-    written, unreadable = inimage_probe.git_tree_sha(str(dest), files)
-    if written != tree or unreadable:
-        gitlinks = _gitlinks(exporter, repo, source.commit)
-        why = f" (submodules are not exported: {', '.join(gitlinks[:5])})" if gitlinks else ""
-        raise ExportError(
-            f"source {source.name}: the exported files of {source.commit} have tree {written}, "
-            f"the commit has tree {tree}{why}"
-        )
     return tree
 
 
-def _gitlinks(exporter: TreeExporter, repo: CachedRepo, commit: str) -> list[str]:
-    out = exporter.cache.git.run(["ls-tree", "-r", "-z", "--full-tree", commit, "--"], repo=repo.path)
-    return sorted(entry.split("\t", 1)[1] for entry in out.split("\0") if entry.startswith("160000 "))
+def gitlink_problems(gitlinks: dict[str, str], recorded: tuple[Submodule, ...]) -> list[str]:
+    """What differs between a tree's gitlinks ({path: commit}) and the lock's records of that level."""
+    problems = []
+    records = {sub.path: sub for sub in recorded}
+    for path, commit in sorted(gitlinks.items()):
+        sub = records.get(path)
+        if sub is None:
+            problems.append(
+                f"gitlink {path} (commit {commit}) is not recorded in the lock; `envbuild lock update` records it "
+                "(a version 1 lock records no submodules), or skip it by path with a reason"
+            )
+        elif sub.commit != commit:
+            problems.append(f"the tree pins {commit} at {path}, the lock records {sub.commit}")
+    for path, sub in sorted(records.items()):
+        if path not in gitlinks and sub.commit is not None:
+            problems.append(f"the tree has no gitlink at {path}, the lock records {sub.commit}")
+    return problems
 
 
 def commit_dates(cache: GitCache, url: str, commits: Iterable[str]) -> dict[str, int]:

@@ -10,7 +10,12 @@ that lost some large blobs (a partial snapshot) still answers for the files that
 
 Reads never fetch behind our back: what the cache holds is found by walking the trees it holds
 (``rev-list --missing=print``, which never fetches), and what it lacks is fetched explicitly, with the
-real URL given to that one command.
+real URL given to that one command. ``offline``: nothing is fetched; what the cache lacks raises
+:class:`NotCached`.
+
+Submodules: :meth:`PinnedTree.gitlinks` needs every tree of the commit (one fetch of the trees, no
+blob: a few MB for a large repository), :meth:`PinnedTree.gitmodules` reads ``.gitmodules`` as git
+reads it, and :meth:`PinnedTree.entry` the entry at one path (the trees on its way).
 """
 
 from __future__ import annotations
@@ -23,6 +28,14 @@ from envbuild.git.remote import GitError, TreeEntry
 
 MAX_FILE = 1 << 20  # a pyproject.toml or a requirements file; anything larger is not one
 READ_NS = "refs/envbuild/read/"
+OFFLINE_MISS = "offline and not in cache"
+
+
+class NotCached(GitError):
+    """Offline, and the cache lacks an object the read needs."""
+
+    def __init__(self) -> None:
+        super().__init__("fetch", OFFLINE_MISS)
 
 
 @dataclass(frozen=True)
@@ -41,9 +54,17 @@ class PinnedTree:
     pinned on, as verify fetches it)."""
 
     def __init__(
-        self, cache: GitCache, url: str, commit: str, *, refspec: str | None = None, max_size: int = MAX_FILE
+        self,
+        cache: GitCache,
+        url: str,
+        commit: str,
+        *,
+        refspec: str | None = None,
+        max_size: int = MAX_FILE,
+        offline: bool = False,
     ) -> None:
         self.cache, self.url, self.commit, self.refspec, self.max_size = cache, url, commit, refspec, max_size
+        self.offline = offline
         self._root: str | None = None
         self._listed: dict[str, list[TreeEntry]] = {}
 
@@ -52,6 +73,8 @@ class PinnedTree:
         if self._root is None:
             trees = self.cache.commit_trees(self.url, [self.commit])
             if self.commit not in trees:
+                if self.offline:
+                    raise NotCached()
                 try:
                     self.cache.fetch(self.url, [f"+{self.commit}:{READ_NS}{self.commit}"], wanted=[self.commit])
                 except GitError:
@@ -98,6 +121,47 @@ class PinnedTree:
                 results[path] = TreeFile(path, self.cache.read_blob(self.url, oid))
         return {path: results[path] for path in dict.fromkeys(paths)}
 
+    def entry(self, path: str) -> TreeEntry | None:
+        """The tree entry at ``path`` ('/'-separated), fetching the trees on its way; None when absent."""
+        tree, parts = self.root(), path.split("/")
+        for depth, part in enumerate(parts):
+            self._list([tree])
+            found = next((e for e in self._listed[tree] if e.name == part), None)
+            if found is None or depth == len(parts) - 1:
+                return found
+            if found.kind != "tree":
+                return None
+            tree = found.oid
+        return None
+
+    def gitlinks(self) -> dict[str, str]:
+        """{path: commit} of every gitlink in the commit's tree, fetching its trees (no blob) if needed."""
+        root = self.root()
+        try:
+            return self.cache.gitlinks(self.url, root)
+        except GitError:
+            if self.offline:
+                raise NotCached() from None
+        self.cache.fetch_objects(self.url, self.commit, [root], trees=True)
+        return self.cache.gitlinks(self.url, root)
+
+    def gitmodules(self) -> list[tuple[str, str | None]] | str:
+        """``.gitmodules`` of the tree's root as ``git config --no-includes --blob`` reads it, as records;
+        [] when there is none; a string saying why it cannot be read (a symlink, too large, malformed)."""
+        entry = self.entry(".gitmodules")
+        if entry is None:
+            return []
+        if entry.kind != "blob" or entry.mode == "120000":
+            return "is not a regular file (git does not read it then)"
+        self._ensure([entry.oid])
+        size = self.cache.object_sizes(self.url, [entry.oid])[entry.oid]
+        if size > self.max_size:
+            return f"is {size} bytes, more than the {self.max_size} read"
+        try:
+            return self.cache.config_blob(self.url, entry.oid)
+        except GitError as exc:
+            return f"is not readable as git config: {exc.reason}"
+
     def _list(self, trees: Iterable[str]) -> None:
         wanted = set(trees) - self._listed.keys()
         self._ensure(wanted)
@@ -108,6 +172,8 @@ class PinnedTree:
         oids = set(oids)
         if not oids or oids <= self.cache.present_objects(self.url, self.commit):
             return
+        if self.offline:
+            raise NotCached()
         self.cache.fetch_objects(self.url, self.commit, oids)
         missing = oids - self.cache.present_objects(self.url, self.commit)
         if missing:

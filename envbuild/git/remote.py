@@ -213,13 +213,18 @@ class GitRunner:
         )
         return "filtering not recognized by server" not in err
 
-    def fetch_objects(self, repo: Path, url: str, oids: Sequence[str], *, hold: Sequence[int] = ()) -> None:
+    def fetch_objects(
+        self, repo: Path, url: str, oids: Sequence[str], *, hold: Sequence[int] = (), trees: bool = False
+    ) -> None:
         """Fetch exactly these objects (trees or blobs of a pinned tree, by ID) and nothing they reach:
         what a lazy fetch from the promisor remote would do, asked for explicitly. Objects a want names are
-        sent whatever the filter; ``tree:0`` keeps out everything else. The noop negotiation sends no haves:
-        a want by ID has no history to negotiate."""
+        sent whatever the filter; ``tree:0`` keeps out everything else. ``trees``: every tree below the
+        wanted trees as well, and no blob (``blob:none``); ``--refetch``, because git sends no want for an
+        object it holds, and a wanted tree read before (for one file) is held without the trees below it.
+        The noop negotiation sends no haves: a want by ID has no history to negotiate."""
         self._observe("fetch", url)
-        args = _filtered_fetch("origin", "--", *sorted(set(oids)))
+        wants = ("--refetch", "origin", "--", *sorted(set(oids))) if trees else ("origin", "--", *sorted(set(oids)))
+        args = _filtered_fetch(*wants, filter="blob:none" if trees else FILTER)
         config = {**_real_url(url), **FSCK_CONFIG, "fetch.negotiationAlgorithm": "noop"}
         self.run(args, repo=repo, config=config, timeout=self.network_timeout, network=True, hold=hold)
 
@@ -313,6 +318,29 @@ class GitRunner:
             entries.append(TreeEntry(mode, kind, oid, name))
         return entries
 
+    def gitlinks(self, repo: Path, tree: str) -> dict[str, str]:
+        """{path: commit} of every gitlink (mode 160000) anywhere below ``tree``; every tree below it must be
+        present (a missing one fails: lazy fetching is off in a cache repository)."""
+        out = self.run_full(["ls-tree", "-r", "-z", "--full-tree", tree, "--"], repo=repo, max_output=MAX_LISTING)[0]
+        links: dict[str, str] = {}
+        for record in out.split("\0"):
+            head, _, path = record.partition("\t")
+            if head.startswith("160000 "):
+                links[path] = head.split(" ")[2]
+        return links
+
+    def config_blob(self, repo: Path, oid: str) -> list[tuple[str, str | None]]:
+        """A config-format blob (a ``.gitmodules``) as git reads it: (key, value) in order, value None for a
+        key written without '='. ``--no-includes``: git never follows ``include.path`` in ``.gitmodules``
+        (and ``config --blob`` would, reading any file of this machine)."""
+        out = self.run(["config", "--no-includes", f"--blob={oid}", "-z", "--list"], repo=repo)
+        records: list[tuple[str, str | None]] = []
+        for record in out.split("\0"):
+            if record:
+                key, newline, value = record.partition("\n")
+                records.append((key, value if newline else None))
+        return records
+
     def read_blob(self, repo: Path, oid: str) -> bytes:
         """The bytes of one blob present in ``repo``."""
         return self.run_bytes(["cat-file", "blob", oid], repo=repo)
@@ -321,12 +349,13 @@ class GitRunner:
         return int(self.run(["rev-list", "--missing=allow-any", "--count", f"{old}..{new}", "--"], repo=repo))
 
 
-def _filtered_fetch(*rest: str) -> list[str]:
-    """``git fetch`` into a cache repository: commits only (``tree:0``), nothing it was not asked for
-    (no tags, no FETCH_HEAD, no gc, no submodules), quietly; ``rest`` is the remote and what to fetch."""
+def _filtered_fetch(*rest: str, filter: str = FILTER) -> list[str]:
+    """``git fetch`` into a cache repository: commits only (``tree:0``, unless ``filter`` says otherwise),
+    nothing it was not asked for (no tags, no FETCH_HEAD, no gc, no submodules), quietly; ``rest`` is the
+    remote and what to fetch."""
     return [
         "fetch",
-        f"--filter={FILTER}",
+        f"--filter={filter}",
         "--no-tags",
         "--no-write-fetch-head",
         "--no-auto-gc",

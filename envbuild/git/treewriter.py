@@ -107,11 +107,33 @@ class _Writer:
         self.leaves.add(rel)
 
 
-def write_tar_tree(archive: BinaryIO, dest: Path) -> int:
-    """Write every member of the tar stream ``archive`` below ``dest`` (an existing, empty directory);
-    return the number of files and symlinks written. On :class:`TreeWriteError` the caller removes
-    ``dest``: what was written so far is below it and nowhere else."""
-    root_fd = os.open(dest, _DIR_FLAGS)
+def open_below(dest: Path, at: str) -> int:
+    """A descriptor of the directory ``at`` below ``dest``, every component opened relative to its parent
+    without following a link, and that directory empty: where a submodule's tree goes (its parent's tree
+    left an empty directory for the gitlink). ``at`` empty: ``dest`` itself."""
+    fd = os.open(dest, _DIR_FLAGS)
+    try:
+        for part in components(at) if at else []:
+            try:
+                below = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:  # ELOOP: a symlink on the way; never followed
+                raise TreeWriteError(at, f"cannot open directory {printable(part)}: {exc.strerror}") from None
+            os.close(fd)
+            fd = below
+        if at and os.listdir(fd):
+            raise TreeWriteError(at, "is not the empty directory of a gitlink")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def write_tar_tree(archive: BinaryIO, dest: Path, *, at: str = "") -> int:
+    """Write every member of the tar stream ``archive`` below ``dest`` (an existing, empty directory) or,
+    with ``at``, below that directory inside it (:func:`open_below`: a submodule's place); return the
+    number of files and symlinks written. On :class:`TreeWriteError` the caller removes ``dest``: what
+    was written so far is below it and nowhere else."""
+    root_fd = open_below(dest, at)
     writer = _Writer(root_fd)
     written = 0
     try:

@@ -7,8 +7,10 @@ Layout of an assembled context (everything the Dockerfile COPYs, nothing else)::
     envbuild/requirements.txt         name==version --hash=sha256:... for pip --require-hashes
     envbuild/manifest.json            what the in-image check compares against
     envbuild/inimage_probe.py         the in-image check itself
-    src/<name>/...                    each source: the exact tree of its pinned commit
-    src/<name>/.envbuild-commit       the commit, for people; the check recomputes the tree instead
+    src/<name>/...                    each source: the exact tree of its pinned commit, with the exact
+                                      tree of every submodule the image gets at its path (a skipped one:
+                                      the empty directory of its gitlink)
+    src/<name>/.envbuild-commit       the commit, for people; the check recomputes the trees instead
 
 Every file and directory gets a fixed mode and the lock's epoch as mtime, so the same inputs give a
 byte-identical context and the engine's COPY cache keys do not depend on when the context was made.
@@ -30,7 +32,7 @@ from packaging.utils import canonicalize_name
 from envbuild.errors import EnvbuildError, InputError, ProblemsError
 from envbuild.fileio import sha256_file
 from envbuild.image import inimage_probe
-from envbuild.image.plan import MANIFEST_VERSION, ContextPlan
+from envbuild.image.plan import MANIFEST_VERSION, ContextPlan, SourcePlan
 from envbuild.lock.model import Package, PackageFile, Source
 
 COMMIT_MARKER = inimage_probe.COMMIT_MARKER
@@ -54,7 +56,15 @@ class BuildContext:
     trees: tuple[tuple[str, str], ...]  # (source name, git tree SHA of the exported files)
 
 
-def manifest_for(plan: ContextPlan, file_lists: dict[str, list[str]], trees: dict[str, str]) -> dict:
+def manifest_for(
+    plan: ContextPlan,
+    file_lists: dict[str, list[str]],
+    trees: dict[str, str],
+    submodule_trees: dict[str, dict[str, str]] | None = None,
+) -> dict:
+    """What the in-image check compares against; ``submodule_trees`` is {source: {path: tree}} of the
+    submodules written (their trees as exported and checked)."""
+    written = submodule_trees or {}
     return {
         "manifest_version": MANIFEST_VERSION,
         "lock_name": plan.lock_name,
@@ -78,9 +88,19 @@ def manifest_for(plan: ContextPlan, file_lists: dict[str, list[str]], trees: dic
                 "waive": [{"name": n, "reason": r} for n, r in s.waive],
                 "skip_imports": [{"name": n, "reason": r} for n, r in s.skip_imports],
             }
+            | ({"submodules": _submodule_entries(s, written.get(s.name, {}))} if s.submodules else {})
             for s in plan.sources
         ],
     }
+
+
+def _submodule_entries(source: SourcePlan, trees: dict[str, str]) -> list[dict[str, Any]]:
+    """A source's submodules, every level (only for a source that has any: the manifest of a lock without
+    submodules stays as it was)."""
+    return [
+        {"path": sub.path, "commit": sub.commit, "tree": trees.get(sub.path), "skip": sub.skip}
+        for sub in source.submodules
+    ]
 
 
 def _package_entries(plan: ContextPlan) -> list[dict[str, Any]]:
@@ -133,6 +153,7 @@ def assemble_context(
     dest.mkdir(parents=True, exist_ok=True)
     file_lists: dict[str, list[str]] = {}
     trees: dict[str, str] = {}
+    submodule_trees: dict[str, dict[str, str]] = {}
     for source in plan.sources:
         target = dest / source.context_path
         target.mkdir(parents=True)
@@ -144,7 +165,10 @@ def assemble_context(
         files = inimage_probe.list_files(str(target))
         if COMMIT_MARKER in files:
             problems.append(f"source {source.name}: the tree holds {COMMIT_MARKER}, a name envbuild reserves")
-        tree, unreadable = inimage_probe.git_tree_sha(str(target), files)
+        gitlinks = {sub.path: sub.commit for sub in source.submodules if sub.commit is not None}
+        written = {sub.path for sub in source.submodules if sub.skip is None}
+        found, unreadable = inimage_probe.git_trees(str(target), files, gitlinks, written)
+        tree = found[""]
         if unreadable:
             problems.append(f"source {source.name}: exported entries that are not files: {', '.join(unreadable[:5])}")
         if source.tree is not None and tree != source.tree:
@@ -152,7 +176,14 @@ def assemble_context(
                 f"source {source.name}: the exported tree of {source.commit} is {tree}, "
                 f"the lock pins tree {source.tree}"
             )
+        for sub in source.submodules:
+            if sub.skip is None and sub.tree is not None and found.get(sub.path) != sub.tree:
+                problems.append(
+                    f"submodule {source.name}/{sub.path}: the exported tree of {sub.commit} is "
+                    f"{found.get(sub.path)}, the lock pins tree {sub.tree}"
+                )
         file_lists[source.name], trees[source.name] = files, tree
+        submodule_trees[source.name] = {p: t for p, t in found.items() if p}
         (target / COMMIT_MARKER).write_text(source.commit + "\n", encoding="ascii")
     if problems:
         shutil.rmtree(dest / "src", ignore_errors=True)  # nothing half-made is left to be built
@@ -164,7 +195,7 @@ def assemble_context(
         _link_or_copy(cached[item.filename], dest / item.context_path)
     meta = dest / "envbuild"
     meta.mkdir()
-    manifest = manifest_for(plan, file_lists, trees)
+    manifest = manifest_for(plan, file_lists, trees, submodule_trees)
     (meta / "manifest.json").write_bytes(_json_bytes(manifest))
     (meta / "requirements.txt").write_text(plan.requirements, encoding="utf-8")
     shutil.copyfile(inimage_probe.__file__, meta / "inimage_probe.py")

@@ -28,7 +28,7 @@ import os
 import stat
 import sys
 
-REPORT_VERSION = 2
+REPORT_VERSION = 3  # 3: each source reports its submodules' trees
 IMPORT_TIMEOUT = 600
 # Directories at a source's root that hold no importable part of it, when its metadata names none.
 NOT_PACKAGES = {"test", "tests", "doc", "docs", "example", "examples", "benchmark", "benchmarks", "tools", "scripts"}
@@ -53,15 +53,32 @@ def _entry(root: str, rel: str) -> tuple[str, bytes]:
     return ("100755" if info.st_mode & stat.S_IXUSR else "100644"), _blob_sha(data)
 
 
-def git_tree_sha(root: str, paths: list[str]) -> tuple[str, list[str]]:
-    """The git tree SHA of the files *paths* (relative, '/'-separated) under *root*.
+def _below(rel: str, gitlinks: dict) -> bool:
+    """Is *rel* at or below one of *gitlinks*' paths?"""
+    parts = rel.split("/")
+    return any("/".join(parts[: i + 1]) in gitlinks for i in range(len(parts)))
+
+
+def git_tree_sha(root: str, paths: list[str], gitlinks: dict | None = None) -> tuple[str, list[str]]:
+    """The git tree SHA of the files *paths* (relative, '/'-separated) under *root*, with *gitlinks*
+    ({path: commit}) as git records a submodule in its parent's tree: an entry of mode 160000 naming the
+    commit. Listed files at or below a gitlink belong to the submodule's tree and are left out.
 
     Returns the SHA and the paths that could not be read (missing, or not a file or symlink); those
     are left out of the tree, so the SHA then differs from the commit's.
     """
+    gitlinks = gitlinks or {}
     nested: dict = {}
     unreadable: list[str] = []
+    for path, commit in gitlinks.items():
+        node = nested
+        *dirs, name = path.split("/")
+        for part in dirs:
+            node = node.setdefault(part, {})
+        node[name] = ("160000", bytes.fromhex(commit))
     for rel in paths:
+        if gitlinks and _below(rel, gitlinks):
+            continue
         try:
             mode, sha = _entry(root, rel)
         except OSError:
@@ -85,6 +102,28 @@ def git_tree_sha(root: str, paths: list[str]) -> tuple[str, list[str]]:
         return hashlib.sha1(b"tree %d\0" % len(body) + body).digest()
 
     return tree(nested).hex(), sorted(unreadable)
+
+
+def git_trees(root: str, paths: list[str], gitlinks: dict, written: set) -> tuple[dict, list[str]]:
+    """The tree SHA of *root* ("") and of each submodule in *written* whose files are under it: *paths*
+    are every listed file (relative to *root*), *gitlinks* every level's {path from *root*: commit}. Each
+    level is a tree with its own submodules as gitlinks. Returns ({path: tree}, unreadable paths)."""
+    trees: dict = {}
+    unreadable: list[str] = []
+
+    def level(prefix: str) -> None:
+        inside = {p[len(prefix) :]: c for p, c in gitlinks.items() if p.startswith(prefix)}
+        direct = {p: c for p, c in inside.items() if not _below(p.rpartition("/")[0], inside)}
+        files = [f[len(prefix) :] for f in paths if f.startswith(prefix)]
+        sha, bad = git_tree_sha(os.path.join(root, prefix) if prefix else root, files, direct)
+        trees[prefix.rstrip("/")] = sha
+        unreadable.extend(prefix + b for b in bad)
+        for path in sorted(direct):
+            if prefix + path in written:
+                level(prefix + path + "/")
+
+    level("")
+    return trees, sorted(unreadable)
 
 
 def list_files(root: str) -> list[str]:
@@ -117,8 +156,10 @@ def distributions() -> tuple[dict[str, list[str]], dict[str, str]]:
 
 
 def source_report(entry: dict) -> dict:
+    """The source's tree and each written submodule's, recomputed from the files the manifest lists."""
     path = entry["path"]
     report: dict = {"path": path, "exists": os.path.isdir(path), "commit_marker": None, "tree": None, "unreadable": []}
+    report["submodules"] = {}
     if not report["exists"]:
         return report
     try:
@@ -126,7 +167,12 @@ def source_report(entry: dict) -> dict:
             report["commit_marker"] = handle.read().strip()
     except OSError:
         pass
-    report["tree"], report["unreadable"] = git_tree_sha(path, entry["files"])
+    subs = entry.get("submodules", [])
+    gitlinks = {s["path"]: s["commit"] for s in subs if s.get("commit")}
+    written = {s["path"] for s in subs if not s.get("skip")}
+    trees, report["unreadable"] = git_trees(path, entry["files"], gitlinks, written)
+    report["tree"] = trees[""]
+    report["submodules"] = {p: trees.get(p) for p in sorted(written)}
     return report
 
 

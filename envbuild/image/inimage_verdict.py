@@ -87,6 +87,15 @@ def compare_inimage(report: dict | str, manifest: dict) -> list[str]:
                 f"source {name}: the installed files have tree {seen.get('tree')}, "
                 f"commit {source['commit']} has tree {source['tree']} (a file was changed at build time)"
             )
+        for sub in source.get("submodules", []):
+            if sub.get("skip"):
+                continue
+            found = seen.get("submodules", {}).get(sub["path"])
+            if found != sub["tree"]:
+                problems.append(
+                    f"submodule {name}/{sub['path']}: the installed files have tree {found}, "
+                    f"commit {sub['commit']} has tree {sub['tree']} (a file was changed at build time)"
+                )
     return problems + environment_problems(report, manifest)
 
 

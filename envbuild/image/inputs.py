@@ -12,6 +12,7 @@ that puts it there.
 
 from __future__ import annotations
 
+import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +20,17 @@ from typing import Any, Literal
 
 from envbuild.errors import EnvbuildError, ProblemsError, RemoteError
 from envbuild.filecache import FileCache
-from envbuild.git.export import TreeExporter, commit_dates, fetch_commit, has_commit
+from envbuild.git.export import (
+    TreeExporter,
+    TreePin,
+    commit_dates,
+    fetch_commit,
+    has_commit,
+    source_pin,
+    submodule_pins,
+)
 from envbuild.index import IndexClient
-from envbuild.lock.model import Lock, Package, PackageFile, Source
+from envbuild.lock.model import Lock, Package, PackageFile
 from envbuild.progress import Progress
 from envbuild.verify import VerifyOptions, fetch_command
 
@@ -36,8 +45,8 @@ class InputFetchError(ProblemsError):
 
 @dataclass(frozen=True)
 class FetchedInput:
-    kind: Literal["source", "package_file"]
-    name: str  # the source, or the package
+    kind: Literal["source", "submodule", "package_file"]
+    name: str  # the source, SOURCE/PATH of a submodule, or the package
     what: str  # the commit, or the file name
     fetched: bool  # False: it was in the cache already
 
@@ -74,8 +83,9 @@ def fetch_inputs(
     say = progress or (lambda message: None)
     exporter, files, jobs = exporter_for(options), FileCache(options.cache_dir), options.jobs
     missing: list[str] = []
+    pins = tree_pins(lock)
     if exporter.offline:
-        missing += [f"source {s.name} (commit {s.commit})" for s in lock.sources if not has_commit(exporter, s)]
+        missing += [f"{pin.what} (commit {pin.commit})" for pin in pins if not has_commit(exporter, pin)]
         missing += [
             f"package {p.name} {p.version} ({f.filename})" for p, f in _package_files(lock) if not files.get(f.sha256)
         ]
@@ -84,7 +94,7 @@ def fetch_inputs(
                 f"{lock_path}: --offline, and the cache ({exporter.cache_dir}) lacks {'; '.join(missing)}; run "
                 f"`{fetch_command(lock_path, options)}` where the upstreams are reachable"
             )
-    fetched_sources = _fetch_sources(lock.sources, exporter, jobs, say)
+    fetched_sources = _fetch_trees(pins, exporter, jobs, say)
     fetched_files = _fetch_files(lock, files, client or IndexClient(), say)
     return Inputs((*fetched_sources, *fetched_files), newest_commit_date(lock, exporter))
 
@@ -100,22 +110,29 @@ def newest_commit_date(lock: Lock, exporter: TreeExporter) -> int | None:
     return max(dates) if dates else None
 
 
-def _fetch_sources(sources: tuple[Source, ...], exporter: TreeExporter, jobs: int, say: Progress) -> list[FetchedInput]:
-    def one(source: Source) -> FetchedInput:
-        if has_commit(exporter, source):
-            return FetchedInput("source", source.name, source.commit, False)
-        say(f"fetching the files of {source.name} ({source.ref_type} {source.ref} at {source.commit[:12]})")
-        fetch_commit(exporter, source)
-        return FetchedInput("source", source.name, source.commit, True)
+def tree_pins(lock: Lock) -> list[TreePin]:
+    """Every tree a build writes: each source's, then each submodule's the image gets (every level)."""
+    sources = [source_pin(s) for s in lock.sources]
+    return sources + [pin for s in lock.sources for _, pin in submodule_pins(s)]
+
+
+def _fetch_trees(pins: list[TreePin], exporter: TreeExporter, jobs: int, say: Progress) -> list[FetchedInput]:
+    def one(pin: TreePin) -> FetchedInput:
+        entry = FetchedInput(pin.kind, pin.name, pin.commit, False)
+        if has_commit(exporter, pin):
+            return entry
+        say(f"fetching the files of {pin.what} ({pin.commit[:12]})")
+        fetch_commit(exporter, pin)
+        return dataclasses.replace(entry, fetched=True)
 
     problems: list[str] = []
     results: list[FetchedInput] = []
-    with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(sources) or 1))) as pool:
-        for source, future in [(s, pool.submit(one, s)) for s in sources]:
+    with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(pins) or 1))) as pool:
+        for pin, future in [(p, pool.submit(one, p)) for p in pins]:
             try:
                 results.append(future.result())
             except EnvbuildError as exc:
-                problems.append(str(exc) if str(exc).startswith("source ") else f"source {source.name}: {exc}")
+                problems.append(str(exc) if str(exc).startswith(pin.what) else f"{pin.what}: {exc}")
     if problems:
         raise InputFetchError(problems)
     return results

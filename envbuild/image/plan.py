@@ -14,7 +14,7 @@ from typing import Any
 from packaging.utils import canonicalize_name
 
 from envbuild.errors import InputError
-from envbuild.lock.model import Lock, Package, PackageFile, Source
+from envbuild.lock.model import Lock, Package, PackageFile, Source, walk_submodules
 
 MANIFEST_VERSION = 2
 IMAGE_ROOT = "/opt/envbuild"
@@ -37,6 +37,21 @@ def source_commit_label(name: str) -> str:
 
 
 @dataclass(frozen=True)
+class SubmodulePlan:
+    """One submodule of a source, any level, as the image gets it (or, skipped, as the empty directory of
+    its gitlink); ``path`` is from the source's root."""
+
+    path: str
+    repo: str | None
+    commit: str | None
+    tree: str | None  # the lock's pin; the exported tree is checked against the commit's in any case
+    skip: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "repo": self.repo, "commit": self.commit, "tree": self.tree, "skip": self.skip}
+
+
+@dataclass(frozen=True)
 class SourcePlan:
     """One source as the image gets it, in layer order."""
 
@@ -54,6 +69,7 @@ class SourcePlan:
     distribution: str = ""  # what it installs as (the in-image check finds it by its origin, else by this)
     waive: tuple[tuple[str, str], ...] = ()  # (requirement name, reason): the in-image check forgives these
     skip_imports: tuple[tuple[str, str], ...] = ()  # (module, reason): not imported in the image
+    submodules: tuple[SubmodulePlan, ...] = ()  # every level, parents first
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -69,7 +85,7 @@ class SourcePlan:
             "distribution": self.distribution,
             "waive": [{"name": n, "reason": r} for n, r in self.waive],
             "skip_imports": [{"name": n, "reason": r} for n, r in self.skip_imports],
-        }
+        } | ({"submodules": [s.to_json() for s in self.submodules]} if self.submodules else {})
 
 
 @dataclass(frozen=True)
@@ -173,6 +189,10 @@ def plan_context(
             distribution=s.distribution,
             waive=tuple((w.name, w.reason) for w in s.waive),
             skip_imports=tuple((i.name, i.reason) for i in s.skip_imports),
+            submodules=tuple(
+                SubmodulePlan(path, sub.repo, sub.commit, sub.tree, sub.skip)
+                for path, sub in walk_submodules(s.submodules)
+            ),
         )
         for s in layer_order(lock.sources)
     )

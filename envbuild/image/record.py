@@ -12,7 +12,7 @@ from urllib.parse import quote
 from packaging.utils import canonicalize_name
 
 from envbuild import __version__
-from envbuild.image.plan import ContextPlan, SourcePlan
+from envbuild.image.plan import ContextPlan, SourcePlan, SubmodulePlan
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 SLSA_PROVENANCE = "https://slsa.dev/provenance/v1"
@@ -52,6 +52,11 @@ def package_purl(name: str, version: str) -> str:
     return f"pkg:pypi/{canonicalize_name(name)}@{quote(version, safe='.+!')}"
 
 
+def written_submodules(source: SourcePlan) -> list[SubmodulePlan]:
+    """The submodules whose files the image holds (skipped ones are the empty directories of their gitlinks)."""
+    return [sub for sub in source.submodules if sub.skip is None]
+
+
 def source_purl(source: SourcePlan) -> str:
     return f"pkg:generic/{source.name}@{source.commit}?vcs_url={quote('git+' + source.repo + '@' + source.commit, safe='')}"
 
@@ -75,6 +80,17 @@ def resolved_dependencies(plan: ContextPlan, trees: dict[str, str]) -> list[dict
         if tree := trees.get(source.name) or source.tree:
             annotations["gitTree"] = tree
         deps.append(item)
+        for sub in written_submodules(source):
+            assert sub.repo is not None and sub.commit is not None
+            deps.append(
+                {
+                    "name": f"{source.name}/{sub.path}",
+                    "uri": f"git+{sub.repo}",
+                    "digest": {"gitCommit": sub.commit},
+                    "annotations": {"submodule_of": source.name, "path": sub.path}
+                    | ({"gitTree": sub.tree} if sub.tree else {}),
+                }
+            )
     for file in plan.files:
         deps.append(
             {"name": file.filename, "uri": package_purl(file.package, file.version), "digest": {"sha256": file.sha256}}
@@ -171,6 +187,24 @@ def sbom(plan: ContextPlan, *, image_id: str, image_name: str | None = None, tim
                 "properties": [{"name": "envbuild:install", "value": source.mode}],
             }
         )
+        for sub in written_submodules(source):
+            assert sub.repo is not None and sub.commit is not None
+            name = f"{source.name}/{sub.path}"
+            purl = f"pkg:generic/{quote(name, safe='')}@{sub.commit}?vcs_url={quote('git+' + sub.repo + '@' + sub.commit, safe='')}"
+            components.append(
+                {
+                    "type": "library",
+                    "bom-ref": purl,
+                    "name": name,
+                    "version": sub.commit,
+                    "purl": purl,
+                    "hashes": [{"alg": "SHA-1", "content": sub.commit}],
+                    "externalReferences": [
+                        {"type": "vcs", "url": f"git+{sub.repo}@{sub.commit}", "comment": "submodule"}
+                    ],
+                    "properties": [{"name": "envbuild:submodule-of", "value": source.name}],
+                }
+            )
     metadata: dict = {
         "component": {
             "type": "container",
@@ -234,6 +268,11 @@ def build_summary(
             "install": s.mode,
         }
         for s in plan.sources
+    ]
+    inputs += [
+        {"kind": "submodule", "name": f"{s.name}/{sub.path}", "repo": sub.repo, "commit": sub.commit, "tree": sub.tree}
+        for s in plan.sources
+        for sub in written_submodules(s)
     ]
     inputs += [
         {"kind": "package_file", "name": f.package, "version": f.version, "filename": f.filename, "sha256": f.sha256}

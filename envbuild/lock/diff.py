@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 from packaging.utils import canonicalize_name
 
-from envbuild.lock.model import BaseImage, Lock, Package, Source
+from envbuild.lock.model import BaseImage, Lock, Package, Source, Submodule
 
 CommitCounter = Callable[[Source, Source], "int | None"]
 
@@ -33,11 +33,23 @@ class Change:
 
 
 # Source fields that are lists: written one item per line, shown as the items added and removed.
-LIST_FIELDS = ("requires_files", "build_requires", "requires", "waive", "skip_imports")
+LIST_FIELDS = ("requires_files", "build_requires", "requires", "waive", "skip_imports", "submodules")
 
 
 def _lines(items: tuple[str, ...] | None) -> str:
     return "(not read)" if items is None else "\n".join(items)
+
+
+def _submodule_lines(submodules: tuple[Submodule, ...], prefix: str = "") -> list[str]:
+    """One line per submodule at every level: its path from the source's root, commit, and what the
+    image does with it."""
+    lines = []
+    for sub in submodules:
+        path = f"{prefix}{sub.path}"
+        what = f"skipped: {sub.skip}" if sub.skipped else f"{sub.repo} tree {sub.tree or '(not recorded)'}"
+        lines.append(f"{path} {sub.commit or '(no commit)'} {what}")
+        lines += _submodule_lines(sub.submodules, f"{path}/")
+    return lines
 
 
 def _source_fields(source: Source) -> dict[str, str]:
@@ -59,6 +71,8 @@ def _source_fields(source: Source) -> dict[str, str]:
         "requires_unknown": source.requires_unknown or "",
         "waive": _lines(tuple(f"{w.name}: {w.reason}" for w in source.waive)),
         "skip_imports": _lines(tuple(f"{i.name}: {i.reason}" for i in source.skip_imports)),
+        "submodules": _lines(tuple(_submodule_lines(source.submodules))),
+        "submodules_unknown": source.submodules_unknown or "",
     }
 
 

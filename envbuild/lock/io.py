@@ -21,7 +21,7 @@ from packaging.version import InvalidVersion, Version
 
 from envbuild.errors import LockfileError, Problem
 from envbuild.fileio import write_atomic
-from envbuild.lock.model import LOCK_VERSION, Lock
+from envbuild.lock.model import LOCK_VERSION, LOCK_VERSIONS, Lock, Submodule
 from envbuild.lock.typed import DECIMAL_INT, MAX_INT_DIGITS, Decoder
 from envbuild.lock.yamlfile import compose_yaml, read_capped
 
@@ -49,8 +49,7 @@ def parse_lock(data: bytes | str, file: str = "<lock>") -> Lock:
     root = compose_yaml(data, file)
     if root is None:
         raise LockfileError([Problem(file, 0, "", "empty file; a lock needs version, name and sources")])
-    _check_version(root, file)
-    decoder = Decoder(file)
+    decoder = Decoder(file, version=_check_version(root, file))
     lock = decoder.decode(Lock, root, "")
     if lock is not None:
         decoder.problems.extend(_cross_checks(lock, root, file))
@@ -59,21 +58,24 @@ def parse_lock(data: bytes | str, file: str = "<lock>") -> Lock:
     return lock
 
 
-def _check_version(root: yaml.Node, file: str) -> None:
+def _check_version(root: yaml.Node, file: str) -> int | None:
     """Give a missing and an unsupported version their own, clear messages before anything else (any
-    other malformed version is the decoder's to report)."""
+    other malformed version is the decoder's to report); the version, when it is one this envbuild reads."""
     if not isinstance(root, yaml.MappingNode):
-        return
+        return None
     for key, value in root.value:
         if key.value != "version":
             continue
         number = value.value if isinstance(value, yaml.ScalarNode) and value.tag.endswith(":int") else ""
-        if DECIMAL_INT.fullmatch(number) and len(number) <= MAX_INT_DIGITS and int(number) != LOCK_VERSION:
+        if not (DECIMAL_INT.fullmatch(number) and len(number) <= MAX_INT_DIGITS):
+            return None
+        if int(number) not in LOCK_VERSIONS:
+            readable = " and ".join(str(v) for v in LOCK_VERSIONS)
             message = (
-                f"unsupported lockfile version {number}; this envbuild reads version {LOCK_VERSION} (upgrade envbuild)"
+                f"unsupported lockfile version {number}; this envbuild reads versions {readable} (upgrade envbuild)"
             )
             raise LockfileError([Problem(file, value.start_mark.line + 1, "version", message)])
-        return
+        return int(number)
     raise LockfileError([Problem(file, 1, "version", f"required key is missing (add `version: {LOCK_VERSION}`)")])
 
 
@@ -124,6 +126,7 @@ def _cross_checks(lock: Lock, root: yaml.Node, file: str) -> list[Problem]:
         seen.setdefault(source.name, i)
         for key in ("waive", "skip_imports"):
             problems += _duplicate_names(getattr(source, key), root, file, ("sources", i, key), key == "waive")
+        problems += _submodule_problems(source.submodules, root, file, ("sources", i))
     seen = {}
     for i, package in enumerate(lock.packages):
         if package is None:
@@ -151,6 +154,46 @@ def _cross_checks(lock: Lock, root: yaml.Node, file: str) -> list[Problem]:
             names.add(dist.filename)
             if message := _filename_mismatch(package.name, package.version, dist.filename):
                 problems.append(Problem(file, line, where, message))
+    return problems
+
+
+def _submodule_problems(
+    submodules: tuple[Submodule, ...], root: yaml.Node, file: str, path: tuple[Any, ...]
+) -> list[Problem]:
+    """Each level of a source's submodules: what the image gets has a repository and a commit, a skipped
+    one nothing below it, and no path is named twice or inside another's."""
+    problems: list[Problem] = []
+    where = "".join(f"[{step}]" if isinstance(step, int) else f".{step}" for step in path).lstrip(".")
+    seen: dict[str, int] = {}
+    for j, sub in enumerate(submodules):
+        if sub is None:
+            continue
+        here = (*path, "submodules", j)
+        name = f"{where}.submodules[{j}]"
+
+        def problem(key: str, message: str) -> None:
+            problems.append(Problem(file, _line_of(root, *here, key), f"{name}.{key}", message))
+
+        if sub.skipped:
+            if sub.submodules:
+                problem("submodules", "a skipped submodule is not written, so it has no submodules of its own")
+            if sub.tree is not None:
+                problem("tree", "a skipped submodule is not written, so it pins no tree")
+        else:
+            for key in ("repo", "commit"):
+                if getattr(sub, key) is None:
+                    problem(
+                        key,
+                        "required for a submodule the image gets (`envbuild lock update` records it), "
+                        "or skip it by name: `skip: REASON`",
+                    )
+        if sub.path in seen:
+            problem("path", f"duplicate {sub.path!r} (first at submodules[{seen[sub.path]}])")
+        for other, k in seen.items():
+            if sub.path.startswith(other + "/") or other.startswith(sub.path + "/"):
+                problem("path", f"{sub.path!r} and {other!r} (submodules[{k}]) are one inside the other")
+        seen.setdefault(sub.path, j)
+        problems += _submodule_problems(sub.submodules, root, file, here)
     return problems
 
 
@@ -236,6 +279,8 @@ def dump_lock(lock: Lock) -> str:
             if key in package:
                 package[key] = [_FlowMap(entry) for entry in package[key]]
     for source in data.get("sources", []):
+        if lock.version < 2 and ("submodules" in source or "submodules_unknown" in source):
+            raise ValueError(f"source {source['name']}: a version 1 lock cannot record submodules (write version 2)")
         if "provides" in source:
             source["provides"] = _FlowMap(source["provides"])
         for key in ("waive", "skip_imports"):

@@ -1,12 +1,20 @@
-"""The lockfile model, version 1: plain frozen dataclasses, no I/O.
+"""The lockfile model: plain frozen dataclasses, no I/O.
 
 The field metadata (patterns, checks, descriptions) is the single source of truth for both
-validation (:mod:`envbuild.lock.io`) and the committed JSON schema (:mod:`envbuild.lock.schema`).
+validation (:mod:`envbuild.lock.io`) and the committed JSON schemas (:mod:`envbuild.lock.schema`).
+
+Versions. Version 2 adds what version 1 cannot say: a source's git submodules (``submodules``,
+``submodules_unknown``). A field's ``since`` is the version that introduced it: a version 1 lock may
+not use it (its reader names the version the field needs), and the version 1 schema leaves it out, so
+one model describes both formats exactly. A version 1 lock reads as a version 2 lock that records no
+submodules, which is what it meant: a tree holding a gitlink was refused at export then, and is still.
+This envbuild writes version 2 when it updates a lock (:data:`LOCK_VERSION`).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -18,7 +26,8 @@ from envbuild import reference
 from envbuild.lock.typed import meta, mfield, shown
 from envbuild.lock.urls import check_index_url, check_repo_url, redact_urls
 
-LOCK_VERSION = 1
+LOCK_VERSION: Literal[2] = 2  # what `lock update` writes
+LOCK_VERSIONS = (1, 2)  # what this envbuild reads
 PYPI_SIMPLE = "https://pypi.org/simple"
 
 HEX40 = r"[0-9a-f]{40}"
@@ -91,6 +100,18 @@ def check_tree_path(value: str) -> str | None:
         return f"{shown(value)} is not a relative path inside the source's tree (no leading '/', '.', '..' or '//')"
     if not value.isprintable():
         return f"{shown(value)} holds control characters"
+    return None
+
+
+def check_submodule_path(value: str) -> str | None:
+    """Where a gitlink sits in its parent's tree: a tree path with no ``.git`` component (in any case) and,
+    as git's fsck wants of a ``.gitmodules`` path, no leading '-'."""
+    if problem := check_tree_path(value):
+        return problem
+    if any(part.lower() == ".git" for part in value.split("/")):
+        return f"{shown(value)} has a .git component"
+    if value.startswith("-"):
+        return f"{shown(value)} starts with '-'"
     return None
 
 
@@ -192,6 +213,50 @@ class SkippedImport:
 
 
 @dataclass(frozen=True)
+class Submodule:
+    """A git submodule of a source (or of another submodule): the gitlink at ``path`` in the parent's pinned
+    tree, with the URL the parent's ``.gitmodules`` gives it. Written by `lock update`; verified, fetched and
+    written into the image like a source. ``skip`` leaves it out of the image (the empty directory git
+    leaves), by name and with the reason."""
+
+    path: str = field(
+        metadata=meta(check=check_submodule_path, description="where the gitlink is, relative to the parent's tree")
+    )
+    skip: str | None = mfield(
+        None,
+        max_length=REASON_MAX,
+        check=check_reason,
+        description="why the image does without it (left as the empty directory git leaves); absent: its tree is written at path",
+    )
+    repo: str | None = mfield(
+        None,
+        check=check_repo_url,
+        description="its URL in the parent's .gitmodules (a relative one resolved against the parent's repo, as git does)",
+    )
+    commit: str | None = mfield(
+        None,
+        pattern=HEX40,
+        expect=_SHA,
+        description="the commit the parent's gitlink pins; absent only when skipped and there is no gitlink",
+    )
+    tree: str | None = mfield(None, pattern=HEX40, expect=_SHA, description="git tree SHA of the commit: a content pin")
+    submodules: tuple[Submodule, ...] = mfield((), description="its own submodules, recorded the same way")
+
+    @property
+    def skipped(self) -> bool:
+        return self.skip is not None
+
+
+def walk_submodules(submodules: tuple[Submodule, ...], prefix: str = "") -> Iterator[tuple[str, Submodule]]:
+    """Every submodule at every level, parents first, with its path from the source's root
+    (``csrc/third_party/catlass/3rdparty/googletest``)."""
+    for sub in submodules:
+        path = f"{prefix}{sub.path}"
+        yield path, sub
+        yield from walk_submodules(sub.submodules, f"{path}/")
+
+
+@dataclass(frozen=True)
 class Source:
     """One git repository pinned to a commit, with the ref it is supposed to be on."""
 
@@ -238,6 +303,18 @@ class Source:
     waive: tuple[Waiver, ...] = mfield((), description="requirements of this source the lock accepts unmet, by name")
     skip_imports: tuple[SkippedImport, ...] = mfield(
         (), description="top-level modules the in-image check does not import, with the reason"
+    )
+    submodules: tuple[Submodule, ...] = mfield(
+        (),
+        since=2,
+        description="the git submodules of the pinned tree, written by `lock update`: every gitlink of the tree is here",
+    )
+    submodules_unknown: str | None = mfield(
+        None,
+        since=2,
+        max_length=REASON_MAX,
+        check=check_reason,
+        description="why `lock update` could not read the pinned tree's submodules",
     )
 
     @property
@@ -287,7 +364,7 @@ class Package:
 class Lock:
     """A whole environment: sources, packages and base image."""
 
-    version: Literal[1]
+    version: Literal[1, 2] = field(metadata=meta(version=True))
     name: str = field(
         metadata=meta(
             pattern=reference.PATH_COMPONENT,

@@ -1,4 +1,8 @@
-"""The JSON schema of lockfile version 1, generated from the model and committed beside it."""
+"""The JSON schema of each lockfile version, generated from the one model and committed beside it.
+
+Version 1's schema is the model without the fields version 2 introduced (``since=2``), so it stays the
+schema version 1 always had; version 2's is the whole model.
+"""
 
 from __future__ import annotations
 
@@ -6,24 +10,27 @@ import json
 from pathlib import Path
 from typing import Any
 
-from envbuild.lock.model import LOCK_VERSION, Lock
+from envbuild.lock.model import LOCK_VERSION, LOCK_VERSIONS, Lock
 from envbuild.lock.typed import json_schema
 
-SCHEMA_PATH = Path(__file__).with_name(f"lock-v{LOCK_VERSION}.schema.json")
+SCHEMA_PATHS = {version: Path(__file__).with_name(f"lock-v{version}.schema.json") for version in LOCK_VERSIONS}
+SCHEMA_PATH = SCHEMA_PATHS[LOCK_VERSION]
 
 
-def lock_schema() -> dict[str, Any]:
+def lock_schema(version: int = LOCK_VERSION) -> dict[str, Any]:
     return json_schema(
         Lock,
-        title=f"envbuild lockfile, version {LOCK_VERSION}",
-        schema_id=f"https://envbuild.dev/schema/lock-v{LOCK_VERSION}.json",
+        title=f"envbuild lockfile, version {version}",
+        schema_id=f"https://envbuild.dev/schema/lock-v{version}.json",
+        version=version,
     )
 
 
-def schema_text() -> str:
-    return json.dumps(lock_schema(), indent=2, sort_keys=False) + "\n"
+def schema_text(version: int = LOCK_VERSION) -> str:
+    return json.dumps(lock_schema(version), indent=2, sort_keys=False) + "\n"
 
 
 if __name__ == "__main__":  # regenerate: python -m envbuild.lock.schema
-    SCHEMA_PATH.write_text(schema_text(), encoding="utf-8")
-    print(f"wrote {SCHEMA_PATH}")
+    for number, path in SCHEMA_PATHS.items():
+        path.write_text(schema_text(number), encoding="utf-8")
+        print(f"wrote {path}")

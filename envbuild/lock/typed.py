@@ -46,11 +46,16 @@ def meta(
     minimum: int | None = None,
     maximum: int | None = None,
     item_check: Callable[[Any], str | None] | None = None,
+    since: int | None = None,
+    version: bool = False,
 ) -> dict[str, Any]:
     """Field metadata: a ``pattern`` (checked and put in the schema), what it ``expect``s in words, an
     extra ``check`` returning a problem message or None (its message wins over the pattern's), bounds
     (``max_length`` for strings, ``minimum``/``maximum`` for integers: checked and in the schema), and an
-    ``item_check`` run on each item of a list, so a problem names the item."""
+    ``item_check`` run on each item of a list, so a problem names the item. For versioned formats:
+    ``since``, the format version that introduced the field (an older file may not use it; an older
+    version's schema leaves it out), and ``version``, marking the field that holds the format version
+    (each version's schema allows only its own number)."""
     return {
         "description": description,
         "pattern": pattern,
@@ -60,6 +65,8 @@ def meta(
         "minimum": minimum,
         "maximum": maximum,
         "item_check": item_check,
+        "since": since,
+        "version": version,
     }
 
 
@@ -87,10 +94,12 @@ MAX_INT_DIGITS = 19  # beyond any field's range, and far below what int() refuse
 
 @dataclass
 class Decoder:
-    """Collects problems while decoding one file."""
+    """Collects problems while decoding one file; ``version``, the file's format version when it has one
+    (a key of a later version is then refused, naming the version it needs)."""
 
     file: str
     problems: list[Problem] = field(default_factory=list)
+    version: int | None = None
 
     def problem(self, node: yaml.Node, path: str, message: str) -> None:
         self.problems.append(Problem(self.file, node.start_mark.line + 1, path, message))
@@ -180,6 +189,14 @@ class Decoder:
             if key not in fields:
                 known = ", ".join(fields)
                 self.problem(key_node, key_path, f"unknown key (known keys: {known})")
+                continue
+            since = fields[key].metadata.get("since")
+            if since is not None and self.version is not None and since > self.version:
+                self.problem(
+                    key_node,
+                    key_path,
+                    f"needs version {since} of the format (`version: {since}`); this file says `version: {self.version}`",
+                )
                 continue
             value = self.decode(hints[key], value_node, key_path)
             if value is not None and _complete(value):
@@ -282,10 +299,12 @@ def _describe(node: yaml.Node) -> str:
 # --- JSON Schema --------------------------------------------------------------------------------
 
 
-def json_schema(cls: type, *, title: str, schema_id: str) -> dict[str, Any]:
-    """The JSON Schema (draft 2020-12) of a dataclass tree, with one ``$defs`` entry per class."""
+def json_schema(cls: type, *, title: str, schema_id: str, version: int | None = None) -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of a dataclass tree, with one ``$defs`` entry per class; for a
+    versioned format, of its ``version``: fields introduced later are left out and the version field
+    allows that number alone."""
     defs: dict[str, Any] = {}
-    root = _schema(cls, defs)
+    root = _schema(cls, defs, version)
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": schema_id,
@@ -295,7 +314,7 @@ def json_schema(cls: type, *, title: str, schema_id: str) -> dict[str, Any]:
     }
 
 
-def _schema(hint: Any, defs: dict[str, Any]) -> dict[str, Any]:
+def _schema(hint: Any, defs: dict[str, Any], version: int | None = None) -> dict[str, Any]:
     origin = typing.get_origin(hint)
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         if hint.__name__ not in defs:
@@ -303,7 +322,13 @@ def _schema(hint: Any, defs: dict[str, Any]) -> dict[str, Any]:
             hints = typing.get_type_hints(hint)
             props, required = {}, []
             for f in dataclasses.fields(hint):
-                prop = _schema(hints[f.name], defs)
+                since = f.metadata.get("since")
+                if since is not None and version is not None and since > version:
+                    continue
+                if f.metadata.get("version") and version is not None:
+                    prop: dict[str, Any] = {"enum": [version]}
+                else:
+                    prop = _schema(hints[f.name], defs, version)
                 if f.metadata.get("pattern"):
                     prop["pattern"] = f"^(?:{f.metadata['pattern']})$"  # the decoder uses fullmatch
                 for key, keyword in (("max_length", "maxLength"), ("minimum", "minimum"), ("maximum", "maximum")):
@@ -322,11 +347,11 @@ def _schema(hint: Any, defs: dict[str, Any]) -> dict[str, Any]:
             defs[hint.__name__] = body
         return {"$ref": f"#/$defs/{hint.__name__}"}
     if _is_optional(hint):
-        return {"anyOf": [_schema(_strip_none(hint), defs), {"type": "null"}]}
+        return {"anyOf": [_schema(_strip_none(hint), defs, version), {"type": "null"}]}
     if origin is Literal:
         return {"enum": list(typing.get_args(hint))}
     if origin is tuple:
-        return {"type": "array", "items": _schema(typing.get_args(hint)[0], defs)}
+        return {"type": "array", "items": _schema(typing.get_args(hint)[0], defs, version)}
     if origin is dict:
         return {"type": "object", "additionalProperties": {"type": "string"}}
     if hint is str:

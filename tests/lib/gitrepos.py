@@ -55,6 +55,26 @@ class Repo:
         git("commit", "-q", "-m", message or f"commit {self._n}", cwd=self.path)
         return self.rev("HEAD")
 
+    def commit_gitlinks(
+        self, message: str, links: dict[str, str], gitmodules: dict[str, tuple[str, str]] | None = None, **files: str
+    ) -> str:
+        """Commit gitlinks ({path: commit}) as ``git submodule add`` would leave them, without cloning
+        anything: each gitlink in the index, and ``.gitmodules`` with ``gitmodules`` ({name: (path, url)});
+        ``files`` are written too ({name with '/' as '__': text})."""
+        if gitmodules is not None:
+            text = "".join(f'[submodule "{n}"]\n\tpath = {p}\n\turl = {u}\n' for n, (p, u) in gitmodules.items())
+            (self.path / ".gitmodules").write_text(text)
+        for name, text in files.items():
+            target = self.path / name.replace("__", "/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text)
+        git("add", "-A", cwd=self.path)
+        for path, commit in links.items():
+            git("update-index", "--add", "--cacheinfo", f"160000,{commit},{path}", cwd=self.path)
+            (self.path / path).mkdir(parents=True, exist_ok=True)  # an empty directory: `add -A` keeps the gitlink
+        git("commit", "-q", "-m", message, cwd=self.path)
+        return self.rev("HEAD")
+
     def rev(self, expr: str) -> str:
         return git("rev-parse", "--verify", expr, cwd=self.path)
 
