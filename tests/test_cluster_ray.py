@@ -221,7 +221,7 @@ def test_a_job_is_checked_on_every_node_then_runs_a_task_on_each(
         extra_env={"FAKE_TRAINER_RAY_NODES": "2", "FAKE_TRAINER_RAY_ENV": "TINY_PATCH=1"},
     )
     request = replace(request, lock=images.current.lock, cluster=NAME, cache_dir=state_dir)
-    outcome = execute_run(prepare_run(request), tmp_path / "run")
+    outcome = execute_run(prepare_run(request))
     log = (outcome.run_dir / "output.log").read_text()
     assert outcome.status == "succeeded", log[-2000:]
     assert "fake trainer: ok, on every node" in log

@@ -77,7 +77,7 @@ def test_docker_run_passes_argv_env_and_records_the_image(trainer_image: str, tm
     assert label.status == "ok", label
     tiny.expect(prepared.plan, tiny.model / "expect.json")
 
-    outcome = execute_run(prepared, tmp_path / "run")
+    outcome = execute_run(prepared)
     assert "fake trainer: ok" in (outcome.run_dir / "output.log").read_text()
     assert read_status(outcome.run_dir) == {"status": "succeeded", "exit_code": 0}
     recorded = json.loads((outcome.run_dir / "plan.json").read_text())

@@ -4,6 +4,7 @@
 program and the environment entries it must see. Exit 0 when both match, 1 (with the difference)
 otherwise. ``FAKE_TRAINER_EXPORT=FROM=TO`` copies a checkpoint directory as a run's HF export.
 ``FAKE_TRAINER_SLEEP`` seconds: wait after the check (for Ctrl-C tests); SIGINT exits 130.
+``FAKE_TRAINER_CHILD=1``: start a child process that sleeps (as a trainer starts Ray) and print its PID.
 ``FAKE_TRAINER_RAY_NODES=N`` (on a Ray cluster, as verl's driver is): run one task pinned to each alive
 node, which reports its node and the environment it sees; exit 1 unless there are N nodes and every
 task saw ``FAKE_TRAINER_RAY_ENV`` (``NAME=VALUE``, the recipe's runtime env reaching the workers).
@@ -70,8 +71,13 @@ def main(args: list[str]) -> int:
         return 1
     if export := os.environ.get("FAKE_TRAINER_EXPORT"):  # "FROM=TO": save HF weights as the trainer would
         source, _, target = export.partition("=")
-        shutil.copytree(source, target)
+        shutil.copytree(source, target, dirs_exist_ok=True)
     print(f"fake trainer: ok, {len(args)} arguments and {len(expect.get('env', {}))} env entries match", flush=True)
+    if os.environ.get("FAKE_TRAINER_CHILD"):
+        import subprocess
+
+        child = subprocess.Popen(["sleep", "300"])
+        print(f"fake trainer: started child {child.pid}", flush=True)
     seconds = float(os.environ.get("FAKE_TRAINER_SLEEP", "0"))
     if seconds:
         try:
