@@ -52,29 +52,29 @@ def _absolute(path: str) -> str | None:
 
 @dataclass(frozen=True)
 class Volume:
-    """A host directory or file seen inside a container (a job's, a cluster node's)."""
+    """A host directory or file seen inside a container (a job's, a cluster node's); read-only unless rw."""
 
     host: str = field(metadata=meta(check=_absolute, description="the path on the host"))
     container: str = field(metadata=meta(check=_absolute, description="where the job sees it"))
-    read_only: bool = True
+    mode: Literal["ro", "rw"] = "ro"
 
     @classmethod
     def parse(cls, text: str) -> Volume:
-        """``HOST:CONTAINER[:ro|rw]`` (read-only unless ``rw``), as ``--volume`` takes it."""
+        """``HOST:CONTAINER[:ro|rw]``, as ``--volume`` takes it."""
         parts = text.split(":")
         mode = parts.pop() if len(parts) == 3 else "ro"
         if len(parts) != 2 or mode not in ("ro", "rw"):
             raise InputError(f"--volume {text!r}: expected HOST:CONTAINER[:ro|rw]")
-        volume = cls(os.path.abspath(parts[0]), parts[1], mode == "ro")
+        volume = cls(os.path.abspath(parts[0]), parts[1], "rw" if mode == "rw" else "ro")
         if problem := _absolute(volume.container):
             raise InputError(f"--volume {text!r}: the container path {problem}")
         return volume
 
     def bind(self) -> dict[str, str]:
-        return {"bind": self.container, "mode": "ro" if self.read_only else "rw"}
+        return {"bind": self.container, "mode": self.mode}
 
     def to_json(self) -> dict[str, Any]:
-        return {"host": self.host, "container": self.container, "read_only": self.read_only}
+        return {"host": self.host, "container": self.container, "mode": self.mode}
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,8 @@ from envrun.cluster.info import ClusterInfo
 from envrun.cluster.spec import ClusterSpec, load_cluster_file
 from envrun.cluster.state import CLUSTER_LABEL, state_path
 from envrun.cluster.up import UpOptions, cluster_up
-from envrun.execute import execute_run
-from envrun.prepare import prepare_run
+from envrun.execute import TargetRefused, execute_run
+from envrun.prepare import RunRequest, prepare_run
 from envrun.rundir import read_status
 from tests.lib.engines import ExtraEngine, start_engine
 from tests.lib.raycluster import NODE_PORTS, BuiltImage, build_and_push, cluster_file, free_block, node_args
@@ -164,11 +164,27 @@ class Running:
         return self.info.address
 
 
+VOLUME = "/data"  # where every node sees the job's files (the cluster file's volume)
+VOLUME_TEXT = "the same file on every node"
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The host directory the cluster's volume mounts on every node: a model, data, a file to read."""
+    root = tmp_path_factory.mktemp("shared")
+    tiny_setup(root)  # model/, train.parquet
+    (root / "read-me.txt").write_text(VOLUME_TEXT)
+    return root
+
+
 @pytest.fixture(scope="module")
 def cluster(
-    images: Images, hosts: list[ExtraEngine], state_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    images: Images, hosts: list[ExtraEngine], state_dir: Path, shared: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Running]:
-    path = cluster_file(tmp_path_factory.mktemp("cluster") / "pair.yaml", NAME, [h.host for h in hosts])
+    volumes = [{"host": str(shared), "container": VOLUME}]
+    path = cluster_file(
+        tmp_path_factory.mktemp("cluster") / "pair.yaml", NAME, [h.host for h in hosts], volumes=volumes
+    )
     spec = load_cluster_file(path)
     options = UpOptions(image=images.current.reference, cache_dir=state_dir, lock=read_lock(images.current.lock))
     try:
@@ -207,33 +223,63 @@ def cluster_run(tiny: Tiny, images: Images, state_dir: Path) -> list[str]:
         "--backend", "ray", "--cluster", NAME, "--cache-dir", str(state_dir), "--lock", str(images.current.lock),
         "--entry-point", f"python3 -c {shlex.quote(source)}",
         "--env", "FAKE_TRAINER_RAY_NODES=2", "--env", "FAKE_TRAINER_RAY_ENV=TINY_PATCH=1",
+        "--model", f"{VOLUME}/model", "--data", f"{VOLUME}/train.parquet",  # where the nodes see them
         entry=False,
     )  # fmt: skip
 
 
-def test_a_job_is_checked_on_every_node_then_runs_a_task_on_each(
+def volume_request(tiny: Tiny, images: Images, state_dir: Path, **params: object) -> RunRequest:
+    """The tiny recipe on the cluster, reading its model and data at the volume's path on the nodes."""
+    request = tiny.request(
+        backend="ray",
+        model=Path(VOLUME) / "model",
+        train_files=(Path(VOLUME) / "train.parquet",),
+        entry_point=("python3", "-c", FAKE_TRAINER.read_text()),
+        extra_env={
+            "FAKE_TRAINER_RAY_NODES": "2",
+            "FAKE_TRAINER_RAY_ENV": "TINY_PATCH=1",
+            "FAKE_TRAINER_RAY_READ": f"{VOLUME}/read-me.txt={VOLUME_TEXT}",
+        },
+        **params,
+    )
+    return replace(request, lock=images.current.lock, cluster=NAME, cache_dir=state_dir)
+
+
+def test_a_job_is_checked_on_every_node_then_reads_the_volume_on_each(
     cluster: Running, images: Images, state_dir: Path, tmp_path: Path
 ) -> None:
     tiny = tiny_setup(tmp_path)
-    request = tiny.request(
-        backend="ray",
-        entry_point=("python3", "-c", FAKE_TRAINER.read_text()),
-        extra_env={"FAKE_TRAINER_RAY_NODES": "2", "FAKE_TRAINER_RAY_ENV": "TINY_PATCH=1"},
-    )
-    request = replace(request, lock=images.current.lock, cluster=NAME, cache_dir=state_dir)
-    outcome = execute_run(prepare_run(request))
+    outcome = execute_run(prepare_run(volume_request(tiny, images, state_dir)))
     log = (outcome.run_dir / "output.log").read_text()
     assert outcome.status == "succeeded", log[-2000:]
     assert "fake trainer: ok, on every node" in log
     node_ids = sorted(str(n.ray_node_id) for n in cluster.info.nodes)
-    assert str(node_ids) in log  # a task ran on each node
-    lines = [
-        line for line in json.loads((outcome.run_dir / "preflight.json").read_text()) if line["name"] == "ray-node"
-    ]
+    assert str(node_ids) in log  # a task ran on each node, and read the volume's file there
+    recorded = json.loads((outcome.run_dir / "preflight.json").read_text())
+    lines = [line for line in recorded if line["name"] == "ray-node" and line.get("facts")]
     assert sorted(line["facts"]["node_id"] for line in lines) == node_ids
     for line in lines:
         assert line["status"] == "ok" and line["facts"]["lock_sha256"] == images.current.lock_sha256
         assert line["facts"]["answered_from"] == line["facts"]["node_id"]  # the node itself answered
+    # The model and the data, checked on each node at the path the job reads there (not on this host).
+    for check in ("model", "data"):
+        per_node = [line for line in recorded if line["name"] == check]
+        assert per_node[0]["status"] == "skip" and "checked on every node" in per_node[0]["detail"]
+        assert [line["status"] for line in per_node[1:]] == ["ok", "ok"], per_node
+    assert any(f"{VOLUME}/model: checkpoint audit ok" in line["detail"] for line in recorded)
+
+
+def test_a_cluster_without_the_npus_the_run_needs_refuses_it(
+    cluster: Running, images: Images, state_dir: Path, tmp_path: Path
+) -> None:
+    tiny = tiny_setup(tmp_path)
+    prepared = prepare_run(volume_request(tiny, images, state_dir, nnodes=2, npus_per_node=1))
+    with pytest.raises(TargetRefused) as info:
+        execute_run(prepared)
+    assert "the run needs 2 node(s) x 1 NPU(s); the cluster has 2 alive node(s), 0 with 1 NPU(s) or more" in str(
+        info.value
+    )
+    assert read_status(tmp_path / "run")["status"] == "refused"
 
 
 @pytest.fixture()

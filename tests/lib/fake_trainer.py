@@ -7,7 +7,8 @@ otherwise. ``FAKE_TRAINER_EXPORT=FROM=TO`` copies a checkpoint directory as a ru
 ``FAKE_TRAINER_CHILD=1``: start a child process that sleeps (as a trainer starts Ray) and print its PID.
 ``FAKE_TRAINER_RAY_NODES=N`` (on a Ray cluster, as verl's driver is): run one task pinned to each alive
 node, which reports its node and the environment it sees; exit 1 unless there are N nodes and every
-task saw ``FAKE_TRAINER_RAY_ENV`` (``NAME=VALUE``, the recipe's runtime env reaching the workers).
+task saw ``FAKE_TRAINER_RAY_ENV`` (``NAME=VALUE``, the recipe's runtime env reaching the workers), and, with
+``FAKE_TRAINER_RAY_READ=PATH=TEXT``, read ``TEXT`` from ``PATH`` (a cluster volume) on every node.
 Runnable as ``python tests/lib/fake_trainer.py``, ``python -m tests.lib.fake_trainer`` or, inside an
 image that does not hold this file, ``python3 -c "$(cat fake_trainer.py)" ARGS``.
 """
@@ -21,14 +22,24 @@ import sys
 import time
 
 
-def on_every_node(count: int, env: str) -> list[str]:
+def on_every_node(count: int, env: str, read: str = "") -> list[str]:
     """One task per alive Ray node; the problems seen (none when all ``count`` nodes ran it and saw ``env``)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    path, _, text = read.partition("=")
+
     @ray.remote(num_cpus=0)
     def where(name: str) -> tuple[str, str | None]:
-        return ray.get_runtime_context().get_node_id(), os.environ.get(name)
+        node = ray.get_runtime_context().get_node_id()
+        if path:
+            try:
+                with open(path, encoding="utf-8") as f:
+                    if f.read() != text:
+                        return node, f"{path} holds something else"
+            except OSError as exc:
+                return node, f"{path}: {exc}"
+        return node, os.environ.get(name)
 
     ray.init()
     nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
@@ -45,7 +56,11 @@ def on_every_node(count: int, env: str) -> list[str]:
 def main(args: list[str]) -> int:
     expect_file = os.environ.get("FAKE_TRAINER_EXPECT")
     if not expect_file and os.environ.get("FAKE_TRAINER_RAY_NODES"):
-        problems = on_every_node(int(os.environ["FAKE_TRAINER_RAY_NODES"]), os.environ.get("FAKE_TRAINER_RAY_ENV", ""))
+        problems = on_every_node(
+            int(os.environ["FAKE_TRAINER_RAY_NODES"]),
+            os.environ.get("FAKE_TRAINER_RAY_ENV", ""),
+            os.environ.get("FAKE_TRAINER_RAY_READ", ""),
+        )
         for problem in problems:
             print(f"fake trainer: {problem}", flush=True)
         print("fake trainer: ok, on every node" if not problems else "fake trainer: FAILED", flush=True)
