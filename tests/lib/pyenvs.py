@@ -36,6 +36,7 @@ VENVS = CACHE_DIR / "venvs"
 TORCH_CPU = "torch==2.13.0"  # the CPU wheel this machine's pip finds locally
 HF_STACK = (TORCH_CPU, "transformers==5.10.4", "safetensors>=0.4")
 _READY = ".envbuild-test-ready"
+_BASE_PTH = "_envbuild_test_base.pth"
 
 
 @dataclass(frozen=True)
@@ -89,8 +90,11 @@ def cached_venv(requirements: Iterable[str], *, base: Venv | None = None, timeou
             return venv
         shutil.rmtree(root, ignore_errors=True)  # a build that was killed half-way
         subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, timeout=120)
-        if base is not None:
-            (venv.site_packages / "_envbuild_test_base.pth").write_text(f"{base.site_packages}\n")
+        if base is not None:  # a .pth is read only in a site directory: an overlay's overlay names the whole chain
+            chain = [str(base.site_packages)]
+            if (inherited := base.site_packages / _BASE_PTH).exists():
+                chain += inherited.read_text().split()
+            (venv.site_packages / _BASE_PTH).write_text("".join(f"{path}\n" for path in chain))
         done = subprocess.run(
             [str(venv.python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *wanted],
             capture_output=True,
