@@ -10,6 +10,7 @@ removes by ID what carries the cluster's label; the stale node is removed by its
 from __future__ import annotations
 
 import json
+import os
 import platform
 import shlex
 import time
@@ -31,12 +32,15 @@ from envrun.cluster.up import UpOptions, cluster_up
 from envrun.execute import TargetRefused, execute_run
 from envrun.prepare import RunRequest, prepare_run
 from envrun.rundir import read_status
+from tests.lib.ckptgen import CheckpointSpec, write_checkpoint
 from tests.lib.engines import ExtraEngine, start_engine
+from tests.lib.pyenvs import Venv
 from tests.lib.raycluster import NODE_PORTS, BuiltImage, build_and_push, cluster_file, free_block, node_args
 from tests.lib.raycluster import resolved_lock as ray_lock
 from tests.lib.registryapi import platform_variant, tag_digest
 from tests.lib.services import PushedImage
 from tests.lib.tinyrun import FAKE_TRAINER, Tiny, tiny_setup
+from tests.lib.verlenv import probe_recipe, verl_env, verl_hf_export_dir
 
 pytestmark = [pytest.mark.network, pytest.mark.docker, pytest.mark.registry, pytest.mark.ray, pytest.mark.slow]
 NAME = "pair"
@@ -177,11 +181,35 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+RUNS = "/runs"  # a read-write volume: the job's output directory on every node
+
+
+@pytest.fixture(scope="module")
+def verl() -> Venv:
+    return verl_env()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("runs")
+
+
 @pytest.fixture(scope="module")
 def cluster(
-    images: Images, hosts: list[ExtraEngine], state_dir: Path, shared: Path, tmp_path_factory: pytest.TempPathFactory
+    images: Images,
+    hosts: list[ExtraEngine],
+    state_dir: Path,
+    shared: Path,
+    runs: Path,
+    verl: Venv,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Running]:
-    volumes = [{"host": str(shared), "container": VOLUME}]
+    # The nodes' image holds Ray, not verl: the real verl 0.9.1 is mounted from the cached environments
+    # (and the interpreter they link to), at the same paths, so the job's python3 on its PATH is verl's.
+    interpreter = Path(os.path.realpath(verl.python)).parents[1]
+    stack = dict.fromkeys((verl.root, verl_env(transfer_queue=False).root, interpreter))
+    volumes = [{"host": str(shared), "container": VOLUME}, {"host": str(runs), "container": RUNS, "mode": "rw"}]
+    volumes += [{"host": str(p), "container": str(p)} for p in stack]
     path = cluster_file(
         tmp_path_factory.mktemp("cluster") / "pair.yaml", NAME, [h.host for h in hosts], volumes=volumes
     )
@@ -280,6 +308,58 @@ def test_a_cluster_without_the_npus_the_run_needs_refuses_it(
         info.value
     )
     assert read_status(tmp_path / "run")["status"] == "refused"
+
+
+def test_the_job_probe_runs_on_every_node(
+    cluster: Running, images: Images, verl: Venv, state_dir: Path, tmp_path: Path
+) -> None:
+    """grpo-glm5 asked of the cluster (a dry run asks every node): the probe runs on each node with the job's
+    python3 there; the nodes hold no NPU, so the run's 32 x 16 NPUs are refused, naming what each has."""
+    tiny = tiny_setup(tmp_path)
+    request = replace(
+        tiny.request(
+            backend="ray",
+            model=Path(VOLUME) / "model",
+            train_files=(Path(VOLUME) / "train.parquet",),
+            extra_env={"PATH": f"{verl.bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+            output_dir=Path(RUNS),
+            entry_point=None,
+        ),
+        recipe=str(probe_recipe(tmp_path)),
+        lock=images.current.lock,  # the cluster's lock pins Ray, not verl: its config comes from the environment
+        verl_config=verl_env(transfer_queue=False).site_packages / "verl" / "trainer" / "config",
+        cluster=NAME,
+        cache_dir=state_dir,
+        dry_run=True,
+    )
+    preflight = prepare_run(request).plan.preflight
+    probes = [line for line in preflight if line.name == "job-probe" and line.status != "skip"]
+    assert [line.status for line in probes] == ["ok", "ok"], [line.detail for line in preflight]
+    names = sorted(str(n) for n in (f"envrun-{NAME}-0", f"envrun-{NAME}-1"))
+    assert sorted(line.detail.split(" (ip")[0].removeprefix("node ") for line in probes) == names
+    assert all("verl 0.9.1 (PPOTrainerSync)" in line.detail for line in probes)
+    (capacity,) = [line for line in preflight if line.name == "ray-node" and "the run needs" in line.detail]
+    assert capacity.status == "fail" and "the run needs 32 node(s) x 16 NPU(s)" in capacity.detail
+
+
+def test_a_lost_export_on_a_node_fails_the_audit(cluster: Running, verl: Venv, runs: Path, tmp_path: Path) -> None:
+    """An export where verl writes it (its own function's path), on the cluster's output volume: found and
+    audited by a task on the nodes, which the client's host never reads; lm_head lost fails the verdict."""
+    from envrun.exports import export_verdict
+    from envrun.launch.ray_backend import RayLauncher
+    from envrun.probe.report import ExportLayout
+
+    scratch = tmp_path / "scratch"
+    relative = verl_hf_export_dir(verl, scratch).relative_to(scratch)  # global_step_1/actor/<verl's layout>
+    write_checkpoint(runs / "lost" / relative, CheckpointSpec(include_mtp=False), drop=("lm_head.weight",))
+    pattern = str(relative).replace("global_step_1", "global_step_*")
+    layout = ExportLayout(f"{RUNS}/lost", pattern, True, "trainer.save_freq=1", False)
+    plan = prepare_run(tiny_setup(tmp_path).request(backend="ray", ray_address=cluster.address)).plan
+    search = RayLauncher(cluster.address).find_exports(plan, layout, lambda _m: None)
+    verdict = export_verdict(layout, search)
+    assert not verdict.ok and len(verdict.audits) == 2  # one volume, seen and audited on each node
+    assert all(a.path == f"{RUNS}/lost/{relative}" and "lm_head.weight" in a.missing for a in verdict.audits)
+    assert {a.node for a in verdict.audits} == {f"envrun-{NAME}-0", f"envrun-{NAME}-1"}
 
 
 @pytest.fixture()

@@ -38,6 +38,8 @@ class NodeAsk:
     probe: Mapping[str, Any] | None = None  # a ProbeRequest's JSON
     exports: Mapping[str, str] | None = None  # {"root", "pattern"}
     lock: bool = True
+    python: str = "python3"  # the job's interpreter, which runs the probe
+    env: Mapping[str, str] | None = None  # the job's environment, for the probe only (the check runs as the node is)
 
     def to_json(self) -> dict[str, Any]:
         spec: dict[str, Any] = {"lock": self.lock}
@@ -47,12 +49,14 @@ class NodeAsk:
             spec["data"] = list(self.data)
         if self.probe:
             spec["probe"] = dict(self.probe)
+            spec["python"] = self.python
+            spec["env"] = dict(self.env or {})
         if self.exports:
             spec["exports"] = dict(self.exports)
         return spec
 
 
-def ask_nodes(address: str, ask: NodeAsk = NodeAsk(), env: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+def ask_nodes(address: str, ask: NodeAsk = NodeAsk()) -> list[dict[str, Any]]:
     """Each alive node's answer: node_id, name, ip, npu_resource, and what ``ask`` asked (sorted by name)."""
     import json
 
@@ -62,7 +66,7 @@ def ask_nodes(address: str, ask: NodeAsk = NodeAsk(), env: Mapping[str, str] | N
         timeout=JOB_TIMEOUT_SECONDS,
         submission_id=f"envrun-nodecheck-{uuid.uuid4().hex[:12]}",
         metadata={"envrun.purpose": "node check"},
-        runtime_env={"py_modules": PY_MODULES, "env_vars": dict(env or {})},
+        runtime_env={"py_modules": PY_MODULES},
     )
     for line in reversed(logs.splitlines()):
         if line.startswith(MARKER):

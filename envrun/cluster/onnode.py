@@ -21,6 +21,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -68,19 +69,25 @@ def data(paths: list[str]) -> list[str]:
     return [problem for problem in (parquet_problem(Path(p)) for p in paths) if problem]
 
 
-def probe(request: dict[str, Any]) -> dict[str, Any]:
-    """The job probe with this node's interpreter (the Ray worker's) and environment (the job's runtime env)."""
+def probe(request: dict[str, Any], python: str, env: dict[str, str]) -> dict[str, Any]:
+    """The job probe with the job's interpreter on this node (``python`` on the job's PATH, as the job's
+    own command finds it) and the job's environment over the node's."""
     from envrun.probe.job_script import MARKER as PROBE_MARKER
 
     source = (Path(__file__).parent.parent / "probe" / "job_script.py").read_text(encoding="utf-8")
+    job_env = {**os.environ, **env}
+    found = shutil.which(python, path=job_env.get("PATH"))
+    if found is None:
+        return {"crash": f"{python}: not found on this node's PATH (the job's interpreter)"}
     try:
         done = subprocess.run(
-            [sys.executable, "-c", source, json.dumps(request)],
+            [found, "-c", source, json.dumps(request)],
             capture_output=True,
             text=True,
             errors="replace",
             stdin=subprocess.DEVNULL,
             timeout=TASK_TIMEOUT_SECONDS,
+            env=job_env,
         )
     except subprocess.TimeoutExpired:
         return {"crash": f"the probe did not finish in {TASK_TIMEOUT_SECONDS:g} s"}
@@ -112,7 +119,7 @@ def node_answer(spec: dict[str, Any]) -> dict[str, Any]:
     if spec.get("data"):
         answer["data"] = data(list(spec["data"]))
     if spec.get("probe"):
-        answer["probe"] = probe(spec["probe"])
+        answer["probe"] = probe(spec["probe"], spec.get("python") or "python3", dict(spec.get("env") or {}))
     if spec.get("exports"):
         answer["exports"] = exports(spec["exports"]["root"], spec["exports"]["pattern"])
     return answer

@@ -53,10 +53,12 @@ class RayLauncher:
             model=str(plan.model) if plan.model and "model" not in skip else None,
             data=tuple(str(p) for p in plan.data_files) if "data" not in skip else (),
             probe=plan.probe.to_json() if plan.probe and PROBE_CHECK not in skip else None,
+            python=plan.python,
+            env=plan.env,
         )
         progress(f"asking every node of {self.address} which lock it runs and what the job would meet there")
         try:
-            answers = ask_nodes(self.address, ask, plan.env)
+            answers = ask_nodes(self.address, ask)
         except EngineError as exc:  # unverified is refused: a job never starts on nodes nobody checked
             return (PreflightLine(CHECK, "fail", f"the nodes could not be asked which lock they run: {exc}"),)
         lines = node_lines(answers, plan.lock_sha256, plan.lock_file)
