@@ -329,14 +329,25 @@ class Engine:
 
     # -- containers ---------------------------------------------------------------------------
 
-    def run(self, image: str, command: list[str], volumes: dict[str, dict[str, str]] | None = None) -> RunOutput:
-        """Run ``command`` in a new container of ``image`` with no network; always removed after."""
+    def run(
+        self,
+        image: str,
+        command: list[str],
+        volumes: dict[str, dict[str, str]] | None = None,
+        environment: dict[str, str] | None = None,
+    ) -> RunOutput:
+        """Run ``command`` in a new container of ``image`` with no network and no devices; always removed after."""
         with _engine_errors(f"run in {image[:19] if image.startswith('sha256:') else image}", self.address):
             container = None
             try:
                 with deferred_interrupts():  # Ctrl-C while it is created: taken once it can be removed
                     container = self.client.containers.create(
-                        image, command, network_mode="none", volumes=volumes or {}, detach=True
+                        image,
+                        command,
+                        network_mode="none",
+                        volumes=volumes or {},
+                        environment=environment or {},
+                        detach=True,
                     )
                 container.start()
                 status = container.wait(timeout=TIMEOUT)

@@ -2,6 +2,8 @@
 
 - :func:`sigterm_interrupts`: while a build runs, SIGTERM (a CI job cancelled, ``kill``) unwinds like
   Ctrl-C, so scratch directories and the engine's half-made containers are removed on the way out.
+- :func:`stop_signals`: while a job runs, SIGINT and SIGTERM (a scheduler, ``timeout``, ``docker stop``)
+  both unwind as :class:`KeyboardInterrupt`, and the caller learns which one came, for its record.
 - :func:`deferred_interrupts`: a signal that arrives inside the block is delivered when it ends. For a
   call whose result must not be lost: an interrupt while the engine creates a container would leave
   the container there with its ID never learnt, so never removed. The caller puts the block inside
@@ -39,6 +41,27 @@ def sigterm_interrupts() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def stop_signals(seen: list[str]) -> Iterator[None]:
+    """SIGINT and SIGTERM raise :class:`KeyboardInterrupt` inside the block; each one's name ("Ctrl-C",
+    "SIGTERM") is appended to ``seen``."""
+    if not _main_thread():
+        yield
+        return
+    names = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
+
+    def interrupt(signum: int, frame: object) -> None:
+        seen.append(names.get(signal.Signals(signum), signal.Signals(signum).name))
+        raise KeyboardInterrupt
+
+    previous = {number: signal.signal(number, interrupt) for number in _SIGNALS}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 @contextmanager

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from envbuild.cli.common import StderrProgress
 from envbuild.errors import InputError
-from envrun.plan import BACKENDS, RunParameters, render_plan_json, render_plan_text
+from envrun.plan import BACKENDS, RunParameters, Volume, render_plan_json, render_plan_text
 from envrun.preflight import CHECKS
 from envrun.recipe import shipped_recipes
 
@@ -66,7 +66,23 @@ def _add_options(p: argparse.ArgumentParser) -> None:
         "--run-dir", type=Path, metavar="DIR", help="run record directory (default runs/<recipe>-<UTC time>)"
     )
     p.add_argument(
-        "--dry-run", action="store_true", help="validate, run the preflight and print the plan; start nothing"
+        "--output-dir",
+        type=Path,
+        metavar="DIR",
+        help="where the trainer writes checkpoints and rollout data (default <run dir>/outputs; "
+        "with --backend ray, a directory every node writes to)",
+    )
+    p.add_argument(
+        "--volume",
+        action="append",
+        default=[],
+        metavar="HOST:CONTAINER[:ro|rw]",
+        help="for --backend docker: mount a host path into the job's container (repeatable; read-only by default)",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="validate, run the preflight (the job probe too) and print the plan; start nothing",
     )
     p.add_argument("--json", action="store_true", help="print the plan (or the final status) as JSON")
     p.add_argument(
@@ -118,6 +134,8 @@ def run_recipe_command(args: argparse.Namespace) -> int:
             extra_env=_env_pairs(args.env),
             ray_address=args.ray_address,
             entry_point=tuple(shlex.split(args.entry_point)) if args.entry_point else None,
+            output_dir=args.output_dir,
+            volumes=tuple(Volume.parse(v) for v in args.volume),
         ),
         lock=args.lock,
         verl_config=args.verl_config,
@@ -126,6 +144,7 @@ def run_recipe_command(args: argparse.Namespace) -> int:
         dry_run=args.dry_run,
         skip_checks=tuple(args.skip_check),
         cluster=args.cluster,
+        run_dir=args.run_dir,
     )
     progress = StderrProgress("envrun", getattr(args, "quiet", False))
     prepared = prepare_run(request, progress)
@@ -133,7 +152,7 @@ def run_recipe_command(args: argparse.Namespace) -> int:
         sys.stdout.write(render_plan_json(prepared.plan) if args.json else render_plan_text(prepared.plan))
         prepared.refuse_if_failed()
         return 0
-    outcome = execute_run(prepared, args.run_dir, progress)
+    outcome = execute_run(prepared, progress)
     for failure in outcome.export_failures:
         print(f"envrun: export audit FAILED: {failure}", file=sys.stderr)  # a result, not progress
     if args.json:

@@ -1,27 +1,32 @@
 """Launching a prepared run and recording it: run directory, the launcher's verdict, the export audit.
 
-Order: a failed preflight refuses the run before anything exists; then the run directory is created
-and the plan recorded; the launcher asks where the job will run whether it may (each node of a Ray
-cluster says which lock it runs: its answers join ``preflight.json``, and a node on another lock
+Order: a failed preflight refuses the run before anything exists; then the run directory (the plan's,
+named by the run's id) is created and the plan recorded; the launcher asks where the job will run
+whether it may (each node of a Ray cluster says which lock it runs, whether it has the NPUs, and what
+the model, the data and the job probe are there: its answers join ``preflight.json``, and a failed one
 refuses the job, recorded as ``refused``, exit 1, nothing submitted); the launcher runs the job to its
-end (streaming into ``output.log``),
-and, when the job succeeded under a lenient checkpoint setting, every Hugging Face export it wrote is
-audited. ``status.json`` is written last, whatever happened, so a record always says how the run ended.
+end (streaming into ``output.log``) — Ctrl-C or SIGTERM stops the job's process group, container or
+Ray job and is recorded as ``interrupted``, naming the signal — and, when the job succeeded under a
+lenient checkpoint setting, every Hugging Face export it wrote is audited where it lies
+(:mod:`envrun.exports`). ``status.json`` is written last, whatever happened, so a record always says
+how the run ended.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from envbuild.errors import EnvbuildError
+from envbuild.interrupts import stop_signals
 from envbuild.progress import Progress, silent
-from envrun.exports import ExportSpec, audit_exports
-from envrun.launch import LaunchResult, launcher_for
+from envrun.exports import ExportVerdict, export_verdict
+from envrun.launch import Launcher, LaunchResult, launcher_for
 from envrun.plan import PreflightLine, RunPlan
 from envrun.preflight import TARGET_CHECK, failed
 from envrun.prepare import PreparedRun
-from envrun.rundir import RunDir, Status, default_run_dir
+from envrun.probe.report import layout_of
+from envrun.rundir import RunDir, Status
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,7 @@ class RunOutcome:
     run_dir: Path
     detail: str = ""
     export_failures: tuple[str, ...] = ()  # "PATH: what it lost", one per export that failed the audit
+    exports: ExportVerdict | None = field(default=None, compare=False)
 
     @property
     def exit_status(self) -> int:
@@ -51,46 +57,63 @@ class TargetRefused(EnvbuildError):
     """Where the job would run may not run it (a node on another lock); nothing was started (exit 1)."""
 
 
-def execute_run(prepared: PreparedRun, run_dir: Path | None = None, progress: Progress = silent) -> RunOutcome:
-    """Launch ``prepared`` and record it under ``run_dir`` (default ``runs/<recipe>-<UTC time>``)."""
+def execute_run(prepared: PreparedRun, progress: Progress = silent) -> RunOutcome:
+    """Launch ``prepared`` and record it under its plan's run directory."""
     prepared.refuse_if_failed()
     plan = prepared.plan
     launcher = launcher_for(plan)
-    record = RunDir(run_dir or default_run_dir(plan.recipe))
+    record = RunDir(plan.run_dir)
     digest = _image_digest(plan)
     record.record_plan(plan, image_digest=digest)
     progress(f"run directory {record.path}")
+    signals: list[str] = []
     try:
-        if TARGET_CHECK in prepared.skip_checks:
-            target: tuple[PreflightLine, ...] = (PreflightLine(TARGET_CHECK, "skip", "skipped by --skip-check"),)
-        else:
-            target = launcher.check_target(plan, progress)
-        if target:
-            plan = plan.with_preflight(plan.preflight + target)
-            record.record_plan(plan, image_digest=digest)
-        if refused := failed(target):
-            raise TargetRefused("refused, nothing submitted: " + "; ".join(line.detail for line in refused))
-        result = launcher.launch(plan, record.log)
+        with stop_signals(signals):
+            plan = _checked_target(prepared, plan, launcher, record, digest, progress)
+            result = launcher.launch(plan, record.log)
     except TargetRefused as exc:
         record.finish("refused", None, detail=str(exc))
+        raise
+    except KeyboardInterrupt:
+        record.finish(
+            "interrupted", None, detail=f"stopped on {signals[0] if signals else 'Ctrl-C'} before the job ran"
+        )
         raise
     except BaseException as exc:
         record.finish("error", None, detail=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         raise
-    status, detail = _status(result)
-    bad: tuple[str, ...] = ()
-    if status == "succeeded" and prepared.exports is not None:
-        bad = _audit_exports(plan, prepared.exports, record, progress)
-        if bad:
-            status, detail = "failed", "export audit: " + "; ".join(bad)
+    status, detail = _status(result, signals)
+    verdict = None
+    if prepared.recipe.lenient_checkpoint is not None:
+        verdict = _audit_exports(plan, launcher, status, record, progress)
+        if status == "succeeded" and not verdict.ok:
+            status, detail = "failed", "export audit: " + "; ".join(verdict.failures)
     record.finish(status, result.exit_code, detail)
     progress(f"{status} (exit {result.exit_code}); record in {record.path}")
-    return RunOutcome(status, result.exit_code, record.path, detail, bad)
+    failures = verdict.failures if verdict is not None else ()
+    return RunOutcome(status, result.exit_code, record.path, detail, failures, verdict)
 
 
-def _status(result: LaunchResult) -> tuple[Status, str]:
+def _checked_target(
+    prepared: PreparedRun, plan: RunPlan, launcher: Launcher, record: RunDir, digest: str | None, progress: Progress
+) -> RunPlan:
+    """Where the job runs is asked whether it may (a cluster's nodes); refused: :class:`TargetRefused`."""
+    if TARGET_CHECK in prepared.skip_checks:
+        target: tuple[PreflightLine, ...] = (PreflightLine(TARGET_CHECK, "skip", "skipped by --skip-check"),)
+    else:
+        target = launcher.check_target(plan, frozenset(prepared.skip_checks), progress)
+    if target:
+        plan = plan.with_preflight(plan.preflight + target)
+        record.record_plan(plan, image_digest=digest)
+    if refused := failed(target):
+        raise TargetRefused("refused, nothing submitted: " + "; ".join(line.detail for line in refused))
+    return plan
+
+
+def _status(result: LaunchResult, signals: list[str]) -> tuple[Status, str]:
     if result.interrupted:
-        return "interrupted", result.detail
+        cause = f"stopped on {signals[0] if signals else 'Ctrl-C'}"
+        return "interrupted", f"{cause}: {result.detail}" if result.detail else cause
     return ("succeeded" if result.exit_code == 0 else "failed"), result.detail
 
 
@@ -102,9 +125,19 @@ def _image_digest(plan: RunPlan) -> str | None:
     return None
 
 
-def _audit_exports(plan: RunPlan, exports: ExportSpec, record: RunDir, progress: Progress) -> tuple[str, ...]:
-    """The lenient save's guard: every HF export the run wrote may lack the MTP layers and nothing else."""
-    where, audits = audit_exports(plan.overrides, plan.env, exports)
-    record.record_json("exports.json", {"where": where, "exports": [a.to_json() for a in audits]})
-    progress(f"export audit: {where}")
-    return tuple(f"{a.path}: {a.error or ', '.join([*a.missing[:3], *a.unexpected[:3]])}" for a in audits if not a.ok)
+def _audit_exports(
+    plan: RunPlan, launcher: Launcher, status: Status, record: RunDir, progress: Progress
+) -> ExportVerdict:
+    """The lenient save's guard, where verl wrote: recorded in ``exports.json`` whatever the job did."""
+    layout = layout_of(plan.preflight)
+    if status != "succeeded":
+        verdict = export_verdict(layout, None, f"the job did not succeed ({status})")
+        verdict = ExportVerdict(verdict.detail, layout=layout)  # a failed job fails on its own
+    elif layout is None or layout.root is None:
+        verdict = export_verdict(layout, None)
+    else:
+        progress(f"auditing the HF exports under {layout.root}/{layout.pattern}")
+        verdict = export_verdict(layout, launcher.find_exports(plan, layout, progress))
+    record.record_json("exports.json", verdict.to_json())
+    progress(f"export audit: {verdict.detail}")
+    return verdict

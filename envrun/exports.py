@@ -1,30 +1,27 @@
-"""Audit the Hugging Face weights a run exported: the lenient save must have lost nothing but MTP.
+"""The guard on lenient saving: every Hugging Face export a run wrote, where the pinned verl writes it,
+may lack the MTP layers and nothing else.
 
-The trainer writes HF exports under its checkpoint directory (verl: ``<trainer.default_local_dir>/
-global_step_N/actor/huggingface``). The runner resolves that directory from the plan's overrides the way
-the trainer would (``${oc.env:NAME,default}`` against the job's environment) and audits every export it
-finds there with the same audit as the preflight. A directory it cannot see from here is reported as not
-checked, never as fine.
+Where the exports are comes from the job probe, which read it from the verl the job ran
+(:class:`envrun.probe.report.ExportLayout`: ``trainer.default_local_dir`` as a worker resolves it, and
+verl's own layout under it, ``global_step_*/actor/model/huggingface`` for Megatron in verl 0.9.1), never
+from a constant here. Each export is audited on the machine that holds it: this host for the local and
+docker backends (the docker backend's output directory is a host directory mounted into the
+container), a task on each node for Ray (:mod:`envrun.cluster.onnode`). The verdict is a pure function
+of what was found: when the config says HF weights are saved and none is found, the run is not ok; a
+config that saves none (``trainer.save_freq=-1``) says so, never "0 exports, ok".
 """
 
 from __future__ import annotations
 
+import glob
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable
 
 from envbuild.errors import EnvbuildError
 from envrun.checkpoint.audit import audit_checkpoint
-
-_ENV = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)(?:,([^}]*))?\}")
-
-
-@dataclass(frozen=True)
-class ExportSpec:
-    dir_key: str  # the override naming the trainer's checkpoint directory
-    pattern: str  # glob, relative to it, of the HF export directories
+from envrun.probe.report import ExportLayout
 
 
 @dataclass(frozen=True)
@@ -34,52 +31,121 @@ class ExportAudit:
     missing: tuple[str, ...] = ()
     unexpected: tuple[str, ...] = ()
     error: str = ""
+    node: str = ""  # the Ray node that holds it ("" on this host)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        document: dict[str, Any] = {
             "path": self.path,
             "ok": self.ok,
             "missing": list(self.missing),
             "unexpected": list(self.unexpected),
             "error": self.error,
         }
+        if self.node:
+            document["node"] = self.node
+        return document
+
+    @classmethod
+    def from_json(cls, document: dict[str, Any], node: str = "") -> ExportAudit:
+        return cls(
+            str(document.get("path", "")),
+            bool(document.get("ok")),
+            tuple(document.get("missing") or ()),
+            tuple(document.get("unexpected") or ()),
+            str(document.get("error") or ""),
+            node,
+        )
+
+    @property
+    def failure(self) -> str:
+        where = f"{self.node}: " if self.node else ""
+        lost = self.error or ", ".join([*self.missing[:3], *self.unexpected[:3]])
+        return f"{where}{self.path}: {lost}"
 
 
-def override_value(overrides: Sequence[str], key: str) -> str | None:
-    """The value the last override of ``key`` gives (``+``/``++`` prefixes ignored)."""
-    value = None
-    for override in overrides:
-        name, sep, rest = override.lstrip("+").partition("=")
-        if sep and name == key:
-            value = rest
-    return value
+@dataclass(frozen=True)
+class ExportSearch:
+    """What a search for exports found: where it looked, whether the directory was there at all."""
+
+    where: str  # "this host", "2 node(s)"
+    present: bool  # the checkpoint directory exists there (on at least one node)
+    audits: tuple[ExportAudit, ...]
 
 
-def resolve_dir(value: str, env: Mapping[str, str]) -> Path | None:
-    """Expand ``${oc.env:NAME,default}``; None when other interpolations remain (unknowable here)."""
-    expanded = _ENV.sub(lambda m: env.get(m.group(1), m.group(2) or ""), value)
-    if "${" in expanded or not expanded:
-        return None
-    return Path(expanded.strip("'\""))
+@dataclass(frozen=True)
+class ExportVerdict:
+    detail: str  # what was found, in one line
+    audits: tuple[ExportAudit, ...] = ()
+    failures: tuple[str, ...] = ()  # one per lost export, or the missing export itself
+    layout: ExportLayout | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "where": self.detail,
+            "ok": self.ok,
+            "layout": None if self.layout is None else self.layout.to_json(),
+            "exports": [a.to_json() for a in self.audits],
+            "failures": list(self.failures),
+        }
 
 
-def audit_exports(overrides: Sequence[str], env: Mapping[str, str], spec: ExportSpec) -> tuple[str, list[ExportAudit]]:
-    """(where it looked, one audit per export found). No directory, or no export, is not a failure:
-    a run may save no HF weights; it is said in the first element."""
-    value = override_value(overrides, spec.dir_key)
-    if value is None:
-        return f"no {spec.dir_key} override: exports not checked", []
-    root = resolve_dir(value, {**os.environ, **env})
-    if root is None:
-        return f"{spec.dir_key}={value} cannot be resolved here: exports not checked", []
+def audit_export(path: Path, node: str = "") -> ExportAudit:
+    """One export audited here. The one place exports meet the audit: where the audit should run with the
+    image's own transformers (a meta-device model), this is the call to route there."""
+    try:
+        report = audit_checkpoint(path)
+    except EnvbuildError as exc:
+        return ExportAudit(str(path), False, error=str(exc).splitlines()[0], node=node)
+    return ExportAudit(str(path), bool(report.ok), tuple(report.missing), tuple(report.unexpected), node=node)
+
+
+def search_here(layout: ExportLayout) -> ExportSearch:
+    """The exports under the layout's directory on this host, each audited."""
+    assert layout.root is not None
+    root = Path(layout.root)
     if not root.is_dir():
-        return f"{root} is not visible from this host: exports not checked", []
-    audits = []
-    for export in sorted(root.glob(spec.pattern)):
-        try:
-            report = audit_checkpoint(export)
-        except EnvbuildError as exc:
-            audits.append(ExportAudit(str(export), False, error=str(exc).splitlines()[0]))
-            continue
-        audits.append(ExportAudit(str(export), report.ok, tuple(report.missing), tuple(report.unexpected)))
-    return f"{len(audits)} export(s) under {root}", audits
+        return ExportSearch("this host", False, ())
+    found = sorted(p for p in glob.glob(os.path.join(glob.escape(str(root)), layout.pattern)) if os.path.isdir(p))
+    return ExportSearch("this host", True, tuple(audit_export(Path(p)) for p in found))
+
+
+def search_from_answers(answers: Iterable[dict[str, Any]]) -> ExportSearch:
+    """What each node found (:func:`envrun.cluster.onnode.exports`), as one search."""
+    audits: list[ExportAudit] = []
+    present, count = False, 0
+    for answer in answers:
+        count += 1
+        found = answer.get("exports") or {}
+        present = present or bool(found.get("present"))
+        node = str(answer.get("name") or answer.get("node_id") or "")
+        if answer.get("error"):
+            audits.append(ExportAudit("", False, error=f"did not answer: {answer['error']}", node=node))
+        audits += [ExportAudit.from_json(a, node) for a in found.get("audits") or ()]
+    return ExportSearch(f"{count} node(s)", present, tuple(audits))
+
+
+def export_verdict(layout: ExportLayout | None, search: ExportSearch | None, not_checked: str = "") -> ExportVerdict:
+    """The guard's verdict (pure): ``search`` is None when nothing could be searched."""
+    if layout is None:
+        return ExportVerdict(f"exports not checked: {not_checked or 'no export layout (the job probe did not run)'}")
+    target = f"{layout.root}/{layout.pattern}"
+    if layout.root is None or search is None:
+        why = not_checked or "trainer.default_local_dir did not resolve"
+        failures = (f"{why}, and {layout.why}",) if layout.expected else ()
+        return ExportVerdict(f"exports not checked: {why}", failures=failures, layout=layout)
+    audits = search.audits
+    bad = tuple(a.failure for a in audits if not a.ok)
+    if audits:
+        return ExportVerdict(f"{len(audits)} export(s) under {target} on {search.where}", audits, bad, layout)
+    if layout.expected:
+        there = "holds no export" if search.present else "does not exist"
+        return ExportVerdict(
+            f"no export under {target} on {search.where}",
+            failures=(f"{layout.root} {there} on {search.where}, though {layout.why}",),
+            layout=layout,
+        )
+    return ExportVerdict(f"no periodic export ({layout.why}); nothing to audit", layout=layout)

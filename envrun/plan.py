@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Any, Literal, Mapping
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any, Literal, Mapping
 
 from envbuild.errors import InputError
 from envbuild.lock.model import ENV_NAME
+from envbuild.lock.typed import meta
 from envrun.overrides import merge_overrides
 from envrun.recipe import REQUIRED_PARAMETERS, Recipe, override_key
+
+if TYPE_CHECKING:
+    from envrun.probe.report import ProbeRequest
 
 Backend = Literal["docker", "ray", "local"]
 BACKENDS: tuple[Backend, ...] = ("docker", "ray", "local")
@@ -39,6 +44,39 @@ class PreflightLine:
         return document
 
 
+def _absolute(path: str) -> str | None:
+    if not path.startswith("/") or "\0" in path or ".." in PurePosixPath(path).parts:
+        return f"{path!r} is not an absolute path (without '..')"
+    return None
+
+
+@dataclass(frozen=True)
+class Volume:
+    """A host directory or file seen inside a container (a job's, a cluster node's); read-only unless rw."""
+
+    host: str = field(metadata=meta(check=_absolute, description="the path on the host"))
+    container: str = field(metadata=meta(check=_absolute, description="where the job sees it"))
+    mode: Literal["ro", "rw"] = "ro"
+
+    @classmethod
+    def parse(cls, text: str) -> Volume:
+        """``HOST:CONTAINER[:ro|rw]``, as ``--volume`` takes it."""
+        parts = text.split(":")
+        mode = parts.pop() if len(parts) == 3 else "ro"
+        if len(parts) != 2 or mode not in ("ro", "rw"):
+            raise InputError(f"--volume {text!r}: expected HOST:CONTAINER[:ro|rw]")
+        volume = cls(os.path.abspath(parts[0]), parts[1], "rw" if mode == "rw" else "ro")
+        if problem := _absolute(volume.container):
+            raise InputError(f"--volume {text!r}: the container path {problem}")
+        return volume
+
+    def bind(self) -> dict[str, str]:
+        return {"bind": self.container, "mode": self.mode}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "container": self.container, "mode": self.mode}
+
+
 @dataclass(frozen=True)
 class RunParameters:
     """What the user chose on the command line."""
@@ -54,6 +92,8 @@ class RunParameters:
     extra_env: dict[str, str] = field(default_factory=dict)
     entry_point: tuple[str, ...] | None = None  # a stand-in trainer for tests
     ray_address: str | None = None
+    output_dir: Path | None = None  # where the trainer writes (the recipe's outputs); default <run dir>/outputs
+    volumes: tuple[Volume, ...] = ()  # extra mounts for the docker backend
 
 
 @dataclass(frozen=True)
@@ -70,8 +110,19 @@ class RunPlan:
     model: Path | None
     data_files: tuple[Path, ...]
     lenient_checkpoint: bool
+    run_dir: Path
     ray_address: str | None = None
     preflight: tuple[PreflightLine, ...] = ()
+    output_dir: Path | None = None  # the recipe's outputs are under it (None: the recipe has none)
+    volumes: tuple[Volume, ...] = ()
+    probe: ProbeRequest | None = None  # the job probe, when the recipe has one
+    nnodes: int | None = None  # what the final overrides set for the recipe's nnodes / npus_per_node
+    npus_per_node: int | None = None
+    python: str = "python3"  # the job's interpreter (the recipe's entry point), which runs the probe
+
+    @property
+    def run_id(self) -> str:
+        return self.run_dir.name
 
     def with_preflight(self, results: tuple[PreflightLine, ...]) -> RunPlan:
         return replace(self, preflight=results)
@@ -117,12 +168,34 @@ def parameter_overrides(recipe: Recipe, params: RunParameters) -> tuple[str, ...
     return tuple(out)
 
 
-def build_plan(recipe: Recipe, params: RunParameters, lock_file: str, lock_sha256: str) -> RunPlan:
+def output_overrides(recipe: Recipe, output_dir: Path, run_id: str) -> tuple[str, ...]:
+    """The recipe's ``outputs`` as plain values: no interpolation is left for a Ray worker to resolve."""
+    return tuple(
+        f"{key}={hydra_string(str(output_dir / sub.replace('{run_id}', run_id)))}"
+        for key, sub in recipe.outputs.items()
+    )
+
+
+def _output_dir(recipe: Recipe, params: RunParameters, run_dir: Path) -> Path | None:
+    if not recipe.outputs:
+        return None
+    if params.output_dir is not None:
+        return Path(os.path.abspath(params.output_dir))
+    if params.backend == "ray":
+        raise InputError(
+            f"--backend ray needs --output-dir DIR for recipe {recipe.name}: a directory every node writes to "
+            "(a cluster volume), where the checkpoints are kept and audited"
+        )
+    return Path(os.path.abspath(run_dir)) / "outputs"  # host directories, mounted into a container
+
+
+def build_plan(recipe: Recipe, params: RunParameters, lock_file: str, lock_sha256: str, run_dir: Path) -> RunPlan:
     """The plan for ``recipe`` with ``params``: a pure function, so a dry run needs nothing running.
 
     The one place a plan is validated: what it returns is complete for its backend (an image for
     docker, an address for Ray), and the launchers trust it. ``lock_sha256`` is the digest of the lock's
-    bytes as :func:`envbuild.lock.io.read_lock` gives it (the digest the image's label carries)."""
+    bytes as :func:`envbuild.lock.io.read_lock` gives it (the digest the image's label carries);
+    ``run_dir`` is where the run is recorded, and its name the run's id."""
     if params.backend not in BACKENDS:
         raise InputError(f"--backend: expected one of {', '.join(BACKENDS)}, got {params.backend!r}")
     recipe_keys = {override_key(o) for o in recipe.overrides()}
@@ -136,12 +209,22 @@ def build_plan(recipe: Recipe, params: RunParameters, lock_file: str, lock_sha25
         raise InputError("--backend docker needs --image REF (the image built from the lock)")
     if params.backend == "ray" and not params.ray_address:
         raise InputError("--backend ray needs --ray-address URL (the Ray dashboard, e.g. http://HEAD:8265)")
+    if params.volumes and params.backend != "docker":
+        raise InputError("--volume: only the docker backend mounts (a cluster's volumes are in its cluster file)")
     for name, value in params.extra_env.items():
         if not re.fullmatch(ENV_NAME, name) or "\0" in value:
             raise InputError(f"--env {name}: not a valid environment variable")
-    overrides = merge_overrides(recipe.overrides(), parameter_overrides(recipe, params) + params.overrides)
+    output_dir = _output_dir(recipe, params, run_dir)
+    outputs = output_overrides(recipe, output_dir, run_dir.name) if output_dir else ()
+    overrides = merge_overrides(recipe.overrides() + outputs, parameter_overrides(recipe, params) + params.overrides)
     entry = params.entry_point or recipe.entry_point
     argv = (*entry, f"--config-name={recipe.config_name}", *overrides)
+    probe = None
+    if recipe.probe is not None and recipe.entry_module is not None:
+        from envrun.probe.report import ProbeRequest
+
+        skip = {s.name: s.reason for s in recipe.probe.skip_imports}
+        probe = ProbeRequest(recipe.config_name, overrides, recipe.entry_module, skip)
     return RunPlan(
         recipe=recipe.name,
         argv=argv,
@@ -155,8 +238,24 @@ def build_plan(recipe: Recipe, params: RunParameters, lock_file: str, lock_sha25
         model=params.model,
         data_files=tuple(dict.fromkeys(params.train_files + params.val_files)),
         lenient_checkpoint=recipe.lenient_checkpoint is not None,
+        run_dir=run_dir,
         ray_address=params.ray_address,
+        output_dir=output_dir,
+        volumes=params.volumes,
+        probe=probe,
+        python=recipe.entry_point[0],
+        nnodes=_int_override(overrides, recipe.parameters.get("nnodes")),
+        npus_per_node=_int_override(overrides, recipe.parameters.get("npus_per_node")),
     )
+
+
+def _int_override(overrides: tuple[str, ...], key: str | None) -> int | None:
+    value = None
+    for override in overrides:
+        name, sep, rest = override.lstrip("+").partition("=")
+        if key and sep and name == key:
+            value = rest
+    return int(value) if value is not None and value.isdigit() else None
 
 
 def _given(name: str, params: RunParameters) -> bool:
@@ -173,6 +272,9 @@ def plan_to_json(plan: RunPlan) -> dict[str, Any]:
         "lock": {"file": plan.lock_file, "sha256": plan.lock_sha256},
         "recipe": plan.recipe,
         "ray_address": plan.ray_address,
+        "run_id": plan.run_id,
+        "output_dir": None if plan.output_dir is None else str(plan.output_dir),
+        "volumes": [v.to_json() for v in plan.volumes],
     }
 
 
@@ -187,6 +289,7 @@ def render_plan_text(plan: RunPlan) -> str:
         f"backend: {plan.backend}",
         f"image:   {plan.image or '-'}",
         f"lock:    {plan.lock_file} (sha256 {plan.lock_sha256})",
+        f"run:     {plan.run_dir}" + (f" (outputs in {plan.output_dir})" if plan.output_dir else ""),
     ]
     lines += [f"env:     {k}={v}" for k, v in plan.env.items()]
     lines.append("command:")

@@ -16,16 +16,18 @@ from typing import Any, Callable, Iterable
 from envbuild.errors import EnvbuildError, InputError
 from envbuild.image.plan import LOCK_LABEL
 from envrun.checkpoint.audit import shown_name
+from envrun.datafiles import parquet_problem
 from envrun.plan import PreflightLine, RunPlan
 
 # The last is not run here: it asks where the job runs (a Ray cluster's nodes), when it is launched.
 TARGET_CHECK = "ray-node"
-CHECKS = ("image-lock-label", "npus", "model", "data", TARGET_CHECK)
-PARQUET_MAGIC = b"PAR1"
+PROBE_CHECK = "job-probe"  # envrun.probe.report.CHECK, without importing the probe here
+CHECKS = ("image-lock-label", "npus", "model", "data", PROBE_CHECK, TARGET_CHECK)
 
 ImageLabels = Callable[[str], "dict[str, str]"]  # image ref -> labels; raises EnvbuildError if absent
 Audit = Callable[[Path], Any]  # model dir -> report with .ok, .missing, .to_json()
 NpuProbe = Callable[[], PreflightLine]
+JobProbe = Callable[[RunPlan], "tuple[PreflightLine, ...]"]  # the job probe's lines for a plan
 
 
 class PreflightError(InputError):
@@ -37,6 +39,7 @@ class PreflightEnv:
     image_labels: ImageLabels | None = None
     audit: Audit | None = None
     npu_probe: NpuProbe | None = None
+    job_probe: JobProbe | None = None  # None: the probe as the plan's backend runs it (envrun.probe.run)
 
 
 def run_preflight(
@@ -46,15 +49,48 @@ def run_preflight(
     unknown = skip - set(CHECKS)
     if unknown:
         raise InputError(f"--skip-check: unknown check {sorted(unknown)[0]} (checks: {', '.join(CHECKS)})")
-    results = []
+    results: list[PreflightLine] = []
     for name, check in (
-        ("image-lock-label", lambda: check_image_label(plan, env.image_labels)),
-        ("npus", lambda: check_npus(plan, env.npu_probe, dry_run)),
-        ("model", lambda: check_model(plan, env.audit)),
-        ("data", lambda: check_data(plan.data_files)),
+        ("image-lock-label", lambda: (check_image_label(plan, env.image_labels),)),
+        ("npus", lambda: (check_npus(plan, env.npu_probe, dry_run),)),
+        ("model", lambda: (_on_nodes("model", plan) or check_model(plan, env.audit),)),
+        ("data", lambda: (_on_nodes("data", plan) or check_data(plan.data_files),)),
+        (PROBE_CHECK, lambda: check_job(plan, env.job_probe, results)),
     ):
-        results.append(PreflightLine(name, "skip", "skipped by --skip-check") if name in skip else check())
+        results.extend((PreflightLine(name, "skip", "skipped by --skip-check"),) if name in skip else check())
     return tuple(results)
+
+
+def _on_nodes(name: str, plan: RunPlan) -> PreflightLine | None:
+    """On a Ray cluster the job reads its files on the nodes: checked there, on the same paths."""
+    if plan.backend != "ray":
+        return None
+    return PreflightLine(name, "skip", f"checked on every node of the cluster, with the {TARGET_CHECK} check")
+
+
+def check_job(plan: RunPlan, probe: JobProbe | None, before: list[PreflightLine]) -> tuple[PreflightLine, ...]:
+    """The job probe where the job will run (:mod:`envrun.probe`); on a Ray cluster, with the node check."""
+    if plan.probe is None:
+        return (PreflightLine(PROBE_CHECK, "skip", f"recipe {plan.recipe} has no probe"),)
+    if plan.backend == "ray":
+        return (
+            PreflightLine(PROBE_CHECK, "skip", f"runs on every node of the cluster, with the {TARGET_CHECK} check"),
+        )
+    if any(line.name == "image-lock-label" and line.status == "fail" for line in before):
+        return (PreflightLine(PROBE_CHECK, "skip", "not run: the image is not the lock's"),)
+    return (probe or default_job_probe)(plan)
+
+
+def default_job_probe(plan: RunPlan) -> tuple[PreflightLine, ...]:
+    from envrun.probe.report import probe_lines  # the probe's cost: only when probing
+    from envrun.probe.run import probe_here, probe_in_image
+
+    assert plan.probe is not None
+    if plan.backend == "docker" and plan.image:
+        from envrun.launch.docker_backend import job_volumes
+
+        return probe_lines(probe_in_image(plan.probe, plan.image, plan.python, plan.env, job_volumes(plan)))
+    return probe_lines(probe_here(plan.probe, plan.python, plan.env))
 
 
 def failed(results: Iterable[PreflightLine]) -> list[PreflightLine]:
@@ -148,24 +184,7 @@ def check_model(plan: RunPlan, audit: Audit | None) -> PreflightLine:
 def check_data(files: tuple[Path, ...]) -> PreflightLine:
     if not files:
         return PreflightLine("data", "skip", "the data files are set by overrides, not --data")
-    problems = [p for p in map(_parquet_problem, files) if p]
+    problems = [p for p in map(parquet_problem, files) if p]
     if problems:
         return PreflightLine("data", "fail", "; ".join(problems))
     return PreflightLine("data", "ok", f"{len(files)} parquet file(s)")
-
-
-def _parquet_problem(path: Path) -> str | None:
-    try:
-        with path.open("rb") as f:
-            head = f.read(4)
-            f.seek(0, 2)
-            size = f.tell()
-            f.seek(max(size - 4, 0))
-            tail = f.read(4)
-    except FileNotFoundError:
-        return f"{path}: no such file"
-    except OSError as exc:
-        return f"{path}: cannot read: {exc.strerror or exc}"
-    if size < 12 or head != PARQUET_MAGIC or tail != PARQUET_MAGIC:
-        return f"{path}: not a parquet file (no PAR1 magic at start and end)"
-    return None

@@ -1,9 +1,11 @@
 """Preparing a run: recipe, lock and its digest, the plan, verl's config, override validation, preflight.
 
 Order: the recipe and the lock are read (strictly; the lock with the sha256 of exactly its bytes), the
-plan is built (:func:`envrun.plan.build_plan`, the one place a plan is validated), every override is
-checked against the verl config the run will use, then the preflight runs. Nothing is started and
-nothing is written; :func:`envrun.execute.execute_run` launches what this returns.
+run's id is chosen (its run directory's name), the plan is built (:func:`envrun.plan.build_plan`, the one
+place a plan is validated), every override is checked against the verl config the run will use, then the
+preflight runs — the job probe among it, where the job will run. A dry run on a Ray cluster also asks
+every node (the checks a real run makes just before it submits). Nothing is started and nothing is
+written; :func:`envrun.execute.execute_run` launches what this returns.
 """
 
 from __future__ import annotations
@@ -15,10 +17,10 @@ from envbuild.config import load_config
 from envbuild.errors import InputError
 from envbuild.lock.io import LockFile, read_lock
 from envbuild.progress import Progress, silent
-from envrun.exports import ExportSpec
 from envrun.plan import PreflightLine, RunParameters, RunPlan, build_plan
-from envrun.preflight import PreflightEnv, PreflightError, failed, run_preflight
+from envrun.preflight import TARGET_CHECK, PreflightEnv, PreflightError, failed, run_preflight
 from envrun.recipe import Recipe, load_recipe, recipe_path
+from envrun.rundir import default_run_dir
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 
@@ -36,6 +38,7 @@ class RunRequest:
     dry_run: bool = False
     skip_checks: tuple[str, ...] = ()
     cluster: str | None = None  # a cluster `envrun cluster up` started: its job API is the Ray address
+    run_dir: Path | None = None  # where the run is recorded; default runs/<recipe>-<UTC time>
 
 
 @dataclass(frozen=True)
@@ -50,12 +53,6 @@ class PreparedRun:
     @property
     def failed_checks(self) -> list[PreflightLine]:
         return failed(self.plan.preflight)
-
-    @property
-    def exports(self) -> ExportSpec | None:
-        """Where the lenient save's exports are audited after the run; None for a strict recipe."""
-        lenient = self.recipe.lenient_checkpoint
-        return None if lenient is None else ExportSpec(lenient.export_dir_key, lenient.export_pattern)
 
     def refuse_if_failed(self) -> None:
         """Raise :class:`PreflightError` (exit 2, nothing started) when a preflight check failed."""
@@ -104,7 +101,8 @@ def prepare_run(request: RunRequest, progress: Progress = silent) -> PreparedRun
     params = request.params
     if request.cluster is not None:
         params = _on_cluster(params, request.cluster, _cache_dir(request))
-    plan = build_plan(recipe, params, str(lock.path), lock.sha256)
+    run_dir = request.run_dir or default_run_dir(recipe.name)
+    plan = build_plan(recipe, params, str(lock.path), lock.sha256, run_dir)
 
     from envrun.overrides import validate_overrides  # Hydra costs a second to import
 
@@ -122,5 +120,11 @@ def prepare_run(request: RunRequest, progress: Progress = silent) -> PreparedRun
         from envrun.launch.docker_backend import image_labels
 
         env = PreflightEnv(image_labels=image_labels)
+    if plan.probe is not None and plan.backend != "ray":
+        progress(f"probing the job where it will run ({plan.image or plan.python})")
     lines = run_preflight(plan, env, dry_run=request.dry_run, skip=request.skip_checks)
+    if request.dry_run and plan.backend == "ray" and TARGET_CHECK not in request.skip_checks:
+        from envrun.launch import launcher_for
+
+        lines += launcher_for(plan).check_target(plan, frozenset(request.skip_checks), progress)
     return PreparedRun(recipe, lock, plan.with_preflight(lines), request.skip_checks)

@@ -8,6 +8,7 @@ here joins the cluster as a driver: the client's Python and Ray need not be the 
 from __future__ import annotations
 
 import asyncio
+import logging
 import shlex
 import time
 from dataclasses import dataclass
@@ -40,6 +41,9 @@ def job_client(address: str) -> Any:
         from ray.job_submission import JobSubmissionClient
     except ImportError:
         raise InputError("Ray is needed here: pip install 'envbuild[ray]'") from None
+    # Ray's client logs every package it uploads for a job (the node check's py_modules) at INFO: noise
+    # between envrun's own lines.
+    logging.getLogger("ray.dashboard.modules.dashboard_sdk").setLevel(logging.WARNING)
     try:
         return JobSubmissionClient(address)
     except Exception as exc:  # Ray raises ConnectionError, RuntimeError, ValueError by version

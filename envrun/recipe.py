@@ -24,6 +24,8 @@ PARAMETERS = ("model", "train_files", "val_files", "nnodes", "npus_per_node")
 REQUIRED_PARAMETERS = ("model", "train_files")
 _OVERRIDE = r"(?:\+\+|\+|~)?[A-Za-z_][A-Za-z0-9_./@-]*(?:=.*)?"
 _KEY = r"[A-Za-z_][A-Za-z0-9_./@-]*"
+_MODULE = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
+_OUTPUT = r"(?:[A-Za-z0-9_][A-Za-z0-9_.-]*|\{run_id\})(?:/(?:[A-Za-z0-9_][A-Za-z0-9_.-]*|\{run_id\}))*"
 
 
 class RecipeError(LockfileError):
@@ -35,6 +37,15 @@ def _check_override(value: str) -> str | None:
         return f"{value!r} is not a Hydra override (key=value, +key=value, ++key=value or ~key)"
     if "\n" in value or "\0" in value:
         return f"{value!r} contains a newline or NUL"
+    return None
+
+
+def _check_outputs(outputs: dict[str, str]) -> str | None:
+    for key, sub in outputs.items():
+        if not re.fullmatch(_KEY, key or ""):
+            return f"{key!r} is not a config key"
+        if not re.fullmatch(_OUTPUT, sub or "") or ".." in sub.split("/"):
+            return f"{key}: {sub!r} is not a relative directory (a/b, no '..'; {{run_id}} is the run's id)"
     return None
 
 
@@ -57,20 +68,30 @@ class OverrideGroup:
 
 @dataclass(frozen=True)
 class LenientCheckpoint:
-    """A lenient checkpoint setting, why it is needed, and the check that keeps it safe."""
+    """A lenient checkpoint setting, why it is needed, and the check that keeps it safe.
+
+    Where the exports it guards are written is not said here: the job probe reads it from the verl the
+    job runs (its layout for the configured strategy, and whether the config saves any)."""
 
     override: str = field(metadata=meta(check=_check_override))
     reason: str
     guard: Literal["checkpoint-audit"]
-    export_dir_key: str = mfield(
-        "trainer.default_local_dir",
-        pattern=_KEY,
-        expect="a config key",
-        description="the override naming the trainer's checkpoint directory",
-    )
-    export_pattern: str = mfield(
-        "global_step_*/actor/huggingface", description="glob of HF exports under it, audited after the run"
-    )
+
+
+@dataclass(frozen=True)
+class SkipImport:
+    """A module the job probe may fail to import where it runs, and why that failure says nothing about
+    the job (as ``skip_imports`` does for a source's modules in the in-image check)."""
+
+    name: str = field(metadata=meta(pattern=_MODULE, expect="a dotted module name such as vllm"))
+    reason: str = field(metadata=meta(check=lambda r: None if r.strip() else "must say why"))
+
+
+@dataclass(frozen=True)
+class JobProbe:
+    """The job probe (:mod:`envrun.probe`): run where the job will run, before anything is launched."""
+
+    skip_imports: tuple[SkipImport, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -88,6 +109,20 @@ class Recipe:
     runtime_env: dict[str, str] = mfield(default_factory=dict, check=check_env)
     parameters: dict[str, str] = mfield(default_factory=dict, check=_check_parameters)
     lenient_checkpoint: LenientCheckpoint | None = None
+    probe: JobProbe | None = mfield(None, description="the job probe: verl's recipes run it before launching")
+    outputs: dict[str, str] = mfield(
+        default_factory=dict,
+        check=lambda outputs: _check_outputs(outputs),
+        description="config keys envrun sets to directories under the run's output directory ({run_id}: the run's id)",
+    )
+
+    @property
+    def entry_module(self) -> str | None:
+        """``MODULE`` of an entry point ``python… -m MODULE``; None for any other program."""
+        entry = self.entry_point
+        if len(entry) >= 3 and Path(entry[0]).name.startswith("python") and entry[1] == "-m":
+            return entry[2]
+        return None
 
     def runtime_env_overrides(self) -> tuple[str, ...]:
         """The runtime env as Ray workers get it, through verl's ray_init (upstream's own spelling)."""
@@ -142,6 +177,11 @@ def _cross_checks(recipe: Recipe, file: str) -> list[Problem]:
         if key in seen:
             problems.append(Problem(file, 0, "override_groups", f"{key} is set twice ({seen[key]!r} and {override!r})"))
         seen[key] = override
+    for key in recipe.outputs:
+        if key in seen:
+            problems.append(Problem(file, 0, "outputs", f"{key} is set by envrun; drop {seen[key]!r}"))
+    if recipe.probe is not None and recipe.entry_module is None:
+        problems.append(Problem(file, 0, "probe", "the job probe needs an entry point [python3, -m, MODULE]"))
     for name in recipe.runtime_env:
         if not re.fullmatch(ENV_NAME, name):
             problems.append(Problem(file, 0, "runtime_env", f"{name!r} is not an environment variable name"))

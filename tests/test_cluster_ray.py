@@ -10,6 +10,7 @@ removes by ID what carries the cluster's label; the stale node is removed by its
 from __future__ import annotations
 
 import json
+import os
 import platform
 import shlex
 import time
@@ -28,15 +29,18 @@ from envrun.cluster.info import ClusterInfo
 from envrun.cluster.spec import ClusterSpec, load_cluster_file
 from envrun.cluster.state import CLUSTER_LABEL, state_path
 from envrun.cluster.up import UpOptions, cluster_up
-from envrun.execute import execute_run
-from envrun.prepare import prepare_run
+from envrun.execute import TargetRefused, execute_run
+from envrun.prepare import RunRequest, prepare_run
 from envrun.rundir import read_status
+from tests.lib.ckptgen import CheckpointSpec, write_checkpoint
 from tests.lib.engines import ExtraEngine, start_engine
+from tests.lib.pyenvs import Venv
 from tests.lib.raycluster import NODE_PORTS, BuiltImage, build_and_push, cluster_file, free_block, node_args
 from tests.lib.raycluster import resolved_lock as ray_lock
 from tests.lib.registryapi import platform_variant, tag_digest
 from tests.lib.services import PushedImage
 from tests.lib.tinyrun import FAKE_TRAINER, Tiny, tiny_setup
+from tests.lib.verlenv import probe_recipe, verl_env, verl_hf_export_dir
 
 pytestmark = [pytest.mark.network, pytest.mark.docker, pytest.mark.registry, pytest.mark.ray, pytest.mark.slow]
 NAME = "pair"
@@ -164,11 +168,51 @@ class Running:
         return self.info.address
 
 
+VOLUME = "/data"  # where every node sees the job's files (the cluster file's volume)
+VOLUME_TEXT = "the same file on every node"
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The host directory the cluster's volume mounts on every node: a model, data, a file to read."""
+    root = tmp_path_factory.mktemp("shared")
+    tiny_setup(root)  # model/, train.parquet
+    (root / "read-me.txt").write_text(VOLUME_TEXT)
+    return root
+
+
+RUNS = "/runs"  # a read-write volume: the job's output directory on every node
+
+
+@pytest.fixture(scope="module")
+def verl() -> Venv:
+    return verl_env()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("runs")
+
+
 @pytest.fixture(scope="module")
 def cluster(
-    images: Images, hosts: list[ExtraEngine], state_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    images: Images,
+    hosts: list[ExtraEngine],
+    state_dir: Path,
+    shared: Path,
+    runs: Path,
+    verl: Venv,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Running]:
-    path = cluster_file(tmp_path_factory.mktemp("cluster") / "pair.yaml", NAME, [h.host for h in hosts])
+    # The nodes' image holds Ray, not verl: the real verl 0.9.1 is mounted from the cached environments
+    # (and the interpreter they link to), at the same paths, so the job's python3 on its PATH is verl's.
+    interpreter = Path(os.path.realpath(verl.python)).parents[1]
+    stack = dict.fromkeys((verl.root, verl_env(transfer_queue=False).root, interpreter))
+    volumes = [{"host": str(shared), "container": VOLUME}, {"host": str(runs), "container": RUNS, "mode": "rw"}]
+    volumes += [{"host": str(p), "container": str(p)} for p in stack]
+    path = cluster_file(
+        tmp_path_factory.mktemp("cluster") / "pair.yaml", NAME, [h.host for h in hosts], volumes=volumes
+    )
     spec = load_cluster_file(path)
     options = UpOptions(image=images.current.reference, cache_dir=state_dir, lock=read_lock(images.current.lock))
     try:
@@ -207,33 +251,115 @@ def cluster_run(tiny: Tiny, images: Images, state_dir: Path) -> list[str]:
         "--backend", "ray", "--cluster", NAME, "--cache-dir", str(state_dir), "--lock", str(images.current.lock),
         "--entry-point", f"python3 -c {shlex.quote(source)}",
         "--env", "FAKE_TRAINER_RAY_NODES=2", "--env", "FAKE_TRAINER_RAY_ENV=TINY_PATCH=1",
+        "--model", f"{VOLUME}/model", "--data", f"{VOLUME}/train.parquet",  # where the nodes see them
         entry=False,
     )  # fmt: skip
 
 
-def test_a_job_is_checked_on_every_node_then_runs_a_task_on_each(
+def volume_request(tiny: Tiny, images: Images, state_dir: Path, **params: object) -> RunRequest:
+    """The tiny recipe on the cluster, reading its model and data at the volume's path on the nodes."""
+    request = tiny.request(
+        backend="ray",
+        model=Path(VOLUME) / "model",
+        train_files=(Path(VOLUME) / "train.parquet",),
+        entry_point=("python3", "-c", FAKE_TRAINER.read_text()),
+        extra_env={
+            "FAKE_TRAINER_RAY_NODES": "2",
+            "FAKE_TRAINER_RAY_ENV": "TINY_PATCH=1",
+            "FAKE_TRAINER_RAY_READ": f"{VOLUME}/read-me.txt={VOLUME_TEXT}",
+        },
+        **params,
+    )
+    return replace(request, lock=images.current.lock, cluster=NAME, cache_dir=state_dir)
+
+
+def test_a_job_is_checked_on_every_node_then_reads_the_volume_on_each(
     cluster: Running, images: Images, state_dir: Path, tmp_path: Path
 ) -> None:
     tiny = tiny_setup(tmp_path)
-    request = tiny.request(
-        backend="ray",
-        entry_point=("python3", "-c", FAKE_TRAINER.read_text()),
-        extra_env={"FAKE_TRAINER_RAY_NODES": "2", "FAKE_TRAINER_RAY_ENV": "TINY_PATCH=1"},
-    )
-    request = replace(request, lock=images.current.lock, cluster=NAME, cache_dir=state_dir)
-    outcome = execute_run(prepare_run(request), tmp_path / "run")
+    outcome = execute_run(prepare_run(volume_request(tiny, images, state_dir)))
     log = (outcome.run_dir / "output.log").read_text()
     assert outcome.status == "succeeded", log[-2000:]
     assert "fake trainer: ok, on every node" in log
     node_ids = sorted(str(n.ray_node_id) for n in cluster.info.nodes)
-    assert str(node_ids) in log  # a task ran on each node
-    lines = [
-        line for line in json.loads((outcome.run_dir / "preflight.json").read_text()) if line["name"] == "ray-node"
-    ]
+    assert str(node_ids) in log  # a task ran on each node, and read the volume's file there
+    recorded = json.loads((outcome.run_dir / "preflight.json").read_text())
+    lines = [line for line in recorded if line["name"] == "ray-node" and line.get("facts")]
     assert sorted(line["facts"]["node_id"] for line in lines) == node_ids
     for line in lines:
         assert line["status"] == "ok" and line["facts"]["lock_sha256"] == images.current.lock_sha256
         assert line["facts"]["answered_from"] == line["facts"]["node_id"]  # the node itself answered
+    # The model and the data, checked on each node at the path the job reads there (not on this host).
+    for check in ("model", "data"):
+        per_node = [line for line in recorded if line["name"] == check]
+        assert per_node[0]["status"] == "skip" and "checked on every node" in per_node[0]["detail"]
+        assert [line["status"] for line in per_node[1:]] == ["ok", "ok"], per_node
+    assert any(f"{VOLUME}/model: checkpoint audit ok" in line["detail"] for line in recorded)
+
+
+def test_a_cluster_without_the_npus_the_run_needs_refuses_it(
+    cluster: Running, images: Images, state_dir: Path, tmp_path: Path
+) -> None:
+    tiny = tiny_setup(tmp_path)
+    prepared = prepare_run(volume_request(tiny, images, state_dir, nnodes=2, npus_per_node=1))
+    with pytest.raises(TargetRefused) as info:
+        execute_run(prepared)
+    assert "the run needs 2 node(s) x 1 NPU(s); the cluster has 2 alive node(s), 0 with 1 NPU(s) or more" in str(
+        info.value
+    )
+    assert read_status(tmp_path / "run")["status"] == "refused"
+
+
+def test_the_job_probe_runs_on_every_node(
+    cluster: Running, images: Images, verl: Venv, state_dir: Path, tmp_path: Path
+) -> None:
+    """grpo-glm5 asked of the cluster (a dry run asks every node): the probe runs on each node with the job's
+    python3 there; the nodes hold no NPU, so the run's 32 x 16 NPUs are refused, naming what each has."""
+    tiny = tiny_setup(tmp_path)
+    request = replace(
+        tiny.request(
+            backend="ray",
+            model=Path(VOLUME) / "model",
+            train_files=(Path(VOLUME) / "train.parquet",),
+            extra_env={"PATH": f"{verl.bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+            output_dir=Path(RUNS),
+            entry_point=None,
+        ),
+        recipe=str(probe_recipe(tmp_path)),
+        lock=images.current.lock,  # the cluster's lock pins Ray, not verl: its config comes from the environment
+        verl_config=verl_env(transfer_queue=False).site_packages / "verl" / "trainer" / "config",
+        cluster=NAME,
+        cache_dir=state_dir,
+        dry_run=True,
+    )
+    preflight = prepare_run(request).plan.preflight
+    probes = [line for line in preflight if line.name == "job-probe" and line.status != "skip"]
+    assert [line.status for line in probes] == ["ok", "ok"], [line.detail for line in preflight]
+    names = sorted(str(n) for n in (f"envrun-{NAME}-0", f"envrun-{NAME}-1"))
+    assert sorted(line.detail.split(" (ip")[0].removeprefix("node ") for line in probes) == names
+    assert all("verl 0.9.1 (PPOTrainerSync)" in line.detail for line in probes)
+    (capacity,) = [line for line in preflight if line.name == "ray-node" and "the run needs" in line.detail]
+    assert capacity.status == "fail" and "the run needs 32 node(s) x 16 NPU(s)" in capacity.detail
+
+
+def test_a_lost_export_on_a_node_fails_the_audit(cluster: Running, verl: Venv, runs: Path, tmp_path: Path) -> None:
+    """An export where verl writes it (its own function's path), on the cluster's output volume: found and
+    audited by a task on the nodes, which the client's host never reads; lm_head lost fails the verdict."""
+    from envrun.exports import export_verdict
+    from envrun.launch.ray_backend import RayLauncher
+    from envrun.probe.report import ExportLayout
+
+    scratch = tmp_path / "scratch"
+    relative = verl_hf_export_dir(verl, scratch).relative_to(scratch)  # global_step_1/actor/<verl's layout>
+    write_checkpoint(runs / "lost" / relative, CheckpointSpec(include_mtp=False), drop=("lm_head.weight",))
+    pattern = str(relative).replace("global_step_1", "global_step_*")
+    layout = ExportLayout(f"{RUNS}/lost", pattern, True, "trainer.save_freq=1", False)
+    plan = prepare_run(tiny_setup(tmp_path).request(backend="ray", ray_address=cluster.address)).plan
+    search = RayLauncher(cluster.address).find_exports(plan, layout, lambda _m: None)
+    verdict = export_verdict(layout, search)
+    assert not verdict.ok and len(verdict.audits) == 2  # one volume, seen and audited on each node
+    assert all(a.path == f"{RUNS}/lost/{relative}" and "lm_head.weight" in a.missing for a in verdict.audits)
+    assert {a.node for a in verdict.audits} == {f"envrun-{NAME}-0", f"envrun-{NAME}-1"}
 
 
 @pytest.fixture()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from envrun.cli import main
-from envrun.cluster.nodecheck import node_lines
+from envrun.cluster.nodecheck import capacity_line, data_lines, model_lines, node_lines
 from envrun.cluster.nodes import HostFacts, host_paths, node_container, probe_command, ray_start_command
 from envrun.cluster.spec import ClusterFileError, parse_cluster_file
 from envrun.cluster.state import ClusterState, load_state, save_state, state_path
@@ -141,6 +141,58 @@ def test_a_node_gets_what_its_host_has() -> None:
 
 def _answer(name: str, lock: str | None, **more: object) -> dict[str, object]:
     return {"node_id": name * 56, "name": f"n{name}", "ip": "10.0.0.1", "lock_sha256": lock, "devices": [], **more}
+
+
+def test_volumes_reach_every_node_read_only_unless_rw() -> None:
+    text = GOOD.replace(
+        "nodes:",
+        "volumes:\n  - {host: /data, container: /data}\n  - {host: /scratch, container: /runs, mode: rw}\nnodes:",
+    )
+    spec = parse_cluster_file(text, "c.yaml")
+    host = HostFacts((), memory_bytes=1 << 30)
+    for index in range(len(spec.nodes)):
+        node = node_container(spec, index, image="r/x@sha256:" + "a" * 64, lock_sha256="b" * 64, host=host)
+        assert node.volumes == {"/data": {"bind": "/data", "mode": "ro"}, "/scratch": {"bind": "/runs", "mode": "rw"}}
+
+
+@pytest.mark.parametrize(
+    ("volumes", "expected"),
+    [
+        ("[{host: data, container: /data}]", "c.yaml:2: volumes[0].host: 'data' is not an absolute path"),
+        ("[{host: /d, container: /a/../b}]", "volumes[0].container: '/a/../b' is not an absolute path"),
+        ("[{host: /d, container: /d, mode: rx}]", "volumes[0].mode: expected one of ro | rw"),
+        ("[{host: /d, container: /d}, {host: /e, container: /d}]", "volumes: /d is mounted twice"),
+    ],
+)
+def test_bad_volumes_are_refused(volumes: str, expected: str) -> None:
+    with pytest.raises(ClusterFileError) as info:
+        parse_cluster_file(GOOD.replace("head_port: 6380", f"volumes: {volumes}"), "c.yaml")
+    assert expected in str(info.value) and info.value.exit_code == 2
+
+
+def test_fewer_nodes_or_npus_than_the_run_needs_are_refused_naming_what_is_there() -> None:
+    answers = [_answer("1", "a", npu_resource=16), _answer("2", "a", npu_resource=8), _answer("3", "a", error="x")]
+    short = capacity_line(answers, 2, 16)
+    assert short.status == "fail" and short.name == "ray-node"
+    assert short.detail == (
+        "the run needs 2 node(s) x 16 NPU(s); the cluster has 2 alive node(s), 1 with 16 NPU(s) or more "
+        "(NPU resource per node: n1: 16, n2: 8)"
+    )
+    assert capacity_line(answers, 2, 8).status == "ok" and capacity_line(answers, None, 16).status == "skip"
+
+
+def test_each_node_reports_the_model_and_the_data_it_sees() -> None:
+    answers = [
+        _answer("1", "a", model={"path": "/data/m", "ok": True}, data=[]),
+        _answer("2", "a", model={"path": "/data/m", "ok": False, "error": "/data/m: not a directory on this node"},
+                data=["/data/t.parquet: no such file"]),
+    ]  # fmt: skip
+    assert [(line.status, line.detail.split(": ", 1)[1]) for line in model_lines(answers)] == [
+        ("ok", "/data/m: checkpoint audit ok"),
+        ("fail", "/data/m: not a directory on this node"),
+    ]
+    assert [line.status for line in data_lines(answers, 1)] == ["ok", "fail"]
+    assert "node n2 (ip 10.0.0.1" in data_lines(answers, 1)[1].detail
 
 
 def test_the_node_verdict_names_each_node_and_what_it_runs() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import tarfile
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 
 from envrun.cli import main
 from envrun.execute import execute_run
+from envrun.plan import RunParameters, Volume
 from envrun.prepare import RunRequest, prepare_run
 from envrun.rundir import read_status
 from tests.lib.tinyrun import FAKE_TRAINER, LOCK, Tiny, tiny_setup
@@ -77,7 +79,7 @@ def test_docker_run_passes_argv_env_and_records_the_image(trainer_image: str, tm
     assert label.status == "ok", label
     tiny.expect(prepared.plan, tiny.model / "expect.json")
 
-    outcome = execute_run(prepared, tmp_path / "run")
+    outcome = execute_run(prepared)
     assert "fake trainer: ok" in (outcome.run_dir / "output.log").read_text()
     assert read_status(outcome.run_dir) == {"status": "succeeded", "exit_code": 0}
     recorded = json.loads((outcome.run_dir / "plan.json").read_text())
@@ -97,3 +99,57 @@ def test_an_image_without_the_lock_label_is_refused(
     err = capsys.readouterr().err
     assert code == 2 and "image-lock-label" in err and "nothing started" in err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.network
+@pytest.mark.slow
+def test_the_probe_runs_in_the_image_and_a_lost_export_fails_the_run(trainer_image: str, tmp_path: Path) -> None:
+    """grpo-glm5 on the docker backend: the job probe runs in a container of the image (no network, no
+    devices) with the real verl 0.9.1 — mounted from the cached environment, as this test image holds
+    none — and the trainer writes its export where verl's own function says, into the run's output
+    directory: a host directory, so the export outlives the container and is audited on the host."""
+    from tests.lib.ckptgen import CheckpointSpec, write_checkpoint
+    from tests.lib.tinyrun import write_parquet_like
+    from tests.lib.verlenv import path_env, probe_recipe, verl_env, verl_hf_export_dir
+
+    verl = verl_env()
+    python = Path(os.path.realpath(verl.python)).parents[1]  # the interpreter the environments link to
+    mounts = [f"{p}:{p}:ro" for p in dict.fromkeys((verl.root, verl_env(transfer_queue=False).root, python))]
+    recipe = probe_recipe(tmp_path)
+    write_checkpoint(tmp_path / "model", CheckpointSpec(include_mtp=False))
+    saved = tmp_path / "saved"  # what the lenient save wrote: lm_head lost
+    write_checkpoint(saved, CheckpointSpec(include_mtp=False), drop=("lm_head.weight",))
+    data = write_parquet_like(tmp_path / "train.parquet")
+    run_dir = tmp_path / "run"
+    scratch = tmp_path / "scratch"
+    where = run_dir / "outputs" / "ckpts" / verl_hf_export_dir(verl, scratch).relative_to(scratch)
+    expect = tmp_path / "model" / "expect.json"  # the model directory is mounted: the trainer reads it there
+    request = RunRequest(
+        str(recipe),
+        RunParameters(
+            backend="docker",
+            image=trainer_image,
+            model=tmp_path / "model",
+            train_files=(data,),
+            overrides=("trainer.save_freq=1",),
+            extra_env={**path_env(verl), "FAKE_TRAINER_EXPECT": str(expect), "FAKE_TRAINER_EXPORT": f"{saved}={where}"},
+            entry_point=("python3", "/opt/fake_trainer.py"),
+            volumes=tuple(Volume.parse(m) for m in [*mounts, f"{saved}:{saved}:ro"]),
+        ),
+        lock=LOCK,
+        cache_dir=tmp_path / "cache",
+        skip_checks=("npus",),
+        run_dir=run_dir,
+    )
+    prepared = prepare_run(request)
+    (line,) = [c for c in prepared.plan.preflight if c.name == "job-probe"]
+    assert line.status == "ok" and line.detail.startswith(f"image {trainer_image}: verl 0.9.1"), line.detail
+    expect.write_text(json.dumps({"args": list(prepared.plan.argv[2:]), "env": {}}))
+
+    outcome = execute_run(prepared)
+    assert "fake trainer: ok" in (run_dir / "output.log").read_text()
+    assert where.is_dir()  # on the host, after the container is gone
+    status = read_status(run_dir)
+    assert outcome.exit_status == 1 and status["status"] == "failed" and "lm_head.weight" in status["detail"]
+    (audit,) = json.loads((run_dir / "exports.json").read_text())["exports"]
+    assert audit["path"] == str(where) and audit["ok"] is False

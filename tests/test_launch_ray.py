@@ -142,7 +142,7 @@ def test_job_runs_on_ray_and_streams_logs(ray_head: str, tiny: Tiny, capsys: pyt
     # The env reaches the job only through Ray's runtime_env: the head was started without it.
     prepared = ray_run(tiny, ray_head)
     assert prepared.plan.backend == "ray"
-    outcome = execute_run(prepared, tiny.tmp / "run")
+    outcome = execute_run(prepared)
     assert outcome.status == "succeeded" and outcome.exit_status == 0
     assert "fake trainer: ok" in capsys.readouterr().out
     log = (outcome.run_dir / "output.log").read_text()
@@ -157,7 +157,7 @@ def test_nodes_that_cannot_be_checked_refuse_the_job(ray_head: str, tiny: Tiny) 
 
     before = {job.submission_id for job in JobSubmissionClient(ray_head).list_jobs()}
     with pytest.raises(TargetRefused) as info:
-        execute_run(ray_run(tiny, ray_head, check_nodes=True), tiny.tmp / "run")
+        execute_run(ray_run(tiny, ray_head, check_nodes=True))
     assert info.value.exit_code == 1
     assert "nothing submitted: the nodes could not be asked which lock they run" in str(info.value)
     status = read_status(tiny.tmp / "run")
@@ -169,7 +169,7 @@ def test_nodes_that_cannot_be_checked_refuse_the_job(ray_head: str, tiny: Tiny) 
 
 
 def test_a_skipped_node_check_is_recorded(ray_head: str, tiny: Tiny) -> None:
-    outcome = execute_run(ray_run(tiny, ray_head), tiny.tmp / "run")
+    outcome = execute_run(ray_run(tiny, ray_head))
     assert outcome.status == "succeeded"
     recorded = json.loads((outcome.run_dir / "preflight.json").read_text())
     assert {"name": "ray-node", "status": "skip", "detail": "skipped by --skip-check"} in recorded
@@ -178,7 +178,7 @@ def test_a_skipped_node_check_is_recorded(ray_head: str, tiny: Tiny) -> None:
 def test_failed_ray_job_is_recorded(ray_head: str, tiny: Tiny) -> None:
     prepared = ray_run(tiny, ray_head)
     tiny.expect_file.write_text(json.dumps({"args": ["not", "these"], "env": {}}))
-    outcome = execute_run(prepared, tiny.tmp / "run")
+    outcome = execute_run(prepared)
     assert outcome.exit_status == 1
     assert read_status(outcome.run_dir)["status"] == "failed"
     assert "expected 'not'" in (outcome.run_dir / "output.log").read_text()

@@ -51,6 +51,7 @@ def test_dry_run_plan_is_the_full_command(tiny: Tiny) -> None:
         "npus": "skip",
         "model": "ok",
         "data": "ok",
+        "job-probe": "skip",  # the tiny recipe has no probe
     }
     assert plan.lock_sha256 == hashlib.sha256(LOCK.read_bytes()).hexdigest()
 
@@ -82,7 +83,7 @@ def test_hydra_string_quotes_only_what_needs_it() -> None:
 def test_user_value_wins_and_keeps_the_recipes_plus(tiny: Tiny) -> None:
     recipe = load_recipe(tiny.recipe)
     params = RunParameters(model=tiny.model, train_files=(tiny.data,), overrides=("data.extra.deep=z", "~data.batch"))
-    plan = build_plan(recipe, params, "lock.yaml", "0" * 64)
+    plan = build_plan(recipe, params, "lock.yaml", "0" * 64, Path("runs/tiny-1"))
     assert "+data.extra.deep=z" in plan.overrides
     assert "~data.batch" in plan.overrides and "data.batch=4" not in plan.overrides
 
@@ -90,7 +91,7 @@ def test_user_value_wins_and_keeps_the_recipes_plus(tiny: Tiny) -> None:
 def test_model_is_required(tiny: Tiny) -> None:
     recipe = load_recipe(recipe_path("grpo-glm5"))
     with pytest.raises(Exception, match="--model is required"):
-        build_plan(recipe, RunParameters(train_files=(tiny.data,)), "lock.yaml", "0" * 64)
+        build_plan(recipe, RunParameters(train_files=(tiny.data,)), "lock.yaml", "0" * 64, Path("runs/tiny-1"))
 
 
 def test_missing_model_dir_stops_before_anything(tiny: Tiny, capsys: pytest.CaptureFixture[str]) -> None:

@@ -50,8 +50,17 @@ def test_shipped_recipe_holds_the_whole_job() -> None:
     assert recipe.lenient_checkpoint.override == "actor_rollout_ref.actor.checkpoint.strict=False"
     assert recipe.lenient_checkpoint.guard == "checkpoint-audit"
     assert "MTP" in recipe.lenient_checkpoint.reason
-    assert len(overrides) == len({override_key(o) for o in overrides}) == 123
+    assert len(overrides) == len({override_key(o) for o in overrides}) == 121
     assert recipe.parameters["model"] == "actor_rollout_ref.model.path"
+    # Plain values only: a Ray worker resolves the config again, where Hydra's ${now:} does not exist; the
+    # run's directories are envrun's to give.
+    assert not [o for o in overrides if "${" in o]
+    assert recipe.outputs == {
+        "trainer.default_local_dir": "ckpts",
+        "trainer.rollout_data_dir": "rollout_data/{run_id}",
+    }
+    assert recipe.entry_module == "verl.trainer.main_ppo" and recipe.probe is not None
+    assert all(s.reason for s in recipe.probe.skip_imports)
 
 
 MINIMAL = """\
@@ -82,6 +91,11 @@ def test_minimal_recipe_parses() -> None:
         (MINIMAL + "parameters: {weights: model.path}\n", "unknown parameter 'weights'"),
         (MINIMAL + "runtime_env: {1BAD: x}\n", "not a valid environment variable name"),
         (MINIMAL.replace("config_name: tiny\n", ""), "config_name: required key is missing"),
+        (MINIMAL + "outputs: {trainer.ckpt: ../up}\n", "not a relative directory"),
+        (MINIMAL + "outputs: {trainer.nnodes: ckpts}\n", "trainer.nnodes is set by envrun"),
+        (MINIMAL.replace("[python3, -m, tiny]", "[trainer]") + "probe: {}\n", "needs an entry point [python3, -m"),
+        (MINIMAL + "probe: {skip_imports: [{name: vllm, reason: ' '}]}\n", "must say why"),
+        (MINIMAL + "probe: {skip_imports: [{name: 'a b', reason: x}]}\n", "a dotted module name"),
         ("recipe: [1\n", "not valid YAML"),
         ("", "empty file"),
     ],

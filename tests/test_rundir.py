@@ -17,7 +17,7 @@ from envrun.rundir import RunDir, read_status
 def a_plan(tmp_path: Path):
     recipe = load_recipe(recipe_path("grpo-glm5"))
     params = RunParameters(model=tmp_path / "m", train_files=(tmp_path / "d.parquet",), overrides=("trainer.nnodes=2",))
-    return build_plan(recipe, params, "lock.yaml", "ab" * 32).with_preflight(
+    return build_plan(recipe, params, "lock.yaml", "ab" * 32, Path("runs/tiny-1")).with_preflight(
         (PreflightLine("data", "ok", "1 parquet file(s)"),)
     )
 

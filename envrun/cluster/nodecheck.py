@@ -1,71 +1,72 @@
-"""Every node checked before a job starts: each alive node of the cluster says which lock it runs.
+"""Every node checked before a job starts, and every node's exports audited after it: each node answers
+for itself (:mod:`envrun.cluster.onnode`, a short Ray job with a task pinned to each alive node).
 
-The answer comes from the node itself, never from the client: a short Ray job runs one task pinned to
-each alive node (``NodeAffinitySchedulingStrategy``, ``soft=False``, no CPU asked so a busy node still
-answers), which reads the lock digest the image recorded in ``/opt/envbuild/meta/manifest.json`` and
-lists the NPUs the node's container sees. A node on another lock, on an image envbuild did not build
-(no manifest), or that does not answer, refuses the job before it is submitted — naming the node and
-what it runs. The verdict is a pure function of the answers, one preflight line per node.
+Before a job, each node says which lock it runs and which NPUs it sees, audits the model at the path the
+job will read there, checks the data files there, and runs the job probe with its own interpreter. A
+node on another lock, on an image envbuild did not build (no manifest), or that does not answer refuses
+the job; so do fewer alive nodes with enough NPUs than ``nnodes × npus-per-node``, a model or data file
+a node cannot read, and a probe problem on any node — each one line naming the node. The verdicts are
+pure functions of the answers.
 """
 
 from __future__ import annotations
 
-import json
 import uuid
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
 
 from envbuild.errors import EngineError
 from envrun import ray_api
+from envrun.cluster.onnode import MANIFEST, MARKER, TASK_TIMEOUT_SECONDS
 from envrun.plan import PreflightLine
 
 CHECK = "ray-node"
-MARKER = "ENVRUN-NODES "
-TIMEOUT_SECONDS = 300.0
-MANIFEST = "/opt/envbuild/meta/manifest.json"
+JOB_TIMEOUT_SECONDS = TASK_TIMEOUT_SECONDS + 120
+# What travels with the node job: the packages of envrun's own checks, uploaded by Ray.
+PY_MODULES = [str(Path(__file__).resolve().parents[2] / name) for name in ("envbuild", "envrun")]
 
-# Runs on the cluster as the job's driver, with the cluster's own Python and Ray (standard library + ray).
-PROBE = f"""
-import glob, json, os, socket
-import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-@ray.remote(num_cpus=0, max_retries=0)
-def facts():
-    try:
-        with open({MANIFEST!r}, encoding="utf-8") as f:
-            lock, problem = json.load(f).get("lock_sha256"), ""
-    except (OSError, ValueError) as exc:
-        lock, problem = None, f"{{type(exc).__name__}}: {{exc}}"
-    devices = sorted(p for p in glob.glob("/dev/davinci*") if p[len("/dev/davinci"):].isdigit())
-    return {{"lock_sha256": lock, "manifest_problem": problem, "devices": devices,
-            "visible_devices": os.environ.get("ASCEND_RT_VISIBLE_DEVICES"), "hostname": socket.gethostname(),
-            "answered_from": ray.get_runtime_context().get_node_id()}}
-
-ray.init()
-nodes = [n for n in ray.nodes() if n["Alive"]]
-pending = [facts.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote()
-           for n in nodes]
-answers = []
-for node, ref in zip(nodes, pending):
-    answer = {{"node_id": node["NodeID"], "name": node.get("NodeName") or node["NodeManagerAddress"],
-              "ip": node["NodeManagerAddress"], "npu_resource": node.get("Resources", {{}}).get("NPU", 0)}}
-    try:
-        answer.update(ray.get(ref, timeout={TIMEOUT_SECONDS / 2}))
-    except Exception as exc:
-        answer["error"] = (type(exc).__name__ + ": " + str(exc)).splitlines()[0]
-    answers.append(answer)
-print({MARKER!r} + json.dumps(answers, sort_keys=True), flush=True)
-"""
+__all__ = ["CHECK", "MANIFEST", "NodeAsk", "ask_nodes", "node_lines"]
 
 
-def ask_nodes(address: str) -> list[dict[str, Any]]:
-    """Each alive node's answer: node_id, name, ip, lock_sha256 (None without a manifest), devices, …"""
+@dataclass(frozen=True)
+class NodeAsk:
+    """What every node is asked (the on-node spec)."""
+
+    model: str | None = None
+    data: tuple[str, ...] = ()
+    probe: Mapping[str, Any] | None = None  # a ProbeRequest's JSON
+    exports: Mapping[str, str] | None = None  # {"root", "pattern"}
+    lock: bool = True
+    python: str = "python3"  # the job's interpreter, which runs the probe
+    env: Mapping[str, str] | None = None  # the job's environment, for the probe only (the check runs as the node is)
+
+    def to_json(self) -> dict[str, Any]:
+        spec: dict[str, Any] = {"lock": self.lock}
+        if self.model:
+            spec["model"] = self.model
+        if self.data:
+            spec["data"] = list(self.data)
+        if self.probe:
+            spec["probe"] = dict(self.probe)
+            spec["python"] = self.python
+            spec["env"] = dict(self.env or {})
+        if self.exports:
+            spec["exports"] = dict(self.exports)
+        return spec
+
+
+def ask_nodes(address: str, ask: NodeAsk = NodeAsk()) -> list[dict[str, Any]]:
+    """Each alive node's answer: node_id, name, ip, npu_resource, and what ``ask`` asked (sorted by name)."""
+    import json
+
     logs = ray_api.run_job(
         address,
-        ["python3", "-c", PROBE],
-        timeout=TIMEOUT_SECONDS,
+        ["python3", "-m", "envrun.cluster.onnode", json.dumps(ask.to_json(), sort_keys=True)],
+        timeout=JOB_TIMEOUT_SECONDS,
         submission_id=f"envrun-nodecheck-{uuid.uuid4().hex[:12]}",
         metadata={"envrun.purpose": "node check"},
+        runtime_env={"py_modules": PY_MODULES},
     )
     for line in reversed(logs.splitlines()):
         if line.startswith(MARKER):
@@ -74,7 +75,7 @@ def ask_nodes(address: str) -> list[dict[str, Any]]:
     raise EngineError(f"{address}: the node check printed no answer; its output ends: {logs.strip()[-300:]}")
 
 
-def node_label(answer: dict[str, Any]) -> str:
+def node_label(answer: Mapping[str, Any]) -> str:
     return f"node {answer.get('name')} (ip {answer.get('ip')}, Ray node {answer.get('node_id')})"
 
 
@@ -88,16 +89,89 @@ def node_lines(answers: list[dict[str, Any]], lock_sha256: str, lock_file: str) 
         devices = answer.get("devices") or []
         npus = f"{len(devices)} NPU(s) visible{' (' + ', '.join(devices) + ')' if devices else ''}"
         npus += f", Ray NPU resource {answer.get('npu_resource', 0):g}"
+        facts = {k: v for k, v in answer.items() if k not in ("probe", "model", "data", "exports")}
         if answer.get("error"):
-            line = PreflightLine(CHECK, "fail", f"{who} did not answer: {answer['error']}", answer)
+            line = PreflightLine(CHECK, "fail", f"{who} did not answer: {answer['error']}", facts)
         elif found is None:
             reason = answer.get("manifest_problem") or "no lock digest"
-            line = PreflightLine(CHECK, "fail", f"{who} runs no envbuild image ({MANIFEST}: {reason})", answer)
+            line = PreflightLine(CHECK, "fail", f"{who} runs no envbuild image ({MANIFEST}: {reason})", facts)
         elif found != lock_sha256:
             line = PreflightLine(
-                CHECK, "fail", f"{who} runs lock sha256 {found}, not {lock_file} (sha256 {lock_sha256})", answer
+                CHECK, "fail", f"{who} runs lock sha256 {found}, not {lock_file} (sha256 {lock_sha256})", facts
             )
         else:
-            line = PreflightLine(CHECK, "ok", f"{who} runs lock sha256 {found}; {npus}", answer)
+            line = PreflightLine(CHECK, "ok", f"{who} runs lock sha256 {found}; {npus}", facts)
         lines.append(line)
+    return tuple(lines)
+
+
+def capacity_line(answers: list[dict[str, Any]], nnodes: int | None, npus_per_node: int | None) -> PreflightLine:
+    """Enough alive nodes, each with enough NPUs, for ``nnodes × npus_per_node`` (verl places one bundle of
+    ``npus_per_node`` NPUs on each of ``nnodes`` nodes)."""
+    if nnodes is None or npus_per_node is None:
+        return PreflightLine(CHECK, "skip", "the run's overrides do not set nnodes and NPUs per node")
+    have = [(a.get("name"), float(a.get("npu_resource") or 0)) for a in answers if not a.get("error")]
+    enough = [name for name, npus in have if npus >= npus_per_node]
+    there = ", ".join(f"{name}: {npus:g}" for name, npus in have) or "none"
+    need = f"the run needs {nnodes} node(s) x {npus_per_node} NPU(s)"
+    if len(enough) < nnodes:
+        return PreflightLine(
+            CHECK,
+            "fail",
+            f"{need}; the cluster has {len(have)} alive node(s), {len(enough)} with {npus_per_node} NPU(s) or more "
+            f"(NPU resource per node: {there})",
+        )
+    return PreflightLine(CHECK, "ok", f"{need}; {len(enough)} alive node(s) have them ({there})")
+
+
+def model_lines(answers: list[dict[str, Any]]) -> tuple[PreflightLine, ...]:
+    """The model audited on each node, at the path the job reads there."""
+    from envrun.checkpoint.audit import shown_name
+
+    lines = []
+    for answer in answers:
+        model = answer.get("model")
+        if not isinstance(model, dict):
+            continue
+        who = node_label(answer)
+        if model.get("error"):
+            lines.append(PreflightLine("model", "fail", f"{who}: {model['error']}", model))
+        elif not model.get("ok"):
+            missing = [shown_name(n) for n in model.get("missing") or ()]
+            unexpected = [shown_name(n) for n in model.get("unexpected") or ()]
+            lines.append(
+                PreflightLine(
+                    "model",
+                    "fail",
+                    f"{who}: {model.get('path')}: checkpoint audit failed (checkpoint.strict=False tolerates only "
+                    f"the MTP layers): missing: {', '.join(missing[:5]) or '-'}"
+                    + (f"; unexpected: {', '.join(unexpected[:5])}" if unexpected else ""),
+                )
+            )
+        else:
+            lines.append(PreflightLine("model", "ok", f"{who}: {model.get('path')}: checkpoint audit ok"))
+    return tuple(lines)
+
+
+def data_lines(answers: list[dict[str, Any]], files: int) -> tuple[PreflightLine, ...]:
+    lines = []
+    for answer in answers:
+        if "data" not in answer:
+            continue
+        problems = answer["data"] or []
+        who = node_label(answer)
+        if problems:
+            lines.append(PreflightLine("data", "fail", f"{who}: " + "; ".join(problems)))
+        else:
+            lines.append(PreflightLine("data", "ok", f"{who}: {files} parquet file(s)"))
+    return tuple(lines)
+
+
+def probe_lines_of(answers: list[dict[str, Any]]) -> tuple[PreflightLine, ...]:
+    from envrun.probe.report import probe_lines, report_from_json
+
+    lines: list[PreflightLine] = []
+    for answer in answers:
+        if isinstance(answer.get("probe"), dict):
+            lines.extend(probe_lines(report_from_json(node_label(answer), answer["probe"])))
     return tuple(lines)

@@ -2,7 +2,8 @@
 
 Each node is one container of the locked image on its host: host networking (Ray's ports are the
 host's; nodes sharing a host need distinct ports through ``ray_start_args``), the Ascend devices and
-driver mounts that exist on that host (the docker backend's explicit list, never ``--privileged``),
+driver mounts that exist on that host (the docker backend's explicit list, never ``--privileged``), the
+cluster file's volumes (the job's model, data and output directory, at the paths the job names),
 half the host's memory as ``/dev/shm`` (Ray's object store takes 30 % by default and wants it in
 shared memory), and ``ray start … --block`` as the main process, so stopping the container stops the
 node (SIGTERM: Ray's own clean shutdown) and a node that dies shows as an exited container.
@@ -97,6 +98,8 @@ def node_container(
     head_address: str | None = None,
 ) -> JobSpec:
     devices, mounts = devices_and_mounts(host.ascend_paths)
+    for volume in cluster.volumes:
+        mounts[volume.host] = volume.bind()
     return JobSpec(
         image=image,
         command=ray_start_command(cluster, index, head_address, host.npus),

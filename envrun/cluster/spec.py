@@ -4,6 +4,9 @@
 name: glm5                      # the handle for `envrun cluster status/down`
 head_port: 6379                 # optional: the GCS port (Ray's default)
 dashboard_port: 8265            # optional: the job API port (Ray's default)
+volumes:                        # optional: on every node, host path -> container path (read-only by default)
+  - {host: /data, container: /data}
+  - {host: /scratch/glm5, container: /runs, mode: rw}
 nodes:                          # the first is the head
   - engine: ssh://root@node-001 # the host's container engine: ssh://, tcp://host:port or unix:///path
     ip: 10.0.0.1                # optional: the address Ray advertises for this node
@@ -28,6 +31,7 @@ from envbuild.lock.model import SAFE_NAME
 from envbuild.lock.typed import meta, mfield
 from envbuild.lock.urls import check_userinfo, redact_url
 from envbuild.lock.yamlfile import read_capped
+from envrun.plan import Volume
 from envrun.typedyaml import decode_yaml
 
 ENGINE_SCHEMES = ("ssh", "tcp", "unix")
@@ -115,6 +119,9 @@ class ClusterSpec:
     nodes: tuple[NodeSpec, ...]
     head_port: int = mfield(6379, check=check_port, description="the head's GCS port")
     dashboard_port: int = mfield(8265, check=check_port, description="the job API port")
+    volumes: tuple[Volume, ...] = mfield(
+        (), description="host paths every node's container sees (the job's model, data and output directory)"
+    )
 
     @property
     def head(self) -> NodeSpec:
@@ -132,7 +139,15 @@ def load_cluster_file(path: Path) -> ClusterSpec:
 
 def parse_cluster_file(text: bytes | str, file: str = "<cluster>") -> ClusterSpec:
     def at_least_the_head(spec: ClusterSpec, root: yaml.Node) -> list[Problem]:
-        return [] if spec.nodes else [Problem(file, root.start_mark.line + 1, "nodes", "needs at least the head node")]
+        problems = (
+            [] if spec.nodes else [Problem(file, root.start_mark.line + 1, "nodes", "needs at least the head node")]
+        )
+        seen: set[str] = set()
+        for volume in spec.volumes:
+            if volume.container in seen:
+                problems.append(Problem(file, 0, "volumes", f"{volume.container} is mounted twice"))
+            seen.add(volume.container)
+        return problems
 
     return decode_yaml(
         text, file, ClusterSpec, ClusterFileError, empty="a cluster file needs name and nodes", checks=at_least_the_head

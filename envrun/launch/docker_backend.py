@@ -1,8 +1,11 @@
 """The docker backend: run the locked image through the docker SDK with the host's Ascend devices.
 
-The devices and driver mounts are Ascend's own explicit list (upstream-facts §5), passed only where
-they exist on the host, instead of ``--privileged``. The engine itself is only ever reached through
-:mod:`envbuild.engine`.
+The devices and driver mounts are Ascend's own explicit list with what verl's guide mounts besides
+(the firmware, ``/usr/local/sbin`` where some hosts keep ``npu-smi``), each passed only where it exists
+on the host, instead of ``--privileged``. The job's files are mounted at the same path inside: the model
+and data read-only, the run's output directory read-write — a host directory under the run directory
+by default, so checkpoints outlive the container and are audited on the host that holds them. The
+engine itself is only ever reached through :mod:`envbuild.engine`.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import glob
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from envbuild.engine import Engine, JobSpec
 from envbuild.errors import EngineError, InputError
@@ -18,6 +22,10 @@ from envbuild.progress import Progress
 from envrun.launch import LaunchResult, LogSink
 from envrun.plan import PreflightLine, RunPlan
 
+if TYPE_CHECKING:
+    from envrun.exports import ExportSearch
+    from envrun.probe.report import ExportLayout
+
 DEVICE_PATTERNS = ("/dev/davinci[0-9]*", "/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc")
 DRIVER_MOUNTS = (
     "/usr/local/dcmi",
@@ -25,6 +33,8 @@ DRIVER_MOUNTS = (
     "/usr/local/Ascend/driver/lib64",
     "/usr/local/Ascend/driver/version.info",
     "/etc/ascend_install.info",
+    "/usr/local/Ascend/firmware",  # verl's guide
+    "/usr/local/sbin",  # verl's guide: npu-smi lives here on some hosts
 )
 STOP_TIMEOUT_SECONDS = 20
 
@@ -67,12 +77,32 @@ def image_digest(ref: str) -> str | None:
     return f"{attrs['Id']} {repo}" if repo else attrs["Id"]
 
 
+def job_volumes(plan: RunPlan, *, outputs: bool = False) -> dict[str, dict[str, str]]:
+    """The job's own mounts: model and data read-only at the same path (so the overrides mean the same
+    files), the output directory read-write when ``outputs``, then ``--volume``s."""
+    volumes: dict[str, dict[str, str]] = {}
+    for path in (plan.model, *plan.data_files):
+        if path is not None:
+            host = str(path.resolve())
+            volumes.setdefault(host, {"bind": host, "mode": "ro"})
+    if outputs and plan.output_dir is not None:
+        volumes[str(plan.output_dir)] = {"bind": str(plan.output_dir), "mode": "rw"}
+    for volume in plan.volumes:
+        volumes[volume.host] = volume.bind()
+    return volumes
+
+
 class DockerLauncher:
     def __init__(self, network_mode: str = "host", workdir: Path | None = None) -> None:
         self.network_mode, self.workdir = network_mode, workdir
 
-    def check_target(self, plan: RunPlan, progress: Progress) -> tuple[PreflightLine, ...]:
+    def check_target(self, plan: RunPlan, skip: frozenset[str], progress: Progress) -> tuple[PreflightLine, ...]:
         return ()  # this host and its image: the preflight has checked both
+
+    def find_exports(self, plan: RunPlan, layout: ExportLayout, progress: Progress) -> ExportSearch:
+        from envrun.exports import search_here
+
+        return search_here(layout)  # this host holds them (the output directory is a host directory)
 
     def launch(self, plan: RunPlan, log: LogSink) -> LaunchResult:
         image = plan.image or ""  # build_plan gives every docker plan an image
@@ -80,11 +110,9 @@ class DockerLauncher:
             if engine.inspect(image) is None:
                 raise InputError(f"image {image} not found in the local engine")
             devices, volumes = devices_and_mounts(ascend_paths())
-            for path in (plan.model, *plan.data_files):
-                if path is not None:
-                    # Same path inside and out, so the trainer's overrides mean the same files.
-                    host = str(path.resolve())
-                    volumes.setdefault(host, {"bind": host, "mode": "ro"})
+            if plan.output_dir is not None:
+                plan.output_dir.mkdir(parents=True, exist_ok=True)  # ours, not root's from the engine
+            volumes.update(job_volumes(plan, outputs=True))
             spec = JobSpec(
                 image=image,
                 command=tuple(plan.argv),
@@ -99,5 +127,5 @@ class DockerLauncher:
             )
             code, interrupted = engine.run_job(spec, log)
         if interrupted:
-            return LaunchResult(code, interrupted=True, detail="container stopped on Ctrl-C")
+            return LaunchResult(code, interrupted=True, detail="container stopped")
         return LaunchResult(code)

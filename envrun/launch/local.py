@@ -6,18 +6,28 @@ import os
 import signal
 import subprocess
 import threading
+from typing import TYPE_CHECKING
 
 from envbuild.errors import InputError
 from envbuild.progress import Progress
 from envrun.launch import LaunchResult, LogSink
 from envrun.plan import PreflightLine, RunPlan
 
+if TYPE_CHECKING:
+    from envrun.exports import ExportSearch
+    from envrun.probe.report import ExportLayout
+
 STOP_GRACE_SECONDS = 20.0
 
 
 class LocalLauncher:
-    def check_target(self, plan: RunPlan, progress: Progress) -> tuple[PreflightLine, ...]:
+    def check_target(self, plan: RunPlan, skip: frozenset[str], progress: Progress) -> tuple[PreflightLine, ...]:
         return ()  # this host: the preflight has checked it
+
+    def find_exports(self, plan: RunPlan, layout: ExportLayout, progress: Progress) -> ExportSearch:
+        from envrun.exports import search_here
+
+        return search_here(layout)  # this host holds them
 
     def launch(self, plan: RunPlan, log: LogSink) -> LaunchResult:
         try:
@@ -42,7 +52,7 @@ class LocalLauncher:
             return LaunchResult(child.wait())
         except KeyboardInterrupt:
             code = _stop(child, log)
-            return LaunchResult(code, interrupted=True, detail="stopped on Ctrl-C")
+            return LaunchResult(code, interrupted=True, detail="process group stopped")
 
 
 def _signal_group(child: subprocess.Popen[str], sig: int) -> None:

@@ -1,21 +1,27 @@
 """The Ray backend: submit the trainer to a Ray cluster through Ray's job submission API.
 
 The multi-node path: the submitted entry point is the trainer's driver, and verl itself places the
-workers on the cluster. Before anything is submitted, the run's caller asks every node what it runs
-(:mod:`envrun.cluster.nodecheck`). The job carries the lock digest in its metadata and the recipe's
-environment in its runtime env; its logs stream back; Ctrl-C stops it on the cluster.
+workers on the cluster. Before anything is submitted, every node is asked what it runs and what it sees
+(:mod:`envrun.cluster.nodecheck`): its lock and NPUs, the model and data at the paths the job will read
+there, and the job probe with its own interpreter. The job carries the lock digest in its metadata and
+the recipe's environment in its runtime env; its logs stream back; Ctrl-C or SIGTERM stops it on the
+cluster.
 """
 
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from envbuild.errors import EngineError
 from envbuild.progress import Progress
 from envrun import ray_api
 from envrun.launch import LaunchResult, LogSink
 from envrun.plan import PreflightLine, RunPlan
+
+if TYPE_CHECKING:
+    from envrun.exports import ExportSearch
+    from envrun.probe.report import ExportLayout
 
 STOP_TIMEOUT_SECONDS = 60.0
 
@@ -29,16 +35,54 @@ class RayLauncher:
         self.address = address
         self.job_id: str | None = None
 
-    def check_target(self, plan: RunPlan, progress: Progress) -> tuple[PreflightLine, ...]:
-        """Each alive node's own answer: the lock it runs and the NPUs it sees."""
-        from envrun.cluster.nodecheck import CHECK, ask_nodes, node_lines
+    def check_target(self, plan: RunPlan, skip: frozenset[str], progress: Progress) -> tuple[PreflightLine, ...]:
+        """Each alive node's own answer: the lock it runs, its NPUs, the model, the data and the probe there."""
+        from envrun.cluster.nodecheck import (
+            CHECK,
+            NodeAsk,
+            ask_nodes,
+            capacity_line,
+            data_lines,
+            model_lines,
+            node_lines,
+            probe_lines_of,
+        )
+        from envrun.preflight import PROBE_CHECK
 
-        progress(f"asking every node of {self.address} which lock it runs")
+        ask = NodeAsk(
+            model=str(plan.model) if plan.model and "model" not in skip else None,
+            data=tuple(str(p) for p in plan.data_files) if "data" not in skip else (),
+            probe=plan.probe.to_json() if plan.probe and PROBE_CHECK not in skip else None,
+            python=plan.python,
+            env=plan.env,
+        )
+        progress(f"asking every node of {self.address} which lock it runs and what the job would meet there")
         try:
-            answers = ask_nodes(self.address)
+            answers = ask_nodes(self.address, ask)
         except EngineError as exc:  # unverified is refused: a job never starts on nodes nobody checked
             return (PreflightLine(CHECK, "fail", f"the nodes could not be asked which lock they run: {exc}"),)
-        return node_lines(answers, plan.lock_sha256, plan.lock_file)
+        lines = node_lines(answers, plan.lock_sha256, plan.lock_file)
+        lines += (capacity_line(answers, plan.nnodes, plan.npus_per_node),)
+        lines += model_lines(answers) + data_lines(answers, len(plan.data_files)) + probe_lines_of(answers)
+        skipped = {name: PreflightLine(name, "skip", "skipped by --skip-check") for name in sorted(skip)}
+        return lines + tuple(line for name, line in skipped.items() if name in ("model", "data", PROBE_CHECK))
+
+    def find_exports(self, plan: RunPlan, layout: ExportLayout, progress: Progress) -> ExportSearch:
+        """Each node searches its own files and audits what it holds (the client sees none of them)."""
+        from envrun.cluster.nodecheck import NodeAsk, ask_nodes
+        from envrun.exports import ExportAudit, ExportSearch, search_from_answers
+
+        assert layout.root is not None
+        progress(f"asking every node of {self.address} for the exports under {layout.root}")
+        try:
+            answers = ask_nodes(
+                self.address, NodeAsk(lock=False, exports={"root": layout.root, "pattern": layout.pattern})
+            )
+        except EngineError as exc:
+            return ExportSearch(
+                "the cluster", False, (ExportAudit("", False, error=f"the nodes could not be asked: {exc}"),)
+            )
+        return search_from_answers(answers)
 
     def launch(self, plan: RunPlan, log: LogSink) -> LaunchResult:
         client = ray_api.job_client(self.address)
@@ -61,7 +105,7 @@ class RayLauncher:
             return LaunchResult(
                 info.driver_exit_code,
                 interrupted=True,
-                detail=f"Ray job {self.job_id} stopped on Ctrl-C ({info.status.value})",
+                detail=f"Ray job {self.job_id} stopped ({info.status.value})",
             )
 
     def _result(self, client: Any) -> LaunchResult:

@@ -247,3 +247,29 @@ def _write(path: Path, entries: dict[str, dict[str, object]], data: bytes, extra
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
     path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"".join(chunks))
+
+
+_TOKENIZER = """
+import json, sys
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+directory = sys.argv[1]
+vocab = json.load(open(directory + "/config.json"))["vocab_size"]
+words = ["<pad>", "<eos>", "<bos>", "<unk>"] + [f"w{i}" for i in range(vocab - 4)]
+tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+fast = PreTrainedTokenizerFast(
+    tokenizer_object=tokenizer, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>", unk_token="<unk>"
+)
+fast.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+fast.save_pretrained(directory)
+"""
+
+
+def write_tiny_tokenizer(directory: Path, venv: Venv | None = None) -> Path:
+    """A word-level tokenizer of the checkpoint's vocabulary size, with a chat template, saved beside it by
+    the real transformers (a trainer loads one from the model directory); built offline."""
+    done = (venv or hf_venv()).run("-c", _TOKENIZER, str(directory), timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(f"writing the tokenizer failed:\n{done.stderr[-3000:]}")
+    return directory

@@ -6,7 +6,9 @@ real stack's pins (hydra, ray, numpy …) must not decide the tool's test enviro
 
 ``cached_venv(requirements)`` returns an environment holding exactly those requirements, built under
 ``CACHE_DIR/venvs/<key>``; the key is a hash of the sorted requirements, the interpreter's version and
-:data:`REVISION`. It is built in place under a file lock (a venv's scripts hold their absolute path, so
+:data:`REVISION`. ``cached_venv(more, base=venv)`` is an overlay: an environment that sees ``venv``'s
+packages (a ``.pth`` file naming its site-packages) and adds ``more`` — a second stack differing by a few
+packages costs seconds, not another torch. It is built in place under a file lock (a venv's scripts hold their absolute path, so
 it cannot be built elsewhere and renamed), and a stamp written last marks it ready: a build killed
 half-way is removed and made again by the next caller, and parallel sessions wait for one build.
 
@@ -34,6 +36,7 @@ VENVS = CACHE_DIR / "venvs"
 TORCH_CPU = "torch==2.13.0"  # the CPU wheel this machine's pip finds locally
 HF_STACK = (TORCH_CPU, "transformers==5.10.4", "safetensors>=0.4")
 _READY = ".envbuild-test-ready"
+_BASE_PTH = "_envbuild_test_base.pth"
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,14 @@ class Venv:
     @property
     def python(self) -> Path:
         return self.root / "bin" / "python"
+
+    @property
+    def site_packages(self) -> Path:
+        return self.root / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+
+    @property
+    def bin(self) -> Path:
+        return self.root / "bin"
 
     def run(
         self, *args: str, timeout: float = 600, cwd: Path | None = None, input: str | None = None
@@ -60,9 +71,9 @@ class Venv:
         )
 
 
-def venv_key(requirements: Iterable[str]) -> str:
+def venv_key(requirements: Iterable[str], base: Venv | None = None) -> str:
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    source = json.dumps([sorted(requirements), version, REVISION]).encode()
+    source = json.dumps([sorted(requirements), version, REVISION, base.root.name if base else None]).encode()
     return hashlib.sha256(source).hexdigest()[:16]
 
 
@@ -73,10 +84,11 @@ def _locked(path: Path) -> Iterator[None]:
         yield
 
 
-def cached_venv(requirements: Iterable[str], *, timeout: float = 1800) -> Venv:
-    """The cached environment holding ``requirements`` (built on first use, on this machine)."""
+def cached_venv(requirements: Iterable[str], *, base: Venv | None = None, timeout: float = 1800) -> Venv:
+    """The cached environment holding ``requirements`` (built on first use, on this machine); over ``base``
+    when given (its packages seen, not copied)."""
     wanted = tuple(sorted(requirements))
-    root = VENVS / venv_key(wanted)
+    root = VENVS / venv_key(wanted, base)
     venv = Venv(root, wanted)
     if (root / _READY).exists():
         return venv
@@ -86,6 +98,11 @@ def cached_venv(requirements: Iterable[str], *, timeout: float = 1800) -> Venv:
             return venv
         shutil.rmtree(root, ignore_errors=True)  # a build that was killed half-way
         subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, timeout=120)
+        if base is not None:  # a .pth is read only in a site directory: an overlay's overlay names the whole chain
+            chain = [str(base.site_packages)]
+            if (inherited := base.site_packages / _BASE_PTH).exists():
+                chain += inherited.read_text().split()
+            (venv.site_packages / _BASE_PTH).write_text("".join(f"{path}\n" for path in chain))
         done = subprocess.run(
             [str(venv.python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *wanted],
             capture_output=True,

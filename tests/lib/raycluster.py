@@ -151,9 +151,17 @@ def node_args(base: int, *, head: bool) -> list[str]:
     return ["--num-cpus=1", "--object-store-memory=100000000", *ports]
 
 
-def cluster_file(path: Path, name: str, engines: list[str], *, extra: dict[int, list[str]] | None = None) -> Path:
+def cluster_file(
+    path: Path,
+    name: str,
+    engines: list[str],
+    *,
+    extra: dict[int, list[str]] | None = None,
+    volumes: list[dict[str, str]] | None = None,
+) -> Path:
     """A cluster file: node i on ``engines[i]``, all on 127.0.0.1 with ports of their own; the head's
-    GCS and job API ports come first. ``extra[i]`` is appended to node i's ``ray_start_args``."""
+    GCS and job API ports come first. ``extra[i]`` is appended to node i's ``ray_start_args``; ``volumes``
+    are the file's (every node's)."""
     base = free_block(2 + NODE_PORTS * len(engines))
     nodes = [
         {
@@ -163,6 +171,8 @@ def cluster_file(path: Path, name: str, engines: list[str], *, extra: dict[int, 
         }
         for i, engine in enumerate(engines)
     ]
-    document = {"name": name, "head_port": base, "dashboard_port": base + 1, "nodes": nodes}
+    document: dict[str, object] = {"name": name, "head_port": base, "dashboard_port": base + 1, "nodes": nodes}
+    if volumes:
+        document["volumes"] = volumes
     path.write_text(json.dumps(document, indent=2))  # JSON is YAML
     return path

@@ -85,6 +85,7 @@ class Tiny:
             verl_config=self.config,
             dry_run=dry_run,
             skip_checks=("npus",),  # no NPU on a test host; the record says it was skipped
+            run_dir=self.tmp / "run",
         )
 
     @property

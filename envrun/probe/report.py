@@ -1,0 +1,179 @@
+"""The job probe's request and report as typed values, and its verdict as preflight lines (pure).
+
+One line per problem, each naming the config key or the module and why it is imported; no problem is
+one ``ok`` line saying what was proven. The whole report rides on the first line (``facts``), so
+``preflight.json`` records what the probe saw: verl's version and path, every import with its verdict
+(``skip`` ones with the recipe's reason), and where the exports go.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+from envrun.plan import PreflightLine
+from envrun.probe.job_script import MARKER
+
+CHECK = "job-probe"
+SOURCE_FILE = Path(__file__).with_name("job_script.py")
+ImportStatus = Literal["ok", "skip", "fail"]
+
+
+@dataclass(frozen=True)
+class ProbeRequest:
+    """What the probe composes and imports: the run's own config name and overrides."""
+
+    config_name: str
+    overrides: tuple[str, ...]
+    entry_module: str
+    skip_imports: Mapping[str, str] = field(default_factory=dict)  # module -> the recipe's reason
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "config_name": self.config_name,
+            "overrides": list(self.overrides),
+            "entry_module": self.entry_module,
+            "skip_imports": dict(self.skip_imports),
+        }
+
+    def argv(self, python: str) -> list[str]:
+        """The command that runs the probe with ``python`` (the script travels as ``-c``: nothing of
+        envrun needs to be where it runs)."""
+        return [python, "-c", SOURCE_FILE.read_text(encoding="utf-8"), json.dumps(self.to_json(), sort_keys=True)]
+
+
+@dataclass(frozen=True)
+class ExportLayout:
+    """Where the job writes its Hugging Face exports, read from its verl, and whether it writes any."""
+
+    root: str | None  # trainer.default_local_dir as a worker resolves it
+    pattern: str  # glob under root (verl 0.9.1, megatron: global_step_*/actor/model/huggingface)
+    expected: bool  # the config saves HF weights (trainer.save_freq > 0 and save_contents holds them)
+    why: str
+    strict: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"root": self.root, "pattern": self.pattern, "expected": self.expected, "why": self.why}
+
+
+@dataclass(frozen=True)
+class ProbeImport:
+    module: str
+    why: str
+    status: ImportStatus
+    detail: str = ""
+    skip: str = ""  # the skip_imports entry that covers a failure
+
+
+@dataclass(frozen=True)
+class ProbeProblem:
+    what: str  # compose | validate_config | resolve | import | trainer | exports | probe
+    detail: str
+    key: str = ""
+    module: str = ""
+
+
+@dataclass(frozen=True)
+class ProbeReport:
+    where: str  # "this host", "image REF", "node NAME"
+    problems: tuple[ProbeProblem, ...]
+    imports: tuple[ProbeImport, ...] = ()
+    facts: Mapping[str, Any] = field(default_factory=dict)
+    exports: ExportLayout | None = None
+    raw: Mapping[str, Any] = field(default_factory=dict)  # the script's own answer, for the record
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def verl(self) -> str:
+        found = self.facts.get("verl") or {}
+        return f"verl {found.get('version')}" if found else "no verl"
+
+
+def failed_report(where: str, detail: str) -> ProbeReport:
+    """A probe that could not run or gave no answer: one problem saying why."""
+    return ProbeReport(where, (ProbeProblem("probe", detail),))
+
+
+def parse_report(where: str, stdout: str, stderr: str = "", exit_code: int | None = 0) -> ProbeReport:
+    """The script's answer (its last ``MARKER`` line); a report with one problem when there is none."""
+    lines = [line for line in stdout.splitlines() if line.startswith(MARKER)]
+    if not lines:
+        tail = " | ".join(stderr.strip().splitlines()[-3:]) or stdout.strip()[-300:]
+        return failed_report(where, f"the probe gave no answer (exit {exit_code}): {tail}")
+    try:
+        answer = json.loads(lines[-1][len(MARKER) :])
+    except ValueError as exc:
+        return failed_report(where, f"the probe's answer is not JSON: {exc}")
+    return report_from_json(where, answer)
+
+
+def report_from_json(where: str, answer: Mapping[str, Any]) -> ProbeReport:
+    if answer.get("crash"):
+        return ProbeReport(where, (ProbeProblem("probe", f"the probe crashed: {answer['crash']}"),), raw=answer)
+    problems = tuple(
+        ProbeProblem(str(p.get("what", "")), str(p.get("detail", "")), str(p.get("key", "")), str(p.get("module", "")))
+        for p in answer.get("problems") or ()
+    )
+    imports = tuple(
+        ProbeImport(
+            str(i.get("module", "")),
+            str(i.get("why", "")),
+            i.get("status") if i.get("status") in ("ok", "skip", "fail") else "fail",
+            str(i.get("detail", "")),
+            str(i.get("skip", "")),
+        )
+        for i in answer.get("imports") or ()
+    )
+    layout = answer.get("exports")
+    exports = None
+    if isinstance(layout, dict):
+        exports = ExportLayout(
+            root=None if layout.get("root") is None else str(layout["root"]),
+            pattern=str(layout.get("pattern", "")),
+            expected=bool(layout.get("expected")),
+            why=str(layout.get("why", "")),
+            strict=bool(layout.get("strict", True)),
+        )
+    return ProbeReport(where, problems, imports, dict(answer.get("facts") or {}), exports, dict(answer))
+
+
+def _problem_text(problem: ProbeProblem) -> str:
+    named = f"key {problem.key}: " if problem.key else (f"module {problem.module}: " if problem.module else "")
+    return f"{named}{problem.detail}"
+
+
+def probe_lines(report: ProbeReport) -> tuple[PreflightLine, ...]:
+    """One ``fail`` line per problem, or one ``ok`` line; the first carries the whole report."""
+    facts: dict[str, Any] = {"where": report.where, **dict(report.raw)}
+    if report.problems:
+        return tuple(
+            PreflightLine(CHECK, "fail", f"{report.where}: {_problem_text(p)}", facts if i == 0 else None)
+            for i, p in enumerate(report.problems)
+        )
+    done = [i for i in report.imports if i.status == "ok"]
+    skipped = [i for i in report.imports if i.status == "skip"]
+    f = report.facts
+    trainer = str(f.get("trainer_class") or "").rpartition(".")[2]
+    detail = (
+        f"{report.where}: {report.verl}{f' ({trainer})' if trainer else ''}: the config composes, validate_config "
+        f"passes for {f.get('nnodes')} node(s) x {f.get('npus_per_node')} NPU(s), it resolves in a Ray worker; "
+        f"{len(done)} import(s) ok"
+    )
+    if skipped:
+        detail += f", {len(skipped)} skipped by the recipe ({', '.join(sorted({i.skip for i in skipped}))})"
+    if report.exports is not None:
+        detail += f"; exports: {report.exports.why}"
+    return (PreflightLine(CHECK, "ok", detail, facts),)
+
+
+def layout_of(lines: tuple[PreflightLine, ...]) -> ExportLayout | None:
+    """The export layout a probe line recorded (the first line of a report carries it)."""
+    for line in lines:
+        if line.name == CHECK and line.facts and isinstance(line.facts.get("exports"), dict):
+            return report_from_json(str(line.facts.get("where", "")), line.facts).exports
+    return None
