@@ -1,4 +1,4 @@
-"""The nightly workflow is scheduled, runs the check command the README documents, and publishes it."""
+"""The nightly workflow is scheduled, runs the check command docs/check.md documents, and publishes it."""
 
 from __future__ import annotations
 
@@ -29,10 +29,10 @@ def test_workflow_is_scheduled_nightly() -> None:
     assert (day, month, weekday) == ("*", "*", "*") and hour.isdigit() and minute.isdigit()
 
 
-def test_workflow_runs_the_command_the_readme_documents() -> None:
-    readme = (REPO / "README.md").read_text()
-    documented = re.findall(r"^(envbuild check .+)$", readme, flags=re.M)
-    assert documented, "README.md documents no `envbuild check` command line"
+def test_workflow_runs_the_command_the_docs_document() -> None:
+    page = (REPO / "docs" / "check.md").read_text()
+    documented = re.findall(r"^(envbuild check .+)$", page, flags=re.M)
+    assert documented, "docs/check.md documents no `envbuild check` command line"
     check_runs = [r.strip() for r in runs(workflow()) if r.strip().startswith("envbuild check")]
     assert check_runs and set(check_runs) <= set(documented), (check_runs, documented)
     args = build_parser().parse_args(shlex.split(check_runs[0])[1:])  # and it parses as the CLI reads it
