@@ -18,9 +18,9 @@ from pathlib import Path
 
 import yaml
 
+from envbuild.data.typed import Decoder, mfield, shown
+from envbuild.data.yamlfile import compose_yaml, read_capped
 from envbuild.errors import LockfileError, Problem
-from envbuild.lock.typed import Decoder, mfield, shown
-from envbuild.lock.yamlfile import compose_yaml, read_capped
 from envbuild.mirrors import Mirrors, check_rule
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from envbuild.data.urls import GIT_CREDENTIALS, check_userinfo, redact_url
 from envbuild.errors import InputError
-from envbuild.lock.urls import GIT_CREDENTIALS, check_userinfo, redact_url
 
 
 def check_rule(source: str, target: str) -> str | None:

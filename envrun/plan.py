@@ -10,9 +10,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Literal, Mapping
 
+from envbuild.data.typed import meta
 from envbuild.errors import InputError
 from envbuild.lock.model import ENV_NAME
-from envbuild.lock.typed import meta
 from envrun.overrides import merge_overrides
 from envrun.recipe import REQUIRED_PARAMETERS, Recipe, override_key
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from envbuild.cli import main
+from envbuild.data.urls import check_index_url, check_repo_url, redact_url, redact_urls
 from envbuild.errors import InputError
 from envbuild.lock.model import Source
-from envbuild.lock.urls import check_index_url, check_repo_url, redact_url, redact_urls
 from envbuild.mirrors import Mirrors
 from envbuild.sources import check_inputs
 from tests.lib.tinylock import MINIMAL_LOCK as LOCK

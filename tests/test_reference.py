@@ -1,4 +1,4 @@
-"""Docker's reference grammar (envbuild.reference) and the places that use it: the lock's name and base
+"""Docker's reference grammar (envbuild.data.reference) and the places that use it: the lock's name and base
 image, and `--tag`. The cases follow distribution/reference's own rules and docker's behaviour."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from envbuild.cli import main
+from envbuild.data.reference import NAME_AND_TAG, NAME_TOTAL_MAX, check_name_and_tag
 from envbuild.errors import InputError, LockfileError
 from envbuild.image.build import RAW_REPOSITORY, check_tags
 from envbuild.lock import parse_lock
 from envbuild.lock.model import LOCK_NAME_MAX
-from envbuild.reference import NAME_AND_TAG, NAME_TOTAL_MAX, check_name_and_tag
 
 SHA = "ba7b5ebce12af60627a80985792a1449ce45f46c"
 LOCK = textwrap.dedent(f"""\

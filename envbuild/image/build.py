@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from envbuild.data.reference import check_name_and_tag
 from envbuild.engine import BuildStep, Engine
 from envbuild.errors import EngineError, EnvbuildError, InputError
 from envbuild.filecache import FileCache
@@ -52,7 +53,6 @@ from envbuild.image.retention import RAW_REPOSITORY, keep_only, raw_reference
 from envbuild.interrupts import sigterm_interrupts
 from envbuild.lock.io import LockFile, read_lock
 from envbuild.progress import Progress
-from envbuild.reference import check_name_and_tag
 from envbuild.requirements.buildcheck import build_requirement_problems, require_buildable
 from envbuild.results import VerifyReport
 from envbuild.verify import VerifyOptions, fetch_command, verify_lock

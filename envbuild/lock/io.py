@@ -19,11 +19,11 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
+from envbuild.data.typed import DECIMAL_INT, MAX_INT_DIGITS, Decoder
+from envbuild.data.yamlfile import compose_yaml, read_capped
 from envbuild.errors import LockfileError, Problem
 from envbuild.fileio import write_atomic
 from envbuild.lock.model import LOCK_VERSION, LOCK_VERSIONS, Lock, Submodule
-from envbuild.lock.typed import DECIMAL_INT, MAX_INT_DIGITS, Decoder
-from envbuild.lock.yamlfile import compose_yaml, read_capped
 
 HEADER = "# envbuild lockfile: written by `envbuild lock`; every pin is checked by `envbuild lock verify`.\n"
 

@@ -22,8 +22,8 @@ import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from envbuild.data.urls import redact_url
 from envbuild.lock.model import Submodule, check_repo_url, check_submodule_path
-from envbuild.lock.urls import redact_url
 
 
 class RelativeURLError(ValueError):

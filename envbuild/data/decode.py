@@ -1,5 +1,5 @@
 """Reading envrun's YAML files (recipes, cluster files) into typed values, strictly: read as every
-envbuild YAML file is (:func:`envbuild.lock.yamlfile.compose_yaml`: plain data only), decoded with the
+envbuild YAML file is (:func:`envbuild.data.yamlfile.compose_yaml`: plain data only), decoded with the
 lock's decoder; every problem as ``FILE:LINE: FIELD: message``, all of them raised at once (exit 2)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from typing import Callable, TypeVar
 
 import yaml
 
+from envbuild.data.typed import Decoder
+from envbuild.data.yamlfile import compose_yaml
 from envbuild.errors import LockfileError, Problem
-from envbuild.lock.typed import Decoder
-from envbuild.lock.yamlfile import compose_yaml
 
 T = TypeVar("T")
 

@@ -4,7 +4,7 @@ One description of the data (the dataclasses, their type hints and per-field ``m
 the validator and the committed JSON schema, so the two cannot drift apart. The decoder walks the
 composed YAML node tree rather than the loaded Python objects, so every problem carries the line it
 was found on, and it collects every problem instead of stopping at the first. The tree comes from
-:mod:`envbuild.lock.yamlfile`, which refuses aliases, so the walk visits each node once.
+:mod:`envbuild.data.yamlfile`, which refuses aliases, so the walk visits each node once.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any, Callable, Literal, Union
 
 import yaml
 
+from envbuild.data.urls import redact_url
 from envbuild.errors import Problem
-from envbuild.lock.urls import redact_url
 
 _STR = "tag:yaml.org,2002:str"
 _INT = "tag:yaml.org,2002:int"

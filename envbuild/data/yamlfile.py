@@ -21,8 +21,8 @@ from typing import Any
 
 import yaml
 
+from envbuild.data.urls import redact_url
 from envbuild.errors import LockfileError, Problem
-from envbuild.lock.urls import redact_url
 
 MAX_BYTES = 1 << 20  # 1 MiB: the GLM-5.2 lock, with its whole package closure, is 27 KB
 MAX_DEPTH = 32  # a lock is 6 levels deep (lock → packages → package → files → file → value)
