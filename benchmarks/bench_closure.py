@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project
 
-from envbuild.index import IndexClient  # noqa: E402
+from envbuild.index.client import IndexClient  # noqa: E402
 from envbuild.lock import read_lock  # noqa: E402
 from envbuild.lock.model import PYPI_SIMPLE  # noqa: E402
 from envbuild.requirements.closure import check_closure  # noqa: E402

@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project and 
 
 import docker  # noqa: E402
 
-from envbuild.engine import Engine  # noqa: E402
+from envbuild.engine.client import Engine  # noqa: E402
 from envbuild.image.build import BuildResult, ImageOptions, build_image  # noqa: E402
 from envbuild.lock.model import Package, Waiver  # noqa: E402
 from envbuild.verify import VerifyOptions  # noqa: E402
@@ -385,7 +385,7 @@ def scale_hand_dockerfile(base: str, requirements: list[str]) -> str:
 
 
 def _gb(count: float) -> str:
-    from envbuild.transfer import human_bytes
+    from envbuild.engine.transfer import human_bytes
 
     return human_bytes(count)
 
@@ -394,9 +394,9 @@ def scale_one(
     client: docker.DockerClient, engine: Engine, registry: str, root: Path, base_tag: str, stages: bool, save_load: bool
 ) -> dict[str, float]:
     """Every measurement on one base; returns the figures by name."""
+    from envbuild.engine.transfer import directory_context
     from envbuild.image.inputs import fetch_inputs
     from envbuild.lock.io import read_lock
-    from envbuild.transfer import directory_context
     from tests.lib.imagelock import served_packages
 
     out: dict[str, float] = {}

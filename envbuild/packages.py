@@ -10,7 +10,7 @@ import requests
 from packaging.version import Version
 
 from envbuild.errors import RemoteError
-from envbuild.index import IndexClient, ProjectPage
+from envbuild.index.client import IndexClient, ProjectPage
 from envbuild.lock.model import Lock, Package
 from envbuild.progress import Progress
 from envbuild.resolve import file_version

@@ -28,7 +28,7 @@ from packaging.utils import (
 from packaging.version import InvalidVersion, Version
 
 from envbuild.errors import EnvbuildError, InputError, RemoteError
-from envbuild.index import IndexClient, IndexFile
+from envbuild.index.client import IndexClient, IndexFile
 from envbuild.lock.model import PYPI_SIMPLE, Lock, Package, PackageFile, Platform
 from envbuild.progress import Progress
 from envbuild.requirements.markers import parsed

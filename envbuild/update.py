@@ -68,7 +68,7 @@ def pin_base_image(image: BaseImage, arch: str | None = None, progress: Progress
     the container engine (so its credentials and registry settings apply). Without an engine or a
     registry answer, or when what it serves has no image for the lock's platform (``arch``: a build
     would refuse it), the recorded pin stays and a warning says why."""
-    from envbuild.engine import Engine
+    from envbuild.engine.client import Engine
     from envbuild.image.base import oci_platform
 
     say = progress or (lambda message: None)

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from envbuild.filecache import FileCache
 from envbuild.git.cache import GitCache
-from envbuild.index import IndexClient
+from envbuild.index.client import IndexClient
+from envbuild.index.filecache import FileCache
 from envbuild.lock.model import Lock, Package
 from envbuild.mirrors import Mirrors
 from envbuild.packages import verify_packages

@@ -18,8 +18,8 @@ from typing import Callable
 from packaging.utils import canonicalize_name
 
 from envbuild.errors import CacheError, InputError, RemoteError
-from envbuild.filecache import FileCache
-from envbuild.index import IndexClient
+from envbuild.index.client import IndexClient
+from envbuild.index.filecache import FileCache
 from envbuild.lock.model import Lock
 
 CONFIG_PREFIX = "verl/trainer/config/"

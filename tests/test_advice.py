@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from envbuild.cli import main as envbuild
-from envbuild.engine import Engine
+from envbuild.engine.client import Engine
 from envbuild.errors import EngineError
 from envbuild.lock import Lock, Package, PackageFile, Platform, Source, write_lock
 from envbuild.lock.model import Install

@@ -12,8 +12,8 @@ import pytest
 
 from envbuild.cli import main
 from envbuild.errors import RemoteError
-from envbuild.filecache import FileCache
-from envbuild.index import IndexClient
+from envbuild.index.client import IndexClient
+from envbuild.index.filecache import FileCache
 from envbuild.lock import Lock, Package, PackageFile, Source, write_lock
 from envbuild.lock.model import Install, Platform, Provides, Waiver
 from envbuild.output import render_verify

@@ -13,7 +13,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from envbuild.engine import Engine
+from envbuild.engine.client import Engine
 from envbuild.errors import EngineError
 from envbuild.image.build import ImageOptions, build_image
 from envbuild.lock import Lock, Package, PackageFile, Source, write_lock

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from envbuild.engine import split_reference
+from envbuild.engine.client import split_reference
 from envbuild.image.base import OCI_ARCH
 from envbuild.lock.io import read_lock
 from envrun import ray_api

@@ -1,4 +1,4 @@
-"""envbuild.engine against the real dockerd of scripts/services: build progress and failures, save/load,
+"""envbuild.engine.client against the real dockerd of scripts/services: build progress and failures, save/load,
 run without network, tags, and the one-line error when no engine answers."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 import docker
 import pytest
 
-from envbuild.engine import Engine, split_tag
+from envbuild.engine.client import Engine, split_tag
+from envbuild.engine.transfer import BuildProgress, Meter, directory_context, human_bytes
 from envbuild.errors import EngineError
-from envbuild.transfer import BuildProgress, Meter, directory_context, human_bytes
 from tests.lib.baseimage import BaseImage
 
 

@@ -13,7 +13,7 @@ import docker
 import pytest
 
 from envbuild.cli import main
-from envbuild.engine import Engine
+from envbuild.engine.client import Engine
 from envbuild.image.base import OCI_ARCH, PlatformError, ensure_base
 from envbuild.image.plan import ContextPlan, plan_context
 from envbuild.lock.model import BaseImage, Platform

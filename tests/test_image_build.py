@@ -21,7 +21,7 @@ import pytest
 import requests
 
 from envbuild.cli import main
-from envbuild.engine import Engine
+from envbuild.engine.client import Engine
 from envbuild.errors import EngineError
 from envbuild.image.build import (
     BuildRefused,

@@ -13,7 +13,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from envbuild.engine import Engine
+from envbuild.engine.client import Engine
 from envbuild.image.canonical import load_packages_image, normalise, save_added_layers, settled_history
 from tests.lib.baseimage import BaseImage
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from envbuild.engine import Engine
+from envbuild.engine.client import Engine
 from envbuild.image.build import ImageOptions, build_image
 from envbuild.verify import VerifyOptions
 from tests.lib.gitrepos import Served

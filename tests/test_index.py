@@ -1,4 +1,4 @@
-"""envbuild.index against a real local index (HTTP JSON, HTTP HTML, file://) and a dead port."""
+"""envbuild.index.client against a real local index (HTTP JSON, HTTP HTML, file://) and a dead port."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from envbuild.errors import RemoteError
-from envbuild.index import IndexClient
+from envbuild.index.client import IndexClient
 from tests.lib.pyindex import PyIndex, dead_port_url, make_sdist, make_wheel, write_file_index
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from envbuild.index import IndexClient
+from envbuild.index.client import IndexClient
 from envbuild.lock import Lock, Package, PackageFile, parse_lock
 from envbuild.packages import package_file_urls, verify_packages
 from envbuild.results import PackageStatus

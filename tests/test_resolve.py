@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from envbuild.errors import InputError
-from envbuild.index import IndexFile
+from envbuild.index.client import IndexFile
 from envbuild.lock import Lock, Package, PackageFile, Platform, Source
 from envbuild.lock.model import Install, Provides, Waiver
 from envbuild.requirements.roots import source_roots

@@ -12,7 +12,7 @@ import docker
 import pytest
 
 from envbuild.cli import main
-from envbuild.engine import Engine
+from envbuild.engine.client import Engine
 from envbuild.image.build import BuildResult, ImageOptions, build_image
 from envbuild.mirrors import Mirrors
 from envbuild.verify import VerifyOptions

@@ -22,7 +22,7 @@ from pathlib import Path
 from envbuild.check.explain import explain
 from envbuild.check.history import HistoryEntry, append_history, last_image_id, read_history
 from envbuild.check.report import CheckFailure, CheckReport, Difference, Stage
-from envbuild.engine import Engine
+from envbuild.engine.client import Engine
 from envbuild.errors import EnvbuildError
 from envbuild.image.build import BuildResult, ImageOptions, build_image
 from envbuild.image.canonical import save_added_layers

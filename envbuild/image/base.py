@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from envbuild.engine import Engine
+from envbuild.engine.client import Engine
 from envbuild.errors import EngineError, EnvbuildError
 from envbuild.image.plan import ContextPlan
 from envbuild.image.render import base_reference

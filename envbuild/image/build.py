@@ -34,9 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from envbuild.data.reference import check_name_and_tag
-from envbuild.engine import BuildStep, Engine
+from envbuild.engine.client import BuildStep, Engine
 from envbuild.errors import EngineError, EnvbuildError, InputError
-from envbuild.filecache import FileCache
 from envbuild.fileio import write_atomic
 from envbuild.image.base import ensure_base
 from envbuild.image.buildcache import context_dir, lock_name_held, read_map, remember
@@ -50,6 +49,7 @@ from envbuild.image.plan import ContextPlan, plan_context
 from envbuild.image.record import build_record, build_summary, render_record_json
 from envbuild.image.render import base_reference, render_dockerfile, render_image_dockerfile
 from envbuild.image.retention import RAW_REPOSITORY, keep_only, raw_reference
+from envbuild.index.filecache import FileCache
 from envbuild.interrupts import sigterm_interrupts
 from envbuild.lock.io import LockFile, read_lock
 from envbuild.progress import Progress

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from envbuild.engine import Engine
+from envbuild.engine.client import Engine
 from envbuild.errors import EngineError
 from envbuild.image.imageconfig import (
     HistoryEntry,

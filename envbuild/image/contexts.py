@@ -28,11 +28,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from envbuild.engine import ContextStream
+from envbuild.engine.client import ContextStream
+from envbuild.engine.transfer import TarSink
 from envbuild.image.context import BuildContext
 from envbuild.image.plan import IMAGE_META
 from envbuild.image.render import CLAMP, PACKAGES_EPOCH, load_template
-from envbuild.transfer import TarSink
 
 _DIR_MODE = 0o755
 

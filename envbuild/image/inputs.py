@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from envbuild.errors import EnvbuildError, ProblemsError, RemoteError
-from envbuild.filecache import FileCache
 from envbuild.git.export import (
     TreeExporter,
     TreePin,
@@ -29,7 +28,8 @@ from envbuild.git.export import (
     source_pin,
     submodule_pins,
 )
-from envbuild.index import IndexClient
+from envbuild.index.client import IndexClient
+from envbuild.index.filecache import FileCache
 from envbuild.lock.model import Lock, Package, PackageFile
 from envbuild.progress import Progress
 from envbuild.verify import VerifyOptions, fetch_command

@@ -25,7 +25,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from envbuild.engine import BuildStep, Engine
+from envbuild.engine.client import BuildStep, Engine
+from envbuild.engine.transfer import Heartbeat, Meter, human_bytes
 from envbuild.errors import EngineError
 from envbuild.image.canonical import load_packages_image
 from envbuild.image.context import BuildContext
@@ -34,7 +35,6 @@ from envbuild.image.plan import LOCK_NAME_LABEL, ROLE_LABEL
 from envbuild.image.render import base_reference, packages_reference, render_packages_script
 from envbuild.interrupts import deferred_interrupts
 from envbuild.progress import Progress
-from envbuild.transfer import Heartbeat, Meter, human_bytes
 
 HEARTBEAT = 15.0  # seconds between "still running" lines while the packages install or commit
 

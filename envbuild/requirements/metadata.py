@@ -35,9 +35,9 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_sdist
 from packaging.version import InvalidVersion, Version
 
 from envbuild.errors import EnvbuildError, RemoteError
-from envbuild.filecache import FileCache
 from envbuild.fileio import write_atomic
-from envbuild.index import MAX_METADATA, IndexClient
+from envbuild.index.client import MAX_METADATA, IndexClient
+from envbuild.index.filecache import FileCache
 from envbuild.lock.model import Lock, Package, PackageFile
 from envbuild.progress import Progress
 from envbuild.requirements.closure import PackageMetadata

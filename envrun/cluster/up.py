@@ -26,7 +26,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from envbuild.engine import Engine, split_tag
+from envbuild.engine.client import Engine, split_tag
 from envbuild.errors import EngineError, EnvbuildError, InputError
 from envbuild.image.base import OCI_ARCH
 from envbuild.image.plan import LOCK_LABEL

@@ -5,7 +5,7 @@ The devices and driver mounts are Ascend's own explicit list with what verl's gu
 on the host, instead of ``--privileged``. The job's files are mounted at the same path inside: the model
 and data read-only, the run's output directory read-write — a host directory under the run directory
 by default, so checkpoints outlive the container and are audited on the host that holds them. The
-engine itself is only ever reached through :mod:`envbuild.engine`.
+engine itself is only ever reached through :mod:`envbuild.engine.client`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from envbuild.engine import Engine, JobSpec
+from envbuild.engine.client import Engine, JobSpec
 from envbuild.errors import EngineError, InputError
 from envbuild.image.plan import LOCK_LABEL
 from envbuild.progress import Progress

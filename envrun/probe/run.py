@@ -42,7 +42,7 @@ def probe_in_image(
     volumes: Mapping[str, Mapping[str, str]],
 ) -> ProbeReport:
     """The probe in a container of ``image``: its own verl, no network, no devices, the job's env and mounts."""
-    from envbuild.engine import Engine
+    from envbuild.engine.client import Engine
 
     where = f"image {image}"
     try:

@@ -6,7 +6,7 @@ reach or understand an index becomes a :class:`RemoteError` naming the index and
 
 An index is trusted no further than the sha256s the lock pins, so what it sends is bounded before it
 is used: a page is refused the moment it passes ``max_page`` bytes (it is never read whole first), and
-read by :mod:`envbuild.indexpage`, which refuses files that are not http(s) URLs and fields in a wrong
+read by :mod:`envbuild.index.pages`, which refuses files that are not http(s) URLs and fields in a wrong
 shape; a download is refused the moment it passes the size the index states for it (PEP 700 ``size``)
 or, when none is stated, ``max_download`` (``$ENVBUILD_MAX_DOWNLOAD``, default 4 GiB; a stated size
 above it is refused before any byte moves); a ``file://`` index serves only regular files inside it.
@@ -33,7 +33,7 @@ import requests
 from packaging.utils import canonicalize_name
 
 from envbuild.errors import InputError, RemoteError
-from envbuild.indexpage import IndexFile, ProjectPage, parse_html, parse_json, show
+from envbuild.index.pages import IndexFile, ProjectPage, parse_html, parse_json, show
 
 __all__ = ["IndexClient", "IndexFile", "ProjectPage", "max_download_from_env", "project_url"]
 

@@ -25,10 +25,18 @@ import docker
 import docker.errors
 import requests
 
+from envbuild.engine.transfer import (
+    LOG_TAIL,
+    BuildProgress,
+    BuildStep,
+    ContextStream,
+    LayerProgress,
+    Meter,
+    directory_context,
+)
 from envbuild.errors import EngineError
 from envbuild.interrupts import deferred_interrupts
 from envbuild.progress import Progress
-from envbuild.transfer import LOG_TAIL, BuildProgress, BuildStep, ContextStream, LayerProgress, Meter, directory_context
 
 TIMEOUT = 3600  # seconds for one API call: a build step or a save of a multi-GB image
 CONNECT_TIMEOUT = 30  # seconds for the first answer of an engine

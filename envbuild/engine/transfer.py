@@ -1,6 +1,6 @@
 """Long transfers to and from the container engine, as a person follows them: byte counts with a total,
 one line at most every few seconds; build contexts produced as tar chunks on demand (never a whole
-temporary tar); a push's per-layer events turned into a few lines. Used by :mod:`envbuild.engine`."""
+temporary tar); a push's per-layer events turned into a few lines. Used by :mod:`envbuild.engine.client`."""
 
 from __future__ import annotations
 
