@@ -21,7 +21,7 @@ import yaml
 from envbuild.data.typed import Decoder, mfield, shown
 from envbuild.data.yamlfile import compose_yaml, read_capped
 from envbuild.errors import LockfileError, Problem
-from envbuild.mirrors import Mirrors, check_rule
+from envbuild.git.mirrors import Mirrors, check_rule
 
 
 class ConfigError(LockfileError):

@@ -23,9 +23,9 @@ from typing import Literal
 from envbuild.errors import InputError, RemoteError
 from envbuild.git.cache import GitCache
 from envbuild.git.files import OFFLINE_MISS
+from envbuild.git.mirrors import Mirrors
 from envbuild.git.remote import GitError, RefListing
 from envbuild.lock.model import HEX40, REF_NAME, Source, check_repo_url
-from envbuild.mirrors import Mirrors
 from envbuild.progress import Progress
 from envbuild.results import PinResult, SourceStatus
 

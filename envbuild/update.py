@@ -7,8 +7,8 @@ from typing import Sequence
 
 from envbuild.errors import EngineError, InputError
 from envbuild.git.cache import GitCache
+from envbuild.git.mirrors import Mirrors
 from envbuild.lock.model import LOCK_VERSION, BaseImage, Lock, Source
-from envbuild.mirrors import Mirrors
 from envbuild.progress import Progress
 from envbuild.requirements.reading import read_source_requirements
 from envbuild.resolve import resolve_packages

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from envbuild.git.cache import GitCache
+from envbuild.git.mirrors import Mirrors
 from envbuild.index.client import IndexClient
 from envbuild.index.filecache import FileCache
 from envbuild.lock.model import Lock, Package
-from envbuild.mirrors import Mirrors
 from envbuild.packages import verify_packages
 from envbuild.progress import Progress
 from envbuild.requirements.closure import check_closure

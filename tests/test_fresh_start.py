@@ -26,7 +26,7 @@ import docker
 import pytest
 
 from envbuild.cli import main as envbuild
-from envbuild.git.export import export_tree
+from envbuild.git.treeexport import export_tree
 from envbuild.image.inputs import exporter_for, fetch_inputs
 from envbuild.lock import Lock, Package, PackageFile, Source, read_lock, write_lock
 from envbuild.lock.model import BaseImage, Install, Platform, Waiver

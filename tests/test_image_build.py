@@ -424,7 +424,7 @@ def test_cli_json_dry_run_and_no_engine(
 def test_export_tree_writes_the_exact_tree(served: Served, tmp_path: Path) -> None:
     """Attributes that would change archived files (export-subst, export-ignore, eol) are neutralised;
     modes and symlinks survive; a second export needs no network; --offline without the files fails."""
-    from envbuild.git.export import ExportError, TreeExporter, export_tree
+    from envbuild.git.treeexport import ExportError, TreeExporter, export_tree
     from envbuild.lock import Source
     from tests.lib.gitrepos import make_repo
 

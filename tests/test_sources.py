@@ -12,9 +12,9 @@ import pytest
 
 from envbuild.errors import InputError
 from envbuild.git.cache import GitCache
+from envbuild.git.mirrors import Mirrors
 from envbuild.git.remote import GitRunner
 from envbuild.lock.model import Source
-from envbuild.mirrors import Mirrors
 from envbuild.sources import (
     MissingRefError,
     ResolvedRef,

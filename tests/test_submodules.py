@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from envbuild.cli import main
+from envbuild.git.mirrors import Mirrors
 from envbuild.lock import Lock, read_lock
 from envbuild.lock.model import Submodule
-from envbuild.mirrors import Mirrors
 from envbuild.verify import VerifyOptions, verify_lock
 from tests.lib.gitrepos import Served
 from tests.lib.submodlock import (

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 
 from envbuild.cli import main
-from envbuild.git.export import ExportError, TreeExporter, export_tree, fetch_commit, source_pin
+from envbuild.git.mirrors import Mirrors
+from envbuild.git.treeexport import ExportError, TreeExporter, export_tree, fetch_commit, source_pin
 from envbuild.git.treewriter import TreeWriteError, write_tar_tree
 from envbuild.image import inimage_probe
 from envbuild.image.inputs import InputsMissing, fetch_inputs
 from envbuild.lock import Lock, read_lock
 from envbuild.lock.model import Source, Submodule
-from envbuild.mirrors import Mirrors
 from envbuild.verify import VerifyOptions
 from tests.lib.gitrepos import MALFORMED_TREES, Served, commit_malformed
 from tests.lib.submodlock import CATLASS_PATH, GTEST_PATH, MEGATRON_PATH, SubmoduleUpstreams, make_upstreams

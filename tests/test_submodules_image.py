@@ -13,8 +13,8 @@ import pytest
 
 from envbuild.cli import main
 from envbuild.engine.client import Engine
+from envbuild.git.mirrors import Mirrors
 from envbuild.image.build import BuildResult, ImageOptions, build_image
-from envbuild.mirrors import Mirrors
 from envbuild.verify import VerifyOptions
 from tests.lib.gitrepos import Served
 from tests.lib.services import PushedImage

@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 
 from envbuild.config import load_config
 from envbuild.errors import EnvbuildError, InputError
-from envbuild.mirrors import Mirrors
+from envbuild.git.mirrors import Mirrors
 from envbuild.verify import VerifyOptions
 
 

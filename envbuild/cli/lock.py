@@ -10,10 +10,10 @@ from envbuild.cli.common import StderrProgress, add_source_options, source_setti
 from envbuild.errors import InputError
 from envbuild.fileio import write_atomic
 from envbuild.git.cache import GitCache
+from envbuild.git.mirrors import Mirrors
 from envbuild.lock import dump_lock, read_lock, write_lock
 from envbuild.lock.diff import CommitCounter, diff_locks, render_changes
 from envbuild.lock.model import LOCK_VERSION, LOCK_VERSIONS
-from envbuild.mirrors import Mirrors
 from envbuild.output import render_json, render_verify
 
 

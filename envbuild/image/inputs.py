@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from envbuild.errors import EnvbuildError, ProblemsError, RemoteError
-from envbuild.git.export import (
+from envbuild.git.treeexport import (
     TreeExporter,
     TreePin,
     commit_dates,

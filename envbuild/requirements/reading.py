@@ -13,8 +13,8 @@ import dataclasses
 from envbuild.errors import RemoteError
 from envbuild.git.cache import GitCache
 from envbuild.git.files import PinnedTree
+from envbuild.git.mirrors import Mirrors
 from envbuild.lock.model import REASON_MAX, Source, check_source_requirement
-from envbuild.mirrors import Mirrors
 from envbuild.progress import Progress
 from envbuild.requirements.declared import Declared, read_declared
 

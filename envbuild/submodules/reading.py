@@ -2,7 +2,7 @@
 
 For each tree (the source's, then each submodule's that the image gets): its gitlinks (every tree of the
 commit is fetched into the verify cache, no blob) and its ``.gitmodules`` (one blob), paired by
-:func:`envbuild.submodules.gitmodules.pair_submodules`. A submodule the lock skips is recorded from the
+:func:`envbuild.git.gitmodules.pair_submodules`. A submodule the lock skips is recorded from the
 parent alone (path, URL, commit): nothing of it is fetched. One the image gets is read in its own
 repository, through the mirrors: its commit (commits only), its tree SHA and its own submodules.
 
@@ -20,10 +20,10 @@ from collections.abc import Callable
 from envbuild.errors import InputError, RemoteError, problem_lines
 from envbuild.git.cache import GitCache
 from envbuild.git.files import PinnedTree
+from envbuild.git.gitmodules import pair_submodules, parse_gitmodules
+from envbuild.git.mirrors import Mirrors
 from envbuild.lock.model import REASON_MAX, Source, Submodule
-from envbuild.mirrors import Mirrors
 from envbuild.progress import Progress
-from envbuild.submodules.gitmodules import pair_submodules, parse_gitmodules
 
 MAX_DEPTH = 8  # submodules of submodules; the lock's reader allows 32 levels of YAML, two per level
 MAX_PER_TREE = 256  # each one the image gets is a repository to read: a tree naming thousands is refused

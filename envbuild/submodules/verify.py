@@ -30,13 +30,13 @@ from typing import Any
 from envbuild.errors import InputError
 from envbuild.git.cache import GitCache
 from envbuild.git.files import OFFLINE_MISS, READ_NS, PinnedTree
+from envbuild.git.gitmodules import repository_key
+from envbuild.git.mirrors import Mirrors
 from envbuild.git.remote import GitError
 from envbuild.lock.model import Lock, Source, Submodule, check_repo_url
-from envbuild.mirrors import Mirrors
 from envbuild.progress import Progress
 from envbuild.results import PinResult, SubmoduleStatus
 from envbuild.sources import Offline, Upstream
-from envbuild.submodules.gitmodules import repository_key
 
 
 @dataclass(frozen=True)

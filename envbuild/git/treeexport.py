@@ -36,11 +36,11 @@ from typing import Literal
 
 from envbuild.errors import EnvbuildError
 from envbuild.git.cache import CachedRepo, GitCache, remove_stale_files
+from envbuild.git.mirrors import Mirrors
 from envbuild.git.remote import FSCK_CONFIG, NO_LAZY_FETCH_URL, GitError
 from envbuild.git.treewriter import TreeWriteError, write_tar_tree
 from envbuild.image import inimage_probe
 from envbuild.lock.model import Source, Submodule, walk_submodules
-from envbuild.mirrors import Mirrors
 
 EXPORT_NS = "refs/envbuild/export/"
 # Highest-precedence attributes: git archive then writes blobs byte for byte.
