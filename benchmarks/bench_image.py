@@ -46,7 +46,7 @@ import docker  # noqa: E402
 from envbuild.engine.client import Engine  # noqa: E402
 from envbuild.image.build import BuildResult, ImageOptions, build_image  # noqa: E402
 from envbuild.lock.model import Package, Waiver  # noqa: E402
-from envbuild.verify import VerifyOptions  # noqa: E402
+from envbuild.verify.pins import VerifyOptions  # noqa: E402
 from tests.lib.baseimage import ensure_base_image  # noqa: E402
 from tests.lib.gitrepos import GitDaemon  # noqa: E402
 from tests.lib.imagelock import ImageLockEnv, make_sources, make_wheels  # noqa: E402
@@ -312,7 +312,7 @@ def waive_cuda(packages: tuple[Package, ...], wheels: list[Path]) -> tuple[Packa
 
     from packaging.requirements import Requirement
 
-    from envbuild.requirements.metadata import read_wheel_metadata
+    from envbuild.verify.metadata import read_wheel_metadata
 
     wheel = next(w for w in wheels if w.name.startswith("torch-"))
     metadata = BytesHeaderParser().parsebytes(read_wheel_metadata(wheel.open("rb"), wheel.name))

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project and 
 from envbuild.cli import main as envbuild  # noqa: E402
 from envbuild.image.inputs import fetch_inputs  # noqa: E402
 from envbuild.lock import LockFile, read_lock  # noqa: E402
-from envbuild.verify import VerifyOptions, verify_lock  # noqa: E402
+from envbuild.verify.pins import VerifyOptions, verify_lock  # noqa: E402
 from tests.lib.gitrepos import GitDaemon, Repo, fast_import_repo, git  # noqa: E402
 
 SHAPES = {"gtest": (1000, 500), "catlass": (2000, 1000), "parent": (4000, 2000)}  # (commits, files) at scale 1

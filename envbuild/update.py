@@ -12,8 +12,8 @@ from envbuild.lock.model import LOCK_VERSION, BaseImage, Lock, Source
 from envbuild.progress import Progress
 from envbuild.requirements.reading import read_source_requirements
 from envbuild.resolve import resolve_packages
-from envbuild.sources import resolve_ref
 from envbuild.submodules.reading import SubmodulesRefused, read_source_submodules
+from envbuild.verify.sources import resolve_ref
 
 
 def update_lock(

@@ -20,7 +20,7 @@ from envbuild.check.history import read_history
 from envbuild.check.run import CheckOptions, run_check
 from envbuild.cli import main
 from envbuild.engine.client import Engine
-from envbuild.verify import VerifyOptions
+from envbuild.verify.pins import VerifyOptions
 from tests.lib.gitrepos import GitDaemon, git, make_repo
 from tests.lib.imagelock import ImageLockEnv, make_sources, make_wheels, with_source
 from tests.lib.pyindex import PyIndex

@@ -16,10 +16,10 @@ from envbuild.index.client import IndexClient
 from envbuild.index.filecache import FileCache
 from envbuild.lock import Lock, Package, PackageFile, Source, write_lock
 from envbuild.lock.model import Install, Platform, Provides, Waiver
-from envbuild.output import render_verify
-from envbuild.requirements.closure import PackageMetadata, check_closure
-from envbuild.requirements.metadata import MetadataReader, read_metadata
-from envbuild.results import VerifyReport
+from envbuild.verify.closure import PackageMetadata, check_closure
+from envbuild.verify.metadata import MetadataReader, read_metadata
+from envbuild.verify.render import render_verify
+from envbuild.verify.results import VerifyReport
 from tests.lib.gitrepos import make_repo
 from tests.lib.pyindex import PyIndex, make_sdist, make_wheel, write_file_index
 

@@ -12,9 +12,9 @@ from envbuild.cli import main
 from envbuild.image.build import ImageOptions, build_image
 from envbuild.lock import Lock, Package, Source, write_lock
 from envbuild.lock.model import BaseImage, Install, Platform, Waiver
-from envbuild.requirements.buildcheck import UnmetBuildRequirements, build_requirement_problems
-from envbuild.results import PinResult, VerifyReport
-from envbuild.verify import VerifyOptions
+from envbuild.verify.buildcheck import UnmetBuildRequirements, build_requirement_problems
+from envbuild.verify.pins import VerifyOptions
+from envbuild.verify.results import PinResult, VerifyReport
 from tests.lib.gitrepos import make_repo
 
 ARM = Platform(os="linux", arch="aarch64", python="3.12")

@@ -18,7 +18,7 @@ from envbuild.errors import EngineError
 from envbuild.image.build import ImageOptions, build_image
 from envbuild.lock import Lock, Package, PackageFile, Source, write_lock
 from envbuild.lock.model import BaseImage, Install, Platform, SkippedImport, Waiver
-from envbuild.verify import VerifyOptions, verify_lock
+from envbuild.verify.pins import VerifyOptions, verify_lock
 from tests.lib.gitrepos import Served
 from tests.lib.imagelock import ImageLockEnv, make_wheels
 from tests.lib.pyindex import PyIndex, make_wheel

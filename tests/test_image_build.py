@@ -34,8 +34,8 @@ from envbuild.image.buildcache import read_map
 from envbuild.image.context import ContextError
 from envbuild.image.inimage_verdict import compare_inimage
 from envbuild.image.inputs import InputFetchError
-from envbuild.results import PinResult, VerifyReport
-from envbuild.verify import VerifyOptions
+from envbuild.verify.pins import VerifyOptions
+from envbuild.verify.results import PinResult, VerifyReport
 from tests.lib.gitrepos import Served
 from tests.lib.imagelock import (
     ImageLockEnv,

@@ -16,7 +16,7 @@ import pytest
 
 from envbuild.engine.client import Engine
 from envbuild.image.build import ImageOptions, build_image
-from envbuild.verify import VerifyOptions
+from envbuild.verify.pins import VerifyOptions
 from tests.lib.gitrepos import Served
 from tests.lib.imagelock import ImageLockEnv, old_tinyone_wheel, served_env
 from tests.lib.services import PushedImage, push_as

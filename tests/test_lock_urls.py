@@ -14,7 +14,7 @@ from envbuild.data.urls import check_index_url, check_repo_url, redact_url, reda
 from envbuild.errors import InputError
 from envbuild.git.mirrors import Mirrors
 from envbuild.lock.model import Source
-from envbuild.sources import check_inputs
+from envbuild.verify.sources import check_inputs
 from tests.lib.tinylock import MINIMAL_LOCK as LOCK
 from tests.lib.tinylock import MINIMAL_SHA as SHA
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from envbuild.output import render_verify
-from envbuild.results import PinResult, VerifyReport
+from envbuild.verify.render import render_verify
+from envbuild.verify.results import PinResult, VerifyReport
 
 
 def report(detail: str) -> VerifyReport:

@@ -15,7 +15,7 @@ from envbuild.git.cache import GitCache
 from envbuild.git.mirrors import Mirrors
 from envbuild.git.remote import GitRunner
 from envbuild.lock.model import Source
-from envbuild.sources import (
+from envbuild.verify.sources import (
     MissingRefError,
     ResolvedRef,
     count_commits,

@@ -16,7 +16,7 @@ from envbuild.cli import main
 from envbuild.git.mirrors import Mirrors
 from envbuild.lock import Lock, read_lock
 from envbuild.lock.model import Submodule
-from envbuild.verify import VerifyOptions, verify_lock
+from envbuild.verify.pins import VerifyOptions, verify_lock
 from tests.lib.gitrepos import Served
 from tests.lib.submodlock import (
     CATLASS_PATH,

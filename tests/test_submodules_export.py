@@ -21,7 +21,7 @@ from envbuild.image import inimage_probe
 from envbuild.image.inputs import InputsMissing, fetch_inputs
 from envbuild.lock import Lock, read_lock
 from envbuild.lock.model import Source, Submodule
-from envbuild.verify import VerifyOptions
+from envbuild.verify.pins import VerifyOptions
 from tests.lib.gitrepos import MALFORMED_TREES, Served, commit_malformed
 from tests.lib.submodlock import CATLASS_PATH, GTEST_PATH, MEGATRON_PATH, SubmoduleUpstreams, make_upstreams
 

@@ -15,7 +15,7 @@ from envbuild.cli import main
 from envbuild.engine.client import Engine
 from envbuild.git.mirrors import Mirrors
 from envbuild.image.build import BuildResult, ImageOptions, build_image
-from envbuild.verify import VerifyOptions
+from envbuild.verify.pins import VerifyOptions
 from tests.lib.gitrepos import Served
 from tests.lib.services import PushedImage
 from tests.lib.submodlock import CATLASS_PATH, GTEST_PATH, MEGATRON_PATH, SubmoduleUpstreams, make_upstreams

@@ -29,8 +29,8 @@ from envbuild.image.canonical import save_added_layers
 from envbuild.image.inputs import fetch_inputs
 from envbuild.lock.io import LockFile, read_lock
 from envbuild.progress import Progress
-from envbuild.results import VerifyReport
-from envbuild.verify import VerifyOptions, verify_lock
+from envbuild.verify.pins import VerifyOptions, verify_lock
+from envbuild.verify.results import VerifyReport
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from envbuild.check.report import CheckReport, render_html, render_markdown
 from envbuild.cli.common import StderrProgress, add_source_options, verify_options
 from envbuild.errors import EnvbuildError, InputError
 from envbuild.fileio import write_atomic
-from envbuild.output import render_json
+from envbuild.verify.render import render_json
 
 
 def add_check_command(subparsers: argparse._SubParsersAction) -> None:

@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 from envbuild.config import load_config
 from envbuild.errors import EnvbuildError, InputError
 from envbuild.git.mirrors import Mirrors
-from envbuild.verify import VerifyOptions
+from envbuild.verify.pins import VerifyOptions
 
 
 class ArgumentParser(argparse.ArgumentParser):

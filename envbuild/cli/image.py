@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from envbuild.cli.common import StderrProgress, add_source_options, verify_options
-from envbuild.output import render_json
+from envbuild.verify.render import render_json
 
 
 def add_image_command(subparsers: argparse._SubParsersAction) -> None:

@@ -1,4 +1,4 @@
-"""`envbuild lock verify|update|diff|export|schema`: thin wrappers over envbuild.verify / update / lock."""
+"""`envbuild lock verify|update|diff|export|schema`: thin wrappers over envbuild.verify.pins / update / lock."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from envbuild.git.mirrors import Mirrors
 from envbuild.lock import dump_lock, read_lock, write_lock
 from envbuild.lock.diff import CommitCounter, diff_locks, render_changes
 from envbuild.lock.model import LOCK_VERSION, LOCK_VERSIONS
-from envbuild.output import render_json, render_verify
+from envbuild.verify.render import render_json, render_verify
 
 
 def add_lock_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -87,7 +87,7 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     lock = read_lock(args.lockfile).lock  # before the heavier imports: a bad lock fails fast
-    from envbuild.verify import verify_lock
+    from envbuild.verify.pins import verify_lock
 
     report = verify_lock(lock, str(args.lockfile), verify_options(args), StderrProgress("envbuild", args.quiet))
     sys.stdout.write(render_json(report.to_json()) if args.json else render_verify(report))
@@ -100,7 +100,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     reported and nothing is fetched (a build would refuse it): exit 1."""
     read = read_lock(args.lockfile)
     from envbuild.image.inputs import fetch_inputs
-    from envbuild.verify import verify_lock
+    from envbuild.verify.pins import verify_lock
 
     if args.offline:
         raise InputError("lock fetch: --offline makes no sense here; this command is what fills the cache")
@@ -174,7 +174,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def _commit_counter(cache: GitCache, mirrors: Mirrors) -> CommitCounter:
-    from envbuild.sources import count_commits
+    from envbuild.verify.sources import count_commits
 
     return lambda old, new: count_commits(new.repo, old.commit, new.commit, cache, mirrors=mirrors)
 
@@ -186,7 +186,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.output is not None and args.output.is_dir():
         raise InputError(f"-o {args.output}: is a directory; name the file to write")
     if args.format == "pylock" and not args.offline:
-        from envbuild.packages import package_file_urls
+        from envbuild.verify.packages import package_file_urls
 
         text = export.export_pylock(lock, urls=package_file_urls(lock))  # PEP 751 wants a url per file
     else:

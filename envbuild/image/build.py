@@ -53,9 +53,9 @@ from envbuild.index.filecache import FileCache
 from envbuild.interrupts import sigterm_interrupts
 from envbuild.lock.io import LockFile, read_lock
 from envbuild.progress import Progress
-from envbuild.requirements.buildcheck import build_requirement_problems, require_buildable
-from envbuild.results import VerifyReport
-from envbuild.verify import VerifyOptions, fetch_command, verify_lock
+from envbuild.verify.buildcheck import build_requirement_problems, require_buildable
+from envbuild.verify.pins import VerifyOptions, fetch_command, verify_lock
+from envbuild.verify.results import VerifyReport
 
 Compare = Callable[[str, dict], list[str]]
 __all__ = ["RAW_REPOSITORY", "BuildRefused", "BuildResult", "ImageOptions", "build_image", "check_tags", "dry_run"]

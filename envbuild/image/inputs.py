@@ -32,7 +32,7 @@ from envbuild.index.client import IndexClient
 from envbuild.index.filecache import FileCache
 from envbuild.lock.model import Lock, Package, PackageFile
 from envbuild.progress import Progress
-from envbuild.verify import VerifyOptions, fetch_command
+from envbuild.verify.pins import VerifyOptions, fetch_command
 
 
 class InputsMissing(EnvbuildError):

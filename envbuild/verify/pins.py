@@ -13,13 +13,13 @@ from envbuild.git.mirrors import Mirrors
 from envbuild.index.client import IndexClient
 from envbuild.index.filecache import FileCache
 from envbuild.lock.model import Lock, Package
-from envbuild.packages import verify_packages
 from envbuild.progress import Progress
-from envbuild.requirements.closure import check_closure
-from envbuild.requirements.metadata import MetadataReader, read_metadata
-from envbuild.results import PinResult, VerifyReport
-from envbuild.sources import verify_sources
-from envbuild.submodules.verify import verify_submodules
+from envbuild.verify.closure import check_closure
+from envbuild.verify.metadata import MetadataReader, read_metadata
+from envbuild.verify.packages import verify_packages
+from envbuild.verify.results import PinResult, VerifyReport
+from envbuild.verify.sources import verify_sources
+from envbuild.verify.submodules import verify_submodules
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,8 @@ from envbuild.git.mirrors import Mirrors
 from envbuild.git.remote import GitError
 from envbuild.lock.model import Lock, Source, Submodule, check_repo_url
 from envbuild.progress import Progress
-from envbuild.results import PinResult, SubmoduleStatus
-from envbuild.sources import Offline, Upstream
+from envbuild.verify.results import PinResult, SubmoduleStatus
+from envbuild.verify.sources import Offline, Upstream
 
 
 @dataclass(frozen=True)

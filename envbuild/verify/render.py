@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
-from envbuild.results import PinResult, VerifyReport
+from envbuild.verify.results import PinResult, VerifyReport
 
 
 def render_json(data: Any) -> str:

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from envbuild.errors import EnvbuildError
 from envbuild.lock.model import Lock
-from envbuild.requirements.closure import judge, providers
 from envbuild.requirements.markers import applies, marker_environment, try_parse
+from envbuild.verify.closure import judge, providers
 
 
 class UnmetBuildRequirements(EnvbuildError):

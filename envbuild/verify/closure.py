@@ -19,7 +19,7 @@ from packaging.version import InvalidVersion, Version
 
 from envbuild.lock.model import Lock, Package, Source
 from envbuild.requirements.markers import applies, marker_environment, try_parse
-from envbuild.results import PinResult, RequirementStatus
+from envbuild.verify.results import PinResult, RequirementStatus
 
 ROOT = "\0lock"
 

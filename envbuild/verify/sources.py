@@ -27,7 +27,7 @@ from envbuild.git.mirrors import Mirrors
 from envbuild.git.remote import GitError, RefListing
 from envbuild.lock.model import HEX40, REF_NAME, Source, check_repo_url
 from envbuild.progress import Progress
-from envbuild.results import PinResult, SourceStatus
+from envbuild.verify.results import PinResult, SourceStatus
 
 ALL_REFS = ("+refs/heads/*:refs/upstream/heads/*", "+refs/tags/*:refs/upstream/tags/*")
 
@@ -51,7 +51,7 @@ class Offline(Exception):
 
 class Upstream:
     """One repository seen through the cache: its ref listing (fetched once) and fetches on demand (also
-    the submodules' verify, :mod:`envbuild.submodules.verify`)."""
+    the submodules' verify, :mod:`envbuild.verify.submodules`)."""
 
     def __init__(self, cache: GitCache, url: str, *, offline: bool, progress: Progress | None) -> None:
         self.cache, self.url, self.offline, self.progress = cache, url, offline, progress

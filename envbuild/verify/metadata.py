@@ -40,7 +40,7 @@ from envbuild.index.client import MAX_METADATA, IndexClient
 from envbuild.index.filecache import FileCache
 from envbuild.lock.model import Lock, Package, PackageFile
 from envbuild.progress import Progress
-from envbuild.requirements.closure import PackageMetadata
+from envbuild.verify.closure import PackageMetadata
 
 MAX_MEMBER = 1 << 20  # an sdist's requires.txt
 
