@@ -9,8 +9,8 @@ import pytest
 
 from envbuild.git.files import TreeFile
 from envbuild.lock.model import Provides
-from envbuild.requirements.declared import read_declared
-from envbuild.requirements.reqfile import RequirementFileError, parse_files
+from envbuild.update.declared import read_declared
+from envbuild.update.reqfile import RequirementFileError, parse_files
 
 
 def tree(files: Mapping[str, str]):  # type: ignore[no-untyped-def]

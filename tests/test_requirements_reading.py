@@ -13,8 +13,8 @@ from envbuild.git.cache import GitCache
 from envbuild.git.files import PinnedTree
 from envbuild.lock import Lock, Source
 from envbuild.lock.model import Install, Provides, Waiver
-from envbuild.requirements.reading import read_source_requirements
-from envbuild.update import update_lock
+from envbuild.update.read_requirements import read_source_requirements
+from envbuild.update.update import update_lock
 from tests.lib.gitrepos import Served, free_port, git
 
 pytestmark = pytest.mark.gitdaemon

@@ -1,4 +1,4 @@
-"""`envbuild lock verify|update|diff|export|schema`: thin wrappers over envbuild.verify.pins / update / lock."""
+"""`envbuild lock verify|update|diff|export|schema`: thin wrappers over envbuild.verify / update / lock."""
 
 from __future__ import annotations
 
@@ -129,7 +129,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 def cmd_update(args: argparse.Namespace) -> int:
     from envbuild.git.cache import GitCache
-    from envbuild.update import update_lock
+    from envbuild.update.update import update_lock
 
     lock = read_lock(args.lockfile).lock
     cache_dir, mirrors = source_settings(args)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from envbuild.errors import EnvbuildError
 from envbuild.lock.model import Lock
-from envbuild.requirements.markers import applies, marker_environment, try_parse
+from envbuild.lock.platform import applies, marker_environment, try_parse
 from envbuild.verify.closure import judge, providers
 
 

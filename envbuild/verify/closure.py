@@ -18,7 +18,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from envbuild.lock.model import Lock, Package, Source
-from envbuild.requirements.markers import applies, marker_environment, try_parse
+from envbuild.lock.platform import applies, marker_environment, try_parse
 from envbuild.verify.results import PinResult, RequirementStatus
 
 ROOT = "\0lock"

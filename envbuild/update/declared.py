@@ -33,7 +33,7 @@ from packaging.version import InvalidVersion, Version
 
 from envbuild.git.files import TreeFile
 from envbuild.lock.model import Provides
-from envbuild.requirements.reqfile import RequirementFileError, normalized, parse_files, parse_requirement
+from envbuild.update.reqfile import RequirementFileError, normalized, parse_files, parse_requirement
 
 # tomllib from Python 3.11 on; tomli (the same code, a dependency on 3.10) before.
 tomllib = importlib.import_module("tomllib" if sys.version_info >= (3, 11) else "tomli")

@@ -10,9 +10,9 @@ from envbuild.git.cache import GitCache
 from envbuild.git.mirrors import Mirrors
 from envbuild.lock.model import LOCK_VERSION, BaseImage, Lock, Source
 from envbuild.progress import Progress
-from envbuild.requirements.reading import read_source_requirements
-from envbuild.resolve import resolve_packages
-from envbuild.submodules.reading import SubmodulesRefused, read_source_submodules
+from envbuild.update.read_requirements import read_source_requirements
+from envbuild.update.read_submodules import SubmodulesRefused, read_source_submodules
+from envbuild.update.resolve import resolve_packages
 from envbuild.verify.sources import resolve_ref
 
 

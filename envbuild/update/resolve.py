@@ -30,9 +30,9 @@ from packaging.version import InvalidVersion, Version
 from envbuild.errors import EnvbuildError, InputError, RemoteError
 from envbuild.index.client import IndexClient, IndexFile
 from envbuild.lock.model import PYPI_SIMPLE, Lock, Package, PackageFile, Platform
+from envbuild.lock.platform import parsed
 from envbuild.progress import Progress
-from envbuild.requirements.markers import parsed
-from envbuild.requirements.roots import Root, explain, source_roots
+from envbuild.update.roots import Root, explain, source_roots
 
 # The glibc floor the lock's platform promises; uv resolves for the same (`<arch>-manylinux_2_28`).
 GLIBC = (2, 28)

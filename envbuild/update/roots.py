@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from packaging.utils import canonicalize_name
 
 from envbuild.lock.model import Lock, Source
-from envbuild.requirements.markers import applies, marker_environment, parsed, without_marker
+from envbuild.lock.platform import applies, marker_environment, parsed, without_marker
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """`lock update`'s reading of each source's declared requirements from its pinned tree, into its lock entry.
 
 The files come through the verify cache (:class:`envbuild.git.files.PinnedTree`: only the objects read
-are fetched), the reading is :func:`envbuild.requirements.declared.read_declared` (no upstream code runs).
+are fetched), the reading is :func:`envbuild.update.declared.read_declared` (no upstream code runs).
 A tree that cannot be read leaves the source's requirements unknown, with the reason, unless the lock
 already records them for this very commit: then they stay, and a warning says why they were not re-read.
 """
@@ -16,7 +16,7 @@ from envbuild.git.files import PinnedTree
 from envbuild.git.mirrors import Mirrors
 from envbuild.lock.model import REASON_MAX, Source, check_source_requirement
 from envbuild.progress import Progress
-from envbuild.requirements.declared import Declared, read_declared
+from envbuild.update.declared import Declared, read_declared
 
 
 def read_source_requirements(
