@@ -395,7 +395,7 @@ def scale_one(
 ) -> dict[str, float]:
     """Every measurement on one base; returns the figures by name."""
     from envbuild.engine.transfer import directory_context
-    from envbuild.image.inputs import fetch_inputs
+    from envbuild.fetch import fetch_inputs
     from envbuild.lock.io import read_lock
     from tests.lib.imagelock import served_packages
 

@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project and its test helpers
 
 from envbuild.cli import main as envbuild  # noqa: E402
-from envbuild.image.inputs import fetch_inputs  # noqa: E402
+from envbuild.fetch import fetch_inputs  # noqa: E402
 from envbuild.lock import LockFile, read_lock  # noqa: E402
 from envbuild.verify.pins import VerifyOptions, verify_lock  # noqa: E402
 from tests.lib.gitrepos import GitDaemon, Repo, fast_import_repo, git  # noqa: E402

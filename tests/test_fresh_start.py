@@ -26,8 +26,8 @@ import docker
 import pytest
 
 from envbuild.cli import main as envbuild
+from envbuild.fetch import exporter_for, fetch_inputs
 from envbuild.git.treeexport import export_tree
-from envbuild.image.inputs import exporter_for, fetch_inputs
 from envbuild.lock import Lock, Package, PackageFile, Source, read_lock, write_lock
 from envbuild.lock.model import BaseImage, Install, Platform, Waiver
 from envbuild.verify.pins import VerifyOptions, verify_lock

@@ -23,6 +23,8 @@ import requests
 from envbuild.cli import main
 from envbuild.engine.client import Engine
 from envbuild.errors import EngineError
+from envbuild.fetch import InputFetchError
+from envbuild.image.assemble import ContextError
 from envbuild.image.build import (
     BuildRefused,
     BuildResult,
@@ -31,9 +33,7 @@ from envbuild.image.build import (
     dry_run,
 )
 from envbuild.image.buildcache import read_map
-from envbuild.image.context import ContextError
 from envbuild.image.inimage_verdict import compare_inimage
-from envbuild.image.inputs import InputFetchError
 from envbuild.verify.pins import VerifyOptions
 from envbuild.verify.results import PinResult, VerifyReport
 from tests.lib.gitrepos import Served

@@ -14,7 +14,7 @@ import docker
 import pytest
 
 from envbuild.engine.client import Engine
-from envbuild.image.canonical import load_packages_image, normalise, save_added_layers, settled_history
+from envbuild.image.normalise import load_packages_image, normalise, save_added_layers, settled_history
 from tests.lib.baseimage import BaseImage
 
 LABEL = "io.envbuild.lock.name=canonicaltest"

@@ -9,7 +9,7 @@ import tarfile
 
 import pytest
 
-from envbuild.image.imageconfig import (
+from envbuild.image.normalised_config import (
     HistoryEntry,
     canonical_config,
     canonical_json,

@@ -21,7 +21,7 @@ import pytest
 
 from envbuild.errors import InputError
 from envbuild.image import inimage_probe
-from envbuild.image.context import BuildContext, ContextError, ExportSource, FileFor, assemble_context
+from envbuild.image.assemble import BuildContext, ContextError, ExportSource, FileFor, assemble_context
 from envbuild.image.inimage_verdict import compare_inimage, inimage_command
 from envbuild.image.plan import ContextPlan, plan_context
 from envbuild.image.render import render_dockerfile

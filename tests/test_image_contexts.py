@@ -9,10 +9,10 @@ import tarfile
 from pathlib import Path
 
 from envbuild.engine.transfer import ContextStream
-from envbuild.image.context import BuildContext, assemble_context
-from envbuild.image.contexts import image_context, packages_archive
+from envbuild.image.assemble import BuildContext, assemble_context
 from envbuild.image.plan import plan_context
 from envbuild.image.render import PACKAGES_EPOCH, render_dockerfile, render_image_dockerfile
+from envbuild.image.stream import image_context, packages_archive
 from envbuild.lock import Package, PackageFile, Source
 from tests.lib.pyindex import make_wheel
 from tests.lib.tinylock import LOCK_SHA, tiny_lock

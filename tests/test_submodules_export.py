@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from envbuild.cli import main
+from envbuild.fetch import InputsMissing, fetch_inputs
 from envbuild.git.mirrors import Mirrors
 from envbuild.git.treeexport import ExportError, TreeExporter, export_tree, fetch_commit, source_pin
 from envbuild.git.treewriter import TreeWriteError, write_tar_tree
 from envbuild.image import inimage_probe
-from envbuild.image.inputs import InputsMissing, fetch_inputs
 from envbuild.lock import Lock, read_lock
 from envbuild.lock.model import Source, Submodule
 from envbuild.verify.pins import VerifyOptions

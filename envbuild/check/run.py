@@ -24,9 +24,9 @@ from envbuild.check.history import HistoryEntry, append_history, last_image_id, 
 from envbuild.check.report import CheckFailure, CheckReport, Difference, Stage
 from envbuild.engine.client import Engine
 from envbuild.errors import EnvbuildError
+from envbuild.fetch import fetch_inputs
 from envbuild.image.build import BuildResult, ImageOptions, build_image
-from envbuild.image.canonical import save_added_layers
-from envbuild.image.inputs import fetch_inputs
+from envbuild.image.normalise import save_added_layers
 from envbuild.lock.io import LockFile, read_lock
 from envbuild.progress import Progress
 from envbuild.verify.pins import VerifyOptions, verify_lock

@@ -99,7 +99,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     tree and package file (what `envbuild image --offline` builds from). A lock that fails verify is
     reported and nothing is fetched (a build would refuse it): exit 1."""
     read = read_lock(args.lockfile)
-    from envbuild.image.inputs import fetch_inputs
+    from envbuild.fetch import fetch_inputs
     from envbuild.verify.pins import verify_lock
 
     if args.offline:

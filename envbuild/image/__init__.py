@@ -3,7 +3,7 @@
 Each stage hands the next a typed value; only the engine module (not here) talks to a daemon.
 """
 
-from envbuild.image.context import BuildContext, ContextError, assemble_context
+from envbuild.image.assemble import BuildContext, ContextError, assemble_context
 from envbuild.image.inimage_verdict import compare_inimage, inimage_command
 from envbuild.image.normalize import NormalizeError, NormalizeResult, normalize_image
 from envbuild.image.plan import ContextPlan, FilePlan, SourcePlan, plan_context

@@ -2,11 +2,11 @@
 
 The order is fixed: read the lock → verify it (refuse a failing pin) → connect to the engine (no engine:
 one line, nothing fetched) → fetch the inputs into the caches (every source's tree, every package
-file; :mod:`envbuild.image.inputs`) → plan (pure) → assemble the context from the caches (every file and
+file; :mod:`envbuild.fetch`) → plan (pure) → assemble the context from the caches (every file and
 tree checked before anything is installed) → the base image on the engine, pulled for the lock's
-platform and refused when it is another's (:mod:`.base`) → the packages image (:mod:`.packages`: installed in a
+platform and refused when it is another's (:mod:`.base`) → the packages image (:mod:`.packages_image`: installed in a
 container that is committed without the package files, or reused) → the image on it, legacy builder, no
-network, sending the sources alone (:mod:`.contexts`) → normalise the config (:mod:`.canonical`: the layers are the same bytes
+network, sending the sources alone (:mod:`.stream`) → normalise the config (:mod:`.normalise`: the layers are the same bytes
 on every build, so only the config is rewritten and loaded; the ID must be the computed one) → the
 in-image check (a mismatch removes the image, no tag is set) → tag, push → write the record → tidy the
 engine (:mod:`.retention`).
@@ -36,19 +36,19 @@ from typing import Any
 from envbuild.data.reference import check_name_and_tag
 from envbuild.engine.client import BuildStep, Engine
 from envbuild.errors import EngineError, EnvbuildError, InputError
+from envbuild.fetch import exporter_for, fetch_inputs, newest_commit_date
 from envbuild.fileio import write_atomic
+from envbuild.image.assemble import BuildContext, assemble_context
 from envbuild.image.base import ensure_base
 from envbuild.image.buildcache import context_dir, lock_name_held, read_map, remember
-from envbuild.image.canonical import normalise, save_added_layers
-from envbuild.image.context import BuildContext, assemble_context
-from envbuild.image.contexts import image_context
 from envbuild.image.inimage_verdict import compare_inimage, inimage_command
-from envbuild.image.inputs import exporter_for, fetch_inputs, newest_commit_date
-from envbuild.image.packages import PackagesImage, ensure_packages_image
+from envbuild.image.normalise import normalise, save_added_layers
+from envbuild.image.packages_image import PackagesImage, ensure_packages_image
 from envbuild.image.plan import ContextPlan, plan_context
 from envbuild.image.record import build_record, build_summary, render_record_json
 from envbuild.image.render import base_reference, render_dockerfile, render_image_dockerfile
 from envbuild.image.retention import RAW_REPOSITORY, keep_only, raw_reference
+from envbuild.image.stream import image_context
 from envbuild.index.filecache import FileCache
 from envbuild.interrupts import sigterm_interrupts
 from envbuild.lock.io import LockFile, read_lock

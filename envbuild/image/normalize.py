@@ -2,7 +2,7 @@
 
 ``envbuild image`` no longer takes this road: a save reads every layer of the image, the base's too, and a
 load writes them again (103 s and 17 s for a 4.7 GB base here), so its layers are made deterministic as
-they are built and only the config is rewritten (:mod:`envbuild.image.canonical`). What stays in use is
+they are built and only the config is rewritten (:mod:`envbuild.image.normalise`). What stays in use is
 the archive reader, :func:`_member`, through which ``envbuild check`` reads the archives it explains.
 
 Two legacy builds of one Dockerfile differ only in file mtimes inside the added layers and, in the

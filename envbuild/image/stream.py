@@ -1,4 +1,4 @@
-"""What the engine receives, streamed from an assembled context directory (:mod:`.context`); each step
+"""What the engine receives, streamed from an assembled context directory (:mod:`.assemble`); each step
 gets only what it reads (:mod:`.render`):
 
 - the packages container: ``envbuild-packages/`` with ``wheels/<file>``, ``requirements.txt``,
@@ -30,7 +30,7 @@ from pathlib import Path, PurePosixPath
 
 from envbuild.engine.client import ContextStream
 from envbuild.engine.transfer import TarSink
-from envbuild.image.context import BuildContext
+from envbuild.image.assemble import BuildContext
 from envbuild.image.plan import IMAGE_META
 from envbuild.image.render import CLAMP, PACKAGES_EPOCH, load_template
 

@@ -1,6 +1,6 @@
 """The normalised image config, and the small archives envbuild hands ``docker load``; pure.
 
-The layers of a build come out of the engine deterministic (:mod:`.render`, :mod:`.contexts`): only the
+The layers of a build come out of the engine deterministic (:mod:`.render`, :mod:`.stream`): only the
 image config carries build-time noise (``created``, history times, ``container``, ``container_config``,
 ``docker_version``, ``config.Image``, ``config.Hostname``). :func:`canonical_config` composes the config
 from what the engine says about the built image — ``inspect`` (platform, ``Config``, layers) and its

@@ -9,7 +9,7 @@ measured, that costs more than the install). The packages image is made in a con
    the files, ``stage_packages.py`` names what of the base the lock replaces, the package files are
    removed, every mtime is clamped;
 2. the container is committed: one layer, what pip wrote — the same bytes on every build;
-3. its config is composed like any other (:mod:`.canonical`) and loaded, with the base's replaced
+3. its config is composed like any other (:mod:`.normalise`) and loaded, with the base's replaced
    distributions removed by a layer envbuild writes on top when there are any; tagged
    ``envbuild-pkg/<lock name>:<packages key>``. The container and the committed image go.
 
@@ -28,11 +28,11 @@ from typing import Any
 from envbuild.engine.client import BuildStep, Engine
 from envbuild.engine.transfer import Heartbeat, Meter, human_bytes
 from envbuild.errors import EngineError
-from envbuild.image.canonical import load_packages_image
-from envbuild.image.context import BuildContext
-from envbuild.image.contexts import packages_archive
+from envbuild.image.assemble import BuildContext
+from envbuild.image.normalise import load_packages_image
 from envbuild.image.plan import LOCK_NAME_LABEL, ROLE_LABEL
 from envbuild.image.render import base_reference, packages_reference, render_packages_script
+from envbuild.image.stream import packages_archive
 from envbuild.interrupts import deferred_interrupts
 from envbuild.progress import Progress
 

@@ -3,7 +3,7 @@
 The build's layers are already the same bytes on every build (:mod:`.render`), so the normalised image
 shares every layer with the raw one: :func:`normalise` reads what the engine says about the raw image
 (``inspect``; its history; the parent chain the legacy builder keeps, which tells which entries made a
-layer), composes the canonical config (:mod:`.imageconfig`) and loads it with a manifest that names the
+layer), composes the canonical config (:mod:`.normalised_config`) and loads it with a manifest that names the
 layers without carrying them. Its cost does not grow with the base: no ``docker save``, no layer read or
 written, no second copy of any layer in the engine.
 
@@ -25,7 +25,7 @@ from typing import Any
 
 from envbuild.engine.client import Engine
 from envbuild.errors import EngineError
-from envbuild.image.imageconfig import (
+from envbuild.image.normalised_config import (
     HistoryEntry,
     canonical_config,
     extend_config,
