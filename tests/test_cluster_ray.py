@@ -24,7 +24,7 @@ from envbuild.engine.client import split_reference
 from envbuild.image.base import OCI_ARCH
 from envbuild.lock.io import read_lock
 from envrun import ray_api
-from envrun.cli import main
+from envrun.cli.main import main
 from envrun.cluster.info import ClusterInfo
 from envrun.cluster.spec import ClusterSpec, load_cluster_file
 from envrun.cluster.state import CLUSTER_LABEL, state_path

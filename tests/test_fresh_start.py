@@ -31,7 +31,7 @@ from envbuild.git.treeexport import export_tree
 from envbuild.lock import Lock, Package, PackageFile, Source, read_lock, write_lock
 from envbuild.lock.model import BaseImage, Install, Platform, Waiver
 from envbuild.verify.pins import VerifyOptions, verify_lock
-from envrun.cli import main as envrun
+from envrun.cli.main import main as envrun
 from envrun.verlconfig import verl_config_dir, verl_wheel_from_lock
 from tests.lib.ckptgen import CheckpointSpec, write_checkpoint
 from tests.lib.engines import ExtraEngine

@@ -83,6 +83,13 @@ def _offer_global_options(parser: argparse.ArgumentParser) -> None:
                 _offer_global_options(sub)
 
 
+def add_command_group(commands: argparse._SubParsersAction, name: str, help: str) -> argparse._SubParsersAction:
+    """A command made of actions (``envrun NAME ACTION``); without an action it prints its help, exit 2."""
+    group = commands.add_parser(name, help=help)
+    group.set_defaults(handler=lambda args: (group.print_help(sys.stderr), 2)[1])
+    return group.add_subparsers(dest="action", metavar="ACTION")
+
+
 def add_source_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--mirror",

@@ -7,10 +7,10 @@ import json
 import shlex
 from pathlib import Path
 
+from envbuild.cli.common import add_command_group
+
 
 def add_checkpoint_command(commands: argparse._SubParsersAction) -> None:
-    from envrun.cli import add_command_group
-
     actions = add_command_group(commands, "checkpoint", "inspect Hugging Face checkpoints")
     audit = actions.add_parser(
         "audit",

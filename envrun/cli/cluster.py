@@ -7,13 +7,11 @@ import json
 import sys
 from pathlib import Path
 
-from envbuild.cli.common import StderrProgress
+from envbuild.cli.common import StderrProgress, add_command_group
 from envbuild.config import load_config
 
 
 def add_cluster_command(subparsers: argparse._SubParsersAction) -> None:
-    from envrun.cli import add_command_group
-
     actions = add_command_group(subparsers, "cluster", "a Ray cluster of containers of the locked image")
 
     up = actions.add_parser(
