@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from envbuild.engine.client import split_reference
-from envbuild.image.base import OCI_ARCH
 from envbuild.lock.io import read_lock
+from envbuild.lock.platform import OCI_ARCH
 from envrun import ray_api
 from envrun.cli.main import main
 from envrun.cluster.info import ClusterInfo

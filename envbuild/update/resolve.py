@@ -13,71 +13,24 @@ import subprocess
 import tempfile
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from functools import lru_cache
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
-from packaging.tags import Tag, compatible_tags, cpython_tags
-from packaging.utils import (
-    InvalidSdistFilename,
-    InvalidWheelFilename,
-    canonicalize_name,
-    parse_sdist_filename,
-    parse_wheel_filename,
-)
-from packaging.version import InvalidVersion, Version
+from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.version import Version
 
 from envbuild.errors import EnvbuildError, InputError, RemoteError
 from envbuild.index.client import IndexClient, IndexFile
 from envbuild.lock.model import PYPI_SIMPLE, Lock, Package, PackageFile, Platform
-from envbuild.lock.platform import parsed
+from envbuild.lock.platform import file_version, parsed, supported_tags, uv_platform
 from envbuild.progress import Progress
 from envbuild.update.roots import Root, explain, source_roots
 
-# The glibc floor the lock's platform promises; uv resolves for the same (`<arch>-manylinux_2_28`).
-GLIBC = (2, 28)
-SDIST_SUFFIXES = (".tar.gz", ".zip")
 UV_TIMEOUT = 900
 
 
 class ResolutionError(EnvbuildError):
     """uv found no solution, or failed; the message carries uv's own explanation."""
-
-
-def uv_platform(platform: Platform) -> str:
-    return f"{platform.arch}-manylinux_{GLIBC[0]}_{GLIBC[1]}"
-
-
-@lru_cache(maxsize=None)
-def supported_tags(platform: Platform) -> frozenset[Tag]:
-    """Every wheel tag CPython ``platform.python`` on glibc-``GLIBC`` Linux of that arch installs."""
-    major, minor = (int(x) for x in platform.python.split("."))
-    arch = platform.arch
-    platforms = [f"manylinux_{GLIBC[0]}_{m}_{arch}" for m in range(GLIBC[1], 4, -1)]
-    # The legacy aliases name glibc 2.17 (manylinux2014), 2.12 (manylinux2010) and 2.5 (manylinux1);
-    # the latter two only ever existed for x86 arches.
-    platforms.append(f"manylinux2014_{arch}")
-    if arch == "x86_64":
-        platforms += [f"manylinux2010_{arch}", f"manylinux1_{arch}"]
-    platforms.append(f"linux_{arch}")
-    interpreter = f"cp{major}{minor}"
-    tags = list(cpython_tags((major, minor), abis=[interpreter], platforms=platforms))
-    tags += compatible_tags((major, minor), interpreter=interpreter, platforms=platforms)
-    return frozenset(tags)
-
-
-def file_version(filename: str, name: str) -> Version | None:
-    """The version a distribution file carries, or None if it is not a wheel/sdist of ``name``."""
-    try:
-        if filename.endswith(".whl"):
-            file_name, version, _, _ = parse_wheel_filename(filename)
-        elif filename.endswith(SDIST_SUFFIXES):
-            file_name, version = parse_sdist_filename(filename)
-        else:
-            return None
-    except (InvalidWheelFilename, InvalidSdistFilename, InvalidVersion):
-        return None
-    return version if file_name == canonicalize_name(name) else None
 
 
 def select_files(files: Iterable[IndexFile], name: str, version: str, platform: Platform) -> list[IndexFile]:

@@ -69,7 +69,7 @@ def pin_base_image(image: BaseImage, arch: str | None = None, progress: Progress
     registry answer, or when what it serves has no image for the lock's platform (``arch``: a build
     would refuse it), the recorded pin stays and a warning says why."""
     from envbuild.engine.client import Engine
-    from envbuild.image.base import oci_platform
+    from envbuild.lock.platform import oci_platform
 
     say = progress or (lambda message: None)
     try:

@@ -12,8 +12,8 @@ from packaging.version import Version
 from envbuild.errors import RemoteError
 from envbuild.index.client import IndexClient, ProjectPage
 from envbuild.lock.model import Lock, Package
+from envbuild.lock.platform import file_version
 from envbuild.progress import Progress
-from envbuild.update.resolve import file_version
 from envbuild.verify.results import PinResult
 
 # When one package has several problems, the verdict is the worst; a changed hash is the most alarming.
