@@ -174,7 +174,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def _commit_counter(cache: GitCache, mirrors: Mirrors) -> CommitCounter:
-    from envbuild.verify.sources import count_commits
+    from envbuild.git.upstream import count_commits
 
     return lambda old, new: count_commits(new.repo, old.commit, new.commit, cache, mirrors=mirrors)
 

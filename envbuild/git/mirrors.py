@@ -4,7 +4,7 @@ prefix wins, and a URL is rewritten at most once.
 A rule comes from ``--mirror FROM=TO`` or the config file's ``mirrors:``. Both sides are URL prefixes,
 checked like a lock's repository URL for credentials (none in an http(s), git or file URL; a plain user
 name only in an ssh one) and quoted redacted when refused. The rewritten URL is checked again in full
-(:func:`envbuild.verify.sources.check_inputs`), so a rule cannot smuggle in an option, a remote helper or a
+(:func:`envbuild.git.upstream.check_inputs`), so a rule cannot smuggle in an option, a remote helper or a
 user part assembled across the prefix boundary.
 """
 

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Literal, Sequence
 
-from envbuild.errors import EngineError, InputError
+from envbuild.errors import EngineError, InputError, RemoteError
 from envbuild.git.cache import GitCache
 from envbuild.git.mirrors import Mirrors
+from envbuild.git.remote import GitError
+from envbuild.git.upstream import Upstream, check_inputs
 from envbuild.lock.model import LOCK_VERSION, BaseImage, Lock, Source
 from envbuild.progress import Progress
 from envbuild.update.read_requirements import read_source_requirements
 from envbuild.update.read_submodules import SubmodulesRefused, read_source_submodules
 from envbuild.update.resolve import resolve_packages
-from envbuild.verify.sources import resolve_ref
 
 
 def update_lock(
@@ -94,3 +96,47 @@ def _update_source(source: Source, cache: GitCache, mirrors: Mirrors, progress: 
         progress(f"resolving {source.name} {source.ref_type} {source.ref}")
     resolved = resolve_ref(source, cache, mirrors=mirrors)
     return dataclasses.replace(source, ref_type=resolved.ref_type, commit=resolved.commit, tree=resolved.tree)
+
+
+@dataclass(frozen=True)
+class ResolvedRef:
+    """Where a ref points upstream now: for ``lock update``."""
+
+    ref_type: Literal["branch", "tag"]
+    commit: str
+    tree: str
+
+
+class MissingRefError(RemoteError):
+    """The ref is neither a branch nor a tag upstream."""
+
+
+def resolve_ref(
+    source: Source, cache: GitCache, *, mirrors: Mirrors = Mirrors(), progress: Progress | None = None
+) -> ResolvedRef:
+    """Where ``source.ref`` points upstream now (the recorded type first, else the other one).
+
+    Raises :class:`MissingRefError` when it is neither, :class:`GitError` (a RemoteError) when the
+    remote cannot be read."""
+    check_inputs([source], mirrors)
+    url = mirrors.rewrite(source.repo)
+    up = Upstream(cache, url, offline=False, progress=progress)
+    listing = up.listing()
+    order: tuple[Literal["branch", "tag"], ...] = (
+        ("branch", "tag") if source.ref_type == "branch" else ("tag", "branch")
+    )
+    for kind in order:
+        refs = listing.heads if kind == "branch" else listing.tags
+        if source.ref in refs:
+            commit = refs[source.ref]
+            space = "heads" if kind == "branch" else "tags"
+            trees = up.commits(
+                [],
+                need=[commit],
+                refspecs=[f"+refs/{space}/{source.ref}:refs/upstream/{space}/{source.ref}"],
+                name=source.name,
+            )
+            if commit not in trees:
+                raise GitError("fetch", f"{source.ref} moved while fetching; try again")
+            return ResolvedRef(kind, commit, trees[commit])
+    raise MissingRefError(f"{url}: no branch or tag named {source.ref!r} upstream ({source.name})")

@@ -33,10 +33,10 @@ from envbuild.git.files import OFFLINE_MISS, READ_NS, PinnedTree
 from envbuild.git.gitmodules import repository_key
 from envbuild.git.mirrors import Mirrors
 from envbuild.git.remote import GitError
+from envbuild.git.upstream import Offline, Upstream
 from envbuild.lock.model import Lock, Source, Submodule, check_repo_url
 from envbuild.progress import Progress
 from envbuild.verify.results import PinResult, SubmoduleStatus
-from envbuild.verify.sources import Offline, Upstream
 
 
 @dataclass(frozen=True)
