@@ -20,6 +20,7 @@ import packaging
 import pytest
 
 from envbuild.errors import InputError
+from envbuild.git import treehash
 from envbuild.image import inimage_probe
 from envbuild.image.assemble import BuildContext, ContextError, ExportSource, FileFor, assemble_context
 from envbuild.image.inimage_verdict import compare_inimage, inimage_command
@@ -390,8 +391,8 @@ def test_requirements_file_is_accepted_by_pip(tmp_path: Path, wheel: Path) -> No
 
 def test_git_tree_sha_of_listed_files_only(tmp_path: Path, real_repo: tuple[Path, str, str]) -> None:
     repo, _, tree = real_repo
-    files = [p for p in inimage_probe.list_files(str(repo)) if not p.startswith(".git/") and p != ".git"]
-    assert inimage_probe.git_tree_sha(str(repo), files) == (tree, [])
+    files = [p for p in treehash.list_files(str(repo)) if not p.startswith(".git/") and p != ".git"]
+    assert treehash.git_tree_sha(str(repo), files) == (tree, [])
 
 
 def test_git_trees_count_each_gitlink_as_git_does(tmp_path: Path) -> None:
@@ -411,12 +412,12 @@ def test_git_trees_count_each_gitlink_as_git_does(tmp_path: Path) -> None:
     shutil.copytree(
         inner.path, written / "csrc/third_party/inner", ignore=shutil.ignore_patterns(".git"), dirs_exist_ok=True
     )
-    files = inimage_probe.list_files(str(written))
+    files = treehash.list_files(str(written))
     gitlinks = {"csrc/third_party/inner": inner_commit}
-    trees, unreadable = inimage_probe.git_trees(str(written), files, gitlinks, set(gitlinks))
+    trees, unreadable = treehash.git_trees(str(written), files, gitlinks, set(gitlinks))
     assert unreadable == []
     assert trees == {"": outer.tree(outer_commit), "csrc/third_party/inner": inner.tree(inner_commit)}
-    skipped, _ = inimage_probe.git_trees(str(written), files, gitlinks, set())  # skipped: counted, not walked
+    skipped, _ = treehash.git_trees(str(written), files, gitlinks, set())  # skipped: counted, not walked
     assert skipped == {"": outer.tree(outer_commit)}
 
 

@@ -15,10 +15,10 @@ import pytest
 
 from envbuild.cli import main
 from envbuild.fetch import InputsMissing, fetch_inputs
+from envbuild.git import treehash
 from envbuild.git.mirrors import Mirrors
 from envbuild.git.treeexport import ExportError, TreeExporter, export_tree, fetch_commit, source_pin
 from envbuild.git.treewriter import TreeWriteError, write_tar_tree
-from envbuild.image import inimage_probe
 from envbuild.lock import Lock, read_lock
 from envbuild.lock.model import Source, Submodule
 from envbuild.verify.pins import VerifyOptions
@@ -77,9 +77,9 @@ def test_fetch_then_offline_export_writes_every_level(
     assert export(lock, "bridge", out / "bridge", offline) == up.tree("bridge")
     assert os.listdir(out / "bridge" / MEGATRON_PATH) == []  # skipped: the empty directory git leaves
 
-    files = inimage_probe.list_files(str(out / "parent"))
+    files = treehash.list_files(str(out / "parent"))
     gitlinks = {CATLASS_PATH: up.commits["catlass"], f"{CATLASS_PATH}/{GTEST_PATH}": up.commits["googletest"]}
-    trees, unreadable = inimage_probe.git_trees(str(out / "parent"), files, gitlinks, set(gitlinks))
+    trees, unreadable = treehash.git_trees(str(out / "parent"), files, gitlinks, set(gitlinks))
     assert unreadable == [] and trees == {
         "": up.tree("parent"),
         CATLASS_PATH: up.tree("catlass"),

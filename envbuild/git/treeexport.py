@@ -35,11 +35,11 @@ from pathlib import Path
 from typing import Literal
 
 from envbuild.errors import EnvbuildError
+from envbuild.git import treehash
 from envbuild.git.cache import CachedRepo, GitCache, remove_stale_files
 from envbuild.git.mirrors import Mirrors
 from envbuild.git.remote import FSCK_CONFIG, NO_LAZY_FETCH_URL, GitError
 from envbuild.git.treewriter import TreeWriteError, write_tar_tree
-from envbuild.image import inimage_probe
 from envbuild.lock.model import Source, Submodule, walk_submodules
 
 EXPORT_NS = "refs/envbuild/export/"
@@ -198,9 +198,9 @@ def export_tree(source: Source, dest: Path, exporter: TreeExporter) -> str:
     trees = {"": tree}
     for path, pin in submodule_pins(source):
         trees[path] = _write(exporter, pin, dest, path)
-    files = inimage_probe.list_files(str(dest))
+    files = treehash.list_files(str(dest))
     gitlinks = {path: sub.commit for path, sub in walk_submodules(source.submodules) if sub.commit is not None}
-    written, unreadable = inimage_probe.git_trees(str(dest), files, gitlinks, set(trees) - {""})
+    written, unreadable = treehash.git_trees(str(dest), files, gitlinks, set(trees) - {""})
     for path, expected in sorted(trees.items()):
         if written.get(path) != expected or unreadable:
             what = f"source {source.name}" if not path else f"submodule {source.name}/{path}"

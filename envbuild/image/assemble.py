@@ -7,6 +7,7 @@ Layout of an assembled context (everything the Dockerfile COPYs, nothing else)::
     envbuild/requirements.txt         name==version --hash=sha256:... for pip --require-hashes
     envbuild/manifest.json            what the in-image check compares against
     envbuild/inimage_probe.py         the in-image check itself
+    envbuild/treehash.py              the tree hashing it uses (envbuild.git.treehash)
     src/<name>/...                    each source: the exact tree of its pinned commit, with the exact
                                       tree of every submodule the image gets at its path (a skipped one:
                                       the empty directory of its gitlink)
@@ -31,6 +32,7 @@ from packaging.utils import canonicalize_name
 
 from envbuild.errors import EnvbuildError, InputError, ProblemsError
 from envbuild.fileio import sha256_file
+from envbuild.git import treehash
 from envbuild.image import inimage_probe
 from envbuild.image.plan import MANIFEST_VERSION, ContextPlan, SourcePlan
 from envbuild.lock.model import Package, PackageFile, Source
@@ -162,12 +164,12 @@ def assemble_context(
         except EnvbuildError as exc:  # the export names the source; keep it with the other problems
             problems.append(str(exc) if str(exc).startswith("source ") else f"source {source.name}: {exc}")
             continue
-        files = inimage_probe.list_files(str(target))
+        files = treehash.list_files(str(target))
         if COMMIT_MARKER in files:
             problems.append(f"source {source.name}: the tree holds {COMMIT_MARKER}, a name envbuild reserves")
         gitlinks = {sub.path: sub.commit for sub in source.submodules if sub.commit is not None}
         written = {sub.path for sub in source.submodules if sub.skip is None}
-        found, unreadable = inimage_probe.git_trees(str(target), files, gitlinks, written)
+        found, unreadable = treehash.git_trees(str(target), files, gitlinks, written)
         tree = found[""]
         if unreadable:
             problems.append(f"source {source.name}: exported entries that are not files: {', '.join(unreadable[:5])}")
@@ -199,6 +201,7 @@ def assemble_context(
     (meta / "manifest.json").write_bytes(_json_bytes(manifest))
     (meta / "requirements.txt").write_text(plan.requirements, encoding="utf-8")
     shutil.copyfile(inimage_probe.__file__, meta / "inimage_probe.py")
+    shutil.copyfile(treehash.__file__, meta / "treehash.py")  # the probe imports it from beside itself
     (dest / "Dockerfile").write_text(dockerfile, encoding="utf-8")
     _fix_metadata(dest, plan.epoch)
     return BuildContext(dest, plan, dockerfile, manifest, tuple(sorted(trees.items())))

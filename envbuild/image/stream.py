@@ -163,6 +163,6 @@ def image_context(context: BuildContext, dockerfile: str) -> ContextStream:
     for source in plan.sources:  # the directories above each tree are added by stream(), at the epoch
         entries += _tree(context.path / source.context_path, f"{source.context_path}{source.image_path}")
     meta = context.path / "envbuild"
-    for name in ("inimage_probe.py", "manifest.json", "requirements.txt"):
+    for name in ("inimage_probe.py", "treehash.py", "manifest.json", "requirements.txt"):
         entries.append(_file(f"meta{IMAGE_META}/{name}", meta / name, 0o644, epoch))
     return stream(entries)
