@@ -1,4 +1,5 @@
-"""A build's inputs, in the caches: the exact tree of every source and every package file of a lock.
+"""A build's inputs, in the caches: the exact tree of every source and every package file of a lock, and
+where the index serves each file now (for a pylock.toml export).
 
 ``envbuild image`` and ``envbuild check`` call :func:`fetch_inputs` themselves, before planning, whatever
 ``lock verify`` did or did not fetch: verify's fast path settles a pin at a branch head or a tag from
@@ -18,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import requests
+
 from envbuild.errors import EnvbuildError, ProblemsError, RemoteError
 from envbuild.git.treeexport import (
     TreeExporter,
@@ -28,7 +31,7 @@ from envbuild.git.treeexport import (
     source_pin,
     submodule_pins,
 )
-from envbuild.index.client import IndexClient
+from envbuild.index.client import IndexClient, ProjectPage
 from envbuild.index.filecache import FileCache
 from envbuild.lock.model import Lock, Package, PackageFile
 from envbuild.progress import Progress
@@ -163,3 +166,25 @@ def _fetch_files(lock: Lock, files: FileCache, client: IndexClient, say: Progres
     if problems:
         raise InputFetchError(problems)
     return results
+
+
+def package_file_urls(
+    lock: Lock, *, jobs: int = 8, session: requests.Session | None = None, client: IndexClient | None = None
+) -> dict[str, str]:
+    """Download URLs of the lock's files, as the index lists them now (for a pylock.toml export)."""
+    client = client or IndexClient(session)
+    wanted = {f.filename for p in lock.packages for f in p.files}
+
+    def page(package: Package) -> ProjectPage | None:
+        try:
+            return client.project(lock.index_for(package), package.name)
+        except RemoteError:
+            return None
+
+    urls: dict[str, str] = {}
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        for found in pool.map(page, lock.packages):
+            for f in found.files if found else ():
+                if f.filename in wanted:
+                    urls[f.filename] = f.url
+    return dict(sorted(urls.items()))

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 import requests
 
+from envbuild.fetch import package_file_urls
 from envbuild.index.client import IndexClient
 from envbuild.lock import Lock, Package, PackageFile, parse_lock
-from envbuild.verify.packages import package_file_urls, verify_packages
+from envbuild.verify.packages import verify_packages
 from envbuild.verify.results import PackageStatus
 from tests.lib.pyindex import PyIndex, dead_port_url, make_sdist, make_wheel
 

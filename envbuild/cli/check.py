@@ -9,10 +9,9 @@ from pathlib import Path
 
 from envbuild.check.history import read_history
 from envbuild.check.report import CheckReport, render_html, render_markdown
-from envbuild.cli.common import StderrProgress, add_source_options, verify_options
+from envbuild.cli.common import StderrProgress, add_source_options, render_json, verify_options
 from envbuild.errors import EnvbuildError, InputError
 from envbuild.fileio import write_atomic
-from envbuild.verify.render import render_json
 
 
 def add_check_command(subparsers: argparse._SubParsersAction) -> None:

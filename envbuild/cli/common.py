@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import threading
 import traceback
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from envbuild.config import load_config
 from envbuild.errors import EnvbuildError, InputError
@@ -134,3 +135,7 @@ def source_settings(args: argparse.Namespace) -> tuple[Path, Mirrors]:
         where = "--cache-dir" if args.cache_dir else "cache_dir (config file or $ENVBUILD_CACHE)"
         raise InputError(f"{where}: {cache_dir} is not a directory")
     return cache_dir, mirrors
+
+
+def render_json(data: Any) -> str:
+    return json.dumps(data, indent=2, sort_keys=False, ensure_ascii=False) + "\n"

@@ -6,8 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from envbuild.cli.common import StderrProgress, add_source_options, verify_options
-from envbuild.verify.render import render_json
+from envbuild.cli.common import StderrProgress, add_source_options, render_json, verify_options
 
 
 def add_image_command(subparsers: argparse._SubParsersAction) -> None:

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from envbuild.cli.common import StderrProgress, add_source_options, source_settings, verify_options
+from envbuild.cli.common import StderrProgress, add_source_options, render_json, source_settings, verify_options
 from envbuild.errors import InputError
 from envbuild.fileio import write_atomic
 from envbuild.git.cache import GitCache
@@ -14,7 +14,7 @@ from envbuild.git.mirrors import Mirrors
 from envbuild.lock import dump_lock, read_lock, write_lock
 from envbuild.lock.diff import CommitCounter, diff_locks, render_changes
 from envbuild.lock.model import LOCK_VERSION, LOCK_VERSIONS
-from envbuild.verify.render import render_json, render_verify
+from envbuild.verify.render import render_verify
 
 
 def add_lock_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -186,7 +186,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.output is not None and args.output.is_dir():
         raise InputError(f"-o {args.output}: is a directory; name the file to write")
     if args.format == "pylock" and not args.offline:
-        from envbuild.verify.packages import package_file_urls
+        from envbuild.fetch import package_file_urls
 
         text = export.export_pylock(lock, urls=package_file_urls(lock))  # PEP 751 wants a url per file
     else:

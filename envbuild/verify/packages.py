@@ -127,25 +127,3 @@ def judge_package(package: Package, page: ProjectPage, lock_path: str = "LOCKFIL
 
 def _is_version_file(filename: str, package: Package) -> bool:
     return file_version(filename, package.name) == Version(package.version)
-
-
-def package_file_urls(
-    lock: Lock, *, jobs: int = 8, session: requests.Session | None = None, client: IndexClient | None = None
-) -> dict[str, str]:
-    """Download URLs of the lock's files, as the index lists them now (for a pylock.toml export)."""
-    client = client or IndexClient(session)
-    wanted = {f.filename for p in lock.packages for f in p.files}
-
-    def page(package: Package) -> ProjectPage | None:
-        try:
-            return client.project(lock.index_for(package), package.name)
-        except RemoteError:
-            return None
-
-    urls: dict[str, str] = {}
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        for found in pool.map(page, lock.packages):
-            for f in found.files if found else ():
-                if f.filename in wanted:
-                    urls[f.filename] = f.url
-    return dict(sorted(urls.items()))

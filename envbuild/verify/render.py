@@ -1,15 +1,10 @@
-"""Pure rendering of reports for people (tables) and scripts (JSON)."""
+"""Pure rendering of a verify report for people: a table, grouped where results are many."""
 
 from __future__ import annotations
 
-import json
-from typing import Any, Sequence
+from typing import Sequence
 
 from envbuild.verify.results import PinResult, VerifyReport
-
-
-def render_json(data: Any) -> str:
-    return json.dumps(data, indent=2, sort_keys=False, ensure_ascii=False) + "\n"
 
 
 def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]], max_width: int = 100) -> str:
