@@ -8,16 +8,14 @@ import re
 import shlex
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, Literal, Mapping
+from typing import Any, Literal, Mapping
 
 from envbuild.data.typed import meta
 from envbuild.errors import InputError
 from envbuild.lock.model import ENV_NAME
 from envrun.overrides import merge_overrides
+from envrun.probe.request import ProbeRequest
 from envrun.recipe import REQUIRED_PARAMETERS, Recipe, override_key
-
-if TYPE_CHECKING:
-    from envrun.probe.report import ProbeRequest
 
 Backend = Literal["docker", "ray", "local"]
 BACKENDS: tuple[Backend, ...] = ("docker", "ray", "local")
@@ -221,8 +219,6 @@ def build_plan(recipe: Recipe, params: RunParameters, lock_file: str, lock_sha25
     argv = (*entry, f"--config-name={recipe.config_name}", *overrides)
     probe = None
     if recipe.probe is not None and recipe.entry_module is not None:
-        from envrun.probe.report import ProbeRequest
-
         skip = {s.name: s.reason for s in recipe.probe.skip_imports}
         probe = ProbeRequest(recipe.config_name, overrides, recipe.entry_module, skip)
     return RunPlan(

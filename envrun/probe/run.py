@@ -9,7 +9,8 @@ import subprocess
 from typing import Mapping
 
 from envbuild.errors import EngineError
-from envrun.probe.report import ProbeReport, ProbeRequest, failed_report, parse_report
+from envrun.probe.report import ProbeReport, failed_report, parse_report
+from envrun.probe.request import ProbeRequest
 
 TIMEOUT_SECONDS = 900  # importing verl and its stack is most of it: tens of seconds on a slow host
 
