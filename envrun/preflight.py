@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable
 
 from envbuild.errors import EnvbuildError, InputError
 from envbuild.image.plan import LOCK_LABEL
-from envrun.checkpoint.audit import shown_name
+from envrun.checkpoint.names import shown_name
 from envrun.datafiles import parquet_problem
 from envrun.plan import PreflightLine, RunPlan
 

@@ -1,4 +1,4 @@
-"""The audit's report for people: names sorted naturally, folded into ranges, escaped for the terminal.
+"""Tensor names for people: sorted naturally, folded into ranges, escaped for the terminal.
 
 Every name printed here came from a checkpoint, so it is hostile text: :func:`shown_name` escapes
 control characters and cuts it short, and folding and sorting look at a bounded number of its parts.
@@ -9,14 +9,10 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterable
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from envrun.checkpoint.expected import Expectation
 from envrun.checkpoint.layout import split_layer_name
-
-if TYPE_CHECKING:
-    from envrun.checkpoint.audit import AuditReport
 
 _DIGITS = re.compile(r"([0-9]+)")
 # "05" folded into a range would print as "5", a different name; only canonical numbers fold, and
@@ -173,39 +169,3 @@ def shown_name(name: str) -> str:
         half = _MAX_SHOWN_NAME // 2
         name = f"{name[:half]}...({len(name) - 2 * half} characters)...{name[-half:]}"
     return name
-
-
-def render_audit(report: AuditReport, model_dir: Path, limit: int = 40) -> str:
-    """The human summary: what was checked, the verdict, then what is missing or unexpected."""
-    lay = report.layout
-    dense = lay.num_hidden_layers - lay.moe_layers_between(0, lay.num_hidden_layers)
-    lines = [
-        f"checkpoint {model_dir}: {'OK' if report.ok else 'NOT OK'}",
-        f"  expected names: {report.expected_from}",
-        f"  layers: {lay.num_hidden_layers} ({dense} dense, {lay.num_hidden_layers - dense} MoE), "
-        f"experts: {lay.n_routed_experts} routed + {lay.n_shared_experts} shared, "
-        f"lm_head: {'tied' if lay.tie_word_embeddings else 'own'}",
-        f"  shards: {len(report.shards)} read, {len(report.shards_missing)} missing; tensors: {report.tensors}",
-    ]
-    if report.mtp_layers:
-        state = "present" if report.mtp_present else f"absent ({len(report.mtp_missing)} tensors missing, tolerated)"
-        lines.append(f"  MTP layers {render_numbers(report.mtp_layers)}: {state}")
-    else:
-        lines.append("  MTP layers: none declared")
-    lines.extend(f"  note: {note}" for note in report.notes)
-    for title, count, folded in (
-        ("missing shard files", len(report.shards_missing), abbreviate_names(report.shards_missing)),
-        ("missing", len(report.missing), list(report.missing_groups)),
-        ("unexpected", len(report.unexpected), abbreviate_names(report.unexpected)),
-        (
-            "shard files not in the index (ignored by loaders)",
-            len(report.shards_unindexed),
-            abbreviate_names(report.shards_unindexed),
-        ),
-    ):
-        if count:
-            lines.append(f"  {title} ({count}):")
-            lines.extend(f"    {shown_name(n)}" for n in folded[:limit])
-            if len(folded) > limit:
-                lines.append(f"    ... and {len(folded) - limit} more groups")
-    return "\n".join(lines)

@@ -37,8 +37,9 @@ def add_checkpoint_command(commands: argparse._SubParsersAction) -> None:
 
 def checkpoint_audit(args: argparse.Namespace) -> int:
     # Imported here so that `envrun --help` and other subcommands do not pay for it.
-    from envrun.checkpoint.audit import audit_checkpoint, render_audit
+    from envrun.checkpoint.audit import audit_checkpoint
     from envrun.checkpoint.modelnames import ModelNames
+    from envrun.checkpoint.report import render_audit
 
     names = ModelNames(tuple(shlex.split(args.model_python))) if args.model_python else None
     report = audit_checkpoint(args.model_dir, expected=names, trust_uniform_layers=args.trust_uniform_layers)

@@ -126,7 +126,7 @@ def capacity_line(answers: list[dict[str, Any]], nnodes: int | None, npus_per_no
 
 def model_lines(answers: list[dict[str, Any]]) -> tuple[PreflightLine, ...]:
     """The model audited on each node, at the path the job reads there."""
-    from envrun.checkpoint.audit import shown_name
+    from envrun.checkpoint.names import shown_name
 
     lines = []
     for answer in answers:
