@@ -1,8 +1,5 @@
-"""Launchers: run a :class:`~envrun.plan.RunPlan` on one backend, stream its output, stop it on Ctrl-C.
-
-Each backend is one module and the only place that talks to its engine (a subprocess, Ray's job
-API, dockerd); the engines' packages are imported only when that backend is used.
-"""
+"""What every launcher is (:class:`Launcher`) and returns (:class:`LaunchResult`): the leaf the backends
+import, so that choosing one (:func:`envrun.launch.launcher_for`) and being one are apart."""
 
 from __future__ import annotations
 
@@ -37,17 +34,3 @@ class Launcher(Protocol):
     def launch(self, plan: RunPlan, log: LogSink) -> LaunchResult:
         """Run the job to its end; on KeyboardInterrupt (Ctrl-C, or SIGTERM while a run executes) stop it
         and return ``interrupted=True``."""
-
-
-def launcher_for(plan: RunPlan) -> Launcher:
-    if plan.backend == "local":
-        from envrun.launch.local import LocalLauncher
-
-        return LocalLauncher()
-    if plan.backend == "ray":
-        from envrun.launch.ray_backend import RayLauncher
-
-        return RayLauncher(plan.ray_address or "")  # build_plan gives every Ray plan an address
-    from envrun.launch.docker_backend import DockerLauncher
-
-    return DockerLauncher()

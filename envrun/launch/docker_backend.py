@@ -19,7 +19,7 @@ from envbuild.engine.client import Engine, JobSpec
 from envbuild.errors import EngineError, InputError
 from envbuild.image.plan import LOCK_LABEL
 from envbuild.progress import Progress
-from envrun.launch import LaunchResult, LogSink
+from envrun.launch.base import LaunchResult, LogSink
 from envrun.plan import PreflightLine, RunPlan
 
 if TYPE_CHECKING:
