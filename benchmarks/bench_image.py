@@ -43,8 +43,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project and 
 
 import docker  # noqa: E402
 
+from envbuild.config import SourceOptions  # noqa: E402
 from envbuild.engine.client import Engine  # noqa: E402
 from envbuild.image.build import BuildResult, ImageOptions, build_image  # noqa: E402
+from envbuild.lock.io import read_lock  # noqa: E402
 from envbuild.lock.model import Package, Waiver  # noqa: E402
 from envbuild.verify.pins import VerifyOptions  # noqa: E402
 from tests.lib.baseimage import ensure_base_image  # noqa: E402
@@ -176,8 +178,8 @@ def main(argv: list[str] | None = None) -> int:
                 nonlocal start
                 start = time.perf_counter()
                 return build_image(
-                    lock,
-                    ImageOptions(VerifyOptions(root / f"cache{next(caches)}"), no_cache=True),
+                    read_lock(lock),
+                    ImageOptions(VerifyOptions(SourceOptions(root / f"cache{next(caches)}")), no_cache=True),
                     engine=engine,
                     progress=stages if args.stages else None,
                 )
@@ -189,7 +191,9 @@ def main(argv: list[str] | None = None) -> int:
             t_noop, noop = timed(
                 "no-op rebuild",
                 args.repeat,
-                lambda _: build_image(lock, ImageOptions(VerifyOptions(cache)), engine=engine),
+                lambda _: build_image(
+                    read_lock(lock), ImageOptions(VerifyOptions(SourceOptions(cache))), engine=engine
+                ),
             )
             assert isinstance(noop, BuildResult) and noop.image_id == first.image_id
 
@@ -202,7 +206,9 @@ def main(argv: list[str] | None = None) -> int:
             t_moved, moved = timed(
                 "rebuild after moving one pin (gamma)",
                 args.repeat,
-                lambda i: build_image(moved_locks[i], ImageOptions(VerifyOptions(cache)), engine=engine),
+                lambda i: build_image(
+                    read_lock(moved_locks[i]), ImageOptions(VerifyOptions(SourceOptions(cache))), engine=engine
+                ),
             )
             assert isinstance(moved, BuildResult)
             rebuilt = [s.instruction[:40] for s in moved.steps if not s.cached]
@@ -438,7 +444,7 @@ def scale_one(
             env = ImageLockEnv(repos, {n: daemon.url(n) for n in repos}, index, f"{repository}:{tag}", digest)
             lock = env.write(root / "scale.lock.yaml", env.lock(name=SCALE_LOCK, packages=packages))
             pins = env.pins()
-            options = VerifyOptions(root / "cache")
+            options = VerifyOptions(SourceOptions(root / "cache"))
             t0 = time.perf_counter()
             fetch_inputs(read_lock(lock).lock, lock, options)
             out["fetch"] = time.perf_counter() - t0
@@ -451,12 +457,12 @@ def scale_one(
 
             print("  envbuild image:", file=sys.stderr)
             start = time.perf_counter()
-            full = build_image(lock, ImageOptions(options, no_cache=True), engine=engine, progress=say)
+            full = build_image(read_lock(lock), ImageOptions(options, no_cache=True), engine=engine, progress=say)
             out["full"] = time.perf_counter() - start
             out["sent_full"] = full.sent
             print(f"    full build (--no-cache)      {out['full']:8.1f} s  sent {_gb(full.sent)}", file=sys.stderr)
             start = time.perf_counter()
-            noop = build_image(lock, ImageOptions(options), engine=engine, progress=say)
+            noop = build_image(read_lock(lock), ImageOptions(options), engine=engine, progress=say)
             out["noop"] = time.perf_counter() - start
             out["sent_noop"] = noop.sent
             assert noop.image_id == full.image_id
@@ -466,7 +472,7 @@ def scale_one(
                 root / "moved.lock.yaml", env.lock(name=SCALE_LOCK, packages=packages, pins={"beta": moved_commit})
             )
             start = time.perf_counter()
-            moved = build_image(moved_lock, ImageOptions(options), engine=engine, progress=say)
+            moved = build_image(read_lock(moved_lock), ImageOptions(options), engine=engine, progress=say)
             out["moved"] = time.perf_counter() - start
             out["sent_moved"] = moved.sent
             rebuilt = [

@@ -13,6 +13,7 @@ decoder, so every problem is reported at once as ``FILE:LINE: FIELD: message`` a
 from __future__ import annotations
 
 import os
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +33,27 @@ class ConfigError(LockfileError):
 class Config:
     cache_dir: Path
     mirrors: Mirrors
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """Where every stage that reads pins finds them: the cache, the mirrors, whether the network may be
+    used, and how many fetches run at once (`--cache-dir`, `--mirror`, `--offline`, `--jobs`). Verify,
+    fetch, image and check each take it whole, inside their own options."""
+
+    cache_dir: Path
+    mirrors: Mirrors = field(default_factory=Mirrors)
+    offline: bool = False
+    jobs: int = 8
+
+
+def fetch_command(lock_path: str | os.PathLike[str], source: SourceOptions) -> str:
+    """The `envbuild lock fetch` command that fills exactly this cache, through the same mirrors: the
+    advice every offline refusal gives."""
+    words = ["envbuild", "lock", "fetch", str(lock_path), "--cache-dir", str(source.cache_dir)]
+    for rule, target in source.mirrors.rules:
+        words += ["--mirror", f"{rule}={target}"]
+    return shlex.join(words)
 
 
 def _check_cache_dir(value: str) -> str | None:

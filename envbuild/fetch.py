@@ -16,11 +16,11 @@ from __future__ import annotations
 import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 import requests
 
+from envbuild.config import SourceOptions, fetch_command
 from envbuild.errors import EnvbuildError, ProblemsError, RemoteError
 from envbuild.git.treeexport import (
     TreeExporter,
@@ -33,9 +33,9 @@ from envbuild.git.treeexport import (
 )
 from envbuild.index.client import IndexClient, ProjectPage
 from envbuild.index.filecache import FileCache
+from envbuild.lock.io import LockFile
 from envbuild.lock.model import Lock, Package, PackageFile
-from envbuild.progress import Progress
-from envbuild.verify.pins import VerifyOptions, fetch_command
+from envbuild.progress import Progress, silent
 
 
 class InputsMissing(EnvbuildError):
@@ -69,22 +69,21 @@ class Inputs:
         return {"inputs": [i.to_json() for i in self.inputs], "newest_commit_date": self.epoch}
 
 
-def exporter_for(options: VerifyOptions) -> TreeExporter:
-    return TreeExporter(options.cache_dir, mirrors=options.mirrors, offline=options.offline)
+def exporter_for(source: SourceOptions) -> TreeExporter:
+    return TreeExporter(source.cache_dir, mirrors=source.mirrors, offline=source.offline)
 
 
 def fetch_inputs(
-    lock: Lock,
-    lock_path: Path,
-    options: VerifyOptions,
+    lock_file: LockFile,
+    source: SourceOptions,
     *,
     client: IndexClient | None = None,
-    progress: Progress | None = None,
+    progress: Progress = silent,
 ) -> Inputs:
-    """Put every input of ``lock`` in the caches of ``options.cache_dir`` (offline: check that they are
-    there), through ``options.mirrors``."""
-    say = progress or (lambda message: None)
-    exporter, files, jobs = exporter_for(options), FileCache(options.cache_dir), options.jobs
+    """Put every input of the lock in the caches of ``source.cache_dir`` (offline: check that they are
+    there), through ``source.mirrors``."""
+    lock, lock_path, say = lock_file.lock, lock_file.path, progress
+    exporter, files, jobs = exporter_for(source), FileCache(source.cache_dir), source.jobs
     missing: list[str] = []
     pins = tree_pins(lock)
     if exporter.offline:
@@ -95,7 +94,7 @@ def fetch_inputs(
         if missing:
             raise InputsMissing(
                 f"{lock_path}: --offline, and the cache ({exporter.cache_dir}) lacks {'; '.join(missing)}; run "
-                f"`{fetch_command(lock_path, options)}` where the upstreams are reachable"
+                f"`{fetch_command(lock_path, source)}` where the upstreams are reachable"
             )
     fetched_sources = _fetch_trees(pins, exporter, jobs, say)
     fetched_files = _fetch_files(lock, files, client or IndexClient(), say)

@@ -26,9 +26,11 @@ import docker
 import pytest
 
 from envbuild.cli import main as envbuild
+from envbuild.config import SourceOptions
 from envbuild.fetch import exporter_for, fetch_inputs
 from envbuild.git.treeexport import export_tree
 from envbuild.lock import Lock, Package, PackageFile, Source, read_lock, write_lock
+from envbuild.lock.io import LockFile
 from envbuild.lock.model import BaseImage, Install, Platform, Waiver
 from envbuild.verify.pins import VerifyOptions, verify_lock
 from envrun.cli.main import main as envrun
@@ -105,12 +107,12 @@ def test_a_passing_verify_on_an_empty_cache_leaves_a_buildable_source(
     if shape == "behind":
         repo.commit("moves the branch on")
     lock = Lock(version=1, name="shape", sources=(up.source(shape, commit),))
-    options = VerifyOptions(cache_dir=tmp_path / "cache")
+    options = VerifyOptions(SourceOptions(cache_dir=tmp_path / "cache"))
 
     report = verify_lock(lock, "shape.lock.yaml", options)
     assert [r.status for r in report.results if r.kind == "source"] == ["behind" if shape == "behind" else "ok"]
 
-    inputs = fetch_inputs(lock, Path("shape.lock.yaml"), options)
+    inputs = fetch_inputs(LockFile(Path("shape.lock.yaml"), lock, "0" * 64), options.source)
     date = int(subprocess.run(["git", "-C", str(repo.path), "log", "-1", "--format=%ct", commit],
                               capture_output=True, text=True, check=True).stdout)  # fmt: skip
     assert inputs.epoch == date

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from envbuild.cli import main
+from envbuild.config import SourceOptions
 from envbuild.fetch import InputsMissing, fetch_inputs
 from envbuild.git import treehash
 from envbuild.git.mirrors import Mirrors
@@ -95,9 +96,9 @@ def test_offline_names_a_missing_submodule_and_the_command_that_fetches_it(
     online = exporter(cache, up)
     for name in ("parent", "bridge", "megatron"):
         fetch_commit(online, source_pin(read.lock.source(name)))  # the sources, not their submodules
-    options = VerifyOptions(cache_dir=cache, mirrors=Mirrors.parse(up.mirrors()), offline=True)
+    options = VerifyOptions(SourceOptions(cache_dir=cache, mirrors=Mirrors.parse(up.mirrors()), offline=True))
     with pytest.raises(InputsMissing) as missing:
-        fetch_inputs(read.lock, lock_path, options)
+        fetch_inputs(read, options.source)
     message = str(missing.value)
     assert "\n" not in message
     assert f"lacks submodule parent/{CATLASS_PATH} (commit {up.commits['catlass']}); " in message

@@ -8,12 +8,14 @@ import sys
 import threading
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from envbuild.config import load_config
+from envbuild.config import SourceOptions, load_config
 from envbuild.errors import EnvbuildError, InputError
 from envbuild.git.mirrors import Mirrors
-from envbuild.verify.pins import VerifyOptions
+
+if TYPE_CHECKING:
+    from envbuild.verify.pins import VerifyOptions
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -112,16 +114,17 @@ def add_source_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=int, default=8, help="parallel fetches (default 8)")
 
 
-def verify_options(args: argparse.Namespace) -> VerifyOptions:
-    """The options of `lock verify` (cache, mirrors, offline, strict, jobs), as every command takes them."""
+def source_options(args: argparse.Namespace) -> SourceOptions:
+    """Where pins are read from (cache, mirrors, offline, jobs), as every command takes them."""
     cache_dir, mirrors = source_settings(args)
-    return VerifyOptions(
-        cache_dir=cache_dir,
-        mirrors=mirrors,
-        offline=args.offline,
-        strict=getattr(args, "strict", False),
-        jobs=args.jobs,
-    )
+    return SourceOptions(cache_dir=cache_dir, mirrors=mirrors, offline=args.offline, jobs=args.jobs)
+
+
+def verify_options(args: argparse.Namespace) -> VerifyOptions:
+    """The options of `lock verify`: the source options and ``--strict``."""
+    from envbuild.verify.pins import VerifyOptions  # only the commands that verify pay for importing it
+
+    return VerifyOptions(source_options(args), strict=getattr(args, "strict", False))
 
 
 def source_settings(args: argparse.Namespace) -> tuple[Path, Mirrors]:

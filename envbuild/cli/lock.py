@@ -114,13 +114,13 @@ def cmd_fetch(args: argparse.Namespace) -> int:
             else render_verify(report) + "nothing fetched: the lock fails verify\n"
         )
         return 1
-    inputs = fetch_inputs(read.lock, read.path, options, progress=progress)
+    inputs = fetch_inputs(read, options.source, progress=progress)
     if args.json:
         sys.stdout.write(render_json({"lock": str(args.lockfile), "verify": report.to_json(), **inputs.to_json()}))
     else:
         fetched = sum(i.fetched for i in inputs.inputs)
         print(
-            f"{args.lockfile}: {len(inputs.inputs)} inputs in {options.cache_dir} "
+            f"{args.lockfile}: {len(inputs.inputs)} inputs in {options.source.cache_dir} "
             f"({fetched} fetched now, {len(inputs.inputs) - fetched} cached before); `envbuild image --offline` "
             "can build from them"
         )

@@ -3,13 +3,11 @@ checked whole (every requirement met or waived), as one typed report."""
 
 from __future__ import annotations
 
-import shlex
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
+from envbuild.config import SourceOptions, fetch_command
 from envbuild.git.cache import GitCache
-from envbuild.git.mirrors import Mirrors
 from envbuild.index.client import IndexClient
 from envbuild.index.filecache import FileCache
 from envbuild.lock.model import Lock, Package
@@ -24,11 +22,10 @@ from envbuild.verify.submodules import verify_submodules
 
 @dataclass(frozen=True)
 class VerifyOptions:
-    cache_dir: Path
-    mirrors: Mirrors = field(default_factory=Mirrors)
-    offline: bool = False
+    """Where the pins are read from, and whether a warning (a branch that moved on) fails."""
+
+    source: SourceOptions
     strict: bool = False
-    jobs: int = 8
 
 
 def verify_base_image(lock: Lock) -> list[PinResult]:
@@ -42,15 +39,6 @@ def verify_base_image(lock: Lock) -> list[PinResult]:
             )
         ]
     return [PinResult("base_image", image.name, "ok", f"pinned by {image.digest}", {"digest": image.digest})]
-
-
-def fetch_command(lock_path: str | Path, options: VerifyOptions) -> str:
-    """The `envbuild lock fetch` command that fills exactly this cache, through the same mirrors: the
-    advice every offline refusal gives."""
-    words = ["envbuild", "lock", "fetch", str(lock_path), "--cache-dir", str(options.cache_dir)]
-    for source, target in options.mirrors.rules:
-        words += ["--mirror", f"{source}={target}"]
-    return shlex.join(words)
 
 
 def verify_package_offline(package: Package, files: FileCache, advice: str) -> PinResult:
@@ -76,25 +64,27 @@ def verify_requirements(
 ) -> list[PinResult]:
     """The whole closure for the lock's platform, from core metadata only (nothing installed): every
     requirement of the lock's roots, its sources and its packages met by the lock, or waived by name."""
-    reader = MetadataReader(options.cache_dir, client, offline=options.offline)
-    return check_closure(lock, read_metadata(lock, reader, jobs=options.jobs, progress=progress))
+    source = options.source
+    reader = MetadataReader(source.cache_dir, client, offline=source.offline)
+    return check_closure(lock, read_metadata(lock, reader, jobs=source.jobs, progress=progress))
 
 
 def verify_lock(lock: Lock, lock_path: str, options: VerifyOptions, progress: Progress | None = None) -> VerifyReport:
-    cache = GitCache(options.cache_dir / "git")
+    source = options.source
+    cache = GitCache(source.cache_dir / "git")
     results = verify_sources(
-        lock.sources, cache, mirrors=options.mirrors, offline=options.offline, jobs=options.jobs, progress=progress
+        lock.sources, cache, mirrors=source.mirrors, offline=source.offline, jobs=source.jobs, progress=progress
     )
     results += verify_submodules(
-        lock, cache, mirrors=options.mirrors, offline=options.offline, jobs=options.jobs, progress=progress
+        lock, cache, mirrors=source.mirrors, offline=source.offline, jobs=source.jobs, progress=progress
     )
     client = IndexClient()  # one page per package for both checks
     if lock.packages:
-        if options.offline:
-            files = FileCache(options.cache_dir)
-            results += [verify_package_offline(p, files, fetch_command(lock_path, options)) for p in lock.packages]
+        if source.offline:
+            files = FileCache(source.cache_dir)
+            results += [verify_package_offline(p, files, fetch_command(lock_path, source)) for p in lock.packages]
         else:
-            results += verify_packages(lock, jobs=options.jobs, progress=progress, lock_path=lock_path, client=client)
+            results += verify_packages(lock, jobs=source.jobs, progress=progress, lock_path=lock_path, client=client)
     results += verify_requirements(lock, options, client, progress)
     results += verify_base_image(lock)
     return VerifyReport(lock_path, tuple(results), strict=options.strict)
