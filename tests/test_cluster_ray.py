@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from envbuild.engine.client import split_reference
+from envbuild.data.reference import split_reference
 from envbuild.lock.io import read_lock
 from envbuild.lock.platform import OCI_ARCH
 from envrun import ray_api
@@ -366,7 +366,7 @@ def test_a_lost_export_on_a_node_fails_the_audit(cluster: Running, verl: Venv, r
 def stale_node(cluster: Running, images: Images, hosts: list[ExtraEngine]) -> Iterator[str]:
     """A container of last week's image on the second host, joined to the cluster by hand."""
     client = hosts[1].client()
-    repository, digest = split_reference(images.stale.reference)
+    repository, _, digest = split_reference(images.stale.reference)
     client.images.pull(repository, tag=digest)
     container = client.containers.run(
         images.stale.reference,

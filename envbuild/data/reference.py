@@ -48,12 +48,22 @@ _COMPONENT_RULE = "lowercase letters and digits, separated by one '.', one or tw
 _CREDENTIALS = "registry credentials belong in the docker config (`docker login`), never in an image name"
 
 
-def split_tag(reference: str) -> tuple[str, str | None]:
-    """``name[:tag]`` → (name, tag); a ':' before the last '/' is a registry port, not a tag."""
-    name, sep, tag = reference.rpartition(":")
+def split_reference(reference: str) -> tuple[str, str | None, str | None]:
+    """``name[:tag][@digest]`` → (name, tag, digest), as the grammar reads it: the digest first (after
+    the '@'), then the tag after the last ':' of the rest, unless a '/' follows that ':' (then it is a
+    registry's port: ``host:5000/path`` has no tag)."""
+    rest, at, digest = reference.partition("@")
+    name, sep, tag = rest.rpartition(":")
     if not sep or "/" in tag:
-        return reference, None
-    return name, tag
+        return rest, None, digest if at else None
+    return name, tag, digest if at else None
+
+
+def split_tag(reference: str) -> tuple[str, str]:
+    """(name, tag) as docker tags, pushes and names an image: a digest is not part of either, and a
+    reference without a tag means ``latest``, docker's default tag."""
+    name, tag, _ = split_reference(reference)
+    return name, "latest" if tag is None else tag
 
 
 def check_name_and_tag(reference: str) -> str | None:
@@ -68,7 +78,7 @@ def check_name_and_tag(reference: str) -> str | None:
         return f"{reference[:40]!r}… is {len(reference)} characters long; docker allows a {NAME_TOTAL_MAX}-character name and a 128-character tag"
     if any(c.isspace() or not c.isprintable() for c in reference):
         return f"{reference!r} contains whitespace or control characters"
-    name, tag = split_tag(reference)
+    name, tag, _ = split_reference(reference)
     if tag is not None and not re.fullmatch(TAG, tag):
         return f"{reference!r}: tag {tag!r} must be 1 to 128 of letters, digits, '_', '.', '-', not starting with '.' or '-'"
     if problem := check_name(name):

@@ -25,6 +25,7 @@ import docker
 import docker.errors
 import requests
 
+from envbuild.data.reference import split_reference, split_tag
 from envbuild.engine.transfer import (
     LOG_TAIL,
     BuildProgress,
@@ -315,7 +316,8 @@ class Engine:
         (``linux/arm64``) picks that variant of a multi-platform index, instead of the engine's own."""
         say = progress or (lambda message: None)
         pull = LayerProgress(say, "pull", reference)
-        repository, tag = split_reference(reference)
+        name, tag, digest = split_reference(reference)
+        repository, tag = name, digest or tag or "latest"
         with _engine_errors(f"pull {reference}", self.address):
             for event in self.api.pull(repository, tag, stream=True, decode=True, platform=platform):
                 if (message := _event_error(event)) is not None:
@@ -541,20 +543,5 @@ class ContainerState:
         return self.state == "running"
 
 
-def split_reference(reference: str) -> tuple[str, str]:
-    """``repo@sha256:…`` → (repo, "sha256:…"); otherwise as :func:`split_tag`."""
-    repository, at, digest = reference.partition("@")
-    return (repository, digest) if at else split_tag(reference)
-
-
 def _short(ref: str) -> str:
     return ref[:19] if ref.startswith("sha256:") else ref
-
-
-def split_tag(name: str) -> tuple[str, str]:
-    """``repo:tag`` → (repo, tag); a ``:port`` belongs to the registry; no tag means ``latest``."""
-    last = name.rsplit("/", 1)[-1]
-    if ":" in last:
-        repository, _, tag = name.rpartition(":")
-        return repository, tag
-    return name, "latest"

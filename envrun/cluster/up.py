@@ -26,7 +26,8 @@ from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from envbuild.engine.client import Engine, split_tag
+from envbuild.data.reference import split_tag
+from envbuild.engine.client import Engine
 from envbuild.errors import EngineError, EnvbuildError, InputError
 from envbuild.image.plan import LOCK_LABEL
 from envbuild.lock.io import LockFile
