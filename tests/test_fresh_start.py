@@ -119,7 +119,7 @@ def test_a_passing_verify_on_an_empty_cache_leaves_a_buildable_source(
     assert [(i.kind, i.name, i.fetched) for i in inputs.inputs] == [("source", shape, True)]
     out = tmp_path / "tree"
     out.mkdir()
-    assert export_tree(lock.sources[0], out, exporter_for(options)) == repo.tree(commit)
+    assert export_tree(lock.sources[0], out, exporter_for(options.source)) == repo.tree(commit)
 
 
 # --- the whole path, as a new user walks it ----------------------------------------------------------

@@ -287,6 +287,34 @@ def test_real_git_tree_matches_and_in_image_check_agrees(
     assert inimage_command()[-2:] == ["/opt/envbuild/meta/inimage_probe.py", "/opt/envbuild/meta/manifest.json"]
 
 
+def test_the_assembled_check_runs_as_the_image_runs_it(
+    tmp_path: Path, wheel: Path, real_repo: tuple[Path, str, str]
+) -> None:
+    """``python3 -I``, as in the image: no PYTHONPATH, no script directory on sys.path, no envbuild. The
+    check still finds the tree hashing shipped beside it, and recomputes the source's tree."""
+    repo, commit, tree = real_repo
+    lock = make_lock(wheel, [("realsrc", commit, tree)])
+    context = assemble(
+        plan_context(lock, lock_sha256=LOCK_SHA), tmp_path / "ctx", git_archive_export(repo), lambda p, f: wheel
+    )
+    manifest = json.loads((context.path / "envbuild/manifest.json").read_text())
+    manifest["sources"][0]["path"] = str(context.path / "src/realsrc")
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            *inimage_command()[1:2],
+            str(context.path / "envbuild/inimage_probe.py"),
+            str(tmp_path / "manifest.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["sources"]["realsrc"]["tree"] == tree
+
+
 def test_in_image_check_names_unmet_requirements_and_failed_imports_minus_the_locks_waivers(
     tmp_path: Path, wheel: Path, real_repo: tuple[Path, str, str]
 ) -> None:

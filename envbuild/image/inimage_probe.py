@@ -26,11 +26,25 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import Any
 
 if __package__:  # imported on the host, as envbuild.image.inimage_probe
     from envbuild.git.treehash import git_trees
 else:  # run as a script in the image, where envbuild is not installed: its copy ships beside this file
-    from treehash import git_trees  # type: ignore[import-not-found,no-redef]
+    import importlib.util
+
+    def _beside(name: str) -> Any:
+        """The module ``name`` shipped in this script's directory, loaded by path: ``python3 -I`` (how
+        the check runs) keeps that directory off ``sys.path``, and nothing else may be imported from it."""
+        spec = importlib.util.spec_from_file_location(
+            name, os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+        )
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    git_trees = _beside("treehash").git_trees
 
 REPORT_VERSION = 3  # 3: each source reports its submodules' trees
 IMPORT_TIMEOUT = 600
