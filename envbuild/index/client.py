@@ -21,16 +21,21 @@ import os
 import re
 import stat
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
+from types import TracebackType
 from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 from urllib.request import url2pathname
 
 import requests
 from packaging.utils import canonicalize_name
+from requests.adapters import HTTPAdapter
+from urllib3.connectionpool import ConnectionPool
+from urllib3.exceptions import MaxRetryError, NameResolutionError
+from urllib3.response import BaseHTTPResponse
+from urllib3.util.retry import Retry
 
 from envbuild.errors import InputError, RemoteError
 from envbuild.index.pages import IndexFile, ProjectPage, parse_html, parse_json, show
@@ -70,6 +75,43 @@ def max_download_from_env() -> int:
     return int(match[1]) * _UNITS[match[2].upper()]
 
 
+class _Retry(Retry):
+    """urllib3's retries, but a host name that does not resolve is not asked again: it will not resolve
+    a second later, and the user would only wait."""
+
+    def increment(
+        self,
+        method: str | None = None,
+        url: str | None = None,
+        response: BaseHTTPResponse | None = None,
+        error: Exception | None = None,
+        _pool: ConnectionPool | None = None,
+        _stacktrace: TracebackType | None = None,
+    ) -> _Retry:
+        if isinstance(error, NameResolutionError):
+            raise MaxRetryError(_pool, url, error)  # type: ignore[arg-type]  # urllib3 passes None itself
+        return super().increment(method, url, response, error, _pool, _stacktrace)
+
+
+def retrying(session: requests.Session, retries: int = RETRIES) -> requests.Session:
+    """``session`` with every http(s) request tried up to ``retries`` times in all (GET only: every
+    request this client makes): a connection refused, reset or lost before the answer's first byte
+    (``RemoteDisconnected``), a timeout, or a 5xx answer is tried again after a backoff; the last 5xx
+    answer is returned, for the caller to report. Nothing is retried once a body is being read."""
+    retry = _Retry(
+        total=max(0, retries - 1),
+        status_forcelist=range(500, 600),
+        allowed_methods=frozenset({"GET"}),
+        backoff_factor=BACKOFF,
+        raise_on_status=False,
+        respect_retry_after_header=False,  # a hostile index must not make us sleep for hours
+    )
+    adapter = HTTPAdapter(max_retries=retry)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return session
+
+
 class IndexClient:
     """Fetches project pages, one request per (index, project) per run, safe to share between threads.
 
@@ -85,7 +127,7 @@ class IndexClient:
         max_page: int = MAX_PAGE,
         max_download: int | None = None,
     ) -> None:
-        self.session = session or requests.Session()
+        self.session = retrying(session or requests.Session(), retries)
         self.timeout = timeout
         self.retries = retries
         self.max_page = max_page
@@ -175,34 +217,24 @@ class IndexClient:
             raise RemoteError(f"{url}: download failed: {_reason(exc)}") from None
 
     def _get(self, index: str, name: str, url: str) -> requests.Response:
-        """The response (headers read, body not yet) to a page request, retried on 5xx and lost connections."""
+        """The response (headers read, body not yet) to a page request; the session retries 5xx answers
+        and lost connections (:func:`retrying`). An index out of reach is remembered for the run."""
         if index in self._down:
             raise RemoteError(f"index {index} out of reach: {self._down[index]} (while fetching {name})")
-        last: Exception | None = None
-        for attempt in range(self.retries):
-            if attempt:
-                time.sleep(BACKOFF * 2 ** (attempt - 1))
-            with self._lock:
-                self.requests_made += 1
-            try:
-                response = self.session.get(url, headers={"Accept": ACCEPT}, timeout=self.timeout, stream=True)
-            except (requests.ConnectionError, requests.Timeout) as exc:
-                last = exc
-                if _is_name_error(exc):
-                    break  # an unknown host will not resolve a second later; do not make the user wait
-                continue
-            except requests.RequestException as exc:
-                raise RemoteError(f"index {index} out of reach for {name}: {_reason(exc)}") from None
-            if response.status_code >= 500:
-                response.close()
-                last = RemoteError(f"HTTP {response.status_code}")
-                continue
-            return response
-        assert last is not None
-        reason = _reason(last)
-        if not isinstance(last, RemoteError):
+        with self._lock:
+            self.requests_made += 1
+        try:
+            response = self.session.get(url, headers={"Accept": ACCEPT}, timeout=self.timeout, stream=True)
+        except (requests.ConnectionError, requests.Timeout) as exc:
+            reason = _reason(exc)
             self._down[index] = reason
-        raise RemoteError(f"index {index} out of reach: {reason} (while fetching {name})") from None
+            raise RemoteError(f"index {index} out of reach: {reason} (while fetching {name})") from None
+        except requests.RequestException as exc:
+            raise RemoteError(f"index {index} out of reach for {name}: {_reason(exc)}") from None
+        if response.status_code >= 500:  # still, after every retry
+            response.close()
+            raise RemoteError(f"index {index} out of reach: HTTP {response.status_code} (while fetching {name})")
+        return response
 
     # -- core metadata (PEP 658; else the wheel's own METADATA, by HTTP range requests) ------------
 
@@ -379,10 +411,6 @@ def _encoding(response: requests.Response) -> str:
         return codecs.lookup(response.encoding or "utf-8").name
     except LookupError:  # a charset nobody knows: read it as UTF-8, replacing what does not decode
         return "utf-8"
-
-
-def _is_name_error(exc: BaseException) -> bool:
-    return "NameResolutionError" in repr(exc) or "Name or service not known" in str(exc)
 
 
 def _reason(exc: BaseException) -> str:
