@@ -18,9 +18,6 @@ reason; the metadata must name the package and version the lock pins, or it is n
 
 from __future__ import annotations
 
-import email.parser
-import email.policy
-import io
 import tarfile
 import threading
 import zipfile
@@ -30,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO
 
+from packaging.metadata import RawMetadata, parse_email
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_sdist_filename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
@@ -172,15 +170,15 @@ def sdist_requirements(path: Path, package: Package, filename: str) -> list[str]
     pkg_info = members.get("PKG-INFO")
     if pkg_info is None:
         raise MetadataError("the sdist has no PKG-INFO")
-    message = _parse(pkg_info)
-    dynamic = {d.strip().lower() for d in message.get_all("Dynamic") or []}
-    if _metadata_version(message) >= Version("2.2") and "requires-dist" not in dynamic:
+    raw = _parse(pkg_info)
+    dynamic = {d.strip().lower() for d in raw.get("dynamic", [])}
+    if _metadata_version(raw) >= Version("2.2") and "requires-dist" not in dynamic:
         return _requires(pkg_info, package, filename, settled=True)
     _requires(pkg_info, package, filename, settled=False)  # name and version still checked
     if "requires.txt" in members or "egg-info" in members:
         return egg_info_requirements(members.get("requires.txt", b"").decode("utf-8", "replace"))
     raise MetadataError(
-        f"PKG-INFO (metadata {message.get('Metadata-Version')}) does not settle its requirements and it has no "
+        f"PKG-INFO (metadata {raw.get('metadata_version')}) does not settle its requirements and it has no "
         "*.egg-info: they are decided when it is built"
     )
 
@@ -254,21 +252,27 @@ def _dist_info_matches(name: str, project: str) -> bool:
     return canonicalize_name(stem.rsplit("-", 1)[0]) == project
 
 
-def _parse(data: bytes) -> email.message.Message:
-    return email.parser.BytesHeaderParser(policy=email.policy.compat32).parse(io.BytesIO(data))
+def _parse(data: bytes) -> RawMetadata:
+    """The core metadata's fields as written (packaging's raw layer: nothing validated, so each check
+    here sees the text the file holds). A Requires-Dist packaging could not even decode is refused, never
+    dropped: a requirement silently lost is what the closure check exists to prevent."""
+    raw, unparsed = parse_email(data)
+    for text in unparsed.get("requires-dist", []):
+        raise MetadataError(f"Requires-Dist {text!r} cannot be read")
+    return raw
 
 
-def _metadata_version(message: email.message.Message) -> Version:
+def _metadata_version(raw: RawMetadata) -> Version:
     try:
-        return Version(str(message.get("Metadata-Version", "1.0")).strip())
+        return Version(raw.get("metadata_version", "1.0").strip())
     except InvalidVersion:
         return Version("1.0")
 
 
 def _requires(data: bytes, package: Package, filename: str, *, settled: bool) -> list[str]:
     """Requires-Dist of metadata that names ``package`` at its locked version."""
-    message = _parse(data)
-    name, version = str(message.get("Name", "")).strip(), str(message.get("Version", "")).strip()
+    raw = _parse(data)
+    name, version = raw.get("name", "").strip(), raw.get("version", "").strip()
     try:
         same = canonicalize_name(name) == canonicalize_name(package.name) and Version(version) == Version(
             package.version
@@ -280,7 +284,7 @@ def _requires(data: bytes, package: Package, filename: str, *, settled: bool) ->
     if not settled:
         return []
     found = []
-    for text in message.get_all("Requires-Dist") or []:
+    for text in raw.get("requires_dist", []):
         try:
             found.append(str(Requirement(str(text).strip())))
         except InvalidRequirement as exc:
