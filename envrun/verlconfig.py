@@ -13,7 +13,6 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Callable
 
 from packaging.utils import canonicalize_name
 
@@ -21,6 +20,7 @@ from envbuild.errors import CacheError, InputError, RemoteError
 from envbuild.index.client import IndexClient
 from envbuild.index.filecache import FileCache
 from envbuild.lock.model import Lock
+from envbuild.progress import Progress, silent
 
 CONFIG_PREFIX = "verl/trainer/config/"
 
@@ -61,7 +61,7 @@ def verl_config_dir(
     cache_dir: Path,
     *,
     offline: bool = False,
-    progress: Callable[[str], None] = lambda _m: None,
+    progress: Progress = silent,
     client: IndexClient | None = None,
 ) -> Path:
     """``.../verl/trainer/config`` extracted from ``wheel``, downloading it into the cache when needed.

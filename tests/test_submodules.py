@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from envbuild.cli import main
+from envbuild.config import SourceOptions
 from envbuild.git.mirrors import Mirrors
 from envbuild.lock import Lock, read_lock
 from envbuild.lock.model import Submodule
@@ -52,8 +53,8 @@ def updated(up: SubmoduleUpstreams, tmp_path_factory: pytest.TempPathFactory) ->
     yield lock, cache
 
 
-def options(cache: Path, up: SubmoduleUpstreams, **changes: object) -> VerifyOptions:
-    return VerifyOptions(cache_dir=cache, mirrors=Mirrors.parse(up.mirrors()), **changes)  # type: ignore[arg-type]
+def options(cache: Path, up: SubmoduleUpstreams, strict: bool = False) -> VerifyOptions:
+    return VerifyOptions(SourceOptions(cache_dir=cache, mirrors=Mirrors.parse(up.mirrors())), strict=strict)
 
 
 def by_name(lock: Lock, path: Path, opts: VerifyOptions) -> dict[str, dict]:

@@ -37,7 +37,7 @@ from envbuild.engine.transfer import (
 )
 from envbuild.errors import EngineError
 from envbuild.interrupts import deferred_interrupts
-from envbuild.progress import Progress
+from envbuild.progress import Progress, silent
 
 TIMEOUT = 3600  # seconds for one API call: a build step or a save of a multi-GB image
 CONNECT_TIMEOUT = 30  # seconds for the first answer of an engine
@@ -159,13 +159,13 @@ class Engine:
         context: Path | ContextStream,
         *,
         nocache: bool = False,
-        progress: Progress | None = None,
+        progress: Progress = silent,
         tag: str | None = None,
         what: str = "the build context",
     ) -> BuildOutcome:
         """Build the context's ``Dockerfile`` with the legacy builder, no network for RUN steps; ``tag``
         is set by the engine when the build succeeds (and only then)."""
-        say = progress or (lambda message: None)
+        say = progress
         stream_context = directory_context(context) if isinstance(context, Path) else context
         meter = Meter(say, f"sent {what}", stream_context.payload)
         build = BuildProgress(say)
@@ -229,25 +229,25 @@ class Engine:
         with _engine_errors("disk usage", self.address):
             return dict(self.api.df())
 
-    def save_stream(self, ref: str, progress: Progress | None = None, what: str | None = None) -> Iterator[bytes]:
+    def save_stream(self, ref: str, progress: Progress = silent, what: str | None = None) -> Iterator[bytes]:
         """``docker save`` of one image, as chunks, counted in ``progress``. The engine has no way to save
         part of an image: every layer, the base's too, is read and sent."""
         image = self.inspect(ref)
-        meter = Meter(progress or (lambda message: None), what or f"docker save {ref}", (image or {}).get("Size"))
+        meter = Meter(progress, what or f"docker save {ref}", (image or {}).get("Size"))
         with _engine_errors(f"save {ref}", self.address):
             yield from meter.wrap(self.api.get_image(ref, chunk_size=_CHUNK))
 
-    def save(self, ref: str, dest: Path, progress: Progress | None = None) -> None:
+    def save(self, ref: str, dest: Path, progress: Progress = silent) -> None:
         with open(dest, "wb") as out:
             for chunk in self.save_stream(ref, progress):
                 out.write(chunk)
 
-    def load(self, archive: Path | Iterable[bytes], progress: Progress | None = None) -> list[str]:
+    def load(self, archive: Path | Iterable[bytes], progress: Progress = silent) -> list[str]:
         """Load a ``docker save`` archive (a file or chunks); the image IDs the engine reports. A layer
         the engine already has (the same chain of layers) is not read: an archive may name such layers in
         its manifest without carrying them."""
         name = str(archive) if isinstance(archive, Path) else "an image archive"
-        meter = Meter(progress or (lambda message: None), "sent to docker load")
+        meter = Meter(progress, "sent to docker load")
         loaded: list[str] = []
         with _engine_errors(f"load {name}", self.address):
             for event in self.api.load_image(meter.wrap(_chunks_of(archive))):
@@ -276,11 +276,11 @@ class Engine:
                 return False
         return True
 
-    def push(self, name: str, progress: Progress | None = None) -> str:
+    def push(self, name: str, progress: Progress = silent) -> str:
         """Push ``repository:tag`` with the docker config's credentials; returns the manifest digest.
         Progress: each layer once when it is done (sent, already in the registry, or mounted from another
         repository) and, while layers are sent, the bytes sent of their total."""
-        say = progress or (lambda message: None)
+        say = progress
         repository, tag = split_tag(name)
         digest = None
         push = LayerProgress(say, "push", name)
@@ -310,11 +310,11 @@ class Engine:
         )
         return str(data["Descriptor"]["digest"]), platforms
 
-    def pull(self, reference: str, progress: Progress | None = None, *, platform: str | None = None) -> str:
+    def pull(self, reference: str, progress: Progress = silent, *, platform: str | None = None) -> str:
         """Pull ``repository@sha256:…`` (or ``repository:tag``) with the docker config's credentials, each
         layer said when it is fetched and the bytes while they come; returns the image ID. ``platform``
         (``linux/arm64``) picks that variant of a multi-platform index, instead of the engine's own."""
-        say = progress or (lambda message: None)
+        say = progress
         pull = LayerProgress(say, "pull", reference)
         name, tag, digest = split_reference(reference)
         repository, tag = name, digest or tag or "latest"

@@ -28,7 +28,7 @@ class Offline(Exception):
 class Upstream:
     """One repository seen through the cache: its ref listing (fetched once) and fetches on demand."""
 
-    def __init__(self, cache: GitCache, url: str, *, offline: bool, progress: Progress | None) -> None:
+    def __init__(self, cache: GitCache, url: str, *, offline: bool, progress: Progress) -> None:
         self.cache, self.url, self.offline, self.progress = cache, url, offline, progress
         self._listing: RefListing | None = None
         self._failure: GitError | None = None
@@ -107,8 +107,7 @@ class Upstream:
         self._say(f"fetched {name} in {time.perf_counter() - start:.1f} s{note}")
 
     def _say(self, message: str) -> None:
-        if self.progress is not None:
-            self.progress(message)
+        self.progress(message)
 
 
 def check_inputs(sources: Sequence[Source], mirrors: Mirrors) -> None:

@@ -15,7 +15,7 @@ from envbuild.git.cache import GitCache
 from envbuild.git.files import PinnedTree
 from envbuild.git.mirrors import Mirrors
 from envbuild.lock.model import REASON_MAX, Source, check_source_requirement
-from envbuild.progress import Progress
+from envbuild.progress import Progress, silent
 from envbuild.update.declared import Declared, read_declared
 
 
@@ -25,12 +25,12 @@ def read_source_requirements(
     *,
     mirrors: Mirrors = Mirrors(),
     previous: Source | None = None,
-    progress: Progress | None = None,
+    progress: Progress = silent,
 ) -> Source:
     """``source`` with ``provides``, ``build_requires``, ``requires`` and ``requires_unknown`` read from
     its pinned tree. ``previous`` is the entry before the update (kept when the tree cannot be read and
     the commit did not move). A source the build does not install (``install: none``) is left as it is."""
-    say = progress or (lambda message: None)
+    say = progress
     if not source.installed:
         return source
     url = mirrors.rewrite(source.repo)

@@ -23,7 +23,7 @@ from envbuild.git.files import PinnedTree
 from envbuild.git.gitmodules import pair_submodules, parse_gitmodules
 from envbuild.git.mirrors import Mirrors
 from envbuild.lock.model import REASON_MAX, Source, Submodule
-from envbuild.progress import Progress
+from envbuild.progress import Progress, silent
 
 MAX_DEPTH = 8  # submodules of submodules; the lock's reader allows 32 levels of YAML, two per level
 MAX_PER_TREE = 256  # each one the image gets is a repository to read: a tree naming thousands is refused
@@ -64,14 +64,14 @@ def read_source_submodules(
     *,
     mirrors: Mirrors = Mirrors(),
     previous: Source | None = None,
-    progress: Progress | None = None,
+    progress: Progress = silent,
     problems: list[str] | None = None,
 ) -> Source:
     """``source`` with ``submodules`` and ``submodules_unknown`` read from its pinned tree. ``previous`` is
     its entry before the update: its skips are kept by path, and its records stay when the tree cannot be
     read and the commit did not move. Refusals are appended to ``problems`` when given (so every source's
     are reported together), else raised as :class:`SubmodulesRefused`."""
-    say = progress or (lambda message: None)
+    say = progress
     before = previous if previous is not None else source
     found: list[str] = []
     unknown: list[str] = []

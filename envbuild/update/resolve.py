@@ -23,7 +23,7 @@ from envbuild.errors import EnvbuildError, InputError, RemoteError
 from envbuild.index.client import IndexClient, IndexFile
 from envbuild.lock.model import PYPI_SIMPLE, Lock, Package, PackageFile, Platform
 from envbuild.lock.platform import file_version, parsed, supported_tags, uv_platform
-from envbuild.progress import Progress
+from envbuild.progress import Progress, silent
 from envbuild.update.roots import Root, explain, source_roots
 
 UV_TIMEOUT = 900
@@ -117,7 +117,7 @@ def run_uv_compile(requirements: Sequence[str], platform: Platform, index: str, 
 
 
 def resolve_packages(
-    lock: Lock, *, progress: Progress | None = None, client: IndexClient | None = None, jobs: int = 8
+    lock: Lock, *, progress: Progress = silent, client: IndexClient | None = None, jobs: int = 8
 ) -> tuple[Package, ...]:
     """The full closure of ``lock.requirements`` and of what the sources declare (:func:`source_roots`) for
     ``lock.platform``, every installable file hashed.
@@ -129,7 +129,7 @@ def resolve_packages(
     """
     if lock.platform is None:
         raise InputError(f"lock {lock.name!r} has no platform; add `platform: {{os: linux, arch: ..., python: ...}}`")
-    say = progress or (lambda _msg: None)
+    say = progress
     client = client or IndexClient()
     platform = lock.platform
     default_index = (lock.index or PYPI_SIMPLE).rstrip("/")

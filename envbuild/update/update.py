@@ -12,7 +12,7 @@ from envbuild.git.mirrors import Mirrors
 from envbuild.git.remote import GitError
 from envbuild.git.upstream import Upstream, check_inputs
 from envbuild.lock.model import LOCK_VERSION, BaseImage, Lock, Source
-from envbuild.progress import Progress
+from envbuild.progress import Progress, silent
 from envbuild.update.read_requirements import read_source_requirements
 from envbuild.update.read_submodules import SubmodulesRefused, read_source_submodules
 from envbuild.update.resolve import resolve_packages
@@ -25,7 +25,7 @@ def update_lock(
     *,
     mirrors: Mirrors = Mirrors(),
     packages: bool | None = None,
-    progress: Progress | None = None,
+    progress: Progress = silent,
 ) -> Lock:
     """A new lock, at the current lock version: the named sources (all when none are named) moved to their
     ref's current commit and tree; every source's requirements and submodules read from its pinned tree;
@@ -57,7 +57,7 @@ def update_lock(
         declared = any(s.requires or s.build_requires for s in sources)
         if lock.requirements or lock.packages or (declared and lock.platform is not None):
             updated = dataclasses.replace(updated, packages=resolve_packages(updated, progress=progress))
-        elif declared and progress:
+        elif declared:
             progress("warning: the lock has no platform: the sources' requirements are recorded, not resolved")
     if everything and lock.base_image is not None:
         arch = lock.platform.arch if lock.platform else None
@@ -65,7 +65,7 @@ def update_lock(
     return updated
 
 
-def pin_base_image(image: BaseImage, arch: str | None = None, progress: Progress | None = None) -> BaseImage:
+def pin_base_image(image: BaseImage, arch: str | None = None, progress: Progress = silent) -> BaseImage:
     """The base image pinned to the manifest digest its registry serves for the tag now, asked through
     the container engine (so its credentials and registry settings apply). Without an engine or a
     registry answer, or when what it serves has no image for the lock's platform (``arch``: a build
@@ -73,7 +73,7 @@ def pin_base_image(image: BaseImage, arch: str | None = None, progress: Progress
     from envbuild.engine.client import Engine
     from envbuild.lock.platform import oci_platform
 
-    say = progress or (lambda message: None)
+    say = progress
     try:
         with Engine.connect() as engine:
             digest, platforms = engine.distribution(image.name)
@@ -91,9 +91,8 @@ def pin_base_image(image: BaseImage, arch: str | None = None, progress: Progress
     return BaseImage(name=image.name, digest=digest)
 
 
-def _update_source(source: Source, cache: GitCache, mirrors: Mirrors, progress: Progress | None) -> Source:
-    if progress:
-        progress(f"resolving {source.name} {source.ref_type} {source.ref}")
+def _update_source(source: Source, cache: GitCache, mirrors: Mirrors, progress: Progress) -> Source:
+    progress(f"resolving {source.name} {source.ref_type} {source.ref}")
     resolved = resolve_ref(source, cache, mirrors=mirrors)
     return dataclasses.replace(source, ref_type=resolved.ref_type, commit=resolved.commit, tree=resolved.tree)
 
@@ -112,7 +111,7 @@ class MissingRefError(RemoteError):
 
 
 def resolve_ref(
-    source: Source, cache: GitCache, *, mirrors: Mirrors = Mirrors(), progress: Progress | None = None
+    source: Source, cache: GitCache, *, mirrors: Mirrors = Mirrors(), progress: Progress = silent
 ) -> ResolvedRef:
     """Where ``source.ref`` points upstream now (the recorded type first, else the other one).
 

@@ -37,7 +37,7 @@ from envbuild.fileio import write_atomic
 from envbuild.index.client import MAX_METADATA, IndexClient
 from envbuild.index.filecache import FileCache
 from envbuild.lock.model import Lock, Package, PackageFile
-from envbuild.progress import Progress
+from envbuild.progress import Progress, silent
 from envbuild.verify.closure import PackageMetadata
 
 MAX_MEMBER = 1 << 20  # an sdist's requires.txt
@@ -126,13 +126,13 @@ def read_metadata(
     reader: MetadataReader,
     *,
     jobs: int = 8,
-    progress: Progress | None = None,
+    progress: Progress = silent,
 ) -> dict[str, PackageMetadata]:
     """{normalised name: metadata} for every locked package, read in parallel. What could not be read is in
     the results (``requires=None`` and why), so progress only says what went to the network."""
     with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(lock.packages) or 1))) as pool:
         found = list(pool.map(lambda p: reader.package(lock, p), lock.packages))
-    if progress and reader.network_reads:
+    if reader.network_reads:
         progress(f"read the core metadata of {reader.network_reads} package file(s) from the index")
     return {canonicalize_name(m.name): m for m in found}
 

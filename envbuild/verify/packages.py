@@ -13,7 +13,7 @@ from envbuild.errors import RemoteError
 from envbuild.index.client import IndexClient, ProjectPage
 from envbuild.lock.model import Lock, Package
 from envbuild.lock.platform import file_version
-from envbuild.progress import Progress
+from envbuild.progress import Progress, silent
 from envbuild.verify.results import PinResult
 
 # When one package has several problems, the verdict is the worst; a changed hash is the most alarming.
@@ -24,7 +24,7 @@ def verify_packages(
     lock: Lock,
     *,
     jobs: int = 8,
-    progress: Progress | None = None,
+    progress: Progress = silent,
     session: requests.Session | None = None,
     client: IndexClient | None = None,
     lock_path: str = "LOCKFILE",
@@ -35,15 +35,14 @@ def verify_packages(
 
     def check(package: Package) -> PinResult:
         result = verify_package(package, lock.index_for(package), client, lock_path)
-        if progress and result.status != "ok":  # one line per problem, not per package: locks hold hundreds
+        if result.status != "ok":  # one line per problem, not per package: locks hold hundreds
             progress(f"package {package.name} {package.version}: {result.status}")
         return result
 
     if not lock.packages:
         return []
     indexes = sorted({lock.index_for(p) for p in lock.packages})
-    if progress:
-        progress(f"checking {len(lock.packages)} packages on {len(indexes)} index(es): {', '.join(indexes)}")
+    progress(f"checking {len(lock.packages)} packages on {len(indexes)} index(es): {', '.join(indexes)}")
     with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(lock.packages)))) as pool:
         return list(pool.map(check, lock.packages))
 

@@ -11,7 +11,7 @@ from envbuild.git.cache import GitCache
 from envbuild.index.client import IndexClient
 from envbuild.index.filecache import FileCache
 from envbuild.lock.model import Lock, Package
-from envbuild.progress import Progress
+from envbuild.progress import Progress, silent
 from envbuild.verify.closure import check_closure
 from envbuild.verify.metadata import MetadataReader, read_metadata
 from envbuild.verify.packages import verify_packages
@@ -60,7 +60,7 @@ def verify_package_offline(package: Package, files: FileCache, advice: str) -> P
 
 
 def verify_requirements(
-    lock: Lock, options: VerifyOptions, client: IndexClient | None = None, progress: Progress | None = None
+    lock: Lock, options: VerifyOptions, client: IndexClient | None = None, progress: Progress = silent
 ) -> list[PinResult]:
     """The whole closure for the lock's platform, from core metadata only (nothing installed): every
     requirement of the lock's roots, its sources and its packages met by the lock, or waived by name."""
@@ -69,7 +69,7 @@ def verify_requirements(
     return check_closure(lock, read_metadata(lock, reader, jobs=source.jobs, progress=progress))
 
 
-def verify_lock(lock: Lock, lock_path: str, options: VerifyOptions, progress: Progress | None = None) -> VerifyReport:
+def verify_lock(lock: Lock, lock_path: str, options: VerifyOptions, progress: Progress = silent) -> VerifyReport:
     source = options.source
     cache = GitCache(source.cache_dir / "git")
     results = verify_sources(

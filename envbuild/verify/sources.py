@@ -22,7 +22,7 @@ from envbuild.git.mirrors import Mirrors
 from envbuild.git.remote import GitError
 from envbuild.git.upstream import Offline, Upstream, check_inputs
 from envbuild.lock.model import Source
-from envbuild.progress import Progress
+from envbuild.progress import Progress, silent
 from envbuild.verify.results import PinResult, SourceStatus
 
 
@@ -33,7 +33,7 @@ def verify_sources(
     mirrors: Mirrors = Mirrors(),
     offline: bool = False,
     jobs: int = 8,
-    progress: Progress | None = None,
+    progress: Progress = silent,
 ) -> list[PinResult]:
     """Verify every source, in parallel across repositories; results in input order.
 
@@ -61,14 +61,14 @@ def verify_source(
     *,
     mirrors: Mirrors = Mirrors(),
     offline: bool = False,
-    progress: Progress | None = None,
+    progress: Progress = silent,
 ) -> PinResult:
     check_inputs([source], mirrors)
     return _verify_group([source], cache, mirrors.rewrite(source.repo), offline, progress)[0]
 
 
 def _verify_group(
-    sources: Sequence[Source], cache: GitCache, url: str, offline: bool, progress: Progress | None
+    sources: Sequence[Source], cache: GitCache, url: str, offline: bool, progress: Progress
 ) -> list[PinResult]:
     upstream = Upstream(cache, url, offline=offline, progress=progress)
     results = []

@@ -35,7 +35,7 @@ from envbuild.git.mirrors import Mirrors
 from envbuild.git.remote import GitError
 from envbuild.git.upstream import Offline, Upstream
 from envbuild.lock.model import Lock, Source, Submodule, check_repo_url
-from envbuild.progress import Progress
+from envbuild.progress import Progress, silent
 from envbuild.verify.results import PinResult, SubmoduleStatus
 
 
@@ -101,7 +101,7 @@ def verify_submodules(
     mirrors: Mirrors = Mirrors(),
     offline: bool = False,
     jobs: int = 8,
-    progress: Progress | None = None,
+    progress: Progress = silent,
 ) -> list[PinResult]:
     """One result per recorded submodule (and per source whose submodules are unknown), in lock order;
     repositories in parallel, the submodules of one repository one after the other."""
@@ -129,7 +129,7 @@ def verify_submodules(
 
 class _Checker:
     def __init__(
-        self, cache: GitCache, mirrors: Mirrors, offline: bool, progress: Progress | None, by_repo: dict[Any, Source]
+        self, cache: GitCache, mirrors: Mirrors, offline: bool, progress: Progress, by_repo: dict[Any, Source]
     ) -> None:
         self.cache, self.mirrors, self.offline, self.progress, self.by_repo = cache, mirrors, offline, progress, by_repo
 
