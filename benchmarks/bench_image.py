@@ -549,7 +549,7 @@ def scale(large_gb: float, *, stages: bool, save_load: bool) -> int:
             shutil.rmtree(root, ignore_errors=True)
             _remove_scale_images(client)
     print("\nsummary (goal in brackets)", file=sys.stderr)
-    for label, f in figures.items():
+    for f in figures.values():
         print(f"  base {_gb(f['base_size'])}:", file=sys.stderr)
         print(f"    full build, envbuild / hand:     {f['full'] / f['hand_full']:6.2f}x  [<= 1.5x]", file=sys.stderr)
         print(f"    no-op rebuild / full build:      {f['noop'] / f['full']:6.1%}  [< 5%]", file=sys.stderr)

@@ -89,10 +89,7 @@ def load_config(path: Path | None = None) -> Config:
     not silently drop its mirrors); the default one may be absent."""
     named = path is not None or bool(os.environ.get("ENVBUILD_CONFIG"))
     path = path or default_config_path()
-    if named or path.exists():
-        parsed = parse_config(read_capped(path, ConfigError), str(path))
-    else:
-        parsed = ConfigFile()
+    parsed = parse_config(read_capped(path, ConfigError), str(path)) if named or path.exists() else ConfigFile()
     return Config(
         cache_dir=Path(parsed.cache_dir).expanduser() if parsed.cache_dir else default_cache_dir(),
         mirrors=Mirrors(tuple(parsed.mirrors.items())),
@@ -120,7 +117,10 @@ def _mirror_problems(root: yaml.Node, file: str) -> list[Problem]:
         if key.value != "mirrors" or not isinstance(value, yaml.MappingNode):
             continue
         for source, target in value.value:
-            if isinstance(source, yaml.ScalarNode) and isinstance(target, yaml.ScalarNode):
-                if (problem := check_rule(source.value, target.value)) is not None:
-                    problems.append(Problem(file, source.start_mark.line + 1, "mirrors", problem))
+            if (
+                isinstance(source, yaml.ScalarNode)
+                and isinstance(target, yaml.ScalarNode)
+                and (problem := check_rule(source.value, target.value)) is not None
+            ):
+                problems.append(Problem(file, source.start_mark.line + 1, "mirrors", problem))
     return problems

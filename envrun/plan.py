@@ -6,9 +6,10 @@ import json
 import os
 import re
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 from envbuild.data.typed import meta
 from envbuild.errors import InputError
@@ -63,7 +64,7 @@ class Volume:
         mode = parts.pop() if len(parts) == 3 else "ro"
         if len(parts) != 2 or mode not in ("ro", "rw"):
             raise InputError(f"--volume {text!r}: expected HOST:CONTAINER[:ro|rw]")
-        volume = cls(os.path.abspath(parts[0]), parts[1], "rw" if mode == "rw" else "ro")
+        volume = cls(os.path.abspath(parts[0]), parts[1], "rw" if mode == "rw" else "ro")  # noqa: PTH100 (not resolve(): a symlinked path stays the one given)
         if problem := _absolute(volume.container):
             raise InputError(f"--volume {text!r}: the container path {problem}")
         return volume
@@ -178,13 +179,13 @@ def _output_dir(recipe: Recipe, params: RunParameters, run_dir: Path) -> Path | 
     if not recipe.outputs:
         return None
     if params.output_dir is not None:
-        return Path(os.path.abspath(params.output_dir))
+        return Path(os.path.abspath(params.output_dir))  # noqa: PTH100 (not resolve(): a symlinked path stays the one given)
     if params.backend == "ray":
         raise InputError(
             f"--backend ray needs --output-dir DIR for recipe {recipe.name}: a directory every node writes to "
             "(a cluster volume), where the checkpoints are kept and audited"
         )
-    return Path(os.path.abspath(run_dir)) / "outputs"  # host directories, mounted into a container
+    return Path(os.path.abspath(run_dir)) / "outputs"  # noqa: PTH100 (not resolve(): symlinks kept); host directories, mounted
 
 
 def build_plan(recipe: Recipe, params: RunParameters, lock_file: str, lock_sha256: str, run_dir: Path) -> RunPlan:

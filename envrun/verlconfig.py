@@ -7,7 +7,6 @@ lock's sha256), and only ``verl/trainer/config/**`` is kept, in
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import zipfile
@@ -97,7 +96,7 @@ def verl_config_dir(
             (staging / ".complete").write_text(f"{wheel.filename}\n", encoding="utf-8")
             if root.exists():  # a half-written tree from an interrupted run
                 shutil.rmtree(root)
-            os.replace(staging, root)
+            staging.replace(root)
     except OSError as exc:
         raise CacheError(f"{root}: cannot write the verl config cache: {exc.strerror or exc}") from None
     return config_dir

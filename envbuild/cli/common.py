@@ -7,8 +7,9 @@ import json
 import sys
 import threading
 import traceback
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from envbuild.config import SourceOptions, load_config
 from envbuild.errors import EnvbuildError, InputError

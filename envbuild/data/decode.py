@@ -4,7 +4,8 @@ lock's decoder; every problem as ``FILE:LINE: FIELD: message``, all of them rais
 
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 import yaml
 

@@ -14,8 +14,9 @@ import functools
 import re
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field
-from typing import Any, Callable, Literal, Union
+from typing import Any, Literal, Union
 
 import yaml
 
@@ -227,7 +228,7 @@ class Decoder:
                     self.problem(child, f"{path}[{i}]", message)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _shape(cls: type) -> tuple[dict[str, Any], dict[str, dataclasses.Field]]:
     """A dataclass's resolved type hints and fields, worked out once per class: resolving string
     annotations compiles them, which was most of the time of reading a lock with many packages."""

@@ -121,7 +121,7 @@ class Engine:
         self.address = address or engine_address()
 
     @classmethod
-    def connect(cls, address: str | None = None) -> "Engine":
+    def connect(cls, address: str | None = None) -> Engine:
         """The engine at ``DOCKER_HOST``, or at ``address``: ``unix:///path``, ``tcp://host:port`` or
         ``ssh://user@host`` (through the system's ssh client, so its config and agent apply)."""
         try:

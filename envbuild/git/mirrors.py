@@ -34,7 +34,7 @@ class Mirrors:
     rules: tuple[tuple[str, str], ...] = ()
 
     @classmethod
-    def parse(cls, specs: Iterable[str], origin: str = "--mirror") -> "Mirrors":
+    def parse(cls, specs: Iterable[str], origin: str = "--mirror") -> Mirrors:
         """Rules from FROM=TO strings; every bad one is reported, one line each, before any is used."""
         rules, problems = [], []
         for spec in specs:
@@ -47,7 +47,7 @@ class Mirrors:
             raise InputError("\n".join(problems))
         return cls(tuple(rules))
 
-    def merged(self, other: "Mirrors") -> "Mirrors":
+    def merged(self, other: Mirrors) -> Mirrors:
         """``other`` (e.g. the command line) takes precedence over ``self`` (e.g. the config file)."""
         return Mirrors(other.rules + self.rules)
 

@@ -235,7 +235,7 @@ def _write(exporter: TreeExporter, pin: TreePin, dest: Path, at: str) -> str:
     except TreeWriteError as exc:
         raise ExportError(f"{pin.what}: the tree of {pin.commit} cannot be written safely: {exc}") from None
     finally:
-        os.unlink(archive)
+        Path(archive).unlink()
     return tree
 
 

@@ -220,18 +220,18 @@ def _fix_metadata(root: Path, epoch: int) -> None:
     wheels (they may be hard links into the cache, which must stay read-only)."""
     for dirpath, dirnames, filenames in os.walk(root, topdown=False):
         for name in filenames + dirnames:
-            path = os.path.join(dirpath, name)
-            info = os.lstat(path)
+            path = Path(dirpath, name)
+            info = path.lstat()
             if stat.S_ISLNK(info.st_mode):
                 os.utime(path, (epoch, epoch), follow_symlinks=False)
                 continue
             if stat.S_ISDIR(info.st_mode):
                 mode = 0o755
-            elif os.path.basename(dirpath) == "wheels" and os.path.dirname(dirpath) == str(root):
+            elif Path(dirpath) == root / "wheels":
                 mode = 0o444
             else:
                 mode = 0o755 if info.st_mode & stat.S_IXUSR else 0o644
-            os.chmod(path, mode)
+            path.chmod(mode)
             os.utime(path, (epoch, epoch))
-    os.chmod(root, 0o755)
+    root.chmod(0o755)
     os.utime(root, (epoch, epoch))

@@ -75,7 +75,7 @@ def _tree(root: Path, prefix: str) -> list[Entry]:
             inside = f"{prefix}/{path.relative_to(root).as_posix()}"
             mode, mtime = stat.S_IMODE(info.st_mode), int(info.st_mtime)
             if stat.S_ISLNK(info.st_mode):
-                entries.append(Entry(inside, "symlink", mode, mtime, target=os.readlink(path)))
+                entries.append(Entry(inside, "symlink", mode, mtime, target=str(path.readlink())))
             elif stat.S_ISDIR(info.st_mode):
                 entries.append(Entry(inside, "dir", mode, mtime))
             elif stat.S_ISREG(info.st_mode):

@@ -171,8 +171,8 @@ def _submodule_problems(
         here = (*path, "submodules", j)
         name = f"{where}.submodules[{j}]"
 
-        def problem(key: str, message: str) -> None:
-            problems.append(Problem(file, _line_of(root, *here, key), f"{name}.{key}", message))
+        def problem(key: str, message: str) -> None:  # called in this iteration only: the loop's names are its own
+            problems.append(Problem(file, _line_of(root, *here, key), f"{name}.{key}", message))  # noqa: B023
 
         if sub.skipped:
             if sub.submodules:

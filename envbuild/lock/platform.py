@@ -13,7 +13,7 @@ base against it; none of them spells it out again. Pure: no I/O.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from functools import lru_cache
+from functools import cache, lru_cache
 
 from packaging.markers import UndefinedComparison, default_environment
 from packaging.requirements import InvalidRequirement, Requirement
@@ -97,7 +97,7 @@ def uv_platform(platform: Platform) -> str:
     return f"{platform.arch}-manylinux_{GLIBC[0]}_{GLIBC[1]}"
 
 
-@lru_cache(maxsize=None)
+@cache
 def supported_tags(platform: Platform) -> frozenset[Tag]:
     """Every wheel tag CPython ``platform.python`` on glibc-``GLIBC`` Linux of that arch installs."""
     major, minor = (int(x) for x in platform.python.split("."))

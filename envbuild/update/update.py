@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Literal
 
 from envbuild.errors import EngineError, InputError, RemoteError
 from envbuild.git.cache import GitCache

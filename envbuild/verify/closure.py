@@ -156,7 +156,7 @@ def _requirers(lock: Lock, metadata: Mapping[str, PackageMetadata]) -> dict[str,
     requirers: dict[str, _Requirer] = {
         ROOT: _Requirer(lock.name, (0, ""), tuple((r, False) for r in lock.requirements))
     }
-    for i, package in enumerate(sorted(lock.packages, key=lambda p: canonicalize_name(p.name))):
+    for package in sorted(lock.packages, key=lambda p: canonicalize_name(p.name)):
         key = canonicalize_name(package.name)
         found = metadata.get(key)
         if found is None or found.requires is None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 Kind = Literal["source", "submodule", "package", "requirement", "base_image"]
 
@@ -35,7 +35,7 @@ BaseImageStatus = Literal["ok", "unpinned"]
 # `conflict`: the locked version is outside the specifier), accepted by name (`waived`), or not known
 # (`unknown`: the requirements were not recorded or the metadata could not be read; a warning).
 RequirementStatus = Literal["ok", "unmet", "conflict", "waived", "unknown"]
-Status = Union[SourceStatus, SubmoduleStatus, PackageStatus, RequirementStatus, BaseImageStatus]
+Status = SourceStatus | SubmoduleStatus | PackageStatus | RequirementStatus | BaseImageStatus
 PASSING_STATUSES: frozenset[Status] = frozenset({"ok", "waived", "skipped"})
 WARNING_STATUSES: frozenset[Status] = frozenset({"behind", "cached", "unknown", "diverged"})
 

@@ -12,9 +12,10 @@ pure functions of the answers.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from envbuild.errors import EngineError
 from envrun import ray_api

@@ -3,8 +3,9 @@ import, so that choosing one (:func:`envrun.launch.launcher_for`) and being one 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from envbuild.progress import Progress
 from envrun.plan import PreflightLine, RunPlan

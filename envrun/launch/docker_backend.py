@@ -10,8 +10,6 @@ engine itself is only ever reached through :mod:`envbuild.engine.client`.
 
 from __future__ import annotations
 
-import glob
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,10 +39,10 @@ STOP_TIMEOUT_SECONDS = 20
 
 def ascend_paths(root: str = "/") -> tuple[str, ...]:
     """The Ascend devices and driver files present under ``root``, as paths on that host."""
-    found: list[str] = []
+    found: list[Path] = []
     for pattern in (*DEVICE_PATTERNS, *DRIVER_MOUNTS):
-        found += sorted(glob.glob(os.path.join(root, pattern.lstrip("/"))))
-    return tuple("/" + os.path.relpath(p, root) for p in found)
+        found += sorted(Path(root).glob(pattern.lstrip("/")))
+    return tuple("/" + p.relative_to(root).as_posix() for p in found)
 
 
 def devices_and_mounts(paths: tuple[str, ...]) -> tuple[list[str], dict[str, dict[str, str]]]:

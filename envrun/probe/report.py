@@ -9,8 +9,9 @@ one ``ok`` line saying what was proven. The whole report rides on the first line
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 from envrun.plan import PreflightLine
 from envrun.probe.job_script import MARKER

@@ -4,9 +4,10 @@ plan carries one, and the probe's runners turn it into a command line)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 SOURCE_FILE = Path(__file__).with_name("job_script.py")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-from typing import Mapping
+from collections.abc import Mapping
 
 from envbuild.errors import EngineError
 from envrun.probe.report import ProbeReport, failed_report, parse_report
