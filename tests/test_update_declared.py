@@ -1,5 +1,5 @@
 """What a source declares, read from its files without running any of them (pure: the tree is a dict here;
-tests/test_requirements_reading.py reads real trees through git)."""
+tests/test_update_read_requirements.py reads real trees through git)."""
 
 from __future__ import annotations
 
