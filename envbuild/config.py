@@ -21,11 +21,11 @@ import yaml
 
 from envbuild.data.typed import Decoder, mfield, shown
 from envbuild.data.yamlfile import compose_yaml, read_capped
-from envbuild.errors import LockfileError, Problem
+from envbuild.errors import DataFileError, Problem
 from envbuild.git.mirrors import Mirrors, check_rule
 
 
-class ConfigError(LockfileError):
+class ConfigError(DataFileError):
     """The config file failed validation: every problem, each with its file and line (exit 2)."""
 
 

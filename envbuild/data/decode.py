@@ -1,6 +1,7 @@
-"""Reading envrun's YAML files (recipes, cluster files) into typed values, strictly: read as every
-envbuild YAML file is (:func:`envbuild.data.yamlfile.compose_yaml`: plain data only), decoded with the
-lock's decoder; every problem as ``FILE:LINE: FIELD: message``, all of them raised at once (exit 2)."""
+"""A data file (a recipe, a cluster file) into a typed value, strictly: read as every envbuild YAML file
+is (:func:`envbuild.data.yamlfile.compose_yaml`: plain data only), decoded by :mod:`envbuild.data.typed`;
+every problem as ``FILE:LINE: FIELD: message``, all of them raised at once as the file's own
+:class:`~envbuild.errors.DataFileError` (exit 2)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import yaml
 
 from envbuild.data.typed import Decoder
 from envbuild.data.yamlfile import compose_yaml
-from envbuild.errors import LockfileError, Problem
+from envbuild.errors import DataFileError, Problem
 
 T = TypeVar("T")
 
@@ -20,7 +21,7 @@ def decode_yaml(
     text: bytes | str,
     file: str,
     cls: type[T],
-    error: type[LockfileError],
+    error: type[DataFileError],
     *,
     empty: str,
     checks: Callable[[T, yaml.Node], list[Problem]] = lambda value, root: [],

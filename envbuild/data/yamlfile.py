@@ -10,7 +10,7 @@ anything is built from the document:
 - nesting at most :data:`MAX_DEPTH` levels (the composer recurses; deeper input would overflow it).
 
 Each refusal is one :class:`~envbuild.errors.Problem` naming ``file:line``, raised as ``error`` (the
-caller's subclass of :class:`~envbuild.errors.LockfileError`), so it exits 2 with one line.
+caller's subclass of :class:`~envbuild.errors.DataFileError`), so it exits 2 with one line.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from envbuild.data.urls import redact_url
-from envbuild.errors import LockfileError, Problem
+from envbuild.errors import DataFileError, Problem
 
 MAX_BYTES = 1 << 20  # 1 MiB: the GLM-5.2 lock, with its whole package closure, is 27 KB
 MAX_DEPTH = 32  # a lock is 6 levels deep (lock → packages → package → files → file → value)
@@ -95,7 +95,7 @@ def _refuse_beyond_plain_data(text: str) -> None:
             stack[-1].done(event.value)
 
 
-def read_capped(path: str | os.PathLike[str], error: type[LockfileError] = LockfileError) -> bytes:
+def read_capped(path: str | os.PathLike[str], error: type[DataFileError] = DataFileError) -> bytes:
     """The bytes of a file, refusing one larger than :data:`MAX_BYTES` without reading past the cap."""
     file = str(path)
     try:
@@ -108,7 +108,7 @@ def read_capped(path: str | os.PathLike[str], error: type[LockfileError] = Lockf
     return data
 
 
-def compose_yaml(data: bytes | str, file: str, error: type[LockfileError] = LockfileError) -> yaml.Node | None:
+def compose_yaml(data: bytes | str, file: str, error: type[DataFileError] = DataFileError) -> yaml.Node | None:
     """The node tree of one YAML document of plain data, or None for an empty one; refusals as ``error``."""
     if len(data) > MAX_BYTES:  # for text, characters: never more than its bytes
         raise error([_too_large(file)])
@@ -132,7 +132,7 @@ def _too_large(file: str) -> Problem:
     return Problem(file, 0, "", f"larger than {LIMIT_TEXT}, the limit for a YAML file envbuild reads")
 
 
-def _decode(data: bytes, file: str, error: type[LockfileError]) -> str:
+def _decode(data: bytes, file: str, error: type[DataFileError]) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

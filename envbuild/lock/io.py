@@ -41,12 +41,12 @@ class LockFile:
 def read_lock(path: str | os.PathLike[str]) -> LockFile:
     """Read and validate a lockfile; raise :class:`LockfileError` listing every problem. The one way
     envbuild and envrun read a lock from disk."""
-    data = read_capped(path)
+    data = read_capped(path, LockfileError)
     return LockFile(Path(path), parse_lock(data, str(path)), hashlib.sha256(data).hexdigest())
 
 
 def parse_lock(data: bytes | str, file: str = "<lock>") -> Lock:
-    root = compose_yaml(data, file)
+    root = compose_yaml(data, file, LockfileError)
     if root is None:
         raise LockfileError([Problem(file, 0, "", "empty file; a lock needs version, name and sources")])
     decoder = Decoder(file, version=_check_version(root, file))

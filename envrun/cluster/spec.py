@@ -30,7 +30,7 @@ from envbuild.data.decode import decode_yaml
 from envbuild.data.typed import meta, mfield
 from envbuild.data.urls import check_userinfo, redact_url
 from envbuild.data.yamlfile import read_capped
-from envbuild.errors import LockfileError, Problem
+from envbuild.errors import DataFileError, Problem
 from envbuild.lock.model import SAFE_NAME
 from envrun.plan import Volume
 
@@ -48,7 +48,7 @@ MANAGED_FLAGS = {
 }
 
 
-class ClusterFileError(LockfileError):
+class ClusterFileError(DataFileError):
     """A cluster file failed validation: every problem, each with its file and line (exit 2)."""
 
 
