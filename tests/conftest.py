@@ -67,10 +67,23 @@ def _require(config: pytest.Config, service: str) -> Probe:
     return probe
 
 
+def pytest_itemcollected(item: pytest.Item) -> None:
+    # At collection, before any pytest_collection_modifyitems: xdist's reads the groups into the test IDs.
+    if any(item.get_closest_marker(marker) is not None for marker in SERVICE_MARKERS):
+        item.add_marker(pytest.mark.xdist_group(SERVICES_GROUP))
+
+
+@pytest.hookimpl(trylast=True)  # after xdist's hook
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # xdist 3.8 groups tests by the "@group" it appends to item._nodeid, but pytest 9.2 reads a node's ID
+    # from item._id: without this the groups never reach the scheduler and service tests run side by
+    # side. Carried over only where the two differ, so a pytest or xdist that agree is left alone.
     for item in items:
-        if any(item.get_closest_marker(marker) is not None for marker in SERVICE_MARKERS):
-            item.add_marker(pytest.mark.xdist_group(SERVICES_GROUP))
+        written = getattr(item, "_nodeid", None)
+        if isinstance(written, str) and written != item.nodeid and hasattr(item, "_id"):
+            from _pytest.nodeid import NodeId
+
+            item._id = NodeId.parse(written)  # type: ignore[attr-defined]
 
 
 @pytest.hookimpl(tryfirst=True)
