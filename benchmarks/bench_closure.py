@@ -30,13 +30,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project
 
-from envbuild.index import IndexClient  # noqa: E402
+from envbuild.index.client import IndexClient  # noqa: E402
 from envbuild.lock import read_lock  # noqa: E402
 from envbuild.lock.model import PYPI_SIMPLE  # noqa: E402
-from envbuild.requirements.closure import check_closure  # noqa: E402
-from envbuild.requirements.metadata import MetadataReader, read_metadata  # noqa: E402
-from envbuild.requirements.roots import source_roots  # noqa: E402
-from envbuild.resolve import run_uv_compile  # noqa: E402
+from envbuild.update.resolve import run_uv_compile  # noqa: E402
+from envbuild.update.roots import source_roots  # noqa: E402
+from envbuild.verify.closure import check_closure  # noqa: E402
+from envbuild.verify.metadata import MetadataReader, read_metadata  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -43,10 +43,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project and 
 
 import docker  # noqa: E402
 
-from envbuild.engine import Engine  # noqa: E402
+from envbuild.config import SourceOptions  # noqa: E402
+from envbuild.engine.client import Engine  # noqa: E402
 from envbuild.image.build import BuildResult, ImageOptions, build_image  # noqa: E402
+from envbuild.lock.io import read_lock  # noqa: E402
 from envbuild.lock.model import Package, Waiver  # noqa: E402
-from envbuild.verify import VerifyOptions  # noqa: E402
+from envbuild.verify.pins import VerifyOptions  # noqa: E402
 from tests.lib.baseimage import ensure_base_image  # noqa: E402
 from tests.lib.gitrepos import GitDaemon  # noqa: E402
 from tests.lib.imagelock import ImageLockEnv, make_sources, make_wheels  # noqa: E402
@@ -176,8 +178,8 @@ def main(argv: list[str] | None = None) -> int:
                 nonlocal start
                 start = time.perf_counter()
                 return build_image(
-                    lock,
-                    ImageOptions(VerifyOptions(root / f"cache{next(caches)}"), no_cache=True),
+                    read_lock(lock),
+                    ImageOptions(VerifyOptions(SourceOptions(root / f"cache{next(caches)}")), no_cache=True),
                     engine=engine,
                     progress=stages if args.stages else None,
                 )
@@ -189,7 +191,9 @@ def main(argv: list[str] | None = None) -> int:
             t_noop, noop = timed(
                 "no-op rebuild",
                 args.repeat,
-                lambda _: build_image(lock, ImageOptions(VerifyOptions(cache)), engine=engine),
+                lambda _: build_image(
+                    read_lock(lock), ImageOptions(VerifyOptions(SourceOptions(cache))), engine=engine
+                ),
             )
             assert isinstance(noop, BuildResult) and noop.image_id == first.image_id
 
@@ -202,7 +206,9 @@ def main(argv: list[str] | None = None) -> int:
             t_moved, moved = timed(
                 "rebuild after moving one pin (gamma)",
                 args.repeat,
-                lambda i: build_image(moved_locks[i], ImageOptions(VerifyOptions(cache)), engine=engine),
+                lambda i: build_image(
+                    read_lock(moved_locks[i]), ImageOptions(VerifyOptions(SourceOptions(cache))), engine=engine
+                ),
             )
             assert isinstance(moved, BuildResult)
             rebuilt = [s.instruction[:40] for s in moved.steps if not s.cached]
@@ -312,7 +318,7 @@ def waive_cuda(packages: tuple[Package, ...], wheels: list[Path]) -> tuple[Packa
 
     from packaging.requirements import Requirement
 
-    from envbuild.requirements.metadata import read_wheel_metadata
+    from envbuild.verify.metadata import read_wheel_metadata
 
     wheel = next(w for w in wheels if w.name.startswith("torch-"))
     metadata = BytesHeaderParser().parsebytes(read_wheel_metadata(wheel.open("rb"), wheel.name))
@@ -385,7 +391,7 @@ def scale_hand_dockerfile(base: str, requirements: list[str]) -> str:
 
 
 def _gb(count: float) -> str:
-    from envbuild.transfer import human_bytes
+    from envbuild.engine.transfer import human_bytes
 
     return human_bytes(count)
 
@@ -394,9 +400,9 @@ def scale_one(
     client: docker.DockerClient, engine: Engine, registry: str, root: Path, base_tag: str, stages: bool, save_load: bool
 ) -> dict[str, float]:
     """Every measurement on one base; returns the figures by name."""
-    from envbuild.image.inputs import fetch_inputs
+    from envbuild.engine.transfer import directory_context
+    from envbuild.fetch import fetch_inputs
     from envbuild.lock.io import read_lock
-    from envbuild.transfer import directory_context
     from tests.lib.imagelock import served_packages
 
     out: dict[str, float] = {}
@@ -438,7 +444,7 @@ def scale_one(
             env = ImageLockEnv(repos, {n: daemon.url(n) for n in repos}, index, f"{repository}:{tag}", digest)
             lock = env.write(root / "scale.lock.yaml", env.lock(name=SCALE_LOCK, packages=packages))
             pins = env.pins()
-            options = VerifyOptions(root / "cache")
+            options = VerifyOptions(SourceOptions(root / "cache"))
             t0 = time.perf_counter()
             fetch_inputs(read_lock(lock).lock, lock, options)
             out["fetch"] = time.perf_counter() - t0
@@ -451,12 +457,12 @@ def scale_one(
 
             print("  envbuild image:", file=sys.stderr)
             start = time.perf_counter()
-            full = build_image(lock, ImageOptions(options, no_cache=True), engine=engine, progress=say)
+            full = build_image(read_lock(lock), ImageOptions(options, no_cache=True), engine=engine, progress=say)
             out["full"] = time.perf_counter() - start
             out["sent_full"] = full.sent
             print(f"    full build (--no-cache)      {out['full']:8.1f} s  sent {_gb(full.sent)}", file=sys.stderr)
             start = time.perf_counter()
-            noop = build_image(lock, ImageOptions(options), engine=engine, progress=say)
+            noop = build_image(read_lock(lock), ImageOptions(options), engine=engine, progress=say)
             out["noop"] = time.perf_counter() - start
             out["sent_noop"] = noop.sent
             assert noop.image_id == full.image_id
@@ -466,7 +472,7 @@ def scale_one(
                 root / "moved.lock.yaml", env.lock(name=SCALE_LOCK, packages=packages, pins={"beta": moved_commit})
             )
             start = time.perf_counter()
-            moved = build_image(moved_lock, ImageOptions(options), engine=engine, progress=say)
+            moved = build_image(read_lock(moved_lock), ImageOptions(options), engine=engine, progress=say)
             out["moved"] = time.perf_counter() - start
             out["sent_moved"] = moved.sent
             rebuilt = [
@@ -543,7 +549,7 @@ def scale(large_gb: float, *, stages: bool, save_load: bool) -> int:
             shutil.rmtree(root, ignore_errors=True)
             _remove_scale_images(client)
     print("\nsummary (goal in brackets)", file=sys.stderr)
-    for label, f in figures.items():
+    for f in figures.values():
         print(f"  base {_gb(f['base_size'])}:", file=sys.stderr)
         print(f"    full build, envbuild / hand:     {f['full'] / f['hand_full']:6.2f}x  [<= 1.5x]", file=sys.stderr)
         print(f"    no-op rebuild / full build:      {f['noop'] / f['full']:6.1%}  [< 5%]", file=sys.stderr)

@@ -33,9 +33,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project and its test helpers
 
 from envbuild.cli import main as envbuild  # noqa: E402
-from envbuild.image.inputs import fetch_inputs  # noqa: E402
+from envbuild.config import SourceOptions  # noqa: E402
+from envbuild.fetch import fetch_inputs  # noqa: E402
 from envbuild.lock import LockFile, read_lock  # noqa: E402
-from envbuild.verify import VerifyOptions, verify_lock  # noqa: E402
+from envbuild.verify.pins import VerifyOptions, verify_lock  # noqa: E402
 from tests.lib.gitrepos import GitDaemon, Repo, fast_import_repo, git  # noqa: E402
 
 SHAPES = {"gtest": (1000, 500), "catlass": (2000, 1000), "parent": (4000, 2000)}  # (commits, files) at scale 1
@@ -125,7 +126,7 @@ def run_all(root: Path, read: LockFile, parent_url: str, repeat: int) -> dict[st
         return path
 
     def verify(cache: Path) -> None:
-        report = verify_lock(read.lock, str(read.path), VerifyOptions(cache_dir=cache))
+        report = verify_lock(read.lock, str(read.path), VerifyOptions(SourceOptions(cache_dir=cache)))
         assert report.ok, [r for r in report.results if not r.passes()]
 
     def cold_verify(i: int) -> Path:
@@ -135,9 +136,9 @@ def run_all(root: Path, read: LockFile, parent_url: str, repeat: int) -> dict[st
 
     def lock_fetch(i: int) -> Path:
         cache = fresh("fetch", i)
-        options = VerifyOptions(cache_dir=cache)
+        options = VerifyOptions(SourceOptions(cache_dir=cache))
         assert verify_lock(read.lock, str(read.path), options).ok
-        fetch_inputs(read.lock, read.path, options)
+        fetch_inputs(read, options.source)
         return cache
 
     def clone(name: str, *flags: str) -> Callable[[int], Path]:

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project and 
 
 from envbuild.git.cache import GitCache  # noqa: E402
 from envbuild.lock.model import Source  # noqa: E402
-from envbuild.sources import verify_source  # noqa: E402
+from envbuild.verify.sources import verify_source  # noqa: E402
 from tests.lib.gitrepos import GitDaemon, fast_import_repo, git  # noqa: E402
 
 

@@ -13,18 +13,19 @@ decoder, so every problem is reported at once as ``FILE:LINE: FIELD: message`` a
 from __future__ import annotations
 
 import os
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from envbuild.errors import LockfileError, Problem
-from envbuild.lock.typed import Decoder, mfield, shown
-from envbuild.lock.yamlfile import compose_yaml, read_capped
-from envbuild.mirrors import Mirrors, check_rule
+from envbuild.data.typed import Decoder, mfield, shown
+from envbuild.data.yamlfile import compose_yaml, read_capped
+from envbuild.errors import DataFileError, Problem
+from envbuild.git.mirrors import Mirrors, check_rule
 
 
-class ConfigError(LockfileError):
+class ConfigError(DataFileError):
     """The config file failed validation: every problem, each with its file and line (exit 2)."""
 
 
@@ -32,6 +33,27 @@ class ConfigError(LockfileError):
 class Config:
     cache_dir: Path
     mirrors: Mirrors
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """Where every stage that reads pins finds them: the cache, the mirrors, whether the network may be
+    used, and how many fetches run at once (`--cache-dir`, `--mirror`, `--offline`, `--jobs`). Verify,
+    fetch, image and check each take it whole, inside their own options."""
+
+    cache_dir: Path
+    mirrors: Mirrors = field(default_factory=Mirrors)
+    offline: bool = False
+    jobs: int = 8
+
+
+def fetch_command(lock_path: str | os.PathLike[str], source: SourceOptions) -> str:
+    """The `envbuild lock fetch` command that fills exactly this cache, through the same mirrors: the
+    advice every offline refusal gives."""
+    words = ["envbuild", "lock", "fetch", str(lock_path), "--cache-dir", str(source.cache_dir)]
+    for rule, target in source.mirrors.rules:
+        words += ["--mirror", f"{rule}={target}"]
+    return shlex.join(words)
 
 
 def _check_cache_dir(value: str) -> str | None:
@@ -67,10 +89,7 @@ def load_config(path: Path | None = None) -> Config:
     not silently drop its mirrors); the default one may be absent."""
     named = path is not None or bool(os.environ.get("ENVBUILD_CONFIG"))
     path = path or default_config_path()
-    if named or path.exists():
-        parsed = parse_config(read_capped(path, ConfigError), str(path))
-    else:
-        parsed = ConfigFile()
+    parsed = parse_config(read_capped(path, ConfigError), str(path)) if named or path.exists() else ConfigFile()
     return Config(
         cache_dir=Path(parsed.cache_dir).expanduser() if parsed.cache_dir else default_cache_dir(),
         mirrors=Mirrors(tuple(parsed.mirrors.items())),
@@ -98,7 +117,10 @@ def _mirror_problems(root: yaml.Node, file: str) -> list[Problem]:
         if key.value != "mirrors" or not isinstance(value, yaml.MappingNode):
             continue
         for source, target in value.value:
-            if isinstance(source, yaml.ScalarNode) and isinstance(target, yaml.ScalarNode):
-                if (problem := check_rule(source.value, target.value)) is not None:
-                    problems.append(Problem(file, source.start_mark.line + 1, "mirrors", problem))
+            if (
+                isinstance(source, yaml.ScalarNode)
+                and isinstance(target, yaml.ScalarNode)
+                and (problem := check_rule(source.value, target.value)) is not None
+            ):
+                problems.append(Problem(file, source.start_mark.line + 1, "mirrors", problem))
     return problems

@@ -48,12 +48,18 @@ def problem_lines(lines: list[str]) -> str:
     return "\n".join(shown)
 
 
-class LockfileError(InputError):
-    """A lockfile failed validation; carries every problem found, not just the first."""
+class DataFileError(InputError):
+    """A data file a user wrote (a lock, the config file, a recipe, a cluster file) failed strict reading
+    (:mod:`envbuild.data`); carries every problem found, not just the first. Each kind of file has its
+    own subclass, so a recipe's problem is never called a lockfile's."""
 
     def __init__(self, problems: list[Problem]) -> None:
         self.problems = sorted(problems)
         super().__init__(problem_lines([str(p) for p in self.problems]))
+
+
+class LockfileError(DataFileError):
+    """A lockfile failed validation."""
 
 
 class ProblemsError(EnvbuildError):

@@ -1,6 +1,6 @@
 """Progress reporting: every long stage says what it does through one callable, one line per event.
 
-Library code takes a :data:`Progress` (or ``None`` for silence) and never prints; the command line
+Library code takes a :data:`Progress`, :func:`silent` by default, and never prints; the command line
 passes :class:`envbuild.cli.common.StderrProgress`, which prints ``envbuild: <line>`` on stderr.
 """
 

@@ -21,7 +21,8 @@ from envbuild.errors import EnvbuildError
 from envbuild.interrupts import stop_signals
 from envbuild.progress import Progress, silent
 from envrun.exports import ExportVerdict, export_verdict
-from envrun.launch import Launcher, LaunchResult, launcher_for
+from envrun.launch import launcher_for
+from envrun.launch.base import Launcher, LaunchResult
 from envrun.plan import PreflightLine, RunPlan
 from envrun.preflight import TARGET_CHECK, failed
 from envrun.prepare import PreparedRun

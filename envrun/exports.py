@@ -13,11 +13,10 @@ config that saves none (``trainer.save_freq=-1``) says so, never "0 exports, ok"
 
 from __future__ import annotations
 
-import glob
-import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from envbuild.errors import EnvbuildError
 from envrun.checkpoint.audit import audit_checkpoint
@@ -109,8 +108,8 @@ def search_here(layout: ExportLayout) -> ExportSearch:
     root = Path(layout.root)
     if not root.is_dir():
         return ExportSearch("this host", False, ())
-    found = sorted(p for p in glob.glob(os.path.join(glob.escape(str(root)), layout.pattern)) if os.path.isdir(p))
-    return ExportSearch("this host", True, tuple(audit_export(Path(p)) for p in found))
+    found = sorted(p for p in root.glob(layout.pattern) if p.is_dir())  # the root's own name is no pattern
+    return ExportSearch("this host", True, tuple(audit_export(p) for p in found))
 
 
 def search_from_answers(answers: Iterable[dict[str, Any]]) -> ExportSearch:

@@ -8,9 +8,10 @@ names the override at fault and, for an unknown key, the closest key that exists
 from __future__ import annotations
 
 import difflib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from envbuild.errors import InputError
 from envrun.recipe import override_key, override_prefix

@@ -6,18 +6,17 @@ import json
 import os
 import re
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, Literal, Mapping
+from typing import Any, Literal
 
+from envbuild.data.typed import meta
 from envbuild.errors import InputError
 from envbuild.lock.model import ENV_NAME
-from envbuild.lock.typed import meta
 from envrun.overrides import merge_overrides
+from envrun.probe.request import ProbeRequest
 from envrun.recipe import REQUIRED_PARAMETERS, Recipe, override_key
-
-if TYPE_CHECKING:
-    from envrun.probe.report import ProbeRequest
 
 Backend = Literal["docker", "ray", "local"]
 BACKENDS: tuple[Backend, ...] = ("docker", "ray", "local")
@@ -65,7 +64,7 @@ class Volume:
         mode = parts.pop() if len(parts) == 3 else "ro"
         if len(parts) != 2 or mode not in ("ro", "rw"):
             raise InputError(f"--volume {text!r}: expected HOST:CONTAINER[:ro|rw]")
-        volume = cls(os.path.abspath(parts[0]), parts[1], "rw" if mode == "rw" else "ro")
+        volume = cls(os.path.abspath(parts[0]), parts[1], "rw" if mode == "rw" else "ro")  # noqa: PTH100 (not resolve(): a symlinked path stays the one given)
         if problem := _absolute(volume.container):
             raise InputError(f"--volume {text!r}: the container path {problem}")
         return volume
@@ -180,13 +179,13 @@ def _output_dir(recipe: Recipe, params: RunParameters, run_dir: Path) -> Path | 
     if not recipe.outputs:
         return None
     if params.output_dir is not None:
-        return Path(os.path.abspath(params.output_dir))
+        return Path(os.path.abspath(params.output_dir))  # noqa: PTH100 (not resolve(): a symlinked path stays the one given)
     if params.backend == "ray":
         raise InputError(
             f"--backend ray needs --output-dir DIR for recipe {recipe.name}: a directory every node writes to "
             "(a cluster volume), where the checkpoints are kept and audited"
         )
-    return Path(os.path.abspath(run_dir)) / "outputs"  # host directories, mounted into a container
+    return Path(os.path.abspath(run_dir)) / "outputs"  # noqa: PTH100 (not resolve(): symlinks kept); host directories, mounted
 
 
 def build_plan(recipe: Recipe, params: RunParameters, lock_file: str, lock_sha256: str, run_dir: Path) -> RunPlan:
@@ -221,8 +220,6 @@ def build_plan(recipe: Recipe, params: RunParameters, lock_file: str, lock_sha25
     argv = (*entry, f"--config-name={recipe.config_name}", *overrides)
     probe = None
     if recipe.probe is not None and recipe.entry_module is not None:
-        from envrun.probe.report import ProbeRequest
-
         skip = {s.name: s.reason for s in recipe.probe.skip_imports}
         probe = ProbeRequest(recipe.config_name, overrides, recipe.entry_module, skip)
     return RunPlan(

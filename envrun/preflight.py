@@ -6,16 +6,16 @@ probe), so the checks run the same in tests with small fakes and in production w
 
 from __future__ import annotations
 
-import glob
 import shutil
 import subprocess
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from envbuild.errors import EnvbuildError, InputError
 from envbuild.image.plan import LOCK_LABEL
-from envrun.checkpoint.audit import shown_name
+from envrun.checkpoint.names import shown_name
 from envrun.datafiles import parquet_problem
 from envrun.plan import PreflightLine, RunPlan
 
@@ -129,7 +129,7 @@ def check_npus(plan: RunPlan, probe: NpuProbe | None, dry_run: bool) -> Prefligh
 
 
 def probe_npus() -> PreflightLine:
-    devices = sorted(d for d in glob.glob("/dev/davinci[0-9]*"))
+    devices = sorted(str(d) for d in Path("/dev").glob("davinci[0-9]*"))
     if not devices:
         return PreflightLine("npus", "fail", "no /dev/davinci* device: no Ascend NPU visible on this host")
     npu_smi = shutil.which("npu-smi") or ("/usr/local/bin/npu-smi" if Path("/usr/local/bin/npu-smi").exists() else None)

@@ -11,8 +11,9 @@ import asyncio
 import logging
 import shlex
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from envbuild.errors import EngineError, InputError
 

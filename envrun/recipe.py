@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from envbuild.errors import LockfileError, Problem
+from envbuild.data.decode import decode_yaml
+from envbuild.data.typed import meta, mfield
+from envbuild.data.yamlfile import read_capped
+from envbuild.errors import DataFileError, Problem
 from envbuild.lock.model import ENV_NAME, SAFE_NAME, check_env
-from envbuild.lock.typed import meta, mfield
-from envbuild.lock.yamlfile import read_capped
-from envrun.typedyaml import decode_yaml
 
 RECIPE_VERSION = 1
 RECIPES_DIR = Path(__file__).parent / "recipes"
@@ -28,7 +28,7 @@ _MODULE = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
 _OUTPUT = r"(?:[A-Za-z0-9_][A-Za-z0-9_.-]*|\{run_id\})(?:/(?:[A-Za-z0-9_][A-Za-z0-9_.-]*|\{run_id\}))*"
 
 
-class RecipeError(LockfileError):
+class RecipeError(DataFileError):
     """A recipe file failed validation: every problem, each with its file and line (exit 2)."""
 
 

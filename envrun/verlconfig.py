@@ -7,20 +7,19 @@ lock's sha256), and only ``verl/trainer/config/**`` is kept, in
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Callable
 
 from packaging.utils import canonicalize_name
 
 from envbuild.errors import CacheError, InputError, RemoteError
-from envbuild.filecache import FileCache
-from envbuild.index import IndexClient
+from envbuild.index.client import IndexClient
+from envbuild.index.filecache import FileCache
 from envbuild.lock.model import Lock
+from envbuild.progress import Progress, silent
 
 CONFIG_PREFIX = "verl/trainer/config/"
 
@@ -61,7 +60,7 @@ def verl_config_dir(
     cache_dir: Path,
     *,
     offline: bool = False,
-    progress: Callable[[str], None] = lambda _m: None,
+    progress: Progress = silent,
     client: IndexClient | None = None,
 ) -> Path:
     """``.../verl/trainer/config`` extracted from ``wheel``, downloading it into the cache when needed.
@@ -97,7 +96,7 @@ def verl_config_dir(
             (staging / ".complete").write_text(f"{wheel.filename}\n", encoding="utf-8")
             if root.exists():  # a half-written tree from an interrupted run
                 shutil.rmtree(root)
-            os.replace(staging, root)
+            staging.replace(root)
     except OSError as exc:
         raise CacheError(f"{root}: cannot write the verl config cache: {exc.strerror or exc}") from None
     return config_dir

@@ -14,6 +14,13 @@
 Tests that use a service fixture carry the matching marker (``docker``, ``registry``); a test that uses
 one without its marker fails, because the marker is what lets ``-m "not docker"`` deselect it. Helpers
 (repositories, indexes, images, checkpoints) are plain modules under ``tests/lib/``.
+
+Under pytest-xdist (``scripts/test`` runs two workers, ``--dist loadgroup``), every test marked ``docker``,
+``registry`` or ``ray`` is in one group, :data:`SERVICES_GROUP`, and so runs on one worker, one test at a
+time: they share one dockerd, one registry and the base image, and some assert what the engine holds
+after them (``test_image_engine_state``), which a build running beside them would change. Every other
+test is independent (its own ``tmp_path``, git daemons and indexes on free ports, caches with file locks)
+and runs on whichever worker is free.
 """
 
 from __future__ import annotations
@@ -43,6 +50,8 @@ from tests.lib.services import (
 from tests.lib.tinyrun import Tiny, tiny_setup
 
 _STATE_KEY = pytest.StashKey[ServiceState]()
+SERVICES_GROUP = "services"
+SERVICE_MARKERS = ("docker", "registry", "ray")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -56,6 +65,25 @@ def _require(config: pytest.Config, service: str) -> Probe:
             pytest.fail(f"{service} service missing in CI: {probe.detail}", pytrace=False)
         pytest.skip(f"{service} service not running: {probe.detail}")
     return probe
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    # At collection, before any pytest_collection_modifyitems: xdist's reads the groups into the test IDs.
+    if any(item.get_closest_marker(marker) is not None for marker in SERVICE_MARKERS):
+        item.add_marker(pytest.mark.xdist_group(SERVICES_GROUP))
+
+
+@pytest.hookimpl(trylast=True)  # after xdist's hook
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # xdist 3.8 groups tests by the "@group" it appends to item._nodeid, but pytest 9.2 reads a node's ID
+    # from item._id: without this the groups never reach the scheduler and service tests run side by
+    # side. Carried over only where the two differ, so a pytest or xdist that agree is left alone.
+    for item in items:
+        written = getattr(item, "_nodeid", None)
+        if isinstance(written, str) and written != item.nodeid and hasattr(item, "_id"):
+            from _pytest.nodeid import NodeId
+
+            item._id = NodeId.parse(written)  # type: ignore[attr-defined]
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from envbuild.cli import main as envbuild
-from envbuild.engine import Engine
+from envbuild.engine.client import Engine
 from envbuild.errors import EngineError
 from envbuild.lock import Lock, Package, PackageFile, Platform, Source, write_lock
 from envbuild.lock.model import Install
@@ -206,7 +206,7 @@ def test_an_image_without_the_lock_label_advises_a_command_that_exists(capsys: p
 def test_a_damaged_cluster_state_advises_down_by_the_cluster_file_which_works(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: bytes
 ) -> None:
-    from envrun.cli import main as envrun
+    from envrun.cli.main import main as envrun
     from envrun.cluster.state import state_path
 
     cache = tmp_path / "cache"

@@ -18,11 +18,11 @@ import pytest
 
 from envbuild.cli import main
 from envbuild.errors import CacheError
-from envbuild.filecache import FileCache
 from envbuild.git.cache import GitCache
-from envbuild.index import IndexClient
+from envbuild.index.client import IndexClient
+from envbuild.index.filecache import FileCache
 from envbuild.lock.model import Source
-from envbuild.sources import verify_source
+from envbuild.verify.sources import verify_source
 from tests.lib.gitrepos import Served, fast_import_repo, git
 from tests.lib.pyindex import PyIndex
 from tests.lib.services import in_ci

@@ -19,8 +19,10 @@ import pytest
 from envbuild.check.history import read_history
 from envbuild.check.run import CheckOptions, run_check
 from envbuild.cli import main
-from envbuild.engine import Engine
-from envbuild.verify import VerifyOptions
+from envbuild.config import SourceOptions
+from envbuild.engine.client import Engine
+from envbuild.lock.io import read_lock
+from envbuild.verify.pins import VerifyOptions
 from tests.lib.gitrepos import GitDaemon, git, make_repo
 from tests.lib.imagelock import ImageLockEnv, make_sources, make_wheels, with_source
 from tests.lib.pyindex import PyIndex
@@ -83,14 +85,16 @@ def test_upstream_drift_is_reported_and_the_image_still_reproduces(
     env: ImageLockEnv, engine: Engine, tmp_path: Path
 ) -> None:
     lock = env.write(tmp_path / "drift.lock.yaml")
-    options = CheckOptions(VerifyOptions(cache_dir=tmp_path / "cache"), history=tmp_path / "history.jsonl")
+    options = CheckOptions(
+        VerifyOptions(SourceOptions(cache_dir=tmp_path / "cache")), history=tmp_path / "history.jsonl"
+    )
 
-    first = run_check(lock, options, engine=engine, now=night(1))  # no history: two builds compared
+    first = run_check(read_lock(lock), options, engine=engine, now=night(1))  # no history: two builds compared
     assert first.ok and first.reproducible and first.compared_with == "second build"
     assert first.image_ids[0] == first.image_ids[1] and first.differences == ()
 
     env.repos["beta"].commit("beta moves on", files={"NEWS": "more\n"})
-    second = run_check(lock, options, engine=engine, now=night(2))  # one build, compared with night 1
+    second = run_check(read_lock(lock), options, engine=engine, now=night(2))  # one build, compared with night 1
     beta = next(r for r in second.verify.results if r.name == "beta")
     assert beta.status == "behind" and beta.facts["ahead"] == 1
     assert second.ok and second.compared_with == "history" and second.image_ids == (first.image_ids[0],) * 2
@@ -142,11 +146,11 @@ def test_a_commit_dropped_by_force_push_and_gc_fails(env: ImageLockEnv, tmp_path
         tmp_path / "dropped.lock.yaml",
         with_source(env.lock(name="dropped"), "beta", commit=doomed, tree=beta.tree(doomed)),
     )
-    options = CheckOptions(VerifyOptions(cache_dir=tmp_path / "cache"))
-    assert next(r for r in run_check(lock, options).verify.results if r.name == "beta").status == "ok"
+    options = CheckOptions(VerifyOptions(SourceOptions(cache_dir=tmp_path / "cache")))
+    assert next(r for r in run_check(read_lock(lock), options).verify.results if r.name == "beta").status == "ok"
 
     beta.force_branch("main", beta.rev(f"{doomed}^"))  # force-push, reflog expired, gc --prune=now
-    report = run_check(lock, options)
+    report = run_check(read_lock(lock), options)
     assert not report.ok and report.image_ids == ()
     assert next(r for r in report.verify.results if r.name == "beta").status == "missing-commit"
 

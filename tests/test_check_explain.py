@@ -7,26 +7,16 @@ from pathlib import Path
 import pytest
 
 from envbuild.check.explain import explain, first_difference
-from envbuild.image.normalize import normalize_image
-from tests.lib.savedimage import BASE_DIFF, build
+from tests.lib.savedimage import build
 
 
 @pytest.mark.parametrize("oci", [False, True], ids=["docker-save", "oci"])
 def test_same_image_has_no_differences(tmp_path: Path, oci: bool) -> None:
-    a = normalize_image(
-        build(tmp_path, "a", mtime=1.75e9, container="c" * 64, created="2026-01-01T00:00:00Z", oci=oci),
-        tmp_path / "na.tar",
-        base_diff_ids=[BASE_DIFF],
-        epoch=1_700_000_000,
-    )
-    b = normalize_image(
-        build(tmp_path, "b", mtime=1.76e9, container="d" * 64, created="2026-01-02T00:00:00Z", shuffle=3, oci=oci),
-        tmp_path / "nb.tar",
-        base_diff_ids=[BASE_DIFF],
-        epoch=1_700_000_000,
-    )
-    assert a.image_id == b.image_id
-    assert explain(tmp_path / "na.tar", tmp_path / "nb.tar") == ()
+    # The same image saved twice, apart: nothing differs.
+    same = {"mtime": 1.75e9, "container": "c" * 64, "created": "2026-01-01T00:00:00Z", "oci": oci}
+    a = build(tmp_path, "a", **same)
+    b = build(tmp_path, "b", **same)
+    assert explain(a, b) == ()
 
 
 def test_a_build_time_stamp_is_named_with_its_first_differing_bytes(tmp_path: Path) -> None:

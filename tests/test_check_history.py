@@ -23,7 +23,7 @@ from envbuild.check.report import (
     render_markdown,
 )
 from envbuild.errors import InputError
-from envbuild.results import PinResult, VerifyReport
+from envbuild.verify.results import PinResult, VerifyReport
 
 
 def entry(

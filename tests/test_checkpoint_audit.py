@@ -18,7 +18,8 @@ from envrun.checkpoint import (
     audit_checkpoint,
     read_safetensors_header,
 )
-from envrun.checkpoint.audit import abbreviate_names, render_audit
+from envrun.checkpoint.names import abbreviate_names
+from envrun.checkpoint.report import render_audit
 from tests.lib.ckptgen import CheckpointSpec, layer_names, tensor_names, write_checkpoint
 
 SPEC = CheckpointSpec(layers=4, mtp_layers=1, first_k_dense=1, experts=4, shards=3)

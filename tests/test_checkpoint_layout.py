@@ -54,10 +54,8 @@ def read(tmp_path: Path, **config: object) -> ModelLayout:
 
 def built_names(lay: ModelLayout) -> int:
     """The names an audit builds for ``lay``, enumerated one by one."""
-    if lay.architecture is not None:
-        expect = from_architecture(lay)
-    else:  # nothing learned from an empty checkpoint: the essentials alone
-        expect = from_uniform_layers(lay, (), "a test")
+    # Without an architecture, nothing is learned from an empty checkpoint: the essentials alone.
+    expect = from_architecture(lay) if lay.architecture is not None else from_uniform_layers(lay, (), "a test")
     return len(expect.required | expect.mtp_required)
 
 

@@ -27,7 +27,7 @@ from envrun.checkpoint import (
     render_audit,
 )
 from envrun.checkpoint.layout import MTP_OPTIONAL, MTP_REQUIRED, split_layer_name
-from envrun.cli import main
+from envrun.cli.main import main
 from tests.lib.ckptgen import CheckpointSpec, write_checkpoint
 from tests.lib.hfckpt import HFSpec, alter_checkpoint, hf_venv, tensor_names, write_hf_checkpoints
 

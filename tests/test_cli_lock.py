@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from envbuild.cli import main
-from envbuild.image.base import OCI_ARCH
 from envbuild.lock import read_lock
+from envbuild.lock.platform import OCI_ARCH
 from tests.lib.gitrepos import Repo, Served
 from tests.lib.registryapi import manifest_of, platform_variant, put_index
 from tests.lib.services import PUSHED_REPOSITORY

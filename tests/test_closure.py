@@ -12,14 +12,14 @@ import pytest
 
 from envbuild.cli import main
 from envbuild.errors import RemoteError
-from envbuild.filecache import FileCache
-from envbuild.index import IndexClient
+from envbuild.index.client import IndexClient
+from envbuild.index.filecache import FileCache
 from envbuild.lock import Lock, Package, PackageFile, Source, write_lock
 from envbuild.lock.model import Install, Platform, Provides, Waiver
-from envbuild.output import render_verify
-from envbuild.requirements.closure import PackageMetadata, check_closure
-from envbuild.requirements.metadata import MetadataReader, read_metadata
-from envbuild.results import VerifyReport
+from envbuild.verify.closure import PackageMetadata, check_closure
+from envbuild.verify.metadata import MetadataError, MetadataReader, _requires, read_metadata
+from envbuild.verify.render import render_verify
+from envbuild.verify.results import VerifyReport
 from tests.lib.gitrepos import make_repo
 from tests.lib.pyindex import PyIndex, make_sdist, make_wheel, write_file_index
 
@@ -321,4 +321,21 @@ def test_a_file_index_is_read_in_place(dists: Path, tmp_path: Path) -> None:
     with pytest.raises(RemoteError, match="read only from the file:// index that lists it"):
         IndexClient().open_ranges(
             (dists / "app-1.0-py3-none-any.whl").as_uri(), index=(tmp_path / "elsewhere").as_uri()
+        )
+
+
+def test_a_requirement_that_cannot_be_read_is_refused_not_dropped() -> None:
+    """Core metadata is read with packaging's raw parser: a Requires-Dist that is not PEP 508, or not
+    even text, refuses the file's metadata (the package's requirements become unknown, with why)."""
+    package = Package(name="alpha", version="1.0")
+    wheel = "alpha-1.0-py3-none-any.whl"
+    good = b"Metadata-Version: 2.1\nName: Alpha\nVersion: 1.0\nRequires-Dist: beta>=1\nRequires-Dist: gamma; extra == 'x'\n"
+    assert _requires(good, package, wheel, settled=True) == ["beta>=1", 'gamma; extra == "x"']
+    with pytest.raises(MetadataError, match=r"Requires-Dist 'beta >>= 1' is not PEP 508"):
+        _requires(good.replace(b"beta>=1", b"beta >>= 1"), package, wheel, settled=True)
+    with pytest.raises(MetadataError, match="cannot be read"):
+        _requires(good.replace(b"beta>=1", b"\xff\xfe"), package, wheel, settled=True)
+    with pytest.raises(MetadataError, match="its metadata is for alpha 2.0, not alpha 1.0"):
+        _requires(
+            good.replace(b"Name: Alpha\nVersion: 1.0", b"Name: alpha\nVersion: 2.0"), package, wheel, settled=True
         )

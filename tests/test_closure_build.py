@@ -9,12 +9,14 @@ from pathlib import Path
 import pytest
 
 from envbuild.cli import main
+from envbuild.config import SourceOptions
 from envbuild.image.build import ImageOptions, build_image
 from envbuild.lock import Lock, Package, Source, write_lock
+from envbuild.lock.io import read_lock
 from envbuild.lock.model import BaseImage, Install, Platform, Waiver
-from envbuild.requirements.buildcheck import UnmetBuildRequirements, build_requirement_problems
-from envbuild.results import PinResult, VerifyReport
-from envbuild.verify import VerifyOptions
+from envbuild.verify.buildcheck import UnmetBuildRequirements, build_requirement_problems
+from envbuild.verify.pins import VerifyOptions
+from envbuild.verify.results import PinResult, VerifyReport
 from tests.lib.gitrepos import make_repo
 
 ARM = Platform(os="linux", arch="aarch64", python="3.12")
@@ -84,11 +86,11 @@ def unbuildable_lock(tmp_path: Path) -> Path:
 def test_the_build_is_refused_before_the_engine_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")  # any contact would fail otherwise
     path = unbuildable_lock(tmp_path)
-    options = ImageOptions(verify=VerifyOptions(cache_dir=tmp_path / "cache"))
+    options = ImageOptions(verify=VerifyOptions(SourceOptions(cache_dir=tmp_path / "cache")))
     # Even when verify is settled elsewhere (`envbuild check` hands its report in), the build checks this.
     passing = VerifyReport(str(path), (PinResult("source", "svc", "ok"),))
     with pytest.raises(UnmetBuildRequirements) as info:
-        build_image(path, options, verified=passing)
+        build_image(read_lock(path), options, verified=passing)
     assert "source svc builds with setuptools>=99: no package or source in the lock provides" in str(info.value)
     assert not (tmp_path / "cache" / "git-export").exists()  # nothing fetched for a build
 

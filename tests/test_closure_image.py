@@ -13,12 +13,14 @@ from pathlib import Path
 import docker
 import pytest
 
-from envbuild.engine import Engine
+from envbuild.config import SourceOptions
+from envbuild.engine.client import Engine
 from envbuild.errors import EngineError
 from envbuild.image.build import ImageOptions, build_image
 from envbuild.lock import Lock, Package, PackageFile, Source, write_lock
+from envbuild.lock.io import read_lock
 from envbuild.lock.model import BaseImage, Install, Platform, SkippedImport, Waiver
-from envbuild.verify import VerifyOptions, verify_lock
+from envbuild.verify.pins import VerifyOptions, verify_lock
 from tests.lib.gitrepos import Served
 from tests.lib.imagelock import ImageLockEnv, make_wheels
 from tests.lib.pyindex import PyIndex, make_wheel
@@ -105,15 +107,17 @@ def engine(docker_client: docker.DockerClient) -> Iterator[Engine]:
 def build(lock: Lock, work: Path, tag: str, engine: Engine):  # type: ignore[no-untyped-def]
     path = work / f"{tag}.lock.yaml"
     write_lock(path, lock)
-    options = ImageOptions(VerifyOptions(cache_dir=work / "cache"), tags=(f"envbuild/{LOCK_NAME}:{tag}",))
-    return build_image(path, options, engine=engine)
+    options = ImageOptions(
+        VerifyOptions(SourceOptions(cache_dir=work / "cache")), tags=(f"envbuild/{LOCK_NAME}:{tag}",)
+    )
+    return build_image(read_lock(path), options, engine=engine)
 
 
 def test_a_missing_runtime_requirement_and_a_failing_import_leave_no_tag(
     lock: Lock, engine: Engine, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     work = tmp_path_factory.mktemp("whole")
-    report = verify_lock(lock, "whole.lock.yaml", VerifyOptions(cache_dir=work / "cache"))
+    report = verify_lock(lock, "whole.lock.yaml", VerifyOptions(SourceOptions(cache_dir=work / "cache")))
     assert report.ok and [r.status for r in report.results if r.name == "needy" and r.kind == "requirement"] == [
         "unknown",
         "unknown",

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from envbuild.engine import split_reference
-from envbuild.image.base import OCI_ARCH
+from envbuild.data.reference import split_reference
 from envbuild.lock.io import read_lock
+from envbuild.lock.platform import OCI_ARCH
 from envrun import ray_api
-from envrun.cli import main
+from envrun.cli.main import main
 from envrun.cluster.info import ClusterInfo
 from envrun.cluster.spec import ClusterSpec, load_cluster_file
 from envrun.cluster.state import CLUSTER_LABEL, state_path
@@ -366,8 +366,8 @@ def test_a_lost_export_on_a_node_fails_the_audit(cluster: Running, verl: Venv, r
 def stale_node(cluster: Running, images: Images, hosts: list[ExtraEngine]) -> Iterator[str]:
     """A container of last week's image on the second host, joined to the cluster by hand."""
     client = hosts[1].client()
-    repository, digest = split_reference(images.stale.reference)
-    client.images.pull(repository, tag=digest)
+    repository, tag, digest = split_reference(images.stale.reference)
+    client.images.pull(repository, tag=digest or tag)
     container = client.containers.run(
         images.stale.reference,
         ["ray", "start", "--block", f"--address=127.0.0.1:{cluster.spec.head_port}", "--node-name=stale-by-hand"]

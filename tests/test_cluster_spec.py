@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from envrun.cli import main
+from envrun.cli.main import main
 from envrun.cluster.nodecheck import capacity_line, data_lines, model_lines, node_lines
 from envrun.cluster.nodes import HostFacts, host_paths, node_container, probe_command, ray_start_command
 from envrun.cluster.spec import ClusterFileError, parse_cluster_file

@@ -1,4 +1,4 @@
-"""envbuild.engine against the real dockerd of scripts/services: build progress and failures, save/load,
+"""envbuild.engine.client against the real dockerd of scripts/services: build progress and failures, save/load,
 run without network, tags, and the one-line error when no engine answers."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 import docker
 import pytest
 
-from envbuild.engine import Engine, split_tag
+from envbuild.engine.client import Engine
+from envbuild.engine.transfer import BuildProgress, Meter, directory_context, human_bytes
 from envbuild.errors import EngineError
-from envbuild.transfer import BuildProgress, Meter, directory_context, human_bytes
 from tests.lib.baseimage import BaseImage
 
 
@@ -95,12 +95,6 @@ def test_no_engine_is_one_clear_line(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert message == (
         f"no container engine answers at unix://{tmp_path}/dead.sock: no such socket (start dockerd or set DOCKER_HOST)"
     )
-
-
-def test_split_tag() -> None:
-    assert split_tag("127.0.0.1:5000/a/b:t1") == ("127.0.0.1:5000/a/b", "t1")
-    assert split_tag("127.0.0.1:5000/a/b") == ("127.0.0.1:5000/a/b", "latest")
-    assert split_tag("envbuild/x:0123") == ("envbuild/x", "0123")
 
 
 # --- progress of long transfers and builds (no engine) -----------------------------------------------

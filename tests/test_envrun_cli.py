@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from envrun.cli import main
+from envrun.cli.main import main
 from tests.lib.ckptgen import CheckpointSpec, write_checkpoint
 
 SPEC = CheckpointSpec(layers=4, mtp_layers=1, first_k_dense=1, experts=4, shards=3)

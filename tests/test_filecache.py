@@ -20,7 +20,7 @@ from typing import BinaryIO
 import pytest
 
 from envbuild.errors import EnvbuildError
-from envbuild.filecache import FileCache, FileHashError
+from envbuild.index.filecache import FileCache, FileHashError
 
 REPO = Path(__file__).resolve().parents[1]
 PAYLOAD = b"wheel bytes " * 1000
@@ -104,7 +104,7 @@ def test_bad_sha_argument_is_a_programming_error(tmp_path: Path) -> None:
 _CHILD = textwrap.dedent("""\
     import sys, time
     from pathlib import Path
-    from envbuild.filecache import FileCache
+    from envbuild.index.filecache import FileCache
     root, sha, log, mode = sys.argv[1:5]
     def download(url, out):
         with open(log, "a") as handle:

@@ -26,12 +26,14 @@ import docker
 import pytest
 
 from envbuild.cli import main as envbuild
-from envbuild.git.export import export_tree
-from envbuild.image.inputs import exporter_for, fetch_inputs
+from envbuild.config import SourceOptions
+from envbuild.fetch import exporter_for, fetch_inputs
+from envbuild.git.treeexport import export_tree
 from envbuild.lock import Lock, Package, PackageFile, Source, read_lock, write_lock
+from envbuild.lock.io import LockFile
 from envbuild.lock.model import BaseImage, Install, Platform, Waiver
-from envbuild.verify import VerifyOptions, verify_lock
-from envrun.cli import main as envrun
+from envbuild.verify.pins import VerifyOptions, verify_lock
+from envrun.cli.main import main as envrun
 from envrun.verlconfig import verl_config_dir, verl_wheel_from_lock
 from tests.lib.ckptgen import CheckpointSpec, write_checkpoint
 from tests.lib.engines import ExtraEngine
@@ -105,19 +107,19 @@ def test_a_passing_verify_on_an_empty_cache_leaves_a_buildable_source(
     if shape == "behind":
         repo.commit("moves the branch on")
     lock = Lock(version=1, name="shape", sources=(up.source(shape, commit),))
-    options = VerifyOptions(cache_dir=tmp_path / "cache")
+    options = VerifyOptions(SourceOptions(cache_dir=tmp_path / "cache"))
 
     report = verify_lock(lock, "shape.lock.yaml", options)
     assert [r.status for r in report.results if r.kind == "source"] == ["behind" if shape == "behind" else "ok"]
 
-    inputs = fetch_inputs(lock, Path("shape.lock.yaml"), options)
+    inputs = fetch_inputs(LockFile(Path("shape.lock.yaml"), lock, "0" * 64), options.source)
     date = int(subprocess.run(["git", "-C", str(repo.path), "log", "-1", "--format=%ct", commit],
                               capture_output=True, text=True, check=True).stdout)  # fmt: skip
     assert inputs.epoch == date
     assert [(i.kind, i.name, i.fetched) for i in inputs.inputs] == [("source", shape, True)]
     out = tmp_path / "tree"
     out.mkdir()
-    assert export_tree(lock.sources[0], out, exporter_for(options)) == repo.tree(commit)
+    assert export_tree(lock.sources[0], out, exporter_for(options.source)) == repo.tree(commit)
 
 
 # --- the whole path, as a new user walks it ----------------------------------------------------------

@@ -24,7 +24,7 @@ from envbuild.git.remote import (
 )
 from envbuild.lock.model import Source
 from envbuild.locking import file_lock
-from envbuild.sources import verify_source
+from envbuild.verify.sources import verify_source
 from tests.lib.gitrepos import (
     Served,
     ThrottlingProxy,
@@ -46,7 +46,7 @@ from pathlib import Path
 from envbuild.git.cache import GitCache
 from envbuild.lock.model import Source
 from envbuild.locking import file_lock
-from envbuild.sources import verify_sources
+from envbuild.verify.sources import verify_sources
 root, url, *commits = sys.argv[1:]
 messages = []
 sources = [Source(name="big", repo=url, ref="main", ref_type="branch", commit=c) for c in commits]

@@ -12,7 +12,7 @@ import pytest
 from envbuild.cli import main
 from envbuild.git.cache import GitCache
 from envbuild.lock.model import Source
-from envbuild.sources import verify_source
+from envbuild.verify.sources import verify_source
 from tests.lib.gitrepos import MALFORMED_TREES, Served, commit_malformed
 
 pytestmark = pytest.mark.gitdaemon

@@ -13,7 +13,7 @@ import pytest
 from envbuild.git.cache import GitCache
 from envbuild.git.remote import GitRunner
 from envbuild.lock.model import Source
-from envbuild.sources import verify_source
+from envbuild.verify.sources import verify_source
 from tests.lib.gitrepos import HostileGitServer, command_line, descendants
 
 TAGGED = "a" * 40

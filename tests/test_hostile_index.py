@@ -1,4 +1,4 @@
-"""A hostile package index against envbuild.index and the file cache: what a page may list (http(s)
+"""A hostile package index against envbuild.index.client and the file cache: what a page may list (http(s)
 only), how much a page or a download may send (bounded, refused while it arrives, nothing left
 behind), and every field of a page in a wrong shape. Each ends in one line naming the index."""
 
@@ -14,8 +14,8 @@ import pytest
 
 from envbuild.cli import main
 from envbuild.errors import InputError, RemoteError
-from envbuild.filecache import FileCache
-from envbuild.index import MAX_DOWNLOAD, MAX_PAGE, IndexClient
+from envbuild.index.client import MAX_DOWNLOAD, MAX_PAGE, IndexClient
+from envbuild.index.filecache import FileCache
 from tests.lib.pyindex import JSON_TYPE, PyIndex, Route, endless, make_wheel, write_file_index
 
 WHEEL = "alpha-1.0-py3-none-any.whl"

@@ -13,10 +13,11 @@ import docker
 import pytest
 
 from envbuild.cli import main
-from envbuild.engine import Engine
-from envbuild.image.base import OCI_ARCH, PlatformError, ensure_base
+from envbuild.engine.client import Engine
+from envbuild.image.base import PlatformError, ensure_base
 from envbuild.image.plan import ContextPlan, plan_context
 from envbuild.lock.model import BaseImage, Platform
+from envbuild.lock.platform import OCI_ARCH
 from tests.lib.engines import ExtraEngine
 from tests.lib.gitrepos import Served
 from tests.lib.imagelock import served_env

@@ -21,8 +21,11 @@ import pytest
 import requests
 
 from envbuild.cli import main
-from envbuild.engine import Engine
+from envbuild.config import SourceOptions
+from envbuild.engine.client import Engine
 from envbuild.errors import EngineError
+from envbuild.fetch import InputFetchError
+from envbuild.image.assemble import ContextError
 from envbuild.image.build import (
     BuildRefused,
     BuildResult,
@@ -31,11 +34,13 @@ from envbuild.image.build import (
     dry_run,
 )
 from envbuild.image.buildcache import read_map
-from envbuild.image.context import ContextError
 from envbuild.image.inimage_verdict import compare_inimage
-from envbuild.image.inputs import InputFetchError
-from envbuild.results import PinResult, VerifyReport
-from envbuild.verify import VerifyOptions
+from envbuild.image.normalise import save_added_layers
+from envbuild.image.render import base_reference
+from envbuild.lock.io import read_lock
+from envbuild.progress import silent
+from envbuild.verify.pins import VerifyOptions
+from envbuild.verify.results import PinResult, VerifyReport
 from tests.lib.gitrepos import Served
 from tests.lib.imagelock import (
     ImageLockEnv,
@@ -95,13 +100,23 @@ def lock_path(env: ImageLockEnv, work: Path) -> Path:
 
 
 def options(work: Path, cache_dir: Path | None = None, **changes: Any) -> ImageOptions:
-    return ImageOptions(VerifyOptions(cache_dir=cache_dir or work / "cache"), **changes)
+    return ImageOptions(VerifyOptions(SourceOptions(cache_dir=cache_dir or work / "cache")), **changes)
 
 
 @pytest.fixture(scope="module")
 def reference(lock_path: Path, work: Path, engine: Engine) -> BuildResult:
     """The first build of the lock, without the layer cache."""
-    return build_image(lock_path, options(work, no_cache=True, keep_archive=work / "ref.tar"), engine=engine)
+    return build_image(read_lock(lock_path), options(work, no_cache=True), engine=engine)
+
+
+@pytest.fixture(scope="module")
+def reference_archive(reference: BuildResult, lock_path: Path, work: Path, engine: Engine) -> Path:
+    """The reference image saved (`docker save`) without the base's layers, as `envbuild check` saves
+    the images it explains."""
+    plan, _ = dry_run(read_lock(lock_path), options(work))
+    base = engine.inspect(base_reference(plan))
+    assert base is not None
+    return save_added_layers(engine, reference.image_id, work / "ref.tar", set(base["RootFS"]["Layers"]), silent)
 
 
 class NoEngine:
@@ -116,23 +131,28 @@ class NoEngine:
 
 @needs_engine
 def test_two_no_cache_builds_give_one_image_id(
-    reference: BuildResult, lock_path: Path, work: Path, engine: Engine, pushed_base_image: PushedImage
+    reference: BuildResult,
+    reference_archive: Path,
+    lock_path: Path,
+    work: Path,
+    engine: Engine,
+    pushed_base_image: PushedImage,
 ) -> None:
-    again = build_image(lock_path, options(work, no_cache=True), engine=engine)
+    again = build_image(read_lock(lock_path), options(work, no_cache=True), engine=engine)
     assert again.image_id == reference.image_id
     assert again.diff_ids == reference.diff_ids
     assert again.raw_image_id != reference.raw_image_id  # the raw builds differ; normalising removes that
     assert again.packages is not None and again.packages.built  # --no-cache makes the packages image again too
     assert [step.cached for step in again.steps] == [True] + [False] * (len(again.steps) - 1)  # FROM only
-    assert reference.archive is not None and reference.archive.is_file()
-    assert reference.image_id == "sha256:" + hashlib.sha256(_config_bytes(reference.archive)).hexdigest()
+    assert reference_archive.is_file()
+    assert reference.image_id == "sha256:" + hashlib.sha256(_config_bytes(reference_archive)).hexdigest()
     base_layers = engine.inspect(pushed_base_image.by_digest)["RootFS"]["Layers"]  # type: ignore[index]
     assert reference.diff_ids[: len(base_layers)] == tuple(base_layers)
-    carried = _layer_digests(reference.archive)
+    carried = _layer_digests(reference_archive)
     assert carried and not carried & set(base_layers)  # the kept archive leaves the base's layers out
     assert carried == set(reference.diff_ids) - set(base_layers)
     # Nothing of the engine's own per-container files (clamping them would copy them into a layer).
-    assert not {".dockerenv", "etc/mtab"} & _layer_entries(reference.archive)
+    assert not {".dockerenv", "etc/mtab"} & _layer_entries(reference_archive)
 
 
 def _config_bytes(archive: Path) -> bytes:
@@ -189,7 +209,7 @@ def test_the_image_holds_no_package_file_and_the_packages_one_layer(
 def test_a_no_op_rebuild_reuses_every_layer_and_the_normalised_image(
     reference: BuildResult, lock_path: Path, work: Path, engine: Engine
 ) -> None:
-    again = build_image(lock_path, options(work), engine=engine)
+    again = build_image(read_lock(lock_path), options(work), engine=engine)
     assert again.image_id == reference.image_id
     assert again.reused and all(step.cached for step in again.steps)
     assert read_map(work / "cache")[again.raw_image_id]["image_id"] == reference.image_id
@@ -242,7 +262,7 @@ def test_moving_one_pin_rebuilds_only_from_that_source_on(
 ) -> None:
     moved = env.repos["gamma"].commit("gamma moves", files={"data/table.csv": "a,b\n1,3\n"})
     path = env.write(work / "locks" / "moved.lock.yaml", env.lock(pins={"gamma": moved}))
-    result = build_image(path, options(work), engine=engine)
+    result = build_image(read_lock(path), options(work), engine=engine)
     assert result.image_id != reference.image_id
     assert result.packages is not None and not result.packages.built  # the packages do not depend on a pin
     gamma = next(i for i, step in enumerate(result.steps) if step.instruction.startswith("COPY src/gamma/"))
@@ -259,14 +279,14 @@ def test_a_package_file_with_another_hash_is_refused_before_any_build(env: Image
     bad = with_file_hash(env.lock(), "tinytwo", "0" * 64)
     path = env.write(work / "locks" / "badhash.lock.yaml", bad)
     with pytest.raises(BuildRefused, match=r"package tinytwo: hash-mismatch"):
-        build_image(path, options(work), engine=NoEngine())  # type: ignore[arg-type]
+        build_image(read_lock(path), options(work), engine=NoEngine())  # type: ignore[arg-type]
 
     # The index lists the lock's (wrong) hash, so verify passes: the download itself is refused.
     wheel = next(env.index.root.glob("tinytwo-*.whl")).name
     env.index.rehash(wheel, "0" * 64)
     try:
         with pytest.raises(InputFetchError, match=r"package tinytwo 2\.0: .*does not match") as refused:
-            build_image(path, options(work, cache_dir=work / "fresh-cache"), engine=NoEngine())  # type: ignore[arg-type]
+            build_image(read_lock(path), options(work, cache_dir=work / "fresh-cache"), engine=NoEngine())  # type: ignore[arg-type]
         assert len(refused.value.problems) == 1  # a download failure stays one, with its reason
     finally:
         env.index.hashes.pop(wheel)
@@ -277,16 +297,16 @@ def test_a_source_whose_tree_differs_is_refused_before_any_build(env: ImageLockE
     bad = with_source(env.lock(), "beta", tree="1" * 40)
     path = env.write(work / "locks" / "badtree.lock.yaml", bad)
     with pytest.raises(BuildRefused, match=r"source beta: tree-mismatch"):
-        build_image(path, options(work), engine=NoEngine())  # type: ignore[arg-type]
+        build_image(read_lock(path), options(work), engine=NoEngine())  # type: ignore[arg-type]
     # Past verify (as when `envbuild check` hands a report in), the export refuses it too.
     passing = VerifyReport(str(path), (PinResult("source", "beta", "ok"),))
     with pytest.raises(ContextError, match=r"source beta: the commit's tree is [0-9a-f]{40}, the lock pins tree 1{40}"):
-        build_image(path, options(work), engine=NoEngine(), verified=passing)  # type: ignore[arg-type]
+        build_image(read_lock(path), options(work), engine=NoEngine(), verified=passing)  # type: ignore[arg-type]
 
 
 @needs_engine
 def test_an_in_image_mismatch_fails_the_build_and_leaves_no_tag(
-    env: ImageLockEnv, work: Path, engine: Engine, reference: BuildResult
+    env: ImageLockEnv, work: Path, engine: Engine, reference: BuildResult, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = env.write(work / "locks" / "mismatch.lock.yaml", env.lock(name="mismatch"))
     tag = "envbuild-test/mismatch:never"
@@ -295,8 +315,9 @@ def test_an_in_image_mismatch_fails_the_build_and_leaves_no_tag(
         packages = [{**p, "version": "9.9"} if p["name"] == "tinyone" else p for p in manifest["packages"]]
         return compare_inimage(report, {**manifest, "packages": packages})
 
+    monkeypatch.setattr("envbuild.image.build.compare_inimage", wrong_version)  # the build judges with it
     with pytest.raises(EngineError, match=r"package tinyone: 1\.0 installed, the lock pins 9\.9"):
-        build_image(path, options(work, tags=(tag,)), engine=engine, inimage_compare=wrong_version)
+        build_image(read_lock(path), options(work, tags=(tag,)), engine=engine)
     assert engine.inspect(tag) is None
     assert not any(
         entry["lock_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
@@ -310,7 +331,9 @@ def test_push_to_the_registry_and_read_the_digest_back(
 ) -> None:
     tag = f"{registry}/envbuild-test/imagetest:{reference.lock_sha256[:12]}"
     lines: list[str] = []
-    result = build_image(lock_path, options(work, tags=(tag,), push=True), engine=engine, progress=lines.append)
+    result = build_image(
+        read_lock(lock_path), options(work, tags=(tag,), push=True), engine=engine, progress=lines.append
+    )
     assert result.image_id == reference.image_id
     ((pushed_tag, digest),) = result.pushed
     assert pushed_tag == tag and digest.startswith("sha256:")
@@ -356,7 +379,7 @@ def test_an_interrupted_build_leaves_the_caches_usable(
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert any("step 5/" in line for line in seen), "".join(seen)
-    result = build_image(lock_path, options(work), engine=engine)
+    result = build_image(read_lock(lock_path), options(work), engine=engine)
     assert result.image_id == reference.image_id
     leftovers = [p.name for p in (work / "cache" / "image" / "work").iterdir()]
     assert leftovers == []
@@ -388,7 +411,9 @@ def test_an_interrupted_build_removes_its_scratch_and_the_packages_container(
     assert engine.containers({"io.envbuild.lock.name": "imagetest", "io.envbuild.role": "packages"}) == []
     # A step the engine was finishing as the client went away may land after the process tidied up; the
     # next build of the lock removes it.
-    assert build_image(lock_path, options(work, cache_dir=cache), engine=engine).image_id == reference.image_id
+    assert (
+        build_image(read_lock(lock_path), options(work, cache_dir=cache), engine=engine).image_id == reference.image_id
+    )
     assert engine.images(filters={"dangling": True, "label": "io.envbuild.lock.name=imagetest"}) == []
 
 
@@ -412,7 +437,7 @@ def test_cli_json_dry_run_and_no_engine(
 
     assert main(["-q", "image", str(lock_path), "--dry-run", *cache]) == 0
     dockerfile = capsys.readouterr().out
-    plan, expected = dry_run(lock_path, options(work))
+    plan, expected = dry_run(read_lock(lock_path), options(work))
     assert dockerfile == expected and "@sha256:" in dockerfile
 
     monkeypatch.setenv("DOCKER_HOST", f"unix://{work}/no-such-engine.sock")
@@ -424,7 +449,7 @@ def test_cli_json_dry_run_and_no_engine(
 def test_export_tree_writes_the_exact_tree(served: Served, tmp_path: Path) -> None:
     """Attributes that would change archived files (export-subst, export-ignore, eol) are neutralised;
     modes and symlinks survive; a second export needs no network; --offline without the files fails."""
-    from envbuild.git.export import ExportError, TreeExporter, export_tree
+    from envbuild.git.treeexport import ExportError, TreeExporter, export_tree
     from envbuild.lock import Source
     from tests.lib.gitrepos import make_repo
 

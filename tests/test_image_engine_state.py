@@ -14,9 +14,11 @@ from pathlib import Path
 import docker
 import pytest
 
-from envbuild.engine import Engine
+from envbuild.config import SourceOptions
+from envbuild.engine.client import Engine
 from envbuild.image.build import ImageOptions, build_image
-from envbuild.verify import VerifyOptions
+from envbuild.lock.io import read_lock
+from envbuild.verify.pins import VerifyOptions
 from tests.lib.gitrepos import Served
 from tests.lib.imagelock import ImageLockEnv, old_tinyone_wheel, served_env
 from tests.lib.services import PushedImage, push_as
@@ -55,11 +57,11 @@ def test_ten_builds_of_a_lock_leave_the_engine_as_the_first_build_left_it(
     env: ImageLockEnv, engine: Engine, docker_client: docker.DockerClient, tmp_path: Path
 ) -> None:
     lock = env.write(tmp_path / "enginestate.lock.yaml", env.lock(name="enginestate"))
-    options = ImageOptions(VerifyOptions(tmp_path / "cache"))
-    first = build_image(lock, options, engine=engine)
+    options = ImageOptions(VerifyOptions(SourceOptions(tmp_path / "cache")))
+    first = build_image(read_lock(lock), options, engine=engine)
     after_one = engine_state(docker_client)
     for no_cache in (True, False, True, True, False, True, False, True, True):  # ten builds in all
-        again = build_image(lock, ImageOptions(options.verify, no_cache=no_cache), engine=engine)
+        again = build_image(read_lock(lock), ImageOptions(options.verify, no_cache=no_cache), engine=engine)
         assert again.image_id == first.image_id
         assert engine_state(docker_client) == after_one
     raw = engine.images(name="envbuild-raw/enginestate")
@@ -73,12 +75,12 @@ def test_a_container_running_the_locks_image_survives_a_rebuild(
     """The tidying after a build removes the packages container of a killed build, not a job: a container
     of the lock's image carries the lock's name label too."""
     lock = env.write(tmp_path / "enginestate.lock.yaml", env.lock(name="enginestate"))
-    options = ImageOptions(VerifyOptions(tmp_path / "cache"))
-    built = build_image(lock, options, engine=engine)
+    options = ImageOptions(VerifyOptions(SourceOptions(tmp_path / "cache")))
+    built = build_image(read_lock(lock), options, engine=engine)
     job = docker_client.containers.run(built.image_id, ["sleep", "300"], network_mode="none", detach=True)
     try:
         assert job.labels["io.envbuild.lock.name"] == "enginestate"
-        build_image(lock, ImageOptions(options.verify, no_cache=True), engine=engine)
+        build_image(read_lock(lock), ImageOptions(options.verify, no_cache=True), engine=engine)
         job.reload()
         assert job.status == "running"
     finally:
@@ -92,15 +94,17 @@ def test_an_image_pulled_by_digest_survives_the_tidying(
     leftover of a build: a build of another version of the lock leaves it."""
     repository = f"{registry}/envbuild-test/enginestate"
     lock = env.write(tmp_path / "pulled.lock.yaml", env.lock(name="enginestate"))
-    options = ImageOptions(VerifyOptions(tmp_path / "cache"), tags=(f"{repository}:pulled",), push=True)
-    built = build_image(lock, options, engine=engine)
+    options = ImageOptions(VerifyOptions(SourceOptions(tmp_path / "cache")), tags=(f"{repository}:pulled",), push=True)
+    built = build_image(read_lock(lock), options, engine=engine)
     ((_, digest),) = built.pushed
     docker_client.images.remove(built.image_id, force=True)
     docker_client.api.pull(repository, digest)
     pulled = docker_client.api.inspect_image(f"{repository}@{digest}")
     assert pulled["Id"] == built.image_id and pulled["RepoTags"] == []
     other = dataclasses.replace(env.lock(name="enginestate"), source_date_epoch=1_600_000_000)
-    moved = build_image(env.write(tmp_path / "other.lock.yaml", other), ImageOptions(options.verify), engine=engine)
+    moved = build_image(
+        read_lock(env.write(tmp_path / "other.lock.yaml", other)), ImageOptions(options.verify), engine=engine
+    )
     assert moved.image_id != built.image_id
     assert engine.inspect(built.image_id) is not None
 
@@ -152,8 +156,16 @@ def _replaced(served: Served, engine: Engine, base: str, digest: str, tmp_path: 
     assert {"tinyone-0.9.dist-info", "old_only.py", "__pycache__", "tinyone-old"} <= set(before)
     with served_env(served, "replaced", base, digest, tmp_path / "wheels") as env:
         lock = env.write(tmp_path / "replaced.lock.yaml", env.lock(name="replaced"))
-        first = build_image(lock, ImageOptions(VerifyOptions(tmp_path / "cache"), no_cache=True), engine=engine)
-        second = build_image(lock, ImageOptions(VerifyOptions(tmp_path / "cache"), no_cache=True), engine=engine)
+        first = build_image(
+            read_lock(lock),
+            ImageOptions(VerifyOptions(SourceOptions(tmp_path / "cache")), no_cache=True),
+            engine=engine,
+        )
+        second = build_image(
+            read_lock(lock),
+            ImageOptions(VerifyOptions(SourceOptions(tmp_path / "cache")), no_cache=True),
+            engine=engine,
+        )
     assert first.image_id == second.image_id  # the removals are written at fixed times, not the engine's clock
     assert first.packages is not None and first.packages.replaced == ("tinyone 0.9",)
     out = engine.run(first.image_id, ["sh", "-c", f"ls {site} {site}/tinyone; ls /usr/local/bin; stat -c %a {site}"])

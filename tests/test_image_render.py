@@ -212,7 +212,7 @@ def _cann_tree(root: Path, version: str) -> Path:
 
 def _run_platform_check(toolkit: Path, lock: Lock) -> subprocess.CompletedProcess[str]:
     plan = dataclasses.replace(plan_of(lock), python=None)  # the host's python is not the image's
-    run = next(l for l in render_image_dockerfile(plan).split("\nRUN ")[1:] if "want_cann" in l)
+    run = next(step for step in render_image_dockerfile(plan).split("\nRUN ")[1:] if "want_cann" in step)
     script = run.split("\nCOPY ")[0].replace("/usr/local/Ascend/ascend-toolkit", str(toolkit))
     return subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30)
 

@@ -1,13 +1,16 @@
-"""envbuild.index against a real local index (HTTP JSON, HTTP HTML, file://) and a dead port."""
+"""envbuild.index.client against a real local index (HTTP JSON, HTTP HTML, file://) and a dead port."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
+import requests
+from urllib3.exceptions import MaxRetryError, NameResolutionError, NewConnectionError
 
 from envbuild.errors import RemoteError
-from envbuild.index import IndexClient
+from envbuild.index.client import IndexClient, retrying
 from tests.lib.pyindex import PyIndex, dead_port_url, make_sdist, make_wheel, write_file_index
 
 
@@ -104,3 +107,34 @@ def test_connection_refused_names_index_and_reason() -> None:
     with pytest.raises(RemoteError, match="connection refused"):
         client.project(url, "beta")
     assert client.requests_made == before  # a dead index is not asked again in the same run
+
+
+def test_a_download_whose_connection_is_lost_before_the_first_byte_is_tried_again(dists: Path) -> None:
+    """A file host that drops the connection before answering (``RemoteDisconnected``, seen from the
+    tests' own index under load) costs one more request, not the download."""
+    with PyIndex(dists) as index:
+        client = IndexClient()
+        listed = client.project(index.url, "alpha").files[0]
+        path = "/files/" + listed.filename
+        index.drop(path)
+        out = io.BytesIO()
+        client.download(listed.url, out)
+    assert out.getvalue() == (dists / listed.filename).read_bytes()
+    assert index.requests.count(path) == 2
+
+
+def test_a_page_whose_connection_is_lost_is_tried_again_up_to_the_limit(dists: Path) -> None:
+    with PyIndex(dists) as index:
+        index.drop("/simple/alpha/", times=5)
+        with pytest.raises(RemoteError, match=r"out of reach: .*\(while fetching alpha\)"):
+            IndexClient(retries=3).project(index.url, "alpha")
+    assert index.requests == ["/simple/alpha/"] * 3
+
+
+def test_a_host_name_that_does_not_resolve_is_not_asked_again() -> None:
+    """The one failure retrying cannot mend: refused at once, where a refused connection is retried."""
+    retry = retrying(requests.Session(), retries=3).get_adapter("https://x/").max_retries  # type: ignore[attr-defined]
+    refused = NewConnectionError(None, "connection refused")  # type: ignore[arg-type]
+    assert retry.increment("GET", "/simple/alpha/", error=refused).total == 1
+    with pytest.raises(MaxRetryError):
+        retry.increment("GET", "/simple/alpha/", error=NameResolutionError("nowhere.example", None, "no such host"))  # type: ignore[arg-type]

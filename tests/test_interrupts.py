@@ -15,12 +15,11 @@ from envbuild.interrupts import deferred_interrupts, sigterm_interrupts
 def test_ctrl_c_inside_the_block_is_raised_when_it_ends() -> None:
     finished = False
     before = signal.getsignal(signal.SIGINT)
-    with pytest.raises(KeyboardInterrupt):
-        with deferred_interrupts():
-            os.kill(os.getpid(), signal.SIGINT)
-            for _ in range(1000):  # bytecode boundaries, where Python runs its handlers
-                pass
-            finished = True  # the block was not cut short
+    with pytest.raises(KeyboardInterrupt), deferred_interrupts():
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1000):  # bytecode boundaries, where Python runs its handlers
+            pass
+        finished = True  # the block was not cut short
     assert finished
     assert signal.getsignal(signal.SIGINT) is before
 
@@ -40,18 +39,17 @@ def test_sigterm_is_delivered_to_the_handler_that_was_in_place() -> None:
 
 def test_nested_blocks_deliver_at_the_outermost_end_even_when_the_block_fails() -> None:
     order: list[str] = []
-    with pytest.raises(KeyboardInterrupt):
-        with deferred_interrupts():
-            with deferred_interrupts():
-                os.kill(os.getpid(), signal.SIGINT)
-                order.append("inner")
-            order.append("outer")  # the inner end hands it to the outer block, which keeps it
-    assert order == ["inner", "outer"]
-
-    with pytest.raises(KeyboardInterrupt):  # the block's own error gives way to the interrupt
+    with pytest.raises(KeyboardInterrupt), deferred_interrupts():
         with deferred_interrupts():
             os.kill(os.getpid(), signal.SIGINT)
-            raise ValueError("the call failed")
+            order.append("inner")
+        order.append("outer")  # the inner end hands it to the outer block, which keeps it
+    assert order == ["inner", "outer"]
+
+    # the block's own error gives way to the interrupt
+    with pytest.raises(KeyboardInterrupt), deferred_interrupts():
+        os.kill(os.getpid(), signal.SIGINT)
+        raise ValueError("the call failed")
 
 
 def test_nothing_happens_without_a_signal_and_nothing_in_other_threads() -> None:
@@ -74,9 +72,8 @@ def test_nothing_happens_without_a_signal_and_nothing_in_other_threads() -> None
 
 def test_sigterm_unwinds_like_ctrl_c_inside_sigterm_interrupts() -> None:
     before = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(KeyboardInterrupt):
-        with sigterm_interrupts():
-            os.kill(os.getpid(), signal.SIGTERM)
-            for _ in range(1000):
-                pass
+    with pytest.raises(KeyboardInterrupt), sigterm_interrupts():
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(1000):
+            pass
     assert signal.getsignal(signal.SIGTERM) is before

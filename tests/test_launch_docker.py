@@ -13,7 +13,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from envrun.cli import main
+from envrun.cli.main import main
 from envrun.execute import execute_run
 from envrun.plan import RunParameters, Volume
 from envrun.prepare import RunRequest, prepare_run

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from envrun.cli import main
+from envrun.cli.main import main
 from envrun.execute import execute_run
 from envrun.prepare import PreparedRun, prepare_run
 from envrun.rundir import read_status
@@ -59,7 +59,7 @@ def test_ctrl_c_stops_the_job_and_records_interrupted(tiny: Tiny) -> None:
     env = ["--env", f"FAKE_TRAINER_EXPECT={tiny.expect_file}"]
     run_dir = tiny.tmp / "run"
     cli = subprocess.Popen(
-        [sys.executable, "-m", "envrun.cli", *tiny.args(*env, "--run-dir", str(run_dir))],
+        [sys.executable, "-m", "envrun.cli.main", *tiny.args(*env, "--run-dir", str(run_dir))],
         cwd=REPO,
         env={**os.environ, "FAKE_TRAINER_SLEEP": "120"},
         stdout=subprocess.PIPE,
@@ -105,7 +105,7 @@ def test_sigterm_stops_the_job_and_everything_it_started(tiny: Tiny) -> None:
     env = ["--env", f"FAKE_TRAINER_EXPECT={tiny.expect_file}"]
     run_dir = tiny.tmp / "run"
     cli = subprocess.Popen(
-        [sys.executable, "-m", "envrun.cli", *tiny.args(*env, "--run-dir", str(run_dir))],
+        [sys.executable, "-m", "envrun.cli.main", *tiny.args(*env, "--run-dir", str(run_dir))],
         cwd=REPO,
         env={**os.environ, "FAKE_TRAINER_SLEEP": "120", "FAKE_TRAINER_CHILD": "1"},
         stdout=subprocess.PIPE,

@@ -14,9 +14,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -194,7 +194,7 @@ def test_ctrl_c_stops_the_ray_job_and_records_interrupted(ray_head: str, tiny: T
     extra += ["--env", f"FAKE_TRAINER_EXPECT={tiny.expect_file}", "--env", "FAKE_TRAINER_SLEEP=300"]
     run_dir = tiny.tmp / "run"
     cli = subprocess.Popen(
-        [sys.executable, "-m", "envrun.cli", *tiny.args(*extra, "--run-dir", str(run_dir))],
+        [sys.executable, "-m", "envrun.cli.main", *tiny.args(*extra, "--run-dir", str(run_dir))],
         cwd=REPO,
         env=os.environ.copy(),
         stdout=subprocess.PIPE,

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from envbuild.cli import main
+from envbuild.data.yamlfile import MAX_BYTES, MAX_DEPTH
 from envbuild.errors import LockfileError
 from envbuild.lock.io import read_lock
 from envbuild.lock.model import MAX_EPOCH
-from envbuild.lock.yamlfile import MAX_BYTES, MAX_DEPTH
 from tests.lib.tinylock import MINIMAL_LOCK as LOCK
 
 REPO = Path(__file__).resolve().parents[1]

@@ -173,7 +173,7 @@ def test_malformed_documents(text: str, words: str) -> None:
 
 def test_unreadable_file_names_the_file(tmp_path: Path) -> None:
     with pytest.raises(LockfileError) as info:
-        read_lock(tmp_path / "absent.lock.yaml").lock
+        read_lock(tmp_path / "absent.lock.yaml")
     assert "absent.lock.yaml" in str(info.value) and "cannot read" in str(info.value)
 
 

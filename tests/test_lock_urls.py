@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from envbuild.cli import main
+from envbuild.data.urls import check_index_url, check_repo_url, redact_url, redact_urls
 from envbuild.errors import InputError
+from envbuild.git.mirrors import Mirrors
+from envbuild.git.upstream import check_inputs
 from envbuild.lock.model import Source
-from envbuild.lock.urls import check_index_url, check_repo_url, redact_url, redact_urls
-from envbuild.mirrors import Mirrors
-from envbuild.sources import check_inputs
 from tests.lib.tinylock import MINIMAL_LOCK as LOCK
 from tests.lib.tinylock import MINIMAL_SHA as SHA
 

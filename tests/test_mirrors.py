@@ -10,7 +10,7 @@ import pytest
 from envbuild.cli import main
 from envbuild.config import ConfigError, load_config, parse_config
 from envbuild.errors import InputError
-from envbuild.mirrors import Mirrors
+from envbuild.git.mirrors import Mirrors
 
 
 def test_longest_prefix_wins_and_a_url_is_rewritten_once() -> None:

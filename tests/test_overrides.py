@@ -9,7 +9,7 @@ import pytest
 
 from envbuild.errors import RemoteError
 from envbuild.lock.io import read_lock
-from envrun.cli import main
+from envrun.cli.main import main
 from envrun.overrides import OverrideError, merge_overrides, validate_overrides
 from envrun.recipe import load_recipe, recipe_path
 from envrun.verlconfig import VerlWheel, verl_config_dir, verl_wheel_from_lock

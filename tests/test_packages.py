@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 import requests
 
-from envbuild.index import IndexClient
+from envbuild.fetch import package_file_urls
+from envbuild.index.client import IndexClient
 from envbuild.lock import Lock, Package, PackageFile, parse_lock
-from envbuild.packages import package_file_urls, verify_packages
-from envbuild.results import PackageStatus
+from envbuild.verify.packages import verify_packages
+from envbuild.verify.results import PackageStatus
 from tests.lib.pyindex import PyIndex, dead_port_url, make_sdist, make_wheel
 
 WHEEL = "alpha-1.0-py3-none-any.whl"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from envbuild.errors import InputError
-from envrun.cli import main
+from envrun.cli.main import main
 from envrun.overrides import OverrideError
 from envrun.plan import RunParameters, build_plan, hydra_string
 from envrun.preflight import PreflightError

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from envrun.cli import main
+from envrun.cli.main import main
 from envrun.execute import execute_run
 from envrun.plan import RunParameters
 from envrun.prepare import PreparedRun, RunRequest, prepare_run

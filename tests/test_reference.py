@@ -1,4 +1,4 @@
-"""Docker's reference grammar (envbuild.reference) and the places that use it: the lock's name and base
+"""Docker's reference grammar (envbuild.data.reference) and the places that use it: the lock's name and base
 image, and `--tag`. The cases follow distribution/reference's own rules and docker's behaviour."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from envbuild.cli import main
+from envbuild.data.reference import NAME_AND_TAG, NAME_TOTAL_MAX, check_name_and_tag, split_reference, split_tag
 from envbuild.errors import InputError, LockfileError
 from envbuild.image.build import RAW_REPOSITORY, check_tags
 from envbuild.lock import parse_lock
 from envbuild.lock.model import LOCK_NAME_MAX
-from envbuild.reference import NAME_AND_TAG, NAME_TOTAL_MAX, check_name_and_tag
 
 SHA = "ba7b5ebce12af60627a80985792a1449ce45f46c"
 LOCK = textwrap.dedent(f"""\
@@ -137,3 +137,38 @@ def test_image_refuses_a_bad_tag_before_reading_anything_else(tmp_path: Path, ca
     out, err = capsys.readouterr()
     assert code == 2 and out == "" and err.startswith("envbuild: error: --tag: 'x-:1': path component 'x-'")
     assert len(err.splitlines()) == 1
+
+
+def test_split_tag() -> None:
+    assert split_tag("127.0.0.1:5000/a/b:t1") == ("127.0.0.1:5000/a/b", "t1")
+    assert split_tag("127.0.0.1:5000/a/b") == ("127.0.0.1:5000/a/b", "latest")
+    assert split_tag("envbuild/x:0123") == ("envbuild/x", "0123")
+
+
+@pytest.mark.parametrize(
+    ("reference", "parts"),
+    [
+        ("busybox", ("busybox", None, None)),
+        ("library/busybox:1.36", ("library/busybox", "1.36", None)),
+        ("localhost:5000/busybox", ("localhost:5000/busybox", None, None)),  # a port, not a tag
+        ("localhost:5000/a/b:t1", ("localhost:5000/a/b", "t1", None)),
+        ("[::1]:5000/busybox:t", ("[::1]:5000/busybox", "t", None)),
+        ("[::1]:5000/busybox", ("[::1]:5000/busybox", None, None)),
+        (f"reg:5000/cann@sha256:{'a' * 64}", ("reg:5000/cann", None, f"sha256:{'a' * 64}")),
+        (f"reg:5000/cann:9.1@sha256:{'a' * 64}", ("reg:5000/cann", "9.1", f"sha256:{'a' * 64}")),
+    ],
+)
+def test_a_reference_splits_as_dockers_grammar_reads_it(
+    reference: str, parts: tuple[str, str | None, str | None]
+) -> None:
+    """reference := name [":" tag] ["@" digest]: the digest is split off first, so the ':' inside
+    ``sha256:…`` is never taken for a tag, and a ':' followed by a '/' is a registry's port."""
+    assert split_reference(reference) == parts
+    name, tag, _ = parts
+    assert split_tag(reference) == (name, tag or "latest")  # what docker tags and pushes
+
+
+def test_an_empty_tag_is_refused_not_read_as_latest() -> None:
+    assert split_tag("envbuild/x:") == ("envbuild/x", "")
+    problem = check_name_and_tag("envbuild/x:")
+    assert problem is not None and "tag ''" in problem

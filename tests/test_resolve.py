@@ -9,17 +9,17 @@ from pathlib import Path
 import pytest
 
 from envbuild.errors import InputError
-from envbuild.index import IndexFile
+from envbuild.index.client import IndexFile
 from envbuild.lock import Lock, Package, PackageFile, Platform, Source
 from envbuild.lock.model import Install, Provides, Waiver
-from envbuild.requirements.roots import source_roots
-from envbuild.resolve import (
+from envbuild.lock.platform import uv_platform
+from envbuild.update.resolve import (
     ResolutionError,
     parse_pins,
     resolve_packages,
     select_files,
-    uv_platform,
 )
+from envbuild.update.roots import source_roots
 from tests.lib.pyindex import PyIndex, make_sdist, make_wheel
 
 ARM = Platform(os="linux", arch="aarch64", python="3.12")

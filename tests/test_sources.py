@@ -12,17 +12,12 @@ import pytest
 
 from envbuild.errors import InputError
 from envbuild.git.cache import GitCache
+from envbuild.git.mirrors import Mirrors
 from envbuild.git.remote import GitRunner
+from envbuild.git.upstream import count_commits
 from envbuild.lock.model import Source
-from envbuild.mirrors import Mirrors
-from envbuild.sources import (
-    MissingRefError,
-    ResolvedRef,
-    count_commits,
-    resolve_ref,
-    verify_source,
-    verify_sources,
-)
+from envbuild.update.update import MissingRefError, ResolvedRef, resolve_ref
+from envbuild.verify.sources import verify_source, verify_sources
 from tests.lib.gitrepos import Repo, Served, free_port
 
 TRANSPORTS = ("daemon-filter", "daemon-nofilter", "file")

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from envbuild.cli import main
+from envbuild.config import SourceOptions
+from envbuild.git.mirrors import Mirrors
 from envbuild.lock import Lock, read_lock
 from envbuild.lock.model import Submodule
-from envbuild.mirrors import Mirrors
-from envbuild.verify import VerifyOptions, verify_lock
+from envbuild.verify.pins import VerifyOptions, verify_lock
 from tests.lib.gitrepos import Served
 from tests.lib.submodlock import (
     CATLASS_PATH,
@@ -52,8 +53,8 @@ def updated(up: SubmoduleUpstreams, tmp_path_factory: pytest.TempPathFactory) ->
     yield lock, cache
 
 
-def options(cache: Path, up: SubmoduleUpstreams, **changes: object) -> VerifyOptions:
-    return VerifyOptions(cache_dir=cache, mirrors=Mirrors.parse(up.mirrors()), **changes)  # type: ignore[arg-type]
+def options(cache: Path, up: SubmoduleUpstreams, strict: bool = False) -> VerifyOptions:
+    return VerifyOptions(SourceOptions(cache_dir=cache, mirrors=Mirrors.parse(up.mirrors())), strict=strict)
 
 
 def by_name(lock: Lock, path: Path, opts: VerifyOptions) -> dict[str, dict]:

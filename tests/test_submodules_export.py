@@ -14,14 +14,15 @@ from pathlib import Path
 import pytest
 
 from envbuild.cli import main
-from envbuild.git.export import ExportError, TreeExporter, export_tree, fetch_commit, source_pin
+from envbuild.config import SourceOptions
+from envbuild.fetch import InputsMissing, fetch_inputs
+from envbuild.git import treehash
+from envbuild.git.mirrors import Mirrors
+from envbuild.git.treeexport import ExportError, TreeExporter, export_tree, fetch_commit, source_pin
 from envbuild.git.treewriter import TreeWriteError, write_tar_tree
-from envbuild.image import inimage_probe
-from envbuild.image.inputs import InputsMissing, fetch_inputs
 from envbuild.lock import Lock, read_lock
 from envbuild.lock.model import Source, Submodule
-from envbuild.mirrors import Mirrors
-from envbuild.verify import VerifyOptions
+from envbuild.verify.pins import VerifyOptions
 from tests.lib.gitrepos import MALFORMED_TREES, Served, commit_malformed
 from tests.lib.submodlock import CATLASS_PATH, GTEST_PATH, MEGATRON_PATH, SubmoduleUpstreams, make_upstreams
 
@@ -77,9 +78,9 @@ def test_fetch_then_offline_export_writes_every_level(
     assert export(lock, "bridge", out / "bridge", offline) == up.tree("bridge")
     assert os.listdir(out / "bridge" / MEGATRON_PATH) == []  # skipped: the empty directory git leaves
 
-    files = inimage_probe.list_files(str(out / "parent"))
+    files = treehash.list_files(str(out / "parent"))
     gitlinks = {CATLASS_PATH: up.commits["catlass"], f"{CATLASS_PATH}/{GTEST_PATH}": up.commits["googletest"]}
-    trees, unreadable = inimage_probe.git_trees(str(out / "parent"), files, gitlinks, set(gitlinks))
+    trees, unreadable = treehash.git_trees(str(out / "parent"), files, gitlinks, set(gitlinks))
     assert unreadable == [] and trees == {
         "": up.tree("parent"),
         CATLASS_PATH: up.tree("catlass"),
@@ -95,9 +96,9 @@ def test_offline_names_a_missing_submodule_and_the_command_that_fetches_it(
     online = exporter(cache, up)
     for name in ("parent", "bridge", "megatron"):
         fetch_commit(online, source_pin(read.lock.source(name)))  # the sources, not their submodules
-    options = VerifyOptions(cache_dir=cache, mirrors=Mirrors.parse(up.mirrors()), offline=True)
+    options = VerifyOptions(SourceOptions(cache_dir=cache, mirrors=Mirrors.parse(up.mirrors()), offline=True))
     with pytest.raises(InputsMissing) as missing:
-        fetch_inputs(read.lock, lock_path, options)
+        fetch_inputs(read, options.source)
     message = str(missing.value)
     assert "\n" not in message
     assert f"lacks submodule parent/{CATLASS_PATH} (commit {up.commits['catlass']}); " in message

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from envbuild.lock.model import Submodule
-from envbuild.submodules.gitmodules import (
+from envbuild.git.gitmodules import (
     GitmodulesEntry,
     RelativeURLError,
     pair_submodules,
@@ -16,6 +15,7 @@ from envbuild.submodules.gitmodules import (
     repository_key,
     resolve_url,
 )
+from envbuild.lock.model import Submodule
 from tests.lib.gitrepos import git
 
 PARENTS = (

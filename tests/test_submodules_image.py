@@ -12,10 +12,12 @@ import docker
 import pytest
 
 from envbuild.cli import main
-from envbuild.engine import Engine
+from envbuild.config import SourceOptions
+from envbuild.engine.client import Engine
+from envbuild.git.mirrors import Mirrors
 from envbuild.image.build import BuildResult, ImageOptions, build_image
-from envbuild.mirrors import Mirrors
-from envbuild.verify import VerifyOptions
+from envbuild.lock.io import read_lock
+from envbuild.verify.pins import VerifyOptions
 from tests.lib.gitrepos import Served
 from tests.lib.services import PushedImage
 from tests.lib.submodlock import CATLASS_PATH, GTEST_PATH, MEGATRON_PATH, SubmoduleUpstreams, make_upstreams
@@ -54,10 +56,14 @@ def built(
     mirrors = Mirrors.parse(up.mirrors())
     cache = work / "build-cache"  # empty: the build fetches every level itself
     online = build_image(
-        lock, ImageOptions(VerifyOptions(cache_dir=cache, mirrors=mirrors), no_cache=True), engine=engine
+        read_lock(lock),
+        ImageOptions(VerifyOptions(SourceOptions(cache_dir=cache, mirrors=mirrors)), no_cache=True),
+        engine=engine,
     )
     offline = build_image(
-        lock, ImageOptions(VerifyOptions(cache_dir=cache, mirrors=mirrors, offline=True), no_cache=True), engine=engine
+        read_lock(lock),
+        ImageOptions(VerifyOptions(SourceOptions(cache_dir=cache, mirrors=mirrors, offline=True)), no_cache=True),
+        engine=engine,
     )
     try:
         yield Built(up, online, offline)

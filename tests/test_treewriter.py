@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from envbuild.git import treehash
 from envbuild.git.treewriter import TreeWriteError, write_tar_tree
-from envbuild.image import inimage_probe
 from tests.lib.gitrepos import git, make_repo
 
 Member = tuple[str, str, bytes | str]  # (name, kind, data or link target)
@@ -80,9 +80,9 @@ def test_a_real_tree_is_written_exactly(tmp_path: Path) -> None:
     dest = tmp_path / "dest"
     dest.mkdir()
     written = write_tar_tree(io.BytesIO(blob), dest)
-    listed = inimage_probe.list_files(str(dest))
+    listed = treehash.list_files(str(dest))
     assert written == len(listed) >= 6
-    tree, unreadable = inimage_probe.git_tree_sha(str(dest), listed)
+    tree, unreadable = treehash.git_tree_sha(str(dest), listed)
     assert (tree, unreadable) == (repo.tree(commit), [])
     assert os.readlink(dest / "dangling") == "../../outside/anything"
     assert os.access(dest / "run.sh", os.X_OK)

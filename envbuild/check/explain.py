@@ -8,15 +8,37 @@ import hashlib
 import json
 import tarfile
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from envbuild.check.report import Difference, FileDifference
-from envbuild.image.normalize import (
-    _member as archive_member,  # the one reader of saved archives
-)
+from envbuild.errors import EnvbuildError
 
 _HEAD = 64 * 1024  # bytes of a file compared for "first difference"
+
+
+class ArchiveError(EnvbuildError):
+    """A saved image archive lacks a member its manifest names."""
+
+
+def archive_member(outer: tarfile.TarFile, name: str, depth: int = 0) -> tarfile.TarInfo:
+    """A member by name, following the symlinks `docker save` writes for repeated layers."""
+    try:
+        info = outer.getmember(name)
+    except KeyError:
+        raise ArchiveError(f"the saved image has no {name}") from None
+    if info.issym() and depth < 8:
+        target = PurePosixPath(name).parent / info.linkname
+        parts: list[str] = []
+        for part in target.parts:
+            if part == "..":
+                parts = parts[:-1]
+            elif part != ".":
+                parts.append(part)
+        return archive_member(outer, "/".join(parts), depth + 1)
+    if not info.isfile():
+        raise ArchiveError(f"{name} in the saved image is not a file")
+    return info
 
 
 @dataclass(frozen=True)

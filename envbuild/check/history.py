@@ -10,9 +10,10 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from envbuild.errors import InputError
 
@@ -36,7 +37,7 @@ _FIELDS = {"time", "lock", "lock_sha256", "ok", "reproducible", "image_id", "pin
 
 
 def _entry(data: Any, where: str) -> HistoryEntry:
-    if not isinstance(data, dict) or not _FIELDS <= set(data):
+    if not isinstance(data, dict) or not set(data) >= _FIELDS:
         missing = sorted(_FIELDS - set(data)) if isinstance(data, dict) else ["(not an object)"]
         raise InputError(f"{where}: not a history entry (missing {', '.join(missing)})")
     return HistoryEntry(**{k: data[k] for k in _FIELDS}, failed_stage=data.get("failed_stage"))

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from envbuild.check.history import HistoryEntry
-from envbuild.results import VerifyReport
+from envbuild.verify.results import VerifyReport
 
 
 @dataclass(frozen=True)

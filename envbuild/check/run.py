@@ -22,15 +22,15 @@ from pathlib import Path
 from envbuild.check.explain import explain
 from envbuild.check.history import HistoryEntry, append_history, last_image_id, read_history
 from envbuild.check.report import CheckFailure, CheckReport, Difference, Stage
-from envbuild.engine import Engine
+from envbuild.engine.client import Engine
 from envbuild.errors import EnvbuildError
+from envbuild.fetch import fetch_inputs
 from envbuild.image.build import BuildResult, ImageOptions, build_image
-from envbuild.image.canonical import save_added_layers
-from envbuild.image.inputs import fetch_inputs
-from envbuild.lock.io import LockFile, read_lock
-from envbuild.progress import Progress
-from envbuild.results import VerifyReport
-from envbuild.verify import VerifyOptions, verify_lock
+from envbuild.image.normalise import save_added_layers
+from envbuild.lock.io import LockFile
+from envbuild.progress import Progress, silent
+from envbuild.verify.pins import VerifyOptions, verify_lock
+from envbuild.verify.results import VerifyReport
 
 
 @dataclass(frozen=True)
@@ -56,15 +56,18 @@ def _stage(stage: Stage) -> Iterator[None]:
 
 
 def run_check(
-    lock_path: Path,
+    read: LockFile,
     options: CheckOptions,
-    progress: Progress | None = None,
+    progress: Progress = silent,
     *,
     engine: Engine | None = None,
     now: datetime | None = None,
 ) -> CheckReport:
-    say = progress or (lambda message: None)
-    read = read_lock(lock_path)  # an invalid lockfile is the one thing that stops the check (exit 2)
+    """The check of the lock ``read`` (read once, by the caller: an invalid lockfile is the one thing that
+    stops the check, exit 2); the same value is verified, fetched and built, twice when the history has
+    no earlier build of it."""
+    say = progress
+    lock_path = read.path
     verified = VerifyReport(str(lock_path), (), strict=options.verify.strict)
     history: list[HistoryEntry] = []
     history_ok = True
@@ -93,27 +96,30 @@ def _rebuild_and_compare(
     history: list[HistoryEntry],
     engine: Engine | None,
     say: Progress,
-    progress: Progress | None,
+    progress: Progress,
 ) -> CheckReport:
-    source = options.verify
+    source = options.verify.source
     with _stage("engine"):
         connected = nullcontext(engine) if engine is not None else Engine.connect()
     with connected as live:
         with _stage("fetch"):
-            # Here rather than inside the builds, so a fetch failure is named as one.
-            fetch_inputs(read.lock, read.path, source, progress=say)
+            # Once, here rather than inside the builds, so a fetch failure is named as one; both builds
+            # start from these inputs.
+            inputs = fetch_inputs(read, source, progress=say)
         source.cache_dir.mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix="check-", dir=source.cache_dir))
         try:
             image_options = ImageOptions(
-                source,
+                options.verify,
                 no_cache=True,
                 record_dir=work / "record-1",
                 tags=(f"envbuild-check/{read.lock.name}:first",),
             )
             say("rebuilding without cache")
             with _stage("build"):
-                first = build_image(read.path, image_options, progress=progress, engine=live, verified=verified)
+                first = build_image(
+                    read, image_options, progress=progress, engine=live, verified=verified, inputs=inputs
+                )
             previous = last_image_id(history, read.sha256)
             if previous is not None:
                 with _stage("compare"):
@@ -123,7 +129,9 @@ def _rebuild_and_compare(
                 image_options, record_dir=work / "record-2", tags=(f"envbuild-check/{read.lock.name}:second",)
             )
             with _stage("build"):
-                second = build_image(read.path, second_options, progress=progress, engine=live, verified=verified)
+                second = build_image(
+                    read, second_options, progress=progress, engine=live, verified=verified, inputs=inputs
+                )
             with _stage("compare"):
                 same = first.image_id == second.image_id
                 differences = () if same else _explain(live, first.image_id, second.image_id, work, say)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from envbuild import __version__
 from envbuild.cli.check import add_check_command

@@ -9,10 +9,9 @@ from pathlib import Path
 
 from envbuild.check.history import read_history
 from envbuild.check.report import CheckReport, render_html, render_markdown
-from envbuild.cli.common import StderrProgress, add_source_options, verify_options
+from envbuild.cli.common import StderrProgress, add_source_options, render_json, verify_options
 from envbuild.errors import EnvbuildError, InputError
 from envbuild.fileio import write_atomic
-from envbuild.output import render_json
 
 
 def add_check_command(subparsers: argparse._SubParsersAction) -> None:
@@ -38,10 +37,11 @@ def add_check_command(subparsers: argparse._SubParsersAction) -> None:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from envbuild.check.run import CheckOptions, run_check
+    from envbuild.lock.io import read_lock
 
     check_outputs(args.report, args.history)  # a bad path fails now, not after an hour of building
     options = CheckOptions(verify_options(args), history=args.history)
-    report = run_check(args.lockfile, options, StderrProgress("envbuild", args.quiet))
+    report = run_check(read_lock(args.lockfile), options, StderrProgress("envbuild", args.quiet))
     if args.report:
         write_reports(args.report, report, args.history, str(args.lockfile))
     sys.stdout.write(render_json(report.to_json()) if args.json else render_markdown(report))

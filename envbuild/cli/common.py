@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import threading
 import traceback
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
-from envbuild.config import load_config
+from envbuild.config import SourceOptions, load_config
 from envbuild.errors import EnvbuildError, InputError
-from envbuild.mirrors import Mirrors
-from envbuild.verify import VerifyOptions
+from envbuild.git.mirrors import Mirrors
+
+if TYPE_CHECKING:
+    from envbuild.verify.pins import VerifyOptions
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -83,6 +87,13 @@ def _offer_global_options(parser: argparse.ArgumentParser) -> None:
                 _offer_global_options(sub)
 
 
+def add_command_group(commands: argparse._SubParsersAction, name: str, help: str) -> argparse._SubParsersAction:
+    """A command made of actions (``envrun NAME ACTION``); without an action it prints its help, exit 2."""
+    group = commands.add_parser(name, help=help)
+    group.set_defaults(handler=lambda args: (group.print_help(sys.stderr), 2)[1])
+    return group.add_subparsers(dest="action", metavar="ACTION")
+
+
 def add_source_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--mirror",
@@ -104,16 +115,17 @@ def add_source_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=int, default=8, help="parallel fetches (default 8)")
 
 
-def verify_options(args: argparse.Namespace) -> VerifyOptions:
-    """The options of `lock verify` (cache, mirrors, offline, strict, jobs), as every command takes them."""
+def source_options(args: argparse.Namespace) -> SourceOptions:
+    """Where pins are read from (cache, mirrors, offline, jobs), as every command takes them."""
     cache_dir, mirrors = source_settings(args)
-    return VerifyOptions(
-        cache_dir=cache_dir,
-        mirrors=mirrors,
-        offline=args.offline,
-        strict=getattr(args, "strict", False),
-        jobs=args.jobs,
-    )
+    return SourceOptions(cache_dir=cache_dir, mirrors=mirrors, offline=args.offline, jobs=args.jobs)
+
+
+def verify_options(args: argparse.Namespace) -> VerifyOptions:
+    """The options of `lock verify`: the source options and ``--strict``."""
+    from envbuild.verify.pins import VerifyOptions  # only the commands that verify pay for importing it
+
+    return VerifyOptions(source_options(args), strict=getattr(args, "strict", False))
 
 
 def source_settings(args: argparse.Namespace) -> tuple[Path, Mirrors]:
@@ -127,3 +139,7 @@ def source_settings(args: argparse.Namespace) -> tuple[Path, Mirrors]:
         where = "--cache-dir" if args.cache_dir else "cache_dir (config file or $ENVBUILD_CACHE)"
         raise InputError(f"{where}: {cache_dir} is not a directory")
     return cache_dir, mirrors
+
+
+def render_json(data: Any) -> str:
+    return json.dumps(data, indent=2, sort_keys=False, ensure_ascii=False) + "\n"

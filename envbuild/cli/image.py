@@ -6,8 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from envbuild.cli.common import StderrProgress, add_source_options, verify_options
-from envbuild.output import render_json
+from envbuild.cli.common import StderrProgress, add_source_options, render_json, verify_options
 
 
 def add_image_command(subparsers: argparse._SubParsersAction) -> None:
@@ -34,6 +33,7 @@ def add_image_command(subparsers: argparse._SubParsersAction) -> None:
 
 def cmd_image(args: argparse.Namespace) -> int:
     from envbuild.image.build import ImageOptions, build_image, dry_run, plan_json
+    from envbuild.lock.io import read_lock
 
     options = ImageOptions(
         verify_options(args),
@@ -43,11 +43,12 @@ def cmd_image(args: argparse.Namespace) -> int:
         record_dir=args.record_dir,
     )
     progress = StderrProgress("envbuild", args.quiet)
+    lock = read_lock(args.lockfile)
     if args.dry_run:
-        plan, dockerfile = dry_run(args.lockfile, options, progress)
+        plan, dockerfile = dry_run(lock, options, progress)
         sys.stdout.write(render_json(plan_json(plan)) if args.json else dockerfile)
         return 0
-    result = build_image(args.lockfile, options, progress=progress)
+    result = build_image(lock, options, progress=progress)
     if args.json:
         sys.stdout.write(render_json(result.to_json()))
     else:

@@ -6,15 +6,15 @@ import argparse
 import sys
 from pathlib import Path
 
-from envbuild.cli.common import StderrProgress, add_source_options, source_settings, verify_options
+from envbuild.cli.common import StderrProgress, add_source_options, render_json, source_settings, verify_options
 from envbuild.errors import InputError
 from envbuild.fileio import write_atomic
 from envbuild.git.cache import GitCache
+from envbuild.git.mirrors import Mirrors
 from envbuild.lock import dump_lock, read_lock, write_lock
 from envbuild.lock.diff import CommitCounter, diff_locks, render_changes
 from envbuild.lock.model import LOCK_VERSION, LOCK_VERSIONS
-from envbuild.mirrors import Mirrors
-from envbuild.output import render_json, render_verify
+from envbuild.verify.render import render_verify
 
 
 def add_lock_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -87,7 +87,7 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     lock = read_lock(args.lockfile).lock  # before the heavier imports: a bad lock fails fast
-    from envbuild.verify import verify_lock
+    from envbuild.verify.pins import verify_lock
 
     report = verify_lock(lock, str(args.lockfile), verify_options(args), StderrProgress("envbuild", args.quiet))
     sys.stdout.write(render_json(report.to_json()) if args.json else render_verify(report))
@@ -99,8 +99,8 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     tree and package file (what `envbuild image --offline` builds from). A lock that fails verify is
     reported and nothing is fetched (a build would refuse it): exit 1."""
     read = read_lock(args.lockfile)
-    from envbuild.image.inputs import fetch_inputs
-    from envbuild.verify import verify_lock
+    from envbuild.fetch import fetch_inputs
+    from envbuild.verify.pins import verify_lock
 
     if args.offline:
         raise InputError("lock fetch: --offline makes no sense here; this command is what fills the cache")
@@ -114,13 +114,13 @@ def cmd_fetch(args: argparse.Namespace) -> int:
             else render_verify(report) + "nothing fetched: the lock fails verify\n"
         )
         return 1
-    inputs = fetch_inputs(read.lock, read.path, options, progress=progress)
+    inputs = fetch_inputs(read, options.source, progress=progress)
     if args.json:
         sys.stdout.write(render_json({"lock": str(args.lockfile), "verify": report.to_json(), **inputs.to_json()}))
     else:
         fetched = sum(i.fetched for i in inputs.inputs)
         print(
-            f"{args.lockfile}: {len(inputs.inputs)} inputs in {options.cache_dir} "
+            f"{args.lockfile}: {len(inputs.inputs)} inputs in {options.source.cache_dir} "
             f"({fetched} fetched now, {len(inputs.inputs) - fetched} cached before); `envbuild image --offline` "
             "can build from them"
         )
@@ -129,7 +129,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 def cmd_update(args: argparse.Namespace) -> int:
     from envbuild.git.cache import GitCache
-    from envbuild.update import update_lock
+    from envbuild.update.update import update_lock
 
     lock = read_lock(args.lockfile).lock
     cache_dir, mirrors = source_settings(args)
@@ -174,7 +174,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def _commit_counter(cache: GitCache, mirrors: Mirrors) -> CommitCounter:
-    from envbuild.sources import count_commits
+    from envbuild.git.upstream import count_commits
 
     return lambda old, new: count_commits(new.repo, old.commit, new.commit, cache, mirrors=mirrors)
 
@@ -186,7 +186,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.output is not None and args.output.is_dir():
         raise InputError(f"-o {args.output}: is a directory; name the file to write")
     if args.format == "pylock" and not args.offline:
-        from envbuild.packages import package_file_urls
+        from envbuild.fetch import package_file_urls
 
         text = export.export_pylock(lock, urls=package_file_urls(lock))  # PEP 751 wants a url per file
     else:

@@ -97,7 +97,7 @@ class GitCache:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         try:
-            os.rename(tmp, repo.path)
+            Path(tmp).rename(repo.path)
         except OSError:
             # Another process created it first (rename onto a non-empty directory fails): use theirs.
             shutil.rmtree(tmp, ignore_errors=True)

@@ -233,7 +233,7 @@ def _resident(pid: int) -> int:
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _tied_to_parent() -> tuple[str, ...]:
     """The prefix that makes the kernel SIGKILL a command when the thread that started it dies
     (``PR_SET_PDEATHSIG``, set by util-linux's setpriv before it execs git). Without a working setpriv

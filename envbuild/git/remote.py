@@ -76,7 +76,7 @@ class RefListing:
     raw: str = ""
 
     @classmethod
-    def parse(cls, text: str) -> "RefListing":
+    def parse(cls, text: str) -> RefListing:
         heads: dict[str, str] = {}
         tags: dict[str, str] = {}
         peeled: dict[str, str] = {}

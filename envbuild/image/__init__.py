@@ -1,11 +1,10 @@
-"""`envbuild image`, the daemon-free core: plan → context → Dockerfile → (engine) → normalise → check → record.
+"""`envbuild image`: plan → context → Dockerfile → (engine) → normalise → check → record.
 
 Each stage hands the next a typed value; only the engine module (not here) talks to a daemon.
 """
 
-from envbuild.image.context import BuildContext, ContextError, assemble_context
+from envbuild.image.assemble import BuildContext, ContextError, assemble_context
 from envbuild.image.inimage_verdict import compare_inimage, inimage_command
-from envbuild.image.normalize import NormalizeError, NormalizeResult, normalize_image
 from envbuild.image.plan import ContextPlan, FilePlan, SourcePlan, plan_context
 from envbuild.image.record import BuildRecord, build_record, provenance, sbom
 from envbuild.image.render import render_dockerfile
@@ -16,14 +15,11 @@ __all__ = [
     "ContextError",
     "ContextPlan",
     "FilePlan",
-    "NormalizeError",
-    "NormalizeResult",
     "SourcePlan",
     "assemble_context",
     "build_record",
     "compare_inimage",
     "inimage_command",
-    "normalize_image",
     "plan_context",
     "provenance",
     "render_dockerfile",

@@ -14,14 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from envbuild.engine import Engine
+from envbuild.engine.client import Engine
 from envbuild.errors import EngineError, EnvbuildError
 from envbuild.image.plan import ContextPlan
 from envbuild.image.render import base_reference
+from envbuild.lock.platform import oci_platform
 from envbuild.progress import Progress
-
-# The lock's (and the kernel's) machine names, as OCI image configs and docker's platforms spell them.
-OCI_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
 
 
 class PlatformError(EnvbuildError):
@@ -34,11 +32,6 @@ class Base:
     image_id: str
     platform: str  # os/arch of the image the engine holds, e.g. linux/arm64
     pulled: bool
-
-
-def oci_platform(arch: str) -> str:
-    """``linux/arm64`` for the lock's ``aarch64``: how docker and image indexes name the platform."""
-    return f"linux/{OCI_ARCH.get(arch, arch)}"
 
 
 def lock_platform(plan: ContextPlan) -> str | None:

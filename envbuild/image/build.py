@@ -2,11 +2,11 @@
 
 The order is fixed: read the lock → verify it (refuse a failing pin) → connect to the engine (no engine:
 one line, nothing fetched) → fetch the inputs into the caches (every source's tree, every package
-file; :mod:`envbuild.image.inputs`) → plan (pure) → assemble the context from the caches (every file and
+file; :mod:`envbuild.fetch`) → plan (pure) → assemble the context from the caches (every file and
 tree checked before anything is installed) → the base image on the engine, pulled for the lock's
-platform and refused when it is another's (:mod:`.base`) → the packages image (:mod:`.packages`: installed in a
+platform and refused when it is another's (:mod:`.base`) → the packages image (:mod:`.packages_image`: installed in a
 container that is committed without the package files, or reused) → the image on it, legacy builder, no
-network, sending the sources alone (:mod:`.contexts`) → normalise the config (:mod:`.canonical`: the layers are the same bytes
+network, sending the sources alone (:mod:`.stream`) → normalise the config (:mod:`.normalise`: the layers are the same bytes
 on every build, so only the config is rewritten and loaded; the ID must be the computed one) → the
 in-image check (a mismatch removes the image, no tag is set) → tag, push → write the record → tidy the
 engine (:mod:`.retention`).
@@ -27,37 +27,36 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envbuild.engine import BuildStep, Engine
+from envbuild.config import SourceOptions, fetch_command
+from envbuild.data.reference import check_name_and_tag
+from envbuild.engine.client import BuildStep, Engine
 from envbuild.errors import EngineError, EnvbuildError, InputError
-from envbuild.filecache import FileCache
+from envbuild.fetch import Inputs, exporter_for, fetch_inputs, newest_commit_date
 from envbuild.fileio import write_atomic
+from envbuild.image.assemble import BuildContext, assemble_context
 from envbuild.image.base import ensure_base
 from envbuild.image.buildcache import context_dir, lock_name_held, read_map, remember
-from envbuild.image.canonical import normalise, save_added_layers
-from envbuild.image.context import BuildContext, assemble_context
-from envbuild.image.contexts import image_context
 from envbuild.image.inimage_verdict import compare_inimage, inimage_command
-from envbuild.image.inputs import exporter_for, fetch_inputs, newest_commit_date
-from envbuild.image.packages import PackagesImage, ensure_packages_image
+from envbuild.image.normalise import normalise
+from envbuild.image.packages_image import PackagesImage, ensure_packages_image
 from envbuild.image.plan import ContextPlan, plan_context
 from envbuild.image.record import build_record, build_summary, render_record_json
 from envbuild.image.render import base_reference, render_dockerfile, render_image_dockerfile
 from envbuild.image.retention import RAW_REPOSITORY, keep_only, raw_reference
+from envbuild.image.stream import image_context
+from envbuild.index.filecache import FileCache
 from envbuild.interrupts import sigterm_interrupts
-from envbuild.lock.io import LockFile, read_lock
-from envbuild.progress import Progress
-from envbuild.reference import check_name_and_tag
-from envbuild.requirements.buildcheck import build_requirement_problems, require_buildable
-from envbuild.results import VerifyReport
-from envbuild.verify import VerifyOptions, fetch_command, verify_lock
+from envbuild.lock.io import LockFile
+from envbuild.progress import Progress, silent
+from envbuild.verify.buildcheck import build_requirement_problems, require_buildable
+from envbuild.verify.pins import VerifyOptions, verify_lock
+from envbuild.verify.results import VerifyReport
 
-Compare = Callable[[str, dict], list[str]]
 __all__ = ["RAW_REPOSITORY", "BuildRefused", "BuildResult", "ImageOptions", "build_image", "check_tags", "dry_run"]
 
 
@@ -74,11 +73,14 @@ class ImageOptions:
     push: bool = False
     no_cache: bool = False
     record_dir: Path | None = None
-    keep_archive: Path | None = None  # save the normalised image here (`docker save`, the base's layers left out)
+
+    @property
+    def source(self) -> SourceOptions:
+        return self.verify.source
 
     @property
     def cache_dir(self) -> Path:
-        return self.verify.cache_dir
+        return self.verify.source.cache_dir
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,6 @@ class BuildResult:
     steps: tuple[BuildStep, ...]  # every step of every build this one ran (the packages' first)
     reused: bool  # the engine's cache gave a raw image already normalised and checked
     pushed: tuple[tuple[str, str], ...] = ()  # (tag, manifest digest)
-    archive: Path | None = None
     packages: PackagesImage | None = None  # None: the lock has no packages
     sent: int = 0  # bytes of files sent to the engine as build contexts
 
@@ -109,7 +110,7 @@ class BuildResult:
 
 
 def require_verified(
-    read: LockFile, options: VerifyOptions, progress: Progress | None, verified: VerifyReport | None = None
+    read: LockFile, options: VerifyOptions, progress: Progress, verified: VerifyReport | None = None
 ) -> VerifyReport:
     report = verified or verify_lock(read.lock, str(read.path), options, progress)
     if not report.ok:
@@ -120,8 +121,8 @@ def require_verified(
         ]
         unreachable = any(r.status == "unreachable" for r in report.results)
         advice = (
-            f"run `{fetch_command(read.path, options)}` where the upstreams are reachable, then build offline again"
-            if options.offline and unreachable
+            f"run `{fetch_command(read.path, options.source)}` where the upstreams are reachable, then build offline again"
+            if options.source.offline and unreachable
             else f"run `envbuild lock verify {read.path}` for details"
         )
         raise BuildRefused(f"{read.path}: refusing to build, the lock fails verify: {'; '.join(failing)} — {advice}")
@@ -140,11 +141,10 @@ def default_tag(plan: ContextPlan) -> str:
     return f"envbuild/{plan.lock_name}:{plan.lock_sha256[:12]}"
 
 
-def dry_run(lock_path: Path, options: ImageOptions, progress: Progress | None = None) -> tuple[ContextPlan, str]:
+def dry_run(read: LockFile, options: ImageOptions, progress: Progress = silent) -> tuple[ContextPlan, str]:
     """The plan and the Dockerfile a build of this lock would use: a rendering of the lock alone, with no
     network, no verify and no engine. What would stop a real build is said through ``progress``."""
-    say = progress or (lambda message: None)
-    read = read_lock(lock_path)
+    say = progress
     lock = read.lock
     check_tags(options.tags)
     for package in (p for p in lock.packages if not p.files):
@@ -159,7 +159,7 @@ def dry_run(lock_path: Path, options: ImageOptions, progress: Progress | None = 
     epoch = lock.source_date_epoch
     if epoch is None:
         try:
-            epoch = newest_commit_date(lock, exporter_for(options.verify))
+            epoch = newest_commit_date(lock, exporter_for(options.source))
         except EnvbuildError:
             say(
                 "warning: the pinned commits are not in the cache yet, so SOURCE_DATE_EPOCH is shown as 0; "
@@ -180,24 +180,25 @@ def plan_json(plan: ContextPlan) -> dict[str, Any]:
 
 
 def build_image(
-    lock_path: Path,
+    read: LockFile,
     options: ImageOptions,
     *,
-    progress: Progress | None = None,
+    progress: Progress = silent,
     engine: Engine | None = None,
     verified: VerifyReport | None = None,
-    inimage_compare: Compare = compare_inimage,
+    inputs: Inputs | None = None,
 ) -> BuildResult:
     """Build the lock's image; see the module docstring for the stages. ``verified`` skips verifying
-    again (for `envbuild check`); ``inimage_compare`` judges the in-image report (tests replace it)."""
-    say = progress or (lambda message: None)
-    read = read_lock(Path(lock_path))
+    again and ``inputs`` fetching again (`envbuild check` verifies and fetches once, then builds twice
+    from the same value: one lock verified, fetched and built)."""
+    say = progress
     check_tags(options.tags)
     require_verified(read, options.verify, progress, verified)
     require_buildable(read.lock, str(read.path))  # every source's build requirements, before the engine starts
     with nullcontext(engine) if engine is not None else Engine.connect() as connected, sigterm_interrupts():
-        inputs = fetch_inputs(read.lock, read.path, options.verify, progress=progress)
-        exporter, files = exporter_for(options.verify), FileCache(options.cache_dir)
+        if inputs is None:
+            inputs = fetch_inputs(read, options.source, progress=progress)
+        exporter, files = exporter_for(options.source), FileCache(options.cache_dir)
         epoch = read.lock.source_date_epoch if read.lock.source_date_epoch is not None else inputs.epoch
         plan = plan_context(read.lock, lock_sha256=read.sha256, epoch=epoch)
         tags = options.tags or (default_tag(plan),)
@@ -210,7 +211,7 @@ def build_image(
                 export_source=exporter,
                 file_for=lambda package, file: _cached(files, file.sha256),
             )
-            return _build(read.path, plan, context, tags, options, connected, work, say, inimage_compare)
+            return _build(_Assembled(read, plan, context, tags, options, connected, work, say))
 
 
 def _cached(files: FileCache, sha256: str) -> Path:
@@ -220,17 +221,22 @@ def _cached(files: FileCache, sha256: str) -> Path:
     return found
 
 
-def _build(
-    lock_path: Path,
-    plan: ContextPlan,
-    context: BuildContext,
-    tags: tuple[str, ...],
-    options: ImageOptions,
-    engine: Engine,
-    work: Path,
-    say: Progress,
-    compare: Compare,
-) -> BuildResult:
+@dataclass(frozen=True)
+class _Assembled:
+    """A build up to the engine: the lock, its plan, the context assembled from it, and where it goes."""
+
+    lock: LockFile
+    plan: ContextPlan
+    context: BuildContext
+    tags: tuple[str, ...]
+    options: ImageOptions
+    engine: Engine
+    work: Path
+    say: Progress
+
+
+def _build(build: _Assembled) -> BuildResult:
+    plan, context, options, engine, say = build.plan, build.context, build.options, build.engine, build.say
     ensure_base(engine, plan, say)
     packages = ensure_packages_image(engine, context, no_cache=options.no_cache, say=say) if plan.files else None
     raw_tag = raw_reference(plan.lock_name, plan.lock_sha256)
@@ -246,54 +252,44 @@ def _build(
     else:
         normalised = normalise(engine, outcome.image_id, base_reference(plan), plan.epoch, say)
         image_id, diff_ids, reused = normalised.image_id, normalised.diff_ids, False
-        _check_in_image(image_id, context, engine, compare, say)
+        _check_in_image(image_id, context, engine, say)
         remember(
             options.cache_dir,
             outcome.image_id,
             {"image_id": image_id, "lock_sha256": plan.lock_sha256, "lock_name": plan.lock_name},
         )
-    archive = _keep_archive(engine, plan, image_id, options.keep_archive, say)
 
-    for tag in tags:
+    for tag in build.tags:
         engine.tag(image_id, tag)
-    say(f"tagged {image_id} as {', '.join(tags)}")
-    pushed = tuple((tag, engine.push(tag, say)) for tag in tags) if options.push else ()
-    record_dir = write_record(lock_path, plan, context, image_id, tags, diff_ids, pushed, options.record_dir)
+    say(f"tagged {image_id} as {', '.join(build.tags)}")
+    pushed = tuple((tag, engine.push(tag, say)) for tag in build.tags) if options.push else ()
+    record_dir = write_record(
+        build.lock.path, plan, context, image_id, build.tags, diff_ids, pushed, options.record_dir
+    )
     keep_only(engine, plan.lock_name, {raw_tag} | ({packages.reference} if packages else set()), say)
-    steps = (packages.steps if packages else ()) + outcome.steps
-    sent = (packages.sent if packages else 0) + stream.payload
     return BuildResult(
-        image_id,
-        tags,
-        plan.lock_sha256,
-        record_dir,
-        diff_ids,
-        outcome.image_id,
-        steps,
-        reused,
-        pushed,
-        archive,
-        packages,
-        sent,
+        image_id=image_id,
+        tags=build.tags,
+        lock_sha256=plan.lock_sha256,
+        record_dir=record_dir,
+        diff_ids=diff_ids,
+        raw_image_id=outcome.image_id,
+        steps=(packages.steps if packages else ()) + outcome.steps,
+        reused=reused,
+        pushed=pushed,
+        packages=packages,
+        sent=(packages.sent if packages else 0) + stream.payload,
     )
 
 
-def _keep_archive(engine: Engine, plan: ContextPlan, image_id: str, keep: Path | None, say: Progress) -> Path | None:
-    if keep is None:
-        return None
-    base = engine.inspect(base_reference(plan))
-    skip = set(base["RootFS"]["Layers"]) if base else set()
-    return save_added_layers(engine, image_id, Path(keep), skip, say)
-
-
-def _check_in_image(image_id: str, context: BuildContext, engine: Engine, compare: Compare, say: Progress) -> None:
+def _check_in_image(image_id: str, context: BuildContext, engine: Engine, say: Progress) -> None:
     say("checking the image from inside (installed distributions, source trees)")
     output = engine.run(image_id, inimage_command())
     if output.exit_code != 0:
         tail = output.stderr.strip().splitlines()[-1:] or ["no message"]
         problems = [f"the in-image check exited with status {output.exit_code}: {tail[0]}"]
     else:
-        problems = compare(output.stdout, context.manifest)
+        problems = compare_inimage(output.stdout, context.manifest)
     if problems:
         image = engine.inspect(image_id)
         if image is not None and not image.get("RepoTags"):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import re
 import shlex
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from envbuild.errors import InputError
@@ -49,7 +49,7 @@ CLEANUP = (
 _PLACEHOLDER = re.compile(r"\{\{([a-z0-9_]+)\}\}")
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_template(name: str) -> str:
     path = TEMPLATE_DIR / name
     try:

@@ -18,7 +18,7 @@ the engine a few kilobytes. Images under the tags you asked for (``--tag``, the 
 
 from __future__ import annotations
 
-from envbuild.engine import Engine
+from envbuild.engine.client import Engine
 from envbuild.errors import EngineError
 from envbuild.image.plan import LOCK_NAME_LABEL, ROLE_LABEL
 from envbuild.image.render import PACKAGES_REPOSITORY

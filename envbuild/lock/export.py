@@ -73,7 +73,7 @@ def export_pylock(lock: Lock, *, urls: Mapping[str, str] | None = None, files_di
     """PEP 751 ``pylock.toml`` text.
 
     PEP 751 wants a ``url`` or a ``path`` for each file, and a lock records neither: pass ``urls``
-    (filename -> URL, e.g. from :func:`envbuild.packages.package_file_urls`) to get URLs; files without
+    (filename -> URL, e.g. from :func:`envbuild.verify.packages.package_file_urls`) to get URLs; files without
     one get ``path = "<files_dir>/<filename>"``, the layout of a downloaded wheelhouse next to the lock.
     """
     lock = canonical(lock)

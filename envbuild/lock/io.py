@@ -19,11 +19,11 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
+from envbuild.data.typed import DECIMAL_INT, MAX_INT_DIGITS, Decoder
+from envbuild.data.yamlfile import compose_yaml, read_capped
 from envbuild.errors import LockfileError, Problem
 from envbuild.fileio import write_atomic
 from envbuild.lock.model import LOCK_VERSION, LOCK_VERSIONS, Lock, Submodule
-from envbuild.lock.typed import DECIMAL_INT, MAX_INT_DIGITS, Decoder
-from envbuild.lock.yamlfile import compose_yaml, read_capped
 
 HEADER = "# envbuild lockfile: written by `envbuild lock`; every pin is checked by `envbuild lock verify`.\n"
 
@@ -41,12 +41,12 @@ class LockFile:
 def read_lock(path: str | os.PathLike[str]) -> LockFile:
     """Read and validate a lockfile; raise :class:`LockfileError` listing every problem. The one way
     envbuild and envrun read a lock from disk."""
-    data = read_capped(path)
+    data = read_capped(path, LockfileError)
     return LockFile(Path(path), parse_lock(data, str(path)), hashlib.sha256(data).hexdigest())
 
 
 def parse_lock(data: bytes | str, file: str = "<lock>") -> Lock:
-    root = compose_yaml(data, file)
+    root = compose_yaml(data, file, LockfileError)
     if root is None:
         raise LockfileError([Problem(file, 0, "", "empty file; a lock needs version, name and sources")])
     decoder = Decoder(file, version=_check_version(root, file))
@@ -171,8 +171,8 @@ def _submodule_problems(
         here = (*path, "submodules", j)
         name = f"{where}.submodules[{j}]"
 
-        def problem(key: str, message: str) -> None:
-            problems.append(Problem(file, _line_of(root, *here, key), f"{name}.{key}", message))
+        def problem(key: str, message: str) -> None:  # called in this iteration only: the loop's names are its own
+            problems.append(Problem(file, _line_of(root, *here, key), f"{name}.{key}", message))  # noqa: B023
 
         if sub.skipped:
             if sub.submodules:

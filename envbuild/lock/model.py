@@ -22,9 +22,9 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from envbuild import reference
-from envbuild.lock.typed import meta, mfield, shown
-from envbuild.lock.urls import check_index_url, check_repo_url, redact_urls
+from envbuild.data import reference
+from envbuild.data.typed import meta, mfield, shown
+from envbuild.data.urls import check_index_url, check_repo_url, redact_urls
 
 LOCK_VERSION: Literal[2] = 2  # what `lock update` writes
 LOCK_VERSIONS = (1, 2)  # what this envbuild reads

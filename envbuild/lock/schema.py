@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from envbuild.data.typed import json_schema
 from envbuild.lock.model import LOCK_VERSION, LOCK_VERSIONS, Lock
-from envbuild.lock.typed import json_schema
 
 SCHEMA_PATHS = {version: Path(__file__).with_name(f"lock-v{version}.schema.json") for version in LOCK_VERSIONS}
 SCHEMA_PATH = SCHEMA_PATHS[LOCK_VERSION]

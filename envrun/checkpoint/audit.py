@@ -49,28 +49,12 @@ from envrun.checkpoint.layout import (
     read_config,
     split_layer_name,
 )
-from envrun.checkpoint.report import (
-    abbreviate_names,
-    group_missing,
-    natural_sorted,
-    render_audit,
-    render_numbers,
-    shown_name,
-)
+from envrun.checkpoint.names import group_missing, natural_sorted, render_numbers
 from envrun.checkpoint.safetensors_header import SafetensorsHeaderError, read_safetensors_header
 from envrun.checkpoint.uniform import from_uniform_layers
 from envrun.checkpoint.untrusted import JSONLimitError, MiB, brief, load_json, locate, read_limited
 
-# render_audit and shown_name are re-exported: callers (envrun.preflight) take them from here.
-__all__ = [
-    "AuditReport",
-    "CheckpointIndexError",
-    "UnsupportedArchitectureError",
-    "abbreviate_names",
-    "audit_checkpoint",
-    "render_audit",
-    "shown_name",
-]
+__all__ = ["AuditReport", "CheckpointIndexError", "UnsupportedArchitectureError", "audit_checkpoint"]
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"

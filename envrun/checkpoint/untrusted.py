@@ -27,6 +27,7 @@ import re
 import reprlib
 import stat
 from collections.abc import Callable
+from itertools import accumulate
 from pathlib import Path
 
 from envbuild.errors import InputError
@@ -154,18 +155,17 @@ def _skeleton(raw: bytes) -> bytes:
     return _STRING.sub(b"", skeleton) if b'"' in skeleton else skeleton
 
 
+# +1 for an opening bracket, -1 for a closing one: the running sum over a skeleton is the depth.
+_STEP = [1 if byte == ord("[") else -1 for byte in range(256)]
+
+
 def _deeper_than(skeleton: bytes, limit: int) -> bool:
-    if b"[" * (limit + 1) in skeleton:  # the usual bomb, found without a single pass
+    """Whether the brackets nest more than ``limit`` deep: one pass, at C speed (``map`` and
+    ``accumulate`` over the bytes; the skeleton holds brackets only). An unbalanced skeleton is answered
+    by its deepest point too; json.loads then says what else is wrong with the text."""
+    if b"[" * (limit + 1) in skeleton:  # the usual bomb, found without a pass
         return True
-    # Each pass removes the innermost pairs; what is left after ``limit`` passes nests deeper than it.
-    for _ in range(limit):
-        if not skeleton:
-            return False
-        shorter = skeleton.replace(b"[]", b"")
-        if len(shorter) == len(skeleton):  # unbalanced: json.loads will say where
-            return False
-        skeleton = shorter
-    return bool(skeleton)
+    return max(accumulate(map(_STEP.__getitem__, skeleton)), default=0) > limit
 
 
 _REPR = reprlib.Repr()

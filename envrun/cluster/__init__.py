@@ -6,5 +6,5 @@
 - :mod:`~envrun.cluster.up`, :mod:`~envrun.cluster.manage`: ``up``, ``status`` and ``down``;
 - :mod:`~envrun.cluster.nodecheck`: each node's own answer to "which lock do you run?", before a job.
 
-Containers are reached only through :mod:`envbuild.engine`, Ray only through :mod:`envrun.ray_api`.
+Containers are reached only through :mod:`envbuild.engine.client`, Ray only through :mod:`envrun.ray_api`.
 """

@@ -12,9 +12,10 @@ pure functions of the answers.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from envbuild.errors import EngineError
 from envrun import ray_api
@@ -126,7 +127,7 @@ def capacity_line(answers: list[dict[str, Any]], nnodes: int | None, npus_per_no
 
 def model_lines(answers: list[dict[str, Any]]) -> tuple[PreflightLine, ...]:
     """The model audited on each node, at the path the job reads there."""
-    from envrun.checkpoint.audit import shown_name
+    from envrun.checkpoint.names import shown_name
 
     lines = []
     for answer in answers:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from envbuild.engine import JobSpec
+from envbuild.engine.client import JobSpec
 from envbuild.image.plan import LOCK_LABEL
 from envrun.cluster.spec import ClusterSpec
 from envrun.cluster.state import CLUSTER_LABEL, NODE_LABEL, NODE_ROLE_LABEL

@@ -26,13 +26,13 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from envbuild.errors import LockfileError, Problem
+from envbuild.data.decode import decode_yaml
+from envbuild.data.typed import meta, mfield
+from envbuild.data.urls import check_userinfo, redact_url
+from envbuild.data.yamlfile import read_capped
+from envbuild.errors import DataFileError, Problem
 from envbuild.lock.model import SAFE_NAME
-from envbuild.lock.typed import meta, mfield
-from envbuild.lock.urls import check_userinfo, redact_url
-from envbuild.lock.yamlfile import read_capped
 from envrun.plan import Volume
-from envrun.typedyaml import decode_yaml
 
 ENGINE_SCHEMES = ("ssh", "tcp", "unix")
 # Flags `envrun cluster up` sets from the file or from what it finds on the host.
@@ -48,7 +48,7 @@ MANAGED_FLAGS = {
 }
 
 
-class ClusterFileError(LockfileError):
+class ClusterFileError(DataFileError):
     """A cluster file failed validation: every problem, each with its file and line (exit 2)."""
 
 

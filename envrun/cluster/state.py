@@ -79,7 +79,7 @@ def load_state(cache_dir: Path, name: str) -> ClusterState | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
-        raise CacheError(f"{path}: unreadable cluster state ({exc}){_DOWN_BY_FILE}")
+        raise CacheError(f"{path}: unreadable cluster state ({exc}){_DOWN_BY_FILE}") from None
     if not isinstance(document, dict) or document.get("version") != STATE_VERSION:
         raise CacheError(f"{path}: not a cluster state of version {STATE_VERSION}{_DOWN_BY_FILE}")
     try:

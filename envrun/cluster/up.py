@@ -26,11 +26,12 @@ from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from envbuild.engine import Engine, split_tag
+from envbuild.data.reference import split_tag
+from envbuild.engine.client import Engine
 from envbuild.errors import EngineError, EnvbuildError, InputError
-from envbuild.image.base import OCI_ARCH
 from envbuild.image.plan import LOCK_LABEL
 from envbuild.lock.io import LockFile
+from envbuild.lock.platform import OCI_ARCH
 from envbuild.progress import Progress, silent
 from envrun import ray_api
 from envrun.cluster.info import ClusterInfo, NodeInfo

@@ -1,42 +1,14 @@
 """Launchers: run a :class:`~envrun.plan.RunPlan` on one backend, stream its output, stop it on Ctrl-C.
 
 Each backend is one module and the only place that talks to its engine (a subprocess, Ray's job
-API, dockerd); the engines' packages are imported only when that backend is used.
+API, dockerd); the engines' packages are imported only when that backend is used. What a launcher is
+lives in :mod:`.base`, which the backends import; this module only chooses one.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Protocol
-
-from envbuild.progress import Progress
-from envrun.plan import PreflightLine, RunPlan
-
-if TYPE_CHECKING:
-    from envrun.exports import ExportSearch
-    from envrun.probe.report import ExportLayout
-
-LogSink = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class LaunchResult:
-    exit_code: int | None  # None when the job never reported one (stopped, lost)
-    interrupted: bool = False  # stopped on Ctrl-C or SIGTERM
-    detail: str = ""
-
-
-class Launcher(Protocol):
-    def check_target(self, plan: RunPlan, skip: frozenset[str], progress: Progress) -> tuple[PreflightLine, ...]:
-        """Ask where the job will run whether it may (a cluster's nodes: which lock each runs); the lines
-        join the run's preflight record, and a failed one refuses the job before it starts."""
-
-    def find_exports(self, plan: RunPlan, layout: ExportLayout, progress: Progress) -> ExportSearch:
-        """The HF exports the job wrote, each audited on the machine that holds it."""
-
-    def launch(self, plan: RunPlan, log: LogSink) -> LaunchResult:
-        """Run the job to its end; on KeyboardInterrupt (Ctrl-C, or SIGTERM while a run executes) stop it
-        and return ``interrupted=True``."""
+from envrun.launch.base import Launcher
+from envrun.plan import RunPlan
 
 
 def launcher_for(plan: RunPlan) -> Launcher:

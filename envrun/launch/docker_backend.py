@@ -5,21 +5,19 @@ The devices and driver mounts are Ascend's own explicit list with what verl's gu
 on the host, instead of ``--privileged``. The job's files are mounted at the same path inside: the model
 and data read-only, the run's output directory read-write — a host directory under the run directory
 by default, so checkpoints outlive the container and are audited on the host that holds them. The
-engine itself is only ever reached through :mod:`envbuild.engine`.
+engine itself is only ever reached through :mod:`envbuild.engine.client`.
 """
 
 from __future__ import annotations
 
-import glob
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from envbuild.engine import Engine, JobSpec
+from envbuild.engine.client import Engine, JobSpec
 from envbuild.errors import EngineError, InputError
 from envbuild.image.plan import LOCK_LABEL
 from envbuild.progress import Progress
-from envrun.launch import LaunchResult, LogSink
+from envrun.launch.base import LaunchResult, LogSink
 from envrun.plan import PreflightLine, RunPlan
 
 if TYPE_CHECKING:
@@ -41,10 +39,10 @@ STOP_TIMEOUT_SECONDS = 20
 
 def ascend_paths(root: str = "/") -> tuple[str, ...]:
     """The Ascend devices and driver files present under ``root``, as paths on that host."""
-    found: list[str] = []
+    found: list[Path] = []
     for pattern in (*DEVICE_PATTERNS, *DRIVER_MOUNTS):
-        found += sorted(glob.glob(os.path.join(root, pattern.lstrip("/"))))
-    return tuple("/" + os.path.relpath(p, root) for p in found)
+        found += sorted(Path(root).glob(pattern.lstrip("/")))
+    return tuple("/" + p.relative_to(root).as_posix() for p in found)
 
 
 def devices_and_mounts(paths: tuple[str, ...]) -> tuple[list[str], dict[str, dict[str, str]]]:

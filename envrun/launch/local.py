@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from envbuild.errors import InputError
 from envbuild.progress import Progress
-from envrun.launch import LaunchResult, LogSink
+from envrun.launch.base import LaunchResult, LogSink
 from envrun.plan import PreflightLine, RunPlan
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from envbuild.errors import EngineError
 from envbuild.progress import Progress
 from envrun import ray_api
-from envrun.launch import LaunchResult, LogSink
+from envrun.launch.base import LaunchResult, LogSink
 from envrun.plan import PreflightLine, RunPlan
 
 if TYPE_CHECKING:

@@ -411,10 +411,7 @@ def main(argv: list[str]) -> int:
     real_stdout = sys.stdout
     sys.stdout = sys.stderr  # verl prints as it goes; only the report goes to stdout
     try:
-        if argv[:1] == [RESOLVE_FLAG]:
-            report = resolve_as_worker()
-        else:
-            report = Probe(json.loads(argv[0])).run()
+        report = resolve_as_worker() if argv[:1] == [RESOLVE_FLAG] else Probe(json.loads(argv[0])).run()
     except BaseException as exc:
         report = {"crash": "".join(traceback.format_exception_only(type(exc), exc)).strip()[-2000:]}
     real_stdout.write(MARKER + json.dumps(report, sort_keys=True, default=str) + "\n")

@@ -1,4 +1,4 @@
-"""The job probe's request and report as typed values, and its verdict as preflight lines (pure).
+"""The job probe's report as a typed value, and its verdict as preflight lines (pure).
 
 One line per problem, each naming the config key or the module and why it is imported; no problem is
 one ``ok`` line saying what was proven. The whole report rides on the first line (``facts``), so
@@ -9,39 +9,15 @@ one ``ok`` line saying what was proven. The whole report rides on the first line
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 from envrun.plan import PreflightLine
 from envrun.probe.job_script import MARKER
 
 CHECK = "job-probe"
-SOURCE_FILE = Path(__file__).with_name("job_script.py")
 ImportStatus = Literal["ok", "skip", "fail"]
-
-
-@dataclass(frozen=True)
-class ProbeRequest:
-    """What the probe composes and imports: the run's own config name and overrides."""
-
-    config_name: str
-    overrides: tuple[str, ...]
-    entry_module: str
-    skip_imports: Mapping[str, str] = field(default_factory=dict)  # module -> the recipe's reason
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "config_name": self.config_name,
-            "overrides": list(self.overrides),
-            "entry_module": self.entry_module,
-            "skip_imports": dict(self.skip_imports),
-        }
-
-    def argv(self, python: str) -> list[str]:
-        """The command that runs the probe with ``python`` (the script travels as ``-c``: nothing of
-        envrun needs to be where it runs)."""
-        return [python, "-c", SOURCE_FILE.read_text(encoding="utf-8"), json.dumps(self.to_json(), sort_keys=True)]
 
 
 @dataclass(frozen=True)

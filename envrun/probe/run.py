@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-from typing import Mapping
+from collections.abc import Mapping
 
 from envbuild.errors import EngineError
-from envrun.probe.report import ProbeReport, ProbeRequest, failed_report, parse_report
+from envrun.probe.report import ProbeReport, failed_report, parse_report
+from envrun.probe.request import ProbeRequest
 
 TIMEOUT_SECONDS = 900  # importing verl and its stack is most of it: tens of seconds on a slow host
 
@@ -42,7 +43,7 @@ def probe_in_image(
     volumes: Mapping[str, Mapping[str, str]],
 ) -> ProbeReport:
     """The probe in a container of ``image``: its own verl, no network, no devices, the job's env and mounts."""
-    from envbuild.engine import Engine
+    from envbuild.engine.client import Engine
 
     where = f"image {image}"
     try:

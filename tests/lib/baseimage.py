@@ -53,8 +53,8 @@ from typing import Any
 import docker
 import docker.errors
 
-from envbuild.image.base import OCI_ARCH
-from envbuild.transfer import TarSink
+from envbuild.engine.transfer import TarSink
+from envbuild.lock.platform import OCI_ARCH
 
 BASE_IMAGE_TAG = "envbuild-test/base:bookworm-cann9.1.0"
 CANN_VERSION = "9.1.0"

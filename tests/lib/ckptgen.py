@@ -218,7 +218,7 @@ def run_audit_guarded(
 
 def _warm_cli() -> None:
     # Every import the CLI makes, once, in this process: forked children then start with them.
-    from envrun.cli import build_parser
+    from envrun.cli.main import build_parser
 
     build_parser()
 
@@ -232,7 +232,7 @@ def _child(argv: list[str], out: int, err: int, address_space: int) -> None:
         sys.stderr = open(2, "w", encoding="utf-8", closefd=False)
         limit = _address_space_now() + address_space
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-        from envrun.cli import main
+        from envrun.cli.main import main
 
         code = main(argv)
     except BaseException:
@@ -275,7 +275,7 @@ def _run_process(argv: list[str], timeout: float, address_space: int) -> AuditRu
 
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "envrun.cli", *argv],
+            [sys.executable, "-m", "envrun.cli.main", *argv],
             cwd=REPO,
             env={**os.environ, "PYTHONPATH": str(REPO)},
             capture_output=True,

@@ -234,7 +234,7 @@ class GitDaemon:
     port: int = 0
     proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> "GitDaemon":
+    def start(self) -> GitDaemon:
         self.port = free_port()
         config = ["-c", f"uploadpack.allowFilter={'true' if self.allow_filter else 'false'}"]
         self.proc = subprocess.Popen(

@@ -145,10 +145,16 @@ class PyIndex:
         self.urls: dict[str, str] = {}  # filename -> the URL its page lists instead of /files/<name>
         self.sizes: dict[str, object] = {}  # filename -> the PEP 700 size its JSON page states instead
         self.routes: dict[str, Route] = {}  # path -> canned answer, before anything else
+        self.drops: dict[str, int] = {}  # path -> how many more requests are dropped without an answer
         self.requests: list[str] = []
         self._server: ThreadingHTTPServer | None = None
 
     # --- misbehaviour -------------------------------------------------------------------------
+    def drop(self, path: str, times: int = 1) -> None:
+        """Close the connection of the next ``times`` requests for ``path`` before any byte of an
+        answer: the client sees ``RemoteDisconnected``, as from a server that lost the connection."""
+        self.drops[path] = times
+
     def yank(self, filename: str, reason: str | bool = True) -> None:
         self.yanked[filename] = reason
 
@@ -234,6 +240,10 @@ class PyIndex:
             def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
                 if not getattr(self, "_head_only", False):
                     index.requests.append(self.path)
+                if index.drops.get(self.path, 0) > 0:
+                    index.drops[self.path] -= 1
+                    self.close_connection = True
+                    return
                 if (route := index.routes.get(self.path.split("?")[0])) is not None:
                     self._send_route(route)
                     return

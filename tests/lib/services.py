@@ -98,7 +98,7 @@ class PushedImage:
 
 def push_as(client: docker.DockerClient, source: str, repository: str, tag: str) -> str:
     """Tag ``source`` as ``repository:tag`` and push it through envbuild's engine; the manifest digest."""
-    from envbuild.engine import Engine
+    from envbuild.engine.client import Engine
 
     client.images.get(source).tag(repository, tag)
     return Engine(client).push(f"{repository}:{tag}")

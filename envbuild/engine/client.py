@@ -1,0 +1,547 @@
+"""The only module that talks to the container engine: the docker SDK against ``DOCKER_HOST``.
+
+Builds use the legacy builder (what the SDK's build endpoint runs), with no network for ``RUN``
+steps; the stream is turned into one progress line per step, and a failed step raises
+:class:`EngineError` with that step's instruction and the tail of its log. The build context is
+streamed to the engine as it is read (a directory, or a :class:`ContextStream` of tar chunks): the SDK
+would first copy a directory into a temporary tar file, a second copy of every package file.
+
+Long transfers say how far they are, one line at most every few seconds and one at the end: the
+context sent, a ``docker save`` read, a ``docker load`` sent, each layer of a push. Every failure of the
+engine or of the connection to it becomes a one-line :class:`EngineError`; registry credentials come
+from the docker config (the SDK reads it) and are never printed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+import requests
+
+from envbuild.data.reference import split_reference, split_tag
+from envbuild.engine.transfer import (
+    LOG_TAIL,
+    BuildProgress,
+    BuildStep,
+    ContextStream,
+    LayerProgress,
+    Meter,
+    directory_context,
+)
+from envbuild.errors import EngineError
+from envbuild.interrupts import deferred_interrupts
+from envbuild.progress import Progress, silent
+
+TIMEOUT = 3600  # seconds for one API call: a build step or a save of a multi-GB image
+CONNECT_TIMEOUT = 30  # seconds for the first answer of an engine
+_CHUNK = 1 << 20
+
+
+def _chunks_of(archive: Path | Iterable[bytes]) -> Iterator[bytes]:
+    if not isinstance(archive, Path):
+        yield from archive
+        return
+    with open(archive, "rb") as data:
+        while chunk := data.read(_CHUNK):
+            yield chunk
+
+
+@dataclass(frozen=True)
+class BuildOutcome:
+    image_id: str  # "sha256:<hex>" of the raw (not yet normalised) image
+    steps: tuple[BuildStep, ...]
+
+    @property
+    def cached_steps(self) -> int:
+        return sum(step.cached for step in self.steps)
+
+
+@dataclass(frozen=True)
+class RunOutput:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+def _event_error(event: dict[str, Any]) -> str | None:
+    """The message of an error event in a build, push or pull stream (None for any other event)."""
+    if "error" not in event and "errorDetail" not in event:
+        return None
+    return str((event.get("errorDetail") or {}).get("message") or event.get("error") or "failed")
+
+
+def _reason(exc: BaseException) -> str:
+    """One line a user can act on, from the SDK's or requests' nested messages."""
+    text = str(exc)
+    for needle, reason in (
+        ("No such file or directory", "no such socket"),
+        ("Connection refused", "connection refused"),
+        ("Permission denied", "permission denied"),
+        ("timed out", "timed out"),
+        ("Connection aborted", "connection aborted"),
+    ):
+        if needle in text:
+            return reason
+    if isinstance(exc, docker.errors.APIError):
+        return str(exc.explanation or exc).splitlines()[0]
+    return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
+def engine_address() -> str:
+    return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+
+
+@contextmanager
+def _engine_errors(what: str, address: str | None = None) -> Iterator[None]:
+    try:
+        yield
+    except docker.errors.ImageNotFound as exc:
+        raise EngineError(f"{what}: no such image ({_reason(exc)})") from None
+    except (docker.errors.DockerException, requests.RequestException) as exc:
+        if isinstance(exc, docker.errors.APIError) and exc.response is not None:
+            raise EngineError(f"{what}: {_reason(exc)}") from None
+        raise EngineError(
+            f"{what}: the container engine at {address or engine_address()} stopped answering: {_reason(exc)}"
+        ) from None
+
+
+class Engine:
+    """A docker engine. ``Engine.connect()`` checks that one answers."""
+
+    def __init__(self, client: docker.DockerClient, address: str | None = None) -> None:
+        self.client = client
+        self.api = client.api
+        self.address = address or engine_address()
+
+    @classmethod
+    def connect(cls, address: str | None = None) -> Engine:
+        """The engine at ``DOCKER_HOST``, or at ``address``: ``unix:///path``, ``tcp://host:port`` or
+        ``ssh://user@host`` (through the system's ssh client, so its config and agent apply)."""
+        try:
+            if address is None:
+                client = docker.from_env(version="auto", timeout=CONNECT_TIMEOUT)
+            else:
+                client = docker.DockerClient(
+                    base_url=address,
+                    version="auto",
+                    timeout=CONNECT_TIMEOUT,
+                    use_ssh_client=address.startswith("ssh://"),
+                )
+            client.ping()
+        except (docker.errors.DockerException, requests.RequestException) as exc:
+            hint = "start dockerd or set DOCKER_HOST" if address is None else "is dockerd running there, and reachable?"
+            raise EngineError(
+                f"no container engine answers at {address or engine_address()}: {_reason(exc)} ({hint})"
+            ) from None
+        client.api.timeout = TIMEOUT  # a host that does not answer is found out fast; a long build is not cut
+        return cls(client, address)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- build --------------------------------------------------------------------------------
+
+    def build(
+        self,
+        context: Path | ContextStream,
+        *,
+        nocache: bool = False,
+        progress: Progress = silent,
+        tag: str | None = None,
+        what: str = "the build context",
+    ) -> BuildOutcome:
+        """Build the context's ``Dockerfile`` with the legacy builder, no network for RUN steps; ``tag``
+        is set by the engine when the build succeeds (and only then)."""
+        say = progress
+        stream_context = directory_context(context) if isinstance(context, Path) else context
+        meter = Meter(say, f"sent {what}", stream_context.payload)
+        build = BuildProgress(say)
+        with _engine_errors("build", self.address), build:
+            stream = self.api.build(
+                fileobj=meter.wrap(stream_context.chunks()),
+                custom_context=True,
+                tag=tag,
+                rm=True,
+                forcerm=True,
+                nocache=nocache,
+                pull=False,
+                network_mode="none",
+                decode=True,
+            )
+            try:
+                for event in stream:
+                    if (message := _event_error(event)) is not None:
+                        raise EngineError(build.failure(message.strip()))
+                    build.event(event)
+            finally:
+                close = getattr(stream, "close", None)
+                if close is not None:
+                    close()  # an interrupted client closes the stream: the daemon cancels the build
+            image_id = build.image_id
+            if image_id is None and build.short_id is not None:
+                image_id = self.api.inspect_image(build.short_id)["Id"]
+        if image_id is None:
+            raise EngineError("build: the engine finished without naming the built image")
+        steps = tuple(build.steps)
+        say(f"built {image_id[:19]}: {len(steps)} steps, {sum(s.cached for s in steps)} from the layer cache")
+        return BuildOutcome(image_id, steps)
+
+    # -- images -------------------------------------------------------------------------------
+
+    def inspect(self, ref: str) -> dict[str, Any] | None:
+        """The image's inspect data, or None when the engine does not have it."""
+        with _engine_errors(f"inspect {ref}", self.address):
+            try:
+                return self.api.inspect_image(ref)
+            except docker.errors.ImageNotFound:
+                return None
+
+    def history_length(self, ref: str) -> int:
+        with _engine_errors(f"history of {ref}", self.address):
+            return len(self.api.history(ref))
+
+    def history(self, ref: str) -> list[dict[str, Any]]:
+        """The image's history as the engine reports it: newest entry first, each with the ``Id`` of
+        the image that made it when the engine still has that image (else ``<missing>``)."""
+        with _engine_errors(f"history of {ref}", self.address):
+            return list(self.api.history(ref))
+
+    def images(self, *, name: str | None = None, filters: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """The engine's images (leaves only, as ``docker images`` lists them), by repository or filters."""
+        with _engine_errors("list images", self.address):
+            return list(self.api.images(name=name, filters=filters))
+
+    def disk_usage(self) -> dict[str, Any]:
+        """``docker system df``: the engine's layers' size, images and build cache."""
+        with _engine_errors("disk usage", self.address):
+            return dict(self.api.df())
+
+    def save_stream(self, ref: str, progress: Progress = silent, what: str | None = None) -> Iterator[bytes]:
+        """``docker save`` of one image, as chunks, counted in ``progress``. The engine has no way to save
+        part of an image: every layer, the base's too, is read and sent."""
+        image = self.inspect(ref)
+        meter = Meter(progress, what or f"docker save {ref}", (image or {}).get("Size"))
+        with _engine_errors(f"save {ref}", self.address):
+            yield from meter.wrap(self.api.get_image(ref, chunk_size=_CHUNK))
+
+    def save(self, ref: str, dest: Path, progress: Progress = silent) -> None:
+        with open(dest, "wb") as out:
+            for chunk in self.save_stream(ref, progress):
+                out.write(chunk)
+
+    def load(self, archive: Path | Iterable[bytes], progress: Progress = silent) -> list[str]:
+        """Load a ``docker save`` archive (a file or chunks); the image IDs the engine reports. A layer
+        the engine already has (the same chain of layers) is not read: an archive may name such layers in
+        its manifest without carrying them."""
+        name = str(archive) if isinstance(archive, Path) else "an image archive"
+        meter = Meter(progress, "sent to docker load")
+        loaded: list[str] = []
+        with _engine_errors(f"load {name}", self.address):
+            for event in self.api.load_image(meter.wrap(_chunks_of(archive))):
+                if "error" in event:
+                    raise EngineError(f"load {name}: {event['error']}")
+                for line in str(event.get("stream", "")).splitlines():
+                    if line.startswith("Loaded image ID: "):
+                        loaded.append(line.split(": ", 1)[1].strip())
+                    elif line.startswith("Loaded image: "):
+                        loaded.append(self.api.inspect_image(line.split(": ", 1)[1].strip())["Id"])
+        return loaded
+
+    def tag(self, image: str, name: str) -> None:
+        repository, tag = split_tag(name)
+        with _engine_errors(f"tag {name}", self.address):
+            if not self.api.tag(image, repository, tag):
+                raise EngineError(f"tag {name}: the engine refused the tag")
+
+    def remove(self, ref: str, *, force: bool = False) -> bool:
+        """Remove an image or a tag (an image that loses its last tag goes, with its untagged parents);
+        False when it was not there."""
+        with _engine_errors(f"remove {ref}", self.address):
+            try:
+                self.api.remove_image(ref, force=force)
+            except docker.errors.ImageNotFound:
+                return False
+        return True
+
+    def push(self, name: str, progress: Progress = silent) -> str:
+        """Push ``repository:tag`` with the docker config's credentials; returns the manifest digest.
+        Progress: each layer once when it is done (sent, already in the registry, or mounted from another
+        repository) and, while layers are sent, the bytes sent of their total."""
+        say = progress
+        repository, tag = split_tag(name)
+        digest = None
+        push = LayerProgress(say, "push", name)
+        with _engine_errors(f"push {name}", self.address):
+            for event in self.api.push(repository, tag, stream=True, decode=True):
+                if (message := _event_error(event)) is not None:
+                    raise EngineError(f"push {name}: {message}")
+                push.event(event)
+                digest = (event.get("aux") or {}).get("Digest", digest)
+        if digest is None:
+            raise EngineError(f"push {name}: the registry reported no manifest digest")
+        say(f"pushed {name} ({digest}): {push.summary()}")
+        return digest
+
+    def registry_digest(self, name: str) -> str:
+        """The manifest digest the registry serves for ``name`` now (read back after a push)."""
+        return self.distribution(name)[0]
+
+    def distribution(self, name: str) -> tuple[str, tuple[str, ...]]:
+        """What the registry serves for ``name`` now: its manifest digest (an index's, for a
+        multi-platform image) and the platforms it has images for (``linux/arm64``, …), pulling nothing."""
+        with _engine_errors(f"registry data of {name}", self.address):
+            data = self.api.inspect_distribution(name)
+        platforms = tuple(
+            f"{p.get('os') or p.get('OS')}/{p.get('architecture') or p.get('Architecture')}"
+            for p in data.get("Platforms") or ()
+        )
+        return str(data["Descriptor"]["digest"]), platforms
+
+    def pull(self, reference: str, progress: Progress = silent, *, platform: str | None = None) -> str:
+        """Pull ``repository@sha256:…`` (or ``repository:tag``) with the docker config's credentials, each
+        layer said when it is fetched and the bytes while they come; returns the image ID. ``platform``
+        (``linux/arm64``) picks that variant of a multi-platform index, instead of the engine's own."""
+        say = progress
+        pull = LayerProgress(say, "pull", reference)
+        name, tag, digest = split_reference(reference)
+        repository, tag = name, digest or tag or "latest"
+        with _engine_errors(f"pull {reference}", self.address):
+            for event in self.api.pull(repository, tag, stream=True, decode=True, platform=platform):
+                if (message := _event_error(event)) is not None:
+                    raise EngineError(f"pull {reference} on {self.address}: {message}")
+                pull.event(event)
+            image_id = self.api.inspect_image(reference)["Id"]
+        say(f"pulled {reference} on {self.address}: {pull.summary()}")
+        return str(image_id)
+
+    def machine(self) -> str:
+        """The engine host's machine name, as the engine reports it (``x86_64``, ``aarch64``)."""
+        with _engine_errors("info", self.address):
+            return str(self.api.info().get("Architecture") or "")
+
+    def memory_bytes(self) -> int:
+        """The engine host's memory, as the engine reports it."""
+        with _engine_errors("info", self.address):
+            return int(self.api.info().get("MemTotal") or 0)
+
+    # -- containers ---------------------------------------------------------------------------
+
+    def run(
+        self,
+        image: str,
+        command: list[str],
+        volumes: dict[str, dict[str, str]] | None = None,
+        environment: dict[str, str] | None = None,
+    ) -> RunOutput:
+        """Run ``command`` in a new container of ``image`` with no network and no devices; always removed after."""
+        with _engine_errors(f"run in {image[:19] if image.startswith('sha256:') else image}", self.address):
+            container = None
+            try:
+                with deferred_interrupts():  # Ctrl-C while it is created: taken once it can be removed
+                    container = self.client.containers.create(
+                        image,
+                        command,
+                        network_mode="none",
+                        volumes=volumes or {},
+                        environment=environment or {},
+                        detach=True,
+                    )
+                container.start()
+                status = container.wait(timeout=TIMEOUT)
+                out = container.logs(stdout=True, stderr=False).decode("utf-8", "replace")
+                err = container.logs(stdout=False, stderr=True).decode("utf-8", "replace")
+            finally:
+                if container is not None:
+                    container.remove(force=True)
+        return RunOutput(int(status.get("StatusCode", -1)), out, err)
+
+    # A container to install into and commit (the packages image): create, copy files in, run, commit.
+
+    def create(self, image: str, command: list[str], labels: dict[str, str], name: str | None = None) -> str:
+        """A stopped container of ``image`` that will run ``command`` with no network; its ID. ``name``:
+        what ``docker ps`` shows (the engine picks one when None)."""
+        with _engine_errors(f"create a container of {_short(image)}", self.address):
+            config = self.api.create_host_config(network_mode="none")
+            created = self.api.create_container(image, command, labels=labels, host_config=config, name=name)
+            return str(created["Id"])
+
+    def put_archive(self, container: str, path: str, chunks: Iterable[bytes]) -> None:
+        """Unpack a tar stream into ``path`` of the container (the engine reads it as it comes)."""
+        with _engine_errors(f"copy files into container {container[:12]}", self.address):
+            if not self.api.put_archive(container, path, chunks):
+                raise EngineError(f"copy files into container {container[:12]}: the engine refused the archive")
+
+    def start_and_wait(self, container: str, on_line: Callable[[str], None]) -> RunOutput:
+        """Start the container, pass each line of its stderr to ``on_line`` as it comes, wait for it;
+        its stdout is returned whole."""
+        with _engine_errors(f"run container {container[:12]}", self.address):
+            self.api.start(container)
+            pending = b""
+            for chunk in self.api.logs(container, stdout=False, stderr=True, stream=True, follow=True):
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    on_line(line.decode("utf-8", "replace"))
+            status = self.api.wait(container, timeout=TIMEOUT)
+            out = self.api.logs(container, stdout=True, stderr=False).decode("utf-8", "replace")
+            err = self.api.logs(container, stdout=False, stderr=True).decode("utf-8", "replace")
+        return RunOutput(int(status.get("StatusCode", -1)), out, err)
+
+    def commit(self, container: str) -> str:
+        """The container's file system changes as one new layer on its image: the new image's ID."""
+        with _engine_errors(f"commit container {container[:12]}", self.address):
+            return str(self.api.commit(container)["Id"])
+
+    def run_job(self, spec: JobSpec, on_output: Callable[[str], None]) -> tuple[int | None, bool]:
+        """Run a long job: stream its output to ``on_output`` until it ends; on Ctrl-C stop the container
+        (SIGTERM, then SIGKILL after ``spec.stop_timeout``). Returns (exit code, interrupted)."""
+        container_id = None
+        try:
+            with deferred_interrupts():  # Ctrl-C while it starts: taken once it can be stopped and removed
+                container_id = self.start(spec)
+            with _engine_errors(f"run {spec.image}", self.address):
+                container = self.client.containers.get(container_id)
+            try:
+                for chunk in container.logs(stream=True, follow=True):
+                    on_output(chunk.decode("utf-8", errors="replace"))
+                with _engine_errors(f"wait for {container.short_id}", self.address):
+                    return int(container.wait()["StatusCode"]), False
+            except KeyboardInterrupt:
+                with _engine_errors(f"stop {container.short_id}", self.address):
+                    container.stop(timeout=spec.stop_timeout)
+                    return int(container.wait(timeout=spec.stop_timeout + 10)["StatusCode"]), True
+        finally:
+            try:
+                if container_id is not None:
+                    self.api.remove_container(container_id, force=True)
+            except (docker.errors.DockerException, requests.RequestException):
+                pass  # the engine went away; nothing more to clean here
+
+    def start(self, spec: JobSpec) -> str:
+        """Create and start a detached, long-running container; its ID. A container that was created but
+        would not start is removed again."""
+        with _engine_errors(f"start {spec.name or spec.image} on {self.address}", self.address):
+            same = ("ipc_mode", "network_mode", "working_dir", "name", "shm_size")  # the SDK's names for them
+            container = None
+            try:
+                with deferred_interrupts():  # Ctrl-C while it is created: taken once it can be removed
+                    container = self.client.containers.create(
+                        spec.image,
+                        command=list(spec.command),
+                        environment=dict(spec.env),
+                        devices=list(spec.devices),
+                        volumes=dict(spec.volumes),
+                        labels=dict(spec.labels),
+                        **{option: getattr(spec, option) for option in same},
+                    )
+                container.start()
+            except BaseException:
+                if container is not None:
+                    container.remove(force=True)
+                raise
+        return str(container.id)
+
+    def containers(self, labels: dict[str, str]) -> list[ContainerState]:
+        """Every container (running or not) carrying all of ``labels``, by name."""
+        wanted = [f"{key}={value}" for key, value in sorted(labels.items())]
+        with _engine_errors(f"list containers on {self.address}", self.address):
+            found = self.api.containers(all=True, filters={"label": wanted})
+        return sorted(
+            (
+                ContainerState(
+                    c["Id"], (c.get("Names") or ["/"])[0].lstrip("/"), c["State"], c["ImageID"], c.get("Labels") or {}
+                )
+                for c in found
+            ),
+            key=lambda c: c.name,
+        )
+
+    def container(self, container_id: str) -> ContainerState | None:
+        """A container's state now, or None when it is gone."""
+        with _engine_errors(f"inspect container {container_id[:12]} on {self.address}", self.address):
+            try:
+                attrs = self.api.inspect_container(container_id)
+            except docker.errors.NotFound:
+                return None
+        config = attrs.get("Config") or {}
+        return ContainerState(
+            attrs["Id"], attrs["Name"].lstrip("/"), attrs["State"]["Status"], attrs["Image"], config.get("Labels") or {}
+        )
+
+    def exec(self, container_id: str, command: list[str]) -> RunOutput:
+        """Run ``command`` in a running container and wait for it."""
+        with _engine_errors(f"exec in {container_id[:12]} on {self.address}", self.address):
+            handle = self.api.exec_create(container_id, command, stdout=True, stderr=True)
+            out, err = self.api.exec_start(handle["Id"], demux=True)
+            code = self.api.exec_inspect(handle["Id"]).get("ExitCode")
+        return RunOutput(
+            -1 if code is None else int(code),
+            (out or b"").decode("utf-8", "replace"),
+            (err or b"").decode("utf-8", "replace"),
+        )
+
+    def logs_tail(self, container_id: str, lines: int = LOG_TAIL) -> str:
+        with _engine_errors(f"logs of {container_id[:12]} on {self.address}", self.address):
+            return self.api.logs(container_id, tail=lines).decode("utf-8", "replace")
+
+    def remove_container(self, container_id: str, stop_timeout: int = 30) -> bool:
+        """Stop (SIGTERM, SIGKILL after ``stop_timeout``; 0 kills at once) and remove a container, running or
+        not; False when it was gone already."""
+        with _engine_errors(f"remove container {container_id[:12]} on {self.address}", self.address):
+            try:
+                if stop_timeout:
+                    self.api.stop(container_id, timeout=stop_timeout)
+                self.api.remove_container(container_id, force=True)
+            except docker.errors.NotFound:
+                return False
+        return True
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A container for a long job: what runs, with which devices, mounts and network."""
+
+    image: str
+    command: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+    devices: tuple[str, ...] = ()  # "host:container:rwm"
+    volumes: dict[str, dict[str, str]] = field(default_factory=dict)
+    network_mode: str = "none"
+    ipc_mode: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    working_dir: str | None = None
+    stop_timeout: int = 20
+    name: str | None = None  # the container's name; None lets the engine pick one
+    shm_size: int | None = None  # bytes of /dev/shm; None is the engine's default (64 MB)
+
+
+@dataclass(frozen=True)
+class ContainerState:
+    """A container as the engine sees it now."""
+
+    id: str  # full 64 hex
+    name: str
+    state: str  # created | running | paused | restarting | removing | exited | dead
+    image_id: str
+    labels: dict[str, str]
+
+    @property
+    def running(self) -> bool:
+        return self.state == "running"
+
+
+def _short(ref: str) -> str:
+    return ref[:19] if ref.startswith("sha256:") else ref

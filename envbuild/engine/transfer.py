@@ -1,0 +1,300 @@
+"""Long transfers to and from the container engine, as a person follows them: byte counts with a total,
+one line at most every few seconds; build contexts produced as tar chunks on demand (never a whole
+temporary tar); a push's per-layer events turned into a few lines. Used by :mod:`envbuild.engine.client`."""
+
+from __future__ import annotations
+
+import re
+import stat
+import tarfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from envbuild.progress import Progress
+
+REPORT_EVERY = 5.0  # seconds between two progress lines of one long transfer
+STEP_HEARTBEAT = 30.0  # seconds a build step runs before its progress says it still does, and between two such lines
+LOG_TAIL = 20
+_STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# The builder's own chatter, not the step's output.
+_NOISE = re.compile(r"^(---> |Removing intermediate container |Successfully )")
+
+
+def human_bytes(count: float) -> str:
+    """``1.21 GB``, ``31.2 MB``, ``312 MB``, ``4.10 kB``: three digits (powers of 1000, as docker prints
+    sizes)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(count) >= scale:
+            value = count / scale
+            return f"{value:.{2 if value < 10 else 1 if value < 100 else 0}f} {unit}"
+    return f"{int(count)} B"
+
+
+class Meter:
+    """Counts the bytes of one long transfer and says how far it is: at most one line every
+    ``every`` seconds while it runs, and one when it is done (never a line per chunk)."""
+
+    def __init__(self, say: Progress, what: str, total: int | None = None, every: float = REPORT_EVERY) -> None:
+        self.say, self.what, self.total, self.every = say, what, total, every
+        self.count, self.start = 0, time.monotonic()
+        self.last = self.start
+
+    def add(self, count: int) -> None:
+        self.count += count
+        now = time.monotonic()
+        if now - self.last >= self.every:
+            self.last = now
+            of = f" of {human_bytes(self.total)}" if self.total else ""
+            self.say(f"{self.what}: {human_bytes(self.count)}{of} ({now - self.start:.0f} s)")
+
+    def done(self, detail: str = "") -> None:
+        seconds = time.monotonic() - self.start
+        self.say(f"{self.what}: {human_bytes(self.count)} in {seconds:.1f} s{detail}")
+
+    def wrap(self, chunks: Iterable[bytes]) -> Iterator[bytes]:
+        for chunk in chunks:
+            self.add(len(chunk))
+            yield chunk
+        self.done()
+
+
+@dataclass(frozen=True)
+class ContextStream:
+    """A build context as tar chunks made on demand, and the bytes of the files in it (for progress)."""
+
+    chunks: Callable[[], Iterator[bytes]]
+    payload: int
+
+
+def directory_context(root: Path) -> ContextStream:
+    """A directory as a build context: every entry under it, sorted, with its own mode and mtime,
+    owner 0:0 and no owner names (what the legacy builder's COPY keeps of a header is mode and mtime)."""
+    entries = sorted(p for p in root.rglob("*"))
+    payload = sum(p.lstat().st_size for p in entries if p.is_file() and not p.is_symlink())
+
+    def chunks() -> Iterator[bytes]:
+        sink = TarSink()
+        with tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
+            for path in entries:
+                info = tar.gettarinfo(str(path), path.relative_to(root).as_posix())
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                if stat.S_ISREG(path.lstat().st_mode):
+                    with open(path, "rb") as data:
+                        tar.addfile(info, data)
+                else:
+                    tar.addfile(info)
+                yield from sink.drain()
+        yield from sink.drain()
+
+    return ContextStream(chunks, payload)
+
+
+class TarSink:
+    """A write-only file object that keeps what ``tarfile`` writes until it is drained: lets a tar be
+    produced chunk by chunk for a streaming upload."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+
+    def write(self, data: bytes) -> int:
+        self.parts.append(bytes(data))
+        return len(data)
+
+    def drain(self) -> Iterator[bytes]:
+        parts, self.parts = self.parts, []
+        yield from parts
+
+
+class LayerProgress:
+    """Turns the engine's per-layer events of a push or a pull (Waiting, Pushing/Downloading with bytes,
+    then Pushed, Layer already exists, Mounted from / Pull complete, Already exists) into a few lines:
+    each layer once when it is done, and while bytes move, how many of how many, every few seconds."""
+
+    _MOVING = {"push": "Pushing", "pull": "Downloading"}
+    _MOVED = {"push": ("Pushed",), "pull": ("Pull complete",)}
+    _THERE = ("Layer already exists", "Already exists", "Mounted from")
+
+    def __init__(self, say: Progress, verb: str, name: str) -> None:
+        self.say, self.verb, self.name = say, verb, name
+        self.layers: dict[str, str] = {}  # layer id -> its last status
+        self.sizes: dict[str, int] = {}
+        self.moved: dict[str, int] = {}
+        self.last = time.monotonic()
+
+    def _finished(self, status: str) -> bool:
+        return status in self._MOVED[self.verb] or status.startswith(self._THERE)
+
+    def event(self, event: dict[str, Any]) -> None:
+        layer, status = event.get("id"), str(event.get("status", ""))
+        if not layer or not status or status.startswith(("Pulling from", "Digest:", "Status:", "The push refers")):
+            return  # lines about the repository or the tag, not a layer
+        previous = self.layers.get(layer)
+        if previous is not None and self._finished(previous):
+            return
+        self.layers[layer] = status
+        detail = event.get("progressDetail") or {}
+        if status == self._MOVING[self.verb] and detail.get("total"):
+            self.sizes[layer], self.moved[layer] = int(detail["total"]), int(detail.get("current", 0))
+            now = time.monotonic()
+            if now - self.last >= REPORT_EVERY:
+                self.last = now
+                self.say(
+                    f"{self.verb} {self.name}: {human_bytes(sum(self.moved.values()))} of "
+                    f"{human_bytes(sum(self.sizes.values()))} ({self._done()} of {len(self.layers)} layers done)"
+                )
+        elif self._finished(status):
+            if layer in self.sizes:
+                self.moved[layer] = self.sizes[layer]
+            size = f" ({human_bytes(self.sizes[layer])})" if layer in self.sizes else ""
+            what = "sent" if status == "Pushed" else "fetched" if status == "Pull complete" else status.lower()
+            self.say(f"{self.verb} {self.name}: layer {layer} {what}{size}, {self._done()} of {len(self.layers)} done")
+
+    def _done(self) -> int:
+        return sum(1 for status in self.layers.values() if self._finished(status))
+
+    def summary(self) -> str:
+        moved = sum(1 for status in self.layers.values() if status in self._MOVED[self.verb])
+        where = "in the registry" if self.verb == "push" else "in the engine"
+        return (
+            f"{len(self.layers)} layers, {moved} {'sent' if self.verb == 'push' else 'fetched'} "
+            f"({human_bytes(sum(self.sizes.values()))}), {len(self.layers) - moved} already {where}"
+        )
+
+
+@dataclass(frozen=True)
+class BuildStep:
+    number: int
+    total: int
+    instruction: str
+    cached: bool
+    seconds: float
+
+
+class BuildProgress:
+    """The legacy builder's stream as steps and lines: one line per step, and while a step runs long
+    (installing GBs of packages; committing a layer of GBs, during which the engine sends nothing) a line
+    every :data:`STEP_HEARTBEAT` seconds from a timer thread, with the step's last output. Use as a
+    context manager around reading the stream."""
+
+    def __init__(self, say: Progress, heartbeat: float = STEP_HEARTBEAT) -> None:
+        self.say, self.heartbeat = say, heartbeat
+        self.steps: list[BuildStep] = []
+        self.log: deque[str] = deque(maxlen=LOG_TAIL)
+        self.image_id: str | None = None
+        self.short_id: str | None = None
+        self._current: dict[str, Any] | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="envbuild-build-progress", daemon=True)
+
+    def __enter__(self) -> BuildProgress:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        with self._lock:
+            self._finish(time.monotonic())
+
+    def _beat(self) -> None:
+        while not self._stop.wait(min(self.heartbeat, 5.0)):
+            with self._lock:
+                current, now = self._current, time.monotonic()
+                if current is None or now - current["said"] < self.heartbeat:
+                    continue
+                current["said"] = now
+                last = f"; last output: {self.log[-1].strip()[:80]}" if self.log else ""
+                self.say(
+                    f"step {current['number']}/{current['total']}: still running after {now - current['start']:.0f} s{last}"
+                )
+
+    def _finish(self, now: float) -> None:
+        current = self._current
+        if current is not None:
+            seconds = round(now - current["start"], 3)
+            self.steps.append(
+                BuildStep(current["number"], current["total"], current["instruction"], current["cached"], seconds)
+            )
+            self._current = None
+
+    def event(self, event: dict[str, Any]) -> None:
+        if "aux" in event and isinstance(event["aux"], dict) and "ID" in event["aux"]:
+            self.image_id = event["aux"]["ID"]
+        for line in _ANSI.sub("", str(event.get("stream", ""))).splitlines():
+            with self._lock:
+                self._line(line)
+
+    def _line(self, line: str) -> None:
+        if match := _STEP.match(line.strip()):
+            now = time.monotonic()
+            self._finish(now)
+            # FROM builds nothing: it counts as answered from what the engine holds.
+            self._current = {
+                "number": int(match[1]),
+                "total": int(match[2]),
+                "instruction": match[3],
+                "cached": match[3].upper().startswith("FROM "),
+                "start": now,
+                "said": now,
+            }
+            self.log.clear()
+            self.say(f"step {match[1]}/{match[2]}: {match[3][:100]}")
+        elif line.strip() == "---> Using cache" and self._current is not None:
+            self._current["cached"] = True
+        elif line.startswith("Successfully built "):
+            self.short_id = line.split()[-1]
+        elif line.strip() and not _NOISE.match(line.strip()):
+            self.log.append(line.rstrip())
+
+    def failure(self, message: str) -> str:
+        """The one-line error of a failed build: the step, the engine's message, the step's log tail."""
+        with self._lock:
+            current = self._current
+            where = (
+                f"step {current['number']}/{current['total']} ({current['instruction'][:120]})"
+                if current
+                else "before the first step"
+            )
+            tail = "".join(f"\n    | {line}" for line in self.log)
+        return f"build failed at {where}: {message}{tail}"
+
+
+class Heartbeat:
+    """While a long, mostly silent operation runs (a package install, committing a layer of GBs), a line
+    every ``every`` seconds that it still runs, with its last output. A context manager."""
+
+    def __init__(self, say: Progress, what: str, every: float = STEP_HEARTBEAT) -> None:
+        self.say, self.what, self.every = say, what, every
+        self.last = ""
+        self._start = self._said = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="envbuild-heartbeat", daemon=True)
+
+    def output(self, line: str) -> None:
+        if line.strip():
+            self.last = line.strip()
+
+    def __enter__(self) -> Heartbeat:
+        self._start = self._said = time.monotonic()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(min(self.every, 5.0)):
+            now = time.monotonic()
+            if now - self._said >= self.every:
+                self._said = now
+                last = f"; last output: {self.last[:80]}" if self.last else ""
+                self.say(f"{self.what}: still running after {now - self._start:.0f} s{last}")

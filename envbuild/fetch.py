@@ -1,0 +1,189 @@
+"""A build's inputs, in the caches: the exact tree of every source and every package file of a lock, and
+where the index serves each file now (for a pylock.toml export).
+
+``envbuild image`` and ``envbuild check`` call :func:`fetch_inputs` themselves, before planning, whatever
+``lock verify`` did or did not fetch: verify's fast path settles a pin at a branch head or a tag from
+the ref listing alone and fetches nothing, while a build needs the commit (its date is the default
+epoch) and every file of its tree. ``envbuild lock fetch`` runs it alone, so that a later ``--offline``
+build (an air-gapped cluster with a copied cache) finds everything.
+
+Offline, nothing is fetched: every input that is not in the cache is named at once, with the command
+that puts it there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import requests
+
+from envbuild.config import SourceOptions, fetch_command
+from envbuild.errors import EnvbuildError, ProblemsError, RemoteError
+from envbuild.git.treeexport import (
+    TreeExporter,
+    TreePin,
+    commit_dates,
+    fetch_commit,
+    has_commit,
+    source_pin,
+    submodule_pins,
+)
+from envbuild.index.client import IndexClient, ProjectPage
+from envbuild.index.filecache import FileCache
+from envbuild.lock.io import LockFile
+from envbuild.lock.model import Lock, Package, PackageFile
+from envbuild.progress import Progress, silent
+
+
+class InputsMissing(EnvbuildError):
+    """Offline, and the cache lacks inputs of the build; names each and the command that fetches them."""
+
+
+class InputFetchError(ProblemsError):
+    """An input could not be fetched (a remote fault, or it is not what the lock pins); names each."""
+
+
+@dataclass(frozen=True)
+class FetchedInput:
+    kind: Literal["source", "submodule", "package_file"]
+    name: str  # the source, SOURCE/PATH of a submodule, or the package
+    what: str  # the commit, or the file name
+    fetched: bool  # False: it was in the cache already
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "name": self.name, "what": self.what, "fetched": self.fetched}
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Everything a build of the lock reads, in the caches; ``epoch`` is the newest pinned commit's
+    committer date (None for a lock without sources)."""
+
+    inputs: tuple[FetchedInput, ...]
+    epoch: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"inputs": [i.to_json() for i in self.inputs], "newest_commit_date": self.epoch}
+
+
+def exporter_for(source: SourceOptions) -> TreeExporter:
+    return TreeExporter(source.cache_dir, mirrors=source.mirrors, offline=source.offline)
+
+
+def fetch_inputs(
+    lock_file: LockFile,
+    source: SourceOptions,
+    *,
+    client: IndexClient | None = None,
+    progress: Progress = silent,
+) -> Inputs:
+    """Put every input of the lock in the caches of ``source.cache_dir`` (offline: check that they are
+    there), through ``source.mirrors``."""
+    lock, lock_path, say = lock_file.lock, lock_file.path, progress
+    exporter, files, jobs = exporter_for(source), FileCache(source.cache_dir), source.jobs
+    missing: list[str] = []
+    pins = tree_pins(lock)
+    if exporter.offline:
+        missing += [f"{pin.what} (commit {pin.commit})" for pin in pins if not has_commit(exporter, pin)]
+        missing += [
+            f"package {p.name} {p.version} ({f.filename})" for p, f in _package_files(lock) if not files.get(f.sha256)
+        ]
+        if missing:
+            raise InputsMissing(
+                f"{lock_path}: --offline, and the cache ({exporter.cache_dir}) lacks {'; '.join(missing)}; run "
+                f"`{fetch_command(lock_path, source)}` where the upstreams are reachable"
+            )
+    fetched_sources = _fetch_trees(pins, exporter, jobs, say)
+    fetched_files = _fetch_files(lock, files, client or IndexClient(), say)
+    return Inputs((*fetched_sources, *fetched_files), newest_commit_date(lock, exporter))
+
+
+def newest_commit_date(lock: Lock, exporter: TreeExporter) -> int | None:
+    """The newest committer date of the pinned commits, read from the export cache (no network)."""
+    dates = []
+    for source in lock.sources:
+        found = commit_dates(exporter.cache, exporter.mirrors.rewrite(source.repo), [source.commit])
+        if source.commit not in found:
+            raise EnvbuildError(f"source {source.name}: commit {source.commit} is not in {exporter.cache.root}")
+        dates.append(found[source.commit])
+    return max(dates) if dates else None
+
+
+def tree_pins(lock: Lock) -> list[TreePin]:
+    """Every tree a build writes: each source's, then each submodule's the image gets (every level)."""
+    sources = [source_pin(s) for s in lock.sources]
+    return sources + [pin for s in lock.sources for _, pin in submodule_pins(s)]
+
+
+def _fetch_trees(pins: list[TreePin], exporter: TreeExporter, jobs: int, say: Progress) -> list[FetchedInput]:
+    def one(pin: TreePin) -> FetchedInput:
+        entry = FetchedInput(pin.kind, pin.name, pin.commit, False)
+        if has_commit(exporter, pin):
+            return entry
+        say(f"fetching the files of {pin.what} ({pin.commit[:12]})")
+        fetch_commit(exporter, pin)
+        return dataclasses.replace(entry, fetched=True)
+
+    problems: list[str] = []
+    results: list[FetchedInput] = []
+    with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(pins) or 1))) as pool:
+        for pin, future in [(p, pool.submit(one, p)) for p in pins]:
+            try:
+                results.append(future.result())
+            except EnvbuildError as exc:
+                problems.append(str(exc) if str(exc).startswith(pin.what) else f"{pin.what}: {exc}")
+    if problems:
+        raise InputFetchError(problems)
+    return results
+
+
+def _package_files(lock: Lock) -> list[tuple[Package, PackageFile]]:
+    return [(p, f) for p in lock.packages for f in sorted(p.files, key=lambda f: f.filename)]
+
+
+def _fetch_files(lock: Lock, files: FileCache, client: IndexClient, say: Progress) -> list[FetchedInput]:
+    results: list[FetchedInput] = []
+    problems: list[str] = []
+    for package, file in _package_files(lock):
+        if files.get(file.sha256):
+            results.append(FetchedInput("package_file", package.name, file.filename, False))
+            continue
+        say(f"downloading {file.filename}")
+        try:
+            page = client.project(lock.index_for(package), package.name)
+            listed = page.file(file.filename)
+            if listed is None:
+                raise RemoteError(f"{page.index} no longer lists {file.filename}")
+            files.fetch(listed.url, file.sha256, file.filename, client.download)
+        except EnvbuildError as exc:
+            problems.append(f"package {package.name} {package.version}: {exc}")
+            continue
+        results.append(FetchedInput("package_file", package.name, file.filename, True))
+    if problems:
+        raise InputFetchError(problems)
+    return results
+
+
+def package_file_urls(
+    lock: Lock, *, jobs: int = 8, session: requests.Session | None = None, client: IndexClient | None = None
+) -> dict[str, str]:
+    """Download URLs of the lock's files, as the index lists them now (for a pylock.toml export)."""
+    client = client or IndexClient(session)
+    wanted = {f.filename for p in lock.packages for f in p.files}
+
+    def page(package: Package) -> ProjectPage | None:
+        try:
+            return client.project(lock.index_for(package), package.name)
+        except RemoteError:
+            return None
+
+    urls: dict[str, str] = {}
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        for found in pool.map(page, lock.packages):
+            for f in found.files if found else ():
+                if f.filename in wanted:
+                    urls[f.filename] = f.url
+    return dict(sorted(urls.items()))

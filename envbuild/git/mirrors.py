@@ -1,0 +1,59 @@
+"""URL rewriting for mirrors, with git's ``url.<base>.insteadOf`` semantics: the longest matching
+prefix wins, and a URL is rewritten at most once.
+
+A rule comes from ``--mirror FROM=TO`` or the config file's ``mirrors:``. Both sides are URL prefixes,
+checked like a lock's repository URL for credentials (none in an http(s), git or file URL; a plain user
+name only in an ssh one) and quoted redacted when refused. The rewritten URL is checked again in full
+(:func:`envbuild.git.upstream.check_inputs`), so a rule cannot smuggle in an option, a remote helper or a
+user part assembled across the prefix boundary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from envbuild.data.urls import GIT_CREDENTIALS, check_userinfo, redact_url
+from envbuild.errors import InputError
+
+
+def check_rule(source: str, target: str) -> str | None:
+    """Why a FROM=TO rule is refused, or None."""
+    if not source or not target:
+        return f"expected FROM=TO with neither side empty, got {redact_url(source)!r}={redact_url(target)!r}"
+    for side in (source, target):
+        if any(c.isspace() or not c.isprintable() for c in side):
+            return f"{redact_url(side)!r} contains whitespace or control characters"
+        if (problem := check_userinfo(side, GIT_CREDENTIALS)) is not None:
+            return problem
+    return None
+
+
+@dataclass(frozen=True)
+class Mirrors:
+    rules: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def parse(cls, specs: Iterable[str], origin: str = "--mirror") -> Mirrors:
+        """Rules from FROM=TO strings; every bad one is reported, one line each, before any is used."""
+        rules, problems = [], []
+        for spec in specs:
+            source, sep, target = spec.partition("=")
+            problem = check_rule(source, target) if sep else f"expected FROM=TO, got {redact_url(spec)!r}"
+            if problem is not None:
+                problems.append(f"{origin}: {problem}")
+            rules.append((source, target))
+        if problems:
+            raise InputError("\n".join(problems))
+        return cls(tuple(rules))
+
+    def merged(self, other: Mirrors) -> Mirrors:
+        """``other`` (e.g. the command line) takes precedence over ``self`` (e.g. the config file)."""
+        return Mirrors(other.rules + self.rules)
+
+    def rewrite(self, url: str) -> str:
+        best: tuple[str, str] | None = None
+        for source, target in self.rules:
+            if url.startswith(source) and (best is None or len(source) > len(best[0])):
+                best = (source, target)
+        return url if best is None else best[1] + url[len(best[0]) :]

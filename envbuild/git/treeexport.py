@@ -1,0 +1,277 @@
+"""Write the exact tree of a pinned commit into a directory, for the image build context.
+
+The verify cache (:mod:`envbuild.git.cache`) holds commits only (``--filter=tree:0``), so exports come
+from a second cache of bare repositories beside it, ``<cache_dir>/git-export/``, keyed like the first
+and guarded by the same locks and atomic creation (:class:`~envbuild.git.cache.GitCache`). Into it each
+pinned commit is fetched once, whole but without history (``--depth=1`` of the commit itself; protocol
+v2 servers such as GitHub and ``git daemon`` accept a want by SHA), under a ref
+``refs/envbuild/export/<commit>`` so it stays. A server that refuses wants by SHA gets a fetch of the
+ref's full history instead.
+
+Fetches run with ``fetch.fsckObjects``: a tree git itself calls malformed (duplicate entries, ``.git``
+names) is refused before it reaches the cache. The export is ``git archive`` with every content-changing
+attribute neutralised (``export-subst``, ``export-ignore``, eol conversion, filters, ``ident``) through
+the repository's ``info/attributes``, written by :mod:`envbuild.git.treewriter` (which never follows a
+link, so a hostile tree cannot write outside the destination), and the result is checked: the git tree SHA of the written files must equal the commit's tree (and the
+lock's ``tree`` where recorded).
+
+Submodules are pins of their own (:class:`TreePin`): each one the lock records and does not skip is
+fetched the same way into the export cache of its own (mirrored) URL and written, by the same tree
+writer, into the empty directory its parent's tree leaves for the gitlink (reached without following a
+link, :func:`~envbuild.git.treewriter.open_below`), level by level. Before anything is written, every
+gitlink of each tree must be one the lock records at that path with that commit (a version 1 lock
+records none: its gitlinks are refused, naming the path, as they always were). The check after writing
+counts each gitlink as git does (mode 160000, the commit), so the source's tree and every submodule's
+tree are checked against their commits.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from envbuild.errors import EnvbuildError
+from envbuild.git import treehash
+from envbuild.git.cache import CachedRepo, GitCache, remove_stale_files
+from envbuild.git.mirrors import Mirrors
+from envbuild.git.remote import FSCK_CONFIG, NO_LAZY_FETCH_URL, GitError
+from envbuild.git.treewriter import TreeWriteError, write_tar_tree
+from envbuild.lock.model import Source, Submodule, walk_submodules
+
+EXPORT_NS = "refs/envbuild/export/"
+# Highest-precedence attributes: git archive then writes blobs byte for byte.
+NEUTRAL_ATTRIBUTES = "* -export-subst -export-ignore -text -eol -filter -ident -crlf\n"
+
+
+class ExportError(EnvbuildError):
+    """A source's pinned commit cannot be exported as its exact tree."""
+
+
+def _fetch_config(url: str) -> dict[str, str]:
+    """The real URL for this one command, and git's object checks on what it receives: a tree git
+    itself calls malformed (duplicate entries, ``.git`` names, ``.gitmodules`` tricks) is refused at the
+    fetch, before anything is written."""
+    return {f"url.{url}.insteadOf": NO_LAZY_FETCH_URL, **FSCK_CONFIG}
+
+
+@dataclass(frozen=True)
+class TreePin:
+    """A commit whose whole tree a build writes: a source's, or a submodule's."""
+
+    kind: Literal["source", "submodule"]
+    name: str  # the source's, or SOURCE/PATH for a submodule (vllm-ascend/csrc/third_party/catlass)
+    repo: str  # the lock's URL; mirrors apply
+    commit: str
+    tree: str | None  # the lock's tree pin
+    fallback: tuple[str, ...]  # refspecs holding the commit, for a server that will not send it by ID
+    submodules: tuple[Submodule, ...]  # what the lock records of the tree's gitlinks
+
+    @property
+    def what(self) -> str:
+        """How messages name it: ``source vllm-ascend``, ``submodule vllm-ascend/csrc/third_party/catlass``."""
+        return f"{self.kind} {self.name}"
+
+
+def source_pin(source: Source) -> TreePin:
+    space = "tags" if source.ref_type == "tag" else "heads"
+    refspec = f"+refs/{space}/{source.ref}:refs/envbuild/ref/{space}/{source.ref}"
+    return TreePin("source", source.name, source.repo, source.commit, source.tree, (refspec,), source.submodules)
+
+
+def submodule_pins(source: Source) -> Iterator[tuple[str, TreePin]]:
+    """Every submodule of ``source`` the image gets, parents first, with its path from the source's root."""
+    for path, sub in walk_submodules(source.submodules):
+        if sub.skipped:
+            continue
+        assert sub.repo is not None and sub.commit is not None  # the lock's reader makes sure
+        every = ("+refs/heads/*:refs/envbuild/ref/heads/*", "+refs/tags/*:refs/envbuild/ref/tags/*")
+        yield path, TreePin("submodule", f"{source.name}/{path}", sub.repo, sub.commit, sub.tree, every, sub.submodules)
+
+
+class TreeExporter:
+    """Exports pinned commits from ``<cache_dir>/git-export``; safe to share between threads and processes."""
+
+    def __init__(
+        self,
+        cache_dir: Path,
+        *,
+        mirrors: Mirrors = Mirrors(),
+        offline: bool = False,
+        verify_cache: GitCache | None = None,
+    ) -> None:
+        self.cache_dir = Path(cache_dir)
+        self.cache = GitCache(Path(cache_dir) / "git-export")
+        self.verify_cache = verify_cache or GitCache(Path(cache_dir) / "git")
+        self.mirrors, self.offline = mirrors, offline
+
+    def __call__(self, source: Source, dest: Path) -> None:
+        export_tree(source, dest, self)
+
+
+def _complete(exporter: TreeExporter, repo: CachedRepo, commit: str) -> str | None:
+    """The commit's tree when the export repository holds the commit with every object of its tree."""
+    git = exporter.cache.git
+    if commit not in git.commit_trees(repo.path, [commit]):
+        return None
+    out = git.run(["rev-list", "--objects", "--no-walk", "--missing=print", commit, "--"], repo=repo.path)
+    if any(line.startswith("?") for line in out.splitlines()):
+        return None
+    return git.commit_trees(repo.path, [commit])[commit]
+
+
+def has_commit(exporter: TreeExporter, pin: TreePin) -> bool:
+    """Does the export cache hold the commit with every object of its tree (no network)?"""
+    repo = exporter.cache.repo(exporter.mirrors.rewrite(pin.repo))
+    return repo.exists() and _complete(exporter, repo, pin.commit) is not None
+
+
+def fetch_commit(exporter: TreeExporter, pin: TreePin) -> CachedRepo:
+    """Make the export repository for ``pin`` hold its commit and the whole tree of it."""
+    url = exporter.mirrors.rewrite(pin.repo)
+    repo = exporter.cache.repo(url)
+    if repo.exists() and _complete(exporter, repo, pin.commit):
+        return repo
+    if exporter.offline:
+        raise ExportError(
+            f"{pin.what}: the files of {pin.commit} are not in the cache ({exporter.cache.root}) and --offline "
+            "forbids fetching them; run `envbuild lock fetch LOCKFILE` where the upstream is reachable"
+        )
+    git = exporter.cache.git
+    with exporter.cache.held(url) as (repo, lock_fd):
+        if _complete(exporter, repo, pin.commit):
+            return repo  # another build fetched it while we waited for the lock
+        base = [
+            "fetch",
+            "--no-filter",
+            "--no-tags",
+            "--no-write-fetch-head",
+            "--no-auto-gc",
+            "--no-recurse-submodules",
+            "--quiet",
+        ]
+
+        def fetch(*args: str) -> None:
+            git.run(
+                [*base, *args],
+                repo=repo.path,
+                config=_fetch_config(url),
+                timeout=git.network_timeout,
+                network=True,
+                hold=(lock_fd,),
+            )
+
+        try:
+            fetch("--depth=1", "origin", "--", f"+{pin.commit}:{EXPORT_NS}{pin.commit}")
+        except GitError as first:
+            # The server refuses wants by SHA: fetch the history of the refs that hold the commit.
+            unshallow = ["--unshallow"] if (repo.path / "shallow").exists() else []
+            try:
+                fetch(*unshallow, "origin", "--", *pin.fallback)
+            except GitError as second:
+                if first.no_space or second.no_space:  # a full disk: say so, and leave no half-written pack
+                    remove_stale_files(repo.path)
+                    raise exporter.cache.cache_error(second if second.no_space else first) from None
+                raise ExportError(
+                    f"{pin.what}: cannot fetch the files of {pin.commit} from {url}: {first.reason}; {second.reason}"
+                ) from None
+            if pin.commit in git.commit_trees(repo.path, [pin.commit]):
+                git.run(["update-ref", f"{EXPORT_NS}{pin.commit}", pin.commit], repo=repo.path)
+        attributes = repo.path / "info" / "attributes"
+        attributes.parent.mkdir(exist_ok=True)
+        if not attributes.exists() or attributes.read_text(encoding="utf-8") != NEUTRAL_ATTRIBUTES:
+            attributes.write_text(NEUTRAL_ATTRIBUTES, encoding="utf-8")
+        if not _complete(exporter, repo, pin.commit):
+            raise ExportError(f"{pin.what}: {url} did not send the files of {pin.commit}")
+    return repo
+
+
+def export_tree(source: Source, dest: Path, exporter: TreeExporter) -> str:
+    """Write the exact tree of ``source.commit`` into ``dest`` (an existing, empty directory), with every
+    submodule the lock records and does not skip written at its path, and return the source's tree SHA,
+    after checking it and every submodule's against their commits, the verify cache and the lock's ``tree``."""
+    root = source_pin(source)
+    tree = _write(exporter, root, dest, "")
+    trees = {"": tree}
+    for path, pin in submodule_pins(source):
+        trees[path] = _write(exporter, pin, dest, path)
+    files = treehash.list_files(str(dest))
+    gitlinks = {path: sub.commit for path, sub in walk_submodules(source.submodules) if sub.commit is not None}
+    written, unreadable = treehash.git_trees(str(dest), files, gitlinks, set(trees) - {""})
+    for path, expected in sorted(trees.items()):
+        if written.get(path) != expected or unreadable:
+            what = f"source {source.name}" if not path else f"submodule {source.name}/{path}"
+            raise ExportError(
+                f"{what}: the exported files have tree {written.get(path)}, the commit has tree {expected}"
+                + (f" (unreadable: {', '.join(unreadable[:5])})" if unreadable else "")
+            )
+    return tree
+
+
+def _write(exporter: TreeExporter, pin: TreePin, dest: Path, at: str) -> str:
+    """Check ``pin``'s tree and gitlinks against the lock, then write its files at ``at`` below ``dest``."""
+    repo = fetch_commit(exporter, pin)
+    git = exporter.cache.git
+    tree = git.commit_trees(repo.path, [pin.commit])[pin.commit]
+    problems = []
+    if pin.tree is not None and tree != pin.tree:
+        problems.append(f"the commit's tree is {tree}, the lock pins tree {pin.tree}")
+    verified = exporter.verify_cache.commit_trees(exporter.mirrors.rewrite(pin.repo), [pin.commit])
+    if pin.commit in verified and verified[pin.commit] != tree:
+        problems.append(f"the verify cache records tree {verified[pin.commit]} for the commit")
+    problems += gitlink_problems(git.gitlinks(repo.path, tree), pin.submodules)
+    if problems:
+        raise ExportError(f"{pin.what}: {'; '.join(problems)}")
+
+    fd, archive = tempfile.mkstemp(prefix=".envbuild-export-", suffix=".tar", dir=dest.parent)
+    os.close(fd)
+    try:
+        git.run(["archive", "--format=tar", f"--output={archive}", pin.commit], repo=repo.path)
+        with open(archive, "rb") as stream:
+            write_tar_tree(stream, dest, at=at)
+    except TreeWriteError as exc:
+        raise ExportError(f"{pin.what}: the tree of {pin.commit} cannot be written safely: {exc}") from None
+    finally:
+        Path(archive).unlink()
+    return tree
+
+
+def gitlink_problems(gitlinks: dict[str, str], recorded: tuple[Submodule, ...]) -> list[str]:
+    """What differs between a tree's gitlinks ({path: commit}) and the lock's records of that level."""
+    problems = []
+    records = {sub.path: sub for sub in recorded}
+    for path, commit in sorted(gitlinks.items()):
+        sub = records.get(path)
+        if sub is None:
+            problems.append(
+                f"gitlink {path} (commit {commit}) is not recorded in the lock; `envbuild lock update` records it "
+                "(a version 1 lock records no submodules), or skip it by path with a reason"
+            )
+        elif sub.commit != commit:
+            problems.append(f"the tree pins {commit} at {path}, the lock records {sub.commit}")
+    for path, sub in sorted(records.items()):
+        if path not in gitlinks and sub.commit is not None:
+            problems.append(f"the tree has no gitlink at {path}, the lock records {sub.commit}")
+    return problems
+
+
+def commit_dates(cache: GitCache, url: str, commits: Iterable[str]) -> dict[str, int]:
+    """{commit: committer date (Unix seconds)} for the commits the verify cache holds (no network)."""
+    repo = cache.repo(url)
+    shas = sorted(set(commits))
+    if not repo.exists() or not shas:
+        return {}
+    out = cache.git.run(
+        ["rev-list", "--missing=allow-any", "--ignore-missing", "--no-walk", "--format=%H %ct", "--stdin"],
+        repo=repo.path,
+        stdin="".join(f"{s}\n" for s in shas),
+    )
+    dates: dict[str, int] = {}
+    for line in out.splitlines():
+        commit, _, date = line.partition(" ")
+        if commit != "commit" and len(commit) == 40 and date.isdigit():
+            dates[commit] = int(date)
+    return dates

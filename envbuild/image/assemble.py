@@ -1,0 +1,237 @@
+"""The build context, assembled on disk from a plan (:mod:`envbuild.image.plan`) and the verified caches.
+
+Layout of an assembled context (everything the Dockerfile COPYs, nothing else)::
+
+    Dockerfile
+    wheels/<filename>                 every package file of the lock, checked against its sha256
+    envbuild/requirements.txt         name==version --hash=sha256:... for pip --require-hashes
+    envbuild/manifest.json            what the in-image check compares against
+    envbuild/inimage_probe.py         the in-image check itself
+    envbuild/treehash.py              the tree hashing it uses (envbuild.git.treehash)
+    src/<name>/...                    each source: the exact tree of its pinned commit, with the exact
+                                      tree of every submodule the image gets at its path (a skipped one:
+                                      the empty directory of its gitlink)
+    src/<name>/.envbuild-commit       the commit, for people; the check recomputes the trees instead
+
+Every file and directory gets a fixed mode and the lock's epoch as mtime, so the same inputs give a
+byte-identical context and the engine's COPY cache keys do not depend on when the context was made.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from packaging.utils import canonicalize_name
+
+from envbuild.errors import EnvbuildError, InputError, ProblemsError
+from envbuild.fileio import sha256_file
+from envbuild.git import treehash
+from envbuild.image import inimage_probe
+from envbuild.image.plan import MANIFEST_VERSION, ContextPlan, SourcePlan
+from envbuild.lock.model import Package, PackageFile, Source
+
+COMMIT_MARKER = inimage_probe.COMMIT_MARKER
+
+ExportSource = Callable[[Source, Path], None]
+FileFor = Callable[[Package, PackageFile], Path]
+
+
+class ContextError(ProblemsError):
+    """The build context cannot be made: a package file or a source tree is not what the lock pins."""
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """An assembled context directory and what was checked while making it."""
+
+    path: Path
+    plan: ContextPlan
+    dockerfile: str
+    manifest: dict
+    trees: tuple[tuple[str, str], ...]  # (source name, git tree SHA of the exported files)
+
+
+def manifest_for(
+    plan: ContextPlan,
+    file_lists: dict[str, list[str]],
+    trees: dict[str, str],
+    submodule_trees: dict[str, dict[str, str]] | None = None,
+) -> dict:
+    """What the in-image check compares against; ``submodule_trees`` is {source: {path: tree}} of the
+    submodules written (their trees as exported and checked)."""
+    written = submodule_trees or {}
+    return {
+        "manifest_version": MANIFEST_VERSION,
+        "lock_name": plan.lock_name,
+        "lock_sha256": plan.lock_sha256,
+        "epoch": plan.epoch,
+        "python": plan.python,
+        "cann": plan.cann,
+        "packages": _package_entries(plan),
+        "sources": [
+            {
+                "name": s.name,
+                "repo": s.repo,
+                "ref": s.ref,
+                "ref_type": s.ref_type,
+                "commit": s.commit,
+                "tree": trees[s.name],
+                "mode": s.mode,
+                "path": s.image_path,
+                "files": file_lists[s.name],
+                "distribution": s.distribution,
+                "waive": [{"name": n, "reason": r} for n, r in s.waive],
+                "skip_imports": [{"name": n, "reason": r} for n, r in s.skip_imports],
+            }
+            | ({"submodules": _submodule_entries(s, written.get(s.name, {}))} if s.submodules else {})
+            for s in plan.sources
+        ],
+    }
+
+
+def _submodule_entries(source: SourcePlan, trees: dict[str, str]) -> list[dict[str, Any]]:
+    """A source's submodules, every level (only for a source that has any: the manifest of a lock without
+    submodules stays as it was)."""
+    return [
+        {"path": sub.path, "commit": sub.commit, "tree": trees.get(sub.path), "skip": sub.skip}
+        for sub in source.submodules
+    ]
+
+
+def _package_entries(plan: ContextPlan) -> list[dict[str, Any]]:
+    """One entry per package the image installs, by normalised name, with the requirements it waives (the
+    in-image check forgives these, as it does a source's) when it waives any: the manifest of a lock
+    without package waivers stays as it was."""
+    packages = {canonicalize_name(f.package): f.entry[0] for f in plan.files}
+    return [
+        {"name": name, "version": package.version}
+        | ({"waive": [{"name": w.name, "reason": w.reason} for w in package.waive]} if package.waive else {})
+        for name, package in sorted(packages.items())
+    ]
+
+
+def _json_bytes(data: object) -> bytes:
+    return (json.dumps(data, indent=1, sort_keys=True, ensure_ascii=True) + "\n").encode()
+
+
+def assemble_context(
+    plan: ContextPlan,
+    dockerfile: str,
+    dest: str | os.PathLike[str],
+    export_source: ExportSource,
+    file_for: FileFor,
+) -> BuildContext:
+    """Write the context into *dest* (absent or empty): ``dockerfile`` (rendered from ``plan``), the
+    package files and the source trees. Every package file is re-hashed and every source tree compared
+    with the lock's ``tree`` before anything is written; all problems are reported at once, naming the
+    package file or source."""
+    dest = Path(dest)
+    if dest.exists() and any(dest.iterdir()):
+        raise InputError(f"{dest}: the build context directory must be empty")
+    problems: list[str] = []
+
+    cached: dict[str, Path] = {}
+    for item in plan.files:
+        try:
+            path = Path(file_for(*item.entry))
+            actual = sha256_file(path)
+        except OSError as exc:
+            problems.append(f"package {item.package} {item.version}: {item.filename}: cannot read: {exc}")
+            continue
+        if actual != item.sha256:
+            problems.append(
+                f"package {item.package} {item.version}: {item.filename} has sha256 {actual}, "
+                f"the lock pins {item.sha256}"
+            )
+        cached[item.filename] = path
+
+    dest.mkdir(parents=True, exist_ok=True)
+    file_lists: dict[str, list[str]] = {}
+    trees: dict[str, str] = {}
+    submodule_trees: dict[str, dict[str, str]] = {}
+    for source in plan.sources:
+        target = dest / source.context_path
+        target.mkdir(parents=True)
+        try:
+            export_source(source.source, target)
+        except EnvbuildError as exc:  # the export names the source; keep it with the other problems
+            problems.append(str(exc) if str(exc).startswith("source ") else f"source {source.name}: {exc}")
+            continue
+        files = treehash.list_files(str(target))
+        if COMMIT_MARKER in files:
+            problems.append(f"source {source.name}: the tree holds {COMMIT_MARKER}, a name envbuild reserves")
+        gitlinks = {sub.path: sub.commit for sub in source.submodules if sub.commit is not None}
+        written = {sub.path for sub in source.submodules if sub.skip is None}
+        found, unreadable = treehash.git_trees(str(target), files, gitlinks, written)
+        tree = found[""]
+        if unreadable:
+            problems.append(f"source {source.name}: exported entries that are not files: {', '.join(unreadable[:5])}")
+        if source.tree is not None and tree != source.tree:
+            problems.append(
+                f"source {source.name}: the exported tree of {source.commit} is {tree}, "
+                f"the lock pins tree {source.tree}"
+            )
+        for sub in source.submodules:
+            if sub.skip is None and sub.tree is not None and found.get(sub.path) != sub.tree:
+                problems.append(
+                    f"submodule {source.name}/{sub.path}: the exported tree of {sub.commit} is "
+                    f"{found.get(sub.path)}, the lock pins tree {sub.tree}"
+                )
+        file_lists[source.name], trees[source.name] = files, tree
+        submodule_trees[source.name] = {p: t for p, t in found.items() if p}
+        (target / COMMIT_MARKER).write_text(source.commit + "\n", encoding="ascii")
+    if problems:
+        shutil.rmtree(dest / "src", ignore_errors=True)  # nothing half-made is left to be built
+        raise ContextError(problems)
+
+    wheels = dest / "wheels"
+    wheels.mkdir()
+    for item in plan.files:
+        _link_or_copy(cached[item.filename], dest / item.context_path)
+    meta = dest / "envbuild"
+    meta.mkdir()
+    manifest = manifest_for(plan, file_lists, trees, submodule_trees)
+    (meta / "manifest.json").write_bytes(_json_bytes(manifest))
+    (meta / "requirements.txt").write_text(plan.requirements, encoding="utf-8")
+    shutil.copyfile(inimage_probe.__file__, meta / "inimage_probe.py")
+    shutil.copyfile(treehash.__file__, meta / "treehash.py")  # the probe imports it from beside itself
+    (dest / "Dockerfile").write_text(dockerfile, encoding="utf-8")
+    _fix_metadata(dest, plan.epoch)
+    return BuildContext(dest, plan, dockerfile, manifest, tuple(sorted(trees.items())))
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """Hard-link a cached file (cheap for multi-GB wheels); copy across file systems."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
+
+
+def _fix_metadata(root: Path, epoch: int) -> None:
+    """Fixed modes and mtimes: 0755 for directories and executables, 0644 for other files, 0444 for
+    wheels (they may be hard links into the cache, which must stay read-only)."""
+    for dirpath, dirnames, filenames in os.walk(root, topdown=False):
+        for name in filenames + dirnames:
+            path = Path(dirpath, name)
+            info = path.lstat()
+            if stat.S_ISLNK(info.st_mode):
+                os.utime(path, (epoch, epoch), follow_symlinks=False)
+                continue
+            if stat.S_ISDIR(info.st_mode):
+                mode = 0o755
+            elif Path(dirpath) == root / "wheels":
+                mode = 0o444
+            else:
+                mode = 0o755 if info.st_mode & stat.S_IXUSR else 0o644
+            path.chmod(mode)
+            os.utime(path, (epoch, epoch))
+    root.chmod(0o755)
+    os.utime(root, (epoch, epoch))

@@ -1,0 +1,187 @@
+"""Normalising a built image without reading its layers: only its config is rewritten.
+
+The build's layers are already the same bytes on every build (:mod:`.render`), so the normalised image
+shares every layer with the raw one: :func:`normalise` reads what the engine says about the raw image
+(``inspect``; its history; the parent chain the legacy builder keeps, which tells which entries made a
+layer), composes the canonical config (:mod:`.normalised_config`) and loads it with a manifest that names the
+layers without carrying them. Its cost does not grow with the base: no ``docker save``, no layer read or
+written, no second copy of any layer in the engine.
+
+:func:`save_added_layers` is the one place that saves an image (for ``envbuild check`` to explain a
+difference): the engine can only save all of it, but the base's layers are dropped from the archive.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import shutil
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from envbuild.engine.client import Engine
+from envbuild.errors import EngineError
+from envbuild.image.normalised_config import (
+    HistoryEntry,
+    canonical_config,
+    extend_config,
+    image_id,
+    load_archive,
+    removal_layer,
+    settle_empty,
+)
+from envbuild.image.plan import LOCK_NAME_LABEL
+from envbuild.image.render import PACKAGES_EPOCH
+from envbuild.progress import Progress
+
+
+@dataclass(frozen=True)
+class CanonicalImage:
+    image_id: str
+    diff_ids: tuple[str, ...]
+
+
+def settled_history(engine: Engine, ref: str) -> tuple[dict[str, Any], list[HistoryEntry]]:
+    """``inspect`` of ``ref`` and its history, oldest first, every entry marked empty or not: where the
+    engine keeps the parent chain (each build step's image), by the layers each step added; below it (the
+    base, or an image envbuild loaded), settled by :func:`settle_empty`."""
+    top = _inspect(engine, ref)
+    raw = engine.history(ref)
+    entries = [
+        HistoryEntry(
+            int(h.get("Created") or 0), h.get("CreatedBy") or "", h.get("Comment") or "", int(h.get("Size") or 0), None
+        )
+        for h in reversed(raw)
+    ]
+    index, image = len(entries) - 1, top
+    while image.get("Parent") and index >= 0:
+        parent = _inspect(engine, image["Parent"])
+        entries[index] = replace(
+            entries[index], empty=len(image["RootFS"]["Layers"]) == len(parent["RootFS"]["Layers"])
+        )
+        index, image = index - 1, parent
+    below = settle_empty(entries[: index + 1], len(image["RootFS"]["Layers"]))
+    return top, below + entries[index + 1 :]
+
+
+def _inspect(engine: Engine, ref: str) -> dict[str, Any]:
+    found = engine.inspect(ref)
+    if found is None:
+        raise EngineError(f"the engine has no {ref} any more (removed while the build ran?); build again")
+    return found
+
+
+def _load(engine: Engine, config: dict[str, Any], say: Progress, layers: dict[str, bytes] | None = None) -> str:
+    expected = image_id(config)
+    if engine.inspect(expected) is None:
+        loaded = engine.load([load_archive(config, layers=layers)], say)
+        if expected not in loaded and engine.inspect(expected) is None:
+            raise EngineError(f"docker load gave {', '.join(loaded) or 'no image'}, not the computed {expected}")
+    return expected
+
+
+def normalise(engine: Engine, raw_id: str, base: str, epoch: int, say: Progress) -> CanonicalImage:
+    """Load the canonical config of the raw image ``raw_id`` built on ``base`` (its layers shared)."""
+    inspect, history = settled_history(engine, raw_id)
+    config = canonical_config(inspect, history, base_entries=len(engine.history(base)), epoch=epoch)
+    normalised = _load(engine, config, say)
+    say(f"normalised {raw_id[:19]} → {normalised[:19]} (the config only: every layer is shared)")
+    return CanonicalImage(normalised, tuple(config["rootfs"]["diff_ids"]))
+
+
+def load_packages_image(
+    engine: Engine,
+    base: str,
+    committed: str,
+    lock_name: str,
+    packages: int,
+    report: dict[str, Any],
+    tag: str,
+    say: Progress,
+) -> str:
+    """The packages image: the base's canonical config with the committed container's layer on top and,
+    when the base holds distributions the lock replaces, a layer removing their files (whiteouts at the
+    packages epoch, written here: a removal the engine makes carries the clock's time); tagged ``tag``.
+    Its ID depends only on the base, what pip wrote and what was removed."""
+    inspect, history = settled_history(engine, base)
+    config = canonical_config(inspect, history, base_entries=len(history), epoch=PACKAGES_EPOCH)
+    # The lock's name label, as every image envbuild makes for the lock carries (the image sets it too):
+    # the engine's tidying finds it by that (retention).
+    config["config"]["Labels"] = {**(config["config"].get("Labels") or {}), LOCK_NAME_LABEL: lock_name}
+    layers = _inspect(engine, committed)["RootFS"]["Layers"]
+    if layers[:-1] != config["rootfs"]["diff_ids"]:
+        raise EngineError(f"the committed packages container {committed[:19]} is not one layer on {base}")
+    config = extend_config(
+        config, layers[-1], f"envbuild: install the lock's {packages} package files (pip, no index)", PACKAGES_EPOCH
+    )
+    carried: dict[str, bytes] = {}
+    if report["remove"]:
+        layer = removal_layer(report["remove"], report["directories"], PACKAGES_EPOCH)
+        diff_id = "sha256:" + hashlib.sha256(layer).hexdigest()
+        replaced = ", ".join(report["replaced"])
+        config = extend_config(config, diff_id, f"envbuild: remove the base's own {replaced}", PACKAGES_EPOCH)
+        carried[diff_id] = layer
+    loaded = _load(engine, config, say, carried)
+    engine.tag(loaded, tag)
+    return loaded
+
+
+def save_added_layers(engine: Engine, ref: str, dest: Path, skip: set[str], say: Progress) -> Path:
+    """``docker save`` of ``ref`` into ``dest`` without the layers in ``skip`` (the base's diff IDs):
+    the manifest still names them, so the archive loads where the base is. Scratch: one layer at most,
+    spooled beside ``dest`` while its digest is computed."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    spool_dir = Path(tempfile.mkdtemp(prefix=".envbuild-save-", dir=dest.parent))
+    try:
+        with tarfile.open(dest, "w", format=tarfile.PAX_FORMAT) as out:
+            stream = io.BufferedReader(
+                _Reader(engine.save_stream(ref, say, f"saving {ref[:19]} (the engine reads every layer)")), 1 << 20
+            )
+            with tarfile.open(fileobj=stream, mode="r|") as saved:
+                for member in saved:
+                    data = saved.extractfile(member) if member.isfile() else None
+                    if data is None:
+                        out.addfile(member)
+                        continue
+                    if member.name.startswith("blobs/sha256/") and f"sha256:{member.name.rsplit('/', 1)[1]}" in skip:
+                        continue
+                    spool = spool_dir / "member"
+                    digest = hashlib.sha256()
+                    with open(spool, "wb") as held:
+                        while chunk := data.read(1 << 20):
+                            digest.update(chunk)
+                            held.write(chunk)
+                    if member.name.endswith("layer.tar") and f"sha256:{digest.hexdigest()}" in skip:
+                        continue
+                    with open(spool, "rb") as held:
+                        out.addfile(member, held)
+    except BaseException:
+        dest.unlink(missing_ok=True)
+        raise
+    finally:
+        shutil.rmtree(spool_dir, ignore_errors=True)
+    return dest
+
+
+class _Reader(io.RawIOBase):
+    """A readable file over an iterator of byte chunks (for tarfile's stream mode)."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self.chunks, self.rest = chunks, memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self.rest:
+            chunk = next(self.chunks, None)
+            if chunk is None:
+                return 0
+            self.rest = memoryview(chunk)
+        count = min(len(buffer), len(self.rest))
+        buffer[:count], self.rest = self.rest[:count], self.rest[count:]
+        return count

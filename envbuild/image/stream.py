@@ -1,0 +1,168 @@
+"""What the engine receives, streamed from an assembled context directory (:mod:`.assemble`); each step
+gets only what it reads (:mod:`.render`):
+
+- the packages container: ``envbuild-packages/`` with ``wheels/<file>``, ``requirements.txt``,
+  ``stage_packages.py`` and ``clamp-mtimes`` (copied into its ``/tmp``, removed before it is committed);
+- the image's build: ``Dockerfile``; ``tools/opt/envbuild/bin/clamp-mtimes``; each source as
+  ``src/<name>/opt/envbuild/src/<name>/...``; ``meta/opt/envbuild/meta/`` (manifest, in-image probe,
+  requirements).
+
+Everything the image's ``COPY`` instructions read is laid out from ``/``, with every directory on the way
+in the tar, so a ``COPY src/<name>/ /`` creates no directory itself (the engine would give it the
+clock's time) and its layer is the same bytes on every build. Headers carry a fixed mode and mtime
+(the assembled directory's), owner 0:0 and no owner names. Nothing is written to disk: the tar is made
+as the engine reads it.
+
+A ``COPY``'s cache key does not include mtimes (the engine's tarsum leaves them out): whatever mtime a
+``COPY`` gives depends only on what comes before it in the Dockerfile (the tools: the packages epoch;
+sources and metadata: ``SOURCE_DATE_EPOCH``, set by an ``ENV`` before them).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+import tarfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from envbuild.engine.client import ContextStream
+from envbuild.engine.transfer import TarSink
+from envbuild.image.assemble import BuildContext
+from envbuild.image.plan import IMAGE_META
+from envbuild.image.render import CLAMP, PACKAGES_EPOCH, load_template
+
+_DIR_MODE = 0o755
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One member of a context tar: a directory, a file (from disk or bytes) or a symlink."""
+
+    name: str
+    kind: str  # dir | file | symlink
+    mode: int
+    mtime: int
+    path: Path | None = None  # a file's data on disk
+    data: bytes | None = None  # or in memory
+    target: str = ""  # a symlink's
+    size: int = 0
+
+
+def _dirs_to(name: str, mtime: int, have: set[str]) -> list[Entry]:
+    """The directory entries on the way to ``name`` that ``have`` lacks (added to it)."""
+    out = []
+    parts = PurePosixPath(name).parts[:-1]
+    for depth in range(1, len(parts) + 1):
+        directory = "/".join(parts[:depth])
+        if directory not in have:
+            have.add(directory)
+            out.append(Entry(directory, "dir", _DIR_MODE, mtime))
+    return out
+
+
+def _tree(root: Path, prefix: str) -> list[Entry]:
+    """Every entry under ``root`` as ``prefix/<relative path>``, with its own mode and mtime; links are
+    never followed."""
+    entries = [Entry(prefix, "dir", _DIR_MODE, int(root.lstat().st_mtime))]  # the tree's own directory
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(dirnames + filenames):
+            path = Path(dirpath, name)
+            info = path.lstat()
+            inside = f"{prefix}/{path.relative_to(root).as_posix()}"
+            mode, mtime = stat.S_IMODE(info.st_mode), int(info.st_mtime)
+            if stat.S_ISLNK(info.st_mode):
+                entries.append(Entry(inside, "symlink", mode, mtime, target=str(path.readlink())))
+            elif stat.S_ISDIR(info.st_mode):
+                entries.append(Entry(inside, "dir", mode, mtime))
+            elif stat.S_ISREG(info.st_mode):
+                entries.append(Entry(inside, "file", mode, mtime, path=path, size=info.st_size))
+    return entries
+
+
+def _file(name: str, path: Path, mode: int | None = None, mtime: int | None = None) -> Entry:
+    info = path.stat()
+    return Entry(
+        name,
+        "file",
+        stat.S_IMODE(info.st_mode) if mode is None else mode,
+        int(info.st_mtime) if mtime is None else mtime,
+        path=path,
+        size=info.st_size,
+    )
+
+
+def _data(name: str, data: bytes, mode: int, mtime: int) -> Entry:
+    return Entry(name, "file", mode, mtime, data=data, size=len(data))
+
+
+def stream(entries: list[Entry]) -> ContextStream:
+    """The entries (with every missing parent directory) as a tar made on demand, sorted by name."""
+    have = {e.name for e in entries if e.kind == "dir"}
+    complete = list(entries)
+    for entry in entries:
+        complete += _dirs_to(entry.name, entry.mtime, have)
+    ordered = sorted(complete, key=lambda e: e.name.encode("utf-8", "surrogateescape"))
+
+    def chunks() -> Iterator[bytes]:
+        sink = TarSink()
+        with tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
+            for entry in ordered:
+                info = tarfile.TarInfo(entry.name)
+                info.mode, info.mtime, info.uid, info.gid, info.uname, info.gname = (
+                    entry.mode,
+                    entry.mtime,
+                    0,
+                    0,
+                    "",
+                    "",
+                )
+                if entry.kind == "dir":
+                    info.type = tarfile.DIRTYPE
+                    tar.addfile(info)
+                elif entry.kind == "symlink":
+                    info.type, info.linkname = tarfile.SYMTYPE, entry.target
+                    tar.addfile(info)
+                elif entry.data is not None:
+                    info.size = entry.size
+                    tar.addfile(info, io.BytesIO(entry.data))
+                else:
+                    assert entry.path is not None
+                    info.size = entry.size
+                    with open(entry.path, "rb") as data:
+                        tar.addfile(info, data)
+                yield from sink.drain()
+        yield from sink.drain()
+
+    return ContextStream(chunks, sum(e.size for e in ordered))
+
+
+def packages_archive(context: BuildContext) -> ContextStream:
+    """The packages container's files, as ``envbuild-packages/...`` (for ``/tmp``)."""
+    epoch, top = PACKAGES_EPOCH, "envbuild-packages"
+    entries = [_file(f"{top}/wheels/{p.name}", p, 0o444, epoch) for p in sorted((context.path / "wheels").iterdir())]
+    entries += [
+        _file(f"{top}/requirements.txt", context.path / "envbuild" / "requirements.txt", 0o644, epoch),
+        _data(f"{top}/stage_packages.py", load_template("stage_packages.py.in").encode(), 0o644, epoch),
+        _data(f"{top}/clamp-mtimes", load_template("clamp-mtimes.sh.in").encode(), 0o755, epoch),
+    ]
+    return stream(entries)
+
+
+def image_context(context: BuildContext, dockerfile: str) -> ContextStream:
+    """The image: the tools, every source from ``/`` and the metadata (see the module docstring)."""
+    plan, epoch = context.plan, context.plan.epoch
+    entries = [
+        _data("Dockerfile", dockerfile.encode(), 0o644, epoch),
+        # Before ENV SOURCE_DATE_EPOCH in the Dockerfile: its mtime must not depend on the epoch.
+        _data(f"tools{CLAMP}", load_template("clamp-mtimes.sh.in").encode(), 0o755, PACKAGES_EPOCH),
+    ]
+    for source in plan.sources:  # the directories above each tree are added by stream(), at the epoch
+        entries += _tree(context.path / source.context_path, f"{source.context_path}{source.image_path}")
+    meta = context.path / "envbuild"
+    for name in ("inimage_probe.py", "treehash.py", "manifest.json", "requirements.txt"):
+        entries.append(_file(f"meta{IMAGE_META}/{name}", meta / name, 0o644, epoch))
+    return stream(entries)

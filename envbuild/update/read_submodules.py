@@ -1,0 +1,175 @@
+"""`lock update`'s reading of each source's submodules from its pinned tree, level by level, into the lock.
+
+For each tree (the source's, then each submodule's that the image gets): its gitlinks (every tree of the
+commit is fetched into the verify cache, no blob) and its ``.gitmodules`` (one blob), paired by
+:func:`envbuild.git.gitmodules.pair_submodules`. A submodule the lock skips is recorded from the
+parent alone (path, URL, commit): nothing of it is fetched. One the image gets is read in its own
+repository, through the mirrors: its commit (commits only), its tree SHA and its own submodules.
+
+What the trees say that the lock cannot record (a gitlink ``.gitmodules`` does not name, an entry without
+a gitlink, a URL that fails the lock's URL rules) refuses the update, every problem at once, each naming
+the path (:class:`SubmodulesRefused`, exit 2, nothing written). A tree that cannot be read is not guessed
+at: ``submodules_unknown`` says why, and what the lock records for that very commit stays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from envbuild.errors import InputError, RemoteError, problem_lines
+from envbuild.git.cache import GitCache
+from envbuild.git.files import PinnedTree
+from envbuild.git.gitmodules import pair_submodules, parse_gitmodules
+from envbuild.git.mirrors import Mirrors
+from envbuild.lock.model import REASON_MAX, Source, Submodule
+from envbuild.progress import Progress, silent
+
+MAX_DEPTH = 8  # submodules of submodules; the lock's reader allows 32 levels of YAML, two per level
+MAX_PER_TREE = 256  # each one the image gets is a repository to read: a tree naming thousands is refused
+
+
+class SubmodulesRefused(InputError):
+    """The pinned trees hold submodules the lock cannot record as they are; every problem names the path."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = sorted(problems)
+        super().__init__(problem_lines(self.problems))
+
+
+class _Unreadable(Exception):
+    """A tree below the source's own cannot be read; ``reason`` names it."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def source_tree(source: Source, cache: GitCache, mirrors: Mirrors, *, offline: bool = False) -> PinnedTree:
+    """The pinned tree of ``source`` in the verify cache (its ref fetched when the server will not send the
+    commit by ID)."""
+    space = "tags" if source.ref_type == "tag" else "heads"
+    return PinnedTree(
+        cache,
+        mirrors.rewrite(source.repo),
+        source.commit,
+        refspec=f"+refs/{space}/{source.ref}:refs/upstream/{space}/{source.ref}",
+        offline=offline,
+    )
+
+
+def read_source_submodules(
+    source: Source,
+    cache: GitCache,
+    *,
+    mirrors: Mirrors = Mirrors(),
+    previous: Source | None = None,
+    progress: Progress = silent,
+    problems: list[str] | None = None,
+) -> Source:
+    """``source`` with ``submodules`` and ``submodules_unknown`` read from its pinned tree. ``previous`` is
+    its entry before the update: its skips are kept by path, and its records stay when the tree cannot be
+    read and the commit did not move. Refusals are appended to ``problems`` when given (so every source's
+    are reported together), else raised as :class:`SubmodulesRefused`."""
+    say = progress
+    before = previous if previous is not None else source
+    found: list[str] = []
+    unknown: list[str] = []
+    reader = _Reader(cache, mirrors, say, found, unknown)
+    try:
+        root = source_tree(source, cache, mirrors)
+        root.root()
+        records = reader.level(root, source.repo, before.submodules, source.name, depth=1)
+    except (RemoteError, _Unreadable) as exc:
+        if (
+            previous is not None
+            and previous.commit == source.commit
+            and (previous.submodules or previous.submodules_unknown)
+        ):
+            # What the lock says of this very commit stays true, its reason for not knowing included.
+            say(f"warning: {source.name}: submodules kept as recorded for {source.commit[:12]}; cannot re-read: {exc}")
+            return dataclasses.replace(
+                source, submodules=previous.submodules, submodules_unknown=previous.submodules_unknown
+            )
+        reason = exc.reason if isinstance(exc, _Unreadable) else f"the pinned tree cannot be read: {exc}"
+        return dataclasses.replace(source, submodules=(), submodules_unknown=_cut(reason))
+    if found:
+        if problems is None:
+            raise SubmodulesRefused(found)
+        problems += found
+        return source
+    if unknown:
+        say(f"warning: {source.name}: {'; '.join(unknown)}")
+    return dataclasses.replace(
+        source, submodules=records, submodules_unknown=_cut("; ".join(unknown)) if unknown else None
+    )
+
+
+@dataclasses.dataclass
+class _Reader:
+    cache: GitCache
+    mirrors: Mirrors
+    say: Callable[[str], None]
+    problems: list[str]
+    unknown: list[str]
+
+    def level(
+        self, tree: PinnedTree, parent_repo: str, previous: tuple[Submodule, ...], where: str, depth: int
+    ) -> tuple[Submodule, ...]:
+        """The records of ``tree``'s submodules, each one the image gets read in its own repository."""
+        try:
+            gitlinks = tree.gitlinks()
+            gitmodules = tree.gitmodules()
+        except RemoteError as exc:
+            raise _Unreadable(f"{where}: the tree of {tree.commit} cannot be read: {exc}") from None
+        if isinstance(gitmodules, str):
+            if gitlinks:
+                self.problems.append(f"{where}: .gitmodules {gitmodules}")
+            return ()
+        paired = pair_submodules(gitlinks, parse_gitmodules(gitmodules), parent_repo, previous, where)
+        self.problems += paired.problems
+        for note in paired.notes:
+            self.say(f"warning: {note}")
+        if paired.records and depth > MAX_DEPTH:
+            self.problems.append(f"{where}: submodules nested deeper than {MAX_DEPTH} levels")
+            return ()
+        if len(paired.records) > MAX_PER_TREE:
+            self.problems.append(f"{where}: {len(paired.records)} submodules in one tree, more than {MAX_PER_TREE}")
+            return ()
+        before = {s.path: s for s in previous}
+        return tuple(
+            self.one(record, before.get(record.path), f"{where}/{record.path}", depth) for record in paired.records
+        )
+
+    def one(self, record: Submodule, previous: Submodule | None, name: str, depth: int) -> Submodule:
+        if record.skipped:
+            self.say(f"{name}: {_short(record.commit)} skipped: {record.skip}")
+            return record
+        assert record.repo is not None and record.commit is not None
+        tree = PinnedTree(self.cache, self.mirrors.rewrite(record.repo), record.commit)
+        try:
+            root = tree.root()
+            nested = self.level(tree, record.repo, previous.submodules if previous else (), name, depth + 1)
+        except (RemoteError, _Unreadable) as exc:
+            reason = (
+                exc.reason
+                if isinstance(exc, _Unreadable)
+                else f"{name}: cannot read {record.commit} of {record.repo}: {exc}"
+            )
+            if previous is not None and previous.commit == record.commit and previous.tree is not None:
+                self.say(f"warning: {name}: kept as recorded for {record.commit[:12]}; cannot re-read: {reason}")
+                return dataclasses.replace(record, tree=previous.tree, submodules=previous.submodules)
+            self.unknown.append(reason)
+            return record
+        own = f", {len(nested)} submodule{'s' * (len(nested) != 1)} of its own" if nested else ""
+        self.say(f"{name}: {record.commit[:12]} of {record.repo}, tree {root[:12]}{own}")
+        return dataclasses.replace(record, tree=root, submodules=nested)
+
+
+def _short(commit: str | None) -> str:
+    return commit[:12] if commit else "(no gitlink)"
+
+
+def _cut(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= REASON_MAX else text[: REASON_MAX - 1] + "…"

@@ -1,0 +1,212 @@
+"""Resolve a lock's package closure for the lock's platform, which need not be this machine's.
+
+uv does the resolution (it can target another platform with ``--python-platform``); this module then
+asks the index for each pinned version's files and keeps exactly those the lock's platform can
+install, with their sha256s, so the image can install with ``--require-hashes`` and no resolver.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import subprocess
+import tempfile
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.version import Version
+
+from envbuild.errors import EnvbuildError, InputError, RemoteError
+from envbuild.index.client import IndexClient, IndexFile
+from envbuild.lock.model import PYPI_SIMPLE, Lock, Package, PackageFile, Platform
+from envbuild.lock.platform import file_version, parsed, supported_tags, uv_platform
+from envbuild.progress import Progress, silent
+from envbuild.update.roots import Root, explain, source_roots
+
+UV_TIMEOUT = 900
+
+
+class ResolutionError(EnvbuildError):
+    """uv found no solution, or failed; the message carries uv's own explanation."""
+
+
+def select_files(files: Iterable[IndexFile], name: str, version: str, platform: Platform) -> list[IndexFile]:
+    """The files of ``name==version`` installable on ``platform``: its compatible wheels, else its sdists."""
+    wanted = Version(version)
+    tags = supported_tags(platform)
+    wheels: list[IndexFile] = []
+    sdists: list[IndexFile] = []
+    for f in files:
+        if file_version(f.filename, name) != wanted or not f.sha256:
+            continue  # a file without a sha256 cannot be locked
+        if f.filename.endswith(".whl"):
+            if not parse_wheel_filename(f.filename)[3].isdisjoint(tags):
+                wheels.append(f)
+        else:
+            sdists.append(f)
+    # An sdist next to a usable wheel would only invite a build on the image; keep it only when it is all
+    # there is (vllm-ascend, for one, publishes no wheel).
+    chosen = wheels or sdists
+    return sorted(chosen, key=lambda f: f.filename)
+
+
+def parse_pins(text: str) -> list[tuple[str, str]]:
+    """``name==version`` pins from ``uv pip compile`` output (comments, options and markers ignored)."""
+    pins = []
+    for raw in text.splitlines():
+        line = raw.split(" #", 1)[0].strip()
+        if not line or line.startswith(("#", "-")):
+            continue
+        try:
+            req = Requirement(line.rstrip("\\").strip())
+        except InvalidRequirement as exc:
+            raise ResolutionError(f"cannot read uv's output line {raw!r}: {exc}") from None
+        exact = [s.version for s in req.specifier if s.operator in ("==", "===")]
+        if len(exact) != 1:
+            raise ResolutionError(f"uv's output line {raw!r} is not an exact pin")
+        pins.append((req.name, exact[0]))
+    return pins
+
+
+def run_uv_compile(requirements: Sequence[str], platform: Platform, index: str, excludes: Sequence[str] = ()) -> str:
+    """Run ``uv pip compile`` for another platform, isolated from any project or user uv config;
+    ``excludes`` are distribution names left out of the resolution (the lock waives them)."""
+    from uv import find_uv_bin  # imported late: only `lock update` needs the binary
+
+    with tempfile.TemporaryDirectory(prefix="envbuild-resolve-") as tmp:
+        req_in = Path(tmp) / "requirements.in"
+        req_in.write_text("".join(f"{r}\n" for r in requirements), encoding="utf-8")
+        excluded = Path(tmp) / "excludes.txt"
+        excluded.write_text("".join(f"{name}\n" for name in excludes), encoding="utf-8")
+        cmd = [
+            find_uv_bin(),
+            "pip",
+            "compile",
+            str(req_in),
+            "--python-platform",
+            uv_platform(platform),
+            "--python-version",
+            platform.python,
+            "--index-url",
+            index,
+            "--no-header",
+            "--no-annotate",
+            "--no-config",
+            "--no-python-downloads",
+            "--color",
+            "never",
+            "--quiet",
+            *(["--excludes", str(excluded)] if excludes else []),
+        ]
+        try:
+            proc = subprocess.run(
+                cmd, cwd=tmp, capture_output=True, text=True, timeout=UV_TIMEOUT, stdin=subprocess.DEVNULL
+            )
+        except subprocess.TimeoutExpired:
+            raise ResolutionError(f"uv pip compile against {index} did not finish in {UV_TIMEOUT} s") from None
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+        shown = ", ".join(requirements[:12]) + (f" and {len(requirements) - 12} more" if len(requirements) > 12 else "")
+        raise ResolutionError(
+            f"uv could not resolve {shown} for {uv_platform(platform)} CPython {platform.python} against {index}:\n{tail}"
+        )
+    return proc.stdout
+
+
+def resolve_packages(
+    lock: Lock, *, progress: Progress = silent, client: IndexClient | None = None, jobs: int = 8
+) -> tuple[Package, ...]:
+    """The full closure of ``lock.requirements`` and of what the sources declare (:func:`source_roots`) for
+    ``lock.platform``, every installable file hashed.
+
+    Packages the lock ties to their own ``index`` are not given to uv (that index may not speak to uv,
+    or be out of reach); they are kept, their files re-listed when their index answers. A package keeps
+    its ``waive``, and what packages waive is left out of the resolution (for everyone: a requirement of
+    another package on it is then unmet, and verify says so).
+    """
+    if lock.platform is None:
+        raise InputError(f"lock {lock.name!r} has no platform; add `platform: {{os: linux, arch: ..., python: ...}}`")
+    say = progress
+    client = client or IndexClient()
+    platform = lock.platform
+    default_index = (lock.index or PYPI_SIMPLE).rstrip("/")
+    pinned = {canonicalize_name(p.name): p for p in lock.packages if p.index}
+    from_sources = source_roots(lock)
+    roots = [r for r in lock.requirements if canonicalize_name(Requirement(r).name) not in pinned]
+    added = [r.requirement for r in from_sources if canonicalize_name(parsed(r.requirement).name) not in pinned]
+    added = [r for r in dict.fromkeys(added) if r not in roots]
+    roots += added
+
+    waivers = {canonicalize_name(p.name): p.waive for p in lock.packages if p.waive}
+    excludes = sorted({canonicalize_name(w.name) for waive in waivers.values() for w in waive})
+    pins: list[tuple[str, str]] = []
+    if roots:
+        also = f" ({len(added)} from the sources)" if added else ""
+        say(
+            f"resolving {len(roots)} requirement(s){also} with uv for {uv_platform(platform)} CPython {platform.python}"
+        )
+        try:
+            pins = parse_pins(run_uv_compile(roots, platform, default_index, excludes))
+        except ResolutionError as exc:
+            raise ResolutionError(_with_sources(str(exc), from_sources)) from None
+        say(f"uv pinned {len(pins)} package(s); listing their files")
+    for name, version in pins:
+        if (own := pinned.get(canonicalize_name(name))) and own.version != version:
+            say(f"warning: uv wants {name}=={version}, the lock keeps {own.name}=={own.version} from {own.index}")
+
+    def from_index(pin: tuple[str, str]) -> Package:
+        name, version = pin
+        page = client.project(default_index, name)
+        chosen = select_files(page.files, name, version, platform)
+        if not chosen:
+            say(f"warning: {default_index} lists no file of {name} {version} installable on {uv_platform(platform)}")
+        return Package(
+            name=name, version=version, files=_to_files(chosen), waive=waivers.get(canonicalize_name(name), ())
+        )
+
+    def refresh(package: Package) -> Package:
+        index = lock.index_for(package)
+        try:
+            page = client.project(index, package.name)
+        except RemoteError as exc:
+            say(f"warning: keeping {package.name} {package.version} as locked: {exc}")
+            return package
+        chosen = select_files(page.files, package.name, package.version, platform)
+        if not chosen:
+            say(f"warning: keeping {package.name} {package.version} as locked: {index} lists no installable file of it")
+            return package
+        return dataclasses.replace(package, files=_to_files(chosen))
+
+    todo = [p for p in pins if canonicalize_name(p[0]) not in pinned]
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            resolved = list(pool.map(from_index, todo)) + list(pool.map(refresh, pinned.values()))
+    except RemoteError as exc:
+        raise RemoteError(f"cannot list files after resolving: {exc}") from None
+    return tuple(sorted(resolved, key=lambda p: canonicalize_name(p.name)))
+
+
+def _with_sources(message: str, roots: list[Root]) -> str:
+    """uv's refusal, with the sources behind each package it names: the fix is usually a waiver there."""
+    reason = message.split("\n", 1)[1] if "\n" in message else message  # uv's words, not our list of roots
+    named = {
+        name
+        for r in roots
+        if re.search(rf"(?<![\w.-]){re.escape(name := parsed(r.requirement).name)}(?![\w-])", reason)
+    }
+    lines = explain(roots, named)
+    if not lines:
+        return message
+    return (
+        message
+        + "\nwhat the sources ask for (a requirement the lock deliberately leaves unmet is waived in the source's "
+        + "`waive`, by name and with the reason):\n"
+        + "\n".join(f"  {line}" for line in lines)
+    )
+
+
+def _to_files(chosen: list[IndexFile]) -> tuple[PackageFile, ...]:
+    return tuple(PackageFile(filename=f.filename, sha256=f.sha256 or "") for f in chosen)

@@ -1,0 +1,128 @@
+"""Verify a lock's packages: the index still serves every recorded file with the recorded sha256."""
+
+from __future__ import annotations
+
+import shlex
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import requests
+from packaging.version import Version
+
+from envbuild.errors import RemoteError
+from envbuild.index.client import IndexClient, ProjectPage
+from envbuild.lock.model import Lock, Package
+from envbuild.lock.platform import file_version
+from envbuild.progress import Progress, silent
+from envbuild.verify.results import PinResult
+
+# When one package has several problems, the verdict is the worst; a changed hash is the most alarming.
+_SEVERITY = ("hash-mismatch", "missing-file", "yanked")
+
+
+def verify_packages(
+    lock: Lock,
+    *,
+    jobs: int = 8,
+    progress: Progress = silent,
+    session: requests.Session | None = None,
+    client: IndexClient | None = None,
+    lock_path: str = "LOCKFILE",
+) -> list[PinResult]:
+    """One result per package, in lock order; packages are checked in parallel, one request each.
+    ``lock_path`` goes into the advice of an unresolved package."""
+    client = client or IndexClient(session)
+
+    def check(package: Package) -> PinResult:
+        result = verify_package(package, lock.index_for(package), client, lock_path)
+        if result.status != "ok":  # one line per problem, not per package: locks hold hundreds
+            progress(f"package {package.name} {package.version}: {result.status}")
+        return result
+
+    if not lock.packages:
+        return []
+    indexes = sorted({lock.index_for(p) for p in lock.packages})
+    progress(f"checking {len(lock.packages)} packages on {len(indexes)} index(es): {', '.join(indexes)}")
+    with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(lock.packages)))) as pool:
+        return list(pool.map(check, lock.packages))
+
+
+def verify_package(package: Package, index: str, client: IndexClient, lock_path: str = "LOCKFILE") -> PinResult:
+    """The verdict on one package against the project page its index serves."""
+    try:
+        page = client.project(index, package.name)
+    except RemoteError as exc:
+        return PinResult("package", package.name, "unreachable", str(exc), {"index": index, "version": package.version})
+    return judge_package(package, page, lock_path)
+
+
+def judge_package(package: Package, page: ProjectPage, lock_path: str = "LOCKFILE") -> PinResult:
+    """Pure comparison of the lock's files with what the index lists: no I/O, easy to test."""
+    facts: dict[str, Any] = {"index": page.index, "version": package.version}
+    if not package.files:
+        offered = [f.filename for f in page.files if _is_version_file(f.filename, package)]
+        listed = (
+            f"the index lists {len(offered)} file(s) for that version"
+            if offered
+            else "the index lists no file for that version"
+            if page.found
+            else f"the index does not know {package.name} at all"
+        )
+        return PinResult(
+            "package",
+            package.name,
+            "unresolved",
+            f"the lock records no files for {package.name} {package.version} ({listed}); "
+            f"run `envbuild lock update {shlex.quote(lock_path)}`",
+            facts,
+        )
+    problems: list[dict[str, Any]] = []
+    for recorded in package.files:
+        entry = page.file(recorded.filename)
+        if entry is None:
+            where = "" if page.found else f" (the index does not know {package.name} at all)"
+            problems.append(
+                {
+                    "status": "missing-file",
+                    "filename": recorded.filename,
+                    "detail": f"{recorded.filename} is no longer listed by {page.index}{where}",
+                }
+            )
+        elif entry.sha256 != recorded.sha256:
+            got = entry.sha256 or "no sha256"
+            problems.append(
+                {
+                    "status": "hash-mismatch",
+                    "filename": recorded.filename,
+                    "expected": recorded.sha256,
+                    "upstream": entry.sha256,
+                    "detail": f"{recorded.filename}: lock has sha256 {recorded.sha256}, index lists {got}",
+                }
+            )
+        elif entry.yanked:
+            reason = entry.yanked_reason or "no reason given"
+            problems.append(
+                {
+                    "status": "yanked",
+                    "filename": recorded.filename,
+                    "reason": entry.yanked_reason,
+                    "detail": f"{recorded.filename} is yanked: {reason}",
+                }
+            )
+    if not problems:
+        return PinResult(
+            "package", package.name, "ok", f"{package.version}: {len(package.files)} file(s) match {page.index}", facts
+        )
+    status = min((p["status"] for p in problems), key=_SEVERITY.index)
+    first = next(p for p in problems if p["status"] == status)
+    if status == "hash-mismatch":
+        facts.update(expected=first["expected"], upstream=first["upstream"])
+    if status == "yanked":
+        facts["reason"] = first["reason"]
+    facts["problems"] = [{k: v for k, v in p.items() if k != "detail"} for p in problems]
+    detail = "; ".join(p["detail"] for p in problems)
+    return PinResult("package", package.name, status, detail, facts)
+
+
+def _is_version_file(filename: str, package: Package) -> bool:
+    return file_version(filename, package.name) == Version(package.version)

@@ -1,0 +1,90 @@
+"""`lock verify`: every pin of a lock checked against its upstream, and the environment it describes
+checked whole (every requirement met or waived), as one typed report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from envbuild.config import SourceOptions, fetch_command
+from envbuild.git.cache import GitCache
+from envbuild.index.client import IndexClient
+from envbuild.index.filecache import FileCache
+from envbuild.lock.model import Lock, Package
+from envbuild.progress import Progress, silent
+from envbuild.verify.closure import check_closure
+from envbuild.verify.metadata import MetadataReader, read_metadata
+from envbuild.verify.packages import verify_packages
+from envbuild.verify.results import PinResult, VerifyReport
+from envbuild.verify.sources import verify_sources
+from envbuild.verify.submodules import verify_submodules
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    """Where the pins are read from, and whether a warning (a branch that moved on) fails."""
+
+    source: SourceOptions
+    strict: bool = False
+
+
+def verify_base_image(lock: Lock) -> list[PinResult]:
+    image = lock.base_image
+    if image is None:
+        return []
+    if image.digest is None:
+        return [
+            PinResult(
+                "base_image", image.name, "unpinned", "no digest recorded: the tag can move; add base_image.digest"
+            )
+        ]
+    return [PinResult("base_image", image.name, "ok", f"pinned by {image.digest}", {"digest": image.digest})]
+
+
+def verify_package_offline(package: Package, files: FileCache, advice: str) -> PinResult:
+    """Offline, the index cannot be asked; what can be known is whether the cache holds every file the
+    lock pins (stored under its sha256 only after its bytes were checked): ``cached`` (passes unless
+    --strict) or ``unreachable``."""
+    facts: dict[str, Any] = {"version": package.version}
+    absent = [f.filename for f in package.files if files.get(f.sha256) is None]
+    if package.files and not absent:
+        return PinResult(
+            "package",
+            package.name,
+            "cached",
+            "offline: every file is in the cache by its sha256; the index was not asked",
+            facts,
+        )
+    what = f"{', '.join(absent)} not in the cache" if absent else "no files in the lock"
+    return PinResult("package", package.name, "unreachable", f"offline, and {what}; run `{advice}`", facts)
+
+
+def verify_requirements(
+    lock: Lock, options: VerifyOptions, client: IndexClient | None = None, progress: Progress = silent
+) -> list[PinResult]:
+    """The whole closure for the lock's platform, from core metadata only (nothing installed): every
+    requirement of the lock's roots, its sources and its packages met by the lock, or waived by name."""
+    source = options.source
+    reader = MetadataReader(source.cache_dir, client, offline=source.offline)
+    return check_closure(lock, read_metadata(lock, reader, jobs=source.jobs, progress=progress))
+
+
+def verify_lock(lock: Lock, lock_path: str, options: VerifyOptions, progress: Progress = silent) -> VerifyReport:
+    source = options.source
+    cache = GitCache(source.cache_dir / "git")
+    results = verify_sources(
+        lock.sources, cache, mirrors=source.mirrors, offline=source.offline, jobs=source.jobs, progress=progress
+    )
+    results += verify_submodules(
+        lock, cache, mirrors=source.mirrors, offline=source.offline, jobs=source.jobs, progress=progress
+    )
+    client = IndexClient()  # one page per package for both checks
+    if lock.packages:
+        if source.offline:
+            files = FileCache(source.cache_dir)
+            results += [verify_package_offline(p, files, fetch_command(lock_path, source)) for p in lock.packages]
+        else:
+            results += verify_packages(lock, jobs=source.jobs, progress=progress, lock_path=lock_path, client=client)
+    results += verify_requirements(lock, options, client, progress)
+    results += verify_base_image(lock)
+    return VerifyReport(lock_path, tuple(results), strict=options.strict)

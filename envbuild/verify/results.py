@@ -1,0 +1,77 @@
+"""What verification hands to reporting: one typed result per pin."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Kind = Literal["source", "submodule", "package", "requirement", "base_image"]
+
+# The statuses of each kind, exactly as documented in the README. Every other non-ok status fails;
+# a warning passes unless --strict: `behind` (the branch moved on, the pin is still on it), `cached`
+# (offline: the package's files are in the cache by sha256, but the index was not asked), a
+# requirement's or a submodule's `unknown`, and a submodule's `diverged`.
+SourceStatus = Literal[
+    "ok",
+    "behind",
+    "not-on-ref",
+    "tag-moved",
+    "missing-ref",
+    "ref-type-changed",
+    "missing-commit",
+    "tree-mismatch",
+    "unreachable",
+]
+# A submodule: like a source where that applies (no ref: its commit must be on some upstream ref); also
+# `gitlink-mismatch` (the parent's tree pins another commit at its path, or none), `skipped` (by name,
+# with the reason; passes), `diverged` (a warning: it and the lock's source of the same repository are on
+# different lines of history) and `unknown` (a warning: `lock update` could not read the tree's submodules).
+SubmoduleStatus = Literal[
+    "ok", "skipped", "diverged", "missing-commit", "tree-mismatch", "gitlink-mismatch", "unreachable", "unknown"
+]
+PackageStatus = Literal["ok", "cached", "missing-file", "hash-mismatch", "yanked", "unresolved", "unreachable"]
+BaseImageStatus = Literal["ok", "unpinned"]
+# A requirement of a package or a source: met by the lock (`ok`), not (`unmet`: no such distribution;
+# `conflict`: the locked version is outside the specifier), accepted by name (`waived`), or not known
+# (`unknown`: the requirements were not recorded or the metadata could not be read; a warning).
+RequirementStatus = Literal["ok", "unmet", "conflict", "waived", "unknown"]
+Status = SourceStatus | SubmoduleStatus | PackageStatus | RequirementStatus | BaseImageStatus
+PASSING_STATUSES: frozenset[Status] = frozenset({"ok", "waived", "skipped"})
+WARNING_STATUSES: frozenset[Status] = frozenset({"behind", "cached", "unknown", "diverged"})
+
+
+@dataclass(frozen=True)
+class PinResult:
+    """The verdict on one pin. ``facts`` holds machine-readable extras (e.g. ``ahead``, ``upstream``)."""
+
+    kind: Kind
+    name: str
+    status: Status
+    detail: str = ""
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    def passes(self, strict: bool = False) -> bool:
+        return self.status in PASSING_STATUSES or (not strict and self.status in WARNING_STATUSES)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "status": self.status,
+            "detail": self.detail,
+            **dict(sorted(self.facts.items())),
+        }
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    lock_path: str
+    results: tuple[PinResult, ...]
+    strict: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return all(r.passes(self.strict) for r in self.results)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"lock": self.lock_path, "ok": self.ok, "results": [r.to_json() for r in self.results]}

@@ -1,0 +1,173 @@
+"""Verify git source pins against their upstream, through the local cache of bare repositories.
+
+Each repository costs one ``git ls-remote``; objects are fetched only when a check needs them, and
+then only commits (``--filter=tree:0``) of the one ref concerned:
+
+- a tag without a recorded tree is settled by the ref listing alone;
+- a tag with a tree, or a branch whose head is not the pin, needs the commit graph of that ref;
+- only a commit that is not on its branch needs every upstream ref (fetched with ``--prune`` so a
+  commit that was force-pushed away is not mistaken for one that still exists).
+
+A warm cache that already holds the advertised tips does no fetch at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from envbuild.git.cache import GitCache
+from envbuild.git.files import OFFLINE_MISS
+from envbuild.git.mirrors import Mirrors
+from envbuild.git.remote import GitError
+from envbuild.git.upstream import Offline, Upstream, check_inputs
+from envbuild.lock.model import Source
+from envbuild.progress import Progress, silent
+from envbuild.verify.results import PinResult, SourceStatus
+
+
+def verify_sources(
+    sources: Sequence[Source],
+    cache: GitCache,
+    *,
+    mirrors: Mirrors = Mirrors(),
+    offline: bool = False,
+    jobs: int = 8,
+    progress: Progress = silent,
+) -> list[PinResult]:
+    """Verify every source, in parallel across repositories; results in input order.
+
+    Sources sharing an effective URL share one ref listing and run one after the other. ``progress``
+    is called from worker threads."""
+    groups: dict[str, list[int]] = {}
+    for index, source in enumerate(sources):
+        groups.setdefault(mirrors.rewrite(source.repo), []).append(index)
+    check_inputs(sources, mirrors)
+    results: list[PinResult | None] = [None] * len(sources)
+    with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(groups)))) as pool:
+        futures = {
+            url: pool.submit(_verify_group, [sources[i] for i in indexes], cache, url, offline, progress)
+            for url, indexes in groups.items()
+        }
+        for url, future in futures.items():
+            for index, result in zip(groups[url], future.result()):
+                results[index] = result
+    return [r for r in results if r is not None]
+
+
+def verify_source(
+    source: Source,
+    cache: GitCache,
+    *,
+    mirrors: Mirrors = Mirrors(),
+    offline: bool = False,
+    progress: Progress = silent,
+) -> PinResult:
+    check_inputs([source], mirrors)
+    return _verify_group([source], cache, mirrors.rewrite(source.repo), offline, progress)[0]
+
+
+def _verify_group(
+    sources: Sequence[Source], cache: GitCache, url: str, offline: bool, progress: Progress
+) -> list[PinResult]:
+    upstream = Upstream(cache, url, offline=offline, progress=progress)
+    results = []
+    for source in sources:
+        try:
+            results.append(_verify(source, upstream))
+        except Offline:
+            results.append(_result(source, url, "unreachable", OFFLINE_MISS))
+        except GitError as exc:
+            results.append(_result(source, url, "unreachable", exc.reason))
+    return results
+
+
+def _verify(source: Source, up: Upstream) -> PinResult:
+    listing = up.listing()
+    ref, kind = source.ref, source.ref_type
+    same, other = (listing.heads, listing.tags) if kind == "branch" else (listing.tags, listing.heads)
+    if ref not in same:
+        if ref in other:
+            actual = "tag" if kind == "branch" else "branch"
+            return _result(
+                source,
+                up.url,
+                "ref-type-changed",
+                f"recorded as a {kind}, but upstream {ref} is a {actual}",
+                upstream_ref_type=actual,
+            )
+        return _result(source, up.url, "missing-ref", f"upstream has no {kind} named {ref}")
+    head = same[ref]
+    if kind == "tag":
+        if head != source.commit:
+            return _result(
+                source, up.url, "tag-moved", f"tag {ref} now points at {head}, not at the pinned commit", upstream=head
+            )
+        if source.tree is None:
+            return _result(source, up.url, "ok", f"tag {ref} points at the pinned commit")
+        trees = up.commits(
+            [], need=[source.commit], refspecs=[f"+refs/tags/{ref}:refs/upstream/tags/{ref}"], name=source.name
+        )
+        return _tree_verdict(source, up.url, trees) or _result(
+            source, up.url, "ok", f"tag {ref} points at the pinned commit; tree matches"
+        )
+
+    refspec = f"+refs/heads/{ref}:refs/upstream/heads/{ref}"
+    if head == source.commit:
+        ahead = 0
+        trees = up.commits([], need=[source.commit] if source.tree else [], refspecs=[refspec], name=source.name)
+    else:
+        trees = up.commits([source.commit], need=[head], refspecs=[refspec], name=source.name)
+        if head not in trees:  # the branch moved between listing and fetch: use what was fetched
+            head = up.cache.namespace_refs(up.url).get(f"heads/{ref}", head)
+            trees = up.commits([source.commit, head])
+            if head not in trees:
+                raise GitError("fetch", f"branch {ref} moved while fetching; try again")
+        left = 1
+        if source.commit in trees:
+            left, ahead = up.cache.left_right(up.url, source.commit, head)
+        if left:
+            return _not_on_ref(source, up)
+    mismatch = _tree_verdict(source, up.url, trees)
+    if mismatch:
+        return mismatch
+    if ahead:
+        return _result(
+            source,
+            up.url,
+            "behind",
+            f"branch {ref} has moved {ahead} commit{'s' * (ahead != 1)} past the pinned commit, which is still on it",
+            ahead=ahead,
+            upstream=head,
+        )
+    return _result(source, up.url, "ok", f"the pinned commit is the head of branch {ref}")
+
+
+def _not_on_ref(source: Source, up: Upstream) -> PinResult:
+    """The commit is not on its branch: tell a commit that exists elsewhere from one that is gone."""
+    if up.on_any_ref(source.commit, source.name) is not None:
+        return _result(
+            source, up.url, "not-on-ref", f"the pinned commit exists upstream but is not on branch {source.ref}"
+        )
+    return _result(source, up.url, "missing-commit", "the pinned commit is on no upstream branch or tag")
+
+
+def _tree_verdict(source: Source, url: str, trees: dict[str, str]) -> PinResult | None:
+    if source.tree is None:
+        return None
+    actual = trees.get(source.commit)
+    if actual is None:
+        raise GitError("fetch", "the pinned commit was not fetched")
+    if actual == source.tree:
+        return None
+    return _result(
+        source,
+        url,
+        "tree-mismatch",
+        f"the pinned commit's tree is {actual}, the lock records {source.tree}",
+        tree=actual,
+    )
+
+
+def _result(source: Source, url: str, status: SourceStatus, detail: str, **facts: object) -> PinResult:
+    return PinResult("source", source.name, status, detail, {"url": url, "commit": source.commit, **facts})

@@ -1,0 +1,235 @@
+"""`lock verify` of every submodule the lock records, at every level, as one result each (kind ``submodule``,
+named ``SOURCE/PATH``, nested ones ``SOURCE/PATH/PATH``).
+
+For each record, through the verify cache and the mirrors, as a source's pin is checked:
+
+1. **the parent's gitlink**: the entry at ``path`` in the parent's pinned tree (the trees on the way are
+   fetched, no blob) is a gitlink to the recorded commit (``gitlink-mismatch`` otherwise). The parent's
+   commit fixes its tree, so this checks the lock against itself; where the parent also pins its
+   ``tree``, the detail says the gitlink is held by that tree pin too;
+2. **its upstream** (not for a skipped one, which the image does without): the commit is on some branch or
+   tag of its repository (the commits of every ref fetched, vanished refs pruned; ``missing-commit``
+   otherwise), and its tree is the recorded ``tree`` (``tree-mismatch``);
+3. **the pairing**: where the lock also has a source of the same repository (same host and path, whatever
+   the transport), how the two pins relate — the same commit, the source's pin ahead of the submodule's
+   (it contains it, n commits ahead), behind it, or diverged (a warning, ``diverged``: upstream tested the
+   parent with the submodule's commit, and the lock pairs it with another line of history). Reported on
+   every verify, for skipped submodules too: a skipped submodule is usually one a source provides.
+
+A warm cache answers with one ref listing per submodule repository. ``--offline`` answers from the cache
+alone; what it cannot settle is ``unreachable``, as for sources.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from envbuild.errors import InputError
+from envbuild.git.cache import GitCache
+from envbuild.git.files import OFFLINE_MISS, READ_NS, PinnedTree
+from envbuild.git.gitmodules import repository_key
+from envbuild.git.mirrors import Mirrors
+from envbuild.git.remote import GitError
+from envbuild.git.upstream import Offline, Upstream
+from envbuild.lock.model import Lock, Source, Submodule, check_repo_url
+from envbuild.progress import Progress, silent
+from envbuild.verify.results import PinResult, SubmoduleStatus
+
+
+@dataclass(frozen=True)
+class Parent:
+    """The tree a submodule's gitlink is read from: a source's pinned commit, or a submodule's."""
+
+    url: str  # after mirrors
+    commit: str
+    refspec: str | None  # fetched when the server will not send the commit by ID (a source's ref)
+    tree: str | None  # the tree the lock pins for it, if any
+
+
+@dataclass(frozen=True)
+class RecordedSubmodule:
+    """One recorded submodule with where it sits: ``name`` is ``SOURCE/PATH[/PATH…]``."""
+
+    name: str
+    record: Submodule
+    parent: Parent
+
+
+def recorded_submodules(source: Source, mirrors: Mirrors) -> Iterator[RecordedSubmodule]:
+    """Every submodule ``source`` records, parents before their submodules."""
+    space = "tags" if source.ref_type == "tag" else "heads"
+    root = Parent(
+        mirrors.rewrite(source.repo),
+        source.commit,
+        f"+refs/{space}/{source.ref}:refs/upstream/{space}/{source.ref}",
+        source.tree,
+    )
+
+    def walk(records: tuple[Submodule, ...], parent: Parent, prefix: str) -> Iterator[RecordedSubmodule]:
+        for record in records:
+            name = f"{prefix}/{record.path}"
+            yield RecordedSubmodule(name, record, parent)
+            if record.repo is not None and record.commit is not None:
+                yield from walk(
+                    record.submodules, Parent(mirrors.rewrite(record.repo), record.commit, None, record.tree), name
+                )
+
+    yield from walk(source.submodules, root, source.name)
+
+
+def check_submodule_urls(lock: Lock, mirrors: Mirrors) -> None:
+    """What a mirror rule makes of a submodule's URL follows the lock's URL rules, as for sources."""
+    problems = []
+    for source in lock.sources:
+        for pin in recorded_submodules(source, mirrors):
+            if pin.record.repo is None:
+                continue
+            url = mirrors.rewrite(pin.record.repo)
+            if url != pin.record.repo and (problem := check_repo_url(url)) is not None:
+                problems.append(f"submodule {pin.name}: repo {problem} (after mirror rewriting of {pin.record.repo!r})")
+    if problems:
+        raise InputError("\n".join(problems))
+
+
+def verify_submodules(
+    lock: Lock,
+    cache: GitCache,
+    *,
+    mirrors: Mirrors = Mirrors(),
+    offline: bool = False,
+    jobs: int = 8,
+    progress: Progress = silent,
+) -> list[PinResult]:
+    """One result per recorded submodule (and per source whose submodules are unknown), in lock order;
+    repositories in parallel, the submodules of one repository one after the other."""
+    check_submodule_urls(lock, mirrors)
+    results: list[PinResult] = []
+    pins: list[RecordedSubmodule] = []
+    for source in lock.sources:
+        if source.submodules_unknown is not None:
+            results.append(PinResult("submodule", source.name, "unknown", source.submodules_unknown))
+        pins += recorded_submodules(source, mirrors)
+    by_repo = {repository_key(s.repo): s for s in lock.sources}
+    groups: dict[str, list[int]] = {}
+    for index, pin in enumerate(pins):
+        key = mirrors.rewrite(pin.record.repo) if pin.record.repo and not pin.record.skipped else pin.parent.url
+        groups.setdefault(key, []).append(index)
+    checker = _Checker(cache, mirrors, offline, progress, by_repo)
+    verdicts: list[PinResult | None] = [None] * len(pins)
+    with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(groups) or 1))) as pool:
+        futures = {key: pool.submit(checker.group, [pins[i] for i in indexes]) for key, indexes in groups.items()}
+        for key, future in futures.items():
+            for index, result in zip(groups[key], future.result()):
+                verdicts[index] = result
+    return results + [v for v in verdicts if v is not None]
+
+
+class _Checker:
+    def __init__(
+        self, cache: GitCache, mirrors: Mirrors, offline: bool, progress: Progress, by_repo: dict[Any, Source]
+    ) -> None:
+        self.cache, self.mirrors, self.offline, self.progress, self.by_repo = cache, mirrors, offline, progress, by_repo
+
+    def group(self, pins: Sequence[RecordedSubmodule]) -> list[PinResult]:
+        upstreams: dict[str, Upstream] = {}
+        results = []
+        for pin in pins:
+            try:
+                results.append(self.one(pin, upstreams))
+            except Offline:
+                results.append(_result(pin, "unreachable", OFFLINE_MISS))
+            except GitError as exc:
+                results.append(_result(pin, "unreachable", exc.reason))
+        return results
+
+    def one(self, pin: RecordedSubmodule, upstreams: dict[str, Upstream]) -> PinResult:
+        record, path = pin.record, pin.record.path
+        parent = PinnedTree(
+            self.cache, pin.parent.url, pin.parent.commit, refspec=pin.parent.refspec, offline=self.offline
+        )
+        entry = parent.entry(path)
+        found = entry.oid if entry is not None and entry.kind == "commit" else None
+        if found != record.commit:
+            return _result(pin, "gitlink-mismatch", _gitlink_mismatch(path, found, record.commit))
+        held = (
+            "it is the parent's gitlink, held by the parent's tree pin too"
+            if pin.parent.tree is not None and parent.root() == pin.parent.tree
+            else "it is the parent's gitlink (the parent pins no tree)"
+        )
+        if record.skipped:
+            status: SubmoduleStatus = "skipped"
+            parts = [f"skipped: {record.skip}"]
+            if record.commit is None:
+                held = "the parent has no gitlink there"
+        else:
+            assert record.repo is not None and record.commit is not None
+            url = self.mirrors.rewrite(record.repo)
+            up = upstreams.setdefault(url, Upstream(self.cache, url, offline=self.offline, progress=self.progress))
+            tree = up.on_any_ref(record.commit, pin.name)
+            if tree is None:
+                return _result(pin, "missing-commit", f"the pinned commit is on no upstream branch or tag of {url}")
+            if record.tree is not None and tree != record.tree:
+                return _result(
+                    pin, "tree-mismatch", f"the commit's tree is {tree}, the lock records {record.tree}", tree=tree
+                )
+            status = "ok"
+            parts = ["on an upstream ref" + ("; tree matches" if record.tree is not None else "")]
+        facts: dict[str, Any] = {}
+        source = self.by_repo.get(repository_key(record.repo)) if record.repo and record.commit else None
+        if source is not None and record.commit is not None:
+            relation, words = self.relation(record.commit, source)
+            facts["pairs_with"] = {"source": source.name, "commit": source.commit, **relation}
+            parts.insert(0, words)  # first: what a reader of the table most needs
+            if relation["relation"] == "diverged":
+                status = "diverged"
+        return _result(pin, status, "; ".join([*parts, held]), **facts)
+
+    def relation(self, commit: str, source: Source) -> tuple[dict[str, Any], str]:
+        """How ``commit`` relates to ``source``'s pin, computed in the source's verify cache (either commit
+        is fetched by ID, commits only, when it is not there yet)."""
+        url = self.mirrors.rewrite(source.repo)
+        wanted = [commit, source.commit]
+        held = self.cache.commit_trees(url, wanted)
+        for sha in (c for c in wanted if c not in held):
+            if self.offline:
+                return {"relation": "unknown"}, f"how it relates to source {source.name}'s pin: {OFFLINE_MISS}"
+            try:
+                self.cache.fetch(url, [f"+{sha}:{READ_NS}{sha}"], wanted=[sha])
+            except GitError as exc:
+                return {"relation": "unknown"}, f"how it relates to source {source.name}'s pin is unknown: {exc.reason}"
+        if not set(wanted) <= set(self.cache.commit_trees(url, wanted)):
+            return {"relation": "unknown"}, f"how it relates to source {source.name}'s pin is unknown: not fetched"
+        mine, theirs = self.cache.left_right(url, commit, source.commit)
+        pin = f"source {source.name}'s pin"
+        if mine == theirs == 0:
+            return {"relation": "same"}, f"the same commit as {pin}"
+        if mine == 0:
+            return {"relation": "contained", "ahead": theirs}, f"contained in {pin}, {_n(theirs)} ahead"
+        if theirs == 0:
+            return {"relation": "behind", "behind": mine}, f"{pin} is behind it, by {_n(mine)}"
+        return (
+            {"relation": "diverged", "ahead": theirs, "behind": mine},
+            f"diverged from {pin}: {_n(mine)} of its own, {_n(theirs)} only the source has (upstream tested the "
+            "parent with this commit, not with the source's)",
+        )
+
+
+def _n(count: int) -> str:
+    return f"{count} commit{'s' * (count != 1)}"
+
+
+def _gitlink_mismatch(path: str, found: str | None, recorded: str | None) -> str:
+    if found is None:
+        return f"the parent's tree has no gitlink at {path}; the lock records {recorded}"
+    if recorded is None:
+        return f"the parent's tree has a gitlink at {path} (commit {found}); the lock records none"
+    return f"the parent's tree pins {found} at {path}; the lock records {recorded}"
+
+
+def _result(pin: RecordedSubmodule, status: SubmoduleStatus, detail: str, **facts: object) -> PinResult:
+    record = pin.record
+    base = {"path": record.path, "commit": record.commit, "repo": record.repo, "skip": record.skip}
+    return PinResult("submodule", pin.name, status, detail, {**base, **facts})

@@ -1,0 +1,86 @@
+"""``envrun cluster up|status|down``: a thin layer over :mod:`envrun.cluster` — parse, call, print."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from envbuild.cli.common import StderrProgress, add_command_group
+from envbuild.config import load_config
+
+
+def add_cluster_command(subparsers: argparse._SubParsersAction) -> None:
+    actions = add_command_group(subparsers, "cluster", "a Ray cluster of containers of the locked image")
+
+    up = actions.add_parser(
+        "up",
+        help="start a node container on every host of CLUSTER.yaml and wait until each has joined",
+        description="Exit 0 when every node has joined, 1 when a host or a node fails (nothing is left "
+        "started), 2 on invalid input (the cluster file, an image of another lock).",
+    )
+    up.add_argument("cluster_file", type=Path, metavar="CLUSTER.yaml")
+    up.add_argument("--image", required=True, metavar="REF", help="the image built from the lock, pushed")
+    up.add_argument("--lock", type=Path, metavar="LOCK", help="the lock the image must carry (default: any)")
+    up.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS", help="for every node to join")
+    up.set_defaults(handler=_up)
+
+    status = actions.add_parser(
+        "status",
+        help="each node read live: container, image, lock, Ray node, alive or dead",
+        description="Exit 0 when every node is alive, 1 otherwise.",
+    )
+    status.add_argument("name", metavar="NAME")
+    status.set_defaults(handler=_status)
+
+    down = actions.add_parser("down", help="stop and remove every container of the cluster, on every host (idempotent)")
+    down.add_argument(
+        "target", metavar="NAME|CLUSTER.yaml", help="the cluster's name, or its file (also asks the file's hosts)"
+    )
+    down.set_defaults(handler=_down)
+    for parser in (up, status):
+        parser.add_argument("--json", action="store_true", help="print the cluster as JSON")
+    for parser in (up, status, down):
+        parser.add_argument("--cache-dir", type=Path, help="where cluster state lives (default: the config's)")
+
+
+def _cache_dir(args: argparse.Namespace) -> Path:
+    return args.cache_dir or load_config(None).cache_dir
+
+
+def _up(args: argparse.Namespace) -> int:
+    from envbuild.lock.io import read_lock
+    from envrun.cluster.info import render_cluster
+    from envrun.cluster.spec import load_cluster_file
+    from envrun.cluster.up import UpOptions, cluster_up
+
+    spec = load_cluster_file(args.cluster_file)
+    lock = read_lock(args.lock) if args.lock else None
+    options = UpOptions(image=args.image, cache_dir=_cache_dir(args), lock=lock, join_timeout=args.timeout)
+    info = cluster_up(spec, options, StderrProgress("envrun", args.quiet))
+    sys.stdout.write(json.dumps(info.to_json(), indent=2) + "\n" if args.json else render_cluster(info))
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from envrun.cluster.info import render_cluster
+    from envrun.cluster.manage import cluster_status
+
+    info = cluster_status(args.name, _cache_dir(args))
+    sys.stdout.write(json.dumps(info.to_json(), indent=2) + "\n" if args.json else render_cluster(info))
+    return 0 if info.all_alive else 1
+
+
+def _down(args: argparse.Namespace) -> int:
+    from envrun.cluster.manage import cluster_down
+    from envrun.cluster.spec import load_cluster_file
+
+    name: str = args.target
+    hosts: tuple[str, ...] = ()
+    if args.target.endswith((".yaml", ".yml")) or Path(args.target).is_file():
+        spec = load_cluster_file(Path(args.target))
+        name, hosts = spec.name, spec.engines
+    removed = cluster_down(name, _cache_dir(args), hosts, StderrProgress("envrun", args.quiet))
+    print(f"cluster {name}: removed {len(removed)} container(s)")
+    return 0
