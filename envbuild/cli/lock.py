@@ -11,7 +11,7 @@ from envbuild.errors import InputError
 from envbuild.fileio import write_atomic
 from envbuild.git.cache import GitCache
 from envbuild.git.mirrors import Mirrors
-from envbuild.lock import dump_lock, read_lock, write_lock
+from envbuild.lock import checked_lock_text, read_lock
 from envbuild.lock.diff import CommitCounter, diff_locks, render_changes
 from envbuild.lock.model import LOCK_VERSION, LOCK_VERSIONS
 from envbuild.verify.render import render_verify
@@ -143,8 +143,10 @@ def cmd_update(args: argparse.Namespace) -> int:
         progress=StderrProgress("envbuild", args.quiet),
     )
     changes = diff_locks(lock, new, _commit_counter(cache, mirrors))
-    if not args.dry_run and dump_lock(new) != args.lockfile.read_text(encoding="utf-8"):
-        write_lock(args.lockfile, new)
+    # Checked before anything is replaced, and on a dry run too: it shows what a real run would write.
+    text = checked_lock_text(new, args.lockfile)
+    if not args.dry_run and text != args.lockfile.read_text(encoding="utf-8"):
+        write_atomic(args.lockfile, text)
     sys.stdout.write(
         render_json(
             {
