@@ -59,6 +59,11 @@ def offline_verify_command(lock_path: str | os.PathLike[str], source: SourceOpti
     return _command(["lock", "verify", str(lock_path), "--offline"], source)
 
 
+def update_command(lock_path: str | os.PathLike[str], source: SourceOptions) -> str:
+    """The `envbuild lock update` command for this lock, cache and mirrors: what pins an unpinned base."""
+    return _command(["lock", "update", str(lock_path)], source)
+
+
 def _command(words: list[str], source: SourceOptions) -> str:
     """``envbuild WORDS`` with this cache and these mirrors, quoted so that it runs as printed."""
     words = ["envbuild", *words, "--cache-dir", str(source.cache_dir)]

@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from envbuild.config import SourceOptions, fetch_command, offline_verify_command
+from envbuild.config import SourceOptions, fetch_command, offline_verify_command, update_command
 from envbuild.git.cache import GitCache
 from envbuild.git.files import OFFLINE_MISS
 from envbuild.index.client import IndexClient
@@ -30,16 +30,14 @@ class VerifyOptions:
     strict: bool = False
 
 
-def verify_base_image(lock: Lock) -> list[PinResult]:
+def verify_base_image(lock: Lock, advice: str = "envbuild lock update LOCK") -> list[PinResult]:
+    """The base image's pin; ``advice`` is the `lock update` command that pins an unpinned one."""
     image = lock.base_image
     if image is None:
         return []
     if image.digest is None:
-        return [
-            PinResult(
-                "base_image", image.name, "unpinned", "no digest recorded: the tag can move; add base_image.digest"
-            )
-        ]
+        detail = f"no digest recorded: the tag can move; `{advice}` pins the digest its registry serves"
+        return [PinResult("base_image", image.name, "unpinned", detail)]
     return [PinResult("base_image", image.name, "ok", f"pinned by {image.digest}", {"digest": image.digest})]
 
 
@@ -88,7 +86,7 @@ def verify_lock(lock: Lock, lock_path: str, options: VerifyOptions, progress: Pr
         else:
             results += verify_packages(lock, jobs=source.jobs, progress=progress, lock_path=lock_path, client=client)
     results += verify_requirements(lock, options, client, progress)
-    results += verify_base_image(lock)
+    results += verify_base_image(lock, update_command(lock_path, source))
     if source.offline:
         advice = fetch_command(lock_path, source)
         results = [_advise_fetch(r, advice) for r in results]
