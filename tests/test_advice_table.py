@@ -13,7 +13,7 @@ import pytest
 
 from envbuild.cli import main as envbuild
 from envbuild.lock import Lock, Source, write_lock
-from envbuild.lock.model import Install
+from envbuild.lock.model import BaseImage, Install
 from tests.lib.gitrepos import GitDaemon, Served, free_port, make_repo
 
 pytestmark = pytest.mark.gitdaemon
@@ -92,3 +92,20 @@ def test_an_unreachable_upstream_advises_offline_only_when_the_cache_can_answer(
     code, out = run(capsys, verify)
     assert code == 0, out
     assert re.search(r"source\s+gamma\s+ok", out) and re.search(r"source\s+delta\s+ok", out)
+
+
+def test_fetch_fetches_everything_else_while_the_base_is_unpinned_and_says_so(
+    served: Served, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    commit = served.repo("table-fetch").commit("one")
+    lock = tmp_path / "small.lock.yaml"
+    source = Source(name="one", repo=served.url("table-fetch", "daemon-filter"), ref="main", ref_type="branch",
+                    commit=commit, install=Install(mode="none"))  # fmt: skip
+    write_lock(lock, Lock(version=2, name="fetch", sources=(source,), base_image=BaseImage(name="127.0.0.1:1/base:1")))
+    cache = ["--cache-dir", str(tmp_path / "cache")]
+    assert envbuild(["lock", "fetch", str(lock), *cache]) == 0
+    err = capsys.readouterr().err
+    assert f"{lock}: base image 127.0.0.1:1/base:1 left unfetched: no digest recorded" in err
+    assert f"`envbuild lock update {lock} --cache-dir {tmp_path / 'cache'}` pins the digest" in err
+    code, out = run(capsys, ["lock", "verify", str(lock), "--offline", *cache])
+    assert code == 1 and re.search(r"source\s+one\s+ok", out) and re.search(r"base-image\s+\S+\s+unpinned", out), out

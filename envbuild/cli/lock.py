@@ -97,7 +97,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_fetch(args: argparse.Namespace) -> int:
     """Verify online (the ref listings and commits `--offline` verifies against), then fetch every source's
     tree and package file (what `envbuild image --offline` builds from). A lock that fails verify is
-    reported and nothing is fetched (a build would refuse it): exit 1."""
+    reported and nothing is fetched (a build would refuse it): exit 1; but an unpinned base image alone
+    does not stop it (the base is not an input fetched here): everything else is fetched, and the base is
+    said to be left."""
     read = read_lock(args.lockfile)
     from envbuild.fetch import fetch_inputs
     from envbuild.verify.pins import verify_lock
@@ -107,7 +109,10 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     options = verify_options(args)
     progress = StderrProgress("envbuild", args.quiet)
     report = verify_lock(read.lock, str(args.lockfile), options, progress)
-    if not report.ok:
+    # The base image is not an input this command fetches (a build pulls it by digest): an unpinned one
+    # is said, and everything else is fetched all the same.
+    unpinned = [r for r in report.results if r.kind == "base_image" and r.status == "unpinned"]
+    if [r for r in report.results if not r.passes(report.strict)] != unpinned:
         sys.stdout.write(
             render_json({"lock": str(args.lockfile), "verify": report.to_json(), "inputs": []})
             if args.json
@@ -115,6 +120,8 @@ def cmd_fetch(args: argparse.Namespace) -> int:
         )
         return 1
     inputs = fetch_inputs(read, options.source, progress=progress)
+    for row in unpinned:
+        print(f"envbuild: {args.lockfile}: base image {row.name} left unfetched: {row.detail}", file=sys.stderr)
     if args.json:
         sys.stdout.write(render_json({"lock": str(args.lockfile), "verify": report.to_json(), **inputs.to_json()}))
     else:
