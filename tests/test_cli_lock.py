@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import platform
 import re
+import shutil
 import textwrap
 from pathlib import Path
 
@@ -22,6 +23,9 @@ pytestmark = pytest.mark.gitdaemon
 
 @pytest.fixture(scope="module")
 def upstream(served: Served) -> tuple[Served, Repo, list[str]]:
+    # xdist may run this module's tests on one worker in two runs (service tests are grouped apart), so
+    # this module fixture can be set up twice against the one session-wide `served`: start afresh.
+    shutil.rmtree(served.base / "cli-upstream", ignore_errors=True)
     repo = served.repo("cli-upstream")
     commits = [repo.commit(files={"setup.py": f"# {i}\n"}) for i in range(4)]
     repo.tag("v1.0", commits[1], annotated=True)
