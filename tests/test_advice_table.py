@@ -65,6 +65,9 @@ def test_offline_rows_advise_a_fetch_that_runs_as_printed_through_the_mirror(
     assert run(capsys, fetch)[0] == 0
     code, out = run(capsys, offline)
     assert code == 0, out
+    # The cache is keyed by the URL the lock names, not the mirror's: offline needs no mirror rules.
+    code, out = run(capsys, offline[: offline.index("--mirror")])
+    assert code == 0, out
 
 
 def test_an_unreachable_upstream_advises_offline_only_when_the_cache_can_answer(
@@ -109,3 +112,22 @@ def test_fetch_fetches_everything_else_while_the_base_is_unpinned_and_says_so(
     assert f"`envbuild lock update {lock} --cache-dir {tmp_path / 'cache'}` pins the digest" in err
     code, out = run(capsys, ["lock", "verify", str(lock), "--offline", *cache])
     assert code == 1 and re.search(r"source\s+one\s+ok", out) and re.search(r"base-image\s+\S+\s+unpinned", out), out
+
+
+def test_what_was_verified_through_a_mirror_answers_offline_without_it(
+    served: Served, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    repos = {f"mirrored-{n}": served.repo(f"mirrored-{n}").commit("one") for n in ("a", "b")}
+    closed = f"git://127.0.0.1:{free_port()}"
+    lock = two_source_lock(tmp_path / "small.lock.yaml", closed, repos)
+    cache = ["--cache-dir", str(tmp_path / "cache")]
+    mirror = ["--mirror", f"{closed}/={served.url('', 'daemon-filter')}"]
+    assert run(capsys, ["lock", "verify", str(lock), *cache, *mirror])[0] == 0
+    code, out = run(capsys, ["lock", "verify", str(lock), "--offline", *cache])
+    assert code == 0, out
+    assert re.search(r"source\s+mirrored-a\s+ok", out) and re.search(r"source\s+mirrored-b\s+ok", out)
+    # ... and online without the mirror, the upstream out of reach, the hint offers exactly that
+    code, out = run(capsys, ["lock", "verify", str(lock), *cache])
+    assert code == 1 and "the cache answers offline: `envbuild lock verify" in out, out
+    [verify] = table_advice(out)
+    assert run(capsys, verify)[0] == 0
