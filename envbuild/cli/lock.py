@@ -1,4 +1,4 @@
-"""`envbuild lock verify|update|diff|export|schema`: thin wrappers over envbuild.verify / update / lock."""
+"""`envbuild lock verify|update|diff|fetch|export|schema`: thin wrappers over envbuild.verify / update / lock."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from envbuild.verify.render import render_verify
 
 
 def add_lock_commands(subparsers: argparse._SubParsersAction) -> None:
-    lock = subparsers.add_parser("lock", help="verify, update, compare and export lockfiles")
+    lock = subparsers.add_parser("lock", help="verify, update, compare, fetch and export lockfiles")
     commands = lock.add_subparsers(metavar="COMMAND")
     lock.set_defaults(handler=lambda args: _usage(lock))
 
@@ -39,14 +39,14 @@ def add_lock_commands(subparsers: argparse._SubParsersAction) -> None:
         help="re-resolve the package closure (default: only when no NAME is given)",
     )
     update.add_argument("--dry-run", action="store_true", help="print what would change; write nothing")
-    update.add_argument("--json", action="store_true")
+    update.add_argument("--json", action="store_true", help="one JSON object on stdout")
     add_source_options(update)
     update.set_defaults(handler=cmd_update)
 
-    diff = commands.add_parser("diff", help="pin changes between two locks")
+    diff = commands.add_parser("diff", help="pin changes between two locks (exit 1 when there are some, as diff does)")
     diff.add_argument("old", type=Path)
     diff.add_argument("new", type=Path)
-    diff.add_argument("--json", action="store_true")
+    diff.add_argument("--json", action="store_true", help="one JSON object on stdout")
     add_source_options(diff)
     diff.set_defaults(handler=cmd_diff)
 
@@ -165,6 +165,8 @@ def cmd_update(args: argparse.Namespace) -> int:
         if args.json
         else render_changes(changes)
     )
+    if args.dry_run:
+        print(f"envbuild: dry run: {args.lockfile} not written", file=sys.stderr)
     return 0
 
 
@@ -179,7 +181,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
         if args.json
         else render_changes(changes)
     )
-    return 0
+    return 1 if changes else 0  # as diff(1) and `git diff --exit-code`: scripts can test for changes
 
 
 def _commit_counter(cache: GitCache, mirrors: Mirrors) -> CommitCounter:
