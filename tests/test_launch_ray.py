@@ -30,6 +30,7 @@ from envrun.execute import TargetRefused, execute_run
 from envrun.prepare import PreparedRun, prepare_run
 from envrun.ray_api import auth_headers, job_client, list_nodes, submit
 from envrun.rundir import read_status
+from tests.lib.signals import restore_sigint
 from tests.lib.tinyrun import Tiny
 
 RAY = Path(sys.executable).parent / "ray"
@@ -216,6 +217,7 @@ def test_ctrl_c_stops_the_ray_job_and_records_interrupted(ray_head: str, tiny: T
         env=os.environ.copy(),
         stdout=subprocess.PIPE,
         text=True,
+        preexec_fn=restore_sigint,  # Ctrl-C as under a terminal, whatever this process inherited
     )
     try:
         assert cli.stdout is not None
