@@ -13,7 +13,9 @@ from envbuild.git.cache import GitCache
 from envbuild.git.mirrors import Mirrors
 from envbuild.lock import checked_lock_text, read_lock
 from envbuild.lock.diff import CommitCounter, diff_locks, render_changes
+from envbuild.lock.io import canonical
 from envbuild.lock.model import LOCK_VERSION, LOCK_VERSIONS
+from envbuild.lock.roundtrip import updated_text
 from envbuild.verify.render import render_verify
 
 
@@ -139,6 +141,7 @@ def cmd_update(args: argparse.Namespace) -> int:
     from envbuild.update.update import update_lock
 
     lock = read_lock(args.lockfile).lock
+    old_text = args.lockfile.read_text(encoding="utf-8")
     cache_dir, mirrors = source_settings(args)
     cache = GitCache(cache_dir / "git")
     new = update_lock(
@@ -150,9 +153,18 @@ def cmd_update(args: argparse.Namespace) -> int:
         progress=StderrProgress("envbuild", args.quiet),
     )
     changes = diff_locks(lock, new, _commit_counter(cache, mirrors))
+    # Nothing at all changed: the file stays byte for byte, however it was written.
+    text, kept = (old_text, True) if canonical(new) == canonical(lock) else updated_text(old_text, lock, new)
     # Checked before anything is replaced, and on a dry run too: it shows what a real run would write.
-    text = checked_lock_text(new, args.lockfile)
-    if not args.dry_run and text != args.lockfile.read_text(encoding="utf-8"):
+    text = checked_lock_text(new, args.lockfile, text)
+    if not kept:
+        print(
+            f"envbuild: warning: {args.lockfile}: its comments and layout could not be kept "
+            "(a value YAML 1.1 and 1.2 read differently, or a layout ruamel.yaml cannot reproduce); "
+            "written in canonical form",
+            file=sys.stderr,
+        )
+    if not args.dry_run and text != old_text:
         write_atomic(args.lockfile, text)
     sys.stdout.write(
         render_json(

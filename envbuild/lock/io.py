@@ -301,12 +301,12 @@ class UnreadableLockError(EnvbuildError):
         super().__init__(f"{path}: not written, the old lock is unchanged: {reason}")
 
 
-def checked_lock_text(lock: Lock, path: str | os.PathLike[str]) -> str:
-    """The canonical text of ``lock``, once it has passed :func:`read_lock`'s checks (size cap and strict
-    parsing) as the file at ``path`` would; raise :class:`UnreadableLockError` naming the first problem
-    (and the source it sits in) otherwise. Every lock envbuild writes goes through here, so it never
-    writes one it then refuses."""
-    text = dump_lock(lock)
+def checked_lock_text(lock: Lock, path: str | os.PathLike[str], text: str | None = None) -> str:
+    """The text of ``lock`` (``text``, or its canonical text), once it has passed :func:`read_lock`'s
+    checks (size cap and strict parsing) as the file at ``path`` would; raise
+    :class:`UnreadableLockError` naming the first problem (and the source it sits in) otherwise. Every
+    lock envbuild writes goes through here, so it never writes one it then refuses."""
+    text = dump_lock(lock) if text is None else text
     size = len(text.encode("utf-8"))
     if size > MAX_BYTES:
         sizes = sorted((_source_size(lock, s), s.name) for s in lock.sources)
