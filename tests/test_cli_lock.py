@@ -255,7 +255,7 @@ def test_help_names_fetch_and_says_what_json_does(capsys: pytest.CaptureFixture[
     for argv in (("--help",), ("lock", "update", "--help"), ("lock", "diff", "--help")):
         assert main(list(argv)) == 0
         helps[argv[-2] if len(argv) > 1 else "top"] = " ".join(capsys.readouterr().out.split())
-    assert "verify, update, compare, fetch and export lockfiles" in helps["top"]
-    assert "`lock verify|update|diff|fetch|export|schema`" in helps["top"]
+    assert "start, verify, update, compare, fetch and export lockfiles" in helps["top"]
+    assert "`lock init|add|verify|update|diff|fetch|export|schema`" in helps["top"]
     for command in ("update", "diff"):
         assert "--json one JSON object on stdout" in helps[command], helps[command]

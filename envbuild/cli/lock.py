@@ -1,4 +1,4 @@
-"""`envbuild lock verify|update|diff|fetch|export|schema`: thin wrappers over envbuild.verify / update / lock."""
+"""`envbuild lock init|add|verify|update|diff|fetch|export|schema`: thin wrappers over envbuild.verify / update / lock."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from envbuild.cli.common import StderrProgress, add_source_options, render_json, source_settings, verify_options
+from envbuild.cli.lock_start import add_start_commands
 from envbuild.errors import InputError
 from envbuild.fileio import write_atomic
 from envbuild.git.cache import GitCache
@@ -20,7 +21,7 @@ from envbuild.verify.render import render_verify
 
 
 def add_lock_commands(subparsers: argparse._SubParsersAction) -> None:
-    lock = subparsers.add_parser("lock", help="verify, update, compare, fetch and export lockfiles")
+    lock = subparsers.add_parser("lock", help="start, verify, update, compare, fetch and export lockfiles")
     commands = lock.add_subparsers(metavar="COMMAND")
     lock.set_defaults(handler=lambda args: _usage(lock))
 
@@ -70,6 +71,8 @@ def add_lock_commands(subparsers: argparse._SubParsersAction) -> None:
     fetch.add_argument("--json", action="store_true", help="one JSON object on stdout")
     add_source_options(fetch)
     fetch.set_defaults(handler=cmd_fetch)
+
+    add_start_commands(commands)
 
     schema = commands.add_parser("schema", help="print the JSON schema of the lockfile format")
     schema.add_argument(
