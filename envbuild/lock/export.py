@@ -53,6 +53,12 @@ def export_requirements(lock: Lock) -> str:
             f"# NOT INSTALLABLE FROM THIS FILE: {package.name}=={package.version} has no locked files "
             f"(index {lock.index_for(package)}); run `envbuild lock update` where that index is reachable"
         )
+    if lock.sources:
+        names = ", ".join(s.name for s in lock.sources)
+        lines.append(
+            f"# NOT IN THIS FILE: the lock's {len(lock.sources)} git sources ({names}), pinned by commit; "
+            "`envbuild image` installs them, `envbuild lock export --format repos` lists them"
+        )
     return "\n".join(lines) + "\n"
 
 
