@@ -16,6 +16,7 @@ import shutil
 import socket
 import tarfile
 import threading
+import time
 import zipfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -353,3 +354,59 @@ def dead_port_url() -> str:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     return f"http://127.0.0.1:{port}/simple"
+
+
+class Trickle:
+    """A TCP server answering every connection with ``data`` one byte every ``interval`` seconds (a
+    whole answer, headers included, at a crawl: each socket read stays under any read timeout). Use as
+    a context manager; ``url`` points at it; ``served`` counts the bytes sent."""
+
+    def __init__(self, data: bytes, interval: float = 0.05) -> None:
+        self.data, self.interval = data, interval
+        self.served = 0
+        self._stop = threading.Event()
+        self._sock = socket.socket()
+
+    def __enter__(self) -> Trickle:
+        self._sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        self._sock.listen(8)
+        self._sock.settimeout(0.1)
+        threading.Thread(target=self._serve, daemon=True).start()
+        return self
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                for i in range(len(self.data)):
+                    if self._stop.wait(self.interval):
+                        return
+                    conn.sendall(self.data[i : i + 1])
+                    self.served += 1
+            except OSError:
+                pass  # the client hung up: what the test wants
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._sock.close()
+
+
+def trickled(chunk: bytes = b" ", interval: float = 0.05, count: int = 1 << 30) -> Callable[[], Iterator[bytes]]:
+    """A body of ``count`` copies of ``chunk``, one every ``interval`` seconds, for :meth:`PyIndex.route`."""
+
+    def body() -> Iterator[bytes]:
+        for _ in range(count):
+            time.sleep(interval)
+            yield chunk
+
+    return body
