@@ -34,10 +34,11 @@ from packaging.version import InvalidVersion, Version
 
 from envbuild.errors import EnvbuildError, RemoteError
 from envbuild.fileio import write_atomic
-from envbuild.index.client import MAX_METADATA, IndexClient
+from envbuild.index.client import MAX_METADATA, MAX_RANGE_BYTES, IndexClient
 from envbuild.index.filecache import FileCache
 from envbuild.lock.model import Lock, Package, PackageFile
 from envbuild.progress import Progress, silent
+from envbuild.verify.boundedzip import MAX_READ, ZipBoundError, open_zip
 from envbuild.verify.closure import PackageMetadata
 
 MAX_MEMBER = 1 << 20  # an sdist's requires.txt
@@ -96,9 +97,8 @@ class MetadataReader:
             if listed.core_metadata is not None and listed.url.startswith(("https://", "http://")):
                 data = self.client.core_metadata(listed)
             else:
-                data = read_wheel_metadata(
-                    self.client.open_ranges(listed.url, index=lock.index_for(package)), file.filename
-                )
+                remote = self.client.open_ranges(listed.url, index=lock.index_for(package))
+                data = read_wheel_metadata(remote, file.filename, max_read=MAX_RANGE_BYTES)
         _requires(data, package, file.filename, settled=True)  # only what names the package is kept
         self.dir.mkdir(parents=True, exist_ok=True)
         write_atomic(cached, data)
@@ -137,14 +137,15 @@ def read_metadata(
     return {canonicalize_name(m.name): m for m in found}
 
 
-def read_wheel_metadata(handle: BinaryIO, filename: str) -> bytes:
-    """``<name>-<version>.dist-info/METADATA`` of a wheel (a seekable file; remote reads stay small)."""
+def read_wheel_metadata(handle: BinaryIO, filename: str, *, max_read: int = MAX_READ) -> bytes:
+    """``<name>-<version>.dist-info/METADATA`` of a wheel (a seekable file; remote reads stay small). No
+    read of the archive may ask for more than ``max_read`` bytes (:mod:`envbuild.verify.boundedzip`)."""
     try:
         name, version, _, _ = parse_wheel_filename(filename)
     except InvalidWheelFilename as exc:
         raise MetadataError(str(exc)) from None
     try:
-        with handle, zipfile.ZipFile(handle) as wheel:
+        with handle, open_zip(handle, filename, max_read) as wheel:
             members = [i for i in wheel.infolist() if _is_metadata(i.filename)]
             chosen = [i for i in members if _dist_info_matches(i.filename, name)] or members
             if len(chosen) != 1:
@@ -154,7 +155,9 @@ def read_wheel_metadata(handle: BinaryIO, filename: str) -> bytes:
                 raise MetadataError(f"{info.filename} is {info.file_size} bytes; refused")
             with wheel.open(info) as member:
                 return member.read(MAX_METADATA + 1)[:MAX_METADATA]
-    except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, ValueError) as exc:
+    except ZipBoundError as exc:
+        raise MetadataError(str(exc).removeprefix(f"{filename}: ")) from None
+    except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, ValueError, OverflowError) as exc:
         raise MetadataError(f"not a readable wheel: {exc}") from None
     except OSError as exc:
         raise MetadataError(f"cannot read the wheel: {exc}") from None
@@ -221,7 +224,7 @@ def _sdist_members(path: Path, filename: str) -> dict[str, bytes]:
 
     try:
         if filename.endswith(".zip"):
-            with zipfile.ZipFile(path) as zipped:
+            with open(path, "rb") as stream, open_zip(stream, filename) as zipped:
                 for info in zipped.infolist():
                     consider(info.filename, info.file_size, lambda i=info: zipped.read(i))  # type: ignore[misc]
         else:
@@ -231,7 +234,9 @@ def _sdist_members(path: Path, filename: str) -> dict[str, bytes]:
                         handle = tarred.extractfile(member)
                         if handle is not None:
                             consider(member.name, member.size, lambda h=handle: h.read(MAX_METADATA + 1))  # type: ignore[misc]
-    except (tarfile.TarError, zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
+    except ZipBoundError as exc:
+        raise MetadataError(str(exc).removeprefix(f"{filename}: ")) from None
+    except (tarfile.TarError, zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError, OverflowError) as exc:
         raise MetadataError(f"not a readable sdist: {exc}") from None
     return found
 
