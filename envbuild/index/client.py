@@ -41,6 +41,7 @@ from urllib3.util.retry import Retry
 from envbuild.errors import InputError, RemoteError
 from envbuild.index.deadline import GRACE, Deadline, current, deadline_adapter, deadline_from_env, min_rate_from_env
 from envbuild.index.pages import IndexFile, ProjectPage, parse_html, parse_json, show
+from envbuild.index.wheelmeta import MAX_METADATA
 
 __all__ = ["IndexClient", "IndexFile", "ProjectPage", "max_download_from_env", "project_url"]
 
@@ -57,7 +58,7 @@ MAX_DOWNLOAD = 4 << 30
 MAX_PAGE = 64 << 20
 CHUNK = 1 << 16
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-MAX_METADATA = 4 << 20  # a wheel's METADATA is kilobytes; a description may make it larger, not this
+
 # A metadata read fetches the zip's tail, its central directory (torch's is about 2 MB) and one member.
 MAX_RANGE_BYTES = 32 << 20
 

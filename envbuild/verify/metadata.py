@@ -2,8 +2,9 @@
 
 For each file, the first of these that answers:
 
-1. the metadata cache, ``<cache_dir>/metadata/sha256/<the file's sha256>``: the file is pinned by its
-   sha256, so its metadata never changes and an entry never goes stale (written atomically, once);
+1. the metadata cache, ``<cache_dir>/metadata/sha256/<metadata_sha256>``, for a wheel whose METADATA the
+   lock pins (``metadata_sha256``): content-addressed, so an entry proves itself when read, and only bytes
+   matching a pin are ever written there (written atomically, once);
 2. the file itself, when the file cache holds it (it entered the cache only after its sha256 was checked);
 3. the index's PEP 658 metadata file, checked against the sha256 the index announced for it;
 4. the wheel's ``*.dist-info/METADATA``, read by HTTP range requests from the zip's central directory:
@@ -11,6 +12,11 @@ For each file, the first of these that answers:
 5. an sdist is fetched whole into the file cache (the build installs it from there anyway) and its
    ``PKG-INFO`` read; where that does not settle the requirements (metadata before 2.2, or ``Requires-Dist``
    declared dynamic), setuptools' ``*.egg-info/requires.txt`` does; otherwise they are unknown.
+
+The lock pins a wheel by its sha256, so the index's word on the wheel's metadata (3 and 4) is believed
+only when it matches the digest the lock pins; a mismatch is the index lying (:class:`MetadataMismatch`,
+status ``metadata-mismatch``). A lock without metadata pins (written before they existed) has its index
+metadata read each run and never cached: what is cached is what a pin or a hash-checked file vouches for.
 
 Offline, only 1 and 2 are used. A package whose metadata cannot be read gets ``requires=None`` and the
 reason; the metadata must name the package and version the lock pins, or it is not believed.
@@ -25,27 +31,44 @@ import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import BinaryIO
 
 from packaging.metadata import RawMetadata, parse_email
 from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_sdist_filename, parse_wheel_filename
+from packaging.utils import canonicalize_name, parse_sdist_filename
 from packaging.version import InvalidVersion, Version
 
-from envbuild.errors import EnvbuildError, RemoteError
+from envbuild.errors import RemoteError
 from envbuild.fileio import write_atomic
+from envbuild.index.boundedzip import ZipBoundError, open_zip
 from envbuild.index.client import MAX_METADATA, MAX_RANGE_BYTES, IndexClient
 from envbuild.index.filecache import FileCache
+from envbuild.index.wheelmeta import MetadataError, metadata_sha256, read_wheel_metadata
 from envbuild.lock.model import Lock, Package, PackageFile
 from envbuild.progress import Progress, silent
-from envbuild.verify.boundedzip import MAX_READ, ZipBoundError, open_zip
 from envbuild.verify.closure import PackageMetadata
 
 MAX_MEMBER = 1 << 20  # an sdist's requires.txt
 
 
-class MetadataError(EnvbuildError):
-    """A file's core metadata cannot be read or is not the package's."""
+class MetadataMismatch(MetadataError):
+    """A wheel's METADATA is not the one the lock pins (``metadata_sha256``): an index lying, now (it served
+    other metadata than the lock pins) or when the lock was updated (the wheel's own differs from the pin)."""
+
+    def __init__(self, filename: str, pinned: str, actual: str, *, by_index: bool) -> None:
+        self.filename, self.pinned, self.actual = filename, pinned, actual
+        if by_index:
+            why = f"the index served METADATA with sha256 {actual}, not the {pinned} the lock pins"
+        else:
+            why = (
+                f"its own METADATA has sha256 {actual}, not the {pinned} the lock pins (the index served other "
+                "metadata when the lock was updated; run `envbuild lock update` against an index you trust)"
+            )
+        super().__init__(f"{filename}: {why}")
+
+
+def forget_metadata(cache_dir: Path, pinned: str) -> None:
+    """Drop the cached metadata the lock pins by ``pinned`` (a wheel's own METADATA proved the pin wrong)."""
+    (Path(cache_dir) / "metadata" / "sha256" / pinned).unlink(missing_ok=True)
 
 
 class MetadataReader:
@@ -67,6 +90,8 @@ class MetadataReader:
         for file in package.files:
             try:
                 requires += self.requirements(lock, package, file)
+            except MetadataMismatch as exc:
+                return PackageMetadata(package.name, None, str(exc), status="metadata-mismatch")
             except (MetadataError, RemoteError) as exc:
                 return PackageMetadata(package.name, None, f"{file.filename}: {exc}")
         return PackageMetadata(package.name, tuple(dict.fromkeys(requires)), f"{len(package.files)} file(s)")
@@ -79,12 +104,17 @@ class MetadataReader:
         return sdist_requirements(path, package, file.filename)
 
     def wheel_metadata(self, lock: Lock, package: Package, file: PackageFile) -> bytes:
-        cached = self.dir / file.sha256
-        try:
-            return cached.read_bytes()
-        except FileNotFoundError:
-            pass
+        pinned = file.metadata_sha256
+        if pinned is not None:
+            try:
+                data = (self.dir / pinned).read_bytes()
+            except FileNotFoundError:
+                pass
+            else:
+                if metadata_sha256(data) == pinned:  # content-addressed: an entry proves itself
+                    return data
         local = self.files.get(file.sha256)
+        served_by_index = local is None
         if local is not None:
             data = read_wheel_metadata(open(local, "rb"), file.filename)
         elif self.offline:
@@ -99,9 +129,12 @@ class MetadataReader:
             else:
                 remote = self.client.open_ranges(listed.url, index=lock.index_for(package))
                 data = read_wheel_metadata(remote, file.filename, max_read=MAX_RANGE_BYTES)
+        if pinned is not None and metadata_sha256(data) != pinned:
+            raise MetadataMismatch(file.filename, pinned, metadata_sha256(data), by_index=served_by_index)
         _requires(data, package, file.filename, settled=True)  # only what names the package is kept
-        self.dir.mkdir(parents=True, exist_ok=True)
-        write_atomic(cached, data)
+        if pinned is not None:  # only bytes the lock pins are kept: nothing an index says alone
+            self.dir.mkdir(parents=True, exist_ok=True)
+            write_atomic(self.dir / pinned, data)
         return data
 
     def _sdist(self, lock: Lock, package: Package, file: PackageFile) -> Path:
@@ -135,32 +168,6 @@ def read_metadata(
     if reader.network_reads:
         progress(f"read the core metadata of {reader.network_reads} package file(s) from the index")
     return {canonicalize_name(m.name): m for m in found}
-
-
-def read_wheel_metadata(handle: BinaryIO, filename: str, *, max_read: int = MAX_READ) -> bytes:
-    """``<name>-<version>.dist-info/METADATA`` of a wheel (a seekable file; remote reads stay small). No
-    read of the archive may ask for more than ``max_read`` bytes (:mod:`envbuild.verify.boundedzip`)."""
-    try:
-        name, version, _, _ = parse_wheel_filename(filename)
-    except InvalidWheelFilename as exc:
-        raise MetadataError(str(exc)) from None
-    try:
-        with handle, open_zip(handle, filename, max_read) as wheel:
-            members = [i for i in wheel.infolist() if _is_metadata(i.filename)]
-            chosen = [i for i in members if _dist_info_matches(i.filename, name)] or members
-            if len(chosen) != 1:
-                raise MetadataError(f"{len(chosen)} *.dist-info/METADATA members, expected one")
-            info = chosen[0]
-            if info.file_size > MAX_METADATA:
-                raise MetadataError(f"{info.filename} is {info.file_size} bytes; refused")
-            with wheel.open(info) as member:
-                return member.read(MAX_METADATA + 1)[:MAX_METADATA]
-    except ZipBoundError as exc:
-        raise MetadataError(str(exc).removeprefix(f"{filename}: ")) from None
-    except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, ValueError, OverflowError) as exc:
-        raise MetadataError(f"not a readable wheel: {exc}") from None
-    except OSError as exc:
-        raise MetadataError(f"cannot read the wheel: {exc}") from None
 
 
 def sdist_requirements(path: Path, package: Package, filename: str) -> list[str]:
@@ -245,16 +252,6 @@ def _bounded(size: int, read: Callable[[], bytes]) -> bytes:
     if size > MAX_METADATA:
         raise MetadataError(f"a metadata member of {size} bytes; refused")
     return read()[:MAX_METADATA]
-
-
-def _is_metadata(name: str) -> bool:
-    parts = name.split("/")
-    return len(parts) == 2 and parts[0].endswith(".dist-info") and parts[1] == "METADATA"
-
-
-def _dist_info_matches(name: str, project: str) -> bool:
-    stem = name.split("/")[0][: -len(".dist-info")]
-    return canonicalize_name(stem.rsplit("-", 1)[0]) == project
 
 
 def _parse(data: bytes) -> RawMetadata:

@@ -147,6 +147,7 @@ class PyIndex:
         self.sizes: dict[str, object] = {}  # filename -> the PEP 700 size its JSON page states instead
         self.routes: dict[str, Route] = {}  # path -> canned answer, before anything else
         self.drops: dict[str, int] = {}  # path -> how many more requests are dropped without an answer
+        self.forged: dict[str, bytes] = {}  # wheel filename -> the PEP 658 metadata served (and announced)
         self.requests: list[str] = []
         self._server: ThreadingHTTPServer | None = None
 
@@ -176,6 +177,11 @@ class PyIndex:
         """State ``size`` (any JSON value) as the file's PEP 700 size."""
         self.sizes[filename] = size
 
+    def forge_metadata(self, filename: str, data: bytes) -> None:
+        """Serve ``data`` as the wheel's PEP 658 metadata, announced with its own sha256 (the wheel itself
+        is untouched): an index that lies about a wheel's dependencies consistently."""
+        self.forged[filename] = data
+
     def route(self, path: str, route: Route) -> Route:
         """Answer ``path`` (e.g. ``/files/x.whl``) with ``route``; returns it, to read ``sent`` later."""
         self.routes[path] = route
@@ -200,7 +206,8 @@ class PyIndex:
                 "size": self.sizes.get(path.name, path.stat().st_size),
             }
             if self.serve_metadata and path.name.endswith(".whl"):
-                entry["core-metadata"] = {"sha256": hashlib.sha256(wheel_metadata(path)).hexdigest()}
+                served = self.forged.get(path.name) or wheel_metadata(path)
+                entry["core-metadata"] = {"sha256": hashlib.sha256(served).hexdigest()}
             out.append(entry)
         return out
 
@@ -256,9 +263,9 @@ class PyIndex:
                     and parts[1].endswith(".whl.metadata")
                     and (index.root / parts[1][: -len(".metadata")]).is_file()
                 ):
-                    self._send(
-                        200, "application/octet-stream", wheel_metadata(index.root / parts[1][: -len(".metadata")])
-                    )
+                    wheel = parts[1][: -len(".metadata")]
+                    served = index.forged.get(wheel) or wheel_metadata(index.root / wheel)
+                    self._send(200, "application/octet-stream", served)
                 elif len(parts) == 2 and parts[0] == "files" and (index.root / parts[1]).is_file():
                     data = (index.root / parts[1]).read_bytes()
                     wanted = self.headers.get("Range")
