@@ -4,8 +4,11 @@ and `envbuild check`'s reader. Each ends in one line naming the file; nothing is
 
 from __future__ import annotations
 
+import io
 import json
+import shutil
 import struct
+import tarfile
 import textwrap
 from pathlib import Path
 
@@ -13,8 +16,10 @@ import pytest
 
 from envbuild.cli import main
 from envbuild.index.client import MAX_RANGE_BYTES, IndexClient
-from envbuild.verify.metadata import MetadataError, read_wheel_metadata
-from tests.lib.pyindex import PyIndex, Route, make_wheel
+from envbuild.lock import Lock, Package, PackageFile
+from envbuild.lock.model import Platform
+from envbuild.verify.metadata import MetadataError, MetadataReader, _sdist_members, read_metadata, read_wheel_metadata
+from tests.lib.pyindex import PyIndex, Route, make_sdist, make_wheel
 
 WHEEL = "alpha-1.0-py3-none-any.whl"
 
@@ -109,3 +114,55 @@ def test_lock_verify_reports_the_claim_by_package_as_json(
     assert [r["name"] for r in unknown] == ["alpha"]
     assert unknown[0]["detail"].startswith(f"{WHEEL}: the archive asks for ")
     assert not (tmp_path / "cache" / "metadata").exists() or not any((tmp_path / "cache" / "metadata").rglob("*"))
+
+
+# --- sdists: members read, and the cache -------------------------------------------------------
+
+
+def sdist_of(path: Path, members: list[tuple[str, bytes]]) -> Path:
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+PKG_INFO = b"Metadata-Version: 2.2\nName: many\nVersion: 1.0\nRequires-Dist: six\n"
+EMPTY = [(f"many-1.0/empty/{i}", b"") for i in range(1000)]
+
+
+def test_an_sdist_is_read_up_to_the_member_that_settles_it(tmp_path: Path) -> None:
+    path = sdist_of(tmp_path / "many-1.0.tar.gz", [("many-1.0/PKG-INFO", PKG_INFO), *EMPTY])
+    assert _sdist_members(path, "many-1.0.tar.gz", max_members=10) == {"PKG-INFO": PKG_INFO}
+
+
+def test_an_sdist_whose_metadata_comes_after_too_many_members_is_refused(tmp_path: Path) -> None:
+    path = sdist_of(tmp_path / "many-1.0.tar.gz", [*EMPTY, ("many-1.0/PKG-INFO", PKG_INFO)])
+    with pytest.raises(MetadataError) as info:
+        _sdist_members(path, "many-1.0.tar.gz", max_members=100)
+    assert str(info.value) == "more than 100 members without its metadata settling its requirements; refused"
+
+
+def test_what_a_hash_checked_sdist_settles_is_cached_by_its_sha256(tmp_path: Path) -> None:
+    root = tmp_path / "dists"
+    root.mkdir()
+    make_sdist(root, "modern", "1.0", metadata_version="2.2", requires=["six>=1"])
+    make_sdist(root, "legacy", "1.0", requires=["six"])
+    names = ("modern", "legacy")
+    with PyIndex(root) as index:
+        lock = Lock(
+            version=2,
+            name="s",
+            platform=Platform(os="linux", arch="aarch64", python="3.12"),
+            index=index.url,
+            sources=(),
+            packages=tuple(
+                Package(n, "1.0", (PackageFile(f"{n}-1.0.tar.gz", index.sha256(f"{n}-1.0.tar.gz")),)) for n in names
+            ),
+        )
+        first = read_metadata(lock, MetadataReader(tmp_path / "cache", IndexClient()))
+    shutil.rmtree(tmp_path / "cache" / "files")  # neither the sdists nor the index are there any more
+    again = read_metadata(lock, MetadataReader(tmp_path / "cache", IndexClient(), offline=True))
+    assert again["modern"].requires == first["modern"].requires == ("six>=1",)
+    assert again["legacy"].requires is None and "decided when it is built" in again["legacy"].detail

@@ -24,13 +24,16 @@ reason; the metadata must name the package and version the lock pins, or it is n
 
 from __future__ import annotations
 
+import json
 import tarfile
 import threading
 import zipfile
 import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 from packaging.metadata import RawMetadata, parse_email
 from packaging.requirements import InvalidRequirement, Requirement
@@ -48,6 +51,13 @@ from envbuild.progress import Progress, silent
 from envbuild.verify.closure import PackageMetadata
 
 MAX_MEMBER = 1 << 20  # an sdist's requires.txt
+# Members of an sdist read before its metadata must have settled its requirements: PKG-INFO and the
+# egg-info come early in the sdists setuptools, hatchling, flit and maturin write; torch's has ~15,000.
+MAX_MEMBERS = 50_000
+
+
+class Unsettled(MetadataError):
+    """The sdist's metadata does not settle its requirements: they are decided when it is built."""
 
 
 class MetadataMismatch(MetadataError):
@@ -100,8 +110,31 @@ class MetadataReader:
         if file.filename.endswith(".whl"):
             data = self.wheel_metadata(lock, package, file)
             return _requires(data, package, file.filename, settled=True)
+        return self.sdist_requirements(lock, package, file)
+
+    def sdist_requirements(self, lock: Lock, package: Package, file: PackageFile) -> list[str]:
+        """An sdist's requirements, cached by the sdist's sha256 (it is read only once hash-checked in the
+        file cache, so what it settles never changes): ``<cache>/metadata/sdist/<sha256>.json`` holds
+        either the requirements or why they are not settled."""
+        cached = self.dir.parent / "sdist" / f"{file.sha256}.json"
+        try:
+            entry = json.loads(cached.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            entry = None
+        if isinstance(entry, dict) and isinstance(entry.get("requires"), list):
+            return [str(r) for r in entry["requires"]]
+        if isinstance(entry, dict) and isinstance(entry.get("unsettled"), str):
+            raise MetadataError(entry["unsettled"])
         path = self._sdist(lock, package, file)
-        return sdist_requirements(path, package, file.filename)
+        try:
+            found: dict[str, Any] = {"requires": sdist_requirements(path, package, file.filename)}
+        except Unsettled as exc:
+            found = {"unsettled": str(exc)}
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(cached, json.dumps(found, sort_keys=True).encode())
+        if "unsettled" in found:
+            raise MetadataError(found["unsettled"])
+        return list(found["requires"])
 
     def wheel_metadata(self, lock: Lock, package: Package, file: PackageFile) -> bytes:
         pinned = file.metadata_sha256
@@ -187,7 +220,7 @@ def sdist_requirements(path: Path, package: Package, filename: str) -> list[str]
     _requires(pkg_info, package, filename, settled=False)  # name and version still checked
     if "requires.txt" in members or "egg-info" in members:
         return egg_info_requirements(members.get("requires.txt", b"").decode("utf-8", "replace"))
-    raise MetadataError(
+    raise Unsettled(
         f"PKG-INFO (metadata {raw.get('metadata_version')}) does not settle its requirements and it has no "
         "*.egg-info: they are decided when it is built"
     )
@@ -215,12 +248,14 @@ def egg_info_requirements(text: str) -> list[str]:
     return found
 
 
-def _sdist_members(path: Path, filename: str) -> dict[str, bytes]:
+def _sdist_members(path: Path, filename: str, max_members: int = MAX_MEMBERS) -> dict[str, bytes]:
     """PKG-INFO at the sdist's root and, if any, an ``*.egg-info/requires.txt`` (``egg-info`` marks that
-    an egg-info directory exists at all)."""
+    an egg-info directory exists at all). Reading stops at the member that settles the question (a
+    PKG-INFO that settles the requirements, or both PKG-INFO and requires.txt), and refuses an sdist
+    that has not settled it within ``max_members`` members."""
     found: dict[str, bytes] = {}
 
-    def consider(name: str, size: int, read: Callable[[], bytes]) -> None:
+    def consider(name: str, size: int, read: Callable[[], bytes]) -> bool:
         parts = name.strip("/").split("/")
         if len(parts) == 2 and parts[1] == "PKG-INFO" and "PKG-INFO" not in found:
             found["PKG-INFO"] = _bounded(size, read)
@@ -228,24 +263,47 @@ def _sdist_members(path: Path, filename: str) -> dict[str, bytes]:
             found.setdefault("egg-info", b"")
             if parts[-1] == "requires.txt" and "requires.txt" not in found:
                 found["requires.txt"] = _bounded(size, read)
+        return "PKG-INFO" in found and ("requires.txt" in found or _settles(found["PKG-INFO"]))
+
+    def too_many() -> MetadataError:
+        return MetadataError(f"more than {max_members} members without its metadata settling its requirements; refused")
 
     try:
         if filename.endswith(".zip"):
             with open(path, "rb") as stream, open_zip(stream, filename) as zipped:
-                for info in zipped.infolist():
-                    consider(info.filename, info.file_size, lambda i=info: zipped.read(i))  # type: ignore[misc]
+                for count, info in enumerate(zipped.infolist()):
+                    if count >= max_members:
+                        raise too_many()
+                    if consider(info.filename, info.file_size, lambda i=info: zipped.read(i)):  # type: ignore[misc]
+                        break
         else:
             with tarfile.open(path, "r:*") as tarred:
-                for member in tarred:
-                    if member.isfile():
-                        handle = tarred.extractfile(member)
-                        if handle is not None:
-                            consider(member.name, member.size, lambda h=handle: h.read(MAX_METADATA + 1))  # type: ignore[misc]
+                count = 0
+                while (member := tarred.next()) is not None:
+                    tarred.members.clear()  # type: ignore[attr-defined]  # tarfile keeps every header read
+                    count += 1
+                    if count > max_members:
+                        raise too_many()
+                    handle = tarred.extractfile(member) if member.isfile() else None
+                    if handle is not None and consider(
+                        member.name, member.size, partial(handle.read, MAX_METADATA + 1)
+                    ):
+                        break
     except ZipBoundError as exc:
         raise MetadataError(str(exc).removeprefix(f"{filename}: ")) from None
     except (tarfile.TarError, zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError, OverflowError) as exc:
         raise MetadataError(f"not a readable sdist: {exc}") from None
     return found
+
+
+def _settles(pkg_info: bytes) -> bool:
+    """Whether PKG-INFO alone settles the requirements (metadata 2.2 or later, Requires-Dist not dynamic)."""
+    try:
+        raw = _parse(pkg_info)
+    except MetadataError:
+        return True  # nothing later can mend it: sdist_requirements refuses it
+    dynamic = {d.strip().lower() for d in raw.get("dynamic", [])}
+    return _metadata_version(raw) >= Version("2.2") and "requires-dist" not in dynamic
 
 
 def _bounded(size: int, read: Callable[[], bytes]) -> bytes:
