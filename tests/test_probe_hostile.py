@@ -1,0 +1,46 @@
+"""The job probe's answer as hostile input (envrun.probe.report): it comes from a script run inside an
+image, whose python and packages the image decides. Whatever the answer's shape, size or nesting, the
+parser gives a report (a problem saying what was wrong with the answer), never a traceback."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from envrun.probe.job_script import MARKER
+from envrun.probe.report import parse_report, probe_lines
+
+HOSTILE = {
+    "not an object": "[1, 2]",
+    "a string": '"ok"',
+    "problems as a string": json.dumps({"problems": "abc"}),
+    "problems of numbers": json.dumps({"problems": [1, None]}),
+    "imports as an object": json.dumps({"imports": {"torch": "ok"}}),
+    "imports of strings": json.dumps({"imports": ["torch"]}),
+    "facts as a list": json.dumps({"facts": [1, 2]}),
+    "facts as a string": json.dumps({"facts": "verl"}),
+    "verl as a string": json.dumps({"facts": {"verl": "0.9.1"}}),
+    "deep nesting": "[" * 100_000 + "]" * 100_000,
+    "crash as an object": json.dumps({"crash": {"x": 1}}),
+}
+
+
+@pytest.mark.parametrize("answer", HOSTILE.values(), ids=HOSTILE.keys())
+def test_a_hostile_answer_is_a_report_never_a_traceback(answer: str) -> None:
+    report = parse_report("image x", f"noise\n{MARKER}{answer}\n")
+    lines = probe_lines(report)
+    assert lines and all("\n" not in line.detail for line in lines)
+    json.dumps([line.facts for line in lines])  # what preflight.json records stays serialisable
+
+
+def test_an_answer_of_the_wrong_shape_is_named() -> None:
+    report = parse_report("image x", f"{MARKER}[1, 2]\n")
+    assert not report.ok
+    assert report.problems[0].detail == "the probe's answer is not a JSON object but a list"
+
+
+def test_an_answer_too_large_is_refused_unparsed() -> None:
+    report = parse_report("image x", MARKER + json.dumps({"facts": {"x": "a" * (9 << 20)}}))
+    assert report.problems[0].detail.startswith("the probe's answer is 9437")
+    assert report.problems[0].detail.endswith("bytes, more than the 8388608 read; refused")
