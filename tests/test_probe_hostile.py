@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from envrun.checkpoint.modelnames import ModelNamesError, _parse_answer
 from envrun.probe.job_script import MARKER
 from envrun.probe.report import parse_report, probe_lines
 
@@ -44,3 +45,16 @@ def test_an_answer_too_large_is_refused_unparsed() -> None:
     report = parse_report("image x", MARKER + json.dumps({"facts": {"x": "a" * (9 << 20)}}))
     assert report.problems[0].detail.startswith("the probe's answer is 9437")
     assert report.problems[0].detail.endswith("bytes, more than the 8388608 read; refused")
+
+
+# --- the meta-device names answer (envrun.checkpoint.modelnames) -------------------------------
+
+
+@pytest.mark.parametrize(
+    "answer", [b"[" * 100_000 + b"]" * 100_000, b'{"names": ' + b"[" * 5_000 + b"]" * 5_000 + b"}", b"\xff\xfe"]
+)
+def test_a_hostile_names_answer_is_one_error_line(answer: bytes) -> None:
+    with pytest.raises(ModelNamesError) as info:
+        _parse_answer(answer, b"{}", "python3", 10)
+    assert str(info.value).startswith("python3: ")
+    assert "\n" not in str(info.value)
