@@ -4,13 +4,17 @@ parser gives a report (a problem saying what was wrong with the answer), never a
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
+from envrun.checkpoint import audit_checkpoint, render_audit
 from envrun.checkpoint.modelnames import ModelNamesError, _parse_answer
 from envrun.probe.job_script import MARKER
 from envrun.probe.report import parse_report, probe_lines
+from tests.lib.ckptgen import CheckpointSpec, write_checkpoint
 
 HOSTILE = {
     "not an object": "[1, 2]",
@@ -58,3 +62,14 @@ def test_a_hostile_names_answer_is_one_error_line(answer: bytes) -> None:
         _parse_answer(answer, b"{}", "python3", 10)
     assert str(info.value).startswith("python3: ")
     assert "\n" not in str(info.value)
+
+
+def test_the_audit_summary_escapes_what_the_image_and_the_checkpoint_said(tmp_path: Path) -> None:
+    """The expected names' source names the class and versions the image's python reported."""
+    write_checkpoint(tmp_path, CheckpointSpec(include_mtp=False))
+    report = dataclasses.replace(
+        audit_checkpoint(tmp_path), expected_from="\x1b]0;owned\x07Glm\x1b[2J of transformers 5"
+    )
+    text = render_audit(report, tmp_path)
+    assert "\x1b" not in text and "\x07" not in text
+    assert "expected names: \\x1b]0;owned\\x07Glm\\x1b[2J of transformers 5" in text
