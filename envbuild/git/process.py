@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from envbuild.errors import RemoteError
+from envbuild.escape import for_terminal
 
 ALLOWED_PROTOCOLS = "https:ssh:git:file"
 # git's stderr is kept only this far back: its last lines say what went wrong; a server cannot fill memory.
@@ -285,7 +286,7 @@ def _tied_to_parent() -> tuple[str, ...]:
 
 
 def _printable(text: str, limit: int = 300) -> str:
-    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
+    shown = for_terminal(text[:limit])
     return shown + ("…" if len(text) > limit else "")
 
 
