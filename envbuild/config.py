@@ -50,7 +50,23 @@ class SourceOptions:
 def fetch_command(lock_path: str | os.PathLike[str], source: SourceOptions) -> str:
     """The `envbuild lock fetch` command that fills exactly this cache, through the same mirrors: the
     advice every offline refusal gives."""
-    words = ["envbuild", "lock", "fetch", str(lock_path), "--cache-dir", str(source.cache_dir)]
+    return _command(["lock", "fetch", str(lock_path)], source)
+
+
+def offline_verify_command(lock_path: str | os.PathLike[str], source: SourceOptions) -> str:
+    """The `envbuild lock verify --offline` command that answers from exactly this cache: the advice
+    when the upstreams are out of reach and the cache holds what they last said."""
+    return _command(["lock", "verify", str(lock_path), "--offline"], source)
+
+
+def update_command(lock_path: str | os.PathLike[str], source: SourceOptions) -> str:
+    """The `envbuild lock update` command for this lock, cache and mirrors: what pins an unpinned base."""
+    return _command(["lock", "update", str(lock_path)], source)
+
+
+def _command(words: list[str], source: SourceOptions) -> str:
+    """``envbuild WORDS`` with this cache and these mirrors, quoted so that it runs as printed."""
+    words = ["envbuild", *words, "--cache-dir", str(source.cache_dir)]
     for rule, target in source.mirrors.rules:
         words += ["--mirror", f"{rule}={target}"]
     return shlex.join(words)

@@ -3,16 +3,26 @@ head's dashboard (the "address", ``http://HEAD:8265``).
 
 ``ray`` is an optional extra (``pip install 'envbuild[ray]'``), imported here only, when used. Nothing
 here joins the cluster as a driver: the client's Python and Ray need not be the cluster's.
+
+Token authentication (Ray 2.60): ``ray start --head`` turns it on when a token exists and
+``RAY_AUTH_MODE`` is unset (``maybe_enable_token_auth_if_token_available``), and its dashboard then
+answers 401 to a request without ``Authorization: Bearer TOKEN``. Ray's own clients send the token only
+when ``RAY_AUTH_MODE=token`` is set in their environment; envrun follows ``ray start`` instead, so that
+a cluster started on a machine with a token is reached from it as started: the token is sent whenever
+one is found, unless ``RAY_AUTH_MODE=disabled``. It is looked for where Ray's token loader looks, in its
+order: ``$RAY_AUTH_TOKEN``, the file ``$RAY_AUTH_TOKEN_PATH``, ``~/.ray/auth_token``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from envbuild.errors import EngineError, InputError
@@ -37,6 +47,23 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
+def auth_headers() -> dict[str, str]:
+    """``{"Authorization": "Bearer TOKEN"}`` when a Ray token is found (see the module docstring), else ``{}``."""
+    if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
+        return {}
+    token = os.environ.get("RAY_AUTH_TOKEN", "").strip()
+    if not token:
+        named = os.environ.get("RAY_AUTH_TOKEN_PATH")
+        path = Path(named) if named else Path.home() / ".ray" / "auth_token"
+        try:
+            token = path.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError):
+            if named:  # named and unreadable: Ray's loader refuses it too; say so rather than get a 401
+                raise InputError(f"RAY_AUTH_TOKEN_PATH={named}: cannot read the Ray token there") from None
+            token = ""
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 def job_client(address: str) -> Any:
     try:
         from ray.job_submission import JobSubmissionClient
@@ -45,10 +72,22 @@ def job_client(address: str) -> Any:
     # Ray's client logs every package it uploads for a job (the node check's py_modules) at INFO: noise
     # between envrun's own lines.
     logging.getLogger("ray.dashboard.modules.dashboard_sdk").setLevel(logging.WARNING)
+    headers = auth_headers()
     try:
-        return JobSubmissionClient(address)
+        return JobSubmissionClient(address, headers=headers)
     except Exception as exc:  # Ray raises ConnectionError, RuntimeError, ValueError by version
-        raise EngineError(f"{address}: cannot reach the Ray job API: {_first_line(exc)}") from None
+        raise EngineError(
+            f"{address}: cannot reach the Ray job API: {_first_line(exc)}{_token_hint(exc, headers)}"
+        ) from None
+
+
+def _token_hint(exc: BaseException, headers: dict[str, str]) -> str:
+    """What envrun sent, when the cluster asked for a token."""
+    if "authentication" not in str(exc).lower():
+        return ""
+    if headers:
+        return " (envrun sent the token it found: it is not this cluster's)"
+    return " (envrun found no token in $RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)"
 
 
 def submit(client: Any, address: str, argv: tuple[str, ...] | list[str], **options: Any) -> str:
@@ -95,12 +134,16 @@ def run_job(address: str, argv: list[str], *, timeout: float, submission_id: str
 def list_nodes(address: str, timeout: int = 30) -> list[RayNode]:
     """Every node the cluster knows, alive or dead."""
     try:
-        from ray.util.state import list_nodes as ray_list_nodes
+        from ray.util.state import StateApiClient
+        from ray.util.state.common import ListApiOptions, StateResource
     except ImportError:
         raise InputError("Ray is needed here: pip install 'envbuild[ray]'") from None
     try:
-        nodes = ray_list_nodes(
-            address=address, limit=10_000, timeout=timeout, detail=True, raise_on_missing_output=False
+        # ray.util.state.list_nodes, with the token: that function takes no headers
+        nodes: list[Any] = StateApiClient(address=address, headers=auth_headers()).list(
+            StateResource.NODES,
+            options=ListApiOptions(limit=10_000, timeout=timeout, detail=True),
+            raise_on_missing_output=False,
         )
     except Exception as exc:
         raise EngineError(f"{address}: cannot list the cluster's nodes: {_first_line(exc)}") from None

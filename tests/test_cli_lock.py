@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import platform
 import re
+import shutil
 import textwrap
 from pathlib import Path
 
@@ -22,6 +23,9 @@ pytestmark = pytest.mark.gitdaemon
 
 @pytest.fixture(scope="module")
 def upstream(served: Served) -> tuple[Served, Repo, list[str]]:
+    # xdist may run this module's tests on one worker in two runs (service tests are grouped apart), so
+    # this module fixture can be set up twice against the one session-wide `served`: start afresh.
+    shutil.rmtree(served.base / "cli-upstream", ignore_errors=True)
     repo = served.repo("cli-upstream")
     commits = [repo.commit(files={"setup.py": f"# {i}\n"}) for i in range(4)]
     repo.tag("v1.0", commits[1], annotated=True)
@@ -149,8 +153,9 @@ def test_update_moves_the_branch_pin_and_diff_counts_commits(upstream, tmp_path:
     new = tmp_path / "new.yaml"
     new.write_bytes(old.read_bytes())
 
-    code, out, _ = run(capsys, "lock", "update", str(new), "--cache-dir", cache, "--dry-run")
+    code, out, err = run(capsys, "lock", "update", str(new), "--cache-dir", cache, "--dry-run")
     assert code == 0 and commits[-1] in out and new.read_bytes() == old.read_bytes()
+    assert f"envbuild: dry run: {new} not written" in err
 
     code, out, _ = run(capsys, "lock", "update", str(new), "--cache-dir", cache)
     assert code == 0 and f"commit: {commits[0]} -> {commits[-1]} (3 commits)" in out
@@ -162,6 +167,9 @@ def test_update_moves_the_branch_pin_and_diff_counts_commits(upstream, tmp_path:
 
     code, out, _ = run(capsys, "lock", "diff", str(old), str(new), "--cache-dir", cache, "--json")
     (change,) = json.loads(out)["changes"]
+    assert code == 1  # changes: exit 1, as diff(1) and `git diff --exit-code`
+    code, out, _ = run(capsys, "lock", "diff", str(new), str(new), "--cache-dir", cache)
+    assert (code, out) == (0, "no changes\n")
     # The pin moved, and the update read what the pinned tree declares (a setup.py only: build requirements).
     assert change["commits"] == 3
     assert {f["field"] for f in change["fields"]} == {"commit", "tree", "build_requires", "requires_unknown"}
@@ -240,3 +248,14 @@ def test_update_pins_a_base_only_where_its_registry_serves_the_locks_platform(
             assert f"linux/{OCI_ARCH[native]}" in err
         else:
             assert "none for the lock's platform" not in err
+
+
+def test_help_names_fetch_and_says_what_json_does(capsys: pytest.CaptureFixture[str]) -> None:
+    helps = {}
+    for argv in (("--help",), ("lock", "update", "--help"), ("lock", "diff", "--help")):
+        assert main(list(argv)) == 0
+        helps[argv[-2] if len(argv) > 1 else "top"] = " ".join(capsys.readouterr().out.split())
+    assert "start, verify, update, compare, fetch and export lockfiles" in helps["top"]
+    assert "`lock init|add|verify|update|diff|fetch|export|schema`" in helps["top"]
+    for command in ("update", "diff"):
+        assert "--json one JSON object on stdout" in helps[command], helps[command]

@@ -72,6 +72,12 @@ def test_requirements_parse_back() -> None:
     assert "--index-url https://pypi.org/simple\n" in text and f"--extra-index-url {OWN_INDEX}\n" in text
     assert "# NOT INSTALLABLE FROM THIS FILE: triton-ascend==3.2.2" in text
     assert text == export_requirements(sample_lock())
+    lock = sample_lock()
+    if lock.sources:  # the sources are left out, and the file says so
+        names = ", ".join(s.name for s in lock.sources)
+        assert f"# NOT IN THIS FILE: the lock's {len(lock.sources)} git sources ({names})" in text
+    else:
+        assert "NOT IN THIS FILE" not in text
 
 
 def test_pip_installs_from_requirements_with_hashes(tmp_path: Path) -> None:

@@ -51,6 +51,7 @@ from tests.lib.imagelock import (
 )
 from tests.lib.pyindex import PyIndex
 from tests.lib.services import PushedImage
+from tests.lib.signals import restore_sigint
 
 pytestmark = [pytest.mark.gitdaemon, pytest.mark.slow]
 
@@ -361,6 +362,7 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]
         text=True,
         env={**os.environ, **(env or {})},
         cwd=Path(__file__).resolve().parents[1],
+        preexec_fn=restore_sigint,  # the Ctrl-C tests send SIGINT: not one a shell had us ignore
     )
 
 

@@ -5,11 +5,23 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from envbuild.interrupts import deferred_interrupts, sigterm_interrupts
+from tests.lib.signals import default_sigint
+
+
+@pytest.fixture(autouse=True)
+def sigint_as_under_a_terminal() -> Iterator[None]:
+    """Python's own SIGINT handler, whatever this process inherited (tests/lib/signals.py)."""
+    with default_sigint():
+        yield
 
 
 def test_ctrl_c_inside_the_block_is_raised_when_it_ends() -> None:
@@ -77,3 +89,16 @@ def test_sigterm_unwinds_like_ctrl_c_inside_sigterm_interrupts() -> None:
         for _ in range(1000):
             pass
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_these_tests_pass_when_sigint_was_ignored_on_entry() -> None:
+    """As when the suite runs as a background job of a script: SIGINT ignored from the start."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "not ignored_on_entry"],
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

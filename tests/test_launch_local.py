@@ -15,6 +15,7 @@ from envrun.cli.main import main
 from envrun.execute import execute_run
 from envrun.prepare import PreparedRun, prepare_run
 from envrun.rundir import read_status
+from tests.lib.signals import restore_sigint
 from tests.lib.tinyrun import REPO, Tiny
 
 
@@ -64,6 +65,7 @@ def test_ctrl_c_stops_the_job_and_records_interrupted(tiny: Tiny) -> None:
         env={**os.environ, "FAKE_TRAINER_SLEEP": "120"},
         stdout=subprocess.PIPE,
         text=True,
+        preexec_fn=restore_sigint,  # Ctrl-C as under a terminal, whatever this process inherited
     )
     try:
         assert cli.stdout is not None

@@ -3,6 +3,11 @@
 The head is this module's own: ``ray start --head --block`` as a child in a session of its own, stopped
 by its PID (Ray's SIGTERM handler stops the node's processes) and then, by PID, anything left in that
 session or naming its temp dir. Never ``ray stop``, which stops every Ray on the machine.
+
+The module has a HOME of its own, holding ``~/.ray/auth_token``: Ray 2.60's ``ray start --head`` then
+turns token authentication on, as on any machine that once ran ``ray.init()``, so every job here is
+submitted, followed and stopped through a dashboard that answers 401 without the token; and the
+machine's own HOME (with or without a token) changes nothing here.
 """
 
 from __future__ import annotations
@@ -20,9 +25,12 @@ from pathlib import Path
 
 import pytest
 
+from envbuild.errors import EngineError
 from envrun.execute import TargetRefused, execute_run
 from envrun.prepare import PreparedRun, prepare_run
+from envrun.ray_api import auth_headers, job_client, list_nodes, submit
 from envrun.rundir import read_status
+from tests.lib.signals import restore_sigint
 from tests.lib.tinyrun import Tiny
 
 RAY = Path(sys.executable).parent / "ray"
@@ -74,8 +82,24 @@ def _stop_head(head: subprocess.Popen[bytes], marker: str) -> None:
             pass
 
 
+TOKEN = "envrun-test-" + "0123456789abcdef" * 2
+
+
 @pytest.fixture(scope="module")
-def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def ray_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """HOME for the head and for this module's clients, with a Ray token in it."""
+    home = tmp_path_factory.mktemp("ray-home")
+    (home / ".ray").mkdir()
+    (home / ".ray" / "auth_token").write_text(TOKEN + "\n")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HOME", str(home))
+        for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+            patch.delenv(name, raising=False)
+        yield home
+
+
+@pytest.fixture(scope="module")
+def ray_head(ray_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     gcs = free_port(21000)
     dashboard = free_port(gcs + 1)
     client = free_port(dashboard + 1)
@@ -112,13 +136,11 @@ def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def _wait_for_job_api(address: str, head: subprocess.Popen[bytes], log: Path) -> None:
-    from ray.job_submission import JobSubmissionClient
-
     deadline = time.monotonic() + 120
     while True:
         assert head.poll() is None, f"ray start exited {head.returncode}: {log.read_text()[-2000:]}"
         try:
-            JobSubmissionClient(address).list_jobs()
+            job_client(address).list_jobs()
             return
         except Exception:
             if time.monotonic() > deadline:
@@ -153,9 +175,7 @@ def test_job_runs_on_ray_and_streams_logs(ray_head: str, tiny: Tiny, capsys: pyt
 def test_nodes_that_cannot_be_checked_refuse_the_job(ray_head: str, tiny: Tiny) -> None:
     """This head is no envbuild image: its `python3` has no Ray, so the check cannot run there. Unverified
     is refused (a real image's answers are tested in test_cluster_ray.py)."""
-    from ray.job_submission import JobSubmissionClient
-
-    before = {job.submission_id for job in JobSubmissionClient(ray_head).list_jobs()}
+    before = {job.submission_id for job in job_client(ray_head).list_jobs()}
     with pytest.raises(TargetRefused) as info:
         execute_run(ray_run(tiny, ray_head, check_nodes=True))
     assert info.value.exit_code == 1
@@ -164,7 +184,7 @@ def test_nodes_that_cannot_be_checked_refuse_the_job(ray_head: str, tiny: Tiny) 
     assert status["status"] == "refused" and "could not be asked" in status["detail"]
     (line,) = [c for c in json.loads((tiny.tmp / "run" / "preflight.json").read_text()) if c["name"] == "ray-node"]
     assert line["status"] == "fail"
-    new = {job.submission_id for job in JobSubmissionClient(ray_head).list_jobs()} - before
+    new = {job.submission_id for job in job_client(ray_head).list_jobs()} - before
     assert len(new) == 1 and new.pop().startswith("envrun-nodecheck-")  # only the check was submitted
 
 
@@ -185,8 +205,6 @@ def test_failed_ray_job_is_recorded(ray_head: str, tiny: Tiny) -> None:
 
 
 def test_ctrl_c_stops_the_ray_job_and_records_interrupted(ray_head: str, tiny: Tiny) -> None:
-    from ray.job_submission import JobSubmissionClient
-
     from tests.lib.tinyrun import REPO
 
     ray_run(tiny, ray_head, FAKE_TRAINER_SLEEP="300")
@@ -199,6 +217,7 @@ def test_ctrl_c_stops_the_ray_job_and_records_interrupted(ray_head: str, tiny: T
         env=os.environ.copy(),
         stdout=subprocess.PIPE,
         text=True,
+        preexec_fn=restore_sigint,  # Ctrl-C as under a terminal, whatever this process inherited
     )
     try:
         assert cli.stdout is not None
@@ -215,4 +234,33 @@ def test_ctrl_c_stops_the_ray_job_and_records_interrupted(ray_head: str, tiny: T
     job_id = next(
         line.split()[4] for line in (run_dir / "output.log").read_text().splitlines() if "submitted Ray job" in line
     )
-    assert JobSubmissionClient(ray_head).get_job_status(job_id).value == "STOPPED"
+    assert job_client(ray_head).get_job_status(job_id).value == "STOPPED"
+
+
+def test_the_head_asks_for_its_token_and_envrun_sends_it(ray_head: str, ray_home: Path) -> None:
+    import requests
+
+    assert requests.get(f"{ray_head}/api/jobs/", timeout=30).status_code == 401  # token auth is on
+    assert requests.get(f"{ray_head}/api/jobs/", headers=auth_headers(), timeout=30).status_code == 200
+    deadline = time.monotonic() + 60
+    while not (nodes := list_nodes(ray_head)) and time.monotonic() < deadline:
+        time.sleep(1)  # the state API lists the head a moment after the job API answers
+    [node] = nodes  # the state API takes the token too
+    assert node.alive and node.head
+
+
+def test_a_client_without_the_token_is_told_so(ray_head: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.ray/auth_token here
+    assert auth_headers() == {}
+    with pytest.raises(
+        EngineError, match="found no token in .RAY_AUTH_TOKEN, .RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token"
+    ):
+        submit(job_client(ray_head), ray_head, ["true"])
+    (tmp_path / "wrong").write_text("not-the-token\n")
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "wrong"))
+    with pytest.raises(EngineError, match="envrun sent the token it found: it is not this cluster's"):
+        submit(job_client(ray_head), ray_head, ["true"])
+    monkeypatch.setenv("RAY_AUTH_TOKEN", TOKEN)  # where Ray's loader looks first
+    assert auth_headers() == {"Authorization": f"Bearer {TOKEN}"}
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    assert auth_headers() == {}

@@ -165,7 +165,13 @@ def test_mirror_rewrites_the_url(served: Served, cache: GitCache, calls: Calls) 
     effective = served.filtering.url(project.name)
     assert (result.status, result.facts["url"], result.facts["ahead"]) == ("behind", effective, 1)
     assert {url for _, url in calls.log} == {effective}
-    assert cache.repo(effective).exists() and not cache.repo(source.repo).exists()
+    # Fetched from the mirror, kept under the URL the lock names: what is pinned, offline with or without mirrors.
+    assert (
+        cache.repo(source.repo).exists()
+        and cache.repo(source.repo).path == cache.repo(mirrors.rewrite(source.repo)).path
+    )
+    assert (cache.repo(source.repo).path / "envbuild-url").read_text() == source.repo + "\n"
+    assert not cache.repo(effective).exists()  # the mirror's own URL, not rewritten, has no entry
 
 
 @pytest.mark.gitdaemon
@@ -271,7 +277,11 @@ def test_resolve_ref_and_count_commits(served: Served, cache: GitCache) -> None:
     assert count_commits(url, m[1], "cd" * 20, cache) is None
     assert count_commits("git://127.0.0.1:1/never-cached", m[1], m[4], cache) is None
     mirrored = Mirrors.parse([f"https://example.invalid/={served.filtering.url('')}"])
-    assert count_commits(f"https://example.invalid/{project.name}", m[0], m[4], cache, mirrors=mirrored) == 4
+    invalid = project.source(f"https://example.invalid/{project.name}", commit=m[0])
+    assert count_commits(invalid.repo, m[0], m[4], cache, mirrors=mirrored) is None  # its own entry: empty yet
+    resolve_ref(invalid, cache, mirrors=mirrored)
+    assert count_commits(invalid.repo, m[0], m[4], cache, mirrors=mirrored) == 4
+    assert count_commits(invalid.repo, m[0], m[4], cache) == 4  # the cache is keyed by the lock's URL
 
 
 def test_hostile_inputs_are_refused_before_git_runs(tmp_path: Path, calls: Calls) -> None:

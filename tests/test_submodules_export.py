@@ -8,6 +8,9 @@ import dataclasses
 import io
 import json
 import os
+import shutil
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -21,10 +24,17 @@ from envbuild.git.mirrors import Mirrors
 from envbuild.git.treeexport import ExportError, TreeExporter, export_tree, fetch_commit, source_pin
 from envbuild.git.treewriter import TreeWriteError, write_tar_tree
 from envbuild.lock import Lock, read_lock
-from envbuild.lock.model import Source, Submodule
+from envbuild.lock.model import Source, Submodule, walk_submodules
 from envbuild.verify.pins import VerifyOptions
 from tests.lib.gitrepos import MALFORMED_TREES, Served, commit_malformed
-from tests.lib.submodlock import CATLASS_PATH, GTEST_PATH, MEGATRON_PATH, SubmoduleUpstreams, make_upstreams
+from tests.lib.submodlock import (
+    CATLASS_PATH,
+    GTEST_PATH,
+    MEGATRON_PATH,
+    SKIP_REASON,
+    SubmoduleUpstreams,
+    make_upstreams,
+)
 
 pytestmark = pytest.mark.gitdaemon
 _counter = iter(range(10**6))
@@ -218,3 +228,42 @@ def test_a_lock_that_records_another_commit_or_tree_than_the_trees_is_refused(
         with pytest.raises(ExportError) as refused:
             export_tree(changed, tmp_path / dest, exporter(tmp_path / "cache", up))
         assert str(refused.value) == f"{words} {'1' * 40}"
+
+
+def test_the_repos_export_makes_vcstool_check_out_every_pinned_level(
+    up: SubmoduleUpstreams, lock_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The real vcstool imports the export: every source and every kept submodule at its pinned commit and
+    tree, nested where the image has it; the skipped one is a comment with its reason, its directory left
+    empty as git leaves it."""
+    vcs = shutil.which("vcs", path=str(Path(sys.executable).parent))
+    assert vcs is not None, "vcstool is a test dependency (pyproject [test])"
+    repos = tmp_path / "sub.repos"
+    assert main(["lock", "export", str(lock_path), "--format", "repos", "-o", str(repos), "-q"]) == 0
+    assert f"# bridge/{MEGATRON_PATH} left out (skip: {SKIP_REASON})" in repos.read_text().splitlines()
+    (mirror_rule,) = up.mirrors()
+    upstream, mirror = mirror_rule.split("=", 1)
+    env = {**os.environ, "GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": f"url.{mirror}.insteadOf",
+           "GIT_CONFIG_VALUE_0": upstream, "GIT_TERMINAL_PROMPT": "0"}  # fmt: skip
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    with repos.open() as stdin:
+        done = subprocess.run([vcs, "import", "--workers", "4", str(workspace)], stdin=stdin, env=env,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    lock = read_lock(lock_path).lock
+    expected = {"parent": up.commits["parent"], f"parent/{CATLASS_PATH}": up.commits["catlass"],
+                f"parent/{CATLASS_PATH}/{GTEST_PATH}": up.commits["googletest"],
+                "bridge": up.commits["bridge"], "megatron": up.commits["megatron"]}  # fmt: skip
+    for where, commit in expected.items():
+        head = subprocess.run(["git", "-C", str(workspace / where), "rev-parse", "HEAD", "HEAD^{tree}"],
+                              capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+        assert head[0] == commit, where
+    pinned_trees = {"parent": lock.source("parent").tree}
+    pinned_trees |= {f"parent/{path}": sub.tree for path, sub in walk_submodules(lock.source("parent").submodules)}
+    for where, tree in pinned_trees.items():
+        got = subprocess.run(["git", "-C", str(workspace / where), "rev-parse", "HEAD^{tree}"],
+                             capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+        assert got == tree, where
+    assert (workspace / "parent" / CATLASS_PATH / "include/catlass/catlass.hpp").is_file()
+    assert list((workspace / "bridge" / MEGATRON_PATH).iterdir()) == []

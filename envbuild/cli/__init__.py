@@ -1,4 +1,4 @@
-"""The `envbuild` command: `lock verify|update|diff|export|schema`, `image` and `check`."""
+"""The `envbuild` command: `lock init|add|verify|update|diff|fetch|export|schema`, `image` and `check`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`envbuild lock verify|update|diff|export|schema`: thin wrappers over envbuild.verify / update / lock."""
+"""`envbuild lock init|add|verify|update|diff|fetch|export|schema`: thin wrappers over envbuild.verify / update / lock."""
 
 from __future__ import annotations
 
@@ -7,18 +7,21 @@ import sys
 from pathlib import Path
 
 from envbuild.cli.common import StderrProgress, add_source_options, render_json, source_settings, verify_options
+from envbuild.cli.lock_start import add_start_commands
 from envbuild.errors import InputError
 from envbuild.fileio import write_atomic
 from envbuild.git.cache import GitCache
 from envbuild.git.mirrors import Mirrors
-from envbuild.lock import dump_lock, read_lock, write_lock
+from envbuild.lock import checked_lock_text, read_lock
 from envbuild.lock.diff import CommitCounter, diff_locks, render_changes
+from envbuild.lock.io import canonical
 from envbuild.lock.model import LOCK_VERSION, LOCK_VERSIONS
+from envbuild.lock.roundtrip import updated_text
 from envbuild.verify.render import render_verify
 
 
 def add_lock_commands(subparsers: argparse._SubParsersAction) -> None:
-    lock = subparsers.add_parser("lock", help="verify, update, compare and export lockfiles")
+    lock = subparsers.add_parser("lock", help="start, verify, update, compare, fetch and export lockfiles")
     commands = lock.add_subparsers(metavar="COMMAND")
     lock.set_defaults(handler=lambda args: _usage(lock))
 
@@ -39,14 +42,14 @@ def add_lock_commands(subparsers: argparse._SubParsersAction) -> None:
         help="re-resolve the package closure (default: only when no NAME is given)",
     )
     update.add_argument("--dry-run", action="store_true", help="print what would change; write nothing")
-    update.add_argument("--json", action="store_true")
+    update.add_argument("--json", action="store_true", help="one JSON object on stdout")
     add_source_options(update)
     update.set_defaults(handler=cmd_update)
 
-    diff = commands.add_parser("diff", help="pin changes between two locks")
+    diff = commands.add_parser("diff", help="pin changes between two locks (exit 1 when there are some, as diff does)")
     diff.add_argument("old", type=Path)
     diff.add_argument("new", type=Path)
-    diff.add_argument("--json", action="store_true")
+    diff.add_argument("--json", action="store_true", help="one JSON object on stdout")
     add_source_options(diff)
     diff.set_defaults(handler=cmd_diff)
 
@@ -68,6 +71,8 @@ def add_lock_commands(subparsers: argparse._SubParsersAction) -> None:
     fetch.add_argument("--json", action="store_true", help="one JSON object on stdout")
     add_source_options(fetch)
     fetch.set_defaults(handler=cmd_fetch)
+
+    add_start_commands(commands)
 
     schema = commands.add_parser("schema", help="print the JSON schema of the lockfile format")
     schema.add_argument(
@@ -97,7 +102,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_fetch(args: argparse.Namespace) -> int:
     """Verify online (the ref listings and commits `--offline` verifies against), then fetch every source's
     tree and package file (what `envbuild image --offline` builds from). A lock that fails verify is
-    reported and nothing is fetched (a build would refuse it): exit 1."""
+    reported and nothing is fetched (a build would refuse it): exit 1; but an unpinned base image alone
+    does not stop it (the base is not an input fetched here): everything else is fetched, and the base is
+    said to be left."""
     read = read_lock(args.lockfile)
     from envbuild.fetch import fetch_inputs
     from envbuild.verify.pins import verify_lock
@@ -107,7 +114,10 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     options = verify_options(args)
     progress = StderrProgress("envbuild", args.quiet)
     report = verify_lock(read.lock, str(args.lockfile), options, progress)
-    if not report.ok:
+    # The base image is not an input this command fetches (a build pulls it by digest): an unpinned one
+    # is said, and everything else is fetched all the same.
+    unpinned = [r for r in report.results if r.kind == "base_image" and r.status == "unpinned"]
+    if [r for r in report.results if not r.passes(report.strict)] != unpinned:
         sys.stdout.write(
             render_json({"lock": str(args.lockfile), "verify": report.to_json(), "inputs": []})
             if args.json
@@ -115,6 +125,8 @@ def cmd_fetch(args: argparse.Namespace) -> int:
         )
         return 1
     inputs = fetch_inputs(read, options.source, progress=progress)
+    for row in unpinned:
+        print(f"envbuild: {args.lockfile}: base image {row.name} left unfetched: {row.detail}", file=sys.stderr)
     if args.json:
         sys.stdout.write(render_json({"lock": str(args.lockfile), "verify": report.to_json(), **inputs.to_json()}))
     else:
@@ -132,6 +144,7 @@ def cmd_update(args: argparse.Namespace) -> int:
     from envbuild.update.update import update_lock
 
     lock = read_lock(args.lockfile).lock
+    old_text = args.lockfile.read_text(encoding="utf-8")
     cache_dir, mirrors = source_settings(args)
     cache = GitCache(cache_dir / "git")
     new = update_lock(
@@ -143,8 +156,19 @@ def cmd_update(args: argparse.Namespace) -> int:
         progress=StderrProgress("envbuild", args.quiet),
     )
     changes = diff_locks(lock, new, _commit_counter(cache, mirrors))
-    if not args.dry_run and dump_lock(new) != args.lockfile.read_text(encoding="utf-8"):
-        write_lock(args.lockfile, new)
+    # Nothing at all changed: the file stays byte for byte, however it was written.
+    text, kept = (old_text, True) if canonical(new) == canonical(lock) else updated_text(old_text, lock, new)
+    # Checked before anything is replaced, and on a dry run too: it shows what a real run would write.
+    text = checked_lock_text(new, args.lockfile, text)
+    if not kept:
+        print(
+            f"envbuild: warning: {args.lockfile}: its comments and layout could not be kept "
+            "(a value YAML 1.1 and 1.2 read differently, or a layout ruamel.yaml cannot reproduce); "
+            "written in canonical form",
+            file=sys.stderr,
+        )
+    if not args.dry_run and text != old_text:
+        write_atomic(args.lockfile, text)
     sys.stdout.write(
         render_json(
             {
@@ -156,6 +180,8 @@ def cmd_update(args: argparse.Namespace) -> int:
         if args.json
         else render_changes(changes)
     )
+    if args.dry_run:
+        print(f"envbuild: dry run: {args.lockfile} not written", file=sys.stderr)
     return 0
 
 
@@ -170,7 +196,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
         if args.json
         else render_changes(changes)
     )
-    return 0
+    return 1 if changes else 0  # as diff(1) and `git diff --exit-code`: scripts can test for changes
 
 
 def _commit_counter(cache: GitCache, mirrors: Mirrors) -> CommitCounter:

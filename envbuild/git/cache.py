@@ -1,4 +1,10 @@
-"""A local cache of bare, partial-clone repositories: one per effective (post-mirror) URL.
+"""A local cache of bare, partial-clone repositories: one per URL a lock names.
+
+A repository fetched through a mirror (:meth:`envbuild.git.mirrors.Mirrors.rewrite` gives a
+:class:`~envbuild.git.mirrors.MirroredURL`) lands in the entry of the URL the lock names: the cache holds
+what is pinned, so ``--offline`` answers from it with or without the mirror rules. (A URL no mirror
+rewrote keeps the key it always had, and an entry an older envbuild filled through a mirror sits under
+the mirror's URL, read only for a lock that names that URL itself, whose content it is: no migration.)
 
 Layout under ``root`` (``<cache_dir>/git``)::
 
@@ -59,7 +65,9 @@ class CachedRepo:
 
 
 def cache_key(url: str) -> str:
-    """A safe directory name: a readable slug of the URL's last component plus a hash of the whole URL."""
+    """A safe directory name: a readable slug of the URL's last component plus a hash of the whole URL
+    (of the URL the lock names, for a URL rewritten to a mirror)."""
+    url = getattr(url, "pinned", url)
     last = url.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1]
     last = last[:-4] if last.endswith(".git") else last
     slug = re.sub(r"[^a-z0-9._-]+", "-", last.lower()).strip(".-")[:40] or "repo"
@@ -90,7 +98,7 @@ class GitCache:
             raise cache_fault(self.root, exc) from None
         try:
             self.git.init_bare(tmp)
-            (tmp / URL_FILE).write_text(url + "\n", encoding="utf-8")
+            (tmp / URL_FILE).write_text(getattr(url, "pinned", url) + "\n", encoding="utf-8")
         except (GitError, OSError) as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             raise self.cache_error(exc) from None

@@ -29,6 +29,21 @@ def check_rule(source: str, target: str) -> str | None:
     return None
 
 
+class MirroredURL(str):
+    """The URL git fetches from (a mirror's, once rewritten) that remembers the URL the lock names, ``pinned``.
+
+    The caches key a repository by ``pinned`` (:func:`envbuild.git.cache.cache_key`): what was fetched
+    through a mirror is what the lock pins, so ``--offline`` answers from it with or without the mirror
+    rules, and two mirrors of one upstream share one entry."""
+
+    pinned: str
+
+    def __new__(cls, url: str, pinned: str) -> MirroredURL:
+        made = super().__new__(cls, url)
+        made.pinned = pinned
+        return made
+
+
 @dataclass(frozen=True)
 class Mirrors:
     rules: tuple[tuple[str, str], ...] = ()
@@ -51,9 +66,11 @@ class Mirrors:
         """``other`` (e.g. the command line) takes precedence over ``self`` (e.g. the config file)."""
         return Mirrors(other.rules + self.rules)
 
-    def rewrite(self, url: str) -> str:
+    def rewrite(self, url: str) -> MirroredURL:
+        """Where to fetch ``url`` from; it remembers ``url`` (or, rewritten twice, the first one)."""
         best: tuple[str, str] | None = None
         for source, target in self.rules:
             if url.startswith(source) and (best is None or len(source) > len(best[0])):
                 best = (source, target)
-        return url if best is None else best[1] + url[len(best[0]) :]
+        pinned = getattr(url, "pinned", url)
+        return MirroredURL(url if best is None else best[1] + url[len(best[0]) :], str(pinned))

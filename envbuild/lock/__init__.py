@@ -1,6 +1,14 @@
 """The lockfile: model, strict reading, canonical writing, schema, diff and export. No network, no git."""
 
-from envbuild.lock.io import LockFile, dump_lock, parse_lock, read_lock, write_lock
+from envbuild.lock.io import (
+    LockFile,
+    UnreadableLockError,
+    checked_lock_text,
+    dump_lock,
+    parse_lock,
+    read_lock,
+    write_lock,
+)
 from envbuild.lock.model import (
     LOCK_VERSION,
     PYPI_SIMPLE,
@@ -24,6 +32,8 @@ __all__ = [
     "Platform",
     "Source",
     "LockFile",
+    "UnreadableLockError",
+    "checked_lock_text",
     "dump_lock",
     "read_lock",
     "parse_lock",

@@ -13,7 +13,7 @@ import yaml
 from packaging.utils import canonicalize_name
 
 from envbuild.lock.io import canonical
-from envbuild.lock.model import PYPI_SIMPLE, Lock, Package
+from envbuild.lock.model import PYPI_SIMPLE, Lock, Package, Source, Submodule
 
 EXPORT_FORMATS = ("requirements", "pylock", "repos")
 
@@ -52,6 +52,12 @@ def export_requirements(lock: Lock) -> str:
         lines.append(
             f"# NOT INSTALLABLE FROM THIS FILE: {package.name}=={package.version} has no locked files "
             f"(index {lock.index_for(package)}); run `envbuild lock update` where that index is reachable"
+        )
+    if lock.sources:
+        names = ", ".join(s.name for s in lock.sources)
+        lines.append(
+            f"# NOT IN THIS FILE: the lock's {len(lock.sources)} git sources ({names}), pinned by commit; "
+            "`envbuild image` installs them, `envbuild lock export --format repos` lists them"
         )
     return "\n".join(lines) + "\n"
 
@@ -130,14 +136,37 @@ def export_pylock(lock: Lock, *, urls: Mapping[str, str] | None = None, files_di
     return "\n".join(out) + "\n"
 
 
+def _submodule_entries(
+    source: Source, submodules: tuple[Submodule, ...], prefix: str, notes: list[str]
+) -> dict[str, dict[str, str]]:
+    """A submodule as vcstool spells one: an entry at its path under the parent's, which ``vcs import``
+    clones after the parent (it orders nested paths itself). A skipped one has no entry, only a note."""
+    entries: dict[str, dict[str, str]] = {}
+    for sub in submodules:
+        path = f"{prefix}{sub.path}"
+        if sub.skip is not None:
+            notes.append(f"{source.name}/{path} left out (skip: {sub.skip})")
+            continue
+        assert sub.repo is not None and sub.commit is not None  # the lock's reader holds a kept one to both
+        entries[f"{source.name}/{path}"] = {"type": "git", "url": sub.repo, "version": sub.commit}
+        entries |= _submodule_entries(source, sub.submodules, f"{path}/", notes)
+    return entries
+
+
 def export_repos(lock: Lock) -> str:
-    """A vcstool ``.repos`` file pinning every source to its full commit."""
-    repositories = {
-        source.name: {"type": "git", "url": source.repo, "version": source.commit}
-        for source in sorted(lock.sources, key=lambda s: s.name)
-    }
+    """A vcstool ``.repos`` file pinning every source to its full commit, and every submodule the image gets
+    to the commit its parent's gitlink pins, at its path inside the parent (``vcs import`` then needs no
+    ``--recursive``, which would fetch from ``.gitmodules`` URLs at whatever the remote holds)."""
+    repositories: dict[str, dict[str, str]] = {}
+    notes: list[str] = []
+    for source in sorted(lock.sources, key=lambda s: s.name):
+        repositories[source.name] = {"type": "git", "url": source.repo, "version": source.commit}
+        repositories |= _submodule_entries(source, source.submodules, "", notes)
+        if source.submodules_unknown is not None:
+            notes.append(f"{source.name}: its submodules are not recorded in the lock ({source.submodules_unknown})")
     body = yaml.safe_dump({"repositories": repositories}, sort_keys=False, default_flow_style=False, width=4096)
-    return f"# {_about(lock)}\n{body}"
+    comments = "".join(f"# {' '.join(note.split())}\n" for note in notes)
+    return f"# {_about(lock)}\n{comments}{body}"
 
 
 def export_lock(lock: Lock, fmt: str) -> str:

@@ -20,10 +20,10 @@ from packaging.utils import (
 from packaging.version import InvalidVersion, Version
 
 from envbuild.data.typed import DECIMAL_INT, MAX_INT_DIGITS, Decoder
-from envbuild.data.yamlfile import compose_yaml, read_capped
-from envbuild.errors import LockfileError, Problem
+from envbuild.data.yamlfile import LIMIT_TEXT, MAX_BYTES, compose_yaml, read_capped
+from envbuild.errors import EnvbuildError, LockfileError, Problem
 from envbuild.fileio import write_atomic
-from envbuild.lock.model import LOCK_VERSION, LOCK_VERSIONS, Lock, Submodule
+from envbuild.lock.model import LOCK_VERSION, LOCK_VERSIONS, Lock, Source, Submodule
 
 HEADER = "# envbuild lockfile: written by `envbuild lock`; every pin is checked by `envbuild lock verify`.\n"
 
@@ -290,6 +290,57 @@ def dump_lock(lock: Lock) -> str:
     return HEADER + body
 
 
+class UnreadableLockError(EnvbuildError):
+    """What envbuild was about to write as a lock would fail its own reader (too large, or a value the
+    reader refuses, such as a name read from a tree that is not a distribution name): nothing is
+    written, the lock on disk stays as it was. Exit 1: the lock a user wrote is fine; what upstream
+    trees or the index gave is not, and the message names where."""
+
+    def __init__(self, path: str | os.PathLike[str], reason: str) -> None:
+        self.path, self.reason = str(path), reason
+        super().__init__(f"{path}: not written, the old lock is unchanged: {reason}")
+
+
+def checked_lock_text(lock: Lock, path: str | os.PathLike[str], text: str | None = None) -> str:
+    """The text of ``lock`` (``text``, or its canonical text), once it has passed :func:`read_lock`'s
+    checks (size cap and strict parsing) as the file at ``path`` would; raise
+    :class:`UnreadableLockError` naming the first problem (and the source it sits in) otherwise. Every
+    lock envbuild writes goes through here, so it never writes one it then refuses."""
+    text = dump_lock(lock) if text is None else text
+    size = len(text.encode("utf-8"))
+    if size > MAX_BYTES:
+        sizes = sorted((_source_size(lock, s), s.name) for s in lock.sources)
+        where = f"; the largest source is {sizes[-1][1]!r} ({sizes[-1][0]:,} bytes)" if sizes else ""
+        raise UnreadableLockError(
+            path,
+            f"the new lock is {size:,} bytes, over the reader's limit of {LIMIT_TEXT} ({MAX_BYTES:,} bytes){where}",
+        )
+    try:
+        parse_lock(text, "<new lock>")
+    except LockfileError as exc:
+        first = exc.problems[0]
+        more = f" (and {len(exc.problems) - 1} more problems)" if len(exc.problems) > 1 else ""
+        raise UnreadableLockError(
+            path, f"the new lock would fail the lock's reader: {_in_source(lock, first.field)}{first.message}{more}"
+        ) from None
+    return text
+
+
+def _source_size(lock: Lock, source: Source) -> int:
+    alone = dataclasses.replace(lock, sources=(source,), requirements=(), packages=())
+    return len(dump_lock(alone).encode("utf-8"))
+
+
+def _in_source(lock: Lock, field: str) -> str:
+    """``sources[3].provides.name`` with the source's name, which a reader of the message knows."""
+    if field.startswith("sources["):
+        index = field[len("sources[") : field.index("]")]
+        if index.isdigit() and int(index) < len(lock.sources):
+            return f"{field} (source {lock.sources[int(index)].name!r}): "
+    return f"{field}: " if field else ""
+
+
 def write_lock(path: str | os.PathLike[str], lock: Lock) -> None:
-    """Write atomically: a reader sees the old lock or the new one, never half of one."""
-    write_atomic(path, dump_lock(lock))
+    """Write atomically, after :func:`checked_lock_text`: a reader sees the old lock or the new one, never
+    half of one, and never one it refuses."""
+    write_atomic(path, checked_lock_text(lock, path))

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from envbuild.errors import EngineError, InputError, RemoteError
+from envbuild.errors import InputError, RemoteError
 from envbuild.git.cache import GitCache
 from envbuild.git.mirrors import Mirrors
 from envbuild.git.remote import GitError
@@ -67,20 +67,20 @@ def update_lock(
 
 
 def pin_base_image(image: BaseImage, arch: str | None = None, progress: Progress = silent) -> BaseImage:
-    """The base image pinned to the manifest digest its registry serves for the tag now, asked through
-    the container engine (so its credentials and registry settings apply). Without an engine or a
-    registry answer, or when what it serves has no image for the lock's platform (``arch``: a build
-    would refuse it), the recorded pin stays and a warning says why."""
-    from envbuild.engine.client import Engine
+    """The base image pinned to the manifest digest its registry serves for the tag now, asked over the
+    registry's HTTP API with the docker config's credentials (:mod:`envbuild.registry`: no container
+    engine needed). Without a registry answer, or when what it serves has no image for the lock's
+    platform (``arch``: a build would refuse it), the recorded pin stays and a warning says why."""
     from envbuild.lock.platform import oci_platform
+    from envbuild.registry.client import RegistryError, served_manifest
 
     say = progress
     try:
-        with Engine.connect() as engine:
-            digest, platforms = engine.distribution(image.name)
-    except EngineError as exc:  # no engine, or no registry answer
+        served = served_manifest(image.name)
+    except RegistryError as exc:
         say(f"warning: base image {image.name} not re-pinned: {exc}")
         return image
+    digest, platforms = served.digest, served.platforms
     if arch is not None and platforms and oci_platform(arch) not in platforms:
         say(
             f"warning: base image {image.name} not re-pinned: its registry serves {digest} with images for "

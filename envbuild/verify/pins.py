@@ -3,11 +3,13 @@ checked whole (every requirement met or waived), as one typed report."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from envbuild.config import SourceOptions, fetch_command
+from envbuild.config import SourceOptions, fetch_command, offline_verify_command, update_command
 from envbuild.git.cache import GitCache
+from envbuild.git.files import OFFLINE_MISS
 from envbuild.index.client import IndexClient
 from envbuild.index.filecache import FileCache
 from envbuild.lock.model import Lock, Package
@@ -28,16 +30,14 @@ class VerifyOptions:
     strict: bool = False
 
 
-def verify_base_image(lock: Lock) -> list[PinResult]:
+def verify_base_image(lock: Lock, advice: str = "envbuild lock update LOCK") -> list[PinResult]:
+    """The base image's pin; ``advice`` is the `lock update` command that pins an unpinned one."""
     image = lock.base_image
     if image is None:
         return []
     if image.digest is None:
-        return [
-            PinResult(
-                "base_image", image.name, "unpinned", "no digest recorded: the tag can move; add base_image.digest"
-            )
-        ]
+        detail = f"no digest recorded: the tag can move; `{advice}` pins the digest its registry serves"
+        return [PinResult("base_image", image.name, "unpinned", detail)]
     return [PinResult("base_image", image.name, "ok", f"pinned by {image.digest}", {"digest": image.digest})]
 
 
@@ -86,5 +86,29 @@ def verify_lock(lock: Lock, lock_path: str, options: VerifyOptions, progress: Pr
         else:
             results += verify_packages(lock, jobs=source.jobs, progress=progress, lock_path=lock_path, client=client)
     results += verify_requirements(lock, options, client, progress)
-    results += verify_base_image(lock)
-    return VerifyReport(lock_path, tuple(results), strict=options.strict)
+    results += verify_base_image(lock, update_command(lock_path, source))
+    if source.offline:
+        advice = fetch_command(lock_path, source)
+        results = [_advise_fetch(r, advice) for r in results]
+    return VerifyReport(
+        lock_path, tuple(results), strict=options.strict, offline_command=_offline_command(lock, lock_path, options)
+    )
+
+
+def _advise_fetch(result: PinResult, advice: str) -> PinResult:
+    """A pin the cache cannot settle offline names the command that fills the cache, as a package's does."""
+    if result.status != "unreachable" or not result.detail.endswith(OFFLINE_MISS):
+        return result
+    return dataclasses.replace(result, detail=f"{result.detail}; run `{advice}`")
+
+
+def _offline_command(lock: Lock, lock_path: str, options: VerifyOptions) -> str | None:
+    """`lock verify --offline` with these options, when online some source could not be reached and the
+    cache holds a ref listing for every source: only then can offline answer what online could not."""
+    source = options.source
+    if source.offline:
+        return None
+    cache = GitCache(source.cache_dir / "git")
+    if not lock.sources or any(cache.cached_listing(source.mirrors.rewrite(s.repo)) is None for s in lock.sources):
+        return None
+    return offline_verify_command(lock_path, source)

@@ -9,12 +9,13 @@ from envbuild.verify.results import PinResult, VerifyReport
 
 
 def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]], max_width: int = 100) -> str:
-    """A plain-text table; the last column is left unpadded and cut at ``max_width`` characters."""
+    """A plain-text table; the last column is left unpadded and cut at ``max_width`` characters, unless
+    it names a command (in backquotes): advice cut short cannot be run as printed."""
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers[:-1])]
     lines = []
     for row in [list(headers), *[list(r) for r in rows]]:
         cells = [cell.ljust(width) for cell, width in zip(row, widths)]
-        last = row[-1] if len(row[-1]) <= max_width else row[-1][: max_width - 1] + "…"
+        last = row[-1] if len(row[-1]) <= max_width or "`" in row[-1] else row[-1][: max_width - 1] + "…"
         lines.append("  ".join([*cells, last]).rstrip())
     return "\n".join(lines) + "\n"
 
@@ -61,8 +62,10 @@ def render_verify(report: VerifyReport) -> str:
     if any(r.kind == "source" and r.status == "unreachable" and _out_of_reach(r.detail) for r in report.results):
         text += (
             "hint: where the upstream git hosts are out of reach, verify against internal mirrors with "
-            "--mirror FROM=TO (or `mirrors:` in the config file); --offline answers from the cache\n"
+            "--mirror FROM=TO (or `mirrors:` in the config file)"
         )
+        # --offline only when the cache can answer: on an empty cache it would fail every source again
+        text += f"; the cache answers offline: `{report.offline_command}`\n" if report.offline_command else "\n"
     return text
 
 

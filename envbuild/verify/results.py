@@ -69,6 +69,9 @@ class VerifyReport:
     lock_path: str
     results: tuple[PinResult, ...]
     strict: bool = False
+    # The `lock verify --offline` command that answers from the cache, when some source was out of reach
+    # and the cache holds what every such source's upstream last said (None: offline would not help).
+    offline_command: str | None = None
 
     @property
     def ok(self) -> bool:

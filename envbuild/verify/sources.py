@@ -37,16 +37,18 @@ def verify_sources(
 ) -> list[PinResult]:
     """Verify every source, in parallel across repositories; results in input order.
 
-    Sources sharing an effective URL share one ref listing and run one after the other. ``progress``
-    is called from worker threads."""
+    Sources sharing a URL share one ref listing and run one after the other. ``progress`` is called
+    from worker threads."""
     groups: dict[str, list[int]] = {}
     for index, source in enumerate(sources):
-        groups.setdefault(mirrors.rewrite(source.repo), []).append(index)
+        groups.setdefault(source.repo, []).append(index)
     check_inputs(sources, mirrors)
     results: list[PinResult | None] = [None] * len(sources)
     with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(groups)))) as pool:
         futures = {
-            url: pool.submit(_verify_group, [sources[i] for i in indexes], cache, url, offline, progress)
+            url: pool.submit(
+                _verify_group, [sources[i] for i in indexes], cache, mirrors.rewrite(url), offline, progress
+            )
             for url, indexes in groups.items()
         }
         for url, future in futures.items():
