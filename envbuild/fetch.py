@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import requests
@@ -33,9 +34,11 @@ from envbuild.git.treeexport import (
 )
 from envbuild.index.client import IndexClient, ProjectPage
 from envbuild.index.filecache import FileCache
+from envbuild.index.wheelmeta import metadata_sha256, read_wheel_metadata
 from envbuild.lock.io import LockFile
 from envbuild.lock.model import Lock, Package, PackageFile
 from envbuild.progress import Progress, silent
+from envbuild.verify.metadata import MetadataMismatch, forget_metadata
 
 
 class InputsMissing(EnvbuildError):
@@ -97,7 +100,7 @@ def fetch_inputs(
                 f"`{fetch_command(lock_path, source)}` where the upstreams are reachable"
             )
     fetched_sources = _fetch_trees(pins, exporter, jobs, say)
-    fetched_files = _fetch_files(lock, files, client or IndexClient(), say)
+    fetched_files = _fetch_files(lock, files, client or IndexClient(), say, source.cache_dir)
     return Inputs((*fetched_sources, *fetched_files), newest_commit_date(lock, exporter))
 
 
@@ -144,20 +147,26 @@ def _package_files(lock: Lock) -> list[tuple[Package, PackageFile]]:
     return [(p, f) for p in lock.packages for f in sorted(p.files, key=lambda f: f.filename)]
 
 
-def _fetch_files(lock: Lock, files: FileCache, client: IndexClient, say: Progress) -> list[FetchedInput]:
+def _fetch_files(
+    lock: Lock, files: FileCache, client: IndexClient, say: Progress, cache_dir: Path
+) -> list[FetchedInput]:
+    """Every package file into the file cache by sha256; each wheel's own METADATA, hash-checked with
+    it, is then compared with the digest the lock pins for it (a mismatch: the index lied when the lock
+    was updated, and the metadata cached under that pin is dropped)."""
     results: list[FetchedInput] = []
     problems: list[str] = []
     for package, file in _package_files(lock):
-        if files.get(file.sha256):
-            results.append(FetchedInput("package_file", package.name, file.filename, False))
-            continue
-        say(f"downloading {file.filename}")
         try:
+            if path := files.get(file.sha256):
+                check_metadata_pin(path, file, cache_dir)
+                results.append(FetchedInput("package_file", package.name, file.filename, False))
+                continue
+            say(f"downloading {file.filename}")
             page = client.project(lock.index_for(package), package.name)
             listed = page.file(file.filename)
             if listed is None:
                 raise RemoteError(f"{page.index} no longer lists {file.filename}")
-            files.fetch(listed.url, file.sha256, file.filename, client.download)
+            check_metadata_pin(files.fetch(listed.url, file.sha256, file.filename, client.download), file, cache_dir)
         except EnvbuildError as exc:
             problems.append(f"package {package.name} {package.version}: {exc}")
             continue
@@ -165,6 +174,17 @@ def _fetch_files(lock: Lock, files: FileCache, client: IndexClient, say: Progres
     if problems:
         raise InputFetchError(problems)
     return results
+
+
+def check_metadata_pin(path: Path, file: PackageFile, cache_dir: Path) -> None:
+    """The wheel at ``path`` (hash-checked) holds the METADATA the lock pins for it, or MetadataMismatch."""
+    if file.metadata_sha256 is None or not file.filename.endswith(".whl"):
+        return
+    with open(path, "rb") as handle:
+        actual = metadata_sha256(read_wheel_metadata(handle, file.filename))
+    if actual != file.metadata_sha256:
+        forget_metadata(cache_dir, file.metadata_sha256)
+        raise MetadataMismatch(file.filename, file.metadata_sha256, actual, by_index=False)
 
 
 def package_file_urls(

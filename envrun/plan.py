@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import re
 import shlex
 from collections.abc import Mapping
@@ -13,6 +14,8 @@ from typing import Any, Literal
 
 from envbuild.data.typed import meta
 from envbuild.errors import InputError
+from envbuild.escape import for_terminal
+from envbuild.image.plan import IMAGE_ROOT
 from envbuild.lock.model import ENV_NAME
 from envrun.overrides import merge_overrides
 from envrun.probe.request import ProbeRequest
@@ -46,6 +49,27 @@ class PreflightLine:
 def _absolute(path: str) -> str | None:
     if not path.startswith("/") or "\0" in path or ".." in PurePosixPath(path).parts:
         return f"{path!r} is not an absolute path (without '..')"
+    if not path.isprintable():
+        return f"{for_terminal(path)!r} contains a control character"
+    if ":" in path:  # docker joins a bind as HOST:CONTAINER:MODE, and splits it again on ':'
+        return f"{path!r} contains ':', which a docker bind cannot hold"
+    return None
+
+
+def mount_point(path: str) -> str:
+    """The container path as the engine sees it: ``/data/``, ``//data/.`` and ``/data`` are one mount."""
+    return posixpath.normpath("/" + path.lstrip("/"))
+
+
+def _container_path(path: str) -> str | None:
+    """Where a volume is mounted: absolute, and never over what the image installed from the lock (its
+    sources under IMAGE_ROOT, editable installs the job imports): a mount there, or above it, would run
+    the host's files instead of the pinned trees the lock and the image check vouch for."""
+    if problem := _absolute(path):
+        return problem
+    point, root = mount_point(path), IMAGE_ROOT
+    if point == "/" or point == root or root.startswith(point.rstrip("/") + "/") or point.startswith(root + "/"):
+        return f"{path!r} would hide what the image installed from the lock ({root}); mount elsewhere"
     return None
 
 
@@ -54,7 +78,7 @@ class Volume:
     """A host directory or file seen inside a container (a job's, a cluster node's); read-only unless rw."""
 
     host: str = field(metadata=meta(check=_absolute, description="the path on the host"))
-    container: str = field(metadata=meta(check=_absolute, description="where the job sees it"))
+    container: str = field(metadata=meta(check=_container_path, description="where the job sees it"))
     mode: Literal["ro", "rw"] = "ro"
 
     @classmethod
@@ -65,8 +89,8 @@ class Volume:
         if len(parts) != 2 or mode not in ("ro", "rw"):
             raise InputError(f"--volume {text!r}: expected HOST:CONTAINER[:ro|rw]")
         volume = cls(os.path.abspath(parts[0]), parts[1], "rw" if mode == "rw" else "ro")  # noqa: PTH100 (not resolve(): a symlinked path stays the one given)
-        if problem := _absolute(volume.container):
-            raise InputError(f"--volume {text!r}: the container path {problem}")
+        if problem := _container_path(volume.container) or _absolute(volume.host):
+            raise InputError(f"--volume {for_terminal(text)!r}: {problem}")
         return volume
 
     def bind(self) -> dict[str, str]:

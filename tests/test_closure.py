@@ -4,6 +4,7 @@ waived by name, from core metadata read off a real local index (range requests, 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -21,7 +22,7 @@ from envbuild.verify.metadata import MetadataError, MetadataReader, _requires, r
 from envbuild.verify.render import render_verify
 from envbuild.verify.results import VerifyReport
 from tests.lib.gitrepos import make_repo
-from tests.lib.pyindex import PyIndex, make_sdist, make_wheel, write_file_index
+from tests.lib.pyindex import PyIndex, make_sdist, make_wheel, wheel_metadata, write_file_index
 
 ARM = Platform(os="linux", arch="aarch64", python="3.12")
 
@@ -48,14 +49,22 @@ def dists(tmp_path: Path) -> Path:
     return root
 
 
-def locked(index: PyIndex, name: str, version: str, *, files: tuple[str, ...] = ()) -> Package:
+def locked(index: PyIndex, name: str, version: str, *, files: tuple[str, ...] = (), pin: bool = True) -> Package:
+    """The package as `lock update` pins it: each file by sha256 and, with ``pin``, a wheel's METADATA too."""
     names = files or (f"{name}-{version}-py3-none-any.whl",)
-    return Package(name=name, version=version, files=tuple(PackageFile(f, index.sha256(f)) for f in names))
+    return Package(name=name, version=version, files=tuple(pinned_file(index, f, pin) for f in names))
+
+
+def pinned_file(index: PyIndex, filename: str, pin: bool = True) -> PackageFile:
+    digest = None
+    if pin and filename.endswith(".whl"):
+        digest = hashlib.sha256(wheel_metadata(index.root / filename)).hexdigest()
+    return PackageFile(filename, index.sha256(filename), metadata_sha256=digest)
 
 
 def closure_lock(index: PyIndex, *sources: Source) -> Lock:
     return Lock(
-        version=1,
+        version=2,
         name="whole",
         platform=ARM,
         index=index.url,
@@ -96,7 +105,7 @@ def test_every_requirement_is_judged_for_the_locks_platform(dists: Path, tmp_pat
     assert not VerifyReport("l", tuple(results)).ok
 
 
-def test_metadata_is_read_by_range_requests_and_cached_by_file_sha256(dists: Path, tmp_path: Path) -> None:
+def test_metadata_is_read_by_range_requests_and_cached_by_its_pinned_sha256(dists: Path, tmp_path: Path) -> None:
     with PyIndex(dists) as index:
         lock = closure_lock(index)
         first = read_metadata(lock, MetadataReader(tmp_path / "cache", IndexClient()))
@@ -109,7 +118,7 @@ def test_metadata_is_read_by_range_requests_and_cached_by_file_sha256(dists: Pat
     assert ranged == len(file_requests) > 0  # no file was downloaded whole
     assert index.requests == [] and warm.network_reads == 0  # warm: not one request
     assert sorted(p.name for p in (tmp_path / "cache/metadata/sha256").iterdir()) == sorted(
-        f.sha256 for p in lock.packages for f in p.files
+        f.metadata_sha256 for p in lock.packages for f in p.files if f.metadata_sha256
     )
 
 

@@ -3,24 +3,26 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import socket
 from pathlib import Path
 
 import pytest
 
 from envbuild.errors import InputError
-from envbuild.index.client import IndexFile
+from envbuild.index.client import IndexClient, IndexFile
 from envbuild.lock import Lock, Package, PackageFile, Platform, Source
 from envbuild.lock.model import Install, Provides, Waiver
 from envbuild.lock.platform import uv_platform
 from envbuild.update.resolve import (
     ResolutionError,
     parse_pins,
+    pin_files,
     resolve_packages,
     select_files,
 )
 from envbuild.update.roots import source_roots
-from tests.lib.pyindex import PyIndex, make_sdist, make_wheel
+from tests.lib.pyindex import PyIndex, Route, make_sdist, make_wheel, wheel_metadata
 
 ARM = Platform(os="linux", arch="aarch64", python="3.12")
 X86 = Platform(os="linux", arch="x86_64", python="3.12")
@@ -120,19 +122,48 @@ def test_resolves_closure_with_uv_against_local_index(
         said: list[str] = []
         packages = resolve_packages(lock, progress=said.append)
         sha = index.sha256
+        ranged = {name for name, _ in index.ranges}
     by_name = {p.name: p for p in packages}
     assert list(by_name) == ["app", "native", "pure", "special"]
-    assert by_name["native"].files == (
-        PackageFile(
-            "native-1.1-cp312-cp312-manylinux_2_28_aarch64.whl",
-            sha("native-1.1-cp312-cp312-manylinux_2_28_aarch64.whl"),
-        ),
-    )
+    native = "native-1.1-cp312-cp312-manylinux_2_28_aarch64.whl"
+    assert by_name["native"].files == (PackageFile(native, sha(native), metadata_pin(index_dir / native)),)
+    pure = "pure-0.5-py3-none-any.whl"
     assert by_name["pure"] == Package(
-        name="pure", version="0.5", files=(PackageFile("pure-0.5-py3-none-any.whl", sha("pure-0.5-py3-none-any.whl")),)
+        name="pure", version="0.5", files=(PackageFile(pure, sha(pure), metadata_pin(index_dir / pure)),)
     )
+    assert {native, pure} <= ranged  # read from the zip by range requests: nothing downloaded whole
     assert by_name["special"] is kept
     assert any(f"keeping special 3.2.2 as locked: index {dead_url} out of reach: connection refused" in m for m in said)
+
+
+def metadata_pin(path: Path) -> str:
+    return hashlib.sha256(wheel_metadata(path)).hexdigest()
+
+
+def test_metadata_pins_come_from_pep658_and_a_kept_pin_is_not_read_again(index_dir: Path, tmp_path: Path) -> None:
+    pure = "pure-0.5-py3-none-any.whl"
+    with PyIndex(index_dir, metadata=True) as index:
+        client = IndexClient()
+        [listed] = [f for f in client.project(index.url, "pure").files if f.filename == pure]
+        [first] = pin_files([listed], client, index.url, {})
+        assert f"/files/{pure}.metadata" in index.requests and not index.ranges
+        index.requests.clear()
+        [again] = pin_files([listed], client, index.url, {(pure, index.sha256(pure)): "f" * 64})
+        assert index.requests == []
+    assert first == PackageFile(pure, index.sha256(pure), metadata_pin(index_dir / pure))
+    assert again.metadata_sha256 == "f" * 64
+
+
+def test_a_wheel_whose_metadata_cannot_be_read_is_locked_without_the_pin(index_dir: Path) -> None:
+    pure = "pure-0.5-py3-none-any.whl"
+    with PyIndex(index_dir) as index:
+        client = IndexClient()
+        [listed] = [f for f in client.project(index.url, "pure").files if f.filename == pure]
+        index.route(f"/files/{pure}", Route(status=500))
+        said: list[str] = []
+        [file] = pin_files([listed], IndexClient(retries=1), index.url, {}, said.append)
+    assert file == PackageFile(pure, index.sha256(pure))
+    assert said == [f"warning: {pure}: its METADATA is not pinned: {listed.url}: HTTP 500 to a range request"]
 
 
 def test_own_index_package_is_relisted_when_reachable(index_dir: Path, tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
+from envbuild.data.tomldepth import toml_too_deep
 from envbuild.git.files import TreeFile
 from envbuild.lock.model import Provides
 from envbuild.update.declared import read_declared
@@ -123,6 +124,14 @@ def test_setup_cfg_install_requires() -> None:
     ("files", "words"),
     [
         ({"pyproject.toml": "[project\nname = 'x'"}, "pyproject.toml is not valid TOML"),
+        (
+            {"pyproject.toml": "[project]\nname = 'x'\ndependencies = " + "[" * 100_000 + "]" * 100_000 + "\n"},
+            "pyproject.toml nests arrays or tables more than 64 levels deep; not read",
+        ),
+        (
+            {"pyproject.toml": "[project]\nname = 'x'\nurls = " + "{a = " * 50_000 + "1" + "}" * 50_000 + "\n"},
+            "more than 64 levels deep",
+        ),
         ({"README.md": "docs only"}, "not a Python project pip installs"),
         (
             {"pyproject.toml": "[project]\nname = 'x'\ndynamic = ['dependencies']\n"},
@@ -163,3 +172,15 @@ def test_includes_that_include_each_other_are_read_once() -> None:
     texts = {"a.txt": "-r b.txt\nsix\n", "b.txt": "-r a.txt\nregex\n"}
     parsed = parse_files(["a.txt"], lambda path: (texts[path], ""))
     assert parsed.requirements == ["regex", "six"] and parsed.read == ["a.txt", "b.txt"]
+
+
+def test_brackets_in_strings_and_comments_do_not_count_as_nesting() -> None:
+    q3, a3 = '"' * 3, "'" * 3
+    text = "[project]\nname = 'x'  # " + "[" * 100 + "\n"
+    text += 'description = "' + "[{" * 100 + '\\"[["\n'
+    text += f"readme = {a3}" + "[" * 100 + f"{a3}\n"
+    text += f"license = {q3}" + "{" * 100 + f'\\" {q3}\n'
+    text += "dependencies = [[[['six']]]]\n"
+    assert not toml_too_deep(text)
+    assert toml_too_deep("x = " + "[" * 65 + "]" * 65)
+    assert not toml_too_deep("x = " + "[" * 64 + "]" * 64)

@@ -175,3 +175,22 @@ def test_the_cache_answers_a_second_read_without_the_network(
     cache.git.observer = lambda command, where: network.append(command)
     again = read_source_requirements(source("req-dynamic", url, commit), cache)
     assert again.requires == ("tinyone", "tinytwo>=2.0") and network == []
+
+
+def test_an_oversized_blob_is_cut_off_in_its_fetch_not_fetched_whole(served: Served, tmp_path: Path) -> None:
+    """The issue's case: a requirements file of hundreds of MB cost its whole size in time, memory and cache
+    before its size was checked. The fetch is now stopped once the server has sent more than the limit."""
+    repo = served.repo("req-huge")
+    (repo.path / "requirements").mkdir()
+    (repo.path / "requirements" / "huge.txt").write_bytes(os.urandom(24 << 20))  # incompressible
+    commit = repo.commit(files={"pyproject.toml": STATIC, "requirements/small.txt": "six\n"})
+    cache = GitCache(tmp_path / "git")
+    url = served.url("req-huge", "daemon-filter")
+
+    files = PinnedTree(cache, url, commit).read(["requirements/huge.txt", "requirements/small.txt"])
+    assert files["requirements/huge.txt"].problem == "more than the 1048576 bytes read (its fetch was stopped there)"
+    assert files["requirements/small.txt"].data == b"six\n"  # the other file of the same read is still read
+    pack_dir = cache.repo(url).path / "objects" / "pack"
+    kept = sum(p.stat().st_size for p in pack_dir.iterdir())
+    assert kept < 1 << 20, kept  # nothing of the large blob stays in the cache
+    assert not list(pack_dir.glob("tmp_*"))

@@ -3,11 +3,11 @@ HTML page with a per-pin x per-night status grid drawn from the history. All pur
 
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from envbuild.check.history import HistoryEntry
+from envbuild.escape import for_html, for_markdown
 from envbuild.verify.results import VerifyReport
 
 
@@ -87,34 +87,30 @@ class CheckReport:
         return data
 
 
-def _md(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
 def render_markdown(report: CheckReport) -> str:
     verdict = "✅ every pin holds and the image reproduced" if report.ok else "❌ check failed"
-    lines = [f"## envbuild check: `{report.verify.lock_path}`", "", f"**{verdict}**", ""]
+    lines = [f"## envbuild check: {for_markdown(report.verify.lock_path)}", "", f"**{verdict}**", ""]
     lines += ["| kind | name | status | detail |", "| --- | --- | --- | --- |"]
     for r in report.verify.results:
-        lines.append(f"| {r.kind} | {_md(r.name)} | `{r.status}` | {_md(r.detail)} |")
+        lines.append(f"| {r.kind} | {for_markdown(r.name)} | `{r.status}` | {for_markdown(r.detail)} |")
     lines.append("")
     if report.failure is not None:
-        lines.append(f"**Stopped at {report.failure.stage}:** {_md(report.failure.reason)}")
+        lines.append(f"**Stopped at {report.failure.stage}:** {for_markdown(report.failure.reason)}")
         if report.image_ids:
             lines.append("")
     if report.image_ids or report.failure is None:
-        ids = " vs ".join(f"`{i}`" for i in report.image_ids)
+        ids = " vs ".join(for_markdown(i, code=True) for i in report.image_ids)
         state = "reproduced" if report.reproducible else "**did not reproduce**"
         lines.append(f"Image {state} (compared with {report.compared_with or 'a second build'}): {ids}")
     for diff in report.differences:
         lines += ["", f"### {diff.where} differs", ""]
         if diff.old or diff.new:
-            lines.append(f"- before: `{diff.old}`\n- after: `{diff.new}`")
+            lines.append(f"- before: {for_markdown(diff.old, code=True)}\n- after: {for_markdown(diff.new, code=True)}")
         for f in diff.files:
             aspects = f" ({', '.join(f.aspects)})" if f.aspects else ""
-            lines.append(f"- {f.change}: `{f.path}`{aspects}")
+            lines.append(f"- {f.change}: {for_markdown(f.path, code=True)}{aspects}")
             if f.first_difference:
-                lines.append(f"  - first difference: {_md(f.first_difference)}")
+                lines.append(f"  - first difference: {for_markdown(f.first_difference)}")
         if diff.omitted:
             lines.append(f"- … and {diff.omitted} more")
     return "\n".join(lines) + "\n"
@@ -134,7 +130,7 @@ def _cell(status: str | None) -> str:
     if status is None:
         return '<td class="none">–</td>'
     colour = _COLOURS.get(status, "#c62828")
-    return f'<td style="background:{colour}" title="{html.escape(status)}">{html.escape(status)}</td>'
+    return f'<td style="background:{colour}" title="{for_html(status)}">{for_html(status)}</td>'
 
 
 def _image_status(entry: HistoryEntry) -> str:
@@ -149,14 +145,14 @@ def render_html(history: list[HistoryEntry], lock_path: str, nights: int = 30) -
     """A self-contained page: one row per pin (and one for the image), one column per run."""
     runs = [e for e in history if e.lock == lock_path][-nights:]
     pins = sorted({pin for e in runs for pin in e.pins})
-    head = "".join(f"<th>{html.escape(e.time[:10])}<br><small>{html.escape(e.time[11:16])}</small></th>" for e in runs)
+    head = "".join(f"<th>{for_html(e.time[:10])}<br><small>{for_html(e.time[11:16])}</small></th>" for e in runs)
     rows = []
     for pin in pins:
         cells = "".join(_cell(e.pins.get(pin)) for e in runs)
-        rows.append(f"<tr><th class=pin>{html.escape(pin)}</th>{cells}</tr>")
+        rows.append(f"<tr><th class=pin>{for_html(pin)}</th>{cells}</tr>")
     image = "".join(_cell(_image_status(e)) for e in runs)
     rows.append(f"<tr><th class=pin>image</th>{image}</tr>")
-    title = html.escape(f"envbuild check: {lock_path}")
+    title = for_html(f"envbuild check: {lock_path}")
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{title}</title>
 <style>

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from envbuild.config import SourceOptions, load_config
 from envbuild.errors import EnvbuildError, InputError
+from envbuild.escape import for_terminal
 from envbuild.git.mirrors import Mirrors
 
 if TYPE_CHECKING:
@@ -44,14 +45,14 @@ def run(prog: str, parser: argparse.ArgumentParser, argv: Sequence[str] | None) 
         if debug:
             traceback.print_exc()
         for line in str(exc).splitlines() or [type(exc).__name__]:  # several problems: each its own line
-            print(f"{prog}: error: {line}", file=sys.stderr)
+            print(f"{prog}: error: {for_terminal(line)}", file=sys.stderr)
         return exc.exit_code
     except OSError as exc:  # a file the user named cannot be written or read: one line, never a traceback
         if debug:
             traceback.print_exc()
         named = exc.filename2 or exc.filename  # for a rename, the target the user named, not our temporary
         where = f"{named}: " if named else ""
-        print(f"{prog}: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        print(f"{prog}: error: {for_terminal(f'{where}{exc.strerror or exc}')}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
@@ -67,7 +68,7 @@ class StderrProgress:
     def __call__(self, message: str) -> None:
         if not self.quiet:
             with self._lock:
-                print(f"{self.prog}: {message}", file=sys.stderr, flush=True)
+                print(f"{self.prog}: {for_terminal(message)}", file=sys.stderr, flush=True)
 
 
 def add_global_options(parser: argparse.ArgumentParser, default: object = False) -> None:

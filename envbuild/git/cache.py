@@ -44,6 +44,7 @@ from pathlib import Path
 
 from envbuild.errors import CacheError
 from envbuild.fileio import write_atomic
+from envbuild.git.process import IncomingTooLarge
 from envbuild.git.remote import GitError, GitRunner, RefListing, TreeEntry
 from envbuild.locking import cache_fault, file_lock, held_lock, is_no_space
 
@@ -200,7 +201,9 @@ class GitCache:
                 remove_stale_files(repo.path)  # what the failed git left: a partial pack may fill the disk
                 raise self.cache_error(exc) from None
 
-    def fetch_objects(self, url: str, commit: str, oids: Iterable[str], *, trees: bool = False) -> bool:
+    def fetch_objects(
+        self, url: str, commit: str, oids: Iterable[str], *, trees: bool = False, max_bytes: int | None = None
+    ) -> bool:
         """Fetch exactly the objects of ``oids`` (trees and blobs of ``commit``'s tree) the cache lacks, under
         the lock; False when, once the lock is held, every one is there (another process fetched them).
         ``trees``: with every tree below the wanted ones too (no blobs), even when a wanted one is present."""
@@ -210,7 +213,10 @@ class GitCache:
             if not missing:
                 return False
             try:
-                self.git.fetch_objects(repo.path, url, sorted(missing), hold=(fd,), trees=trees)
+                self.git.fetch_objects(repo.path, url, sorted(missing), hold=(fd,), trees=trees, max_bytes=max_bytes)
+            except IncomingTooLarge:
+                remove_stale_files(repo.path)
+                raise
             except GitError as exc:
                 remove_stale_files(repo.path)
                 raise self.cache_error(exc) from None

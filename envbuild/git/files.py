@@ -24,9 +24,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from envbuild.git.cache import GitCache
+from envbuild.git.process import IncomingTooLarge
 from envbuild.git.remote import GitError, TreeEntry
 
 MAX_FILE = 1 << 20  # a pyproject.toml or a requirements file; anything larger is not one
+# What a pack may add to a blob's bytes: headers, and zlib's few bytes per 16 KiB of data it cannot shrink.
+PACK_SLACK = 64 << 10
 READ_NS = "refs/envbuild/read/"
 OFFLINE_MISS = "offline and not in cache"
 
@@ -111,7 +114,11 @@ class PinnedTree:
                 else:
                     blobs[path] = entry.oid
             frontier = deeper
-        self._ensure(blobs.values())
+        for path in self._fetch_bounded(blobs):
+            results[path] = TreeFile(
+                path, None, f"more than the {self.max_size} bytes read (its fetch was stopped there)"
+            )
+            del blobs[path]
         sizes = self.cache.object_sizes(self.url, blobs.values())
         for path, oid in blobs.items():
             size = sizes[oid]
@@ -153,7 +160,8 @@ class PinnedTree:
             return []
         if entry.kind != "blob" or entry.mode == "120000":
             return "is not a regular file (git does not read it then)"
-        self._ensure([entry.oid])
+        if self._fetch_bounded({".gitmodules": entry.oid}):
+            return f"is more than the {self.max_size} bytes read (its fetch was stopped there)"
         size = self.cache.object_sizes(self.url, [entry.oid])[entry.oid]
         if size > self.max_size:
             return f"is {size} bytes, more than the {self.max_size} read"
@@ -168,13 +176,32 @@ class PinnedTree:
         for tree in sorted(wanted):
             self._listed[tree] = self.cache.ls_tree(self.url, tree)
 
-    def _ensure(self, oids: Iterable[str]) -> None:
+    def _fetch_bounded(self, blobs: dict[str, str]) -> list[str]:
+        """Fetch the blobs of ``blobs`` ({path: oid}) the cache lacks, none over ``max_size``: the server's
+        answer is cut once it passes what blobs of that size can take. When it is cut, each blob is asked
+        for alone, so the one too large is named; returns the paths whose blob was too large."""
+        bound = self.max_size + PACK_SLACK
+        try:
+            self._ensure(blobs.values(), max_bytes=bound * len(set(blobs.values())))
+            return []
+        except IncomingTooLarge:
+            if len(set(blobs.values())) == 1:
+                return list(blobs)
+        large = []
+        for path, oid in blobs.items():
+            try:
+                self._ensure([oid], max_bytes=bound)
+            except IncomingTooLarge:
+                large.append(path)
+        return large
+
+    def _ensure(self, oids: Iterable[str], max_bytes: int | None = None) -> None:
         oids = set(oids)
         if not oids or oids <= self.cache.present_objects(self.url, self.commit):
             return
         if self.offline:
             raise NotCached()
-        self.cache.fetch_objects(self.url, self.commit, oids)
+        self.cache.fetch_objects(self.url, self.commit, oids, max_bytes=max_bytes)
         missing = oids - self.cache.present_objects(self.url, self.commit)
         if missing:
             raise GitError("fetch", f"{self.url} did not send object {sorted(missing)[0]} of commit {self.commit}")

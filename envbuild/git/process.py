@@ -27,8 +27,10 @@ import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from envbuild.errors import RemoteError
+from envbuild.escape import for_terminal
 
 ALLOWED_PROTOCOLS = "https:ssh:git:file"
 # git's stderr is kept only this far back: its last lines say what went wrong; a server cannot fill memory.
@@ -126,10 +128,13 @@ def run_git(
     hold: Sequence[int] = (),
     max_output: int | None = None,
     max_memory: int | None = None,
+    max_incoming: tuple[Path, int] | None = None,
 ) -> tuple[str, str]:
     """Run ``argv`` (git and its arguments); (stdout, stderr), or :class:`GitError` naming ``command``
-    on failure, timeout or a passed bound. ``max_output`` and ``max_memory`` need ``stdin=None``."""
-    out, errors = _run(argv, command, env, timeout, stdin, network, hold, max_output, max_memory)
+    on failure, timeout or a passed bound. ``max_output`` and ``max_memory`` need ``stdin=None``;
+    ``max_incoming`` (a pack directory, a size): the temporary packs a fetch writes there may not pass
+    that many bytes (:class:`IncomingTooLarge`)."""
+    out, errors = _run(argv, command, env, timeout, stdin, network, hold, max_output, max_memory, max_incoming)
     # A path in a hostile tree or a ref name need not be UTF-8: keep its bytes (os.fsencode gives them
     # back) rather than fail to decode; what reaches a message is escaped by last_error_line.
     return out.decode("utf-8", "surrogateescape"), errors
@@ -138,7 +143,7 @@ def run_git(
 def run_git_bytes(argv: Sequence[str], *, command: str, env: Mapping[str, str], timeout: float) -> bytes:
     """Like :func:`run_git` for a local command without input, returning stdout's bytes as git wrote them
     (a blob's content)."""
-    return _run(argv, command, env, timeout, None, False, (), None, None)[0]
+    return _run(argv, command, env, timeout, None, False, (), None, None, None)[0]
 
 
 def _run(
@@ -151,6 +156,7 @@ def _run(
     hold: Sequence[int],
     max_output: int | None,
     max_memory: int | None,
+    max_incoming: tuple[Path, int] | None,
 ) -> tuple[bytes, str]:
     prefix = _tied_to_parent() if network else ()
     try:
@@ -167,12 +173,15 @@ def _run(
         raise GitError(command, f"cannot run git: {exc.strerror}") from None
     try:
         if stdin is None:
-            out, err = _collect(proc, timeout, max_output, max_memory)
+            out, err = _collect(proc, timeout, max_output, max_memory, max_incoming)
         else:
             out, err = proc.communicate(stdin.encode("utf-8", "surrogateescape"), timeout=timeout)
     except subprocess.TimeoutExpired:
         _kill_group(proc)
         raise GitError(command, f"timed out after {timeout:g} s") from None
+    except _TooLarge as refused:
+        _kill_group(proc)
+        raise IncomingTooLarge(command, f"{refused}; refused") from None
     except _Refused as refused:
         _kill_group(proc)
         raise GitError(command, f"{refused}; refused") from None
@@ -189,12 +198,26 @@ class _Refused(Exception):
     """A command passed a bound; the message says which."""
 
 
+class _TooLarge(_Refused):
+    """A fetch received more than it may."""
+
+
+class IncomingTooLarge(GitError):
+    """A fetch was stopped: what the server sent passed the bound on what it may send."""
+
+
 def _collect(
-    proc: subprocess.Popen[bytes], timeout: float, max_output: int | None, max_memory: int | None
+    proc: subprocess.Popen[bytes],
+    timeout: float,
+    max_output: int | None,
+    max_memory: int | None,
+    max_incoming: tuple[Path, int] | None = None,
 ) -> tuple[bytes, bytes]:
     """(stdout, the tail of stderr) of a command without input, within ``timeout`` seconds; raises
     :class:`_Refused` as soon as stdout passes ``max_output`` bytes or git's resident memory passes
-    ``max_memory`` (looked at twice a second)."""
+    ``max_memory`` (looked at twice a second), and :class:`_TooLarge` when the temporary packs in
+    ``max_incoming``'s directory pass its size (looked at every 20 ms: loopback moves ~20 MB in that)."""
+    poll = 0.02 if max_incoming is not None else 0.5
     assert proc.stdout is not None and proc.stderr is not None
     deadline = time.monotonic() + timeout
     out, err = bytearray(), bytearray()
@@ -205,7 +228,7 @@ def _collect(
             left = deadline - time.monotonic()
             if left <= 0:
                 raise subprocess.TimeoutExpired(proc.args, timeout)
-            for key, _ in selector.select(min(left, 0.5)):
+            for key, _ in selector.select(min(left, poll)):
                 data = os.read(key.fd, 1 << 16)
                 if not data:
                     selector.unregister(key.fileobj)
@@ -217,8 +240,21 @@ def _collect(
                     del err[:-STDERR_TAIL]
             if max_memory is not None and _resident(proc.pid) > max_memory:
                 raise _Refused(f"git grew past {max_memory >> 20} MiB reading what the server sent")
+            if max_incoming is not None and _incoming(max_incoming[0]) > max_incoming[1]:
+                raise _TooLarge(f"the server sent more than {max_incoming[1]} bytes")
     proc.wait(max(0.0, deadline - time.monotonic()))
     return bytes(out), bytes(err)
+
+
+def _incoming(pack_dir: Path) -> int:
+    """Bytes of the temporary packs a running fetch is writing into ``pack_dir``."""
+    total = 0
+    for path in pack_dir.glob("tmp_pack_*"):
+        try:
+            total += path.stat().st_size
+        except OSError:
+            continue  # renamed into place or removed since the listing
+    return total
 
 
 def _resident(pid: int) -> int:
@@ -250,7 +286,7 @@ def _tied_to_parent() -> tuple[str, ...]:
 
 
 def _printable(text: str, limit: int = 300) -> str:
-    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
+    shown = for_terminal(text[:limit])
     return shown + ("…" if len(text) > limit else "")
 
 

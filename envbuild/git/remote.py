@@ -156,6 +156,7 @@ class GitRunner:
         network: bool = False,
         hold: Sequence[int] = (),
         max_output: int | None = None,
+        max_incoming: tuple[Path, int] | None = None,
     ) -> tuple[str, str]:
         """Like :meth:`run`, returning (stdout, stderr). ``network``: a command that talks to a server,
         tied to our lifetime and bounded in memory (see the module docstring); ``hold``: descriptors
@@ -172,6 +173,7 @@ class GitRunner:
             hold=hold,
             max_output=max_output,
             max_memory=self.max_memory if network else None,
+            max_incoming=max_incoming,
         )
 
     def run_bytes(self, args: Sequence[str], *, repo: Path | None = None, timeout: float | None = None) -> bytes:
@@ -214,19 +216,34 @@ class GitRunner:
         return "filtering not recognized by server" not in err
 
     def fetch_objects(
-        self, repo: Path, url: str, oids: Sequence[str], *, hold: Sequence[int] = (), trees: bool = False
+        self,
+        repo: Path,
+        url: str,
+        oids: Sequence[str],
+        *,
+        hold: Sequence[int] = (),
+        trees: bool = False,
+        max_bytes: int | None = None,
     ) -> None:
         """Fetch exactly these objects (trees or blobs of a pinned tree, by ID) and nothing they reach:
         what a lazy fetch from the promisor remote would do, asked for explicitly. Objects a want names are
         sent whatever the filter; ``tree:0`` keeps out everything else. ``trees``: every tree below the
         wanted trees as well, and no blob (``blob:none``); ``--refetch``, because git sends no want for an
         object it holds, and a wanted tree read before (for one file) is held without the trees below it.
-        The noop negotiation sends no haves: a want by ID has no history to negotiate."""
+        The noop negotiation sends no haves: a want by ID has no history to negotiate. ``max_bytes``: the
+        fetch is stopped once the server has sent that many bytes (:class:`IncomingTooLarge`); a filter
+        cannot do it (a wanted blob is sent whatever its size), so the pack is written as it arrives
+        (``fetch.unpackLimit=1``: never held in memory as loose objects are) and its size watched."""
         self._observe("fetch", url)
         wants = ("--refetch", "origin", "--", *sorted(set(oids))) if trees else ("origin", "--", *sorted(set(oids)))
         args = _filtered_fetch(*wants, filter="blob:none" if trees else FILTER)
         config = {**_real_url(url), **FSCK_CONFIG, "fetch.negotiationAlgorithm": "noop"}
-        self.run(args, repo=repo, config=config, timeout=self.network_timeout, network=True, hold=hold)
+        if max_bytes is not None:
+            config["fetch.unpackLimit"] = "1"
+        incoming = (repo / "objects" / "pack", max_bytes) if max_bytes is not None else None
+        self.run_full(
+            args, repo=repo, config=config, timeout=self.network_timeout, network=True, hold=hold, max_incoming=incoming
+        )
 
     def _observe(self, command: str, url: str) -> None:
         if self.observer is not None:

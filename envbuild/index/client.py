@@ -10,6 +10,8 @@ read by :mod:`envbuild.index.pages`, which refuses files that are not http(s) UR
 shape; a download is refused the moment it passes the size the index states for it (PEP 700 ``size``)
 or, when none is stated, ``max_download`` (``$ENVBUILD_MAX_DOWNLOAD``, default 4 GiB; a stated size
 above it is refused before any byte moves); a ``file://`` index serves only regular files inside it.
+Every http(s) request runs under a :class:`~envbuild.index.deadline.Deadline`: a total deadline for a
+page, a metadata file or a range read, a minimum rate for a download.
 """
 
 from __future__ import annotations
@@ -31,14 +33,15 @@ from urllib.request import url2pathname
 
 import requests
 from packaging.utils import canonicalize_name
-from requests.adapters import HTTPAdapter
 from urllib3.connectionpool import ConnectionPool
 from urllib3.exceptions import MaxRetryError, NameResolutionError
 from urllib3.response import BaseHTTPResponse
 from urllib3.util.retry import Retry
 
 from envbuild.errors import InputError, RemoteError
+from envbuild.index.deadline import GRACE, Deadline, current, deadline_adapter, deadline_from_env, min_rate_from_env
 from envbuild.index.pages import IndexFile, ProjectPage, parse_html, parse_json, show
+from envbuild.index.wheelmeta import MAX_METADATA
 
 __all__ = ["IndexClient", "IndexFile", "ProjectPage", "max_download_from_env", "project_url"]
 
@@ -55,7 +58,7 @@ MAX_DOWNLOAD = 4 << 30
 MAX_PAGE = 64 << 20
 CHUNK = 1 << 16
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-MAX_METADATA = 4 << 20  # a wheel's METADATA is kilobytes; a description may make it larger, not this
+
 # A metadata read fetches the zip's tail, its central directory (torch's is about 2 MB) and one member.
 MAX_RANGE_BYTES = 32 << 20
 
@@ -88,7 +91,8 @@ class _Retry(Retry):
         _pool: ConnectionPool | None = None,
         _stacktrace: TracebackType | None = None,
     ) -> _Retry:
-        if isinstance(error, NameResolutionError):
+        deadline = current()
+        if isinstance(error, NameResolutionError) or (deadline is not None and deadline.expired):
             raise MaxRetryError(_pool, url, error)  # type: ignore[arg-type]  # urllib3 passes None itself
         return super().increment(method, url, response, error, _pool, _stacktrace)
 
@@ -106,7 +110,7 @@ def retrying(session: requests.Session, retries: int = RETRIES) -> requests.Sess
         raise_on_status=False,
         respect_retry_after_header=False,  # a hostile index must not make us sleep for hours
     )
-    adapter = HTTPAdapter(max_retries=retry)
+    adapter = deadline_adapter(retry)
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     return session
@@ -126,9 +130,15 @@ class IndexClient:
         retries: int = RETRIES,
         max_page: int = MAX_PAGE,
         max_download: int | None = None,
+        deadline: float | None = None,
+        min_rate: float | None = None,
+        grace: float = GRACE,
     ) -> None:
         self.session = retrying(session or requests.Session(), retries)
         self.timeout = timeout
+        self.deadline = deadline_from_env() if deadline is None else deadline
+        self.min_rate = min_rate_from_env() if min_rate is None else min_rate
+        self.grace = grace
         self.retries = retries
         self.max_page = max_page
         self.max_download = max_download_from_env() if max_download is None else max_download
@@ -163,7 +173,10 @@ class IndexClient:
         url = project_url(index, name)
         if urlsplit(index).scheme == "file":
             return _read_file_index(index, name, url, self.max_page)
-        with self._get(index, name, url) as response:
+        with (
+            Deadline(f"index {index}: the page for {name}", seconds=self.deadline),
+            self._get(index, name, url) as response,
+        ):
             if response.status_code == 404:
                 return ProjectPage(index, name, (), found=False)
             if response.status_code != 200:
@@ -208,10 +221,14 @@ class IndexClient:
         try:
             # identity: the sha256 is of the file's bytes, and nothing to decompress means nothing to inflate.
             headers = {"Accept-Encoding": "identity"}
-            with self.session.get(url, stream=True, timeout=timeout, headers=headers) as response:
+            with (
+                Deadline(f"{url}: download", seconds=None, min_rate=self.min_rate, grace=self.grace) as deadline,
+                self.session.get(url, stream=True, timeout=timeout, headers=headers) as response,
+            ):
                 if response.status_code != 200:
                     raise RemoteError(f"{url}: HTTP {response.status_code}")
                 for chunk in _bounded(response, limit, url, bound):
+                    deadline.received(len(chunk))
                     out.write(chunk)
         except requests.RequestException as exc:
             raise RemoteError(f"{url}: download failed: {_reason(exc)}") from None
@@ -227,7 +244,8 @@ class IndexClient:
             response = self.session.get(url, headers={"Accept": ACCEPT}, timeout=self.timeout, stream=True)
         except (requests.ConnectionError, requests.Timeout) as exc:
             reason = _reason(exc)
-            self._down[index] = reason
+            if (deadline := current()) is None or not deadline.expired:  # a slow page is that page's fault
+                self._down[index] = reason
             raise RemoteError(f"index {index} out of reach: {reason} (while fetching {name})") from None
         except requests.RequestException as exc:
             raise RemoteError(f"index {index} out of reach for {name}: {_reason(exc)}") from None
@@ -267,14 +285,17 @@ class IndexClient:
                 raise RemoteError(f"{url}: cannot read: {exc.strerror or exc}") from None
         if scheme not in ("http", "https"):
             raise RemoteError(f"{url}: only http(s) URLs are read from an index")
-        return io.BufferedReader(RangeFile(self.session, url, self.timeout, max_bytes))
+        return io.BufferedReader(RangeFile(self.session, url, self.timeout, max_bytes, self.deadline))
 
     def _get_bounded(self, url: str, limit: int) -> bytes:
         if urlsplit(url).scheme.lower() not in ("http", "https"):
             raise RemoteError(f"{url}: only http(s) URLs are read from an index")
         data = bytearray()
         try:
-            with self.session.get(url, stream=True, timeout=self.timeout) as response:
+            with (
+                Deadline(url, seconds=self.deadline),
+                self.session.get(url, stream=True, timeout=self.timeout) as response,
+            ):
                 if response.status_code != 200:
                     raise RemoteError(f"{url}: HTTP {response.status_code}")
                 for chunk in response.iter_content(1 << 16):
@@ -296,9 +317,17 @@ class RangeFile(io.RawIOBase):
 
     BLOCK = 1 << 16
 
-    def __init__(self, session: requests.Session, url: str, timeout: tuple[float, float], max_bytes: int) -> None:
+    def __init__(
+        self,
+        session: requests.Session,
+        url: str,
+        timeout: tuple[float, float],
+        max_bytes: int,
+        deadline: float | None = None,
+    ) -> None:
         super().__init__()
         self.session, self.url, self.timeout, self.max_bytes = session, url, timeout, max_bytes
+        self.deadline = deadline_from_env() if deadline is None else deadline
         self.fetched = 0
         self.requests = 0
         self._blocks: dict[int, bytes] = {}  # offset -> bytes, from range answers
@@ -348,7 +377,10 @@ class RangeFile(io.RawIOBase):
         self.requests += 1
         headers = {"Range": ranges, "Accept-Encoding": "identity"}
         try:
-            with self.session.get(self.url, headers=headers, stream=True, timeout=self.timeout) as response:
+            with (
+                Deadline(f"{self.url}: a range request", seconds=self.deadline),
+                self.session.get(self.url, headers=headers, stream=True, timeout=self.timeout) as response,
+            ):
                 if response.status_code not in (200, 206):
                     raise RemoteError(f"{self.url}: HTTP {response.status_code} to a range request")
                 whole = response.status_code == 200

@@ -20,6 +20,7 @@ from urllib.parse import unquote, urldefrag, urljoin, urlsplit
 from urllib.request import url2pathname
 
 from envbuild.errors import RemoteError
+from envbuild.escape import for_terminal
 
 _SHA256 = re.compile(r"[0-9a-fA-F]{64}")
 
@@ -55,8 +56,7 @@ class ProjectPage:
 
 def show(text: str, limit: int = 200) -> str:
     """Text an index sent, safe for one line of a terminal: control characters escaped, length capped."""
-    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
-    return shown + ("…" if len(text) > limit else "")
+    return for_terminal(text[:limit]) + ("…" if len(text) > limit else "")
 
 
 def _malformed(index: str, name: str, why: str) -> RemoteError:

@@ -4,7 +4,7 @@ The field metadata (patterns, checks, descriptions) is the single source of trut
 validation (:mod:`envbuild.lock.io`) and the committed JSON schemas (:mod:`envbuild.lock.schema`).
 
 Versions. Version 2 adds what version 1 cannot say: a source's git submodules (``submodules``,
-``submodules_unknown``). A field's ``since`` is the version that introduced it: a version 1 lock may
+``submodules_unknown``) and a wheel's METADATA digest (``metadata_sha256``). A field's ``since`` is the version that introduced it: a version 1 lock may
 not use it (its reader names the version the field needs), and the version 1 schema leaves it out, so
 one model describes both formats exactly. A version 1 lock reads as a version 2 lock that records no
 submodules, which is what it meant: a tree holding a gitlink was refused at export then, and is still.
@@ -339,6 +339,14 @@ class PackageFile:
         metadata=meta(pattern=DIST_FILENAME, max_length=NAME_MAX, expect="a wheel or sdist file name, no path")
     )
     sha256: str = field(metadata=meta(pattern=HEX64, expect="64 lowercase hex characters (a full sha256)"))
+    metadata_sha256: str | None = mfield(
+        None,
+        pattern=HEX64,
+        expect="64 lowercase hex characters (a full sha256)",
+        since=2,
+        description="a wheel's: sha256 of its *.dist-info/METADATA, which `lock update` pins; the closure "
+        "check trusts an index's metadata only when it matches, and fetch compares the wheel's own with it",
+    )
 
 
 @dataclass(frozen=True)

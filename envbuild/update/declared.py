@@ -31,6 +31,7 @@ from packaging.markers import Marker
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from envbuild.data.tomldepth import MAX_TOML_DEPTH, toml_too_deep
 from envbuild.git.files import TreeFile
 from envbuild.lock.model import Provides
 from envbuild.update.reqfile import RequirementFileError, normalized, parse_files, parse_requirement
@@ -89,7 +90,11 @@ def read_declared(read: Read, requires_files: Sequence[str] = ()) -> Declared:
     pyproject: dict[str, Any] | None = None
     if root["pyproject.toml"].data is not None:
         try:
-            pyproject = tomllib.loads(root["pyproject.toml"].data.decode("utf-8"))
+            text = root["pyproject.toml"].data.decode("utf-8")
+            if toml_too_deep(text):
+                why = f"pyproject.toml nests arrays or tables more than {MAX_TOML_DEPTH} levels deep; not read"
+                return Declared(None, None, None, why)
+            pyproject = tomllib.loads(text)
         except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             why = f"pyproject.toml is not valid TOML ({exc})"
             return Declared(None, None, None, why)

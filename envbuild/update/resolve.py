@@ -2,7 +2,8 @@
 
 uv does the resolution (it can target another platform with ``--python-platform``); this module then
 asks the index for each pinned version's files and keeps exactly those the lock's platform can
-install, with their sha256s, so the image can install with ``--require-hashes`` and no resolver.
+install, with their sha256s, so the image can install with ``--require-hashes`` and no resolver, and
+each wheel's METADATA by its sha256, so the closure check trusts no metadata the lock does not pin.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
 from envbuild.errors import EnvbuildError, InputError, RemoteError
-from envbuild.index.client import IndexClient, IndexFile
+from envbuild.index.client import MAX_RANGE_BYTES, IndexClient, IndexFile
+from envbuild.index.wheelmeta import MetadataError, metadata_sha256, read_wheel_metadata
 from envbuild.lock.model import PYPI_SIMPLE, Lock, Package, PackageFile, Platform
 from envbuild.lock.platform import file_version, parsed, supported_tags, uv_platform
 from envbuild.progress import Progress, silent
@@ -141,6 +143,7 @@ def resolve_packages(
     roots += added
 
     waivers = {canonicalize_name(p.name): p.waive for p in lock.packages if p.waive}
+    known = {(f.filename, f.sha256): f.metadata_sha256 for p in lock.packages for f in p.files if f.metadata_sha256}
     excludes = sorted({canonicalize_name(w.name) for waive in waivers.values() for w in waive})
     pins: list[tuple[str, str]] = []
     if roots:
@@ -163,9 +166,8 @@ def resolve_packages(
         chosen = select_files(page.files, name, version, platform)
         if not chosen:
             say(f"warning: {default_index} lists no file of {name} {version} installable on {uv_platform(platform)}")
-        return Package(
-            name=name, version=version, files=_to_files(chosen), waive=waivers.get(canonicalize_name(name), ())
-        )
+        files = pin_files(chosen, client, default_index, known, say)
+        return Package(name=name, version=version, files=files, waive=waivers.get(canonicalize_name(name), ()))
 
     def refresh(package: Package) -> Package:
         index = lock.index_for(package)
@@ -178,7 +180,7 @@ def resolve_packages(
         if not chosen:
             say(f"warning: keeping {package.name} {package.version} as locked: {index} lists no installable file of it")
             return package
-        return dataclasses.replace(package, files=_to_files(chosen))
+        return dataclasses.replace(package, files=pin_files(chosen, client, index, known, say))
 
     todo = [p for p in pins if canonicalize_name(p[0]) not in pinned]
     try:
@@ -208,5 +210,31 @@ def _with_sources(message: str, roots: list[Root]) -> str:
     )
 
 
-def _to_files(chosen: list[IndexFile]) -> tuple[PackageFile, ...]:
-    return tuple(PackageFile(filename=f.filename, sha256=f.sha256 or "") for f in chosen)
+def pin_files(
+    chosen: list[IndexFile],
+    client: IndexClient,
+    index: str,
+    known: dict[tuple[str, str], str],
+    say: Progress = silent,
+) -> tuple[PackageFile, ...]:
+    """The chosen files as the lock pins them: each by sha256 and each wheel's METADATA by its sha256 too,
+    read as uv reads it (PEP 658 where the index serves it, else from the zip by range requests; a few
+    requests per wheel) unless the lock already pins that very file. A wheel whose METADATA cannot be read
+    is locked without the pin, with a warning (verify then cannot tell forged metadata from the real)."""
+    files = []
+    for f in chosen:
+        sha256 = f.sha256 or ""
+        digest = known.get((f.filename, sha256))
+        if digest is None and f.filename.endswith(".whl"):
+            try:
+                digest = metadata_sha256(_wheel_metadata(client, f, index))
+            except (MetadataError, RemoteError) as exc:
+                say(f"warning: {f.filename}: its METADATA is not pinned: {exc}")
+        files.append(PackageFile(filename=f.filename, sha256=sha256, metadata_sha256=digest))
+    return tuple(files)
+
+
+def _wheel_metadata(client: IndexClient, listed: IndexFile, index: str) -> bytes:
+    if listed.core_metadata is not None and listed.url.startswith(("https://", "http://")):
+        return client.core_metadata(listed)
+    return read_wheel_metadata(client.open_ranges(listed.url, index=index), listed.filename, max_read=MAX_RANGE_BYTES)

@@ -31,6 +31,7 @@ class PackageMetadata:
     name: str
     requires: tuple[str, ...] | None
     detail: str = ""  # where the metadata came from, or why it could not be read
+    status: RequirementStatus = "unknown"  # when requires is None: `metadata-mismatch` is an index lying
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class _Requirer:
     requirements: tuple[tuple[str, bool], ...] | None  # (PEP 508 text, build?)
     unknown: tuple[tuple[bool, str], ...] = ()  # (build?, why) for what is not recorded
     owner: Source | Package | None = None  # whose waivers apply: the lock's own requirements have none
+    unknown_status: RequirementStatus = "unknown"
 
 
 def providers(lock: Lock) -> dict[str, Provider]:
@@ -100,7 +102,7 @@ def check_closure(lock: Lock, metadata: Mapping[str, PackageMetadata]) -> list[P
                     requested[target] |= asked
                     todo.append(target)
     unknown = [
-        (requirer.order, i - len(requirer.unknown), _result(requirer.name, None, build, "unknown", why))
+        (requirer.order, i - len(requirer.unknown), _result(requirer.name, None, build, requirer.unknown_status, why))
         for requirer in requirers.values()
         for i, (build, why) in enumerate(requirer.unknown)
     ]
@@ -161,7 +163,8 @@ def _requirers(lock: Lock, metadata: Mapping[str, PackageMetadata]) -> dict[str,
         found = metadata.get(key)
         if found is None or found.requires is None:
             why = found.detail if found is not None else "its core metadata was not read"
-            requirers[key] = _Requirer(package.name, (2, key), None, ((False, why),), package)
+            status = found.status if found is not None else "unknown"
+            requirers[key] = _Requirer(package.name, (2, key), None, ((False, why),), package, status)
         else:
             requirers[key] = _Requirer(package.name, (2, key), tuple((r, False) for r in found.requires), (), package)
     for i, source in enumerate(lock.sources):

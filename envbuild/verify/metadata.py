@@ -2,8 +2,9 @@
 
 For each file, the first of these that answers:
 
-1. the metadata cache, ``<cache_dir>/metadata/sha256/<the file's sha256>``: the file is pinned by its
-   sha256, so its metadata never changes and an entry never goes stale (written atomically, once);
+1. the metadata cache, ``<cache_dir>/metadata/sha256/<metadata_sha256>``, for a wheel whose METADATA the
+   lock pins (``metadata_sha256``): content-addressed, so an entry proves itself when read, and only bytes
+   matching a pin are ever written there (written atomically, once);
 2. the file itself, when the file cache holds it (it entered the cache only after its sha256 was checked);
 3. the index's PEP 658 metadata file, checked against the sha256 the index announced for it;
 4. the wheel's ``*.dist-info/METADATA``, read by HTTP range requests from the zip's central directory:
@@ -12,39 +13,72 @@ For each file, the first of these that answers:
    ``PKG-INFO`` read; where that does not settle the requirements (metadata before 2.2, or ``Requires-Dist``
    declared dynamic), setuptools' ``*.egg-info/requires.txt`` does; otherwise they are unknown.
 
+The lock pins a wheel by its sha256, so the index's word on the wheel's metadata (3 and 4) is believed
+only when it matches the digest the lock pins; a mismatch is the index lying (:class:`MetadataMismatch`,
+status ``metadata-mismatch``). A lock without metadata pins (written before they existed) has its index
+metadata read each run and never cached: what is cached is what a pin or a hash-checked file vouches for.
+
 Offline, only 1 and 2 are used. A package whose metadata cannot be read gets ``requires=None`` and the
 reason; the metadata must name the package and version the lock pins, or it is not believed.
 """
 
 from __future__ import annotations
 
+import json
 import tarfile
 import threading
 import zipfile
 import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any
 
 from packaging.metadata import RawMetadata, parse_email
 from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_sdist_filename, parse_wheel_filename
+from packaging.utils import canonicalize_name, parse_sdist_filename
 from packaging.version import InvalidVersion, Version
 
-from envbuild.errors import EnvbuildError, RemoteError
+from envbuild.errors import RemoteError
 from envbuild.fileio import write_atomic
-from envbuild.index.client import MAX_METADATA, IndexClient
+from envbuild.index.boundedzip import ZipBoundError, open_zip
+from envbuild.index.client import MAX_METADATA, MAX_RANGE_BYTES, IndexClient
 from envbuild.index.filecache import FileCache
+from envbuild.index.wheelmeta import MetadataError, metadata_sha256, read_wheel_metadata
 from envbuild.lock.model import Lock, Package, PackageFile
 from envbuild.progress import Progress, silent
 from envbuild.verify.closure import PackageMetadata
 
 MAX_MEMBER = 1 << 20  # an sdist's requires.txt
+# Members of an sdist read before its metadata must have settled its requirements: PKG-INFO and the
+# egg-info come early in the sdists setuptools, hatchling, flit and maturin write; torch's has ~15,000.
+MAX_MEMBERS = 50_000
 
 
-class MetadataError(EnvbuildError):
-    """A file's core metadata cannot be read or is not the package's."""
+class Unsettled(MetadataError):
+    """The sdist's metadata does not settle its requirements: they are decided when it is built."""
+
+
+class MetadataMismatch(MetadataError):
+    """A wheel's METADATA is not the one the lock pins (``metadata_sha256``): an index lying, now (it served
+    other metadata than the lock pins) or when the lock was updated (the wheel's own differs from the pin)."""
+
+    def __init__(self, filename: str, pinned: str, actual: str, *, by_index: bool) -> None:
+        self.filename, self.pinned, self.actual = filename, pinned, actual
+        if by_index:
+            why = f"the index served METADATA with sha256 {actual}, not the {pinned} the lock pins"
+        else:
+            why = (
+                f"its own METADATA has sha256 {actual}, not the {pinned} the lock pins (the index served other "
+                "metadata when the lock was updated; run `envbuild lock update` against an index you trust)"
+            )
+        super().__init__(f"{filename}: {why}")
+
+
+def forget_metadata(cache_dir: Path, pinned: str) -> None:
+    """Drop the cached metadata the lock pins by ``pinned`` (a wheel's own METADATA proved the pin wrong)."""
+    (Path(cache_dir) / "metadata" / "sha256" / pinned).unlink(missing_ok=True)
 
 
 class MetadataReader:
@@ -66,6 +100,8 @@ class MetadataReader:
         for file in package.files:
             try:
                 requires += self.requirements(lock, package, file)
+            except MetadataMismatch as exc:
+                return PackageMetadata(package.name, None, str(exc), status="metadata-mismatch")
             except (MetadataError, RemoteError) as exc:
                 return PackageMetadata(package.name, None, f"{file.filename}: {exc}")
         return PackageMetadata(package.name, tuple(dict.fromkeys(requires)), f"{len(package.files)} file(s)")
@@ -74,16 +110,44 @@ class MetadataReader:
         if file.filename.endswith(".whl"):
             data = self.wheel_metadata(lock, package, file)
             return _requires(data, package, file.filename, settled=True)
+        return self.sdist_requirements(lock, package, file)
+
+    def sdist_requirements(self, lock: Lock, package: Package, file: PackageFile) -> list[str]:
+        """An sdist's requirements, cached by the sdist's sha256 (it is read only once hash-checked in the
+        file cache, so what it settles never changes): ``<cache>/metadata/sdist/<sha256>.json`` holds
+        either the requirements or why they are not settled."""
+        cached = self.dir.parent / "sdist" / f"{file.sha256}.json"
+        try:
+            entry = json.loads(cached.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            entry = None
+        if isinstance(entry, dict) and isinstance(entry.get("requires"), list):
+            return [str(r) for r in entry["requires"]]
+        if isinstance(entry, dict) and isinstance(entry.get("unsettled"), str):
+            raise MetadataError(entry["unsettled"])
         path = self._sdist(lock, package, file)
-        return sdist_requirements(path, package, file.filename)
+        try:
+            found: dict[str, Any] = {"requires": sdist_requirements(path, package, file.filename)}
+        except Unsettled as exc:
+            found = {"unsettled": str(exc)}
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(cached, json.dumps(found, sort_keys=True).encode())
+        if "unsettled" in found:
+            raise MetadataError(found["unsettled"])
+        return list(found["requires"])
 
     def wheel_metadata(self, lock: Lock, package: Package, file: PackageFile) -> bytes:
-        cached = self.dir / file.sha256
-        try:
-            return cached.read_bytes()
-        except FileNotFoundError:
-            pass
+        pinned = file.metadata_sha256
+        if pinned is not None:
+            try:
+                data = (self.dir / pinned).read_bytes()
+            except FileNotFoundError:
+                pass
+            else:
+                if metadata_sha256(data) == pinned:  # content-addressed: an entry proves itself
+                    return data
         local = self.files.get(file.sha256)
+        served_by_index = local is None
         if local is not None:
             data = read_wheel_metadata(open(local, "rb"), file.filename)
         elif self.offline:
@@ -96,12 +160,14 @@ class MetadataReader:
             if listed.core_metadata is not None and listed.url.startswith(("https://", "http://")):
                 data = self.client.core_metadata(listed)
             else:
-                data = read_wheel_metadata(
-                    self.client.open_ranges(listed.url, index=lock.index_for(package)), file.filename
-                )
+                remote = self.client.open_ranges(listed.url, index=lock.index_for(package))
+                data = read_wheel_metadata(remote, file.filename, max_read=MAX_RANGE_BYTES)
+        if pinned is not None and metadata_sha256(data) != pinned:
+            raise MetadataMismatch(file.filename, pinned, metadata_sha256(data), by_index=served_by_index)
         _requires(data, package, file.filename, settled=True)  # only what names the package is kept
-        self.dir.mkdir(parents=True, exist_ok=True)
-        write_atomic(cached, data)
+        if pinned is not None:  # only bytes the lock pins are kept: nothing an index says alone
+            self.dir.mkdir(parents=True, exist_ok=True)
+            write_atomic(self.dir / pinned, data)
         return data
 
     def _sdist(self, lock: Lock, package: Package, file: PackageFile) -> Path:
@@ -137,29 +203,6 @@ def read_metadata(
     return {canonicalize_name(m.name): m for m in found}
 
 
-def read_wheel_metadata(handle: BinaryIO, filename: str) -> bytes:
-    """``<name>-<version>.dist-info/METADATA`` of a wheel (a seekable file; remote reads stay small)."""
-    try:
-        name, version, _, _ = parse_wheel_filename(filename)
-    except InvalidWheelFilename as exc:
-        raise MetadataError(str(exc)) from None
-    try:
-        with handle, zipfile.ZipFile(handle) as wheel:
-            members = [i for i in wheel.infolist() if _is_metadata(i.filename)]
-            chosen = [i for i in members if _dist_info_matches(i.filename, name)] or members
-            if len(chosen) != 1:
-                raise MetadataError(f"{len(chosen)} *.dist-info/METADATA members, expected one")
-            info = chosen[0]
-            if info.file_size > MAX_METADATA:
-                raise MetadataError(f"{info.filename} is {info.file_size} bytes; refused")
-            with wheel.open(info) as member:
-                return member.read(MAX_METADATA + 1)[:MAX_METADATA]
-    except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, ValueError) as exc:
-        raise MetadataError(f"not a readable wheel: {exc}") from None
-    except OSError as exc:
-        raise MetadataError(f"cannot read the wheel: {exc}") from None
-
-
 def sdist_requirements(path: Path, package: Package, filename: str) -> list[str]:
     """An sdist's requirements, where its metadata settles them (see the module docstring)."""
     try:
@@ -177,7 +220,7 @@ def sdist_requirements(path: Path, package: Package, filename: str) -> list[str]
     _requires(pkg_info, package, filename, settled=False)  # name and version still checked
     if "requires.txt" in members or "egg-info" in members:
         return egg_info_requirements(members.get("requires.txt", b"").decode("utf-8", "replace"))
-    raise MetadataError(
+    raise Unsettled(
         f"PKG-INFO (metadata {raw.get('metadata_version')}) does not settle its requirements and it has no "
         "*.egg-info: they are decided when it is built"
     )
@@ -205,12 +248,14 @@ def egg_info_requirements(text: str) -> list[str]:
     return found
 
 
-def _sdist_members(path: Path, filename: str) -> dict[str, bytes]:
+def _sdist_members(path: Path, filename: str, max_members: int = MAX_MEMBERS) -> dict[str, bytes]:
     """PKG-INFO at the sdist's root and, if any, an ``*.egg-info/requires.txt`` (``egg-info`` marks that
-    an egg-info directory exists at all)."""
+    an egg-info directory exists at all). Reading stops at the member that settles the question (a
+    PKG-INFO that settles the requirements, or both PKG-INFO and requires.txt), and refuses an sdist
+    that has not settled it within ``max_members`` members."""
     found: dict[str, bytes] = {}
 
-    def consider(name: str, size: int, read: Callable[[], bytes]) -> None:
+    def consider(name: str, size: int, read: Callable[[], bytes]) -> bool:
         parts = name.strip("/").split("/")
         if len(parts) == 2 and parts[1] == "PKG-INFO" and "PKG-INFO" not in found:
             found["PKG-INFO"] = _bounded(size, read)
@@ -218,38 +263,53 @@ def _sdist_members(path: Path, filename: str) -> dict[str, bytes]:
             found.setdefault("egg-info", b"")
             if parts[-1] == "requires.txt" and "requires.txt" not in found:
                 found["requires.txt"] = _bounded(size, read)
+        return "PKG-INFO" in found and ("requires.txt" in found or _settles(found["PKG-INFO"]))
+
+    def too_many() -> MetadataError:
+        return MetadataError(f"more than {max_members} members without its metadata settling its requirements; refused")
 
     try:
         if filename.endswith(".zip"):
-            with zipfile.ZipFile(path) as zipped:
-                for info in zipped.infolist():
-                    consider(info.filename, info.file_size, lambda i=info: zipped.read(i))  # type: ignore[misc]
+            with open(path, "rb") as stream, open_zip(stream, filename) as zipped:
+                for count, info in enumerate(zipped.infolist()):
+                    if count >= max_members:
+                        raise too_many()
+                    if consider(info.filename, info.file_size, lambda i=info: zipped.read(i)):  # type: ignore[misc]
+                        break
         else:
             with tarfile.open(path, "r:*") as tarred:
-                for member in tarred:
-                    if member.isfile():
-                        handle = tarred.extractfile(member)
-                        if handle is not None:
-                            consider(member.name, member.size, lambda h=handle: h.read(MAX_METADATA + 1))  # type: ignore[misc]
-    except (tarfile.TarError, zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
+                count = 0
+                while (member := tarred.next()) is not None:
+                    tarred.members.clear()  # type: ignore[attr-defined]  # tarfile keeps every header read
+                    count += 1
+                    if count > max_members:
+                        raise too_many()
+                    handle = tarred.extractfile(member) if member.isfile() else None
+                    if handle is not None and consider(
+                        member.name, member.size, partial(handle.read, MAX_METADATA + 1)
+                    ):
+                        break
+    except ZipBoundError as exc:
+        raise MetadataError(str(exc).removeprefix(f"{filename}: ")) from None
+    except (tarfile.TarError, zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError, OverflowError) as exc:
         raise MetadataError(f"not a readable sdist: {exc}") from None
     return found
+
+
+def _settles(pkg_info: bytes) -> bool:
+    """Whether PKG-INFO alone settles the requirements (metadata 2.2 or later, Requires-Dist not dynamic)."""
+    try:
+        raw = _parse(pkg_info)
+    except MetadataError:
+        return True  # nothing later can mend it: sdist_requirements refuses it
+    dynamic = {d.strip().lower() for d in raw.get("dynamic", [])}
+    return _metadata_version(raw) >= Version("2.2") and "requires-dist" not in dynamic
 
 
 def _bounded(size: int, read: Callable[[], bytes]) -> bytes:
     if size > MAX_METADATA:
         raise MetadataError(f"a metadata member of {size} bytes; refused")
     return read()[:MAX_METADATA]
-
-
-def _is_metadata(name: str) -> bool:
-    parts = name.split("/")
-    return len(parts) == 2 and parts[0].endswith(".dist-info") and parts[1] == "METADATA"
-
-
-def _dist_info_matches(name: str, project: str) -> bool:
-    stem = name.split("/")[0][: -len(".dist-info")]
-    return canonicalize_name(stem.rsplit("-", 1)[0]) == project
 
 
 def _parse(data: bytes) -> RawMetadata:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from envbuild.escape import for_terminal
 from envbuild.verify.results import PinResult, VerifyReport
 
 
@@ -56,7 +57,7 @@ def render_verify(report: VerifyReport) -> str:
     strict = " (strict)" if report.strict else ""
     text = (
         render_table(("KIND", "NAME", "STATUS", "DETAIL"), rows)
-        + f"\n{verdict}{strict}: {report.lock_path}: {_summary(report)}\n"
+        + f"\n{verdict}{strict}: {for_terminal(report.lock_path)}: {_summary(report)}\n"
     )
     if any(r.kind == "source" and r.status == "unreachable" and _out_of_reach(r.detail) for r in report.results):
         text += (
@@ -69,7 +70,8 @@ def render_verify(report: VerifyReport) -> str:
 
 
 def _row(result: PinResult) -> tuple[str, str, str, str]:
-    return (result.kind.replace("_", "-"), result.name, result.status, result.detail)
+    # Names and details carry what servers, indexes and trees said: escaped here, the one way out.
+    return (result.kind.replace("_", "-"), for_terminal(result.name), result.status, for_terminal(result.detail))
 
 
 def _summary(report: VerifyReport) -> str:

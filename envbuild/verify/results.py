@@ -33,8 +33,9 @@ PackageStatus = Literal["ok", "cached", "missing-file", "hash-mismatch", "yanked
 BaseImageStatus = Literal["ok", "unpinned"]
 # A requirement of a package or a source: met by the lock (`ok`), not (`unmet`: no such distribution;
 # `conflict`: the locked version is outside the specifier), accepted by name (`waived`), or not known
-# (`unknown`: the requirements were not recorded or the metadata could not be read; a warning).
-RequirementStatus = Literal["ok", "unmet", "conflict", "waived", "unknown"]
+# (`unknown`: the requirements were not recorded or the metadata could not be read; a warning), or
+# `metadata-mismatch`: the package's wheel METADATA is not the one the lock pins (an index lying; fails).
+RequirementStatus = Literal["ok", "unmet", "conflict", "waived", "unknown", "metadata-mismatch"]
 Status = SourceStatus | SubmoduleStatus | PackageStatus | RequirementStatus | BaseImageStatus
 PASSING_STATUSES: frozenset[Status] = frozenset({"ok", "waived", "skipped"})
 WARNING_STATUSES: frozenset[Status] = frozenset({"behind", "cached", "unknown", "diverged"})

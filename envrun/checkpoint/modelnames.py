@@ -15,7 +15,6 @@ access to the checkpoint's directory.
 from __future__ import annotations
 
 import hashlib
-import json
 import subprocess
 import tempfile
 from collections.abc import Sequence
@@ -26,7 +25,7 @@ from typing import IO
 from envbuild.errors import EnvbuildError, InputError
 from envrun.checkpoint.expected import ExpectedNames
 from envrun.checkpoint.layout import MAX_EXPECTED_TENSORS, read_config
-from envrun.checkpoint.untrusted import MiB
+from envrun.checkpoint.untrusted import MiB, load_json
 
 SCRIPT_PATH = Path(__file__).with_name("saved_names.py")
 # 2,000,000 names of ~60 bytes in JSON; the answer for GLM-5 is 3.4 MB.
@@ -99,10 +98,12 @@ def _parse_answer(answer: bytes, config: bytes, shown: str, max_names: int) -> E
         return ModelNamesError(f"{shown}: {message}")
 
     try:
-        doc = json.loads(answer)
+        doc = load_json(answer)  # nesting bounded before parsing: the interpreter is the image's
     except ValueError as exc:
         raise fail(f"not a JSON answer ({exc})") from None
-    names = doc.get("names") if isinstance(doc, dict) else None
+    if not isinstance(doc, dict):
+        raise fail(f"the answer holds no list of at most {max_names:,} tensor names")
+    names = doc.get("names")
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names) or len(names) > max_names:
         raise fail(f"the answer holds no list of at most {max_names:,} tensor names")
     if doc.get("config_sha256") != hashlib.sha256(config).hexdigest():

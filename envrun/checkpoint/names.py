@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
+from envbuild.escape import for_terminal
 from envrun.checkpoint.expected import Expectation
 from envrun.checkpoint.layout import split_layer_name
 
@@ -163,8 +164,7 @@ def _named_layers(where: frozenset[int], expect: Expectation, layers: int) -> st
 def shown_name(name: str) -> str:
     # Names come from the checkpoint: a newline or an escape sequence in one must not forge a line of
     # the report or rewrite the terminal, and a name of megabytes must not become one line of them.
-    if not name.isprintable():
-        name = ascii(name)[1:-1]
+    name = for_terminal(name)
     if len(name) > _MAX_SHOWN_NAME:
         half = _MAX_SHOWN_NAME // 2
         name = f"{name[:half]}...({len(name) - 2 * half} characters)...{name[-half:]}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from envbuild.escape import for_terminal
 from envrun.checkpoint.audit import AuditReport
 from envrun.checkpoint.names import abbreviate_names, render_numbers, shown_name
 
@@ -42,4 +43,6 @@ def render_audit(report: AuditReport, model_dir: Path, limit: int = 40) -> str:
             lines.extend(f"    {shown_name(n)}" for n in folded[:limit])
             if len(folded) > limit:
                 lines.append(f"    ... and {len(folded) - limit} more groups")
-    return "\n".join(lines)
+    # Every line carries text the checkpoint or the image's python chose (names, the expected names'
+    # source, notes): each leaves through the one terminal escape (names are escaped already).
+    return "\n".join(for_terminal(line) for line in lines)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from envbuild.cli.common import StderrProgress
 from envbuild.errors import InputError
+from envbuild.escape import for_terminal
 from envrun.plan import BACKENDS, RunParameters, Volume, render_plan_json, render_plan_text
 from envrun.preflight import CHECKS
 from envrun.recipe import shipped_recipes
@@ -154,7 +155,7 @@ def run_recipe_command(args: argparse.Namespace) -> int:
         return 0
     outcome = execute_run(prepared, progress)
     for failure in outcome.export_failures:
-        print(f"envrun: export audit FAILED: {failure}", file=sys.stderr)  # a result, not progress
+        print(f"envrun: export audit FAILED: {for_terminal(failure)}", file=sys.stderr)  # a result, not progress
     if args.json:
         print(json.dumps(outcome.to_json(), sort_keys=True))
     return outcome.exit_status

@@ -32,7 +32,7 @@ from envbuild.data.urls import check_userinfo, redact_url
 from envbuild.data.yamlfile import read_capped
 from envbuild.errors import DataFileError, Problem
 from envbuild.lock.model import SAFE_NAME
-from envrun.plan import Volume
+from envrun.plan import Volume, mount_point
 
 ENGINE_SCHEMES = ("ssh", "tcp", "unix")
 # Flags `envrun cluster up` sets from the file or from what it finds on the host.
@@ -144,9 +144,10 @@ def parse_cluster_file(text: bytes | str, file: str = "<cluster>") -> ClusterSpe
         )
         seen: set[str] = set()
         for volume in spec.volumes:
-            if volume.container in seen:
-                problems.append(Problem(file, 0, "volumes", f"{volume.container} is mounted twice"))
-            seen.add(volume.container)
+            point = mount_point(volume.container)
+            if point in seen:
+                problems.append(Problem(file, 0, "volumes", f"{point} is mounted twice"))
+            seen.add(point)
         return problems
 
     return decode_yaml(

@@ -8,15 +8,18 @@ one ``ok`` line saying what was proven. The whole report rides on the first line
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from envrun.checkpoint.untrusted import load_json
 from envrun.plan import PreflightLine
 from envrun.probe.job_script import MARKER
 
 CHECK = "job-probe"
+# The answer is a few KB (a problem and a verdict per import); the image's python writes it, so it is
+# bounded like any hostile JSON: its size before it is read, its nesting before it is parsed.
+MAX_ANSWER = 8 << 20
 ImportStatus = Literal["ok", "skip", "fail"]
 
 
@@ -67,7 +70,7 @@ class ProbeReport:
     @property
     def verl(self) -> str:
         found = self.facts.get("verl") or {}
-        return f"verl {found.get('version')}" if found else "no verl"
+        return f"verl {found.get('version')}" if isinstance(found, dict) and found else "no verl"
 
 
 def failed_report(where: str, detail: str) -> ProbeReport:
@@ -81,29 +84,66 @@ def parse_report(where: str, stdout: str, stderr: str = "", exit_code: int | Non
     if not lines:
         tail = " | ".join(stderr.strip().splitlines()[-3:]) or stdout.strip()[-300:]
         return failed_report(where, f"the probe gave no answer (exit {exit_code}): {tail}")
+    text = lines[-1][len(MARKER) :].encode("utf-8", "surrogateescape")
+    if len(text) > MAX_ANSWER:
+        return failed_report(
+            where, f"the probe's answer is {len(text)} bytes, more than the {MAX_ANSWER} read; refused"
+        )
     try:
-        answer = json.loads(lines[-1][len(MARKER) :])
+        answer = load_json(text)
     except ValueError as exc:
         return failed_report(where, f"the probe's answer is not JSON: {exc}")
+    if not isinstance(answer, dict):
+        return failed_report(where, f"the probe's answer is not a JSON object but {_kind(answer)}")
     return report_from_json(where, answer)
 
 
+_STATUSES: dict[str, ImportStatus] = {"ok": "ok", "skip": "skip", "fail": "fail"}
+
+
+class _Malformed(ValueError):
+    pass
+
+
+def _kind(value: object) -> str:
+    return {list: "a list", str: "a string", dict: "an object", bool: "a boolean"}.get(type(value), "a number or null")
+
+
+def _records(answer: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
+    """``answer[key]``: a list of objects (absent: none), or :class:`_Malformed` naming the key."""
+    value = answer.get(key) or []
+    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+        raise _Malformed(f"{key} is not a list of objects")
+    return value
+
+
 def report_from_json(where: str, answer: Mapping[str, Any]) -> ProbeReport:
+    """The report an answer says; an answer of the wrong shape is one problem saying which key."""
+    try:
+        return _report(where, answer)
+    except _Malformed as exc:
+        return failed_report(where, f"the probe's answer is malformed: {exc}")
+
+
+def _report(where: str, answer: Mapping[str, Any]) -> ProbeReport:
     if answer.get("crash"):
         return ProbeReport(where, (ProbeProblem("probe", f"the probe crashed: {answer['crash']}"),), raw=answer)
+    facts = answer.get("facts") or {}
+    if not isinstance(facts, dict):
+        raise _Malformed("facts is not an object")
     problems = tuple(
         ProbeProblem(str(p.get("what", "")), str(p.get("detail", "")), str(p.get("key", "")), str(p.get("module", "")))
-        for p in answer.get("problems") or ()
+        for p in _records(answer, "problems")
     )
     imports = tuple(
         ProbeImport(
             str(i.get("module", "")),
             str(i.get("why", "")),
-            i.get("status") if i.get("status") in ("ok", "skip", "fail") else "fail",
+            _STATUSES.get(str(i.get("status")), "fail"),
             str(i.get("detail", "")),
             str(i.get("skip", "")),
         )
-        for i in answer.get("imports") or ()
+        for i in _records(answer, "imports")
     )
     layout = answer.get("exports")
     exports = None
@@ -115,7 +155,7 @@ def report_from_json(where: str, answer: Mapping[str, Any]) -> ProbeReport:
             why=str(layout.get("why", "")),
             strict=bool(layout.get("strict", True)),
         )
-    return ProbeReport(where, problems, imports, dict(answer.get("facts") or {}), exports, dict(answer))
+    return ProbeReport(where, problems, imports, dict(facts), exports, dict(answer))
 
 
 def _problem_text(problem: ProbeProblem) -> str:

@@ -16,6 +16,7 @@ import shutil
 import socket
 import tarfile
 import threading
+import time
 import zipfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -146,6 +147,7 @@ class PyIndex:
         self.sizes: dict[str, object] = {}  # filename -> the PEP 700 size its JSON page states instead
         self.routes: dict[str, Route] = {}  # path -> canned answer, before anything else
         self.drops: dict[str, int] = {}  # path -> how many more requests are dropped without an answer
+        self.forged: dict[str, bytes] = {}  # wheel filename -> the PEP 658 metadata served (and announced)
         self.requests: list[str] = []
         self._server: ThreadingHTTPServer | None = None
 
@@ -175,6 +177,11 @@ class PyIndex:
         """State ``size`` (any JSON value) as the file's PEP 700 size."""
         self.sizes[filename] = size
 
+    def forge_metadata(self, filename: str, data: bytes) -> None:
+        """Serve ``data`` as the wheel's PEP 658 metadata, announced with its own sha256 (the wheel itself
+        is untouched): an index that lies about a wheel's dependencies consistently."""
+        self.forged[filename] = data
+
     def route(self, path: str, route: Route) -> Route:
         """Answer ``path`` (e.g. ``/files/x.whl``) with ``route``; returns it, to read ``sent`` later."""
         self.routes[path] = route
@@ -199,7 +206,8 @@ class PyIndex:
                 "size": self.sizes.get(path.name, path.stat().st_size),
             }
             if self.serve_metadata and path.name.endswith(".whl"):
-                entry["core-metadata"] = {"sha256": hashlib.sha256(wheel_metadata(path)).hexdigest()}
+                served = self.forged.get(path.name) or wheel_metadata(path)
+                entry["core-metadata"] = {"sha256": hashlib.sha256(served).hexdigest()}
             out.append(entry)
         return out
 
@@ -255,9 +263,9 @@ class PyIndex:
                     and parts[1].endswith(".whl.metadata")
                     and (index.root / parts[1][: -len(".metadata")]).is_file()
                 ):
-                    self._send(
-                        200, "application/octet-stream", wheel_metadata(index.root / parts[1][: -len(".metadata")])
-                    )
+                    wheel = parts[1][: -len(".metadata")]
+                    served = index.forged.get(wheel) or wheel_metadata(index.root / wheel)
+                    self._send(200, "application/octet-stream", served)
                 elif len(parts) == 2 and parts[0] == "files" and (index.root / parts[1]).is_file():
                     data = (index.root / parts[1]).read_bytes()
                     wanted = self.headers.get("Range")
@@ -353,3 +361,59 @@ def dead_port_url() -> str:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     return f"http://127.0.0.1:{port}/simple"
+
+
+class Trickle:
+    """A TCP server answering every connection with ``data`` one byte every ``interval`` seconds (a
+    whole answer, headers included, at a crawl: each socket read stays under any read timeout). Use as
+    a context manager; ``url`` points at it; ``served`` counts the bytes sent."""
+
+    def __init__(self, data: bytes, interval: float = 0.05) -> None:
+        self.data, self.interval = data, interval
+        self.served = 0
+        self._stop = threading.Event()
+        self._sock = socket.socket()
+
+    def __enter__(self) -> Trickle:
+        self._sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        self._sock.listen(8)
+        self._sock.settimeout(0.1)
+        threading.Thread(target=self._serve, daemon=True).start()
+        return self
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                for i in range(len(self.data)):
+                    if self._stop.wait(self.interval):
+                        return
+                    conn.sendall(self.data[i : i + 1])
+                    self.served += 1
+            except OSError:
+                pass  # the client hung up: what the test wants
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._sock.close()
+
+
+def trickled(chunk: bytes = b" ", interval: float = 0.05, count: int = 1 << 30) -> Callable[[], Iterator[bytes]]:
+    """A body of ``count`` copies of ``chunk``, one every ``interval`` seconds, for :meth:`PyIndex.route`."""
+
+    def body() -> Iterator[bytes]:
+        for _ in range(count):
+            time.sleep(interval)
+            yield chunk
+
+    return body

@@ -1,0 +1,75 @@
+"""The job probe's answer as hostile input (envrun.probe.report): it comes from a script run inside an
+image, whose python and packages the image decides. Whatever the answer's shape, size or nesting, the
+parser gives a report (a problem saying what was wrong with the answer), never a traceback."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from envrun.checkpoint import audit_checkpoint, render_audit
+from envrun.checkpoint.modelnames import ModelNamesError, _parse_answer
+from envrun.probe.job_script import MARKER
+from envrun.probe.report import parse_report, probe_lines
+from tests.lib.ckptgen import CheckpointSpec, write_checkpoint
+
+HOSTILE = {
+    "not an object": "[1, 2]",
+    "a string": '"ok"',
+    "problems as a string": json.dumps({"problems": "abc"}),
+    "problems of numbers": json.dumps({"problems": [1, None]}),
+    "imports as an object": json.dumps({"imports": {"torch": "ok"}}),
+    "imports of strings": json.dumps({"imports": ["torch"]}),
+    "facts as a list": json.dumps({"facts": [1, 2]}),
+    "facts as a string": json.dumps({"facts": "verl"}),
+    "verl as a string": json.dumps({"facts": {"verl": "0.9.1"}}),
+    "deep nesting": "[" * 100_000 + "]" * 100_000,
+    "crash as an object": json.dumps({"crash": {"x": 1}}),
+}
+
+
+@pytest.mark.parametrize("answer", HOSTILE.values(), ids=HOSTILE.keys())
+def test_a_hostile_answer_is_a_report_never_a_traceback(answer: str) -> None:
+    report = parse_report("image x", f"noise\n{MARKER}{answer}\n")
+    lines = probe_lines(report)
+    assert lines and all("\n" not in line.detail for line in lines)
+    json.dumps([line.facts for line in lines])  # what preflight.json records stays serialisable
+
+
+def test_an_answer_of_the_wrong_shape_is_named() -> None:
+    report = parse_report("image x", f"{MARKER}[1, 2]\n")
+    assert not report.ok
+    assert report.problems[0].detail == "the probe's answer is not a JSON object but a list"
+
+
+def test_an_answer_too_large_is_refused_unparsed() -> None:
+    report = parse_report("image x", MARKER + json.dumps({"facts": {"x": "a" * (9 << 20)}}))
+    assert report.problems[0].detail.startswith("the probe's answer is 9437")
+    assert report.problems[0].detail.endswith("bytes, more than the 8388608 read; refused")
+
+
+# --- the meta-device names answer (envrun.checkpoint.modelnames) -------------------------------
+
+
+@pytest.mark.parametrize(
+    "answer", [b"[" * 100_000 + b"]" * 100_000, b'{"names": ' + b"[" * 5_000 + b"]" * 5_000 + b"}", b"\xff\xfe"]
+)
+def test_a_hostile_names_answer_is_one_error_line(answer: bytes) -> None:
+    with pytest.raises(ModelNamesError) as info:
+        _parse_answer(answer, b"{}", "python3", 10)
+    assert str(info.value).startswith("python3: ")
+    assert "\n" not in str(info.value)
+
+
+def test_the_audit_summary_escapes_what_the_image_and_the_checkpoint_said(tmp_path: Path) -> None:
+    """The expected names' source names the class and versions the image's python reported."""
+    write_checkpoint(tmp_path, CheckpointSpec(include_mtp=False))
+    report = dataclasses.replace(
+        audit_checkpoint(tmp_path), expected_from="\x1b]0;owned\x07Glm\x1b[2J of transformers 5"
+    )
+    text = render_audit(report, tmp_path)
+    assert "\x1b" not in text and "\x07" not in text
+    assert "expected names: \\x1b]0;owned\\x07Glm\\x1b[2J of transformers 5" in text
