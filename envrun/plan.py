@@ -118,6 +118,8 @@ class RunPlan:
     nnodes: int | None = None  # what the final overrides set for the recipe's nnodes / npus_per_node
     npus_per_node: int | None = None
     python: str = "python3"  # the job's interpreter (the recipe's entry point), which runs the probe
+    transformers: str | None = None  # the version the lock pins: checkpoint audits ask that model for its names
+    launch: Mapping[str, Any] | None = None  # what the launcher would start (Launcher.describe), once prepared
 
     @property
     def run_id(self) -> str:
@@ -188,13 +190,22 @@ def _output_dir(recipe: Recipe, params: RunParameters, run_dir: Path) -> Path | 
     return Path(os.path.abspath(run_dir)) / "outputs"  # noqa: PTH100 (not resolve(): symlinks kept); host directories, mounted
 
 
-def build_plan(recipe: Recipe, params: RunParameters, lock_file: str, lock_sha256: str, run_dir: Path) -> RunPlan:
+def build_plan(
+    recipe: Recipe,
+    params: RunParameters,
+    lock_file: str,
+    lock_sha256: str,
+    run_dir: Path,
+    *,
+    transformers: str | None = None,
+) -> RunPlan:
     """The plan for ``recipe`` with ``params``: a pure function, so a dry run needs nothing running.
 
     The one place a plan is validated: what it returns is complete for its backend (an image for
     docker, an address for Ray), and the launchers trust it. ``lock_sha256`` is the digest of the lock's
     bytes as :func:`envbuild.lock.io.read_lock` gives it (the digest the image's label carries);
-    ``run_dir`` is where the run is recorded, and its name the run's id."""
+    ``run_dir`` is where the run is recorded, and its name the run's id; ``transformers`` is the version
+    the lock pins (:func:`envrun.auditnames.locked_transformers`), None when it pins none."""
     if params.backend not in BACKENDS:
         raise InputError(f"--backend: expected one of {', '.join(BACKENDS)}, got {params.backend!r}")
     recipe_keys = {override_key(o) for o in recipe.overrides()}
@@ -241,6 +252,7 @@ def build_plan(recipe: Recipe, params: RunParameters, lock_file: str, lock_sha25
         volumes=params.volumes,
         probe=probe,
         python=recipe.entry_point[0],
+        transformers=transformers,
         nnodes=_int_override(overrides, recipe.parameters.get("nnodes")),
         npus_per_node=_int_override(overrides, recipe.parameters.get("npus_per_node")),
     )

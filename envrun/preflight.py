@@ -146,15 +146,18 @@ def probe_npus() -> PreflightLine:
     return PreflightLine("npus", "ok", f"{len(devices)} devices ({', '.join(devices)}); npu-smi info ok")
 
 
-def default_audit(model_dir: Path) -> Any:
-    from envrun.checkpoint.audit import (
-        audit_checkpoint,  # another module's cost; only when checking
-    )
+def default_audit(model_dir: Path, plan: RunPlan) -> Any:
+    """The audit with the names the job's own transformers gives, where the lock pins one
+    (:mod:`envrun.auditnames`), else envrun's static description."""
+    from envrun.auditnames import name_source  # the audit's cost: only when checking
+    from envrun.checkpoint.audit import audit_checkpoint
 
-    return audit_checkpoint(model_dir)
+    return audit_checkpoint(model_dir, expected=name_source(plan))
 
 
 def check_model(plan: RunPlan, audit: Audit | None) -> PreflightLine:
+    from envrun.checkpoint.modelnames import ModelNamesError
+
     model = plan.model
     if model is None:
         return PreflightLine("model", "skip", "the model path is set by an override, not --model")
@@ -163,9 +166,18 @@ def check_model(plan: RunPlan, audit: Audit | None) -> PreflightLine:
     if not plan.lenient_checkpoint:
         return PreflightLine("model", "ok", f"{model}: a directory")
     try:
-        report = (audit or default_audit)(model)
+        report = audit(model) if audit is not None else default_audit(model, plan)
+    except ModelNamesError as exc:
+        return PreflightLine(
+            "model",
+            "fail",
+            f"{model}: the expected names could not be had from the model the lock's transformers "
+            f"{plan.transformers} builds (no fallback to envrun's description): {exc}",
+        )
     except EnvbuildError as exc:
         return PreflightLine("model", "fail", f"{model}: checkpoint unreadable: {exc}")
+    names = getattr(report, "expected_from", "") or "-"
+    facts = {"check": getattr(report, "check", None), "expected_from": names}
     if not report.ok:
         # Names come from the checkpoint: escaped and shortened as the audit's own report does.
         missing = [shown_name(n) for n in getattr(report, "missing", ())]
@@ -176,9 +188,12 @@ def check_model(plan: RunPlan, audit: Audit | None) -> PreflightLine:
             "model",
             "fail",
             f"{model}: checkpoint audit failed (checkpoint.strict=False "
-            f"tolerates only the MTP layers): missing: {shown or '-'}{more}",
+            f"tolerates only the MTP layers): missing: {shown or '-'}{more}; names: {names}",
+            facts,
         )
-    return PreflightLine("model", "ok", f"{model}: checkpoint audit ok (only MTP layers may be absent)")
+    return PreflightLine(
+        "model", "ok", f"{model}: checkpoint audit ok (only MTP layers may be absent); names: {names}", facts
+    )
 
 
 def check_data(files: tuple[Path, ...]) -> PreflightLine:

@@ -17,6 +17,7 @@ from envbuild.config import load_config
 from envbuild.errors import InputError
 from envbuild.lock.io import LockFile, read_lock
 from envbuild.progress import Progress, silent
+from envrun.auditnames import locked_transformers
 from envrun.plan import PreflightLine, RunParameters, RunPlan, build_plan
 from envrun.preflight import TARGET_CHECK, PreflightEnv, PreflightError, failed, run_preflight
 from envrun.recipe import Recipe, load_recipe, recipe_path
@@ -102,7 +103,8 @@ def prepare_run(request: RunRequest, progress: Progress = silent) -> PreparedRun
     if request.cluster is not None:
         params = _on_cluster(params, request.cluster, _cache_dir(request))
     run_dir = request.run_dir or default_run_dir(recipe.name)
-    plan = build_plan(recipe, params, str(lock.path), lock.sha256, run_dir)
+    transformers = locked_transformers(lock.lock)
+    plan = build_plan(recipe, params, str(lock.path), lock.sha256, run_dir, transformers=transformers)
 
     from envrun.overrides import validate_overrides  # Hydra costs a second to import
 

@@ -183,12 +183,13 @@ def test_fewer_nodes_or_npus_than_the_run_needs_are_refused_naming_what_is_there
 
 def test_each_node_reports_the_model_and_the_data_it_sees() -> None:
     answers = [
-        _answer("1", "a", model={"path": "/data/m", "ok": True}, data=[]),
+        _answer("1", "a", model={"path": "/data/m", "ok": True, "expected_from": "M of transformers 5.10.4 on n1"},
+                data=[]),
         _answer("2", "a", model={"path": "/data/m", "ok": False, "error": "/data/m: not a directory on this node"},
                 data=["/data/t.parquet: no such file"]),
     ]  # fmt: skip
     assert [(line.status, line.detail.split(": ", 1)[1]) for line in model_lines(answers)] == [
-        ("ok", "/data/m: checkpoint audit ok"),
+        ("ok", "/data/m: checkpoint audit ok; names: M of transformers 5.10.4 on n1"),
         ("fail", "/data/m: not a directory on this node"),
     ]
     assert [line.status for line in data_lines(answers, 1)] == ["ok", "fail"]

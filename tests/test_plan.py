@@ -66,11 +66,12 @@ def test_dry_run_json_through_the_cli(tiny: Tiny, capsys: pytest.CaptureFixture[
     assert main(tiny.args("--dry-run", "--json", "--nnodes", "2")) == 0
     plan = json.loads(capsys.readouterr().out)
     assert list(plan)[:4] == ["argv", "env", "backend", "preflight"]
-    assert "trainer.nnodes=2" in plan["argv"] and plan["preflight"][2] == {
-        "name": "model",
-        "status": "ok",
-        "detail": f"{tiny.model}: checkpoint audit ok (only MTP layers may be absent)",
-    }
+    (model,) = [line for line in plan["preflight"] if line["name"] == "model"]
+    assert "trainer.nnodes=2" in plan["argv"] and model["name"] == "model" and model["status"] == "ok"
+    # The tiny lock pins no transformers: the names are envrun's description, and the line says so.
+    names = "the glm_moe_dsa modelling code of transformers 5.10.4 (envrun's description)"
+    assert model["detail"] == f"{tiny.model}: checkpoint audit ok (only MTP layers may be absent); names: {names}"
+    assert model["facts"] == {"check": "architecture", "expected_from": names}
 
 
 def test_hydra_string_quotes_only_what_needs_it() -> None:

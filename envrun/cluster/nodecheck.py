@@ -40,10 +40,15 @@ class NodeAsk:
     exports: Mapping[str, str] | None = None  # {"root", "pattern"}
     lock: bool = True
     python: str = "python3"  # the job's interpreter, which runs the probe
-    env: Mapping[str, str] | None = None  # the job's environment, for the probe only (the check runs as the node is)
+    env: Mapping[str, str] | None = None  # the job's environment, for the probe and the model's names
+    transformers: str | None = None  # the lock's: audits take their names from the model it builds
 
     def to_json(self) -> dict[str, Any]:
         spec: dict[str, Any] = {"lock": self.lock}
+        if self.transformers and (self.model or self.exports):
+            spec["transformers"] = self.transformers
+            spec["python"] = self.python
+            spec["env"] = dict(self.env or {})
         if self.model:
             spec["model"] = self.model
         if self.data:
@@ -146,11 +151,18 @@ def model_lines(answers: list[dict[str, Any]]) -> tuple[PreflightLine, ...]:
                     "fail",
                     f"{who}: {model.get('path')}: checkpoint audit failed (checkpoint.strict=False tolerates only "
                     f"the MTP layers): missing: {', '.join(missing[:5]) or '-'}"
-                    + (f"; unexpected: {', '.join(unexpected[:5])}" if unexpected else ""),
+                    + (f"; unexpected: {', '.join(unexpected[:5])}" if unexpected else "")
+                    + f"; names: {model.get('expected_from') or '-'}",
                 )
             )
         else:
-            lines.append(PreflightLine("model", "ok", f"{who}: {model.get('path')}: checkpoint audit ok"))
+            lines.append(
+                PreflightLine(
+                    "model",
+                    "ok",
+                    f"{who}: {model.get('path')}: checkpoint audit ok; names: {model.get('expected_from') or '-'}",
+                )
+            )
     return tuple(lines)
 
 

@@ -98,9 +98,10 @@ class DockerLauncher:
         return ()  # this host and its image: the preflight has checked both
 
     def find_exports(self, plan: RunPlan, layout: ExportLayout, progress: Progress) -> ExportSearch:
+        from envrun.auditnames import name_source
         from envrun.exports import search_here
 
-        return search_here(layout)  # this host holds them (the output directory is a host directory)
+        return search_here(layout, name_source(plan))  # this host holds them (the output directory is a host directory)
 
     def launch(self, plan: RunPlan, log: LogSink) -> LaunchResult:
         image = plan.image or ""  # build_plan gives every docker plan an image

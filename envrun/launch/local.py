@@ -25,9 +25,10 @@ class LocalLauncher:
         return ()  # this host: the preflight has checked it
 
     def find_exports(self, plan: RunPlan, layout: ExportLayout, progress: Progress) -> ExportSearch:
+        from envrun.auditnames import name_source
         from envrun.exports import search_here
 
-        return search_here(layout)  # this host holds them
+        return search_here(layout, name_source(plan))  # this host holds them
 
     def launch(self, plan: RunPlan, log: LogSink) -> LaunchResult:
         try:

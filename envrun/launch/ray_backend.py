@@ -55,6 +55,7 @@ class RayLauncher:
             probe=plan.probe.to_json() if plan.probe and PROBE_CHECK not in skip else None,
             python=plan.python,
             env=plan.env,
+            transformers=plan.transformers,
         )
         progress(f"asking every node of {self.address} which lock it runs and what the job would meet there")
         try:
@@ -75,9 +76,9 @@ class RayLauncher:
         assert layout.root is not None
         progress(f"asking every node of {self.address} for the exports under {layout.root}")
         try:
-            answers = ask_nodes(
-                self.address, NodeAsk(lock=False, exports={"root": layout.root, "pattern": layout.pattern})
-            )
+            exports = {"root": layout.root, "pattern": layout.pattern}
+            ask = NodeAsk(lock=False, exports=exports, python=plan.python, env=plan.env, transformers=plan.transformers)
+            answers = ask_nodes(self.address, ask)
         except EngineError as exc:
             return ExportSearch(
                 "the cluster", False, (ExportAudit("", False, error=f"the nodes could not be asked: {exc}"),)
