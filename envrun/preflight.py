@@ -22,7 +22,8 @@ from envrun.plan import PreflightLine, RunPlan
 # The last is not run here: it asks where the job runs (a Ray cluster's nodes), when it is launched.
 TARGET_CHECK = "ray-node"
 PROBE_CHECK = "job-probe"  # envrun.probe.report.CHECK, without importing the probe here
-CHECKS = ("image-lock-label", "npus", "model", "data", PROBE_CHECK, TARGET_CHECK)
+RAY_CHECK = "ray-resources"  # from the probe's facts: the CPUs the job's Ray actors ask for, where it starts Ray
+CHECKS = ("image-lock-label", "npus", "model", "data", PROBE_CHECK, RAY_CHECK, TARGET_CHECK)
 
 ImageLabels = Callable[[str], "dict[str, str]"]  # image ref -> labels; raises EnvbuildError if absent
 Audit = Callable[[Path], Any]  # model dir -> report with .ok, .missing, .to_json()
@@ -58,6 +59,9 @@ def run_preflight(
         (PROBE_CHECK, lambda: check_job(plan, env.job_probe, results)),
     ):
         results.extend((PreflightLine(name, "skip", "skipped by --skip-check"),) if name in skip else check())
+    if RAY_CHECK in skip:  # made from the probe's answer: dropped, and said so
+        results = [line for line in results if line.name != RAY_CHECK]
+        results.append(PreflightLine(RAY_CHECK, "skip", "skipped by --skip-check"))
     return tuple(results)
 
 
@@ -82,15 +86,18 @@ def check_job(plan: RunPlan, probe: JobProbe | None, before: list[PreflightLine]
 
 
 def default_job_probe(plan: RunPlan) -> tuple[PreflightLine, ...]:
-    from envrun.probe.report import probe_lines  # the probe's cost: only when probing
+    from envrun.probe.report import probe_lines, ray_cpu_line  # the probe's cost: only when probing
     from envrun.probe.run import probe_here, probe_in_image
 
     assert plan.probe is not None
     if plan.backend == "docker" and plan.image:
         from envrun.launch.docker_backend import job_volumes
 
-        return probe_lines(probe_in_image(plan.probe, plan.image, plan.python, plan.env, job_volumes(plan)))
-    return probe_lines(probe_here(plan.probe, plan.python, plan.env))
+        report = probe_in_image(plan.probe, plan.image, plan.python, plan.env, job_volumes(plan))
+    else:
+        report = probe_here(plan.probe, plan.python, plan.env)
+    cpus = ray_cpu_line(report)  # the job starts its own Ray here: it must be able to place its actors
+    return probe_lines(report) + ((cpus,) if cpus is not None else ())
 
 
 def failed(results: Iterable[PreflightLine]) -> list[PreflightLine]:

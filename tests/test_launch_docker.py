@@ -131,7 +131,7 @@ def test_the_probe_runs_in_the_image_and_a_lost_export_fails_the_run(trainer_ima
             image=trainer_image,
             model=tmp_path / "model",
             train_files=(data,),
-            overrides=("trainer.save_freq=1",),
+            overrides=("trainer.save_freq=1", "ray_kwargs.ray_init.num_cpus=16"),  # TransferQueue asks for 9
             extra_env={**path_env(verl), "FAKE_TRAINER_EXPECT": str(expect), "FAKE_TRAINER_EXPORT": f"{saved}={where}"},
             entry_point=("python3", "/opt/fake_trainer.py"),
             volumes=tuple(Volume.parse(m) for m in [*mounts, f"{saved}:{saved}:ro"]),
