@@ -284,6 +284,7 @@ def plan_to_json(plan: RunPlan) -> dict[str, Any]:
         "run_id": plan.run_id,
         "output_dir": None if plan.output_dir is None else str(plan.output_dir),
         "volumes": [v.to_json() for v in plan.volumes],
+        "launch": None if plan.launch is None else dict(plan.launch),
     }
 
 
@@ -303,7 +304,32 @@ def render_plan_text(plan: RunPlan) -> str:
     lines += [f"env:     {k}={v}" for k, v in plan.env.items()]
     lines.append("command:")
     lines += [f"  {shlex.quote(arg)}" for arg in plan.argv]
+    if plan.launch is not None:
+        lines += render_launch(plan.launch)
     if plan.preflight:
         lines.append("preflight:")
         lines += [f"  {c.status:<4} {c.name}: {c.detail}" for c in plan.preflight]
     return "\n".join(lines) + "\n"
+
+
+def render_launch(launch: Mapping[str, Any]) -> list[str]:
+    """What the launcher would start, for people: the ``docker run`` it amounts to, the Ray submission,
+    or the local process."""
+    backend = launch.get("backend")
+    if backend == "docker":
+        lines = ["launch:  a container, through the engine's API; as a docker command:", f"  {launch['docker_run']}"]
+        lines += [f"  device  {d}" for d in launch.get("devices") or ()] or ["  device  (none on this host)"]
+        lines += [f"  mount   {v['host']} -> {v['bind']} ({v['mode']})" for v in launch.get("volumes") or ()]
+        return lines
+    if backend == "ray":
+        return [
+            f"launch:  a Ray job submitted to {launch['address']}",
+            f"  entrypoint:   {launch['entrypoint']}",
+            f"  runtime_env:  {json.dumps(launch['runtime_env'], sort_keys=True)}",
+            f"  metadata:     {json.dumps(launch['metadata'], sort_keys=True)}",
+            f"  submission:   {launch['submission_id']}",
+        ]
+    return [
+        f"launch:  a local process in {launch.get('cwd')}, the env above over this one",
+        f"  {launch.get('process_group')}",
+    ]

@@ -125,8 +125,10 @@ def prepare_run(request: RunRequest, progress: Progress = silent) -> PreparedRun
     if plan.probe is not None and plan.backend != "ray":
         progress(f"probing the job where it will run ({plan.image or plan.python})")
     lines = run_preflight(plan, env, dry_run=request.dry_run, skip=request.skip_checks)
-    if request.dry_run and plan.backend == "ray" and TARGET_CHECK not in request.skip_checks:
-        from envrun.launch import launcher_for
+    from envrun.launch import launcher_for
 
-        lines += launcher_for(plan).check_target(plan, frozenset(request.skip_checks), progress)
-    return PreparedRun(recipe, lock, plan.with_preflight(lines), request.skip_checks)
+    launcher = launcher_for(plan)
+    if request.dry_run and plan.backend == "ray" and TARGET_CHECK not in request.skip_checks:
+        lines += launcher.check_target(plan, frozenset(request.skip_checks), progress)
+    plan = replace(plan.with_preflight(lines), launch=launcher.describe(plan))
+    return PreparedRun(recipe, lock, plan, request.skip_checks)

@@ -10,6 +10,7 @@ cluster.
 
 from __future__ import annotations
 
+import shlex
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,14 @@ STOP_TIMEOUT_SECONDS = 60.0
 
 def submission_id(plan: RunPlan) -> str:
     return f"envrun-{plan.recipe}-{uuid.uuid4().hex[:12]}"
+
+
+def runtime_env(plan: RunPlan) -> dict[str, Any]:
+    return {"env_vars": dict(plan.env)}
+
+
+def metadata(plan: RunPlan) -> dict[str, str]:
+    return {"envrun.recipe": plan.recipe, "envrun.lock.sha256": plan.lock_sha256}
 
 
 class RayLauncher:
@@ -85,15 +94,26 @@ class RayLauncher:
             )
         return search_from_answers(answers)
 
+    def describe(self, plan: RunPlan) -> dict[str, Any]:
+        """The submission :meth:`launch` would make (for the dry run); the id is drawn at submission."""
+        return {
+            "backend": "ray",
+            "address": self.address,
+            "entrypoint": shlex.join(plan.argv),
+            "runtime_env": runtime_env(plan),
+            "metadata": metadata(plan),
+            "submission_id": f"envrun-{plan.recipe}-<12 hex digits, drawn at submission>",
+        }
+
     def launch(self, plan: RunPlan, log: LogSink) -> LaunchResult:
         client = ray_api.job_client(self.address)
         self.job_id = ray_api.submit(
             client,
             self.address,
             plan.argv,
-            runtime_env={"env_vars": dict(plan.env)},
+            runtime_env=runtime_env(plan),
             submission_id=submission_id(plan),
-            metadata={"envrun.recipe": plan.recipe, "envrun.lock.sha256": plan.lock_sha256},
+            metadata=metadata(plan),
         )
         log(f"envrun: submitted Ray job {self.job_id} to {self.address}\n")
         try:
