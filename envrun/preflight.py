@@ -23,9 +23,10 @@ from envrun.plan import PreflightLine, RunPlan
 TARGET_CHECK = "ray-node"
 PROBE_CHECK = "job-probe"  # envrun.probe.report.CHECK, without importing the probe here
 RAY_CHECK = "ray-resources"  # from the probe's facts: the CPUs the job's Ray actors ask for, where it starts Ray
-CHECKS = ("image-lock-label", "npus", "model", "data", PROBE_CHECK, RAY_CHECK, TARGET_CHECK)
+CHECKS = ("image-lock-label", "image-platform", "npus", "model", "data", PROBE_CHECK, RAY_CHECK, TARGET_CHECK)
 
 ImageLabels = Callable[[str], "dict[str, str]"]  # image ref -> labels; raises EnvbuildError if absent
+ImagePlatform = Callable[[str], "tuple[str, str]"]  # image ref -> (the image's architecture, the engine host's)
 Audit = Callable[[Path], Any]  # model dir -> report with .ok, .missing, .to_json()
 NpuProbe = Callable[[], PreflightLine]
 JobProbe = Callable[[RunPlan], "tuple[PreflightLine, ...]"]  # the job probe's lines for a plan
@@ -38,6 +39,7 @@ class PreflightError(InputError):
 @dataclass(frozen=True)
 class PreflightEnv:
     image_labels: ImageLabels | None = None
+    image_platform: ImagePlatform | None = None  # the docker backend's: the image must run on the engine's host
     audit: Audit | None = None
     npu_probe: NpuProbe | None = None
     job_probe: JobProbe | None = None  # None: the probe as the plan's backend runs it (envrun.probe.run)
@@ -53,6 +55,7 @@ def run_preflight(
     results: list[PreflightLine] = []
     for name, check in (
         ("image-lock-label", lambda: (check_image_label(plan, env.image_labels),)),
+        ("image-platform", lambda: (check_image_platform(plan, env.image_platform),)),
         ("npus", lambda: (check_npus(plan, env.npu_probe, dry_run),)),
         ("model", lambda: (_on_nodes("model", plan) or check_model(plan, env.audit),)),
         ("data", lambda: (_on_nodes("data", plan) or check_data(plan.data_files),)),
@@ -125,6 +128,33 @@ def check_image_label(plan: RunPlan, image_labels: ImageLabels | None) -> Prefli
             f"(sha256 {plan.lock_sha256}); rebuild the image or pass the lock it was built from",
         )
     return PreflightLine(name, "ok", f"{plan.image} carries {LOCK_LABEL}={found}")
+
+
+# The engine reports the host's machine as uname does; images name it as OCI does.
+_OCI_ARCH = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "ppc64le": "ppc64le", "s390x": "s390x"}
+
+
+def check_image_platform(plan: RunPlan, image_platform: ImagePlatform | None) -> PreflightLine:
+    """The docker backend's image is built for the engine host's architecture: else the container fails
+    to start with "exec format error", after everything else passed."""
+    name = "image-platform"
+    if plan.backend != "docker" or not plan.image:
+        return PreflightLine(name, "skip", f"the {plan.backend} backend starts no container of an image here")
+    if image_platform is None:
+        return PreflightLine(name, "fail", f"{plan.image}: cannot read its platform (no container engine)")
+    try:
+        image_arch, machine = image_platform(plan.image)
+    except EnvbuildError as exc:
+        return PreflightLine(name, "fail", f"{plan.image}: {exc}")
+    host_arch = _OCI_ARCH.get(machine, machine)
+    if image_arch != host_arch:
+        return PreflightLine(
+            name,
+            "fail",
+            f"{plan.image} is built for linux/{image_arch}, but the engine's host is {machine} (linux/{host_arch}): "
+            "its programs would fail with 'exec format error'; build the lock for this host's platform",
+        )
+    return PreflightLine(name, "ok", f"{plan.image} is linux/{image_arch}, as the engine's host ({machine})")
 
 
 def check_npus(plan: RunPlan, probe: NpuProbe | None, dry_run: bool) -> PreflightLine:

@@ -119,9 +119,9 @@ def prepare_run(request: RunRequest, progress: Progress = silent) -> PreparedRun
 
     env = PreflightEnv()
     if plan.image:
-        from envrun.launch.docker_backend import image_labels
+        from envrun.launch.docker_backend import image_labels, image_platform
 
-        env = PreflightEnv(image_labels=image_labels)
+        env = PreflightEnv(image_labels=image_labels, image_platform=image_platform)
     if plan.probe is not None and plan.backend != "ray":
         progress(f"probing the job where it will run ({plan.image or plan.python})")
     lines = run_preflight(plan, env, dry_run=request.dry_run, skip=request.skip_checks)

@@ -63,6 +63,15 @@ def image_labels(ref: str) -> dict[str, str]:
     return dict((attrs.get("Config") or {}).get("Labels") or {})
 
 
+def image_platform(ref: str) -> tuple[str, str]:
+    """The architecture a local image is built for (OCI's name) and the engine host's machine (uname's)."""
+    with Engine.connect() as engine:
+        attrs = engine.inspect(ref)
+        if attrs is None:
+            raise InputError(f"image {ref} not found in the local engine; build or load it first")
+        return str(attrs.get("Architecture") or ""), engine.machine()
+
+
 def image_digest(ref: str) -> str | None:
     """The image ID (config digest) and, if pushed, its repository digest; for the run record."""
     try:
