@@ -66,6 +66,10 @@ def test_a_cluster_file_is_data() -> None:
             "nodes[0].ray_start_args: --port is set by envrun cluster (set `head_port`)",
         ),
         (("[--num-cpus=64]", "[--head]"), "nodes[0].ray_start_args: --head is set by envrun cluster"),
+        (
+            ("[--num-cpus=64]", "[--dashboard-host=127.0.0.1]"),
+            "nodes[0].ray_start_args: --dashboard-host is set by envrun cluster (the job API listens on the head's",
+        ),
         (("[--num-cpus=64]", "[num-cpus]"), "nodes[0].ray_start_args: 'num-cpus': expected a `ray start` flag"),
         (("    ip: 10.0.0.1\n", "    ip: 10.0.0.1\n    npus: 16\n"), "c.yaml:6: nodes[0].npus: unknown key"),
     ],
@@ -140,7 +144,17 @@ def test_a_node_gets_what_its_host_has() -> None:
 
 
 def _answer(name: str, lock: str | None, **more: object) -> dict[str, object]:
-    return {"node_id": name * 56, "name": f"n{name}", "ip": "10.0.0.1", "lock_sha256": lock, "devices": [], **more}
+    node_id = name * 56
+    answer = {"node_id": node_id, "answered_from": node_id, "name": f"n{name}", "ip": "10.0.0.1", "lock_sha256": lock}
+    return {**answer, "devices": [], **more}
+
+
+def test_an_answer_from_another_node_than_the_one_asked_fails() -> None:
+    want = "c" * 64
+    (line,) = node_lines([_answer("1", want, answered_from="2" * 56)], want, "x.lock.yaml")
+    assert line.status == "fail" and f"the answer came from Ray node {'2' * 56}, not this node" in line.detail
+    (line,) = node_lines([{k: v for k, v in _answer("1", want).items() if k != "answered_from"}], want, "x")
+    assert line.status == "fail"  # an answer that does not say where it came from is not the node's
 
 
 def test_volumes_reach_every_node_read_only_unless_rw() -> None:

@@ -98,6 +98,14 @@ def node_lines(answers: list[dict[str, Any]], lock_sha256: str, lock_file: str) 
         facts = {k: v for k, v in answer.items() if k not in ("probe", "model", "data", "exports")}
         if answer.get("error"):
             line = PreflightLine(CHECK, "fail", f"{who} did not answer: {answer['error']}", facts)
+        elif answer.get("answered_from") != answer.get("node_id"):
+            # The task was pinned to the node asked (soft=False): another node's answer is not this node's.
+            line = PreflightLine(
+                CHECK,
+                "fail",
+                f"{who}: the answer came from Ray node {answer.get('answered_from')}, not this node",
+                facts,
+            )
         elif found is None:
             reason = answer.get("manifest_problem") or "no lock digest"
             line = PreflightLine(CHECK, "fail", f"{who} runs no envbuild image ({MANIFEST}: {reason})", facts)
