@@ -15,6 +15,7 @@ from typing import Any
 
 from envbuild.errors import EnvbuildError, InputError
 from envbuild.image.plan import LOCK_LABEL
+from envbuild.lock.platform import OCI_ARCH
 from envrun.checkpoint.names import shown_name
 from envrun.datafiles import parquet_problem
 from envrun.plan import PreflightLine, RunPlan
@@ -130,10 +131,6 @@ def check_image_label(plan: RunPlan, image_labels: ImageLabels | None) -> Prefli
     return PreflightLine(name, "ok", f"{plan.image} carries {LOCK_LABEL}={found}")
 
 
-# The engine reports the host's machine as uname does; images name it as OCI does.
-_OCI_ARCH = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "ppc64le": "ppc64le", "s390x": "s390x"}
-
-
 def check_image_platform(plan: RunPlan, image_platform: ImagePlatform | None) -> PreflightLine:
     """The docker backend's image is built for the engine host's architecture: else the container fails
     to start with "exec format error", after everything else passed."""
@@ -146,7 +143,7 @@ def check_image_platform(plan: RunPlan, image_platform: ImagePlatform | None) ->
         image_arch, machine = image_platform(plan.image)
     except EnvbuildError as exc:
         return PreflightLine(name, "fail", f"{plan.image}: {exc}")
-    host_arch = _OCI_ARCH.get(machine, machine)
+    host_arch = OCI_ARCH.get(machine, machine)  # the engine reports uname's name, an image OCI's
     if image_arch != host_arch:
         return PreflightLine(
             name,
