@@ -103,15 +103,3 @@ def _missing(reason: str) -> NameSource:
         raise ModelNamesError(reason)
 
     return fail
-
-
-def names_summary(plan: RunPlan) -> str:
-    """Which names an audit of this plan checks against, in a line (for the dry run and the record)."""
-    if plan.transformers is None:
-        return "envrun's static description (the lock pins no transformers)"
-    where = {
-        "docker": f"in image {plan.image}",
-        "ray": f"with the job's {plan.python} on each node",
-        "local": f"with the job's {plan.python} on this host",
-    }[plan.backend]
-    return f"the model built by the lock's transformers {plan.transformers} {where}"

@@ -132,6 +132,18 @@ class RunPlan:
     def command_line(self) -> str:
         return shlex.join(self.argv)
 
+    @property
+    def audit_names(self) -> str:
+        """Which names the run's checkpoint audits check against (envrun.auditnames chooses the source)."""
+        if self.transformers is None:
+            return "envrun's static description (the lock pins no transformers)"
+        where = {
+            "docker": f"in image {self.image}",
+            "ray": f"with the job's {self.python} on each node",
+            "local": f"with the job's {self.python} on this host",
+        }[self.backend]
+        return f"the model built by the lock's transformers {self.transformers} {where}"
+
 
 def hydra_string(value: str) -> str:
     """``value`` as a Hydra override value that reads back as exactly this string."""
@@ -285,6 +297,7 @@ def plan_to_json(plan: RunPlan) -> dict[str, Any]:
         "output_dir": None if plan.output_dir is None else str(plan.output_dir),
         "volumes": [v.to_json() for v in plan.volumes],
         "launch": None if plan.launch is None else dict(plan.launch),
+        "audit_names": plan.audit_names if plan.lenient_checkpoint else None,
     }
 
 
@@ -302,6 +315,8 @@ def render_plan_text(plan: RunPlan) -> str:
         f"run:     {plan.run_dir}" + (f" (outputs in {plan.output_dir})" if plan.output_dir else ""),
     ]
     lines += [f"env:     {k}={v}" for k, v in plan.env.items()]
+    if plan.lenient_checkpoint:
+        lines.append(f"audits:  checkpoint names from {plan.audit_names}")
     lines.append("command:")
     lines += [f"  {shlex.quote(arg)}" for arg in plan.argv]
     if plan.launch is not None:

@@ -21,7 +21,7 @@ import pytest
 from envbuild.image.plan import LOCK_LABEL
 from envbuild.lock.io import read_lock
 from envbuild.progress import silent
-from envrun.auditnames import ImageModelNames, locked_transformers, name_source, names_summary
+from envrun.auditnames import ImageModelNames, locked_transformers, name_source
 from envrun.checkpoint import ModelNames, ModelNamesError, audit_checkpoint
 from envrun.cluster import onnode
 from envrun.exports import export_verdict, search_here
@@ -87,9 +87,7 @@ def test_local_preflight_asks_the_job_s_own_transformers(tiny: Tiny, checkpoint:
     status, detail = model_line(plan)
     assert status == "ok", detail
     assert MODEL in detail and f"with the job's python3 ({tmp_path}/bin/python3) on this host" in detail
-    assert (
-        names_summary(plan) == "the model built by the lock's transformers 5.10.4 with the job's python3 on this host"
-    )
+    assert plan.audit_names == "the model built by the lock's transformers 5.10.4 with the job's python3 on this host"
 
     lost = real_lock_plan(tiny, lost_indexer_norm(checkpoint, tmp_path / "lost"), extra_env={"PATH": path})
     status, detail = model_line(lost)
@@ -134,6 +132,7 @@ def test_local_exports_are_audited_with_the_model_s_names(tiny: Tiny, checkpoint
 def test_without_a_transformers_pin_the_static_description_is_named(tiny: Tiny) -> None:
     plan = prepare_run(tiny.request(dry_run=True)).plan  # the tiny lock: the real one without transformers
     assert plan.transformers is None and name_source(plan) is None
+    assert plan.audit_names == "envrun's static description (the lock pins no transformers)"
     status, detail = model_line(plan)
     assert status == "ok" and detail.endswith(
         "names: the glm_moe_dsa modelling code of transformers 5.10.4 (envrun's description)"
@@ -169,6 +168,7 @@ def test_docker_preflight_and_exports_ask_the_image_s_transformers(
     assert statuses["image-lock-label"] == statuses["image-platform"] == "ok"  # the engine's own answers
     status, detail = model_line(plan)
     assert status == "ok" and MODEL in detail and f"in image {image}" in detail, detail
+    assert plan.audit_names == f"the model built by the lock's transformers 5.10.4 in image {image}"
 
     root = tmp_path / "outputs"
     lost_indexer_norm(checkpoint, root / "global_step_3/actor/model/huggingface")
