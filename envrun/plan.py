@@ -14,6 +14,7 @@ from typing import Any, Literal
 from envbuild.data.typed import meta
 from envbuild.errors import InputError
 from envbuild.lock.model import ENV_NAME
+from envrun.cluster.state import ClusterState
 from envrun.overrides import merge_overrides
 from envrun.probe.request import ProbeRequest
 from envrun.recipe import REQUIRED_PARAMETERS, Recipe, override_key
@@ -120,6 +121,7 @@ class RunPlan:
     python: str = "python3"  # the job's interpreter (the recipe's entry point), which runs the probe
     transformers: str | None = None  # the version the lock pins: checkpoint audits ask that model for its names
     launch: Mapping[str, Any] | None = None  # what the launcher would start (Launcher.describe), once prepared
+    cluster: ClusterState | None = None  # the cluster `envrun cluster up` started, when the run names it
 
     @property
     def run_id(self) -> str:

@@ -18,6 +18,7 @@ from envbuild.errors import InputError
 from envbuild.lock.io import LockFile, read_lock
 from envbuild.progress import Progress, silent
 from envrun.auditnames import locked_transformers
+from envrun.cluster.state import ClusterState
 from envrun.plan import PreflightLine, RunParameters, RunPlan, build_plan
 from envrun.preflight import TARGET_CHECK, PreflightEnv, PreflightError, failed, run_preflight
 from envrun.recipe import Recipe, load_recipe, recipe_path
@@ -80,8 +81,8 @@ def _cache_dir(request: RunRequest) -> Path:
     return request.cache_dir or load_config(None).cache_dir
 
 
-def _on_cluster(params: RunParameters, name: str, cache_dir: Path) -> RunParameters:
-    """``params`` aimed at the job API of the cluster ``name`` (from its state file)."""
+def _on_cluster(params: RunParameters, name: str, cache_dir: Path) -> tuple[RunParameters, ClusterState]:
+    """``params`` aimed at the job API of the cluster ``name``, and its state (from its state file)."""
     from envrun.cluster.state import require_state
 
     if params.backend != "ray" or params.ray_address:
@@ -89,7 +90,7 @@ def _on_cluster(params: RunParameters, name: str, cache_dir: Path) -> RunParamet
     state = require_state(cache_dir, name)
     if state.phase != "up" or not state.address:
         raise InputError(f"cluster {name} is still starting, or its start failed: see `envrun cluster status {name}`")
-    return replace(params, ray_address=state.address)
+    return replace(params, ray_address=state.address), state
 
 
 def prepare_run(request: RunRequest, progress: Progress = silent) -> PreparedRun:
@@ -99,12 +100,14 @@ def prepare_run(request: RunRequest, progress: Progress = silent) -> PreparedRun
     :meth:`PreparedRun.refuse_if_failed`."""
     recipe = load_recipe(recipe_path(request.recipe))
     lock = read_lock(resolve_lock(recipe, request.lock))
-    params = request.params
+    params, cluster = request.params, None
     if request.cluster is not None:
-        params = _on_cluster(params, request.cluster, _cache_dir(request))
+        params, cluster = _on_cluster(params, request.cluster, _cache_dir(request))
     run_dir = request.run_dir or default_run_dir(recipe.name)
     transformers = locked_transformers(lock.lock)
-    plan = build_plan(recipe, params, str(lock.path), lock.sha256, run_dir, transformers=transformers)
+    plan = replace(
+        build_plan(recipe, params, str(lock.path), lock.sha256, run_dir, transformers=transformers), cluster=cluster
+    )
 
     from envrun.overrides import validate_overrides  # Hydra costs a second to import
 

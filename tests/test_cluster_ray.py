@@ -308,6 +308,10 @@ def test_a_job_is_checked_on_every_node_then_reads_the_volume_on_each(
     for line in lines:
         assert line["status"] == "ok" and line["facts"]["lock_sha256"] == images.current.lock_sha256
         assert line["facts"]["answered_from"] == line["facts"]["node_id"]  # the node itself answered
+    # envrun started these nodes: each host's engine, not the node, says which image each container runs.
+    engine_lines = [line for line in recorded if line["name"] == "ray-node" and "the engine runs" in line["detail"]]
+    assert [line["status"] for line in engine_lines] == ["ok", "ok"], engine_lines
+    assert all(images.current.image_id in line["detail"] for line in engine_lines)
     # The model and the data, checked on each node at the path the job reads there (not on this host).
     for check in ("model", "data"):
         per_node = [line for line in recorded if line["name"] == check]

@@ -4,6 +4,7 @@ the cluster state — pure parts, no engine and no Ray (those are in test_cluste
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -246,3 +247,19 @@ def test_down_without_a_cluster_is_a_no_op_and_status_says_so(
     assert "removed 0 container(s)" in capsys.readouterr().out
     assert main(["cluster", "status", "nothing", "--cache-dir", str(tmp_path)]) == 2
     assert "no cluster nothing is up" in capsys.readouterr().err
+
+
+def test_the_host_engine_s_image_id_must_be_the_pinned_one() -> None:
+    from envbuild.engine.client import ContainerState
+    from envrun.cluster.nodecheck import engine_image_line
+
+    pinned = {"Id": "sha256:" + "a" * 64}
+    running = ContainerState("c" * 64, "envrun-g-0", "running", "sha256:" + "a" * 64, {})
+    assert engine_image_line("unix:///h", "envrun-g-0", running, pinned, "r/x@sha256:d").status == "ok"
+    other = replace(running, image_id="sha256:" + "b" * 64)
+    line = engine_image_line("unix:///h", "envrun-g-0", other, pinned, "r/x@sha256:d")
+    assert line.status == "fail" and f"from image sha256:{'b' * 64}, not sha256:{'a' * 64}" in line.detail
+    assert engine_image_line("unix:///h", "envrun-g-0", None, pinned, "r").status == "fail"
+    stopped = replace(running, state="exited")
+    assert "is exited" in engine_image_line("unix:///h", "envrun-g-0", stopped, pinned, "r").detail
+    assert engine_image_line("unix:///h", "envrun-g-0", running, None, "r").status == "fail"

@@ -17,9 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from envbuild.engine.client import ContainerState
 from envbuild.errors import EngineError
 from envrun import ray_api
 from envrun.cluster.onnode import MANIFEST, MARKER, TASK_TIMEOUT_SECONDS
+from envrun.cluster.state import ClusterState
 from envrun.plan import PreflightLine
 
 CHECK = "ray-node"
@@ -196,3 +198,42 @@ def probe_lines_of(answers: list[dict[str, Any]]) -> tuple[PreflightLine, ...]:
         if isinstance(answer.get("probe"), dict):
             lines.extend(probe_lines(report_from_json(node_label(answer), answer["probe"])))
     return tuple(lines)
+
+
+def engine_image_lines(state: ClusterState) -> tuple[PreflightLine, ...]:
+    """For a cluster ``envrun cluster up`` started: each node's container as its host's engine sees it
+    (not as the node reports itself) runs the image the cluster was pinned to, by image ID."""
+    from envbuild.engine.client import Engine
+    from envrun.cluster.nodes import container_name
+
+    lines = []
+    for index, url in enumerate(state.engines):
+        name = container_name(state.name, index)
+        try:
+            with Engine.connect(url) as engine:
+                container = engine.container(name)
+                pinned = engine.inspect(state.image)
+        except EngineError as exc:
+            lines.append(PreflightLine(CHECK, "fail", f"{url}: cannot ask the engine about {name}: {exc}"))
+            continue
+        lines.append(engine_image_line(url, name, container, pinned, state.image))
+    return tuple(lines)
+
+
+def engine_image_line(
+    url: str, name: str, container: ContainerState | None, pinned: Mapping[str, Any] | None, image: str
+) -> PreflightLine:
+    """The verdict for one node container (pure): running, and on the pinned image's ID."""
+    if container is None or not container.running:
+        state = "gone" if container is None else container.state
+        return PreflightLine(CHECK, "fail", f"{url}: the node container {name} is {state}; `envrun cluster status`")
+    if pinned is None:
+        return PreflightLine(CHECK, "fail", f"{url}: the engine no longer holds {image}, the cluster's pinned image")
+    if container.image_id != pinned.get("Id"):
+        return PreflightLine(
+            CHECK,
+            "fail",
+            f"{url}: the engine runs {name} from image {container.image_id}, not {pinned.get('Id')} ({image}, "
+            "the image the cluster was started from)",
+        )
+    return PreflightLine(CHECK, "ok", f"{url}: the engine runs {name} from {container.image_id} ({image}, pinned)")

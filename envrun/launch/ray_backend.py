@@ -72,6 +72,10 @@ class RayLauncher:
         except EngineError as exc:  # unverified is refused: a job never starts on nodes nobody checked
             return (PreflightLine(CHECK, "fail", f"the nodes could not be asked which lock they run: {exc}"),)
         lines = node_lines(answers, plan.lock_sha256, plan.lock_file)
+        if plan.cluster is not None:  # started by envrun: its hosts' engines say what each node runs
+            from envrun.cluster.nodecheck import engine_image_lines
+
+            lines += engine_image_lines(plan.cluster)
         lines += (capacity_line(answers, plan.nnodes, plan.npus_per_node),)
         lines += model_lines(answers) + data_lines(answers, len(plan.data_files)) + probe_lines_of(answers)
         skipped = {name: PreflightLine(name, "skip", "skipped by --skip-check") for name in sorted(skip)}
