@@ -20,6 +20,8 @@ from typing import Any
 
 from envbuild.errors import EnvbuildError
 from envrun.checkpoint.audit import audit_checkpoint
+from envrun.checkpoint.expected import NameSource
+from envrun.checkpoint.modelnames import ModelNamesError
 from envrun.probe.report import ExportLayout
 
 
@@ -31,6 +33,7 @@ class ExportAudit:
     unexpected: tuple[str, ...] = ()
     error: str = ""
     node: str = ""  # the Ray node that holds it ("" on this host)
+    expected_from: str = ""  # where the audit took its expected names from (the report's expected_from)
 
     def to_json(self) -> dict[str, Any]:
         document: dict[str, Any] = {
@@ -39,6 +42,7 @@ class ExportAudit:
             "missing": list(self.missing),
             "unexpected": list(self.unexpected),
             "error": self.error,
+            "expected_from": self.expected_from,
         }
         if self.node:
             document["node"] = self.node
@@ -53,13 +57,15 @@ class ExportAudit:
             tuple(document.get("unexpected") or ()),
             str(document.get("error") or ""),
             node,
+            str(document.get("expected_from") or ""),
         )
 
     @property
     def failure(self) -> str:
         where = f"{self.node}: " if self.node else ""
         lost = self.error or ", ".join([*self.missing[:3], *self.unexpected[:3]])
-        return f"{where}{self.path}: {lost}"
+        names = f" (names: {self.expected_from})" if self.expected_from and not self.error else ""
+        return f"{where}{self.path}: {lost}{names}"
 
 
 @dataclass(frozen=True)
@@ -92,24 +98,33 @@ class ExportVerdict:
         }
 
 
-def audit_export(path: Path, node: str = "") -> ExportAudit:
-    """One export audited here. The one place exports meet the audit: where the audit should run with the
-    image's own transformers (a meta-device model), this is the call to route there."""
+def audit_export(path: Path, names: NameSource | None = None, node: str = "") -> ExportAudit:
+    """One export audited here, against ``names`` (the job's own transformers, :mod:`envrun.auditnames`;
+    None: envrun's static description). A failure to get the names fails the export."""
     try:
-        report = audit_checkpoint(path)
+        report = audit_checkpoint(path, expected=names)
+    except ModelNamesError as exc:
+        return ExportAudit(str(path), False, error=f"no expected names from the model: {exc}", node=node)
     except EnvbuildError as exc:
         return ExportAudit(str(path), False, error=str(exc).splitlines()[0], node=node)
-    return ExportAudit(str(path), bool(report.ok), tuple(report.missing), tuple(report.unexpected), node=node)
+    return ExportAudit(
+        str(path),
+        bool(report.ok),
+        tuple(report.missing),
+        tuple(report.unexpected),
+        node=node,
+        expected_from=report.expected_from,
+    )
 
 
-def search_here(layout: ExportLayout) -> ExportSearch:
-    """The exports under the layout's directory on this host, each audited."""
+def search_here(layout: ExportLayout, names: NameSource | None = None) -> ExportSearch:
+    """The exports under the layout's directory on this host, each audited against ``names``."""
     assert layout.root is not None
     root = Path(layout.root)
     if not root.is_dir():
         return ExportSearch("this host", False, ())
     found = sorted(p for p in root.glob(layout.pattern) if p.is_dir())  # the root's own name is no pattern
-    return ExportSearch("this host", True, tuple(audit_export(p) for p in found))
+    return ExportSearch("this host", True, tuple(audit_export(p, names) for p in found))
 
 
 def search_from_answers(answers: Iterable[dict[str, Any]]) -> ExportSearch:
@@ -139,7 +154,9 @@ def export_verdict(layout: ExportLayout | None, search: ExportSearch | None, not
     audits = search.audits
     bad = tuple(a.failure for a in audits if not a.ok)
     if audits:
-        return ExportVerdict(f"{len(audits)} export(s) under {target} on {search.where}", audits, bad, layout)
+        sources = sorted({a.expected_from for a in audits if a.expected_from})
+        names = f"; names: {'; '.join(sources)}" if sources else ""
+        return ExportVerdict(f"{len(audits)} export(s) under {target} on {search.where}{names}", audits, bad, layout)
     if layout.expected:
         there = "holds no export" if search.present else "does not exist"
         return ExportVerdict(

@@ -17,6 +17,7 @@ from envbuild.errors import InputError
 from envbuild.escape import for_terminal
 from envbuild.image.plan import IMAGE_ROOT
 from envbuild.lock.model import ENV_NAME
+from envrun.cluster.state import ClusterState
 from envrun.overrides import merge_overrides
 from envrun.probe.request import ProbeRequest
 from envrun.recipe import REQUIRED_PARAMETERS, Recipe, override_key
@@ -142,6 +143,9 @@ class RunPlan:
     nnodes: int | None = None  # what the final overrides set for the recipe's nnodes / npus_per_node
     npus_per_node: int | None = None
     python: str = "python3"  # the job's interpreter (the recipe's entry point), which runs the probe
+    transformers: str | None = None  # the version the lock pins: checkpoint audits ask that model for its names
+    launch: Mapping[str, Any] | None = None  # what the launcher would start (Launcher.describe), once prepared
+    cluster: ClusterState | None = None  # the cluster `envrun cluster up` started, when the run names it
 
     @property
     def run_id(self) -> str:
@@ -153,6 +157,18 @@ class RunPlan:
     @property
     def command_line(self) -> str:
         return shlex.join(self.argv)
+
+    @property
+    def audit_names(self) -> str:
+        """Which names the run's checkpoint audits check against (envrun.auditnames chooses the source)."""
+        if self.transformers is None:
+            return "envrun's static description (the lock pins no transformers)"
+        where = {
+            "docker": f"in image {self.image}",
+            "ray": f"with the job's {self.python} on each node",
+            "local": f"with the job's {self.python} on this host",
+        }[self.backend]
+        return f"the model built by the lock's transformers {self.transformers} {where}"
 
 
 def hydra_string(value: str) -> str:
@@ -212,13 +228,22 @@ def _output_dir(recipe: Recipe, params: RunParameters, run_dir: Path) -> Path | 
     return Path(os.path.abspath(run_dir)) / "outputs"  # noqa: PTH100 (not resolve(): symlinks kept); host directories, mounted
 
 
-def build_plan(recipe: Recipe, params: RunParameters, lock_file: str, lock_sha256: str, run_dir: Path) -> RunPlan:
+def build_plan(
+    recipe: Recipe,
+    params: RunParameters,
+    lock_file: str,
+    lock_sha256: str,
+    run_dir: Path,
+    *,
+    transformers: str | None = None,
+) -> RunPlan:
     """The plan for ``recipe`` with ``params``: a pure function, so a dry run needs nothing running.
 
     The one place a plan is validated: what it returns is complete for its backend (an image for
     docker, an address for Ray), and the launchers trust it. ``lock_sha256`` is the digest of the lock's
     bytes as :func:`envbuild.lock.io.read_lock` gives it (the digest the image's label carries);
-    ``run_dir`` is where the run is recorded, and its name the run's id."""
+    ``run_dir`` is where the run is recorded, and its name the run's id; ``transformers`` is the version
+    the lock pins (:func:`envrun.auditnames.locked_transformers`), None when it pins none."""
     if params.backend not in BACKENDS:
         raise InputError(f"--backend: expected one of {', '.join(BACKENDS)}, got {params.backend!r}")
     recipe_keys = {override_key(o) for o in recipe.overrides()}
@@ -265,6 +290,7 @@ def build_plan(recipe: Recipe, params: RunParameters, lock_file: str, lock_sha25
         volumes=params.volumes,
         probe=probe,
         python=recipe.entry_point[0],
+        transformers=transformers,
         nnodes=_int_override(overrides, recipe.parameters.get("nnodes")),
         npus_per_node=_int_override(overrides, recipe.parameters.get("npus_per_node")),
     )
@@ -296,6 +322,8 @@ def plan_to_json(plan: RunPlan) -> dict[str, Any]:
         "run_id": plan.run_id,
         "output_dir": None if plan.output_dir is None else str(plan.output_dir),
         "volumes": [v.to_json() for v in plan.volumes],
+        "launch": None if plan.launch is None else dict(plan.launch),
+        "audit_names": plan.audit_names if plan.lenient_checkpoint else None,
     }
 
 
@@ -313,9 +341,36 @@ def render_plan_text(plan: RunPlan) -> str:
         f"run:     {plan.run_dir}" + (f" (outputs in {plan.output_dir})" if plan.output_dir else ""),
     ]
     lines += [f"env:     {k}={v}" for k, v in plan.env.items()]
+    if plan.lenient_checkpoint:
+        lines.append(f"audits:  checkpoint names from {plan.audit_names}")
     lines.append("command:")
     lines += [f"  {shlex.quote(arg)}" for arg in plan.argv]
+    if plan.launch is not None:
+        lines += render_launch(plan.launch)
     if plan.preflight:
         lines.append("preflight:")
         lines += [f"  {c.status:<4} {c.name}: {c.detail}" for c in plan.preflight]
     return "\n".join(lines) + "\n"
+
+
+def render_launch(launch: Mapping[str, Any]) -> list[str]:
+    """What the launcher would start, for people: the ``docker run`` it amounts to, the Ray submission,
+    or the local process."""
+    backend = launch.get("backend")
+    if backend == "docker":
+        lines = ["launch:  a container, through the engine's API; as a docker command:", f"  {launch['docker_run']}"]
+        lines += [f"  device  {d}" for d in launch.get("devices") or ()] or ["  device  (none on this host)"]
+        lines += [f"  mount   {v['host']} -> {v['bind']} ({v['mode']})" for v in launch.get("volumes") or ()]
+        return lines
+    if backend == "ray":
+        return [
+            f"launch:  a Ray job submitted to {launch['address']}",
+            f"  entrypoint:   {launch['entrypoint']}",
+            f"  runtime_env:  {json.dumps(launch['runtime_env'], sort_keys=True)}",
+            f"  metadata:     {json.dumps(launch['metadata'], sort_keys=True)}",
+            f"  submission:   {launch['submission_id']}",
+        ]
+    return [
+        f"launch:  a local process in {launch.get('cwd')}, the env above over this one",
+        f"  {launch.get('process_group')}",
+    ]

@@ -15,6 +15,7 @@ from typing import Any
 
 from envbuild.errors import EnvbuildError, InputError
 from envbuild.image.plan import LOCK_LABEL
+from envbuild.lock.platform import OCI_ARCH
 from envrun.checkpoint.names import shown_name
 from envrun.datafiles import parquet_problem
 from envrun.plan import PreflightLine, RunPlan
@@ -22,9 +23,11 @@ from envrun.plan import PreflightLine, RunPlan
 # The last is not run here: it asks where the job runs (a Ray cluster's nodes), when it is launched.
 TARGET_CHECK = "ray-node"
 PROBE_CHECK = "job-probe"  # envrun.probe.report.CHECK, without importing the probe here
-CHECKS = ("image-lock-label", "npus", "model", "data", PROBE_CHECK, TARGET_CHECK)
+RAY_CHECK = "ray-resources"  # from the probe's facts: the CPUs the job's Ray actors ask for, where it starts Ray
+CHECKS = ("image-lock-label", "image-platform", "npus", "model", "data", PROBE_CHECK, RAY_CHECK, TARGET_CHECK)
 
 ImageLabels = Callable[[str], "dict[str, str]"]  # image ref -> labels; raises EnvbuildError if absent
+ImagePlatform = Callable[[str], "tuple[str, str]"]  # image ref -> (the image's architecture, the engine host's)
 Audit = Callable[[Path], Any]  # model dir -> report with .ok, .missing, .to_json()
 NpuProbe = Callable[[], PreflightLine]
 JobProbe = Callable[[RunPlan], "tuple[PreflightLine, ...]"]  # the job probe's lines for a plan
@@ -37,6 +40,7 @@ class PreflightError(InputError):
 @dataclass(frozen=True)
 class PreflightEnv:
     image_labels: ImageLabels | None = None
+    image_platform: ImagePlatform | None = None  # the docker backend's: the image must run on the engine's host
     audit: Audit | None = None
     npu_probe: NpuProbe | None = None
     job_probe: JobProbe | None = None  # None: the probe as the plan's backend runs it (envrun.probe.run)
@@ -52,12 +56,16 @@ def run_preflight(
     results: list[PreflightLine] = []
     for name, check in (
         ("image-lock-label", lambda: (check_image_label(plan, env.image_labels),)),
+        ("image-platform", lambda: (check_image_platform(plan, env.image_platform),)),
         ("npus", lambda: (check_npus(plan, env.npu_probe, dry_run),)),
         ("model", lambda: (_on_nodes("model", plan) or check_model(plan, env.audit),)),
         ("data", lambda: (_on_nodes("data", plan) or check_data(plan.data_files),)),
         (PROBE_CHECK, lambda: check_job(plan, env.job_probe, results)),
     ):
         results.extend((PreflightLine(name, "skip", "skipped by --skip-check"),) if name in skip else check())
+    if RAY_CHECK in skip:  # made from the probe's answer: dropped, and said so
+        results = [line for line in results if line.name != RAY_CHECK]
+        results.append(PreflightLine(RAY_CHECK, "skip", "skipped by --skip-check"))
     return tuple(results)
 
 
@@ -82,15 +90,18 @@ def check_job(plan: RunPlan, probe: JobProbe | None, before: list[PreflightLine]
 
 
 def default_job_probe(plan: RunPlan) -> tuple[PreflightLine, ...]:
-    from envrun.probe.report import probe_lines  # the probe's cost: only when probing
+    from envrun.probe.report import probe_lines, ray_cpu_line  # the probe's cost: only when probing
     from envrun.probe.run import probe_here, probe_in_image
 
     assert plan.probe is not None
     if plan.backend == "docker" and plan.image:
         from envrun.launch.docker_backend import job_volumes
 
-        return probe_lines(probe_in_image(plan.probe, plan.image, plan.python, plan.env, job_volumes(plan)))
-    return probe_lines(probe_here(plan.probe, plan.python, plan.env))
+        report = probe_in_image(plan.probe, plan.image, plan.python, plan.env, job_volumes(plan))
+    else:
+        report = probe_here(plan.probe, plan.python, plan.env)
+    cpus = ray_cpu_line(report)  # the job starts its own Ray here: it must be able to place its actors
+    return probe_lines(report) + ((cpus,) if cpus is not None else ())
 
 
 def failed(results: Iterable[PreflightLine]) -> list[PreflightLine]:
@@ -120,6 +131,29 @@ def check_image_label(plan: RunPlan, image_labels: ImageLabels | None) -> Prefli
     return PreflightLine(name, "ok", f"{plan.image} carries {LOCK_LABEL}={found}")
 
 
+def check_image_platform(plan: RunPlan, image_platform: ImagePlatform | None) -> PreflightLine:
+    """The docker backend's image is built for the engine host's architecture: else the container fails
+    to start with "exec format error", after everything else passed."""
+    name = "image-platform"
+    if plan.backend != "docker" or not plan.image:
+        return PreflightLine(name, "skip", f"the {plan.backend} backend starts no container of an image here")
+    if image_platform is None:
+        return PreflightLine(name, "fail", f"{plan.image}: cannot read its platform (no container engine)")
+    try:
+        image_arch, machine = image_platform(plan.image)
+    except EnvbuildError as exc:
+        return PreflightLine(name, "fail", f"{plan.image}: {exc}")
+    host_arch = OCI_ARCH.get(machine, machine)  # the engine reports uname's name, an image OCI's
+    if image_arch != host_arch:
+        return PreflightLine(
+            name,
+            "fail",
+            f"{plan.image} is built for linux/{image_arch}, but the engine's host is {machine} (linux/{host_arch}): "
+            "its programs would fail with 'exec format error'; build the lock for this host's platform",
+        )
+    return PreflightLine(name, "ok", f"{plan.image} is linux/{image_arch}, as the engine's host ({machine})")
+
+
 def check_npus(plan: RunPlan, probe: NpuProbe | None, dry_run: bool) -> PreflightLine:
     if dry_run:
         return PreflightLine("npus", "skip", "dry run")
@@ -146,15 +180,18 @@ def probe_npus() -> PreflightLine:
     return PreflightLine("npus", "ok", f"{len(devices)} devices ({', '.join(devices)}); npu-smi info ok")
 
 
-def default_audit(model_dir: Path) -> Any:
-    from envrun.checkpoint.audit import (
-        audit_checkpoint,  # another module's cost; only when checking
-    )
+def default_audit(model_dir: Path, plan: RunPlan) -> Any:
+    """The audit with the names the job's own transformers gives, where the lock pins one
+    (:mod:`envrun.auditnames`), else envrun's static description."""
+    from envrun.auditnames import name_source  # the audit's cost: only when checking
+    from envrun.checkpoint.audit import audit_checkpoint
 
-    return audit_checkpoint(model_dir)
+    return audit_checkpoint(model_dir, expected=name_source(plan))
 
 
 def check_model(plan: RunPlan, audit: Audit | None) -> PreflightLine:
+    from envrun.checkpoint.modelnames import ModelNamesError
+
     model = plan.model
     if model is None:
         return PreflightLine("model", "skip", "the model path is set by an override, not --model")
@@ -163,9 +200,18 @@ def check_model(plan: RunPlan, audit: Audit | None) -> PreflightLine:
     if not plan.lenient_checkpoint:
         return PreflightLine("model", "ok", f"{model}: a directory")
     try:
-        report = (audit or default_audit)(model)
+        report = audit(model) if audit is not None else default_audit(model, plan)
+    except ModelNamesError as exc:
+        return PreflightLine(
+            "model",
+            "fail",
+            f"{model}: the expected names could not be had from the model the lock's transformers "
+            f"{plan.transformers} builds (no fallback to envrun's description): {exc}",
+        )
     except EnvbuildError as exc:
         return PreflightLine("model", "fail", f"{model}: checkpoint unreadable: {exc}")
+    names = getattr(report, "expected_from", "") or "-"
+    facts = {"check": getattr(report, "check", None), "expected_from": names}
     if not report.ok:
         # Names come from the checkpoint: escaped and shortened as the audit's own report does.
         missing = [shown_name(n) for n in getattr(report, "missing", ())]
@@ -176,9 +222,12 @@ def check_model(plan: RunPlan, audit: Audit | None) -> PreflightLine:
             "model",
             "fail",
             f"{model}: checkpoint audit failed (checkpoint.strict=False "
-            f"tolerates only the MTP layers): missing: {shown or '-'}{more}",
+            f"tolerates only the MTP layers): missing: {shown or '-'}{more}; names: {names}",
+            facts,
         )
-    return PreflightLine("model", "ok", f"{model}: checkpoint audit ok (only MTP layers may be absent)")
+    return PreflightLine(
+        "model", "ok", f"{model}: checkpoint audit ok (only MTP layers may be absent); names: {names}", facts
+    )
 
 
 def check_data(files: tuple[Path, ...]) -> PreflightLine:

@@ -17,6 +17,8 @@ from envbuild.config import load_config
 from envbuild.errors import InputError
 from envbuild.lock.io import LockFile, read_lock
 from envbuild.progress import Progress, silent
+from envrun.auditnames import locked_transformers
+from envrun.cluster.state import ClusterState
 from envrun.plan import PreflightLine, RunParameters, RunPlan, build_plan
 from envrun.preflight import TARGET_CHECK, PreflightEnv, PreflightError, failed, run_preflight
 from envrun.recipe import Recipe, load_recipe, recipe_path
@@ -79,8 +81,8 @@ def _cache_dir(request: RunRequest) -> Path:
     return request.cache_dir or load_config(None).cache_dir
 
 
-def _on_cluster(params: RunParameters, name: str, cache_dir: Path) -> RunParameters:
-    """``params`` aimed at the job API of the cluster ``name`` (from its state file)."""
+def _on_cluster(params: RunParameters, name: str, cache_dir: Path) -> tuple[RunParameters, ClusterState]:
+    """``params`` aimed at the job API of the cluster ``name``, and its state (from its state file)."""
     from envrun.cluster.state import require_state
 
     if params.backend != "ray" or params.ray_address:
@@ -88,7 +90,7 @@ def _on_cluster(params: RunParameters, name: str, cache_dir: Path) -> RunParamet
     state = require_state(cache_dir, name)
     if state.phase != "up" or not state.address:
         raise InputError(f"cluster {name} is still starting, or its start failed: see `envrun cluster status {name}`")
-    return replace(params, ray_address=state.address)
+    return replace(params, ray_address=state.address), state
 
 
 def prepare_run(request: RunRequest, progress: Progress = silent) -> PreparedRun:
@@ -98,11 +100,14 @@ def prepare_run(request: RunRequest, progress: Progress = silent) -> PreparedRun
     :meth:`PreparedRun.refuse_if_failed`."""
     recipe = load_recipe(recipe_path(request.recipe))
     lock = read_lock(resolve_lock(recipe, request.lock))
-    params = request.params
+    params, cluster = request.params, None
     if request.cluster is not None:
-        params = _on_cluster(params, request.cluster, _cache_dir(request))
+        params, cluster = _on_cluster(params, request.cluster, _cache_dir(request))
     run_dir = request.run_dir or default_run_dir(recipe.name)
-    plan = build_plan(recipe, params, str(lock.path), lock.sha256, run_dir)
+    transformers = locked_transformers(lock.lock)
+    plan = replace(
+        build_plan(recipe, params, str(lock.path), lock.sha256, run_dir, transformers=transformers), cluster=cluster
+    )
 
     from envrun.overrides import validate_overrides  # Hydra costs a second to import
 
@@ -117,14 +122,16 @@ def prepare_run(request: RunRequest, progress: Progress = silent) -> PreparedRun
 
     env = PreflightEnv()
     if plan.image:
-        from envrun.launch.docker_backend import image_labels
+        from envrun.launch.docker_backend import image_labels, image_platform
 
-        env = PreflightEnv(image_labels=image_labels)
+        env = PreflightEnv(image_labels=image_labels, image_platform=image_platform)
     if plan.probe is not None and plan.backend != "ray":
         progress(f"probing the job where it will run ({plan.image or plan.python})")
     lines = run_preflight(plan, env, dry_run=request.dry_run, skip=request.skip_checks)
-    if request.dry_run and plan.backend == "ray" and TARGET_CHECK not in request.skip_checks:
-        from envrun.launch import launcher_for
+    from envrun.launch import launcher_for
 
-        lines += launcher_for(plan).check_target(plan, frozenset(request.skip_checks), progress)
-    return PreparedRun(recipe, lock, plan.with_preflight(lines), request.skip_checks)
+    launcher = launcher_for(plan)
+    if request.dry_run and plan.backend == "ray" and TARGET_CHECK not in request.skip_checks:
+        lines += launcher.check_target(plan, frozenset(request.skip_checks), progress)
+    plan = replace(plan.with_preflight(lines), launch=launcher.describe(plan))
+    return PreparedRun(recipe, lock, plan, request.skip_checks)

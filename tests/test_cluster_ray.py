@@ -46,6 +46,25 @@ pytestmark = [pytest.mark.network, pytest.mark.docker, pytest.mark.registry, pyt
 NAME = "pair"
 
 
+def test_a_volume_whose_host_path_is_missing_is_refused_before_anything_starts(
+    images: Images, hosts: list[ExtraEngine], state_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The engine would create the bind's source empty, silently: the job would then read an empty /data.
+    (tmp_path / "here").mkdir()
+    volumes = [
+        {"host": str(tmp_path / "here"), "container": "/here"},
+        {"host": str(tmp_path / "gone"), "container": "/data"},
+    ]
+    spec = cluster_file(tmp_path / "c.yaml", "novol", [hosts[0].host], volumes=volumes)
+    args = ["cluster", "up", str(spec), "--image", images.current.reference, "--lock", str(images.current.lock)]
+    assert main([*args, "--cache-dir", str(state_dir)]) == 2
+    error = one_line_error(capsys)
+    assert hosts[0].host in error and f"do not exist on this host: {tmp_path / 'gone'};" in error
+    assert str(tmp_path / "here") + "," not in error
+    assert not (tmp_path / "gone").exists()  # not created by the check either
+    assert containers_of(hosts[0], "novol") == [] and not state_path(state_dir, "novol").exists()
+
+
 @dataclass(frozen=True)
 class Images:
     current: BuiltImage  # the lock the cluster runs
@@ -289,6 +308,10 @@ def test_a_job_is_checked_on_every_node_then_reads_the_volume_on_each(
     for line in lines:
         assert line["status"] == "ok" and line["facts"]["lock_sha256"] == images.current.lock_sha256
         assert line["facts"]["answered_from"] == line["facts"]["node_id"]  # the node itself answered
+    # envrun started these nodes: each host's engine, not the node, says which image each container runs.
+    engine_lines = [line for line in recorded if line["name"] == "ray-node" and "the engine runs" in line["detail"]]
+    assert [line["status"] for line in engine_lines] == ["ok", "ok"], engine_lines
+    assert all(images.current.image_id in line["detail"] for line in engine_lines)
     # The model and the data, checked on each node at the path the job reads there (not on this host).
     for check in ("model", "data"):
         per_node = [line for line in recorded if line["name"] == check]

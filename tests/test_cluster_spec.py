@@ -4,6 +4,7 @@ the cluster state — pure parts, no engine and no Ray (those are in test_cluste
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,10 @@ def test_a_cluster_file_is_data() -> None:
             "nodes[0].ray_start_args: --port is set by envrun cluster (set `head_port`)",
         ),
         (("[--num-cpus=64]", "[--head]"), "nodes[0].ray_start_args: --head is set by envrun cluster"),
+        (
+            ("[--num-cpus=64]", "[--dashboard-host=127.0.0.1]"),
+            "nodes[0].ray_start_args: --dashboard-host is set by envrun cluster (the job API listens on the head's",
+        ),
         (("[--num-cpus=64]", "[num-cpus]"), "nodes[0].ray_start_args: 'num-cpus': expected a `ray start` flag"),
         (("    ip: 10.0.0.1\n", "    ip: 10.0.0.1\n    npus: 16\n"), "c.yaml:6: nodes[0].npus: unknown key"),
     ],
@@ -140,7 +145,17 @@ def test_a_node_gets_what_its_host_has() -> None:
 
 
 def _answer(name: str, lock: str | None, **more: object) -> dict[str, object]:
-    return {"node_id": name * 56, "name": f"n{name}", "ip": "10.0.0.1", "lock_sha256": lock, "devices": [], **more}
+    node_id = name * 56
+    answer = {"node_id": node_id, "answered_from": node_id, "name": f"n{name}", "ip": "10.0.0.1", "lock_sha256": lock}
+    return {**answer, "devices": [], **more}
+
+
+def test_an_answer_from_another_node_than_the_one_asked_fails() -> None:
+    want = "c" * 64
+    (line,) = node_lines([_answer("1", want, answered_from="2" * 56)], want, "x.lock.yaml")
+    assert line.status == "fail" and f"the answer came from Ray node {'2' * 56}, not this node" in line.detail
+    (line,) = node_lines([{k: v for k, v in _answer("1", want).items() if k != "answered_from"}], want, "x")
+    assert line.status == "fail"  # an answer that does not say where it came from is not the node's
 
 
 def test_volumes_reach_every_node_read_only_unless_rw() -> None:
@@ -183,12 +198,13 @@ def test_fewer_nodes_or_npus_than_the_run_needs_are_refused_naming_what_is_there
 
 def test_each_node_reports_the_model_and_the_data_it_sees() -> None:
     answers = [
-        _answer("1", "a", model={"path": "/data/m", "ok": True}, data=[]),
+        _answer("1", "a", model={"path": "/data/m", "ok": True, "expected_from": "M of transformers 5.10.4 on n1"},
+                data=[]),
         _answer("2", "a", model={"path": "/data/m", "ok": False, "error": "/data/m: not a directory on this node"},
                 data=["/data/t.parquet: no such file"]),
     ]  # fmt: skip
     assert [(line.status, line.detail.split(": ", 1)[1]) for line in model_lines(answers)] == [
-        ("ok", "/data/m: checkpoint audit ok"),
+        ("ok", "/data/m: checkpoint audit ok; names: M of transformers 5.10.4 on n1"),
         ("fail", "/data/m: not a directory on this node"),
     ]
     assert [line.status for line in data_lines(answers, 1)] == ["ok", "fail"]
@@ -231,3 +247,19 @@ def test_down_without_a_cluster_is_a_no_op_and_status_says_so(
     assert "removed 0 container(s)" in capsys.readouterr().out
     assert main(["cluster", "status", "nothing", "--cache-dir", str(tmp_path)]) == 2
     assert "no cluster nothing is up" in capsys.readouterr().err
+
+
+def test_the_host_engine_s_image_id_must_be_the_pinned_one() -> None:
+    from envbuild.engine.client import ContainerState
+    from envrun.cluster.nodecheck import engine_image_line
+
+    pinned = {"Id": "sha256:" + "a" * 64}
+    running = ContainerState("c" * 64, "envrun-g-0", "running", "sha256:" + "a" * 64, {})
+    assert engine_image_line("unix:///h", "envrun-g-0", running, pinned, "r/x@sha256:d").status == "ok"
+    other = replace(running, image_id="sha256:" + "b" * 64)
+    line = engine_image_line("unix:///h", "envrun-g-0", other, pinned, "r/x@sha256:d")
+    assert line.status == "fail" and f"from image sha256:{'b' * 64}, not sha256:{'a' * 64}" in line.detail
+    assert engine_image_line("unix:///h", "envrun-g-0", None, pinned, "r").status == "fail"
+    stopped = replace(running, state="exited")
+    assert "is exited" in engine_image_line("unix:///h", "envrun-g-0", stopped, pinned, "r").detail
+    assert engine_image_line("unix:///h", "envrun-g-0", running, None, "r").status == "fail"

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import tarfile
+from dataclasses import replace
 from pathlib import Path
 
 import docker
@@ -131,7 +132,7 @@ def test_the_probe_runs_in_the_image_and_a_lost_export_fails_the_run(trainer_ima
             image=trainer_image,
             model=tmp_path / "model",
             train_files=(data,),
-            overrides=("trainer.save_freq=1",),
+            overrides=("trainer.save_freq=1", "ray_kwargs.ray_init.num_cpus=16"),  # TransferQueue asks for 9
             extra_env={**path_env(verl), "FAKE_TRAINER_EXPECT": str(expect), "FAKE_TRAINER_EXPORT": f"{saved}={where}"},
             entry_point=("python3", "/opt/fake_trainer.py"),
             volumes=tuple(Volume.parse(m) for m in [*mounts, f"{saved}:{saved}:ro"]),
@@ -153,3 +154,45 @@ def test_the_probe_runs_in_the_image_and_a_lost_export_fails_the_run(trainer_ima
     assert outcome.exit_status == 1 and status["status"] == "failed" and "lm_head.weight" in status["detail"]
     (audit,) = json.loads((run_dir / "exports.json").read_text())["exports"]
     assert audit["path"] == str(where) and audit["ok"] is False
+
+
+def test_sigterm_stops_the_container_and_records_it(trainer_image: str, tmp_path: Path) -> None:
+    """A scheduler's SIGTERM to envrun (the path Ctrl-C takes too): the job's container is stopped and
+    removed, and the run is recorded as interrupted by SIGTERM. A real signal to a real envrun process."""
+    import signal
+    import subprocess
+    import sys
+
+    from tests.lib.tinyrun import REPO
+
+    tiny = tiny_setup(tmp_path)
+    sleep = {"FAKE_TRAINER_SLEEP": "300"}
+    request = docker_request(tiny, trainer_image)
+    request = replace(request, params=replace(request.params, extra_env={**request.params.extra_env, **sleep}))
+    tiny.expect(prepare_run(request).plan, tiny.model / "expect.json")
+    run_dir = tmp_path / "run"
+    args = docker_args(tiny, trainer_image, "--env", "FAKE_TRAINER_SLEEP=300", "--run-dir", str(run_dir))
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "envrun.cli.main", *args],
+        cwd=REPO,
+        env=os.environ.copy(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    client = docker.from_env(version="auto")
+    try:
+        assert cli.stdout is not None
+        for line in cli.stdout:  # the job's own output: the container is really running
+            if "fake trainer: sleeping" in line:
+                break
+        running = client.containers.list(filters={"label": "io.envbuild.run.recipe=tiny"})
+        assert running, "no running container of the job"
+        cli.send_signal(signal.SIGTERM)
+        cli.communicate(timeout=120)
+    finally:
+        cli.kill()
+    assert cli.returncode == 130
+    status = read_status(run_dir)
+    assert status["status"] == "interrupted" and status["detail"].startswith("stopped on SIGTERM"), status
+    ids = {c.id for c in running}
+    assert not ids & {c.id for c in client.containers.list(all=True)}  # stopped and removed

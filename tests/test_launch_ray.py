@@ -264,3 +264,36 @@ def test_a_client_without_the_token_is_told_so(ray_head: str, tmp_path: Path, mo
     assert auth_headers() == {"Authorization": f"Bearer {TOKEN}"}
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     assert auth_headers() == {}
+
+
+def test_sigterm_stops_the_ray_job_and_records_it(ray_head: str, tiny: Tiny) -> None:
+    """SIGTERM to envrun takes Ctrl-C's path: the Ray job is stopped on the cluster, recorded as SIGTERM."""
+    from tests.lib.tinyrun import REPO
+
+    ray_run(tiny, ray_head, FAKE_TRAINER_SLEEP="300")
+    extra = ["--backend", "ray", "--ray-address", ray_head, "--skip-check", "ray-node"]
+    extra += ["--env", f"FAKE_TRAINER_EXPECT={tiny.expect_file}", "--env", "FAKE_TRAINER_SLEEP=300"]
+    run_dir = tiny.tmp / "run"
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "envrun.cli.main", *tiny.args(*extra, "--run-dir", str(run_dir))],
+        cwd=REPO,
+        env=os.environ.copy(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert cli.stdout is not None
+        for line in cli.stdout:
+            if "fake trainer: sleeping" in line:
+                break
+        cli.send_signal(signal.SIGTERM)
+        cli.communicate(timeout=120)
+    finally:
+        cli.kill()
+    assert cli.returncode == 130
+    status = read_status(run_dir)
+    assert status["status"] == "interrupted" and status["detail"].startswith("stopped on SIGTERM"), status
+    job_id = next(
+        line.split()[4] for line in (run_dir / "output.log").read_text().splitlines() if "submitted Ray job" in line
+    )
+    assert job_client(ray_head).get_job_status(job_id).value == "STOPPED"

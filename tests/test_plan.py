@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,7 @@ def test_dry_run_plan_is_the_full_command(tiny: Tiny) -> None:
     assert plan.backend == "local"
     assert {c.name: c.status for c in plan.preflight} == {
         "image-lock-label": "skip",
+        "image-platform": "skip",
         "npus": "skip",
         "model": "ok",
         "data": "ok",
@@ -66,11 +68,12 @@ def test_dry_run_json_through_the_cli(tiny: Tiny, capsys: pytest.CaptureFixture[
     assert main(tiny.args("--dry-run", "--json", "--nnodes", "2")) == 0
     plan = json.loads(capsys.readouterr().out)
     assert list(plan)[:4] == ["argv", "env", "backend", "preflight"]
-    assert "trainer.nnodes=2" in plan["argv"] and plan["preflight"][2] == {
-        "name": "model",
-        "status": "ok",
-        "detail": f"{tiny.model}: checkpoint audit ok (only MTP layers may be absent)",
-    }
+    (model,) = [line for line in plan["preflight"] if line["name"] == "model"]
+    assert "trainer.nnodes=2" in plan["argv"] and model["name"] == "model" and model["status"] == "ok"
+    # The tiny lock pins no transformers: the names are envrun's description, and the line says so.
+    names = "the glm_moe_dsa modelling code of transformers 5.10.4 (envrun's description)"
+    assert model["detail"] == f"{tiny.model}: checkpoint audit ok (only MTP layers may be absent); names: {names}"
+    assert model["facts"] == {"check": "architecture", "expected_from": names}
 
 
 def test_hydra_string_quotes_only_what_needs_it() -> None:
@@ -143,3 +146,15 @@ def test_an_unknown_skip_check_is_bad_input(tiny: Tiny) -> None:
 
     with pytest.raises(InputError, match="unknown check gpus"):
         prepare_run(replace(tiny.request(), skip_checks=("gpus",)))
+
+
+def test_an_image_for_another_architecture_is_refused_before_it_starts(tiny: Tiny) -> None:
+    from envrun.preflight import check_image_platform
+
+    plan = replace(prepare_run(tiny.request(dry_run=True)).plan, backend="docker", image="train:1")
+    line = check_image_platform(plan, lambda ref: ("arm64", "x86_64"))
+    assert line.status == "fail" and "train:1 is built for linux/arm64, but the engine's host is x86_64" in line.detail
+    assert "exec format error" in line.detail
+    assert check_image_platform(plan, lambda ref: ("amd64", "x86_64")).status == "ok"
+    assert check_image_platform(plan, lambda ref: ("arm64", "aarch64")).status == "ok"
+    assert check_image_platform(replace(plan, backend="local"), None).status == "skip"

@@ -43,7 +43,11 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def cli_args(files: Path, cache: Path, *extra: str) -> list[str]:
+# The recipe's TransferQueue asks Ray for 9 CPUs (its controller and 8 storage units); a test machine has 2.
+ENOUGH_CPUS = ("-o", "ray_kwargs.ray_init.num_cpus=16")
+
+
+def cli_args(files: Path, cache: Path, *extra: str, cpus: tuple[str, ...] = ENOUGH_CPUS) -> list[str]:
     recipe = str(files / "grpo-glm5.yaml")
     data = ["--data", str(files / "train.parquet")]
     return [
@@ -56,6 +60,7 @@ def cli_args(files: Path, cache: Path, *extra: str) -> list[str]:
         *data,
         "--cache-dir",
         str(cache),
+        *cpus,
         *extra,
     ]
 
@@ -92,6 +97,11 @@ def test_the_fixed_lock_passes_the_probe(
     assert facts["exports"]["pattern"] == str(expected_dir).replace("global_step_1", "global_step_*")
     assert facts["exports"]["expected"] is False and "trainer.save_freq=-1" in facts["exports"]["why"]
     assert facts["exports"]["root"] == out["output_dir"] + "/ckpts"  # envrun's plain value, resolved by a worker
+    # The CPUs the job's first Ray actors ask for, read from their own ray.remote options, against the 16 given.
+    (cpus,) = [c for c in out["preflight"] if c["name"] == "ray-resources"]
+    assert cpus["status"] == "ok" and "ask for 9 CPU(s) at once" in cpus["detail"], cpus["detail"]
+    assert "TransferQueueController: 1; 8 SimpleStorageUnit x 1" in cpus["detail"]
+    assert "ray_kwargs.ray_init.num_cpus=16" in cpus["detail"]
 
 
 def test_without_transfer_queue_the_job_is_refused_naming_it(
@@ -117,9 +127,17 @@ def test_a_driver_only_interpolation_and_too_few_npus_are_refused(
     """Both pass the override check, which composes in the driver; the probe resolves as a Ray worker and
     runs verl's own validate_config for 2 nodes x 16 NPUs."""
     now = "trainer.rollout_data_dir=/data/rollouts/${now:%Y%m%d_%H%M%S}"
-    code = main(cli_args(files, tmp_path / "cache", "--dry-run", "-q", "--nnodes", "2", "-o", now, *path_args(verl)))
+    few = ("-o", "ray_kwargs.ray_init.num_cpus=2")  # what Ray detects on a 2-core machine
+    args = cli_args(
+        files, tmp_path / "cache", "--dry-run", "-q", "--nnodes", "2", "-o", now, *path_args(verl), cpus=few
+    )
+    code = main(args)
     captured = capsys.readouterr()
     assert code == 2
+    # A Ray that cannot place the job's actors waits forever: refused before, with the fix.
+    (cpus,) = [line for line in captured.out.splitlines() if line.lstrip().startswith("fail ray-resources")]
+    assert "ask for 9 CPU(s) at once" in cpus and "ray_kwargs.ray_init.num_cpus=2" in cpus
+    assert "Ray would wait for them forever. Pass -o ray_kwargs.ray_init.num_cpus=9 or more" in cpus
     lines = [line for line in captured.out.splitlines() if line.lstrip().startswith(f"fail {CHECK}")]
     assert len(lines) == 2, captured.out  # one line per problem
     assert any(
@@ -143,7 +161,7 @@ def saving(verl: Venv, files: Path, tmp_path_factory: pytest.TempPathFactory) ->
         RunParameters(
             model=files / "model",
             train_files=(files / "train.parquet",),
-            overrides=("trainer.save_freq=1",),
+            overrides=("trainer.save_freq=1", "ray_kwargs.ray_init.num_cpus=16"),  # TransferQueue asks for 9
             extra_env=path_env(verl),
             entry_point=(sys.executable, str(FAKE_TRAINER)),
         ),
@@ -216,6 +234,7 @@ def test_a_config_that_saves_no_export_says_so(verl: Venv, files: Path, tmp_path
             train_files=(files / "train.parquet",),
             extra_env={**path_env(verl), "FAKE_TRAINER_EXPECT": str(tmp_path / "expect.json")},
             entry_point=(sys.executable, str(FAKE_TRAINER)),
+            overrides=ENOUGH_CPUS[1:],
         ),
         lock=LOCK,
         cache_dir=tmp_path / "cache",

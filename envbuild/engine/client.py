@@ -368,6 +368,24 @@ class Engine:
                     container.remove(force=True)
         return RunOutput(int(status.get("StatusCode", -1)), out, err)
 
+    def missing_paths(self, image: str, paths: Iterable[str]) -> list[str]:
+        """The ``paths`` that do not exist on the engine's host. A ``volumes`` bind of a missing path is
+        created empty by the engine, silently; a bind *mount* of one is refused when the container is
+        created, so each path is tried as a read-only mount of a container of ``image`` that never runs."""
+        missing = []
+        for path in paths:
+            with _engine_errors(f"check {path} on {self.address}", self.address):
+                mount = docker.types.Mount("/envbuild-path-check", path, type="bind", read_only=True)
+                try:
+                    container = self.client.containers.create(image, ["true"], network_mode="none", mounts=[mount])
+                except docker.errors.APIError as exc:
+                    if "bind source path does not exist" not in str(exc):
+                        raise
+                    missing.append(path)
+                    continue
+                container.remove(force=True)
+        return missing
+
     # A container to install into and commit (the packages image): create, copy files in, run, commit.
 
     def create(self, image: str, command: list[str], labels: dict[str, str], name: str | None = None) -> str:

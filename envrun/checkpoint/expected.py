@@ -37,6 +37,7 @@ class ExpectedNames:
     names: frozenset[str]
     source: str  # e.g. "GlmMoeDsaForCausalLM of transformers 5.10.4 on the meta device (torch 2.13.0)"
     config_sha256: str
+    transformers: str = ""  # the version that made them, when a model did
 
 
 # A source of names the audit calls once it knows what the checkpoint holds: the config.json bytes it

@@ -17,8 +17,8 @@ from __future__ import annotations
 import hashlib
 import subprocess
 import tempfile
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO
 
@@ -49,13 +49,30 @@ def script_text() -> str:
 @dataclass(frozen=True)
 class ModelNames:
     """A :data:`envrun.checkpoint.expected.NameSource`: the audit calls it with the config.json bytes it
-    read and the most names it accepts for the checkpoint at hand."""
+    read and the most names it accepts for the checkpoint at hand.
+
+    ``where`` says where ``python`` is ("the job's python3 on this host"), for the report;
+    ``env`` is the environment it runs in (None: this one); ``transformers`` is the version the lock
+    pins: names made by another transformers are refused, never taken."""
 
     python: tuple[str, ...]
     timeout: float = DEFAULT_TIMEOUT
+    where: str = ""
+    env: Mapping[str, str] | None = None
+    transformers: str | None = None
 
     def __call__(self, config: bytes, max_names: int) -> ExpectedNames:
-        return names_for_config(config, self.python, max_names=max_names, timeout=self.timeout)
+        names = names_for_config(config, self.python, max_names=max_names, timeout=self.timeout, env=self.env)
+        return placed(names, self.where, self.transformers, " ".join(self.python))
+
+
+def placed(names: ExpectedNames, where: str, transformers: str | None, shown: str) -> ExpectedNames:
+    """``names`` with where they were made in their source; refused when made by another transformers
+    than ``transformers`` (the lock's), since the audit would then check against code the job does not run."""
+    if transformers is not None and names.transformers != transformers:
+        raise ModelNamesError(f"{shown}: {names.source}, but the lock pins transformers {transformers}")
+    source = f"{names.source} {where}" if where else names.source
+    return replace(names, source=source)
 
 
 def expected_names_from_model(
@@ -66,34 +83,62 @@ def expected_names_from_model(
     return names_for_config(raw, python, max_names=max_names, timeout=timeout)
 
 
+def script_argv(python: Sequence[str], max_names: int, config_file: str | None = None) -> list[str]:
+    """The command that runs the script with ``python``: config.json on stdin, or read from ``config_file``
+    (a path the interpreter sees, for a container that has no stdin)."""
+    return [*python, "-c", script_text(), str(max_names), *([config_file] if config_file else [])]
+
+
 def names_for_config(
-    config: bytes, python: Sequence[str], *, max_names: int = MAX_EXPECTED_TENSORS, timeout: float = DEFAULT_TIMEOUT
+    config: bytes,
+    python: Sequence[str],
+    *,
+    max_names: int = MAX_EXPECTED_TENSORS,
+    timeout: float = DEFAULT_TIMEOUT,
+    env: Mapping[str, str] | None = None,
 ) -> ExpectedNames:
     if not python:
         raise InputError("no python command to build the model with")
-    command = [*python, "-c", script_text(), str(max_names)]
+    command = script_argv(python, max_names)
     shown = " ".join(python)
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         try:
-            done = subprocess.run(command, input=config, stdout=out, stderr=err, timeout=timeout, check=False)
+            done = subprocess.run(
+                command,
+                input=config,
+                stdout=out,
+                stderr=err,
+                timeout=timeout,
+                check=False,
+                env=None if env is None else dict(env),
+            )
         except FileNotFoundError:
             raise ModelNamesError(f"{shown}: no such command") from None
         except subprocess.TimeoutExpired:
             raise ModelNamesError(f"{shown}: building the model on the meta device took over {timeout:g} s") from None
         stderr = _tail(err)
-        if done.returncode == 2 and stderr.startswith("saved_names: "):
-            raise ModelRefusedConfigError(f"config.json: {stderr.removeprefix('saved_names: ')}")
-        if done.returncode != 0:
-            raise ModelNamesError(f"{shown} exited {done.returncode}: {stderr or 'no message'}")
         size = out.seek(0, 2)
         if size > MAX_ANSWER_BYTES:
             raise ModelNamesError(f"{shown}: an answer of {size:,} bytes, more than {MAX_ANSWER_BYTES // MiB} MiB")
         out.seek(0)
         answer = out.read()
+    return interpret_answer(done.returncode, answer, stderr, config, shown, max_names)
+
+
+def interpret_answer(
+    code: int, answer: bytes | str, stderr: str, config: bytes, shown: str, max_names: int
+) -> ExpectedNames:
+    """What the script's exit status, stdout and last stderr line mean: the names, or the error."""
+    if code == 2 and stderr.startswith("saved_names: "):
+        raise ModelRefusedConfigError(f"config.json: {stderr.removeprefix('saved_names: ')}")
+    if code != 0:
+        raise ModelNamesError(f"{shown} exited {code}: {stderr or 'no message'}")
+    if len(answer) > MAX_ANSWER_BYTES:
+        raise ModelNamesError(f"{shown}: an answer of {len(answer):,} bytes, more than {MAX_ANSWER_BYTES // MiB} MiB")
     return _parse_answer(answer, config, shown, max_names)
 
 
-def _parse_answer(answer: bytes, config: bytes, shown: str, max_names: int) -> ExpectedNames:
+def _parse_answer(answer: bytes | str, config: bytes, shown: str, max_names: int) -> ExpectedNames:
     def fail(message: str) -> ModelNamesError:
         return ModelNamesError(f"{shown}: {message}")
 
@@ -112,13 +157,16 @@ def _parse_answer(answer: bytes, config: bytes, shown: str, max_names: int) -> E
     if not all(isinstance(v, str) for v in about.values()):
         raise fail("the answer does not say which class and versions made it")
     source = f"{about['class']} of transformers {about['transformers']} on the meta device (torch {about['torch']})"
-    return ExpectedNames(frozenset(names), source, doc["config_sha256"])
+    return ExpectedNames(frozenset(names), source, doc["config_sha256"], str(about["transformers"]))
 
 
 def _tail(handle: IO[bytes], limit: int = 2000) -> str:
     """The last line of what the interpreter said on stderr (its error, after any warnings)."""
     size = handle.seek(0, 2)
     handle.seek(max(0, size - limit))
-    text = handle.read().decode("utf-8", "replace")
+    return last_line(handle.read().decode("utf-8", "replace"))
+
+
+def last_line(text: str) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return " ".join(lines[-1:])[:500] if lines else ""

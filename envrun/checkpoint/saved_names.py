@@ -4,6 +4,7 @@ Self-contained on purpose: the standard library, torch and transformers, nothing
 any python with transformers can run it — the locked image's own, which does not have envrun:
 
     python saved_names.py MAX_NAMES < config.json
+    python saved_names.py MAX_NAMES /mounted/config.json      (in a container, which has no stdin)
     python -c "$SCRIPT_TEXT" MAX_NAMES < config.json      (envrun.checkpoint.modelnames does this)
 
 The model is built by ``AutoModelForCausalLM.from_config`` on the meta device (no memory for weights:
@@ -134,10 +135,14 @@ def _brief(exc: BaseException) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1 or not argv[0].isdigit():
-        print("usage: python saved_names.py MAX_NAMES < config.json", file=sys.stderr)
+    if len(argv) not in (1, 2) or not argv[0].isdigit():
+        print("usage: python saved_names.py MAX_NAMES [CONFIG_JSON] (default: config.json on stdin)", file=sys.stderr)
         return REFUSED
-    config = sys.stdin.buffer.read()
+    if len(argv) == 2:  # a container run through an engine has no stdin: the file is mounted
+        with open(argv[1], "rb") as f:
+            config = f.read()
+    else:
+        config = sys.stdin.buffer.read()
     out = sys.stdout
     try:
         # Whatever transformers or torch print goes to stderr: stdout carries the one JSON document.

@@ -17,9 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from envbuild.engine.client import ContainerState
 from envbuild.errors import EngineError
 from envrun import ray_api
 from envrun.cluster.onnode import MANIFEST, MARKER, TASK_TIMEOUT_SECONDS
+from envrun.cluster.state import ClusterState
 from envrun.plan import PreflightLine
 
 CHECK = "ray-node"
@@ -40,10 +42,15 @@ class NodeAsk:
     exports: Mapping[str, str] | None = None  # {"root", "pattern"}
     lock: bool = True
     python: str = "python3"  # the job's interpreter, which runs the probe
-    env: Mapping[str, str] | None = None  # the job's environment, for the probe only (the check runs as the node is)
+    env: Mapping[str, str] | None = None  # the job's environment, for the probe and the model's names
+    transformers: str | None = None  # the lock's: audits take their names from the model it builds
 
     def to_json(self) -> dict[str, Any]:
         spec: dict[str, Any] = {"lock": self.lock}
+        if self.transformers and (self.model or self.exports):
+            spec["transformers"] = self.transformers
+            spec["python"] = self.python
+            spec["env"] = dict(self.env or {})
         if self.model:
             spec["model"] = self.model
         if self.data:
@@ -93,6 +100,14 @@ def node_lines(answers: list[dict[str, Any]], lock_sha256: str, lock_file: str) 
         facts = {k: v for k, v in answer.items() if k not in ("probe", "model", "data", "exports")}
         if answer.get("error"):
             line = PreflightLine(CHECK, "fail", f"{who} did not answer: {answer['error']}", facts)
+        elif answer.get("answered_from") != answer.get("node_id"):
+            # The task was pinned to the node asked (soft=False): another node's answer is not this node's.
+            line = PreflightLine(
+                CHECK,
+                "fail",
+                f"{who}: the answer came from Ray node {answer.get('answered_from')}, not this node",
+                facts,
+            )
         elif found is None:
             reason = answer.get("manifest_problem") or "no lock digest"
             line = PreflightLine(CHECK, "fail", f"{who} runs no envbuild image ({MANIFEST}: {reason})", facts)
@@ -146,11 +161,18 @@ def model_lines(answers: list[dict[str, Any]]) -> tuple[PreflightLine, ...]:
                     "fail",
                     f"{who}: {model.get('path')}: checkpoint audit failed (checkpoint.strict=False tolerates only "
                     f"the MTP layers): missing: {', '.join(missing[:5]) or '-'}"
-                    + (f"; unexpected: {', '.join(unexpected[:5])}" if unexpected else ""),
+                    + (f"; unexpected: {', '.join(unexpected[:5])}" if unexpected else "")
+                    + f"; names: {model.get('expected_from') or '-'}",
                 )
             )
         else:
-            lines.append(PreflightLine("model", "ok", f"{who}: {model.get('path')}: checkpoint audit ok"))
+            lines.append(
+                PreflightLine(
+                    "model",
+                    "ok",
+                    f"{who}: {model.get('path')}: checkpoint audit ok; names: {model.get('expected_from') or '-'}",
+                )
+            )
     return tuple(lines)
 
 
@@ -176,3 +198,42 @@ def probe_lines_of(answers: list[dict[str, Any]]) -> tuple[PreflightLine, ...]:
         if isinstance(answer.get("probe"), dict):
             lines.extend(probe_lines(report_from_json(node_label(answer), answer["probe"])))
     return tuple(lines)
+
+
+def engine_image_lines(state: ClusterState) -> tuple[PreflightLine, ...]:
+    """For a cluster ``envrun cluster up`` started: each node's container as its host's engine sees it
+    (not as the node reports itself) runs the image the cluster was pinned to, by image ID."""
+    from envbuild.engine.client import Engine
+    from envrun.cluster.nodes import container_name
+
+    lines = []
+    for index, url in enumerate(state.engines):
+        name = container_name(state.name, index)
+        try:
+            with Engine.connect(url) as engine:
+                container = engine.container(name)
+                pinned = engine.inspect(state.image)
+        except EngineError as exc:
+            lines.append(PreflightLine(CHECK, "fail", f"{url}: cannot ask the engine about {name}: {exc}"))
+            continue
+        lines.append(engine_image_line(url, name, container, pinned, state.image))
+    return tuple(lines)
+
+
+def engine_image_line(
+    url: str, name: str, container: ContainerState | None, pinned: Mapping[str, Any] | None, image: str
+) -> PreflightLine:
+    """The verdict for one node container (pure): running, and on the pinned image's ID."""
+    if container is None or not container.running:
+        state = "gone" if container is None else container.state
+        return PreflightLine(CHECK, "fail", f"{url}: the node container {name} is {state}; `envrun cluster status`")
+    if pinned is None:
+        return PreflightLine(CHECK, "fail", f"{url}: the engine no longer holds {image}, the cluster's pinned image")
+    if container.image_id != pinned.get("Id"):
+        return PreflightLine(
+            CHECK,
+            "fail",
+            f"{url}: the engine runs {name} from image {container.image_id}, not {pinned.get('Id')} ({image}, "
+            "the image the cluster was started from)",
+        )
+    return PreflightLine(CHECK, "ok", f"{url}: the engine runs {name} from {container.image_id} ({image}, pinned)")

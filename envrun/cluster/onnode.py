@@ -7,7 +7,8 @@ runs envrun's own checks with the image's Python, on the node's own files:
 
 - ``lock``: the lock digest the image recorded (``/opt/envbuild/meta/manifest.json``) and the NPUs the
   node's container sees;
-- ``model``: the checkpoint audit of the model directory, at the path the job will read there;
+- ``model``: the checkpoint audit of the model directory, at the path the job will read there, against
+  the names the model built by the job's interpreter there gives when the lock pins transformers;
 - ``data``: each training file exists and is parquet, at that path;
 - ``probe``: the job probe (:mod:`envrun.probe.job_script`) with the node's interpreter and environment;
 - ``exports``: after a run, every Hugging Face export under the trainer's checkpoint directory, audited
@@ -49,18 +50,50 @@ def lock_facts() -> dict[str, Any]:
     }
 
 
-def audit(path: str) -> dict[str, Any]:
-    """The checkpoint audit of ``path`` on this node: ok, missing, unexpected, or the error that stopped it."""
+def names_for(spec: dict[str, Any]) -> Any:
+    """The source of expected names on this node: the model built by the job's interpreter here when the
+    lock pins transformers (``spec["transformers"]``), else None (envrun's static description)."""
+    from envrun.checkpoint.modelnames import DEFAULT_TIMEOUT, ModelNames, ModelNamesError
+
+    version = spec.get("transformers")
+    if not version:
+        return None
+    python = spec.get("python") or "python3"
+    job_env = {**os.environ, **dict(spec.get("env") or {})}
+    found = shutil.which(python, path=job_env.get("PATH"))
+    if found is None:
+
+        def missing(config: bytes, max_names: int) -> Any:
+            raise ModelNamesError(f"{python}: not found on this node's PATH (the job's interpreter)")
+
+        return missing
+    where = f"with the job's {python} ({found}) on node {socket.gethostname()}"
+    return ModelNames((found,), DEFAULT_TIMEOUT, where, job_env, str(version))
+
+
+def audit(path: str, names: Any = None) -> dict[str, Any]:
+    """The checkpoint audit of ``path`` on this node: ok, missing, unexpected, where the names came from,
+    or the error that stopped it (a failure to get names from the model is one: no fallback)."""
     from envbuild.errors import EnvbuildError
     from envrun.checkpoint.audit import audit_checkpoint
+    from envrun.checkpoint.modelnames import ModelNamesError
 
     if not os.path.isdir(path):
         return {"path": path, "ok": False, "error": f"{path}: not a directory on this node"}
     try:
-        report = audit_checkpoint(Path(path))
+        report = audit_checkpoint(Path(path), expected=names)
+    except ModelNamesError as exc:
+        return {"path": path, "ok": False, "error": f"no expected names from the model: {exc}"}
     except EnvbuildError as exc:
         return {"path": path, "ok": False, "error": str(exc).splitlines()[0]}
-    return {"path": path, "ok": bool(report.ok), "missing": list(report.missing), "unexpected": list(report.unexpected)}
+    return {
+        "path": path,
+        "ok": bool(report.ok),
+        "missing": list(report.missing),
+        "unexpected": list(report.unexpected),
+        "check": report.check,
+        "expected_from": report.expected_from,
+    }
 
 
 def data(paths: list[str]) -> list[str]:
@@ -99,12 +132,12 @@ def probe(request: dict[str, Any], python: str, env: dict[str, str]) -> dict[str
     return answer
 
 
-def exports(root: str, pattern: str) -> dict[str, Any]:
+def exports(root: str, pattern: str, names: Any = None) -> dict[str, Any]:
     """Every export under ``root`` on this node, audited here; whether ``root`` exists here at all."""
     if not os.path.isdir(root):
         return {"root": root, "present": False, "audits": []}
     found = sorted(p for p in glob.glob(os.path.join(glob.escape(root), pattern)) if os.path.isdir(p))
-    return {"root": root, "present": True, "audits": [audit(p) for p in found]}
+    return {"root": root, "present": True, "audits": [audit(p, names) for p in found]}
 
 
 def node_answer(spec: dict[str, Any]) -> dict[str, Any]:
@@ -115,13 +148,13 @@ def node_answer(spec: dict[str, Any]) -> dict[str, Any]:
     if spec.get("lock", True):
         answer.update(lock_facts())
     if spec.get("model"):
-        answer["model"] = audit(spec["model"])
+        answer["model"] = audit(spec["model"], names_for(spec))
     if spec.get("data"):
         answer["data"] = data(list(spec["data"]))
     if spec.get("probe"):
         answer["probe"] = probe(spec["probe"], spec.get("python") or "python3", dict(spec.get("env") or {}))
     if spec.get("exports"):
-        answer["exports"] = exports(spec["exports"]["root"], spec["exports"]["pattern"])
+        answer["exports"] = exports(spec["exports"]["root"], spec["exports"]["pattern"], names_for(spec))
     return answer
 
 

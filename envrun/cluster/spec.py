@@ -44,6 +44,7 @@ MANAGED_FLAGS = {
     "--node-ip-address": "set `ip` on the node",
     "--port": "set `head_port`",
     "--dashboard-port": "set `dashboard_port`",
+    "--dashboard-host": "the job API listens on the head's `ip`, or on every address without one",
     "--resources": "the node's NPUs are counted on its host",
 }
 

@@ -155,6 +155,12 @@ def _prepare_host(spec: ClusterSpec, url: str, engine: Engine, reference: str, p
     if leftovers:
         names = ", ".join(c.name for c in leftovers)
         raise InputError(f"{url}: containers of cluster {spec.name} are already there ({names}); run down first")
+    missing = engine.missing_paths(reference, [v.host for v in spec.volumes])
+    if missing:  # the engine would create each one empty, and the job would find nothing there
+        raise InputError(
+            f"{url}: the cluster file's volumes name host paths that do not exist on this host: "
+            f"{', '.join(missing)}; create them there (or fix `volumes`)"
+        )
     probe = engine.run(reference, probe_command(), volumes=probe_volumes())
     if probe.exit_code != 0:
         raise EngineError(f"{url}: the host probe failed (exit {probe.exit_code}): {probe.stderr.strip()[-300:]}")

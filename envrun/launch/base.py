@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from envbuild.progress import Progress
 from envrun.plan import PreflightLine, RunPlan
@@ -31,6 +31,10 @@ class Launcher(Protocol):
 
     def find_exports(self, plan: RunPlan, layout: ExportLayout, progress: Progress) -> ExportSearch:
         """The HF exports the job wrote, each audited on the machine that holds it."""
+
+    def describe(self, plan: RunPlan) -> dict[str, Any]:
+        """What :meth:`launch` would start, as JSON-able data with ``backend`` first: the process, the
+        container (devices, mounts, environment) or the Ray submission. Nothing is started."""
 
     def launch(self, plan: RunPlan, log: LogSink) -> LaunchResult:
         """Run the job to its end; on KeyboardInterrupt (Ctrl-C, or SIGTERM while a run executes) stop it

@@ -10,8 +10,9 @@ engine itself is only ever reached through :mod:`envbuild.engine.client`.
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from envbuild.engine.client import Engine, JobSpec
 from envbuild.errors import EngineError, InputError
@@ -62,6 +63,15 @@ def image_labels(ref: str) -> dict[str, str]:
     return dict((attrs.get("Config") or {}).get("Labels") or {})
 
 
+def image_platform(ref: str) -> tuple[str, str]:
+    """The architecture a local image is built for (OCI's name) and the engine host's machine (uname's)."""
+    with Engine.connect() as engine:
+        attrs = engine.inspect(ref)
+        if attrs is None:
+            raise InputError(f"image {ref} not found in the local engine; build or load it first")
+        return str(attrs.get("Architecture") or ""), engine.machine()
+
+
 def image_digest(ref: str) -> str | None:
     """The image ID (config digest) and, if pushed, its repository digest; for the run record."""
     try:
@@ -98,32 +108,67 @@ class DockerLauncher:
         return ()  # this host and its image: the preflight has checked both
 
     def find_exports(self, plan: RunPlan, layout: ExportLayout, progress: Progress) -> ExportSearch:
+        from envrun.auditnames import name_source
         from envrun.exports import search_here
 
-        return search_here(layout)  # this host holds them (the output directory is a host directory)
+        return search_here(layout, name_source(plan))  # this host holds them (the output directory is a host directory)
+
+    def describe(self, plan: RunPlan) -> dict[str, Any]:
+        """The container :meth:`launch` would start, from this host's Ascend paths (for the dry run)."""
+        spec = self.job_spec(plan, ascend_paths())
+        return {
+            "backend": "docker",
+            "image": spec.image,
+            "command": list(spec.command),
+            "env": dict(spec.env),
+            "devices": list(spec.devices),
+            "volumes": [{"host": host, **bind} for host, bind in sorted(spec.volumes.items())],
+            "network_mode": spec.network_mode,
+            "ipc_mode": spec.ipc_mode,
+            "working_dir": spec.working_dir,
+            "labels": dict(spec.labels),
+            "stop_timeout": spec.stop_timeout,
+            "docker_run": docker_run_line(spec),
+        }
+
+    def job_spec(self, plan: RunPlan, paths: tuple[str, ...]) -> JobSpec:
+        """The container of the job: ``paths`` are the Ascend devices and driver files of the host."""
+        devices, volumes = devices_and_mounts(paths)
+        volumes.update(job_volumes(plan, outputs=True))
+        return JobSpec(
+            image=plan.image or "",  # build_plan gives every docker plan an image
+            command=tuple(plan.argv),
+            env=dict(plan.env),
+            devices=tuple(devices),
+            volumes=volumes,
+            network_mode=self.network_mode,
+            ipc_mode="host",
+            working_dir=str(self.workdir) if self.workdir else None,
+            labels={"io.envbuild.run.recipe": plan.recipe, LOCK_LABEL: plan.lock_sha256},
+            stop_timeout=STOP_TIMEOUT_SECONDS,
+        )
 
     def launch(self, plan: RunPlan, log: LogSink) -> LaunchResult:
-        image = plan.image or ""  # build_plan gives every docker plan an image
+        spec = self.job_spec(plan, ascend_paths())
         with Engine.connect() as engine:
-            if engine.inspect(image) is None:
-                raise InputError(f"image {image} not found in the local engine")
-            devices, volumes = devices_and_mounts(ascend_paths())
+            if engine.inspect(spec.image) is None:
+                raise InputError(f"image {spec.image} not found in the local engine")
             if plan.output_dir is not None:
                 plan.output_dir.mkdir(parents=True, exist_ok=True)  # ours, not root's from the engine
-            volumes.update(job_volumes(plan, outputs=True))
-            spec = JobSpec(
-                image=image,
-                command=tuple(plan.argv),
-                env=dict(plan.env),
-                devices=tuple(devices),
-                volumes=volumes,
-                network_mode=self.network_mode,
-                ipc_mode="host",
-                working_dir=str(self.workdir) if self.workdir else None,
-                labels={"io.envbuild.run.recipe": plan.recipe, LOCK_LABEL: plan.lock_sha256},
-                stop_timeout=STOP_TIMEOUT_SECONDS,
-            )
             code, interrupted = engine.run_job(spec, log)
         if interrupted:
             return LaunchResult(code, interrupted=True, detail="container stopped")
         return LaunchResult(code)
+
+
+def docker_run_line(spec: JobSpec) -> str:
+    """The ``docker run`` command that starts the same container (for people; envrun uses the engine's API)."""
+    args = ["docker", "run", "--rm", f"--network={spec.network_mode}"]
+    args += [f"--ipc={spec.ipc_mode}"] if spec.ipc_mode else []
+    args += [f"--stop-timeout={spec.stop_timeout}"]
+    args += [f"--workdir={spec.working_dir}"] if spec.working_dir else []
+    args += [f"--device={device}" for device in spec.devices]
+    args += [f"--volume={host}:{bind['bind']}:{bind['mode']}" for host, bind in sorted(spec.volumes.items())]
+    args += [f"--env={name}={value}" for name, value in sorted(spec.env.items())]
+    args += [f"--label={name}={value}" for name, value in sorted(spec.labels.items())]
+    return shlex.join([*args, spec.image, *spec.command])

@@ -6,7 +6,8 @@ import os
 import signal
 import subprocess
 import threading
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from envbuild.errors import InputError
 from envbuild.progress import Progress
@@ -25,9 +26,23 @@ class LocalLauncher:
         return ()  # this host: the preflight has checked it
 
     def find_exports(self, plan: RunPlan, layout: ExportLayout, progress: Progress) -> ExportSearch:
+        from envrun.auditnames import name_source
         from envrun.exports import search_here
 
-        return search_here(layout)  # this host holds them
+        return search_here(layout, name_source(plan))  # this host holds them
+
+    def describe(self, plan: RunPlan) -> dict[str, Any]:
+        """The process :meth:`launch` would start (for the dry run)."""
+        return {
+            "backend": "local",
+            "argv": list(plan.argv),
+            "env": dict(plan.env),  # over this process's environment
+            "cwd": str(Path.cwd()),
+            "process_group": (
+                "a session of its own; Ctrl-C or SIGTERM sends SIGINT to the group, "
+                f"SIGKILL after {STOP_GRACE_SECONDS:g} s"
+            ),
+        }
 
     def launch(self, plan: RunPlan, log: LogSink) -> LaunchResult:
         try:

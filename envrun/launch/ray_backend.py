@@ -10,6 +10,7 @@ cluster.
 
 from __future__ import annotations
 
+import shlex
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,14 @@ STOP_TIMEOUT_SECONDS = 60.0
 
 def submission_id(plan: RunPlan) -> str:
     return f"envrun-{plan.recipe}-{uuid.uuid4().hex[:12]}"
+
+
+def runtime_env(plan: RunPlan) -> dict[str, Any]:
+    return {"env_vars": dict(plan.env)}
+
+
+def metadata(plan: RunPlan) -> dict[str, str]:
+    return {"envrun.recipe": plan.recipe, "envrun.lock.sha256": plan.lock_sha256}
 
 
 class RayLauncher:
@@ -55,6 +64,7 @@ class RayLauncher:
             probe=plan.probe.to_json() if plan.probe and PROBE_CHECK not in skip else None,
             python=plan.python,
             env=plan.env,
+            transformers=plan.transformers,
         )
         progress(f"asking every node of {self.address} which lock it runs and what the job would meet there")
         try:
@@ -62,6 +72,10 @@ class RayLauncher:
         except EngineError as exc:  # unverified is refused: a job never starts on nodes nobody checked
             return (PreflightLine(CHECK, "fail", f"the nodes could not be asked which lock they run: {exc}"),)
         lines = node_lines(answers, plan.lock_sha256, plan.lock_file)
+        if plan.cluster is not None:  # started by envrun: its hosts' engines say what each node runs
+            from envrun.cluster.nodecheck import engine_image_lines
+
+            lines += engine_image_lines(plan.cluster)
         lines += (capacity_line(answers, plan.nnodes, plan.npus_per_node),)
         lines += model_lines(answers) + data_lines(answers, len(plan.data_files)) + probe_lines_of(answers)
         skipped = {name: PreflightLine(name, "skip", "skipped by --skip-check") for name in sorted(skip)}
@@ -75,14 +89,25 @@ class RayLauncher:
         assert layout.root is not None
         progress(f"asking every node of {self.address} for the exports under {layout.root}")
         try:
-            answers = ask_nodes(
-                self.address, NodeAsk(lock=False, exports={"root": layout.root, "pattern": layout.pattern})
-            )
+            exports = {"root": layout.root, "pattern": layout.pattern}
+            ask = NodeAsk(lock=False, exports=exports, python=plan.python, env=plan.env, transformers=plan.transformers)
+            answers = ask_nodes(self.address, ask)
         except EngineError as exc:
             return ExportSearch(
                 "the cluster", False, (ExportAudit("", False, error=f"the nodes could not be asked: {exc}"),)
             )
         return search_from_answers(answers)
+
+    def describe(self, plan: RunPlan) -> dict[str, Any]:
+        """The submission :meth:`launch` would make (for the dry run); the id is drawn at submission."""
+        return {
+            "backend": "ray",
+            "address": self.address,
+            "entrypoint": shlex.join(plan.argv),
+            "runtime_env": runtime_env(plan),
+            "metadata": metadata(plan),
+            "submission_id": f"envrun-{plan.recipe}-<12 hex digits, drawn at submission>",
+        }
 
     def launch(self, plan: RunPlan, log: LogSink) -> LaunchResult:
         client = ray_api.job_client(self.address)
@@ -90,9 +115,9 @@ class RayLauncher:
             client,
             self.address,
             plan.argv,
-            runtime_env={"env_vars": dict(plan.env)},
+            runtime_env=runtime_env(plan),
             submission_id=submission_id(plan),
-            metadata={"envrun.recipe": plan.recipe, "envrun.lock.sha256": plan.lock_sha256},
+            metadata=metadata(plan),
         )
         log(f"envrun: submitted Ray job {self.job_id} to {self.address}\n")
         try:

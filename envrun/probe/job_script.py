@@ -258,8 +258,55 @@ class Probe:
         self.validate(entry, config)
         resolved = self.resolve_as_worker(config, ["trainer.default_local_dir", "trainer.rollout_data_dir"])
         self.imports_of_the_job(entry, config)
+        self.ray_cpus(entry, config)
         layout = self.exports(config, resolved)
         return self.report(layout)
+
+    # -- 5. the CPUs the job's Ray actors ask for -------------------------------------------------------
+    def ray_cpus(self, entry: types.ModuleType, config: Any) -> None:
+        """What the job's first Ray actors ask of Ray's CPU resource, read from their own ``ray.remote``
+        options, and what a Ray the job starts itself would have (``ray_init.num_cpus``, else what Ray
+        detects here). Facts only: whether Ray is started by the job depends on the backend."""
+        parts: list[list[Any]] = []
+        runner = "TaskRunnerV1" if config.trainer.get("use_v1", False) else "TaskRunner"
+        runner_cls = getattr(entry, runner, None)
+        parts.append([f"{runner} (to be placed)", _actor_cpus(runner_cls, 1.0)])
+        if runner == "TaskRunnerV1":
+            try:
+                from transfer_queue.controller import TransferQueueController
+
+                parts.append(["TransferQueueController", _actor_cpus(TransferQueueController, 1.0)])
+                backend = config.transfer_queue.backend
+                if backend.storage_backend == "SimpleStorage":
+                    from transfer_queue.storage.simple_storage import SimpleStorageUnit
+
+                    units = int(backend.SimpleStorage.num_data_storage_units)
+                    each = _actor_cpus(SimpleStorageUnit, 1.0)
+                    parts.append(
+                        [
+                            f"{units} SimpleStorageUnit x {each:g} "
+                            "(transfer_queue.backend.SimpleStorage.num_data_storage_units)",
+                            units * each,
+                        ]
+                    )
+            except Exception as exc:  # the import itself is checked (and reported) with the job's imports
+                self.facts["ray_cpus_problem"] = first_line(exc)
+        # The runner holds no CPU once placed (Ray's default for an actor): the others are then alive together.
+        needed = max(parts[0][1], sum(cpus for _, cpus in parts[1:]))
+        ray_init = config.get("ray_kwargs", {}).get("ray_init", {}) or {}
+        try:
+            import ray._private.utils as ray_utils
+
+            detected = float(ray_utils.get_num_cpus())
+        except Exception:
+            detected = float(os.cpu_count() or 1)
+        num_cpus = ray_init.get("num_cpus")
+        self.facts["ray_cpus"] = {
+            "needed": needed,
+            "parts": parts,
+            "num_cpus": None if num_cpus is None else float(num_cpus),
+            "detected": detected,
+        }
 
     def report(self, exports: dict[str, Any] | None = None) -> dict[str, Any]:
         return {
@@ -270,6 +317,13 @@ class Probe:
             "facts": self.facts,
             "exports": exports,
         }
+
+
+def _actor_cpus(cls: Any, default: float) -> float:
+    """The ``num_cpus`` of a ``ray.remote`` class's own options (Ray's default when it sets none)."""
+    options = getattr(cls, "_default_options", None) or {}
+    value = options.get("num_cpus")
+    return default if value is None else float(value)
 
 
 def hydra_config_path(entry: types.ModuleType) -> str:

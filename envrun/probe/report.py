@@ -187,6 +187,36 @@ def probe_lines(report: ProbeReport) -> tuple[PreflightLine, ...]:
     return (PreflightLine(CHECK, "ok", detail, facts),)
 
 
+RAY_RESOURCES = "ray-resources"  # envrun.preflight.RAY_CHECK
+
+
+def ray_cpu_line(report: ProbeReport) -> PreflightLine | None:
+    """For a job that starts its own Ray (the local and docker backends): the CPUs its first actors ask
+    for against what that Ray will have. Ray does not refuse an actor it cannot place; it waits, so a
+    shortfall is a job that hangs before it reaches anything else."""
+    found = report.facts.get("ray_cpus")
+    if not isinstance(found, dict):
+        return None
+    needed, num_cpus, detected = float(found["needed"]), found.get("num_cpus"), float(found["detected"])
+    parts = "; ".join(f"{what}: {cpus:g}" for what, cpus in found.get("parts") or ())
+    have = (
+        f"ray_kwargs.ray_init.num_cpus={float(num_cpus):g}"
+        if num_cpus is not None
+        else f"ray_kwargs.ray_init.num_cpus is unset and Ray detects {detected:g} CPU(s) there"
+    )
+    total = float(num_cpus) if num_cpus is not None else detected
+    asks = f"{report.where}: the job's Ray actors ask for {needed:g} CPU(s) at once ({parts}); {have}"
+    if needed > total:
+        return PreflightLine(
+            RAY_RESOURCES,
+            "fail",
+            f"{asks}: Ray would wait for them forever. Pass -o ray_kwargs.ray_init.num_cpus={int(needed + 0.999)} "
+            "or more (a scheduling quota, not a thread limit)",
+            dict(found),
+        )
+    return PreflightLine(RAY_RESOURCES, "ok", asks, dict(found))
+
+
 def layout_of(lines: tuple[PreflightLine, ...]) -> ExportLayout | None:
     """The export layout a probe line recorded (the first line of a report carries it)."""
     for line in lines:

@@ -2,18 +2,40 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
+import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from envbuild.fileio import write_atomic
+from envbuild.lock.io import dump_lock, read_lock
 from envrun.plan import RunParameters, RunPlan
 from envrun.prepare import RunRequest
 from tests.lib.ckptgen import CheckpointSpec, write_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
-LOCK = REPO / "lockfiles" / "glm5_2-ascend.lock.yaml"
+REAL_LOCK = REPO / "lockfiles" / "glm5_2-ascend.lock.yaml"
+
+
+def lock_without_transformers(source: Path = REAL_LOCK) -> Path:
+    """The real lock without its transformers pin, written once per machine and content.
+
+    The tiny runs' python has no transformers: with the real lock their checkpoint audits would ask
+    the model of the lock's transformers for its names, and fail (as they must). Without the pin they
+    use envrun's static description; the model's own names are tested with a real transformers in
+    tests/test_auditnames.py."""
+    lock = read_lock(source).lock
+    text = dump_lock(replace(lock, packages=tuple(p for p in lock.packages if p.name != "transformers")))
+    path = Path(tempfile.gettempdir()) / f"envbuild-tiny-{hashlib.sha256(text.encode()).hexdigest()[:16]}.lock.yaml"
+    if not path.is_file():
+        write_atomic(path, text)
+    return path
+
+
+LOCK = lock_without_transformers()
 FAKE_TRAINER = REPO / "tests" / "lib" / "fake_trainer.py"
 
 TINY_CONFIG = """\

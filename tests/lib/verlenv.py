@@ -22,7 +22,7 @@ from packaging.utils import canonicalize_name
 from envbuild.lock.io import read_lock
 from envrun.recipe import recipe_path
 from tests.lib.pyenvs import TORCH_CPU, Venv, cached_venv
-from tests.lib.tinyrun import LOCK
+from tests.lib.tinyrun import REAL_LOCK as LOCK
 
 VERL_NAMES = ("verl", "transformers", "tensordict", "ray", "cachetools", "fastapi", "uvicorn", "starlette")
 TRANSFER_QUEUE_NAMES = ("transferqueue", "pyzmq", "msgspec")
