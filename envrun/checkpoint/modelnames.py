@@ -143,7 +143,8 @@ def _parse_answer(answer: bytes | str, config: bytes, shown: str, max_names: int
         return ModelNamesError(f"{shown}: {message}")
 
     try:
-        doc = load_json(answer)  # nesting bounded before parsing: the interpreter is the image's
+        raw = answer.encode("utf-8", "surrogateescape") if isinstance(answer, str) else answer
+        doc = load_json(raw)  # nesting bounded before parsing: the interpreter is the image's
     except ValueError as exc:
         raise fail(f"not a JSON answer ({exc})") from None
     if not isinstance(doc, dict):
