@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,9 +47,15 @@ from envbuild.image.normalise import normalise
 from envbuild.image.packages_image import PackagesImage, ensure_packages_image
 from envbuild.image.plan import ContextPlan, plan_context
 from envbuild.image.record import build_record, build_summary, render_record_json
-from envbuild.image.render import base_reference, render_dockerfile, render_image_dockerfile
+from envbuild.image.render import (
+    BUILDERS,
+    base_reference,
+    render_buildkit_image_dockerfile,
+    render_dockerfile,
+    render_image_dockerfile,
+)
 from envbuild.image.retention import RAW_REPOSITORY, keep_only, raw_reference
-from envbuild.image.stream import image_context
+from envbuild.image.stream import buildkit_context, image_context
 from envbuild.index.filecache import FileCache
 from envbuild.interrupts import sigterm_interrupts
 from envbuild.lock.io import LockFile
@@ -64,6 +71,14 @@ class BuildRefused(EnvbuildError):
     """The lock fails verify: nothing was fetched or built."""
 
 
+def default_builder() -> str:
+    """``buildkit`` (the engine's own, docker >= 20.10), or ``legacy`` when ``ENVBUILD_BUILDER`` says so."""
+    chosen = os.environ.get("ENVBUILD_BUILDER", "buildkit")
+    if chosen not in BUILDERS:
+        raise InputError(f"ENVBUILD_BUILDER={chosen!r}: expected one of {', '.join(BUILDERS)}")
+    return chosen
+
+
 @dataclass(frozen=True)
 class ImageOptions:
     """How to verify and fetch (the options of `lock verify`), and what to make of the image."""
@@ -73,6 +88,7 @@ class ImageOptions:
     push: bool = False
     no_cache: bool = False
     record_dir: Path | None = None
+    builder: str = dataclasses.field(default_factory=default_builder)
 
     @property
     def source(self) -> SourceOptions:
@@ -168,12 +184,12 @@ def dry_run(read: LockFile, options: ImageOptions, progress: Progress = silent) 
             epoch = 0
     renderable = dataclasses.replace(lock, packages=tuple(p for p in lock.packages if p.files))
     plan = plan_context(renderable, lock_sha256=read.sha256, epoch=epoch, allow_unpinned=True)
-    return plan, render_dockerfile(plan)
+    return plan, render_dockerfile(plan, options.builder)
 
 
-def plan_json(plan: ContextPlan) -> dict[str, Any]:
+def plan_json(plan: ContextPlan, builder: str | None = None) -> dict[str, Any]:
     """``envbuild image --dry-run --json``: the plan and the Dockerfile it renders to."""
-    return {**plan.to_json(), "dockerfile": render_dockerfile(plan)}
+    return {**plan.to_json(), "dockerfile": render_dockerfile(plan, builder or default_builder())}
 
 
 # --- the build -----------------------------------------------------------------------------------
@@ -206,7 +222,7 @@ def build_image(
             say(f"assembling the build context: {len(plan.sources)} sources, {len(plan.files)} package files")
             context = assemble_context(
                 plan,
-                render_dockerfile(plan),
+                render_dockerfile(plan, options.builder),
                 work / "context",
                 export_source=exporter,
                 file_for=lambda package, file: _cached(files, file.sha256),
@@ -240,9 +256,15 @@ def _build(build: _Assembled) -> BuildResult:
     ensure_base(engine, plan, say)
     packages = ensure_packages_image(engine, context, no_cache=options.no_cache, say=say) if plan.files else None
     raw_tag = raw_reference(plan.lock_name, plan.lock_sha256)
-    stream = image_context(context, render_image_dockerfile(plan))
-    say(f"building {plan.lock_name} (legacy builder, no network{', no cache' if options.no_cache else ''})")
-    outcome = engine.build(stream, nocache=options.no_cache, progress=say, tag=raw_tag, what="the sources")
+    how = f"no network{', no cache' if options.no_cache else ''}"
+    if options.builder == "buildkit":
+        stream = buildkit_context(context, render_buildkit_image_dockerfile(plan))
+        say(f"building {plan.lock_name} (BuildKit, {how})")
+        outcome = engine.buildkit_build(stream, nocache=options.no_cache, progress=say, tag=raw_tag, what="the sources")
+    else:
+        stream = image_context(context, render_image_dockerfile(plan))
+        say(f"building {plan.lock_name} (legacy builder, {how})")
+        outcome = engine.build(stream, nocache=options.no_cache, progress=say, tag=raw_tag, what="the sources")
 
     known = read_map(options.cache_dir).get(outcome.image_id)
     image = engine.inspect(known["image_id"]) if known and known.get("lock_sha256") == plan.lock_sha256 else None
@@ -251,8 +273,19 @@ def _build(build: _Assembled) -> BuildResult:
         say(f"the engine's cache gave an image already normalised and checked: {image_id}")
     else:
         normalised = normalise(engine, outcome.image_id, base_reference(plan), plan.epoch, say)
-        image_id, diff_ids, reused = normalised.image_id, normalised.diff_ids, False
-        _check_in_image(image_id, context, engine, say)
+        image_id, diff_ids = normalised.image_id, normalised.diff_ids
+        # BuildKit may give a new raw ID to a rebuild it answers from its cache: the normalised ID, which
+        # is the same for the same layers, says as well that this image passed the in-image check.
+        reused = any(
+            isinstance(entry, dict)
+            and entry.get("image_id") == image_id
+            and entry.get("lock_sha256") == plan.lock_sha256
+            for entry in read_map(options.cache_dir).values()
+        )
+        if reused:
+            say(f"{image_id[:19]} passed the in-image check already")
+        else:
+            _check_in_image(image_id, context, engine, say)
         remember(
             options.cache_dir,
             outcome.image_id,

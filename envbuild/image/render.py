@@ -23,6 +23,7 @@ from pathlib import Path
 
 from envbuild.errors import InputError
 from envbuild.image.plan import (
+    IMAGE_META,
     IMAGE_ROOT,
     LOCK_LABEL,
     LOCK_NAME_LABEL,
@@ -37,6 +38,12 @@ TEMPLATE_DIR = Path(__file__).parent / "templates"
 PIP = "python3 -m pip"
 PACKAGES_REPOSITORY = "envbuild-pkg"
 CLAMP = f"{IMAGE_ROOT}/bin/clamp-mtimes"
+# BuildKit builds: the one mount point every RUN mounts its input on, and the bytecode cache mount's
+# (both made empty by the tools layer, so that no RUN leaves a mount stub in its layer).
+MOUNT_POINT = f"{IMAGE_ROOT}/mnt"
+PYCACHE = f"{IMAGE_ROOT}/pycache"
+PYCACHE_MOUNT = f"--mount=type=cache,target={PYCACHE},id=envbuild-pycache,sharing=locked"
+BUILDERS = ("buildkit", "legacy")
 # The mtime of every file the packages layer holds (1980-01-01, the earliest a wheel's zip can record).
 # Fixed rather than the build's epoch: with the default epoch (the newest pinned commit's date), moving
 # a source pin may move the epoch, and that must not reinstall every package.
@@ -184,12 +191,13 @@ def render_image_dockerfile(plan: ContextPlan) -> str:
     )
 
 
-def render_dockerfile(plan: ContextPlan) -> str:
+def render_dockerfile(plan: ContextPlan, builder: str = "buildkit") -> str:
     """What a build of the plan runs, in order; ``envbuild image --dry-run`` prints exactly this, and
     the build record hashes it. The packages step is not a Dockerfile; it is shown as the two lines a
     Dockerfile would need (in comments), then the script."""
+    image = render_buildkit_image_dockerfile(plan) if builder == "buildkit" else render_image_dockerfile(plan)
     if not plan.files:
-        return render_image_dockerfile(plan)
+        return image
     script = "\n".join(f"#     {line}" if line else "#" for line in render_packages_script(plan).splitlines())
     return "\n".join(
         [
@@ -202,6 +210,67 @@ def render_dockerfile(plan: ContextPlan) -> str:
             "#   RUN sh -c SCRIPT envbuild-packages SINCE",
             script,
             "# ---- 2 of 2: the image ----",
-            render_image_dockerfile(plan),
+            image,
         ]
+    )
+
+
+# --- 2., on BuildKit ----------------------------------------------------------------------------
+
+
+def render_tools_script() -> str:
+    """The tools stage's script (``images/tools.sh.in``): the first layer of a BuildKit-built image."""
+    values = {"mnt": MOUNT_POINT, "pycache": PYCACHE, "clamp": CLAMP, "packages_epoch": str(PACKAGES_EPOCH)}
+    return fill(load_template("tools.sh.in"), values)
+
+
+def render_buildkit_source(source: SourcePlan, epoch: int) -> str:
+    """One source's one layer: bind-mounted from the context, copied, its times set, installed, clamped.
+    Bytecode pip writes for itself goes to the cache mount (``PYTHONDONTWRITEBYTECODE`` would make every
+    pip run recompile pip); none reaches the layer."""
+    dest, env = source.image_path, _env_prefix(source)
+    lines = [
+        f"# {source.name}: {source.ref_type} {source.ref} at {source.commit} ({source.mode})",
+        f"RUN --mount=type=bind,source={source.context_path},target={MOUNT_POINT} --mount=type=tmpfs,target=/tmp \\",
+        f"    {PYCACHE_MOUNT} \\",
+        "    since=$(($(date +%s) - 1)) && unset PYTHONDONTWRITEBYTECODE && export PYTHONPYCACHEPREFIX="
+        + PYCACHE
+        + " \\",
+        f" && mkdir -p {dest} && cp -R --preserve=mode {MOUNT_POINT}/. {dest}/ \\",
+        f" && find {dest} -exec touch -h -d @{epoch} {{}} + \\",
+    ]
+    if source.mode == "editable":
+        lines.append(f" && {env}{PIP} install --no-build-isolation --no-deps --no-index --no-compile -e {dest} \\")
+    elif source.mode == "wheel":
+        out = f"/tmp/envbuild-wheel-{source.name}"
+        lines.append(f" && {env}{PIP} wheel --no-build-isolation --no-deps --no-index -w {out} {dest} \\")
+        lines.append(f" && {PIP} install --no-index --no-deps --no-compile {out}/*.whl \\")
+    elif source.mode != "none":
+        raise ValueError(f"unknown install mode {source.mode!r}")
+    lines.append(
+        " && rm -rf /root/.cache/pip && find /opt/envbuild -xdev -depth -name __pycache__ -type d -exec rm -rf {} + \\"
+    )
+    lines.append(f' && {CLAMP} {epoch} "$since"')
+    return "\n".join(lines)
+
+
+def render_buildkit_image_dockerfile(plan: ContextPlan) -> str:
+    """The last Dockerfile on BuildKit (``images/Dockerfile.buildkit.in``)."""
+    packages = bool(plan.files)
+    return fill(
+        load_template("Dockerfile.buildkit.in"),
+        {
+            "lock_name": plan.lock_name,
+            "lock_sha256": plan.lock_sha256,
+            "from": packages_reference(plan) if packages else base_reference(plan),
+            "platform_check": render_platform_check(plan),
+            "mnt": MOUNT_POINT,
+            "pycache": PYCACHE,
+            "meta": IMAGE_META,
+            "clamp": CLAMP,
+            "epoch": str(plan.epoch),
+            "sources": "\n".join(render_buildkit_source(s, plan.epoch) for s in plan.sources)
+            or "# no sources in the lock",
+            "labels": render_labels(plan),
+        },
     )

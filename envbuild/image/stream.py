@@ -32,7 +32,7 @@ from envbuild.engine.client import ContextStream
 from envbuild.engine.transfer import TarSink
 from envbuild.image.assemble import BuildContext
 from envbuild.image.plan import IMAGE_META
-from envbuild.image.render import CLAMP, PACKAGES_EPOCH, load_template
+from envbuild.image.render import CLAMP, PACKAGES_EPOCH, load_template, render_tools_script
 
 _DIR_MODE = 0o755
 
@@ -165,4 +165,23 @@ def image_context(context: BuildContext, dockerfile: str) -> ContextStream:
     meta = context.path / "envbuild"
     for name in ("inimage_probe.py", "treehash.py", "manifest.json", "requirements.txt"):
         entries.append(_file(f"meta{IMAGE_META}/{name}", meta / name, 0o644, epoch))
+    return stream(entries)
+
+
+def buildkit_context(context: BuildContext, dockerfile: str) -> ContextStream:
+    """The image's build context on BuildKit: ``Dockerfile``, ``tools/`` (the tools stage's script and
+    clamp-mtimes), each source's tree as ``src/<name>/`` and ``meta/``. Every RUN bind-mounts what it
+    reads and sets its times itself, so no mtime here reaches a layer (BuildKit's cache keys leave
+    them out too)."""
+    plan, epoch = context.plan, context.plan.epoch
+    entries = [
+        _data("Dockerfile", dockerfile.encode(), 0o644, epoch),
+        _data("tools/tools.sh", render_tools_script().encode(), 0o644, PACKAGES_EPOCH),
+        _data("tools/clamp-mtimes", load_template("clamp-mtimes.sh.in").encode(), 0o755, PACKAGES_EPOCH),
+    ]
+    for source in plan.sources:
+        entries += _tree(context.path / source.context_path, source.context_path)
+    meta = context.path / "envbuild"
+    for name in ("inimage_probe.py", "treehash.py", "manifest.json", "requirements.txt"):
+        entries.append(_file(f"meta/{name}", meta / name, 0o644, epoch))
     return stream(entries)
