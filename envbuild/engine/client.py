@@ -14,8 +14,10 @@ from the docker config (the SDK reads it) and are never printed.
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import tarfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -460,6 +462,27 @@ class Engine:
             config = self.api.create_host_config(network_mode="none")
             created = self.api.create_container(image, command, labels=labels, host_config=config, name=name)
             return str(created["Id"])
+
+    def read_file(self, image: str, path: str, limit: int = 1 << 24) -> bytes:
+        """The bytes of one regular file of ``image``, through a container that is created, never
+        started, and removed: no layer is read but the file's."""
+        with _engine_errors(f"read {path} of {_short(image)}", self.address):
+            created = self.api.create_container(
+                image, ["true"], host_config=self.api.create_host_config(network_mode="none")
+            )
+            try:
+                chunks, _ = self.api.get_archive(created["Id"], path)
+                data = b"".join(chunks)
+            except docker.errors.NotFound:
+                raise EngineError(f"{_short(image)} has no {path}") from None
+            finally:
+                self.api.remove_container(created["Id"], force=True)
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            member = tar.next()
+            extracted = tar.extractfile(member) if member is not None and member.isfile() else None
+            if extracted is None or member is None or member.size > limit:
+                raise EngineError(f"{path} of {_short(image)} is not a regular file of at most {limit} bytes")
+            return extracted.read()
 
     def put_archive(self, container: str, path: str, chunks: Iterable[bytes]) -> None:
         """Unpack a tar stream into ``path`` of the container (the engine reads it as it comes)."""

@@ -44,7 +44,7 @@ from envbuild.image.base import ensure_base
 from envbuild.image.buildcache import context_dir, lock_name_held, read_map, remember
 from envbuild.image.inimage_verdict import compare_inimage, inimage_command
 from envbuild.image.normalise import normalise
-from envbuild.image.packages_image import PackagesImage, ensure_packages_image
+from envbuild.image.packages_image import PackagesImage, ensure_packages_image, ensure_packages_image_buildkit
 from envbuild.image.plan import ContextPlan, plan_context
 from envbuild.image.record import build_record, build_summary, render_record_json
 from envbuild.image.render import (
@@ -254,7 +254,8 @@ class _Assembled:
 def _build(build: _Assembled) -> BuildResult:
     plan, context, options, engine, say = build.plan, build.context, build.options, build.engine, build.say
     ensure_base(engine, plan, say)
-    packages = ensure_packages_image(engine, context, no_cache=options.no_cache, say=say) if plan.files else None
+    ensure = ensure_packages_image_buildkit if options.builder == "buildkit" else ensure_packages_image
+    packages = ensure(engine, context, no_cache=options.no_cache, say=say) if plan.files else None
     raw_tag = raw_reference(plan.lock_name, plan.lock_sha256)
     how = f"no network{', no cache' if options.no_cache else ''}"
     if options.builder == "buildkit":

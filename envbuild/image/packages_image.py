@@ -31,8 +31,8 @@ from envbuild.errors import EngineError
 from envbuild.image.assemble import BuildContext
 from envbuild.image.normalise import load_packages_image
 from envbuild.image.plan import LOCK_NAME_LABEL, ROLE_LABEL
-from envbuild.image.render import base_reference, packages_reference, render_packages_script
-from envbuild.image.stream import packages_archive
+from envbuild.image.render import PACKAGES_REPORT, base_reference, packages_reference, render_packages_script
+from envbuild.image.stream import packages_archive, packages_context
 from envbuild.interrupts import deferred_interrupts
 from envbuild.progress import Progress
 
@@ -49,9 +49,53 @@ class PackagesImage:
     sent: int = 0  # bytes of package files sent to the engine
 
 
-def ensure_packages_image(engine: Engine, context: BuildContext, *, no_cache: bool, say: Progress) -> PackagesImage:
+def ensure_packages_image_buildkit(
+    engine: Engine, context: BuildContext, *, no_cache: bool, say: Progress
+) -> PackagesImage:
+    """The packages image on BuildKit: the package files are bind-mounted into the install step (sent
+    in the build context, in no layer); the report is read from the built image; the config is composed
+    as on the legacy path, the removal layer on top."""
     plan = context.plan
     reference = packages_reference(plan)
+    found = None if no_cache else engine.inspect(reference)
+    if found is not None:
+        say(f"packages: {reference} is the base with these package files installed already; reused")
+        return PackagesImage(reference, found["Id"], False)
+    stream = packages_context(context)
+    base = base_reference(plan)  # on the engine, for the lock's platform: ensure_base made sure of it
+    say(f"packages: installing {len(plan.files)} package files ({human_bytes(stream.payload)}; BuildKit, no network)")
+    outcome = engine.buildkit_build(stream, nocache=no_cache, progress=say, what="the package files")
+    try:
+        report = _report(engine.read_file(outcome.image_id, PACKAGES_REPORT).decode("utf-8", "replace"))
+        if report["remove"]:
+            say(
+                f"packages: the base holds {len(report['replaced'])} distributions the lock replaces "
+                f"({', '.join(report['replaced'][:6])}{', …' if len(report['replaced']) > 6 else ''}); "
+                f"a layer removes {len(report['remove'])} paths of theirs"
+            )
+        image_id = load_packages_image(
+            engine,
+            base,
+            outcome.image_id,
+            plan.lock_name,
+            len(plan.files),
+            report,
+            reference,
+            say,
+            tools_layers=("envbuild: the tools layer (mount points, clamp-mtimes, /etc/hosts, /etc/resolv.conf)",),
+        )
+    finally:
+        try:
+            engine.remove(outcome.image_id)  # untagged: only its config goes, the layers are shared
+        except EngineError:
+            pass
+    say(f"packages: {reference} ({image_id[:19]})")
+    return PackagesImage(reference, image_id, True, outcome.steps, tuple(report["replaced"]), stream.payload)
+
+
+def ensure_packages_image(engine: Engine, context: BuildContext, *, no_cache: bool, say: Progress) -> PackagesImage:
+    plan = context.plan
+    reference = packages_reference(plan, "legacy")
     found = None if no_cache else engine.inspect(reference)
     if found is not None:
         say(f"packages: {reference} is the base with these package files installed already; reused")
