@@ -212,7 +212,7 @@ class BuildKitProgress:
             if self._partial.get(digest):
                 tail.append(self._partial[digest])
         shown = "".join(f"\n    | {line}" for line in tail[-LOG_TAIL:] if line.strip())
-        return f"build failed at {_short(self._names[digest], 200)}: {message}{shown}"
+        return f"build failed at step {_short(self._names[digest], 200)}: {message}{shown}"
 
 
 def _numbered(name: str) -> bool:

@@ -54,7 +54,13 @@ from envbuild.image.render import (
     render_dockerfile,
     render_image_dockerfile,
 )
-from envbuild.image.retention import RAW_REPOSITORY, keep_only, raw_reference
+from envbuild.image.retention import (
+    RAW_REPOSITORY,
+    bound_build_cache,
+    build_cache_bound,
+    keep_only,
+    raw_reference,
+)
 from envbuild.image.stream import buildkit_context, image_context
 from envbuild.index.filecache import FileCache
 from envbuild.interrupts import sigterm_interrupts
@@ -276,8 +282,9 @@ def _build(build: _Assembled) -> BuildResult:
         normalised = normalise(engine, outcome.image_id, base_reference(plan), plan.epoch, say)
         image_id, diff_ids = normalised.image_id, normalised.diff_ids
         # BuildKit may give a new raw ID to a rebuild it answers from its cache: the normalised ID, which
-        # is the same for the same layers, says as well that this image passed the in-image check.
-        reused = any(
+        # is the same for the same layers, says as well that this image passed the in-image check
+        # (--no-cache proves it again).
+        reused = not options.no_cache and any(
             isinstance(entry, dict)
             and entry.get("image_id") == image_id
             and entry.get("lock_sha256") == plan.lock_sha256
@@ -298,9 +305,20 @@ def _build(build: _Assembled) -> BuildResult:
     say(f"tagged {image_id} as {', '.join(build.tags)}")
     pushed = tuple((tag, engine.push(tag, say)) for tag in build.tags) if options.push else ()
     record_dir = write_record(
-        build.lock.path, plan, context, image_id, build.tags, diff_ids, pushed, options.record_dir
+        build.lock.path,
+        plan,
+        context,
+        image_id,
+        build.tags,
+        diff_ids,
+        pushed,
+        options.record_dir,
+        packages.distro_removed if packages else (),
     )
     keep_only(engine, plan.lock_name, {raw_tag} | ({packages.reference} if packages else set()), say)
+    if options.builder == "buildkit":
+        built, base = engine.inspect(image_id) or {}, engine.inspect(base_reference(plan)) or {}
+        bound_build_cache(engine, build_cache_bound(int(built.get("Size") or 0), int(base.get("Size") or 0)), say)
     return BuildResult(
         image_id=image_id,
         tags=build.tags,
@@ -342,6 +360,7 @@ def write_record(
     diff_ids: tuple[str, ...],
     pushed: tuple[tuple[str, str], ...],
     record_dir: Path | None,
+    distro_removed: tuple[dict[str, Any], ...] = (),
 ) -> Path:
     """provenance.intoto.json, sbom.cdx.json and build.json, each written atomically."""
     directory = Path(record_dir) if record_dir else lock_path.parent / "build" / plan.lock_name
@@ -352,7 +371,7 @@ def write_record(
         plan, image_id=image_id, lock_path=str(lock_path), tags=tags, trees=trees, dockerfile_sha256=dockerfile_sha256
     ).files()
     files["build.json"] = render_record_json(
-        build_summary(str(lock_path), plan, trees, image_id, tags, diff_ids, pushed, dockerfile_sha256)
+        build_summary(str(lock_path), plan, trees, image_id, tags, diff_ids, pushed, dockerfile_sha256, distro_removed)
     )
     for name, data in sorted(files.items()):
         write_atomic(directory / name, data)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import shutil
 import tarfile
 import tempfile
@@ -34,7 +35,7 @@ from envbuild.image.normalised_config import (
     removal_layer,
     settle_empty,
 )
-from envbuild.image.plan import LOCK_NAME_LABEL
+from envbuild.image.plan import DISTRO_REMOVED_LABEL, LOCK_NAME_LABEL
 from envbuild.image.render import PACKAGES_EPOCH
 from envbuild.progress import Progress
 
@@ -114,6 +115,8 @@ def load_packages_image(
     # The lock's name label, as every image envbuild makes for the lock carries (the image sets it too):
     # the engine's tidying finds it by that (retention).
     config["config"]["Labels"] = {**(config["config"].get("Labels") or {}), LOCK_NAME_LABEL: lock_name}
+    if report.get("distro"):  # what of the distro's own Python the lock replaced: shown by inspect, in the record
+        config["config"]["Labels"][DISTRO_REMOVED_LABEL] = json.dumps(report["distro"], sort_keys=True)
     layers = _inspect(engine, committed)["RootFS"]["Layers"]
     install = f"envbuild: install the lock's {packages} package files (pip, no index)"
     added = (*tools_layers, install)

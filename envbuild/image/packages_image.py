@@ -30,7 +30,7 @@ from envbuild.engine.transfer import Heartbeat, Meter, human_bytes
 from envbuild.errors import EngineError
 from envbuild.image.assemble import BuildContext
 from envbuild.image.normalise import load_packages_image
-from envbuild.image.plan import LOCK_NAME_LABEL, ROLE_LABEL
+from envbuild.image.plan import DISTRO_REMOVED_LABEL, LOCK_NAME_LABEL, ROLE_LABEL
 from envbuild.image.render import PACKAGES_REPORT, base_reference, packages_reference, render_packages_script
 from envbuild.image.stream import packages_archive, packages_context
 from envbuild.interrupts import deferred_interrupts
@@ -47,6 +47,17 @@ class PackagesImage:
     steps: tuple[BuildStep, ...] = ()  # the packages image is not built by the builder: always ()
     replaced: tuple[str, ...] = ()  # "<name> <version>" of each base distribution the lock replaced
     sent: int = 0  # bytes of package files sent to the engine
+    # The base's distro-managed distributions the lock pins too, removed: {name, version, path, owner}
+    distro_removed: tuple[dict[str, Any], ...] = ()
+
+
+def _distro_removed(image: dict[str, Any]) -> tuple[dict[str, Any], ...]:
+    text = ((image.get("Config") or {}).get("Labels") or {}).get(DISTRO_REMOVED_LABEL)
+    try:
+        found = json.loads(text) if text else []
+    except ValueError:
+        raise EngineError(f"the packages image's label {DISTRO_REMOVED_LABEL} is not JSON") from None
+    return tuple(d for d in found if isinstance(d, dict))
 
 
 def ensure_packages_image_buildkit(
@@ -60,7 +71,7 @@ def ensure_packages_image_buildkit(
     found = None if no_cache else engine.inspect(reference)
     if found is not None:
         say(f"packages: {reference} is the base with these package files installed already; reused")
-        return PackagesImage(reference, found["Id"], False)
+        return PackagesImage(reference, found["Id"], False, distro_removed=_distro_removed(found))
     stream = packages_context(context)
     base = base_reference(plan)  # on the engine, for the lock's platform: ensure_base made sure of it
     say(f"packages: installing {len(plan.files)} package files ({human_bytes(stream.payload)}; BuildKit, no network)")
@@ -90,7 +101,17 @@ def ensure_packages_image_buildkit(
         except EngineError:
             pass
     say(f"packages: {reference} ({image_id[:19]})")
-    return PackagesImage(reference, image_id, True, outcome.steps, tuple(report["replaced"]), stream.payload)
+    _say_kept(report, say)
+    distro = tuple(d for d in report.get("distro", []) if isinstance(d, dict))
+    return PackagesImage(reference, image_id, True, outcome.steps, tuple(report["replaced"]), stream.payload, distro)
+
+
+def _say_kept(report: dict[str, Any], say: Progress) -> None:
+    for kept in report.get("kept", []):
+        say(
+            f"packages: warning: the base's {kept.get('name')} {kept.get('version')} at {kept.get('path')} lists no "
+            "files (no RECORD, installed-files.txt or dpkg file list), so it stays, shadowed by the lock's"
+        )
 
 
 def ensure_packages_image(engine: Engine, context: BuildContext, *, no_cache: bool, say: Progress) -> PackagesImage:
@@ -99,7 +120,7 @@ def ensure_packages_image(engine: Engine, context: BuildContext, *, no_cache: bo
     found = None if no_cache else engine.inspect(reference)
     if found is not None:
         say(f"packages: {reference} is the base with these package files installed already; reused")
-        return PackagesImage(reference, found["Id"], False)
+        return PackagesImage(reference, found["Id"], False, distro_removed=_distro_removed(found))
     archive = packages_archive(context)
     say(f"packages: installing {len(plan.files)} package files ({human_bytes(archive.payload)}) in a container")
     base = base_reference(plan)  # on the engine, for the lock's platform: ensure_base made sure of it
@@ -143,7 +164,9 @@ def ensure_packages_image(engine: Engine, context: BuildContext, *, no_cache: bo
         if container is not None:
             _tidy(engine, container, committed)
     say(f"packages: {reference} ({image_id[:19]})")
-    return PackagesImage(reference, image_id, True, (), tuple(report["replaced"]), archive.payload)
+    _say_kept(report, say)
+    distro = tuple(d for d in report.get("distro", []) if isinstance(d, dict))
+    return PackagesImage(reference, image_id, True, (), tuple(report["replaced"]), archive.payload, distro)
 
 
 def _tidy(engine: Engine, container: str, committed: str | None) -> None:
@@ -160,7 +183,7 @@ def _report(stdout: str) -> dict[str, Any]:
         report = json.loads(stdout.strip().splitlines()[-1])
         if not isinstance(report, dict):
             raise ValueError("not an object")
-        for key in ("remove", "replaced"):
+        for key in ("remove", "replaced", "distro", "kept"):
             report.setdefault(key, [])
         report.setdefault("directories", {})
     except (ValueError, IndexError) as exc:
