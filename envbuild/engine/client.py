@@ -1,8 +1,10 @@
 """The only module that talks to the container engine: the docker SDK against ``DOCKER_HOST``.
 
-Builds use the legacy builder (what the SDK's build endpoint runs), with no network for ``RUN``
-steps; the stream is turned into one progress line per step, and a failed step raises
-:class:`EngineError` with that step's instruction and the tail of its log. The build context is
+Builds use the engine's BuildKit (:meth:`Engine.buildkit_build`: ``POST /build?version=2`` over the
+SDK's connection, the context as the tar body, no session; its trace decoded by :mod:`.buildkit`) or the
+legacy builder (:meth:`Engine.build`, what the SDK's build endpoint runs), with no network; the stream is
+turned into one progress line per step, and a failed step raises :class:`EngineError` with that step's
+instruction and the tail of its log. The build context is
 streamed to the engine as it is read (a directory, or a :class:`ContextStream` of tar chunks): the SDK
 would first copy a directory into a temporary tar file, a second copy of every package file.
 

@@ -4,9 +4,10 @@ The order is fixed: read the lock → verify it (refuse a failing pin) → conne
 one line, nothing fetched) → fetch the inputs into the caches (every source's tree, every package
 file; :mod:`envbuild.fetch`) → plan (pure) → assemble the context from the caches (every file and
 tree checked before anything is installed) → the base image on the engine, pulled for the lock's
-platform and refused when it is another's (:mod:`.base`) → the packages image (:mod:`.packages_image`: installed in a
-container that is committed without the package files, or reused) → the image on it, legacy builder, no
-network, sending the sources alone (:mod:`.stream`) → normalise the config (:mod:`.normalise`: the layers are the same bytes
+platform and refused when it is another's (:mod:`.base`) → the packages image (:mod:`.packages_image`: built
+by BuildKit with the package files bind-mounted, in no layer; or reused) → the image on it, BuildKit, no
+network, sending the sources alone (:mod:`.stream`; ``ENVBUILD_BUILDER=legacy``: both on the legacy
+builder, the packages in a committed container) → normalise the config (:mod:`.normalise`: the layers are the same bytes
 on every build, so only the config is rewritten and loaded; the ID must be the computed one) → the
 in-image check (a mismatch removes the image, no tag is set) → tag, push → write the record → tidy the
 engine (:mod:`.retention`).
@@ -19,7 +20,8 @@ The layer cache: the raw built image keeps a private tag ``envbuild-raw/<lock na
 engine keeps its layers (shared with the normalised image) for the next build, and
 ``<cache_dir>/image/normalized.json`` (:mod:`envbuild.image.buildcache`) maps the raw image ID that
 passed the in-image check to its normalised ID, so a rebuild that the engine answers from its cache
-skips normalising and checking. Scratch (the context directory) is removed when the build ends, however
+skips normalising and checking; BuildKit may give a cached rebuild a new raw ID, so a normalised ID
+already in the map skips the check as well (not with ``--no-cache``). Scratch (the context directory) is removed when the build ends, however
 it ends; SIGTERM is taken as an interrupt while a build runs, so that it unwinds the same way.
 """
 

@@ -1,20 +1,24 @@
 """The packages image: the base plus the lock's installed packages, with no package file in any layer.
 
-The legacy builder can only bring files in through a ``COPY`` layer, so the package files would stay in
-some layer under the installed packages (a multi-stage build copies the installed tree again instead:
-measured, that costs more than the install). The packages image is made in a container instead:
+On BuildKit (:func:`ensure_packages_image_buildkit`, the default): ``images/Dockerfile.packages.in``
+builds the tools layer, then one ``RUN`` that bind-mounts the package files from the build context and
+installs them; ``stage_packages.py`` writes its report into the layer, read back through a container
+that is never started. Nothing is committed from a container.
+
+On the legacy builder (:func:`ensure_packages_image`, ``ENVBUILD_BUILDER=legacy``), which can only bring
+files in through a ``COPY`` layer, the packages image is made in a container instead:
 
 1. a container of the base is created, the package files are copied into its ``/tmp`` (streamed,
-   :func:`.contexts.packages_archive`), and it runs :func:`.render.render_packages_script`: pip installs
+   :func:`.stream.packages_archive`), and it runs :func:`.render.render_packages_script`: pip installs
    the files, ``stage_packages.py`` names what of the base the lock replaces, the package files are
    removed, every mtime is clamped;
-2. the container is committed: one layer, what pip wrote — the same bytes on every build;
-3. its config is composed like any other (:mod:`.normalise`) and loaded, with the base's replaced
-   distributions removed by a layer envbuild writes on top when there are any; tagged
-   ``envbuild-pkg/<lock name>:<packages key>``. The container and the committed image go.
+2. the container is committed: one layer, what pip wrote — the same bytes on every build.
 
-A later build whose packages key is the same (same base, package files, scripts) reuses the packages
-image and sends no package file at all; ``--no-cache`` makes it again.
+Either way, the config is composed like any other (:mod:`.normalise`) and loaded, with the base's
+replaced distributions (pip's, and a Debian-family base's distro copies) removed by a layer envbuild
+writes on top when there are any; tagged ``envbuild-pkg/<lock name>:<packages key>``. A later build whose
+packages key is the same (builder, base, package files, scripts) reuses the packages image and sends no
+package file at all; ``--no-cache`` makes it again.
 """
 
 from __future__ import annotations

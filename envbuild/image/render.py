@@ -1,12 +1,17 @@
 """What a build runs, as text: pure functions of the :class:`ContextPlan`.
 
-1. The packages image, ``envbuild-pkg/<lock name>:<packages key>``: the lock's package files are copied
-   into a container of the base, installed (``packages.sh.in``, ``stage_packages.py.in``), removed,
-   and the container is committed — one layer of what pip wrote, no package file in any layer; reused
-   while its key holds (the key hashes everything the step reads: the base by digest, the requirements
-   with their hashes, the scripts).
-2. The image (``Dockerfile.in``), with the legacy builder: the packages image (the base itself when the
-   lock has no packages), then each source and the metadata.
+On BuildKit (the default):
+
+1. the packages image, ``envbuild-pkg/<lock name>:<packages key>`` (``Dockerfile.packages.in``,
+   ``tools.sh.in``, ``packages.buildkit.sh.in``, ``stage_packages.py.in``): the tools layer, then the
+   package files bind-mounted and installed — no package file in any layer; reused while its key holds
+   (the key hashes everything the step reads: the builder, the base by digest, the requirements with
+   their hashes, the scripts);
+2. the image (``Dockerfile.buildkit.in``) on it: one ``RUN`` per source (bind-mounted, copied, timed,
+   installed, clamped), then the metadata.
+
+On the legacy builder: 1. in a container (``packages.sh.in``), committed; 2. ``Dockerfile.in``, a ``COPY``
+(+ ``RUN``) per source.
 
 The text comes from templates under ``images/`` with ``{{name}}`` placeholders; every value put in is
 either validated by the lock model (names, SHAs, digests, versions) or shell-quoted (the ``install.env``
