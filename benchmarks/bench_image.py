@@ -539,7 +539,7 @@ def scale_one(
             pins = env.pins()
             options = VerifyOptions(SourceOptions(root / "cache"))
             t0 = time.perf_counter()
-            fetch_inputs(read_lock(lock).lock, lock, options)
+            fetch_inputs(read_lock(lock), options.source)
             out["fetch"] = time.perf_counter() - t0
             wheel_bytes = sum(w.stat().st_size for w in wheels)
             print(
