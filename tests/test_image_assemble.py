@@ -372,6 +372,12 @@ def test_compare_inimage_names_each_mismatch() -> None:
         "lock_sha256": LOCK_SHA,
         "python": "3.12.1",
         "distributions": {"a": ["1.0.0"], "b": ["2.1"], "d": ["1.0", "0.9"]},
+        "copies": {
+            "d": [
+                ["1.0", "/usr/local/lib/python3.11/dist-packages/d-1.0.dist-info"],
+                ["0.9", "/usr/lib/python3/dist-packages/d-0.9.egg-info"],
+            ]
+        },
         "sources": {"s": {"exists": True, "commit_marker": "1" * 40, "tree": "2" * 40, "unreadable": []}},
     }
     problems = compare_inimage(json.dumps(report), manifest)
@@ -379,7 +385,14 @@ def test_compare_inimage_names_each_mismatch() -> None:
         "python3 in the image is 3.12.1, the lock's platform.python is 3.11",
         "package b: 2.1 installed, the lock pins 2.0",
         "package c: not installed (the lock pins 3.0)",
-        "package d: several versions installed (1.0, 0.9); the lock pins 1.0",
+        # both paths, which one Python imports, and the fix
+        "package d: several versions installed (1.0, 0.9); the lock pins 1.0: "
+        "1.0 in /usr/local/lib/python3.11/dist-packages/d-1.0.dist-info; "
+        "0.9 in /usr/lib/python3/dist-packages/d-0.9.egg-info; "
+        "Python imports 1.0 from /usr/local/lib/python3.11/dist-packages/d-1.0.dist-info (first on sys.path) — "
+        "remove /usr/lib/python3/dist-packages/d-0.9.egg-info from the base image (envbuild removes only what a "
+        "RECORD, installed-files.txt or dpkg file list names; for a distro package, "
+        "`dpkg -S /usr/lib/python3/dist-packages/d-0.9.egg-info` names the package to `apt-get remove` there)",
         "source t: not reported by the in-image check",
     ]
     assert compare_inimage("not json", manifest)[0].startswith("the in-image check printed no JSON")

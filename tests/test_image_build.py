@@ -41,6 +41,7 @@ from envbuild.lock.io import read_lock
 from envbuild.progress import silent
 from envbuild.verify.pins import VerifyOptions
 from envbuild.verify.results import PinResult, VerifyReport
+from tests.lib.engines import ExtraEngine
 from tests.lib.gitrepos import Served
 from tests.lib.imagelock import (
     ImageLockEnv,
@@ -144,7 +145,8 @@ def test_two_no_cache_builds_give_one_image_id(
     assert again.diff_ids == reference.diff_ids
     assert again.raw_image_id != reference.raw_image_id  # the raw builds differ; normalising removes that
     assert again.packages is not None and again.packages.built  # --no-cache makes the packages image again too
-    assert [step.cached for step in again.steps] == [True] + [False] * (len(again.steps) - 1)  # FROM only
+    built = [step for step in again.steps if "] FROM " not in step.instruction]
+    assert len(built) >= 5 and not any(step.cached for step in built), again.steps  # FROM only
     assert reference_archive.is_file()
     assert reference.image_id == "sha256:" + hashlib.sha256(_config_bytes(reference_archive)).hexdigest()
     base_layers = engine.inspect(pushed_base_image.by_digest)["RootFS"]["Layers"]  # type: ignore[index]
@@ -154,6 +156,19 @@ def test_two_no_cache_builds_give_one_image_id(
     assert carried == set(reference.diff_ids) - set(base_layers)
     # Nothing of the engine's own per-container files (clamping them would copy them into a layer).
     assert not {".dockerenv", "etc/mtab"} & _layer_entries(reference_archive)
+
+
+@needs_engine
+def test_a_second_engine_with_empty_caches_gives_the_same_image_id(
+    reference: BuildResult, lock_path: Path, work: Path, fresh_engine: ExtraEngine
+) -> None:
+    """Another dockerd (no image, no BuildKit cache; the base pulled from the registry) and an empty
+    envbuild cache: the same layers and the same image ID."""
+    with Engine(fresh_engine.client(), fresh_engine.host) as other:
+        assert other.images() == [] and other.build_cache_size() == 0
+        again = build_image(read_lock(lock_path), options(work, cache_dir=work / "cache-second-engine"), engine=other)
+    assert (again.image_id, again.diff_ids) == (reference.image_id, reference.diff_ids)
+    assert again.raw_image_id != reference.raw_image_id
 
 
 def _config_bytes(archive: Path) -> bytes:
@@ -193,12 +208,14 @@ def test_the_image_holds_no_package_file_and_the_packages_one_layer(
     assert (found.exit_code, found.stdout) == (0, ""), found.stderr
     installed = engine.run(reference.image_id, ["sh", "-c", "ls /usr/local/lib/python3.11/dist-packages"])
     assert {"tinyone-1.0.dist-info", "tinytwo-2.0.dist-info"} <= set(installed.stdout.split())
-    # The packages image is the base and one layer; the container it was made in is gone.
+    # The packages image is the base, the tools layer and the install's; no container was made.
     assert reference.packages is not None
     packages = engine.inspect(reference.packages.reference)
     base = engine.inspect(pushed_base_image.by_digest)
     assert packages is not None and base is not None
-    assert packages["RootFS"]["Layers"][:-1] == base["RootFS"]["Layers"]
+    base_layers = base["RootFS"]["Layers"]
+    assert packages["RootFS"]["Layers"][: len(base_layers)] == base_layers
+    assert len(packages["RootFS"]["Layers"]) == len(base_layers) + 2
     assert reference.diff_ids[: len(packages["RootFS"]["Layers"])] == tuple(packages["RootFS"]["Layers"])
     assert engine.history(reference.packages.reference)[0]["CreatedBy"] == (
         "envbuild: install the lock's 2 package files (pip, no index)"
@@ -212,7 +229,8 @@ def test_a_no_op_rebuild_reuses_every_layer_and_the_normalised_image(
 ) -> None:
     again = build_image(read_lock(lock_path), options(work), engine=engine)
     assert again.image_id == reference.image_id
-    assert again.reused and all(step.cached for step in again.steps)
+    built = [step for step in again.steps if "] FROM " not in step.instruction]  # a FROM is resolved, not cached
+    assert again.reused and built and all(step.cached for step in built), again.steps
     assert read_map(work / "cache")[again.raw_image_id]["image_id"] == reference.image_id
     # The packages image is reused: no package file is sent again, only the sources' context.
     assert again.packages is not None and not again.packages.built and again.packages.sent == 0
@@ -266,9 +284,10 @@ def test_moving_one_pin_rebuilds_only_from_that_source_on(
     result = build_image(read_lock(path), options(work), engine=engine)
     assert result.image_id != reference.image_id
     assert result.packages is not None and not result.packages.built  # the packages do not depend on a pin
-    gamma = next(i for i, step in enumerate(result.steps) if step.instruction.startswith("COPY src/gamma/"))
-    assert all(step.cached for step in result.steps[:gamma])
-    assert not any(step.cached for step in result.steps[gamma:])
+    image = [step for step in result.steps if "] FROM " not in step.instruction]  # the packages image: reused
+    gamma = next(i for i, step in enumerate(image) if "source=src/gamma," in step.instruction)
+    assert all(step.cached for step in image[:gamma]), image
+    assert not any(step.cached for step in image[gamma:]), image
     # Layers: everything below gamma's COPY is byte-identical, gamma's layer and the ones above differ.
     same = sum(a == b for a, b in zip(result.diff_ids, reference.diff_ids))
     assert 0 < same < len(reference.diff_ids)
@@ -376,11 +395,11 @@ def test_an_interrupted_build_leaves_the_caches_usable(
     deadline = time.monotonic() + 120
     for line in proc.stderr:
         seen.append(line)
-        if "step 5/" in line or time.monotonic() > deadline:
+        if "source=src/beta," in line or time.monotonic() > deadline:  # a source's step has begun
             break
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    assert any("step 5/" in line for line in seen), "".join(seen)
+    assert any("source=src/beta," in line for line in seen), "".join(seen)
     result = build_image(read_lock(lock_path), options(work), engine=engine)
     assert result.image_id == reference.image_id
     leftovers = [p.name for p in (work / "cache" / "image" / "work").iterdir()]

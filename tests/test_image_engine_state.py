@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
+import shutil
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,14 +19,16 @@ import pytest
 from envbuild.config import SourceOptions
 from envbuild.engine.client import Engine
 from envbuild.image.build import ImageOptions, build_image
+from envbuild.image.retention import BUILD_CACHE_FLOOR, bound_build_cache, build_cache_bound
 from envbuild.lock.io import read_lock
 from envbuild.verify.pins import VerifyOptions
+from tests.lib.baseimage import DISTRO_PYTHON
 from tests.lib.gitrepos import Served
-from tests.lib.imagelock import ImageLockEnv, old_tinyone_wheel, served_env
+from tests.lib.imagelock import ImageLockEnv, old_tinyone_wheel, served_env, served_packages
 from tests.lib.services import PushedImage, push_as
 
 pytestmark = [pytest.mark.gitdaemon, pytest.mark.slow, pytest.mark.docker, pytest.mark.registry]
-NAMES = ("enginestate", "replaced")
+NAMES = ("enginestate", "replaced", "distro")
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +68,14 @@ def test_ten_builds_of_a_lock_leave_the_engine_as_the_first_build_left_it(
         again = build_image(read_lock(lock), ImageOptions(options.verify, no_cache=no_cache), engine=engine)
         assert again.image_id == first.image_id
         assert engine_state(docker_client) == after_one
+    # BuildKit's cache is bounded too: pruned to the bound after each build (here: the floor).
+    base = engine.inspect(env.base_name)
+    image = engine.inspect(first.image_id)
+    assert base is not None and image is not None
+    assert engine.build_cache_size() <= build_cache_bound(image["Size"], base["Size"]) == BUILD_CACHE_FLOOR
+    assert bound_build_cache(engine, 0, lambda _: None) >= 0 and engine.build_cache_size() < BUILD_CACHE_FLOOR
+    again = build_image(read_lock(lock), options, engine=engine)  # an emptied cache: built again, the same image
+    assert again.image_id == first.image_id
     raw = engine.images(name="envbuild-raw/enginestate")
     packages = engine.images(name="envbuild-pkg/enginestate")
     assert [len(i["RepoTags"]) for i in raw + packages] == [1, 1]  # the cache: one raw image, one packages image
@@ -174,3 +186,51 @@ def _replaced(served: Served, engine: Engine, base: str, digest: str, tmp_path: 
     assert "old_only.py" not in listing and "__pycache__" not in listing and "tinyone-old" not in listing
     versions = engine.run(first.image_id, ["python3", "-c", "import tinyone; print(tinyone.__version__)"])
     assert versions.stdout.strip() == "1.0"
+
+
+DISTRO_SITE = "/usr/lib/python3/dist-packages"
+# Real upstream wheels of the machine's package mirror (scripts/install-test-deps installs from it).
+UPSTREAM_WHEELS = Path("/opt/pypi/files")
+NEWER = ("setuptools-84.0.0-py3-none-any.whl", "wheel-0.48.0-py3-none-any.whl", "packaging-26.3-py3-none-any.whl")
+
+
+def test_the_distro_setuptools_and_wheel_a_lock_pins_are_removed_and_recorded(
+    served: Served, pushed_base_image: PushedImage, engine: Engine, tmp_path: Path
+) -> None:
+    """The test base is Debian's: python3-setuptools and python3-wheel in /usr/lib/python3/dist-packages
+    (.egg-info, files listed by dpkg only). A lock pinning other versions gets exactly one copy of each."""
+    base = pushed_base_image.by_digest
+    distro = {f"{name}-{version}.egg-info" for name, version in DISTRO_PYTHON.items()}
+    assert distro | {"setuptools", "wheel", "pkg_resources", "_distutils_hack"} <= set(
+        engine.run(base, ["ls", DISTRO_SITE]).stdout.split()
+    )
+    name = f"{pushed_base_image.repository}:{pushed_base_image.tag}"
+    with served_env(served, "distro", name, pushed_base_image.digest, tmp_path / "wheels") as env:
+        for wheel in NEWER:
+            shutil.copy(UPSTREAM_WHEELS / wheel, env.index.root / wheel)
+        lock = env.write(tmp_path / "distro.lock.yaml", env.lock(name="distro", packages=served_packages(env.index)))
+        result = build_image(
+            read_lock(lock),
+            ImageOptions(VerifyOptions(SourceOptions(tmp_path / "cache")), no_cache=True),
+            engine=engine,
+        )
+    assert result.packages is not None
+    removed = {(d["name"], d["version"], d["owner"]) for d in result.packages.distro_removed}
+    assert removed == {("setuptools", "66.1.1", "python3-setuptools"), ("wheel", "0.38.4", "python3-wheel")}
+    recorded = json.loads((result.record_dir / "build.json").read_text())["base_distributions_removed"]
+    assert {(d["name"], d["path"]) for d in recorded} == {
+        (n, f"{DISTRO_SITE}/{n}-{v}.egg-info") for n, v in DISTRO_PYTHON.items()
+    }
+    # Every copy Python finds (before importing setuptools, which puts its vendored wheel on sys.path).
+    script = (
+        "import importlib.metadata as m; "
+        "print(sorted(d.version for d in m.distributions() if d.metadata['Name'] in ('setuptools', 'wheel'))); "
+        "import setuptools, wheel; print(setuptools.__version__, wheel.__version__)"
+    )
+    out = engine.run(result.image_id, ["python3", "-c", script])
+    assert out.stdout.splitlines() == ["['0.48.0', '84.0.0']", "84.0.0 0.48.0"], out.stderr
+    left = set(engine.run(result.image_id, ["ls", DISTRO_SITE]).stdout.split())
+    assert not left & (distro | {"setuptools", "wheel", "_distutils_hack", "distutils-precedence.pth"})
+    # What the lock does not pin stays: pip, and pkg_resources (Debian's python3-pkg-resources: a
+    # package of its own, with no distribution metadata; setuptools 84 no longer ships one).
+    assert {"pip", "pip-23.0.1.dist-info", "pkg_resources"} <= left

@@ -13,12 +13,18 @@ from envbuild.errors import InputError
 from envbuild.image.plan import ContextPlan, plan_context
 from envbuild.image.render import (
     CLAMP,
+    MOUNT_POINT,
     PACKAGES_EPOCH,
+    PYCACHE,
     packages_key,
     packages_reference,
+    render_buildkit_image_dockerfile,
+    render_buildkit_packages_script,
     render_dockerfile,
     render_image_dockerfile,
+    render_packages_dockerfile,
     render_packages_script,
+    render_tools_script,
 )
 from envbuild.lock import Lock
 from tests.lib.tinylock import BRANCH_COMMIT, DIGEST, LOCK_SHA, NONE_COMMIT, TAG_COMMIT, WHEEL_COMMIT, tiny_lock
@@ -39,9 +45,9 @@ def instructions(text: str) -> list[str]:
 def test_the_image_starts_from_the_packages_image_and_the_dry_run_shows_how_that_is_made() -> None:
     plan = plan_of()
     image = instructions(render_image_dockerfile(plan))
-    assert image[0] == f"FROM {packages_reference(plan)}"
+    assert image[0] == f"FROM {packages_reference(plan, 'legacy')}"
     assert packages_reference(plan) == f"envbuild-pkg/tiny:{packages_key(plan)[:16]}"
-    text = render_dockerfile(plan)  # what --dry-run prints
+    text = render_dockerfile(plan, "legacy")  # what --dry-run prints with the legacy builder
     assert instructions(text) == image  # one Dockerfile: the packages step is told in comments
     assert f"\n#   FROM {BASE}\n" in text
     script = render_packages_script(plan)
@@ -50,7 +56,7 @@ def test_the_image_starts_from_the_packages_image_and_the_dry_run_shows_how_that
 
 def test_without_packages_one_dockerfile_on_the_base_checks_the_platform() -> None:
     plan = plan_of(tiny_lock(packages=()))
-    text = render_dockerfile(plan)
+    text = render_dockerfile(plan, "legacy")
     assert text == render_image_dockerfile(plan)
     lines = instructions(text)
     assert lines[0] == f"FROM {BASE}" and sum(line.startswith("FROM ") for line in lines) == 1
@@ -67,7 +73,10 @@ def test_unpinned_base_is_refused_unless_allowed() -> None:
     with pytest.raises(InputError, match="not pinned"):
         render_dockerfile(forged)  # the renderer checks on its own, not only the planner
     text = render_dockerfile(plan_of(unpinned, allow_unpinned=True))
-    assert "\n#   FROM 127.0.0.1:5000/envbuild-test/base:bookworm-cann9.1.0\n" in text
+    assert "\nFROM 127.0.0.1:5000/envbuild-test/base:bookworm-cann9.1.0 AS envbuild-from\n" in text
+    assert "\n#   FROM 127.0.0.1:5000/envbuild-test/base:bookworm-cann9.1.0\n" in render_dockerfile(
+        plan_of(unpinned, allow_unpinned=True), "legacy"
+    )
 
 
 def test_no_base_image_and_no_epoch_are_reported_together() -> None:
@@ -238,7 +247,7 @@ def test_platform_check_fails_the_build_on_another_cann(tmp_path: Path) -> None:
 
 
 def test_every_run_is_valid_shell() -> None:
-    runs = [line[len("RUN ") :] for line in instructions(render_dockerfile(plan_of())) if line.startswith("RUN ")]
+    runs = [line[len("RUN ") :] for line in instructions(render_image_dockerfile(plan_of())) if line.startswith("RUN ")]
     assert len(runs) == 4  # the platform check and three installed sources
     for run in runs:
         result = subprocess.run(["sh", "-n", "-c", run], capture_output=True, text=True, timeout=30)
@@ -248,3 +257,55 @@ def test_every_run_is_valid_shell() -> None:
 def test_no_platform_means_no_check() -> None:
     text = render_dockerfile(plan_of(tiny_lock(platform=None)))
     assert "want_cann" not in text and "nothing to check" in text
+
+
+# --- the image on BuildKit: the layer rules, as properties of the text ----------------------------
+
+
+def test_buildkit_layers_follow_the_rules_that_make_them_reproducible() -> None:
+    plan = plan_of()
+    lines = instructions(render_buildkit_image_dockerfile(plan))
+    assert lines[0] == f"FROM {packages_reference(plan)}"  # the packages image has the tools layer
+    assert not any(line.startswith("COPY ") for line in lines)
+    bare = instructions(render_buildkit_image_dockerfile(plan_of(tiny_lock(packages=()))))
+    final = bare[max(i for i, line in enumerate(bare) if line.startswith("FROM ")) :]
+    assert bare[0] == f"FROM {BASE} AS envbuild-from" and final[0] == f"FROM {BASE}"
+    assert any("want_cann=9.1.0" in line for line in bare[: bare.index(final[0])])  # in the tools stage
+    # No COPY from the build context: the one COPY takes the tools stage's output, whose times a RUN set.
+    assert [line for line in final if line.startswith("COPY ")] == ["COPY --from=envbuild-tools /out/ /"]
+    assert final.index("COPY --from=envbuild-tools /out/ /") < next(
+        i for i, line in enumerate(final) if line.startswith("RUN ")
+    )
+    final = lines
+    runs = [line for line in final if line.startswith("RUN ")]
+    assert len(runs) == 5  # four sources (`none` too: it is copied) and the metadata
+    for run in runs:
+        targets = re.findall(r"--mount=\S*target=([^,\s]+)", run)
+        assert set(targets) <= {MOUNT_POINT, PYCACHE, "/tmp"} and "/tmp" in targets, run
+        assert run.endswith(f'&& {CLAMP} 1700000000 "$since"'), run
+        body = run.split(" since=", 1)[1]
+        result = subprocess.run(["sh", "-n", "-c", "since=" + body], capture_output=True, text=True, timeout=30)
+        assert result.returncode == 0, (run, result.stderr)
+    order = [re.search(r"source=src/([a-z]+),", run).group(1) for run in runs[:-1]]  # type: ignore[union-attr]
+    assert order == ["core", "kernels", "engine", "data"]  # tags before branches, as on the legacy builder
+    assert "source=meta," in runs[-1]
+
+
+def test_buildkit_dry_run_is_the_default_and_names_the_packages_step() -> None:
+    plan = plan_of()
+    text = render_dockerfile(plan)
+    packages = instructions(render_packages_dockerfile(plan))
+    assert instructions(text) == packages + instructions(render_buildkit_image_dockerfile(plan))
+    assert packages[0] == f"FROM {BASE} AS envbuild-from" and packages[-1].endswith(f"sh {MOUNT_POINT}/packages.sh")
+    install = packages[-1]
+    assert (
+        f"--mount=type=bind,source=packages,target={MOUNT_POINT}" in install
+        and "--mount=type=tmpfs,target=/tmp" in install
+    )
+    script = render_buildkit_packages_script(plan)
+    assert all(f"#     {line}" in text for line in script.splitlines() if line)
+    assert "--require-hashes --no-deps" in script and "--no-index" in script
+    assert script.rstrip().endswith(f'{CLAMP} {PACKAGES_EPOCH} "$since"')
+    assert packages_key(plan) != packages_key(plan, "legacy")  # each builder's packages image is its own
+    assert "{{" not in text and "{{" not in render_tools_script()
+    assert f"mkdir -p $out/etc $out{MOUNT_POINT} $out{PYCACHE}" in render_tools_script()

@@ -30,7 +30,8 @@ def test_what_the_lock_replaces_is_named_as_pip_would_uninstall_it(tmp_path: Pat
     live = tmp_path / "live"
     site, debian = live / "lib" / "site", live / "debian"
     # the base: tinyone 0.9 where pip installs, with bytecode and a script; tinyone 0.8 in another
-    # directory of sys.path (a distribution's own, which pip leaves: the new one shadows it); another package
+    # directory of sys.path (a distro's own, which pip leaves: envbuild removes it whole, or Python would
+    # find two); another package
     old = site / "tinyone-0.9.dist-info"
     write(old / "METADATA", "Metadata-Version: 2.1\nName: TinyOne\nVersion: 0.9\n\nName: not this\n")
     write(
@@ -66,11 +67,22 @@ def test_what_the_lock_replaces_is_named_as_pip_would_uninstall_it(tmp_path: Pat
 
     report = json.loads(run(script, "after", str(requirements), str(before), path=[site, debian]))
     assert report["targets"] == [str(site)]
-    assert report["replaced"] == ["tinyone 0.9"]
-    # pip's uninstall, less what the new version wrote again; __pycache__ lost every entry: whole
+    assert report["replaced"] == ["tinyone 0.9", "tinyone 0.8"]
+    # pip's uninstall, less what the new version wrote again; __pycache__ lost every entry: whole; and
+    # the other directory's copy whole (its package directory emptied: whole; the directory itself stays)
     assert report["remove"] == sorted(
-        [str(old), str(site / "tinyone" / "__pycache__"), str(site / "tinyone" / "old_only.py")]
+        [
+            str(old),
+            str(site / "tinyone" / "__pycache__"),
+            str(site / "tinyone" / "old_only.py"),
+            str(debian / "tinyone"),
+            str(debian / "tinyone-0.8.dist-info"),
+        ]
     )
+    assert report["distro"] == [
+        {"name": "tinyone", "version": "0.8", "path": str(debian / "tinyone-0.8.dist-info"), "owner": None}
+    ]
+    assert report["kept"] == []
     for path in report["remove"]:
         parent = Path(path).parent
         while str(parent) != "/":
@@ -89,4 +101,11 @@ def test_nothing_to_replace_is_an_empty_report(tmp_path: Path) -> None:
     assert json.loads(before.read_text()) == []
     write(site / "tinyone-1.0.dist-info" / "METADATA", "Name: tinyone\nVersion: 1.0\n")
     report = json.loads(run(script, "after", str(requirements), str(before), path=[site]))
-    assert report == {"directories": {}, "remove": [], "replaced": [], "targets": [str(site)]}
+    assert report == {
+        "directories": {},
+        "distro": [],
+        "kept": [],
+        "remove": [],
+        "replaced": [],
+        "targets": [str(site)],
+    }

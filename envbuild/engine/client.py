@@ -1,8 +1,10 @@
 """The only module that talks to the container engine: the docker SDK against ``DOCKER_HOST``.
 
-Builds use the legacy builder (what the SDK's build endpoint runs), with no network for ``RUN``
-steps; the stream is turned into one progress line per step, and a failed step raises
-:class:`EngineError` with that step's instruction and the tail of its log. The build context is
+Builds use the engine's BuildKit (:meth:`Engine.buildkit_build`: ``POST /build?version=2`` over the
+SDK's connection, the context as the tar body, no session; its trace decoded by :mod:`.buildkit`) or the
+legacy builder (:meth:`Engine.build`, what the SDK's build endpoint runs), with no network; the stream is
+turned into one progress line per step, and a failed step raises :class:`EngineError` with that step's
+instruction and the tail of its log. The build context is
 streamed to the engine as it is read (a directory, or a :class:`ContextStream` of tar chunks): the SDK
 would first copy a directory into a temporary tar file, a second copy of every package file.
 
@@ -14,7 +16,10 @@ from the docker config (the SDK reads it) and are never printed.
 
 from __future__ import annotations
 
+import io
+import json
 import os
+import tarfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -26,6 +31,7 @@ import docker.errors
 import requests
 
 from envbuild.data.reference import split_reference, split_tag
+from envbuild.engine.buildkit import BuildKitProgress
 from envbuild.engine.transfer import (
     LOG_TAIL,
     BuildProgress,
@@ -75,6 +81,18 @@ def _event_error(event: dict[str, Any]) -> str | None:
     if "error" not in event and "errorDetail" not in event:
         return None
     return str((event.get("errorDetail") or {}).get("message") or event.get("error") or "failed")
+
+
+def _buildkit_refusal(response: requests.Response) -> str:
+    try:
+        message = str(response.json().get("message") or response.text)
+    except ValueError:
+        message = response.text
+    message = " ".join(message.split())[:300]
+    return (
+        f"this engine cannot run BuildKit builds (HTTP {response.status_code}: {message}): "
+        "envbuild needs docker >= 20.10 on Linux"
+    )
 
 
 def _reason(exc: BaseException) -> str:
@@ -198,6 +216,75 @@ class Engine:
         steps = tuple(build.steps)
         say(f"built {image_id[:19]}: {len(steps)} steps, {sum(s.cached for s in steps)} from the layer cache")
         return BuildOutcome(image_id, steps)
+
+    def buildkit_build(
+        self,
+        context: ContextStream,
+        *,
+        dockerfile: str = "Dockerfile",
+        nocache: bool = False,
+        progress: Progress = silent,
+        tag: str | None = None,
+        what: str = "the build context",
+    ) -> BuildOutcome:
+        """Build ``dockerfile`` of the context with the engine's own BuildKit (``POST /build?version=2``,
+        the context as the tar body: no session, no docker CLI), no network for the whole build; ``tag`` is
+        set when the build succeeds (and only then). Needs docker >= 20.10 (``RUN --mount`` without a
+        ``# syntax`` line)."""
+        say = progress
+        meter = Meter(say, f"sent {what}", context.payload)
+        build = BuildKitProgress(say)
+        params: dict[str, str] = {
+            "version": "2",
+            "dockerfile": dockerfile,
+            "networkmode": "none",
+            "rm": "1",
+            "forcerm": "1",
+            "pull": "0",
+        }
+        if nocache:
+            params["nocache"] = "1"
+        if tag:
+            params["t"] = tag
+        with _engine_errors("build", self.address), build:
+            response = self.api._post(
+                self.api._url("/build"),
+                params=params,
+                data=meter.wrap(context.chunks()),
+                headers={"Content-Type": "application/x-tar"},
+                stream=True,
+                timeout=TIMEOUT,
+            )
+            try:
+                if response.status_code != 200:
+                    raise EngineError(_buildkit_refusal(response))
+                for line in response.iter_lines():
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    if (message := _event_error(event)) is not None:
+                        raise EngineError(build.failure(message.strip()))
+                    build.event(event)
+            finally:
+                response.close()  # an interrupted client closes the stream: the daemon cancels the build
+        if build.image_id is None:
+            raise EngineError("build: the engine finished without naming the built image")
+        steps = build.steps
+        say(f"built {build.image_id[:19]}: {len(steps)} steps, {sum(s.cached for s in steps)} from the cache")
+        return BuildOutcome(build.image_id, steps)
+
+    def prune_build_cache(self, keep_storage: int) -> int:
+        """Prune BuildKit's cache down to ``keep_storage`` bytes (what it reports it reclaimed). The
+        cache is a store of its own: removing images does not shrink it."""
+        with _engine_errors("prune the build cache", self.address):
+            answer = self.api._result(
+                self.api._post(self.api._url("/build/prune"), params={"keep-storage": str(keep_storage)}), True
+            )
+        return int(answer.get("SpaceReclaimed") or 0)
+
+    def build_cache_size(self) -> int:
+        """Bytes BuildKit's cache holds (``docker system df``'s "Build Cache")."""
+        return sum(int(entry.get("Size") or 0) for entry in self.disk_usage().get("BuildCache") or [])
 
     # -- images -------------------------------------------------------------------------------
 
@@ -395,6 +482,27 @@ class Engine:
             config = self.api.create_host_config(network_mode="none")
             created = self.api.create_container(image, command, labels=labels, host_config=config, name=name)
             return str(created["Id"])
+
+    def read_file(self, image: str, path: str, limit: int = 1 << 24) -> bytes:
+        """The bytes of one regular file of ``image``, through a container that is created, never
+        started, and removed: no layer is read but the file's."""
+        with _engine_errors(f"read {path} of {_short(image)}", self.address):
+            created = self.api.create_container(
+                image, ["true"], host_config=self.api.create_host_config(network_mode="none")
+            )
+            try:
+                chunks, _ = self.api.get_archive(created["Id"], path)
+                data = b"".join(chunks)
+            except docker.errors.NotFound:
+                raise EngineError(f"{_short(image)} has no {path}") from None
+            finally:
+                self.api.remove_container(created["Id"], force=True)
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            member = tar.next()
+            extracted = tar.extractfile(member) if member is not None and member.isfile() else None
+            if extracted is None or member is None or member.size > limit:
+                raise EngineError(f"{path} of {_short(image)} is not a regular file of at most {limit} bytes")
+            return extracted.read()
 
     def put_archive(self, container: str, path: str, chunks: Iterable[bytes]) -> None:
         """Unpack a tar stream into ``path`` of the container (the engine reads it as it comes)."""

@@ -83,6 +83,9 @@ def directory_context(root: Path) -> ContextStream:
         with tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
             for path in entries:
                 info = tar.gettarinfo(str(path), path.relative_to(root).as_posix())
+                # Whole seconds: a fractional mtime needs a PAX header, and BuildKit takes a body whose
+                # first member has one for a Dockerfile, not a tar (what COPY keeps is whole seconds).
+                info.mtime = int(info.mtime)
                 info.uid = info.gid = 0
                 info.uname = info.gname = ""
                 if stat.S_ISREG(path.lstat().st_mode):

@@ -4,9 +4,10 @@ The order is fixed: read the lock → verify it (refuse a failing pin) → conne
 one line, nothing fetched) → fetch the inputs into the caches (every source's tree, every package
 file; :mod:`envbuild.fetch`) → plan (pure) → assemble the context from the caches (every file and
 tree checked before anything is installed) → the base image on the engine, pulled for the lock's
-platform and refused when it is another's (:mod:`.base`) → the packages image (:mod:`.packages_image`: installed in a
-container that is committed without the package files, or reused) → the image on it, legacy builder, no
-network, sending the sources alone (:mod:`.stream`) → normalise the config (:mod:`.normalise`: the layers are the same bytes
+platform and refused when it is another's (:mod:`.base`) → the packages image (:mod:`.packages_image`: built
+by BuildKit with the package files bind-mounted, in no layer; or reused) → the image on it, BuildKit, no
+network, sending the sources alone (:mod:`.stream`; ``ENVBUILD_BUILDER=legacy``: both on the legacy
+builder, the packages in a committed container) → normalise the config (:mod:`.normalise`: the layers are the same bytes
 on every build, so only the config is rewritten and loaded; the ID must be the computed one) → the
 in-image check (a mismatch removes the image, no tag is set) → tag, push → write the record → tidy the
 engine (:mod:`.retention`).
@@ -19,7 +20,8 @@ The layer cache: the raw built image keeps a private tag ``envbuild-raw/<lock na
 engine keeps its layers (shared with the normalised image) for the next build, and
 ``<cache_dir>/image/normalized.json`` (:mod:`envbuild.image.buildcache`) maps the raw image ID that
 passed the in-image check to its normalised ID, so a rebuild that the engine answers from its cache
-skips normalising and checking. Scratch (the context directory) is removed when the build ends, however
+skips normalising and checking; BuildKit may give a cached rebuild a new raw ID, so a normalised ID
+already in the map skips the check as well (not with ``--no-cache``). Scratch (the context directory) is removed when the build ends, however
 it ends; SIGTERM is taken as an interrupt while a build runs, so that it unwinds the same way.
 """
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,12 +46,24 @@ from envbuild.image.base import ensure_base
 from envbuild.image.buildcache import context_dir, lock_name_held, read_map, remember
 from envbuild.image.inimage_verdict import compare_inimage, inimage_command
 from envbuild.image.normalise import normalise
-from envbuild.image.packages_image import PackagesImage, ensure_packages_image
+from envbuild.image.packages_image import PackagesImage, ensure_packages_image, ensure_packages_image_buildkit
 from envbuild.image.plan import ContextPlan, plan_context
 from envbuild.image.record import build_record, build_summary, render_record_json
-from envbuild.image.render import base_reference, render_dockerfile, render_image_dockerfile
-from envbuild.image.retention import RAW_REPOSITORY, keep_only, raw_reference
-from envbuild.image.stream import image_context
+from envbuild.image.render import (
+    BUILDERS,
+    base_reference,
+    render_buildkit_image_dockerfile,
+    render_dockerfile,
+    render_image_dockerfile,
+)
+from envbuild.image.retention import (
+    RAW_REPOSITORY,
+    bound_build_cache,
+    build_cache_bound,
+    keep_only,
+    raw_reference,
+)
+from envbuild.image.stream import buildkit_context, image_context
 from envbuild.index.filecache import FileCache
 from envbuild.interrupts import sigterm_interrupts
 from envbuild.lock.io import LockFile
@@ -64,6 +79,14 @@ class BuildRefused(EnvbuildError):
     """The lock fails verify: nothing was fetched or built."""
 
 
+def default_builder() -> str:
+    """``buildkit`` (the engine's own, docker >= 20.10), or ``legacy`` when ``ENVBUILD_BUILDER`` says so."""
+    chosen = os.environ.get("ENVBUILD_BUILDER", "buildkit")
+    if chosen not in BUILDERS:
+        raise InputError(f"ENVBUILD_BUILDER={chosen!r}: expected one of {', '.join(BUILDERS)}")
+    return chosen
+
+
 @dataclass(frozen=True)
 class ImageOptions:
     """How to verify and fetch (the options of `lock verify`), and what to make of the image."""
@@ -73,6 +96,7 @@ class ImageOptions:
     push: bool = False
     no_cache: bool = False
     record_dir: Path | None = None
+    builder: str = dataclasses.field(default_factory=default_builder)
 
     @property
     def source(self) -> SourceOptions:
@@ -168,12 +192,12 @@ def dry_run(read: LockFile, options: ImageOptions, progress: Progress = silent) 
             epoch = 0
     renderable = dataclasses.replace(lock, packages=tuple(p for p in lock.packages if p.files))
     plan = plan_context(renderable, lock_sha256=read.sha256, epoch=epoch, allow_unpinned=True)
-    return plan, render_dockerfile(plan)
+    return plan, render_dockerfile(plan, options.builder)
 
 
-def plan_json(plan: ContextPlan) -> dict[str, Any]:
+def plan_json(plan: ContextPlan, builder: str | None = None) -> dict[str, Any]:
     """``envbuild image --dry-run --json``: the plan and the Dockerfile it renders to."""
-    return {**plan.to_json(), "dockerfile": render_dockerfile(plan)}
+    return {**plan.to_json(), "dockerfile": render_dockerfile(plan, builder or default_builder())}
 
 
 # --- the build -----------------------------------------------------------------------------------
@@ -206,7 +230,7 @@ def build_image(
             say(f"assembling the build context: {len(plan.sources)} sources, {len(plan.files)} package files")
             context = assemble_context(
                 plan,
-                render_dockerfile(plan),
+                render_dockerfile(plan, options.builder),
                 work / "context",
                 export_source=exporter,
                 file_for=lambda package, file: _cached(files, file.sha256),
@@ -238,11 +262,18 @@ class _Assembled:
 def _build(build: _Assembled) -> BuildResult:
     plan, context, options, engine, say = build.plan, build.context, build.options, build.engine, build.say
     ensure_base(engine, plan, say)
-    packages = ensure_packages_image(engine, context, no_cache=options.no_cache, say=say) if plan.files else None
+    ensure = ensure_packages_image_buildkit if options.builder == "buildkit" else ensure_packages_image
+    packages = ensure(engine, context, no_cache=options.no_cache, say=say) if plan.files else None
     raw_tag = raw_reference(plan.lock_name, plan.lock_sha256)
-    stream = image_context(context, render_image_dockerfile(plan))
-    say(f"building {plan.lock_name} (legacy builder, no network{', no cache' if options.no_cache else ''})")
-    outcome = engine.build(stream, nocache=options.no_cache, progress=say, tag=raw_tag, what="the sources")
+    how = f"no network{', no cache' if options.no_cache else ''}"
+    if options.builder == "buildkit":
+        stream = buildkit_context(context, render_buildkit_image_dockerfile(plan))
+        say(f"building {plan.lock_name} (BuildKit, {how})")
+        outcome = engine.buildkit_build(stream, nocache=options.no_cache, progress=say, tag=raw_tag, what="the sources")
+    else:
+        stream = image_context(context, render_image_dockerfile(plan))
+        say(f"building {plan.lock_name} (legacy builder, {how})")
+        outcome = engine.build(stream, nocache=options.no_cache, progress=say, tag=raw_tag, what="the sources")
 
     known = read_map(options.cache_dir).get(outcome.image_id)
     image = engine.inspect(known["image_id"]) if known and known.get("lock_sha256") == plan.lock_sha256 else None
@@ -251,8 +282,20 @@ def _build(build: _Assembled) -> BuildResult:
         say(f"the engine's cache gave an image already normalised and checked: {image_id}")
     else:
         normalised = normalise(engine, outcome.image_id, base_reference(plan), plan.epoch, say)
-        image_id, diff_ids, reused = normalised.image_id, normalised.diff_ids, False
-        _check_in_image(image_id, context, engine, say)
+        image_id, diff_ids = normalised.image_id, normalised.diff_ids
+        # BuildKit may give a new raw ID to a rebuild it answers from its cache: the normalised ID, which
+        # is the same for the same layers, says as well that this image passed the in-image check
+        # (--no-cache proves it again).
+        reused = not options.no_cache and any(
+            isinstance(entry, dict)
+            and entry.get("image_id") == image_id
+            and entry.get("lock_sha256") == plan.lock_sha256
+            for entry in read_map(options.cache_dir).values()
+        )
+        if reused:
+            say(f"{image_id[:19]} passed the in-image check already")
+        else:
+            _check_in_image(image_id, context, engine, say)
         remember(
             options.cache_dir,
             outcome.image_id,
@@ -264,9 +307,20 @@ def _build(build: _Assembled) -> BuildResult:
     say(f"tagged {image_id} as {', '.join(build.tags)}")
     pushed = tuple((tag, engine.push(tag, say)) for tag in build.tags) if options.push else ()
     record_dir = write_record(
-        build.lock.path, plan, context, image_id, build.tags, diff_ids, pushed, options.record_dir
+        build.lock.path,
+        plan,
+        context,
+        image_id,
+        build.tags,
+        diff_ids,
+        pushed,
+        options.record_dir,
+        packages.distro_removed if packages else (),
     )
     keep_only(engine, plan.lock_name, {raw_tag} | ({packages.reference} if packages else set()), say)
+    if options.builder == "buildkit":
+        built, base = engine.inspect(image_id) or {}, engine.inspect(base_reference(plan)) or {}
+        bound_build_cache(engine, build_cache_bound(int(built.get("Size") or 0), int(base.get("Size") or 0)), say)
     return BuildResult(
         image_id=image_id,
         tags=build.tags,
@@ -308,6 +362,7 @@ def write_record(
     diff_ids: tuple[str, ...],
     pushed: tuple[tuple[str, str], ...],
     record_dir: Path | None,
+    distro_removed: tuple[dict[str, Any], ...] = (),
 ) -> Path:
     """provenance.intoto.json, sbom.cdx.json and build.json, each written atomically."""
     directory = Path(record_dir) if record_dir else lock_path.parent / "build" / plan.lock_name
@@ -318,7 +373,7 @@ def write_record(
         plan, image_id=image_id, lock_path=str(lock_path), tags=tags, trees=trees, dockerfile_sha256=dockerfile_sha256
     ).files()
     files["build.json"] = render_record_json(
-        build_summary(str(lock_path), plan, trees, image_id, tags, diff_ids, pushed, dockerfile_sha256)
+        build_summary(str(lock_path), plan, trees, image_id, tags, diff_ids, pushed, dockerfile_sha256, distro_removed)
     )
     for name, data in sorted(files.items()):
         write_atomic(directory / name, data)

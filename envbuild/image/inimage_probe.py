@@ -46,7 +46,7 @@ else:  # run as a script in the image, where envbuild is not installed: its copy
 
     git_trees = _beside("treehash").git_trees
 
-REPORT_VERSION = 3  # 3: each source reports its submodules' trees
+REPORT_VERSION = 4  # 3: each source reports its submodules' trees; 4: every copy of a distribution, where it is
 IMPORT_TIMEOUT = 600
 # Directories at a source's root that hold no importable part of it, when its metadata names none.
 NOT_PACKAGES = {"test", "tests", "doc", "docs", "example", "examples", "benchmark", "benchmarks", "tools", "scripts"}
@@ -54,12 +54,14 @@ DEFAULT_MANIFEST = "/opt/envbuild/meta/manifest.json"
 COMMIT_MARKER = ".envbuild-commit"
 
 
-def distributions() -> tuple[dict[str, list[str]], dict[str, str]]:
-    """Installed distributions by normalised name (every version found) and where each lives."""
+def distributions() -> tuple[dict[str, list[str]], dict[str, str], dict[str, list[list[str]]]]:
+    """Installed distributions by normalised name: every version found, where the first lives, and
+    every copy as [version, metadata directory] in ``sys.path`` order (the first is the one imported)."""
     from importlib import metadata
 
     found: dict[str, list[str]] = {}
     where: dict[str, str] = {}
+    copies: dict[str, list[list[str]]] = {}
     for dist in metadata.distributions():
         name = dist.metadata["Name"]
         if not name:
@@ -67,7 +69,8 @@ def distributions() -> tuple[dict[str, list[str]], dict[str, str]]:
         key = "-".join(name.replace("_", "-").replace(".", "-").lower().split("-"))
         found.setdefault(key, []).append(dist.version)
         where.setdefault(key, str(getattr(dist, "_path", "")))
-    return {k: sorted(v) for k, v in sorted(found.items())}, dict(sorted(where.items()))
+        copies.setdefault(key, []).append([dist.version, str(getattr(dist, "_path", ""))])
+    return {k: sorted(v) for k, v in sorted(found.items())}, dict(sorted(where.items())), dict(sorted(copies.items()))
 
 
 def source_report(entry: dict) -> dict:
@@ -233,7 +236,7 @@ def main(argv: list[str]) -> int:
     manifest_path = argv[1] if len(argv) > 1 else DEFAULT_MANIFEST
     with open(manifest_path, encoding="utf-8") as handle:
         manifest = json.load(handle)
-    found, where = distributions()
+    found, where, copies = distributions()
     dists = installed_distributions()
     report = {
         "report_version": REPORT_VERSION,
@@ -242,6 +245,7 @@ def main(argv: list[str]) -> int:
         "python": "%d.%d.%d" % sys.version_info[:3],
         "distributions": found,
         "locations": where,
+        "copies": copies,
         "sources": {s["name"]: {**source_report(s), **import_report(s, dists)} for s in manifest.get("sources", [])},
         "consistency": consistency(dists),
     }

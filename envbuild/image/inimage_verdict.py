@@ -34,6 +34,22 @@ def _same_version(a: str, b: str) -> bool:
         return a == b
 
 
+def _several(name: str, version: str, found: list[str], copies: list[list[str]]) -> str:
+    """Two copies of one distribution: where each is, which one Python imports, and the fix."""
+    head = f"package {name}: several versions installed ({', '.join(found)}); the lock pins {version}"
+    if len(copies) < 2:
+        return head
+    where = "; ".join(f"{v} in {path}" for v, path in copies)
+    imported_version, imported = copies[0]
+    shadowed = [path for _, path in copies[1:]]
+    fix = (
+        f"remove {', '.join(shadowed)} from the base image (envbuild removes only what a RECORD, "
+        f"installed-files.txt or dpkg file list names; for a distro package, `dpkg -S {shadowed[0]}` names the "
+        "package to `apt-get remove` there)"
+    )
+    return f"{head}: {where}; Python imports {imported_version} from {imported} (first on sys.path) — {fix}"
+
+
 def compare_inimage(report: dict | str, manifest: dict) -> list[str]:
     """Every way the image differs from the manifest, one line each; empty when it matches."""
     if isinstance(report, str):
@@ -60,7 +76,7 @@ def compare_inimage(report: dict | str, manifest: dict) -> list[str]:
         if not found:
             problems.append(f"package {name}: not installed (the lock pins {version})")
         elif len(found) > 1:
-            problems.append(f"package {name}: several versions installed ({', '.join(found)}); the lock pins {version}")
+            problems.append(_several(name, version, found, report.get("copies", {}).get(name, [])))
         elif not _same_version(found[0], version):
             problems.append(f"package {name}: {found[0]} installed, the lock pins {version}")
 

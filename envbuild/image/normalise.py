@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import shutil
 import tarfile
 import tempfile
@@ -34,7 +35,7 @@ from envbuild.image.normalised_config import (
     removal_layer,
     settle_empty,
 )
-from envbuild.image.plan import LOCK_NAME_LABEL
+from envbuild.image.plan import DISTRO_REMOVED_LABEL, LOCK_NAME_LABEL
 from envbuild.image.render import PACKAGES_EPOCH
 from envbuild.progress import Progress
 
@@ -102,8 +103,10 @@ def load_packages_image(
     report: dict[str, Any],
     tag: str,
     say: Progress,
+    tools_layers: tuple[str, ...] = (),
 ) -> str:
-    """The packages image: the base's canonical config with the committed container's layer on top and,
+    """The packages image: the base's canonical config with the built layers on top (``tools_layers``
+    names each layer below the install's: BuildKit's tools layer; none for a committed container) and,
     when the base holds distributions the lock replaces, a layer removing their files (whiteouts at the
     packages epoch, written here: a removal the engine makes carries the clock's time); tagged ``tag``.
     Its ID depends only on the base, what pip wrote and what was removed."""
@@ -112,12 +115,18 @@ def load_packages_image(
     # The lock's name label, as every image envbuild makes for the lock carries (the image sets it too):
     # the engine's tidying finds it by that (retention).
     config["config"]["Labels"] = {**(config["config"].get("Labels") or {}), LOCK_NAME_LABEL: lock_name}
+    if report.get("distro"):  # what of the distro's own Python the lock replaced: shown by inspect, in the record
+        config["config"]["Labels"][DISTRO_REMOVED_LABEL] = json.dumps(report["distro"], sort_keys=True)
     layers = _inspect(engine, committed)["RootFS"]["Layers"]
-    if layers[:-1] != config["rootfs"]["diff_ids"]:
-        raise EngineError(f"the committed packages container {committed[:19]} is not one layer on {base}")
-    config = extend_config(
-        config, layers[-1], f"envbuild: install the lock's {packages} package files (pip, no index)", PACKAGES_EPOCH
-    )
+    install = f"envbuild: install the lock's {packages} package files (pip, no index)"
+    added = (*tools_layers, install)
+    below = config["rootfs"]["diff_ids"]
+    if layers[: len(below)] != below or len(layers) != len(below) + len(added):
+        raise EngineError(
+            f"the packages image {committed[:19]} is not {len(added)} layer(s) on {base}: {len(layers) - len(below)}"
+        )
+    for diff_id, created_by in zip(layers[len(below) :], added, strict=True):
+        config = extend_config(config, diff_id, created_by, PACKAGES_EPOCH)
     carried: dict[str, bytes] = {}
     if report["remove"]:
         layer = removal_layer(report["remove"], report["directories"], PACKAGES_EPOCH)

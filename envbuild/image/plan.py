@@ -27,6 +27,8 @@ IMAGE_MANIFEST = f"{IMAGE_META}/manifest.json"
 # cluster) checks: the sha256 of exactly the lockfile's bytes the image was built from.
 LOCK_LABEL = "io.envbuild.lock.sha256"
 LOCK_NAME_LABEL = "io.envbuild.lock.name"
+# On the packages image (and so on the image): the distro-managed distributions the lock replaced.
+DISTRO_REMOVED_LABEL = "io.envbuild.packages.distro-removed"
 # Only on the container that installs a lock's packages (no image carries it, so no container a user runs
 # from an envbuild image does): what the engine's tidying may remove of a killed build.
 ROLE_LABEL = "io.envbuild.role"

@@ -254,6 +254,7 @@ def build_summary(
     diff_ids: tuple[str, ...],
     pushed: tuple[tuple[str, str], ...],
     dockerfile_sha256: str,
+    distro_removed: tuple[dict[str, Any], ...] = (),
 ) -> dict:
     inputs: list[dict[str, Any]] = [{"kind": "base_image", "name": plan.base_name, "digest": plan.base_digest}]
     inputs += [
@@ -287,4 +288,7 @@ def build_summary(
         "source_date_epoch": plan.epoch,
         "inputs": inputs,
         "pushed": [{"tag": tag, "digest": digest} for tag, digest in sorted(pushed)],
+        # The base's distro-managed distributions (a Debian-family /usr/lib/python3/dist-packages) that the
+        # lock pins too: removed by envbuild's layer, so that Python finds one copy, the lock's.
+        "base_distributions_removed": [dict(d) for d in distro_removed],
     }

@@ -1,12 +1,17 @@
 """What a build runs, as text: pure functions of the :class:`ContextPlan`.
 
-1. The packages image, ``envbuild-pkg/<lock name>:<packages key>``: the lock's package files are copied
-   into a container of the base, installed (``packages.sh.in``, ``stage_packages.py.in``), removed,
-   and the container is committed — one layer of what pip wrote, no package file in any layer; reused
-   while its key holds (the key hashes everything the step reads: the base by digest, the requirements
-   with their hashes, the scripts).
-2. The image (``Dockerfile.in``), with the legacy builder: the packages image (the base itself when the
-   lock has no packages), then each source and the metadata.
+On BuildKit (the default):
+
+1. the packages image, ``envbuild-pkg/<lock name>:<packages key>`` (``Dockerfile.packages.in``,
+   ``tools.sh.in``, ``packages.buildkit.sh.in``, ``stage_packages.py.in``): the tools layer, then the
+   package files bind-mounted and installed — no package file in any layer; reused while its key holds
+   (the key hashes everything the step reads: the builder, the base by digest, the requirements with
+   their hashes, the scripts);
+2. the image (``Dockerfile.buildkit.in``) on it: one ``RUN`` per source (bind-mounted, copied, timed,
+   installed, clamped), then the metadata.
+
+On the legacy builder: 1. in a container (``packages.sh.in``), committed; 2. ``Dockerfile.in``, a ``COPY``
+(+ ``RUN``) per source.
 
 The text comes from templates under ``images/`` with ``{{name}}`` placeholders; every value put in is
 either validated by the lock model (names, SHAs, digests, versions) or shell-quoted (the ``install.env``
@@ -23,6 +28,7 @@ from pathlib import Path
 
 from envbuild.errors import InputError
 from envbuild.image.plan import (
+    IMAGE_META,
     IMAGE_ROOT,
     LOCK_LABEL,
     LOCK_NAME_LABEL,
@@ -37,6 +43,13 @@ TEMPLATE_DIR = Path(__file__).parent / "templates"
 PIP = "python3 -m pip"
 PACKAGES_REPOSITORY = "envbuild-pkg"
 CLAMP = f"{IMAGE_ROOT}/bin/clamp-mtimes"
+# BuildKit builds: the one mount point every RUN mounts its input on, and the bytecode cache mount's
+# (both made empty by the tools layer, so that no RUN leaves a mount stub in its layer).
+MOUNT_POINT = f"{IMAGE_ROOT}/mnt"
+PYCACHE = f"{IMAGE_ROOT}/pycache"
+PYCACHE_MOUNT = f"--mount=type=cache,target={PYCACHE},id=envbuild-pycache,sharing=locked"
+BUILDERS = ("buildkit", "legacy")
+PACKAGES_REPORT = f"{IMAGE_META}/packages-report.json"  # BuildKit: what the packages step says it replaced
 # The mtime of every file the packages layer holds (1980-01-01, the earliest a wheel's zip can record).
 # Fixed rather than the build's epoch: with the default epoch (the newest pinned commit's date), moving
 # a source pin may move the epoch, and that must not reinstall every package.
@@ -109,13 +122,19 @@ def render_packages_script(plan: ContextPlan) -> str:
     )
 
 
-def packages_key(plan: ContextPlan) -> str:
-    """Everything the packages image is made of: the base by digest, the requirements (each file's
-    sha256) and the scripts; equal keys give equal packages layers."""
+def packages_key(plan: ContextPlan, builder: str = "buildkit") -> str:
+    """Everything the packages image is made of: the builder, the base by digest, the requirements (each
+    file's sha256) and the scripts; equal keys give equal packages layers."""
     digest = hashlib.sha256()
+    scripts = (
+        (render_buildkit_packages_script(plan), render_packages_dockerfile(plan), render_tools_script())
+        if builder == "buildkit"
+        else (render_packages_script(plan),)
+    )
     for part in (
+        builder,
         base_reference(plan),
-        render_packages_script(plan),
+        *scripts,
         load_template("stage_packages.py.in"),
         load_template("clamp-mtimes.sh.in"),
         plan.requirements,
@@ -124,8 +143,8 @@ def packages_key(plan: ContextPlan) -> str:
     return digest.hexdigest()
 
 
-def packages_reference(plan: ContextPlan) -> str:
-    return f"{PACKAGES_REPOSITORY}/{plan.lock_name}:{packages_key(plan)[:16]}"
+def packages_reference(plan: ContextPlan, builder: str = "buildkit") -> str:
+    return f"{PACKAGES_REPOSITORY}/{plan.lock_name}:{packages_key(plan, builder)[:16]}"
 
 
 # --- 2.: the image ------------------------------------------------------------------------------
@@ -175,7 +194,7 @@ def render_image_dockerfile(plan: ContextPlan) -> str:
         {
             "lock_name": plan.lock_name,
             "lock_sha256": plan.lock_sha256,
-            "from": packages_reference(plan) if packages else base_reference(plan),
+            "from": packages_reference(plan, "legacy") if packages else base_reference(plan),
             "platform_check": render_platform_check(plan),
             "epoch": str(plan.epoch),
             "sources": "\n".join(render_source(s, plan.epoch) for s in plan.sources) or "# no sources in the lock",
@@ -184,16 +203,32 @@ def render_image_dockerfile(plan: ContextPlan) -> str:
     )
 
 
-def render_dockerfile(plan: ContextPlan) -> str:
+def render_dockerfile(plan: ContextPlan, builder: str = "buildkit") -> str:
     """What a build of the plan runs, in order; ``envbuild image --dry-run`` prints exactly this, and
-    the build record hashes it. The packages step is not a Dockerfile; it is shown as the two lines a
-    Dockerfile would need (in comments), then the script."""
+    the build record hashes it. On BuildKit: the packages image's Dockerfile and its script (in
+    comments), then the image's. On the legacy builder the packages step is not a Dockerfile; it is shown
+    as the two lines a Dockerfile would need (in comments), then the script."""
+    if builder == "buildkit":
+        if not plan.files:
+            return render_buildkit_image_dockerfile(plan)
+        script = render_buildkit_packages_script(plan)
+        return "\n".join(
+            [
+                f"# ---- 1 of 2: the packages image, {packages_reference(plan)} ----",
+                render_packages_dockerfile(plan).rstrip("\n"),
+                f"# {MOUNT_POINT}/packages.sh (the package files beside it: requirements.txt, wheels/):",
+                "\n".join(f"#     {line}" if line else "#" for line in script.splitlines()),
+                "# ---- 2 of 2: the image ----",
+                render_buildkit_image_dockerfile(plan),
+            ]
+        )
+    image = render_image_dockerfile(plan)
     if not plan.files:
-        return render_image_dockerfile(plan)
+        return image
     script = "\n".join(f"#     {line}" if line else "#" for line in render_packages_script(plan).splitlines())
     return "\n".join(
         [
-            f"# ---- 1 of 2: the packages image, {packages_reference(plan)} ----",
+            f"# ---- 1 of 2: the packages image, {packages_reference(plan, 'legacy')} ----",
             "# Made in a container, not by the builder, so that no package file lands in a layer: the package",
             "# files (envbuild/requirements.txt, wheels/) are copied into /tmp/envbuild-packages of a container",
             "# of the base, the script below installs them and removes them, and the container is committed.",
@@ -202,6 +237,108 @@ def render_dockerfile(plan: ContextPlan) -> str:
             "#   RUN sh -c SCRIPT envbuild-packages SINCE",
             script,
             "# ---- 2 of 2: the image ----",
-            render_image_dockerfile(plan),
+            image,
         ]
     )
+
+
+# --- 2., on BuildKit ----------------------------------------------------------------------------
+
+
+def render_tools_script() -> str:
+    """The tools stage's script (``images/tools.sh.in``): the first layer of a BuildKit-built image."""
+    values = {"mnt": MOUNT_POINT, "pycache": PYCACHE, "clamp": CLAMP, "packages_epoch": str(PACKAGES_EPOCH)}
+    return fill(load_template("tools.sh.in"), values)
+
+
+def render_buildkit_source(source: SourcePlan, epoch: int) -> str:
+    """One source's one layer: bind-mounted from the context, copied, its times set, installed, clamped.
+    Bytecode pip writes for itself goes to the cache mount (``PYTHONDONTWRITEBYTECODE`` would make every
+    pip run recompile pip); none reaches the layer."""
+    dest, env = source.image_path, _env_prefix(source)
+    lines = [
+        f"# {source.name}: {source.ref_type} {source.ref} at {source.commit} ({source.mode})",
+        f"RUN --mount=type=bind,source={source.context_path},target={MOUNT_POINT} --mount=type=tmpfs,target=/tmp \\",
+        f"    {PYCACHE_MOUNT} \\",
+        "    since=$(($(date +%s) - 1)) && unset PYTHONDONTWRITEBYTECODE && export PYTHONPYCACHEPREFIX="
+        + PYCACHE
+        + " \\",
+        f" && mkdir -p {dest} && cp -R --preserve=mode {MOUNT_POINT}/. {dest}/ \\",
+        f" && find {dest} -exec touch -h -d @{epoch} {{}} + \\",
+    ]
+    if source.mode == "editable":
+        lines.append(f" && {env}{PIP} install --no-build-isolation --no-deps --no-index --no-compile -e {dest} \\")
+    elif source.mode == "wheel":
+        out = f"/tmp/envbuild-wheel-{source.name}"
+        lines.append(f" && {env}{PIP} wheel --no-build-isolation --no-deps --no-index -w {out} {dest} \\")
+        lines.append(f" && {PIP} install --no-index --no-deps --no-compile {out}/*.whl \\")
+    elif source.mode != "none":
+        raise ValueError(f"unknown install mode {source.mode!r}")
+    lines.append(
+        " && rm -rf /root/.cache/pip && find /opt/envbuild -xdev -depth -name __pycache__ -type d -exec rm -rf {} + \\"
+    )
+    lines.append(f' && {CLAMP} {epoch} "$since"')
+    return "\n".join(lines)
+
+
+def _tools_stage(plan: ContextPlan, start: str) -> str:
+    return "\n".join(
+        [
+            f"FROM {start} AS envbuild-from",
+            f"FROM {start} AS envbuild-tools",
+            render_platform_check(plan),
+            "RUN --mount=type=bind,from=envbuild-from,source=/,target=/mnt/base"
+            " --mount=type=bind,source=tools,target=/mnt/tools \\",
+            "    sh /mnt/tools/tools.sh",
+        ]
+    )
+
+
+def render_buildkit_image_dockerfile(plan: ContextPlan) -> str:
+    """The last Dockerfile on BuildKit (``images/Dockerfile.buildkit.in``)."""
+    packages = bool(plan.files)
+    start = packages_reference(plan) if packages else base_reference(plan)
+    return fill(
+        load_template("Dockerfile.buildkit.in"),
+        {
+            "lock_name": plan.lock_name,
+            "lock_sha256": plan.lock_sha256,
+            "from": start,
+            # the packages image has the tools layer, and its script checked the platform
+            "tools_stage": "# the tools layer: in the packages image" if packages else _tools_stage(plan, start),
+            "tools_copy": "" if packages else "COPY --from=envbuild-tools /out/ /",
+            "mnt": MOUNT_POINT,
+            "pycache": PYCACHE,
+            "meta": IMAGE_META,
+            "clamp": CLAMP,
+            "epoch": str(plan.epoch),
+            "sources": "\n".join(render_buildkit_source(s, plan.epoch) for s in plan.sources)
+            or "# no sources in the lock",
+            "labels": render_labels(plan),
+        },
+    )
+
+
+def render_buildkit_packages_script(plan: ContextPlan) -> str:
+    """The packages step's script on BuildKit (``images/packages.buildkit.sh.in``)."""
+    values = {
+        "mnt": MOUNT_POINT,
+        "pycache": PYCACHE,
+        "meta": IMAGE_META,
+        "report": PACKAGES_REPORT,
+        "clamp": CLAMP,
+        "packages_epoch": str(PACKAGES_EPOCH),
+        "platform_check": platform_check_shell(plan),
+    }
+    return fill(load_template("packages.buildkit.sh.in"), values)
+
+
+def render_packages_dockerfile(plan: ContextPlan) -> str:
+    """The packages image's Dockerfile on BuildKit (``images/Dockerfile.packages.in``)."""
+    values = {
+        "lock_name": plan.lock_name,
+        "base": base_reference(plan),
+        "mnt": MOUNT_POINT,
+        "pycache_mount": PYCACHE_MOUNT,
+    }
+    return fill(load_template("Dockerfile.packages.in"), values)

@@ -11,6 +11,12 @@ Per lock name, after a build:
 - the packages container of a killed build goes (by its role label: a container a user runs from the
   lock's image, a job or a cluster node, is never touched).
 
+BuildKit's own cache is a second store: removing images does not shrink it, and every ``--no-cache``
+build adds to it. After a BuildKit build it is pruned, least recently used first, down to
+:func:`build_cache_bound`: twice what the image adds to its base (so the next build of the lock, and one
+of another lock of that size, still finds its steps), and at least :data:`BUILD_CACHE_FLOOR`. The bound is
+engine-wide: BuildKit keeps no owner per record, so other builds' records count too, oldest going first.
+
 Normalised images share every layer with the raw ones (only their configs differ), so keeping both costs
 the engine a few kilobytes. Images under the tags you asked for (``--tag``, the default
 ``envbuild/<lock name>:<sha12>``) stay until you remove them; the base is never touched.
@@ -76,3 +82,21 @@ def keep_only(engine: Engine, lock_name: str, keep: set[str], say: Progress) -> 
             f"tidied the engine: {len(dropped)} superseded tag{'s' * (len(dropped) != 1)} of {lock_name}, "
             f"{removed} unused image{'s' * (removed != 1)} removed"
         )
+
+
+BUILD_CACHE_FLOOR = 1 << 30  # bytes: BuildKit's cache is never pruned below this
+
+
+def build_cache_bound(image_size: int, base_size: int) -> int:
+    """How much of BuildKit's cache a build of an image of ``image_size`` on a base of ``base_size`` keeps."""
+    return max(2 * max(image_size - base_size, 0), BUILD_CACHE_FLOOR)
+
+
+def bound_build_cache(engine: Engine, keep: int, say: Progress) -> int:
+    """Prune BuildKit's cache to at most ``keep`` bytes (records in use stay); the bytes reclaimed."""
+    if engine.build_cache_size() <= keep:
+        return 0
+    reclaimed = engine.prune_build_cache(keep)
+    if reclaimed:
+        say(f"tidied BuildKit's cache: {reclaimed / 1e6:.0f} MB reclaimed, at most {keep / 1e6:.0f} MB kept")
+    return reclaimed

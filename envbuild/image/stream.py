@@ -32,7 +32,14 @@ from envbuild.engine.client import ContextStream
 from envbuild.engine.transfer import TarSink
 from envbuild.image.assemble import BuildContext
 from envbuild.image.plan import IMAGE_META
-from envbuild.image.render import CLAMP, PACKAGES_EPOCH, load_template
+from envbuild.image.render import (
+    CLAMP,
+    PACKAGES_EPOCH,
+    load_template,
+    render_buildkit_packages_script,
+    render_packages_dockerfile,
+    render_tools_script,
+)
 
 _DIR_MODE = 0o755
 
@@ -165,4 +172,40 @@ def image_context(context: BuildContext, dockerfile: str) -> ContextStream:
     meta = context.path / "envbuild"
     for name in ("inimage_probe.py", "treehash.py", "manifest.json", "requirements.txt"):
         entries.append(_file(f"meta{IMAGE_META}/{name}", meta / name, 0o644, epoch))
+    return stream(entries)
+
+
+def buildkit_context(context: BuildContext, dockerfile: str) -> ContextStream:
+    """The image's build context on BuildKit: ``Dockerfile``, ``tools/`` (the tools stage's script and
+    clamp-mtimes), each source's tree as ``src/<name>/`` and ``meta/``. Every RUN bind-mounts what it
+    reads and sets its times itself, so no mtime here reaches a layer (BuildKit's cache keys leave
+    them out too)."""
+    plan, epoch = context.plan, context.plan.epoch
+    entries = [_data("Dockerfile", dockerfile.encode(), 0o644, epoch), *_tools_entries()]
+    for source in plan.sources:
+        entries += _tree(context.path / source.context_path, source.context_path)
+    meta = context.path / "envbuild"
+    for name in ("inimage_probe.py", "treehash.py", "manifest.json", "requirements.txt"):
+        entries.append(_file(f"meta/{name}", meta / name, 0o644, epoch))
+    return stream(entries)
+
+
+def _tools_entries() -> list[Entry]:
+    return [
+        _data("tools/tools.sh", render_tools_script().encode(), 0o644, PACKAGES_EPOCH),
+        _data("tools/clamp-mtimes", load_template("clamp-mtimes.sh.in").encode(), 0o755, PACKAGES_EPOCH),
+    ]
+
+
+def packages_context(context: BuildContext) -> ContextStream:
+    """The packages image's build context on BuildKit: ``Dockerfile``, ``tools/`` and ``packages/`` (the
+    package files, the requirements and the scripts), which its install step bind-mounts."""
+    plan, epoch, top = context.plan, PACKAGES_EPOCH, "packages"
+    entries = [_data("Dockerfile", render_packages_dockerfile(plan).encode(), 0o644, epoch), *_tools_entries()]
+    entries += [_file(f"{top}/wheels/{p.name}", p, 0o444, epoch) for p in sorted((context.path / "wheels").iterdir())]
+    entries += [
+        _file(f"{top}/requirements.txt", context.path / "envbuild" / "requirements.txt", 0o644, epoch),
+        _data(f"{top}/stage_packages.py", load_template("stage_packages.py.in").encode(), 0o644, epoch),
+        _data(f"{top}/packages.sh", render_buildkit_packages_script(plan).encode(), 0o644, epoch),
+    ]
     return stream(entries)

@@ -66,6 +66,10 @@ DEBIAN_MIRROR = os.environ.get("ENVBUILD_TEST_DEBIAN_MIRROR", "http://deb.debian
 SUITE = "bookworm"
 VARIANT = "minbase"
 INCLUDE = ("python3", "python3-pip", "python3-setuptools", "python3-venv")
+# The distro-managed Python distributions that brings (python3-wheel comes with python3-pip), in
+# /usr/lib/python3/dist-packages as .egg-info directories whose files only dpkg lists: the Debian and
+# Ubuntu case a lock that pins setuptools and wheel must handle (tests/test_image_engine_state.py).
+DISTRO_PYTHON = {"setuptools": "66.1.1", "wheel": "0.38.4"}
 # Every timestamp in the image: files, config and history (2025-05-20, the bookworm snapshot here).
 EPOCH = 1747699200
 EPOCH_ISO = "2025-05-20T00:00:00Z"

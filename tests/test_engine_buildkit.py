@@ -1,0 +1,123 @@
+"""envbuild.engine.buildkit and Engine.buildkit_build: BuildKit's trace decoded from its protobuf wire format
+(pure, on bytes written here by the same rules), and real BuildKit builds of the scripts/services dockerd:
+steps and the cache, no network, a failing step's log tail in the error."""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from pathlib import Path
+
+import docker
+import pytest
+
+from envbuild.engine.buildkit import BuildKitProgress, decode_status, fields
+from envbuild.engine.client import Engine
+from envbuild.engine.transfer import directory_context
+from envbuild.errors import EngineError
+from tests.lib.baseimage import BaseImage
+
+
+def _varint(value: int) -> bytes:
+    out = b""
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out += bytes([byte | (0x80 if value else 0)])
+        if not value:
+            return out
+
+
+def _field(number: int, value: int | bytes) -> bytes:
+    if isinstance(value, int):
+        return _varint(number << 3) + _varint(value)
+    return _varint(number << 3 | 2) + _varint(len(value)) + value
+
+
+def _vertex(digest: str, name: str, *, cached: bool = False, done: bool = False, error: str = "") -> bytes:
+    body = _field(1, digest.encode()) + _field(3, name.encode()) + _field(5, b"\x08\x01")  # started
+    body += (_field(4, 1) if cached else b"") + (_field(6, b"\x08\x02") if done else b"") + _field(7, error.encode())
+    return _field(1, body)
+
+
+def _log(digest: str, data: bytes) -> bytes:
+    return _field(3, _field(1, digest.encode()) + _field(3, 1) + _field(4, data))
+
+
+def _event(message: bytes) -> dict[str, object]:
+    return {"id": "moby.buildkit.trace", "aux": base64.b64encode(message).decode()}
+
+
+def test_the_trace_decodes_to_vertexes_and_logs() -> None:
+    status = decode_status(
+        base64.b64encode(_vertex("sha256:a", "[1/2] RUN x", done=True) + _log("sha256:a", b"hi\n")).decode()
+    )
+    assert [(v.digest, v.name, v.completed, v.cached) for v in status.vertexes] == [
+        ("sha256:a", "[1/2] RUN x", True, False)
+    ]
+    assert [(log.vertex, log.data) for log in status.logs] == [("sha256:a", b"hi\n")]
+    assert fields(_field(2, 300)) == [(2, 300)]
+    with pytest.raises(EngineError, match="cannot be read"):
+        decode_status(base64.b64encode(b"\x0a\x05ab").decode())  # a field longer than the message
+
+
+def test_progress_counts_steps_and_keeps_the_failed_steps_log_tail() -> None:
+    lines: list[str] = []
+    with BuildKitProgress(lines.append) as progress:
+        progress.event(_event(_vertex("sha256:i", "[internal] load build definition", done=True)))
+        progress.event(_event(_vertex("sha256:f", "[1/3] FROM base", cached=True)))
+        progress.event(_event(_vertex("sha256:r", "[2/3] RUN make")))
+        progress.event(_event(_log("sha256:r", b"compiling\nthe-last-") + _log("sha256:r", b"words\n")))
+        progress.event(_event(_vertex("sha256:r", "[2/3] RUN make", error="exit code: 2")))
+        progress.event({"id": "moby.image.id", "aux": {"ID": "sha256:feed"}})
+    assert [(s.instruction, s.cached) for s in progress.steps] == [("[1/3] FROM base", True)]  # internal: not a step
+    assert "step [2/3] RUN make" in lines and "step [1/3] FROM base: cached" in lines
+    message = progress.failure("exit code: 2")
+    assert message.startswith("build failed at step [2/3] RUN make: exit code: 2")
+    assert message.endswith("\n    | compiling\n    | the-last-words")
+    assert progress.image_id == "sha256:feed"
+
+
+@pytest.fixture(scope="module")
+def engine(docker_client: docker.DockerClient) -> Engine:
+    return Engine(docker_client)
+
+
+@pytest.mark.docker
+def test_a_buildkit_build_runs_steps_without_network_and_from_the_cache(
+    tmp_path: Path, engine: Engine, base_image: BaseImage
+) -> None:
+    marker = uuid.uuid4().hex
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "hello.txt").write_text("hello\n")
+    (tmp_path / "Dockerfile").write_text(
+        f"FROM {base_image.tag}\n"
+        f"RUN --mount=type=bind,source=data,target=/mnt cat /mnt/hello.txt > /hello && echo {marker} > /m\n"
+        "RUN python3 -c \"import socket; socket.create_connection(('192.0.2.1', 80), 2)\" 2>/dev/null"
+        " && echo network > /net || echo none > /net\n"
+    )
+    lines: list[str] = []
+    first = engine.buildkit_build(directory_context(tmp_path), progress=lines.append)
+    runs = [s for s in first.steps if "] RUN " in s.instruction]
+    assert len(runs) == 2 and not any(s.cached for s in runs)
+    out = engine.run(first.image_id, ["sh", "-c", "cat /hello /m /net"])
+    assert out.stdout.split() == ["hello", marker, "none"]  # the mount's file, the step, no network
+    again = engine.buildkit_build(directory_context(tmp_path))
+    assert all(s.cached for s in again.steps if "] RUN " in s.instruction)
+    fresh = engine.buildkit_build(directory_context(tmp_path), nocache=True)
+    assert not any(s.cached for s in fresh.steps if "] RUN " in s.instruction)
+    for image in {first.image_id, again.image_id, fresh.image_id}:
+        engine.remove(image, force=True)
+
+
+@pytest.mark.docker
+def test_a_failing_buildkit_step_names_itself_and_keeps_its_log_tail(
+    tmp_path: Path, engine: Engine, base_image: BaseImage
+) -> None:
+    (tmp_path / "Dockerfile").write_text(
+        f"FROM {base_image.tag}\nRUN echo first-line; echo the-last-words >&2; exit 3\n"
+    )
+    with pytest.raises(EngineError) as caught:
+        engine.buildkit_build(directory_context(tmp_path))
+    message = str(caught.value)
+    assert message.startswith("build failed at step [2/2] RUN echo first-line"), message
+    assert "exit code: 3" in message and "| the-last-words" in message
