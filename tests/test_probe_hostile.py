@@ -5,6 +5,7 @@ parser gives a report (a problem saying what was wrong with the answer), never a
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from pathlib import Path
 
@@ -62,6 +63,17 @@ def test_a_hostile_names_answer_is_one_error_line(answer: bytes) -> None:
         _parse_answer(answer, b"{}", "python3", 10)
     assert str(info.value).startswith("python3: ")
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("field", ["class", "transformers", "torch"])
+def test_a_names_answer_naming_its_maker_in_terminal_codes_is_refused(field: str) -> None:
+    config = b"{}"
+    doc = {"names": ["lm_head.weight"], "config_sha256": hashlib.sha256(config).hexdigest(),
+           "class": "GlmMoeDsaForCausalLM", "transformers": "5.10.4", "torch": "2.13.0+cpu"}  # fmt: skip
+    assert _parse_answer(json.dumps(doc).encode(), config, "python3", 10).transformers == "5.10.4"
+    doc[field] = "5.10.4\x1b]0;owned\x07"
+    with pytest.raises(ModelNamesError, match="not a plain name"):
+        _parse_answer(json.dumps(doc).encode(), config, "python3", 10)
 
 
 def test_the_audit_summary_escapes_what_the_image_and_the_checkpoint_said(tmp_path: Path) -> None:

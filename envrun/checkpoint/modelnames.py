@@ -15,6 +15,7 @@ access to the checkpoint's directory.
 from __future__ import annotations
 
 import hashlib
+import re
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -30,6 +31,7 @@ from envrun.checkpoint.untrusted import MiB, load_json
 SCRIPT_PATH = Path(__file__).with_name("saved_names.py")
 # 2,000,000 names of ~60 bytes in JSON; the answer for GLM-5 is 3.4 MB.
 MAX_ANSWER_BYTES = 256 * MiB
+_WORD = re.compile(r"[A-Za-z0-9_.+-]{1,128}")
 DEFAULT_TIMEOUT = 600.0  # importing torch in a cold image is most of it; GLM-5 takes ~6 s warm
 
 
@@ -157,6 +159,10 @@ def _parse_answer(answer: bytes | str, config: bytes, shown: str, max_names: int
     about = {k: doc.get(k) for k in ("class", "transformers", "torch")}
     if not all(isinstance(v, str) for v in about.values()):
         raise fail("the answer does not say which class and versions made it")
+    # These words are printed in every result that names where the names came from, and the version is
+    # compared with the lock's pin: a class name and two version strings, nothing a terminal would act on.
+    if not all(_WORD.fullmatch(str(v)) for v in about.values()):
+        raise fail("the class or a version in the answer is not a plain name (letters, digits, '._+-')")
     source = f"{about['class']} of transformers {about['transformers']} on the meta device (torch {about['torch']})"
     return ExpectedNames(frozenset(names), source, doc["config_sha256"], str(about["transformers"]))
 
