@@ -105,10 +105,15 @@ def fetch_inputs(
 
 
 def newest_commit_date(lock: Lock, exporter: TreeExporter) -> int | None:
-    """The newest committer date of the pinned commits, read from the export cache (no network)."""
+    """The newest committer date of the pinned commits, read from the export cache or, for a commit only
+    `lock verify` has fetched so far, from the verify cache (no network): a commit's date is the same
+    wherever its object lies."""
     dates = []
     for source in lock.sources:
-        found = commit_dates(exporter.cache, exporter.mirrors.rewrite(source.repo), [source.commit])
+        url = exporter.mirrors.rewrite(source.repo)
+        found = commit_dates(exporter.cache, url, [source.commit]) or commit_dates(
+            exporter.verify_cache, url, [source.commit]
+        )
         if source.commit not in found:
             raise EnvbuildError(f"source {source.name}: commit {source.commit} is not in {exporter.cache.root}")
         dates.append(found[source.commit])

@@ -6,6 +6,7 @@ import json
 import platform
 import re
 import shutil
+import subprocess
 import textwrap
 from pathlib import Path
 
@@ -75,6 +76,24 @@ def test_verify_ok_behind_and_strict(upstream, tmp_path: Path, capsys) -> None: 
 
     code, out, _ = run(capsys, "lock", "verify", str(behind), "--cache-dir", cache, "--strict", "--json")
     assert code == 1 and json.loads(out)["ok"] is False
+
+
+def test_a_dry_run_after_verify_takes_the_epoch_from_what_verify_fetched(upstream, tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    """`envbuild image --dry-run` right after `lock verify` of a lock that pins trees: verify fetched the
+    pinned commit to check its tree, so the Dockerfile carries its date and no note that it shows 0."""
+    served, repo, commits = upstream
+    cache = str(tmp_path / "cache")
+    tree = repo.tree(commits[-1])
+    url = served.url("cli-upstream", "daemon-filter")
+    lock = write_lock(tmp_path / "ok.yaml", url, commit=commits[-1], tree=tree)
+    with lock.open("a") as f:  # a dry run needs a base to render FROM; nothing asks its registry
+        f.write(f"base_image:\n  name: registry.example/base:1\n  digest: sha256:{'ab' * 32}\n")
+    assert run(capsys, "lock", "verify", str(lock), "--cache-dir", cache)[0] == 0
+    code, out, err = run(capsys, "image", str(lock), "--dry-run", "--offline", "--cache-dir", cache)
+    date = subprocess.run(["git", "-C", str(repo.path), "show", "-s", "--format=%ct", commits[-1]],
+                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    assert code == 0 and f"SOURCE_DATE_EPOCH={date}" in out, err
+    assert "not in the cache yet" not in err
 
 
 def test_verify_failures_exit_1_and_name_the_status(upstream, tmp_path: Path, capsys) -> None:  # noqa: ANN001

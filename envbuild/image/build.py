@@ -186,8 +186,9 @@ def dry_run(read: LockFile, options: ImageOptions, progress: Progress = silent) 
             epoch = newest_commit_date(lock, exporter_for(options.source))
         except EnvbuildError:
             say(
-                "warning: the pinned commits are not in the cache yet, so SOURCE_DATE_EPOCH is shown as 0; "
-                "`envbuild image` fetches them (or `envbuild lock fetch` alone)"
+                "note: the pinned commits are not in the cache yet, so this dry run shows SOURCE_DATE_EPOCH as 0 "
+                "where a build writes the newest pinned commit's date; `envbuild lock fetch` (or the build) "
+                "fetches them"
             )
             epoch = 0
     renderable = dataclasses.replace(lock, packages=tuple(p for p in lock.packages if p.files))
