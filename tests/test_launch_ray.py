@@ -204,7 +204,9 @@ def test_failed_ray_job_is_recorded(ray_head: str, tiny: Tiny) -> None:
     assert "expected 'not'" in (outcome.run_dir / "output.log").read_text()
 
 
-def test_ctrl_c_stops_the_ray_job_and_records_interrupted(ray_head: str, tiny: Tiny) -> None:
+def signal_a_ray_run(ray_head: str, tiny: Tiny, signum: int) -> tuple[int, dict, str]:
+    """Start envrun on a Ray job that sleeps, send ``signum`` once the job's own output streams back (it is
+    really running), and return envrun's exit status, its recorded status and the Ray job's status."""
     from tests.lib.tinyrun import REPO
 
     ray_run(tiny, ray_head, FAKE_TRAINER_SLEEP="300")
@@ -221,20 +223,24 @@ def test_ctrl_c_stops_the_ray_job_and_records_interrupted(ray_head: str, tiny: T
     )
     try:
         assert cli.stdout is not None
-        for line in cli.stdout:  # the job's own output, streamed back: it is really running
+        for line in cli.stdout:
             if "fake trainer: sleeping" in line:
                 break
-        cli.send_signal(signal.SIGINT)
+        cli.send_signal(signum)
         cli.communicate(timeout=120)
     finally:
         cli.kill()
-    assert cli.returncode == 130
-    status = read_status(run_dir)
-    assert status["status"] == "interrupted" and "stopped on Ctrl-C" in status.get("detail", "")
     job_id = next(
         line.split()[4] for line in (run_dir / "output.log").read_text().splitlines() if "submitted Ray job" in line
     )
-    assert job_client(ray_head).get_job_status(job_id).value == "STOPPED"
+    return cli.returncode, read_status(run_dir), job_client(ray_head).get_job_status(job_id).value
+
+
+def test_ctrl_c_stops_the_ray_job_and_records_interrupted(ray_head: str, tiny: Tiny) -> None:
+    code, status, job = signal_a_ray_run(ray_head, tiny, signal.SIGINT)
+    assert code == 130
+    assert status["status"] == "interrupted" and "stopped on Ctrl-C" in status.get("detail", "")
+    assert job == "STOPPED"
 
 
 def test_the_head_asks_for_its_token_and_envrun_sends_it(ray_head: str, ray_home: Path) -> None:
@@ -268,32 +274,7 @@ def test_a_client_without_the_token_is_told_so(ray_head: str, tmp_path: Path, mo
 
 def test_sigterm_stops_the_ray_job_and_records_it(ray_head: str, tiny: Tiny) -> None:
     """SIGTERM to envrun takes Ctrl-C's path: the Ray job is stopped on the cluster, recorded as SIGTERM."""
-    from tests.lib.tinyrun import REPO
-
-    ray_run(tiny, ray_head, FAKE_TRAINER_SLEEP="300")
-    extra = ["--backend", "ray", "--ray-address", ray_head, "--skip-check", "ray-node"]
-    extra += ["--env", f"FAKE_TRAINER_EXPECT={tiny.expect_file}", "--env", "FAKE_TRAINER_SLEEP=300"]
-    run_dir = tiny.tmp / "run"
-    cli = subprocess.Popen(
-        [sys.executable, "-m", "envrun.cli.main", *tiny.args(*extra, "--run-dir", str(run_dir))],
-        cwd=REPO,
-        env=os.environ.copy(),
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert cli.stdout is not None
-        for line in cli.stdout:
-            if "fake trainer: sleeping" in line:
-                break
-        cli.send_signal(signal.SIGTERM)
-        cli.communicate(timeout=120)
-    finally:
-        cli.kill()
-    assert cli.returncode == 130
-    status = read_status(run_dir)
+    code, status, job = signal_a_ray_run(ray_head, tiny, signal.SIGTERM)
+    assert code == 130
     assert status["status"] == "interrupted" and status["detail"].startswith("stopped on SIGTERM"), status
-    job_id = next(
-        line.split()[4] for line in (run_dir / "output.log").read_text().splitlines() if "submitted Ray job" in line
-    )
-    assert job_client(ray_head).get_job_status(job_id).value == "STOPPED"
+    assert job == "STOPPED"
