@@ -23,7 +23,7 @@ from envrun.plan import PreflightLine, RunPlan
 # The last is not run here: it asks where the job runs (a Ray cluster's nodes), when it is launched.
 TARGET_CHECK = "ray-node"
 PROBE_CHECK = "job-probe"  # envrun.probe.report.CHECK, without importing the probe here
-RAY_CHECK = "ray-resources"  # from the probe's facts: the CPUs the job's Ray actors ask for, where it starts Ray
+RAY_CHECK = "ray-resources"  # from the probe's facts: the CPUs the job's Ray actors ask for, against its Ray's
 CHECKS = ("image-lock-label", "image-platform", "npus", "model", "data", PROBE_CHECK, RAY_CHECK, TARGET_CHECK)
 
 ImageLabels = Callable[[str], "dict[str, str]"]  # image ref -> labels; raises EnvbuildError if absent

@@ -363,6 +363,12 @@ def test_the_job_probe_runs_on_every_node(
     assert all("verl 0.9.1 (PPOTrainerSync)" in line.detail for line in probes)
     (capacity,) = [line for line in preflight if line.name == "ray-node" and "the run needs" in line.detail]
     assert capacity.status == "fail" and "the run needs 32 node(s) x 16 NPU(s)" in capacity.detail
+    # The job's actors against the cluster's CPUs, as the nodes' Ray reports them (the job's ray.init joins
+    # it): TransferQueue's 9 at once, on two nodes started with --num-cpus=1, would wait forever.
+    (cpus,) = [line for line in preflight if line.name == "ray-resources"]
+    assert cpus.status == "fail" and "ask for 9 CPU(s) at once (TaskRunnerV1" in cpus.detail, cpus
+    assert "the cluster's 2 alive node(s) have 2 (" in cpus.detail and "wait for them forever" in cpus.detail
+    assert cpus.facts is not None and cpus.facts["set_for_a_new_ray"] == []
 
 
 def test_a_lost_export_on_a_node_fails_the_audit(cluster: Running, verl: Venv, runs: Path, tmp_path: Path) -> None:

@@ -102,6 +102,7 @@ def test_the_fixed_lock_passes_the_probe(
     assert cpus["status"] == "ok" and "ask for 9 CPU(s) at once" in cpus["detail"], cpus["detail"]
     assert "TransferQueueController: 1; 8 SimpleStorageUnit x 1" in cpus["detail"]
     assert "ray_kwargs.ray_init.num_cpus=16" in cpus["detail"]
+    assert cpus["facts"]["set_for_a_new_ray"] == ["num_cpus"]  # what a job joining a Ray cluster must not pass
 
 
 def test_without_transfer_queue_the_job_is_refused_naming_it(

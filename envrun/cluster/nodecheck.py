@@ -23,6 +23,7 @@ from envrun import ray_api
 from envrun.cluster.onnode import MANIFEST, MARKER, TASK_TIMEOUT_SECONDS
 from envrun.cluster.state import ClusterState
 from envrun.plan import PreflightLine
+from envrun.probe.report import RAY_RESOURCES
 
 CHECK = "ray-node"
 JOB_TIMEOUT_SECONDS = TASK_TIMEOUT_SECONDS + 120
@@ -138,6 +139,49 @@ def capacity_line(answers: list[dict[str, Any]], nnodes: int | None, npus_per_no
             f"(NPU resource per node: {there})",
         )
     return PreflightLine(CHECK, "ok", f"{need}; {len(enough)} alive node(s) have them ({there})")
+
+
+def cluster_cpu_line(answers: list[dict[str, Any]]) -> PreflightLine | None:
+    """The CPUs the job's first Ray actors ask for at once (the probe's facts, from the first node that
+    ran it) against the cluster's: the job's ``ray.init`` joins the running cluster, which neither grows
+    for ``ray_init.num_cpus`` nor accepts it (Ray raises at connect). None: no node ran the probe."""
+    facts = next(
+        (
+            found
+            for a in answers
+            if isinstance(a.get("probe"), dict)
+            and isinstance(found := (a["probe"].get("facts") or {}).get("ray_cpus"), dict)
+        ),
+        None,
+    )
+    if facts is None:
+        return None
+    alive = [(a.get("name"), float(a.get("cpu_resource") or 0)) for a in answers if not a.get("error")]
+    total = sum(cpus for _, cpus in alive)
+    have = f"the cluster's {len(alive)} alive node(s) have {total:g} ({', '.join(f'{n}: {c:g}' for n, c in alive)})"
+    parts = "; ".join(f"{what}: {cpus:g}" for what, cpus in facts.get("parts") or ())
+    asks = f"the job's Ray actors ask for {float(facts['needed']):g} CPU(s) at once ({parts}); {have}"
+    refused = [str(key) for key in facts.get("set_for_a_new_ray") or ()]
+    if refused:
+        flags = ", ".join(f"ray_kwargs.ray_init.{key}" for key in refused)
+        return PreflightLine(
+            RAY_RESOURCES,
+            "fail",
+            f"{flags} set: on a Ray cluster the job's ray.init connects to the running cluster, and Ray refuses "
+            f'them there ("When connecting to an existing cluster, num_cpus and num_gpus must not be provided"); '
+            f"drop the override ({asks}; a node's CPUs are its `ray start --num-cpus`, `ray_start_args` in the "
+            "cluster file)",
+            dict(facts),
+        )
+    if float(facts["needed"]) > total:
+        return PreflightLine(
+            RAY_RESOURCES,
+            "fail",
+            f"{asks}: Ray would wait for them forever; give the nodes more CPUs (`ray start --num-cpus`, "
+            "`ray_start_args` in the cluster file)",
+            dict(facts),
+        )
+    return PreflightLine(RAY_RESOURCES, "ok", asks, dict(facts))
 
 
 def model_lines(answers: list[dict[str, Any]]) -> tuple[PreflightLine, ...]:

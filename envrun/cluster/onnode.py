@@ -177,6 +177,7 @@ def main(argv: list[str]) -> int:
             "name": node.get("NodeName") or node["NodeManagerAddress"],
             "ip": node["NodeManagerAddress"],
             "npu_resource": node.get("Resources", {}).get("NPU", 0),
+            "cpu_resource": node.get("Resources", {}).get("CPU", 0),
         }
         try:
             found: dict[str, Any] = ray.get(ref, timeout=TASK_TIMEOUT_SECONDS)

@@ -51,12 +51,13 @@ class RayLauncher:
             NodeAsk,
             ask_nodes,
             capacity_line,
+            cluster_cpu_line,
             data_lines,
             model_lines,
             node_lines,
             probe_lines_of,
         )
-        from envrun.preflight import PROBE_CHECK
+        from envrun.preflight import PROBE_CHECK, RAY_CHECK
 
         ask = NodeAsk(
             model=str(plan.model) if plan.model and "model" not in skip else None,
@@ -78,6 +79,8 @@ class RayLauncher:
             lines += engine_image_lines(plan.cluster)
         lines += (capacity_line(answers, plan.nnodes, plan.npus_per_node),)
         lines += model_lines(answers) + data_lines(answers, len(plan.data_files)) + probe_lines_of(answers)
+        cpus = cluster_cpu_line(answers) if RAY_CHECK not in skip else None  # a skip is said by run_preflight
+        lines += (cpus,) if cpus is not None else ()
         skipped = {name: PreflightLine(name, "skip", "skipped by --skip-check") for name in sorted(skip)}
         return lines + tuple(line for name, line in skipped.items() if name in ("model", "data", PROBE_CHECK))
 

@@ -47,6 +47,9 @@ MARKER = "ENVRUN-PROBE "
 SOURCE = ""  # this script's text, set when it runs (the worker-side child runs it again)
 RESOLVE_FLAG = "--resolve-as-worker"
 LANGUAGE_MODEL = "language_model"
+# ray.init's arguments that only a new Ray takes: connecting to a running cluster (RAY_ADDRESS, as in a Ray job)
+# it raises "When connecting to an existing cluster, num_cpus and num_gpus must not be provided." (Ray 2.60).
+RAY_INIT_NEW_CLUSTER_ONLY = ("num_cpus", "num_gpus", "resources", "labels", "object_store_memory", "_node_name")
 
 
 def first_line(exc: BaseException) -> str:
@@ -306,6 +309,8 @@ class Probe:
             "parts": parts,
             "num_cpus": None if num_cpus is None else float(num_cpus),
             "detected": detected,
+            # What ray.init refuses when it connects to a running cluster (a job on the Ray backend).
+            "set_for_a_new_ray": sorted(k for k in RAY_INIT_NEW_CLUSTER_ONLY if ray_init.get(k) is not None),
         }
 
     def report(self, exports: dict[str, Any] | None = None) -> dict[str, Any]:
