@@ -10,6 +10,7 @@ import io
 import json
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from envbuild.errors import InputError, RemoteError
 from envbuild.index.client import IndexClient
 from envbuild.index.deadline import deadline_from_env, min_rate_from_env
 from envbuild.verify.metadata import read_wheel_metadata
+from tests.lib.httpproxy import Tinyproxy
 from tests.lib.pyindex import JSON_TYPE, PyIndex, Route, Trickle, make_wheel, trickled
 
 WHEEL = "alpha-1.0-py3-none-any.whl"
@@ -86,7 +88,11 @@ def test_a_trickled_range_read_is_cut_at_the_deadline(dists: Path) -> None:
     )
 
 
-def test_a_download_slower_than_the_minimum_rate_is_cut(dists: Path) -> None:
+@pytest.mark.parametrize("via", ["direct", "proxy"])
+def test_a_download_slower_than_the_minimum_rate_is_cut(dists: Path, via: str, request: pytest.FixtureRequest) -> None:
+    """Directly, and through a real HTTP proxy (the fixture below), which requests reaches through other
+    connection pools: those are cut too (they were not, and the download went on at a trickle)."""
+    proxy: Tinyproxy | None = request.getfixturevalue("proxy") if via == "proxy" else None
     with PyIndex(dists) as index:
         client = IndexClient(min_rate=10_000, grace=0.5)
         listed = client.project(index.url, "alpha").file(WHEEL)
@@ -99,6 +105,7 @@ def test_a_download_slower_than_the_minimum_rate_is_cut(dists: Path) -> None:
     assert str(info.value).startswith(f"{listed.url}: download: arriving at ")
     assert str(info.value).endswith("slower than the minimum of 10000 bytes/s ($ENVBUILD_MIN_RATE)")
     assert took < 5, took
+    assert proxy is None or f"GET {listed.url} " in proxy.log()
 
 
 def test_a_range_read_whose_connection_is_lost_before_the_first_byte_is_tried_again(dists: Path) -> None:
@@ -154,3 +161,31 @@ def test_lock_verify_reports_the_slow_package_unreachable_and_checks_the_rest(
     )
     assert results["beta"]["status"] == "ok"
     assert took < 30, took
+
+
+# --- through an HTTP proxy ----------------------------------------------------------------------
+
+
+@pytest.fixture()
+def proxy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Tinyproxy]:
+    """A real proxy (tinyproxy) in the environment, as a user behind one sets it; nothing bypasses it."""
+    with Tinyproxy(tmp_path / "proxy") as running:
+        for name in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY"):
+            monkeypatch.setenv(name, running.url)
+        for name in ("no_proxy", "NO_PROXY", "all_proxy", "ALL_PROXY"):
+            monkeypatch.delenv(name, raising=False)
+        yield running
+
+
+def test_a_page_trickled_through_a_proxy_is_cut_at_the_deadline(dists: Path, proxy: Tinyproxy) -> None:
+    """requests reaches a proxied index through other connection pools than a direct one: the deadline
+    must cut those too (it did not: the request went on for as long as the server trickled)."""
+    with PyIndex(dists) as index:
+        index.route("/simple/alpha/", Route(headers={"Content-Type": JSON_TYPE}, body=trickled(b" ", interval=0.05)))
+        client = IndexClient(deadline=1.0)
+        start = time.monotonic()
+        with pytest.raises(RemoteError, match=r"the page for alpha: no complete answer within the deadline of 1 s"):
+            client.project(index.url, "alpha")
+        assert time.monotonic() - start < 10
+        assert client.project(index.url, "beta").files  # through the proxy too
+    assert f"GET {index.url}/alpha/ " in proxy.log() and f"GET {index.url}/beta/ " in proxy.log(), proxy.log()

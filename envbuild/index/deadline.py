@@ -28,6 +28,7 @@ from requests.adapters import HTTPAdapter
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.exceptions import HTTPError as Urllib3Error
+from urllib3.poolmanager import ProxyManager
 from urllib3.util.retry import Retry
 
 from envbuild.errors import InputError, RemoteError
@@ -188,10 +189,22 @@ class _HTTPSPool(_AdoptingPool, HTTPSConnectionPool):
     ConnectionCls = _HTTPSConnection
 
 
+POOLS = {"http": _HTTPPool, "https": _HTTPSPool}
+
+
 class _DeadlineAdapter(HTTPAdapter):
     def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
         super().init_poolmanager(*args, **kwargs)
-        self.poolmanager.pool_classes_by_scheme = {"http": _HTTPPool, "https": _HTTPSPool}
+        self.poolmanager.pool_classes_by_scheme = POOLS
+
+    def proxy_manager_for(self, proxy: str, **proxy_kwargs: Any) -> Any:
+        """An HTTP(S) proxy ($HTTPS_PROXY …) reaches the index through a manager of its own, made here:
+        its pools adopt their sockets too, so a request through a proxy is cut like a direct one. A SOCKS
+        proxy's pools are urllib3's own (and PySocks is not a dependency): requests refuses the scheme."""
+        manager = super().proxy_manager_for(proxy, **proxy_kwargs)
+        if isinstance(manager, ProxyManager):
+            manager.pool_classes_by_scheme = POOLS
+        return manager
 
 
 def deadline_adapter(retry: Retry) -> HTTPAdapter:
