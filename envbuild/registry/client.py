@@ -19,14 +19,18 @@ import base64
 import hashlib
 import ipaddress
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import requests
+from urllib3.util.retry import Retry
 
 from envbuild.data.reference import split_tag
 from envbuild.errors import RemoteError
+from envbuild.index.deadline import Deadline, deadline_adapter, deadline_from_env
 from envbuild.registry.auth import DOCKER_HUB, Challenge, find_credentials, parse_challenge
 
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -67,7 +71,7 @@ def served_manifest(
     """The manifest ``reference`` (``[registry/]path[:tag]``) names in its registry now."""
     name, tag = split_tag(reference)
     host, repository = registry_and_repository(name)
-    client = _Client(reference, host, repository, session or requests.Session(), docker_config)
+    client = _Client(reference, host, repository, session or _session(), docker_config)
     body, digest, media_type = client.manifest(tag)
     document = _json(body, f"{reference}: the manifest {host} serves")
     media_type = media_type or str(document.get("mediaType") or "")
@@ -115,6 +119,15 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _session() -> requests.Session:
+    """A session whose requests each :class:`Deadline` can cut (directly or through an HTTP proxy)."""
+    session = requests.Session()
+    adapter = deadline_adapter(Retry(total=2, connect=2, read=0, status=0, backoff_factor=0.5))
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return session
+
+
 class _Client:
     """One repository of one registry, authenticated once when it first asks."""
 
@@ -147,24 +160,42 @@ class _Client:
         return body
 
     def _get(self, path: str, accept: str) -> tuple[requests.Response, bytes]:
+        """GET ``path`` (authenticating once if challenged): a total deadline on each request, its body
+        included, as for an index (``$ENVBUILD_INDEX_DEADLINE``): a registry that trickles is cut."""
         while True:
             headers = {"Accept": accept, **({"Authorization": self.authorization} if self.authorization else {})}
-            response = self._request(self.base + path, headers=headers)
-            if response.status_code == 401 and not self.challenged:
-                self.challenged = True
-                self.authorization = self._authenticate(parse_challenge(response.headers.get("WWW-Authenticate", "")))
-                response.close()
-                continue
-            with response:
-                if response.status_code in (401, 403):
-                    raise RegistryError(
-                        f"{self.reference}: {self.host} refused access ({response.status_code}); {self._login_advice()}"
-                    )
-                if response.status_code == 404:
-                    raise RegistryError(f"{self.reference}: {self.host} has no such manifest or blob (404 for {path})")
-                if response.status_code != 200:
-                    raise RegistryError(f"{self.reference}: {self.host} answered {response.status_code} for {path}")
-                return response, self._bounded(response, path)
+            with self._deadline(path):
+                response = self._request(self.base + path, headers=headers)
+                if response.status_code == 401 and not self.challenged:
+                    self.challenged = True
+                    response.close()
+                    challenge = parse_challenge(response.headers.get("WWW-Authenticate", ""))
+                else:
+                    return self._answer(response, path)
+            self.authorization = self._authenticate(challenge)
+
+    @contextmanager
+    def _deadline(self, what: str) -> Iterator[None]:
+        """A request cut at its deadline is a :class:`RegistryError` like any other unanswered one."""
+        try:
+            with Deadline(f"{self.reference}: {self.host} {what}", seconds=deadline_from_env()):
+                yield
+        except RegistryError:
+            raise
+        except RemoteError as exc:
+            raise RegistryError(str(exc)) from None
+
+    def _answer(self, response: requests.Response, path: str) -> tuple[requests.Response, bytes]:
+        with response:
+            if response.status_code in (401, 403):
+                raise RegistryError(
+                    f"{self.reference}: {self.host} refused access ({response.status_code}); {self._login_advice()}"
+                )
+            if response.status_code == 404:
+                raise RegistryError(f"{self.reference}: {self.host} has no such manifest or blob (404 for {path})")
+            if response.status_code != 200:
+                raise RegistryError(f"{self.reference}: {self.host} answered {response.status_code} for {path}")
+            return response, self._bounded(response, path)
 
     def _request(self, url: str, **kwargs: Any) -> requests.Response:
         try:
@@ -207,17 +238,20 @@ class _Client:
         if "service" in challenge.params:
             params["service"] = challenge.params["service"]
         auth = (creds.username, creds.password) if creds else None
-        try:
-            response = self.session.get(realm, params=params, auth=auth, timeout=TIMEOUT, stream=True)
-        except requests.RequestException as exc:
-            raise RegistryError(f"{self.reference}: cannot reach {self.host}'s token service {realm}: {exc}") from None
-        with response:
-            if response.status_code != 200:
+        with self._deadline(f"token service {realm[:200]}"):
+            try:
+                response = self.session.get(realm, params=params, auth=auth, timeout=TIMEOUT, stream=True)
+            except requests.RequestException as exc:
                 raise RegistryError(
-                    f"{self.reference}: {self.host}'s token service answered {response.status_code}; "
-                    + self._login_advice(found.helper)
-                )
-            answer = _json(self._bounded(response, "a token"), f"{self.reference}: the token {realm} sends")
+                    f"{self.reference}: cannot reach {self.host}'s token service {realm}: {exc}"
+                ) from None
+            with response:
+                if response.status_code != 200:
+                    raise RegistryError(
+                        f"{self.reference}: {self.host}'s token service answered {response.status_code}; "
+                        + self._login_advice(found.helper)
+                    )
+                answer = _json(self._bounded(response, "a token"), f"{self.reference}: the token {realm} sends")
         token = answer.get("token") or answer.get("access_token")
         if not isinstance(token, str) or not token:
             raise RegistryError(f"{self.reference}: the answer of {self.host}'s token service holds no token")
