@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from envbuild.cli import main
+from envbuild.deadline import deadline_from_env, min_rate_from_env
 from envbuild.errors import InputError, RemoteError
 from envbuild.index.client import IndexClient
-from envbuild.index.deadline import deadline_from_env, min_rate_from_env
 from envbuild.verify.metadata import read_wheel_metadata
 from tests.lib.httpproxy import Tinyproxy
 from tests.lib.pyindex import JSON_TYPE, PyIndex, Route, Trickle, make_wheel, trickled

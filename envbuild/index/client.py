@@ -10,7 +10,7 @@ read by :mod:`envbuild.index.pages`, which refuses files that are not http(s) UR
 shape; a download is refused the moment it passes the size the index states for it (PEP 700 ``size``)
 or, when none is stated, ``max_download`` (``$ENVBUILD_MAX_DOWNLOAD``, default 4 GiB; a stated size
 above it is refused before any byte moves); a ``file://`` index serves only regular files inside it.
-Every http(s) request runs under a :class:`~envbuild.index.deadline.Deadline`: a total deadline for a
+Every http(s) request runs under a :class:`~envbuild.deadline.Deadline`: a total deadline for a
 page, a metadata file or a range read, a minimum rate for a download.
 """
 
@@ -38,8 +38,8 @@ from urllib3.exceptions import MaxRetryError, NameResolutionError
 from urllib3.response import BaseHTTPResponse
 from urllib3.util.retry import Retry
 
+from envbuild.deadline import GRACE, Deadline, current, deadline_adapter, deadline_from_env, min_rate_from_env
 from envbuild.errors import InputError, RemoteError
-from envbuild.index.deadline import GRACE, Deadline, current, deadline_adapter, deadline_from_env, min_rate_from_env
 from envbuild.index.pages import IndexFile, ProjectPage, parse_html, parse_json, show
 from envbuild.index.wheelmeta import MAX_METADATA
 

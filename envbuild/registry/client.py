@@ -29,8 +29,8 @@ import requests
 from urllib3.util.retry import Retry
 
 from envbuild.data.reference import split_tag
+from envbuild.deadline import Deadline, deadline_adapter, deadline_from_env
 from envbuild.errors import RemoteError
-from envbuild.index.deadline import Deadline, deadline_adapter, deadline_from_env
 from envbuild.registry.auth import DOCKER_HUB, Challenge, find_credentials, parse_challenge
 
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"

@@ -1,4 +1,4 @@
-"""A total deadline (and, for downloads, a minimum rate) on one request to an index.
+"""A total deadline (and, for downloads, a minimum rate) on one HTTP request: to an index, to a registry.
 
 A socket read timeout bounds each read, not a request: a server sending one byte every few seconds keeps
 every read under it forever, in the headers as in the body. So each request runs inside a
