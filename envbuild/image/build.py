@@ -1,7 +1,8 @@
 """`envbuild image`: a verified lock → a reproducible, checked, tagged image and its build record.
 
-The order is fixed: read the lock → verify it (refuse a failing pin) → connect to the engine (no engine:
-one line, nothing fetched) → fetch the inputs into the caches (every source's tree, every package
+The order is fixed: read the lock → check what a build must (:func:`verify_for_build`: every source's ref
+upstream, one ``ls-remote`` per repository; the closure; the index only about package files the cache
+lacks — refuse a failing pin) → connect to the engine (no engine: one line, nothing fetched) → fetch the inputs into the caches (every source's tree, every package
 file; :mod:`envbuild.fetch`) → plan (pure) → assemble the context from the caches (every file and
 tree checked before anything is installed) → the base image on the engine, pulled for the lock's
 platform and refused when it is another's (:mod:`.base`) → the packages image (:mod:`.packages_image`: built
@@ -15,6 +16,11 @@ engine (:mod:`.retention`).
 The build fetches what it needs itself, whatever ``lock verify`` fetched: a cold cache and a warm one
 give the same image. ``--offline`` fetches nothing and names what is missing and the command that
 fetches it (``envbuild lock fetch``).
+
+A rebuild of a lock built and checked before (:mod:`envbuild.image.built`: the same lock bytes, envbuild,
+builder, Dockerfile and base digest, the image still in the engine under that ID) is answered after the
+refs are re-checked: its tags applied again and its record written, no context assembled, nothing sent to
+the engine (``noop``; not with ``--no-cache``).
 
 The layer cache: the raw built image keeps a private tag ``envbuild-raw/<lock name>:<sha12>`` so the
 engine keeps its layers (shared with the normalised image) for the next build, and
@@ -43,7 +49,8 @@ from envbuild.fetch import Inputs, exporter_for, fetch_inputs, newest_commit_dat
 from envbuild.fileio import write_atomic
 from envbuild.image.assemble import BuildContext, assemble_context
 from envbuild.image.base import ensure_base
-from envbuild.image.buildcache import context_dir, lock_name_held, read_map, remember
+from envbuild.image.buildcache import context_dir, lock_name_held, read_map, remember, remove_abandoned
+from envbuild.image.built import BuiltImage, read_built, write_built
 from envbuild.image.inimage_verdict import compare_inimage, inimage_command
 from envbuild.image.normalise import normalise
 from envbuild.image.packages_image import PackagesImage, ensure_packages_image, ensure_packages_image_buildkit
@@ -69,7 +76,7 @@ from envbuild.interrupts import sigterm_interrupts
 from envbuild.lock.io import LockFile
 from envbuild.progress import Progress, silent
 from envbuild.verify.buildcheck import build_requirement_problems, require_buildable
-from envbuild.verify.pins import VerifyOptions, verify_lock
+from envbuild.verify.pins import VerifyOptions, verify_build_inputs, verify_for_build
 from envbuild.verify.results import VerifyReport
 
 __all__ = ["RAW_REPOSITORY", "BuildRefused", "BuildResult", "ImageOptions", "build_image", "check_tags", "dry_run"]
@@ -118,8 +125,9 @@ class BuildResult:
     steps: tuple[BuildStep, ...]  # every step of every build this one ran (the packages' first)
     reused: bool  # the engine's cache gave a raw image already normalised and checked
     pushed: tuple[tuple[str, str], ...] = ()  # (tag, manifest digest)
-    packages: PackagesImage | None = None  # None: the lock has no packages
+    packages: PackagesImage | None = None  # None: the lock has no packages, or nothing was built (``noop``)
     sent: int = 0  # bytes of files sent to the engine as build contexts
+    noop: bool = False  # answered from the cache's record of this lock built and checked: nothing sent or built
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -136,7 +144,8 @@ class BuildResult:
 def require_verified(
     read: LockFile, options: VerifyOptions, progress: Progress, verified: VerifyReport | None = None
 ) -> VerifyReport:
-    report = verified or verify_lock(read.lock, str(read.path), options, progress)
+    """The report (a build's own check, :func:`verify_for_build`, unless given), or BuildRefused."""
+    report = verified or verify_for_build(read.lock, str(read.path), options, progress)
     if not report.ok:
         failing = [
             f"{r.kind.replace('_', ' ')} {r.name}: {r.status} ({r.detail})"
@@ -218,9 +227,19 @@ def build_image(
     from the same value: one lock verified, fetched and built)."""
     say = progress
     check_tags(options.tags)
-    require_verified(read, options.verify, progress, verified)
+    before = None if options.no_cache else _built_before(read, options)
+    report = verified or verify_for_build(read.lock, str(read.path), options.verify, progress, inputs=before is None)
+    require_verified(read, options.verify, progress, report)
     require_buildable(read.lock, str(read.path))  # every source's build requirements, before the engine starts
     with nullcontext(engine) if engine is not None else Engine.connect() as connected, sigterm_interrupts():
+        if before is not None:
+            answered = _answer_from_record(read, *before, options, connected, say)
+            if answered is not None:
+                return answered
+            if verified is None:  # what was left out above for a lock built before: it is built again
+                checked = verify_build_inputs(read.lock, str(read.path), options.verify, progress)
+                report = dataclasses.replace(report, results=report.results + tuple(checked))
+                require_verified(read, options.verify, progress, report)
         if inputs is None:
             inputs = fetch_inputs(read, options.source, progress=progress)
         exporter, files = exporter_for(options.source), FileCache(options.cache_dir)
@@ -237,6 +256,69 @@ def build_image(
                 file_for=lambda package, file: _cached(files, file.sha256),
             )
             return _build(_Assembled(read, plan, context, tags, options, connected, work, say))
+
+
+def _built_before(read: LockFile, options: ImageOptions) -> tuple[BuiltImage, ContextPlan] | None:
+    """The cache's record of this lock built and checked, with the plan it was built from, when the
+    record still describes what this build would make: the same builder, base digest and Dockerfile."""
+    built = read_built(options.cache_dir, read.sha256)
+    base = read.lock.base_image
+    if built is None or built.builder != options.builder or built.base_digest != (base.digest if base else None):
+        return None
+    if read.lock.source_date_epoch is not None and read.lock.source_date_epoch != built.epoch:
+        return None
+    try:
+        plan = plan_context(read.lock, lock_sha256=read.sha256, epoch=built.epoch)
+    except EnvbuildError:
+        return None  # the build proper says what is wrong with the lock
+    dockerfile = render_dockerfile(plan, options.builder)
+    if hashlib.sha256(dockerfile.encode()).hexdigest() != built.dockerfile_sha256:
+        return None  # another rendering: built again
+    return built, plan
+
+
+def _answer_from_record(
+    read: LockFile, built: BuiltImage, plan: ContextPlan, options: ImageOptions, engine: Engine, say: Progress
+) -> BuildResult | None:
+    """Tag (and push) the image this lock was built into before, and write its record; None when the
+    engine no longer holds that image under that ID."""
+    remove_abandoned(options.cache_dir)  # as every build does on its way in
+    with lock_name_held(options.cache_dir, plan.lock_name):  # a build of this lock tidying the engine waits
+        image = engine.inspect(built.image_id)
+        if image is None or image.get("Id") != built.image_id:
+            say(f"{built.image_id[:19]}, built from this lock before, is no longer in the engine: building it again")
+            return None
+        tags = options.tags or (default_tag(plan),)
+        for tag in tags:
+            engine.tag(built.image_id, tag)
+        say(f"{built.image_id}: this lock was built and checked before; tagged {', '.join(tags)}")
+        pushed = tuple((tag, engine.push(tag, say)) for tag in tags) if options.push else ()
+        diff_ids = tuple(image["RootFS"]["Layers"])
+        record_dir = write_record(
+            read.path,
+            plan,
+            dict(built.trees),
+            built.dockerfile_sha256,
+            built.image_id,
+            tags,
+            diff_ids,
+            pushed,
+            options.record_dir,
+            built.distro_removed,
+        )
+    return BuildResult(
+        image_id=built.image_id,
+        tags=tags,
+        lock_sha256=read.sha256,
+        record_dir=record_dir,
+        diff_ids=diff_ids,
+        raw_image_id=built.raw_image_id,
+        steps=(),
+        reused=True,
+        pushed=pushed,
+        sent=0,
+        noop=True,
+    )
 
 
 def _cached(files: FileCache, sha256: str) -> Path:
@@ -307,16 +389,34 @@ def _build(build: _Assembled) -> BuildResult:
         engine.tag(image_id, tag)
     say(f"tagged {image_id} as {', '.join(build.tags)}")
     pushed = tuple((tag, engine.push(tag, say)) for tag in build.tags) if options.push else ()
+    dockerfile_sha256 = hashlib.sha256(context.dockerfile.encode()).hexdigest()
+    distro_removed = packages.distro_removed if packages else ()
     record_dir = write_record(
         build.lock.path,
         plan,
-        context,
+        dict(context.trees),
+        dockerfile_sha256,
         image_id,
         build.tags,
         diff_ids,
         pushed,
         options.record_dir,
-        packages.distro_removed if packages else (),
+        distro_removed,
+    )
+    # Only now, the image checked and tagged: the next build of these lock bytes is answered from it.
+    write_built(
+        options.cache_dir,
+        BuiltImage(
+            lock_sha256=plan.lock_sha256,
+            builder=options.builder,
+            base_digest=plan.base_digest,
+            image_id=image_id,
+            raw_image_id=outcome.image_id,
+            epoch=plan.epoch,
+            dockerfile_sha256=dockerfile_sha256,
+            trees=context.trees,
+            distro_removed=distro_removed,
+        ),
     )
     keep_only(engine, plan.lock_name, {raw_tag} | ({packages.reference} if packages else set()), say)
     if options.builder == "buildkit":
@@ -357,7 +457,8 @@ def _check_in_image(image_id: str, context: BuildContext, engine: Engine, say: P
 def write_record(
     lock_path: Path,
     plan: ContextPlan,
-    context: BuildContext,
+    trees: dict[str, str],
+    dockerfile_sha256: str,
     image_id: str,
     tags: tuple[str, ...],
     diff_ids: tuple[str, ...],
@@ -368,8 +469,6 @@ def write_record(
     """provenance.intoto.json, sbom.cdx.json and build.json, each written atomically."""
     directory = Path(record_dir) if record_dir else lock_path.parent / "build" / plan.lock_name
     directory.mkdir(parents=True, exist_ok=True)
-    trees = dict(context.trees)
-    dockerfile_sha256 = hashlib.sha256(context.dockerfile.encode()).hexdigest()
     files = build_record(
         plan, image_id=image_id, lock_path=str(lock_path), tags=tags, trees=trees, dockerfile_sha256=dockerfile_sha256
     ).files()
