@@ -31,9 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project and 
 from envbuild.config import SourceOptions  # noqa: E402
 from envbuild.errors import EnvbuildError  # noqa: E402
 from envbuild.git.mirrors import Mirrors  # noqa: E402
-from envbuild.image.build import ImageOptions, _built_before  # noqa: E402
+from envbuild.image.build import ImageOptions  # noqa: E402
 from envbuild.image.built import BuiltImage, write_built  # noqa: E402
 from envbuild.image.plan import plan_context  # noqa: E402
+from envbuild.image.rebuild import built_before  # noqa: E402
 from envbuild.image.render import render_dockerfile  # noqa: E402
 from envbuild.lock.io import read_lock, write_lock  # noqa: E402
 from envbuild.verify.buildcheck import require_buildable  # noqa: E402
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             for run in range(args.repeat + 1):  # the first run fills the git cache: reported apart
                 t0 = time.perf_counter()
                 read = read_lock(lock_path)
-                before = _built_before(read, options)
+                before = built_before(read, options.builder, options.cache_dir)
                 t1 = time.perf_counter()
                 report = verify_for_build(read.lock, str(lock_path), options.verify, inputs=before is None)
                 t2 = time.perf_counter()

@@ -43,19 +43,18 @@ from typing import Any
 
 from envbuild.config import SourceOptions, fetch_command
 from envbuild.data.reference import check_name_and_tag
-from envbuild.engine.client import BuildStep, Engine
+from envbuild.engine.client import Engine
 from envbuild.errors import EngineError, EnvbuildError, InputError
 from envbuild.fetch import Inputs, exporter_for, fetch_inputs, newest_commit_date
-from envbuild.fileio import write_atomic
 from envbuild.image.assemble import BuildContext, assemble_context
 from envbuild.image.base import ensure_base
-from envbuild.image.buildcache import context_dir, lock_name_held, read_map, remember, remove_abandoned
-from envbuild.image.built import BuiltImage, read_built, write_built
+from envbuild.image.buildcache import context_dir, lock_name_held, read_map, remember
+from envbuild.image.built import BuiltImage, write_built
 from envbuild.image.inimage_verdict import compare_inimage, inimage_command
 from envbuild.image.normalise import normalise
-from envbuild.image.packages_image import PackagesImage, ensure_packages_image, ensure_packages_image_buildkit
+from envbuild.image.packages_image import ensure_packages_image, ensure_packages_image_buildkit
 from envbuild.image.plan import ContextPlan, plan_context
-from envbuild.image.record import build_record, build_summary, render_record_json
+from envbuild.image.rebuild import answer_from_record, built_before
 from envbuild.image.render import (
     BUILDERS,
     base_reference,
@@ -63,6 +62,7 @@ from envbuild.image.render import (
     render_dockerfile,
     render_image_dockerfile,
 )
+from envbuild.image.result import BuildResult, default_tag, write_record
 from envbuild.image.retention import (
     RAW_REPOSITORY,
     bound_build_cache,
@@ -114,30 +114,6 @@ class ImageOptions:
         return self.verify.source.cache_dir
 
 
-@dataclass(frozen=True)
-class BuildResult:
-    image_id: str
-    tags: tuple[str, ...]
-    lock_sha256: str
-    record_dir: Path
-    diff_ids: tuple[str, ...]  # the normalised image's layers, base layers first
-    raw_image_id: str
-    steps: tuple[BuildStep, ...]  # every step of every build this one ran (the packages' first)
-    reused: bool  # the engine's cache gave a raw image already normalised and checked
-    pushed: tuple[tuple[str, str], ...] = ()  # (tag, manifest digest)
-    packages: PackagesImage | None = None  # None: the lock has no packages, or nothing was built (``noop``)
-    sent: int = 0  # bytes of files sent to the engine as build contexts
-    noop: bool = False  # answered from the cache's record of this lock built and checked: nothing sent or built
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "image_id": self.image_id,
-            "tags": list(self.tags),
-            "lock_sha256": self.lock_sha256,
-            "record": str(self.record_dir),
-        }
-
-
 # --- stages before the engine -------------------------------------------------------------------
 
 
@@ -168,10 +144,6 @@ def check_tags(tags: tuple[str, ...]) -> None:
     problems = [f"--tag: {problem}" for tag in tags if (problem := check_name_and_tag(tag)) is not None]
     if problems:
         raise InputError("\n".join(problems))
-
-
-def default_tag(plan: ContextPlan) -> str:
-    return f"envbuild/{plan.lock_name}:{plan.lock_sha256[:12]}"
 
 
 def dry_run(read: LockFile, options: ImageOptions, progress: Progress = silent) -> tuple[ContextPlan, str]:
@@ -227,13 +199,22 @@ def build_image(
     from the same value: one lock verified, fetched and built)."""
     say = progress
     check_tags(options.tags)
-    before = None if options.no_cache else _built_before(read, options)
+    before = None if options.no_cache else built_before(read, options.builder, options.cache_dir)
     report = verified or verify_for_build(read.lock, str(read.path), options.verify, progress, inputs=before is None)
     require_verified(read, options.verify, progress, report)
     require_buildable(read.lock, str(read.path))  # every source's build requirements, before the engine starts
     with nullcontext(engine) if engine is not None else Engine.connect() as connected, sigterm_interrupts():
         if before is not None:
-            answered = _answer_from_record(read, *before, options, connected, say)
+            answered = answer_from_record(
+                read,
+                *before,
+                connected,
+                tags=options.tags,
+                push=options.push,
+                cache_dir=options.cache_dir,
+                record_dir=options.record_dir,
+                say=say,
+            )
             if answered is not None:
                 return answered
             if verified is None:  # what was left out above for a lock built before: it is built again
@@ -256,69 +237,6 @@ def build_image(
                 file_for=lambda package, file: _cached(files, file.sha256),
             )
             return _build(_Assembled(read, plan, context, tags, options, connected, work, say))
-
-
-def _built_before(read: LockFile, options: ImageOptions) -> tuple[BuiltImage, ContextPlan] | None:
-    """The cache's record of this lock built and checked, with the plan it was built from, when the
-    record still describes what this build would make: the same builder, base digest and Dockerfile."""
-    built = read_built(options.cache_dir, read.sha256)
-    base = read.lock.base_image
-    if built is None or built.builder != options.builder or built.base_digest != (base.digest if base else None):
-        return None
-    if read.lock.source_date_epoch is not None and read.lock.source_date_epoch != built.epoch:
-        return None
-    try:
-        plan = plan_context(read.lock, lock_sha256=read.sha256, epoch=built.epoch)
-    except EnvbuildError:
-        return None  # the build proper says what is wrong with the lock
-    dockerfile = render_dockerfile(plan, options.builder)
-    if hashlib.sha256(dockerfile.encode()).hexdigest() != built.dockerfile_sha256:
-        return None  # another rendering: built again
-    return built, plan
-
-
-def _answer_from_record(
-    read: LockFile, built: BuiltImage, plan: ContextPlan, options: ImageOptions, engine: Engine, say: Progress
-) -> BuildResult | None:
-    """Tag (and push) the image this lock was built into before, and write its record; None when the
-    engine no longer holds that image under that ID."""
-    remove_abandoned(options.cache_dir)  # as every build does on its way in
-    with lock_name_held(options.cache_dir, plan.lock_name):  # a build of this lock tidying the engine waits
-        image = engine.inspect(built.image_id)
-        if image is None or image.get("Id") != built.image_id:
-            say(f"{built.image_id[:19]}, built from this lock before, is no longer in the engine: building it again")
-            return None
-        tags = options.tags or (default_tag(plan),)
-        for tag in tags:
-            engine.tag(built.image_id, tag)
-        say(f"{built.image_id}: this lock was built and checked before; tagged {', '.join(tags)}")
-        pushed = tuple((tag, engine.push(tag, say)) for tag in tags) if options.push else ()
-        diff_ids = tuple(image["RootFS"]["Layers"])
-        record_dir = write_record(
-            read.path,
-            plan,
-            dict(built.trees),
-            built.dockerfile_sha256,
-            built.image_id,
-            tags,
-            diff_ids,
-            pushed,
-            options.record_dir,
-            built.distro_removed,
-        )
-    return BuildResult(
-        image_id=built.image_id,
-        tags=tags,
-        lock_sha256=read.sha256,
-        record_dir=record_dir,
-        diff_ids=diff_ids,
-        raw_image_id=built.raw_image_id,
-        steps=(),
-        reused=True,
-        pushed=pushed,
-        sent=0,
-        noop=True,
-    )
 
 
 def _cached(files: FileCache, sha256: str) -> Path:
@@ -452,29 +370,3 @@ def _check_in_image(image_id: str, context: BuildContext, engine: Engine, say: P
         raise EngineError(
             "the built image does not hold what the lock pins (removed, not tagged): " + "; ".join(problems)
         )
-
-
-def write_record(
-    lock_path: Path,
-    plan: ContextPlan,
-    trees: dict[str, str],
-    dockerfile_sha256: str,
-    image_id: str,
-    tags: tuple[str, ...],
-    diff_ids: tuple[str, ...],
-    pushed: tuple[tuple[str, str], ...],
-    record_dir: Path | None,
-    distro_removed: tuple[dict[str, Any], ...] = (),
-) -> Path:
-    """provenance.intoto.json, sbom.cdx.json and build.json, each written atomically."""
-    directory = Path(record_dir) if record_dir else lock_path.parent / "build" / plan.lock_name
-    directory.mkdir(parents=True, exist_ok=True)
-    files = build_record(
-        plan, image_id=image_id, lock_path=str(lock_path), tags=tags, trees=trees, dockerfile_sha256=dockerfile_sha256
-    ).files()
-    files["build.json"] = render_record_json(
-        build_summary(str(lock_path), plan, trees, image_id, tags, diff_ids, pushed, dockerfile_sha256, distro_removed)
-    )
-    for name, data in sorted(files.items()):
-        write_atomic(directory / name, data)
-    return directory
