@@ -235,6 +235,7 @@ def build_image(
                 work / "context",
                 export_source=exporter,
                 file_for=lambda package, file: _cached(files, file.sha256),
+                rehash=False,  # the file cache is content-addressed; pip --require-hashes checks what it installs
             )
             return _build(_Assembled(read, plan, context, tags, options, connected, work, say))
 
