@@ -468,7 +468,7 @@ DOCKER_CLI = "/usr/bin/docker"  # Debian's docker.io client; /usr/local/bin/dock
 def cli_build(context: Path, *extra: str) -> str:
     """``DOCKER_BUILDKIT=1 docker build``, as a user runs it; the image ID."""
     done = subprocess.run(
-        [DOCKER_CLI, "build", "-q", *extra, str(context)],
+        [DOCKER_CLI, "build", "-q", "--network=none", *extra, str(context)],
         env={**os.environ, "DOCKER_BUILDKIT": "1"},
         capture_output=True,
         text=True,
