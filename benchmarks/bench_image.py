@@ -323,10 +323,13 @@ def main(argv: list[str] | None = None) -> int:
 # sources; two bases: the test base (0.15 GB) and the test base plus --large-gb of filler (made once, kept
 # by the engine). For each base, side by side: envbuild image (inputs already in its cache, as the hand
 # build's files are on disk; the engine's cache off) against a hand-written Dockerfile doing the same
-# installs from the same local files (COPY the wheels, pip install them, COPY + install each source);
-# then a no-op rebuild and a rebuild after one source moved (beta, the middle layer group), each with
-# the engine's cache; the image sizes against base + what the installs write (the hand image less its
-# wheels layer); the bytes each build sent the engine.
+# installs from the same local files (the wheels bind-mounted, pip --require-hashes, COPY + install
+# each source), through the Engine API as envbuild does and through the docker CLI
+# (`DOCKER_BUILDKIT=1 /usr/bin/docker build`, which syncs only what changed: the peer); then a
+# no-op rebuild (envbuild's answered from its record, and again with the record removed, the engine's
+# cache answering) and a rebuild after one source moved (beta, the middle layer group; each path to a
+# commit of its own), each with the engine's cache; the image sizes against base + what the installs
+# write; the bytes each build sent the engine; the host floor (pip install + a copy).
 
 SCALE_LOCK = "imagescale"
 SCALE_WHEELS = (
