@@ -46,11 +46,12 @@ import docker  # noqa: E402
 from envbuild.config import SourceOptions  # noqa: E402
 from envbuild.engine.client import Engine  # noqa: E402
 from envbuild.image.build import BuildResult, ImageOptions, build_image  # noqa: E402
+from envbuild.image.built import forget_built  # noqa: E402
 from envbuild.lock.io import read_lock  # noqa: E402
 from envbuild.lock.model import Package, Waiver  # noqa: E402
 from envbuild.verify.pins import VerifyOptions  # noqa: E402
 from tests.lib.baseimage import ensure_base_image  # noqa: E402
-from tests.lib.gitrepos import GitDaemon  # noqa: E402
+from tests.lib.gitrepos import GitDaemon, Repo  # noqa: E402
 from tests.lib.imagelock import ImageLockEnv, make_sources, make_wheels  # noqa: E402
 from tests.lib.pyindex import PyIndex  # noqa: E402
 from tests.lib.services import push_as  # noqa: E402
@@ -322,10 +323,13 @@ def main(argv: list[str] | None = None) -> int:
 # sources; two bases: the test base (0.15 GB) and the test base plus --large-gb of filler (made once, kept
 # by the engine). For each base, side by side: envbuild image (inputs already in its cache, as the hand
 # build's files are on disk; the engine's cache off) against a hand-written Dockerfile doing the same
-# installs from the same local files (COPY the wheels, pip install them, COPY + install each source);
-# then a no-op rebuild and a rebuild after one source moved (beta, the middle layer group), each with
-# the engine's cache; the image sizes against base + what the installs write (the hand image less its
-# wheels layer); the bytes each build sent the engine.
+# installs from the same local files (the wheels bind-mounted, pip --require-hashes, COPY + install
+# each source), through the Engine API as envbuild does and through the docker CLI
+# (`DOCKER_BUILDKIT=1 /usr/bin/docker build`, which syncs only what changed: the issue's peer); then a
+# no-op rebuild (envbuild's answered from its record, and again with the record removed, the engine's
+# cache answering) and a rebuild after one source moved (beta, the middle layer group; each path to a
+# commit of its own), each with the engine's cache; the image sizes against base + what the installs
+# write; the bytes each build sent the engine; the host floor (pip install + a copy).
 
 SCALE_LOCK = "imagescale"
 SCALE_WHEELS = (
@@ -461,6 +465,43 @@ def scale_hand_buildkit_dockerfile(base: str) -> str:
     )
 
 
+DOCKER_CLI = "/usr/bin/docker"  # Debian's docker.io client; /usr/local/bin/docker here fails with BuildKit
+
+
+def cli_build(context: Path, *extra: str) -> str:
+    """``DOCKER_BUILDKIT=1 docker build``, as a user runs it; the image ID."""
+    done = subprocess.run(
+        [DOCKER_CLI, "build", "-q", "--network=none", *extra, str(context)],
+        env={**os.environ, "DOCKER_BUILDKIT": "1"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"{DOCKER_CLI} build failed: {done.stderr.strip()[-400:]}")
+    return done.stdout.strip().splitlines()[-1]
+
+
+def cli_peer(bk: Path, repos: dict[str, Repo], out: dict[str, float]) -> None:
+    """The same hand BuildKit build through the docker CLI (what the issue's peer is): full, no-op, and
+    beta moved to a commit of its own (no other build's cache answers it)."""
+    print("  hand BuildKit through the CLI (DOCKER_BUILDKIT=1 docker build):", file=sys.stderr)
+    start = time.perf_counter()
+    HAND_IMAGES.append(cli_build(bk, "--no-cache"))
+    out["cli_full"] = time.perf_counter() - start
+    print(f"    full build (--no-cache)      {out['cli_full']:8.1f} s", file=sys.stderr)
+    start = time.perf_counter()
+    cli_build(bk)
+    out["cli_noop"] = time.perf_counter() - start
+    print(f"    no-op rebuild                {out['cli_noop']:8.2f} s", file=sys.stderr)
+    commit = repos["beta"].commit("beta moves for the CLI build", files={"beta/extra.py": "X = 3\n"})
+    export_tree(repos["beta"].path, commit, bk / "src" / "beta")
+    start = time.perf_counter()
+    HAND_IMAGES.append(cli_build(bk))
+    out["cli_moved"] = time.perf_counter() - start
+    print(f"    one source moved (beta)      {out['cli_moved']:8.2f} s", file=sys.stderr)
+
+
 def host_floor(wheels: list[Path], root: Path) -> tuple[float, float]:
     """The floor on this machine: pip install of the same wheels on the host, then a copy of the result."""
     prefix, copy = root / "floor" / "prefix", root / "floor" / "copy"
@@ -559,7 +600,18 @@ def scale_one(
             out["noop"] = time.perf_counter() - start
             out["sent_noop"] = noop.sent
             assert noop.image_id == full.image_id
-            print(f"    no-op rebuild                {out['noop']:8.1f} s  sent {_gb(noop.sent)}", file=sys.stderr)
+            assert noop.noop, "the no-op was not answered from the build record"
+            print(f"    no-op rebuild                {out['noop']:8.2f} s  sent {_gb(noop.sent)}", file=sys.stderr)
+            forget_built(options.source.cache_dir, noop.lock_sha256)
+            start = time.perf_counter()
+            engine_noop = build_image(read_lock(lock), ImageOptions(options), engine=engine, progress=say)
+            out["noop_engine"] = time.perf_counter() - start
+            assert engine_noop.image_id == full.image_id and not engine_noop.noop
+            print(
+                f"    no-op, no record (the engine's cache answers) {out['noop_engine']:5.2f} s  "
+                f"sent {_gb(engine_noop.sent)}",
+                file=sys.stderr,
+            )
             moved_commit = repos["beta"].commit("beta moves", files={"beta/extra.py": "X = 1\n"})
             moved_lock = env.write(
                 root / "moved.lock.yaml", env.lock(name=SCALE_LOCK, packages=packages, pins={"beta": moved_commit})
@@ -616,6 +668,7 @@ def scale_one(
             out["base_plus_installed"] = out["bk_size"]  # nothing but what the installs wrote
             checked = engine.run(bk_moved.image_id, ["python3", "-c", IMPORT_CHECK])
             print(f"    import check: {checked.stdout.strip() or checked.stderr.strip()[-200:]}", file=sys.stderr)
+            cli_peer(bk, repos, out)
             out["floor_pip"], out["floor_copy"] = host_floor(wheels, root)
             print(
                 f"  host floor: pip install {out['floor_pip']:.1f} s + a copy of the result {out['floor_copy']:.1f} s",
@@ -685,18 +738,26 @@ def scale(large_gb: float, *, stages: bool, save_load: bool, legacy_hand: bool =
         finally:
             shutil.rmtree(root, ignore_errors=True)
             _remove_scale_images(client)
-    print("\nsummary, against hand BuildKit in the same run (goal in brackets)", file=sys.stderr)
+    print("\nsummary, against hand BuildKit in the same run: CLI (API) (goal in brackets)", file=sys.stderr)
+    print(f"  load average at the end: {os.getloadavg()[0]:.1f} (2 cores)", file=sys.stderr)
     for f in figures.values():
         print(f"  base {_gb(f['base_size'])}:", file=sys.stderr)
         print(
-            f"    full build, envbuild / hand BuildKit:  {f['full'] / f['bk_full']:6.2f}x  [<= 1.1x]", file=sys.stderr
-        )
-        print(
-            f"    no-op rebuild: envbuild {f['noop']:.2f} s, hand BuildKit {f['bk_noop']:.2f} s  [<= 0.5 s]",
+            f"    full build, envbuild / hand BuildKit:  {f['full'] / f['cli_full']:6.2f}x "
+            f"({f['full'] / f['bk_full']:.2f}x)  [<= 1.1x]  {f['full']:.1f} s / {f['cli_full']:.1f} s "
+            f"({f['bk_full']:.1f} s)",
             file=sys.stderr,
         )
         print(
-            f"    one source moved, envbuild / hand:     {f['moved'] / f['bk_moved']:6.2f}x  [<= 1.3x]", file=sys.stderr
+            f"    no-op rebuild: envbuild {f['noop']:.2f} s (no record: {f['noop_engine']:.2f} s), "
+            f"hand BuildKit {f['cli_noop']:.2f} s ({f['bk_noop']:.2f} s)  [<= 0.5 s]",
+            file=sys.stderr,
+        )
+        print(
+            f"    one source moved, envbuild / hand:     {f['moved'] / f['cli_moved']:6.2f}x "
+            f"({f['moved'] / f['bk_moved']:.2f}x)  [<= 1.3x]  {f['moved']:.2f} s / {f['cli_moved']:.2f} s "
+            f"({f['bk_moved']:.2f} s)",
+            file=sys.stderr,
         )
         print(
             f"    image {_gb(f['size'])}, hand BuildKit (base + installed) {_gb(f['base_plus_installed'])}: "

@@ -127,11 +127,14 @@ def assemble_context(
     dest: str | os.PathLike[str],
     export_source: ExportSource,
     file_for: FileFor,
+    *,
+    rehash: bool = True,
 ) -> BuildContext:
     """Write the context into *dest* (absent or empty): ``dockerfile`` (rendered from ``plan``), the
-    package files and the source trees. Every package file is re-hashed and every source tree compared
-    with the lock's ``tree`` before anything is written; all problems are reported at once, naming the
-    package file or source."""
+    package files and the source trees. Every package file is re-hashed (unless ``rehash=False``: files
+    from the content-addressed cache, checked when they entered it, and checked again by ``pip
+    --require-hashes`` where they are installed) and every source tree compared with the lock's ``tree``
+    before anything is written; all problems are reported at once, naming the package file or source."""
     dest = Path(dest)
     if dest.exists() and any(dest.iterdir()):
         raise InputError(f"{dest}: the build context directory must be empty")
@@ -141,7 +144,11 @@ def assemble_context(
     for item in plan.files:
         try:
             path = Path(file_for(*item.entry))
-            actual = sha256_file(path)
+            if rehash:
+                actual = sha256_file(path)
+            else:
+                path.stat()  # there and readable: its name in the cache is its checked sha256
+                actual = item.sha256
         except OSError as exc:
             problems.append(f"package {item.package} {item.version}: {item.filename}: cannot read: {exc}")
             continue

@@ -1,7 +1,8 @@
 """`envbuild image`: a verified lock → a reproducible, checked, tagged image and its build record.
 
-The order is fixed: read the lock → verify it (refuse a failing pin) → connect to the engine (no engine:
-one line, nothing fetched) → fetch the inputs into the caches (every source's tree, every package
+The order is fixed: read the lock → check what a build must (:func:`verify_for_build`: every source's ref
+upstream, one ``ls-remote`` per repository; the closure; the index only about package files the cache
+lacks — refuse a failing pin) → connect to the engine (no engine: one line, nothing fetched) → fetch the inputs into the caches (every source's tree, every package
 file; :mod:`envbuild.fetch`) → plan (pure) → assemble the context from the caches (every file and
 tree checked before anything is installed) → the base image on the engine, pulled for the lock's
 platform and refused when it is another's (:mod:`.base`) → the packages image (:mod:`.packages_image`: built
@@ -15,6 +16,11 @@ engine (:mod:`.retention`).
 The build fetches what it needs itself, whatever ``lock verify`` fetched: a cold cache and a warm one
 give the same image. ``--offline`` fetches nothing and names what is missing and the command that
 fetches it (``envbuild lock fetch``).
+
+A rebuild of a lock built and checked before (:mod:`envbuild.image.built`: the same lock bytes, envbuild,
+builder, Dockerfile and base digest, the image still in the engine under that ID) is answered after the
+refs are re-checked: its tags applied again and its record written, no context assembled, nothing sent to
+the engine (``noop``; not with ``--no-cache``).
 
 The layer cache: the raw built image keeps a private tag ``envbuild-raw/<lock name>:<sha12>`` so the
 engine keeps its layers (shared with the normalised image) for the next build, and
@@ -37,18 +43,18 @@ from typing import Any
 
 from envbuild.config import SourceOptions, fetch_command
 from envbuild.data.reference import check_name_and_tag
-from envbuild.engine.client import BuildStep, Engine
+from envbuild.engine.client import Engine
 from envbuild.errors import EngineError, EnvbuildError, InputError
 from envbuild.fetch import Inputs, exporter_for, fetch_inputs, newest_commit_date
-from envbuild.fileio import write_atomic
 from envbuild.image.assemble import BuildContext, assemble_context
 from envbuild.image.base import ensure_base
 from envbuild.image.buildcache import context_dir, lock_name_held, read_map, remember
+from envbuild.image.built import BuiltImage, write_built
 from envbuild.image.inimage_verdict import compare_inimage, inimage_command
 from envbuild.image.normalise import normalise
-from envbuild.image.packages_image import PackagesImage, ensure_packages_image, ensure_packages_image_buildkit
+from envbuild.image.packages_image import ensure_packages_image, ensure_packages_image_buildkit
 from envbuild.image.plan import ContextPlan, plan_context
-from envbuild.image.record import build_record, build_summary, render_record_json
+from envbuild.image.rebuild import answer_from_record, built_before
 from envbuild.image.render import (
     BUILDERS,
     base_reference,
@@ -56,6 +62,7 @@ from envbuild.image.render import (
     render_dockerfile,
     render_image_dockerfile,
 )
+from envbuild.image.result import BuildResult, default_tag, write_record
 from envbuild.image.retention import (
     RAW_REPOSITORY,
     bound_build_cache,
@@ -69,7 +76,7 @@ from envbuild.interrupts import sigterm_interrupts
 from envbuild.lock.io import LockFile
 from envbuild.progress import Progress, silent
 from envbuild.verify.buildcheck import build_requirement_problems, require_buildable
-from envbuild.verify.pins import VerifyOptions, verify_lock
+from envbuild.verify.pins import VerifyOptions, verify_build_inputs, verify_for_build
 from envbuild.verify.results import VerifyReport
 
 __all__ = ["RAW_REPOSITORY", "BuildRefused", "BuildResult", "ImageOptions", "build_image", "check_tags", "dry_run"]
@@ -107,36 +114,14 @@ class ImageOptions:
         return self.verify.source.cache_dir
 
 
-@dataclass(frozen=True)
-class BuildResult:
-    image_id: str
-    tags: tuple[str, ...]
-    lock_sha256: str
-    record_dir: Path
-    diff_ids: tuple[str, ...]  # the normalised image's layers, base layers first
-    raw_image_id: str
-    steps: tuple[BuildStep, ...]  # every step of every build this one ran (the packages' first)
-    reused: bool  # the engine's cache gave a raw image already normalised and checked
-    pushed: tuple[tuple[str, str], ...] = ()  # (tag, manifest digest)
-    packages: PackagesImage | None = None  # None: the lock has no packages
-    sent: int = 0  # bytes of files sent to the engine as build contexts
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "image_id": self.image_id,
-            "tags": list(self.tags),
-            "lock_sha256": self.lock_sha256,
-            "record": str(self.record_dir),
-        }
-
-
 # --- stages before the engine -------------------------------------------------------------------
 
 
 def require_verified(
     read: LockFile, options: VerifyOptions, progress: Progress, verified: VerifyReport | None = None
 ) -> VerifyReport:
-    report = verified or verify_lock(read.lock, str(read.path), options, progress)
+    """The report (a build's own check, :func:`verify_for_build`, unless given), or BuildRefused."""
+    report = verified or verify_for_build(read.lock, str(read.path), options, progress)
     if not report.ok:
         failing = [
             f"{r.kind.replace('_', ' ')} {r.name}: {r.status} ({r.detail})"
@@ -159,10 +144,6 @@ def check_tags(tags: tuple[str, ...]) -> None:
     problems = [f"--tag: {problem}" for tag in tags if (problem := check_name_and_tag(tag)) is not None]
     if problems:
         raise InputError("\n".join(problems))
-
-
-def default_tag(plan: ContextPlan) -> str:
-    return f"envbuild/{plan.lock_name}:{plan.lock_sha256[:12]}"
 
 
 def dry_run(read: LockFile, options: ImageOptions, progress: Progress = silent) -> tuple[ContextPlan, str]:
@@ -218,9 +199,28 @@ def build_image(
     from the same value: one lock verified, fetched and built)."""
     say = progress
     check_tags(options.tags)
-    require_verified(read, options.verify, progress, verified)
+    before = None if options.no_cache else built_before(read, options.builder, options.cache_dir)
+    report = verified or verify_for_build(read.lock, str(read.path), options.verify, progress, inputs=before is None)
+    require_verified(read, options.verify, progress, report)
     require_buildable(read.lock, str(read.path))  # every source's build requirements, before the engine starts
     with nullcontext(engine) if engine is not None else Engine.connect() as connected, sigterm_interrupts():
+        if before is not None:
+            answered = answer_from_record(
+                read,
+                *before,
+                connected,
+                tags=options.tags,
+                push=options.push,
+                cache_dir=options.cache_dir,
+                record_dir=options.record_dir,
+                say=say,
+            )
+            if answered is not None:
+                return answered
+            if verified is None:  # what was left out above for a lock built before: it is built again
+                checked = verify_build_inputs(read.lock, str(read.path), options.verify, progress)
+                report = dataclasses.replace(report, results=report.results + tuple(checked))
+                require_verified(read, options.verify, progress, report)
         if inputs is None:
             inputs = fetch_inputs(read, options.source, progress=progress)
         exporter, files = exporter_for(options.source), FileCache(options.cache_dir)
@@ -235,6 +235,7 @@ def build_image(
                 work / "context",
                 export_source=exporter,
                 file_for=lambda package, file: _cached(files, file.sha256),
+                rehash=False,  # the file cache is content-addressed; pip --require-hashes checks what it installs
             )
             return _build(_Assembled(read, plan, context, tags, options, connected, work, say))
 
@@ -307,16 +308,34 @@ def _build(build: _Assembled) -> BuildResult:
         engine.tag(image_id, tag)
     say(f"tagged {image_id} as {', '.join(build.tags)}")
     pushed = tuple((tag, engine.push(tag, say)) for tag in build.tags) if options.push else ()
+    dockerfile_sha256 = hashlib.sha256(context.dockerfile.encode()).hexdigest()
+    distro_removed = packages.distro_removed if packages else ()
     record_dir = write_record(
         build.lock.path,
         plan,
-        context,
+        dict(context.trees),
+        dockerfile_sha256,
         image_id,
         build.tags,
         diff_ids,
         pushed,
         options.record_dir,
-        packages.distro_removed if packages else (),
+        distro_removed,
+    )
+    # Only now, the image checked and tagged: the next build of these lock bytes is answered from it.
+    write_built(
+        options.cache_dir,
+        BuiltImage(
+            lock_sha256=plan.lock_sha256,
+            builder=options.builder,
+            base_digest=plan.base_digest,
+            image_id=image_id,
+            raw_image_id=outcome.image_id,
+            epoch=plan.epoch,
+            dockerfile_sha256=dockerfile_sha256,
+            trees=context.trees,
+            distro_removed=distro_removed,
+        ),
     )
     keep_only(engine, plan.lock_name, {raw_tag} | ({packages.reference} if packages else set()), say)
     if options.builder == "buildkit":
@@ -352,30 +371,3 @@ def _check_in_image(image_id: str, context: BuildContext, engine: Engine, say: P
         raise EngineError(
             "the built image does not hold what the lock pins (removed, not tagged): " + "; ".join(problems)
         )
-
-
-def write_record(
-    lock_path: Path,
-    plan: ContextPlan,
-    context: BuildContext,
-    image_id: str,
-    tags: tuple[str, ...],
-    diff_ids: tuple[str, ...],
-    pushed: tuple[tuple[str, str], ...],
-    record_dir: Path | None,
-    distro_removed: tuple[dict[str, Any], ...] = (),
-) -> Path:
-    """provenance.intoto.json, sbom.cdx.json and build.json, each written atomically."""
-    directory = Path(record_dir) if record_dir else lock_path.parent / "build" / plan.lock_name
-    directory.mkdir(parents=True, exist_ok=True)
-    trees = dict(context.trees)
-    dockerfile_sha256 = hashlib.sha256(context.dockerfile.encode()).hexdigest()
-    files = build_record(
-        plan, image_id=image_id, lock_path=str(lock_path), tags=tags, trees=trees, dockerfile_sha256=dockerfile_sha256
-    ).files()
-    files["build.json"] = render_record_json(
-        build_summary(str(lock_path), plan, trees, image_id, tags, diff_ids, pushed, dockerfile_sha256, distro_removed)
-    )
-    for name, data in sorted(files.items()):
-        write_atomic(directory / name, data)
-    return directory

@@ -9,6 +9,8 @@ from raw built images to the normalised, checked images made from them, and one 
   for the newest raw image of each lock name that passed the in-image check, so a rebuild the engine
   answers from its layer cache skips normalising and checking. Written under a lock, atomically; a
   damaged map only costs a normalisation.
+- ``built/<lock sha256>.json``: the record of a lock built and checked, a rebuild's answer
+  (:mod:`envbuild.image.built`).
 - ``locks/<lock name>.lock``: held while a build of that lock uses the engine, so that two builds of one
   lock do not remove each other's images when they tidy the engine (:mod:`.retention`).
 """
@@ -33,11 +35,7 @@ def context_dir(cache_dir: Path) -> Iterator[Path]:
     killed build left behind (their lock no longer held) are removed on the way in."""
     root = cache_dir / "image" / "work"
     root.mkdir(parents=True, exist_ok=True)
-    for lock_file in root.glob("*.lock"):
-        with file_lock(lock_file, blocking=False) as held:
-            if held:
-                shutil.rmtree(lock_file.with_suffix(""), ignore_errors=True)
-                lock_file.unlink(missing_ok=True)
+    remove_abandoned(cache_dir)
     work = Path(tempfile.mkdtemp(prefix="build-", dir=root))
     lock_file = work.with_name(work.name + ".lock")
     try:
@@ -46,6 +44,15 @@ def context_dir(cache_dir: Path) -> Iterator[Path]:
     finally:
         shutil.rmtree(work, ignore_errors=True)
         lock_file.unlink(missing_ok=True)
+
+
+def remove_abandoned(cache_dir: Path) -> None:
+    """The scratch directories killed builds left behind (their lock no longer held)."""
+    for lock_file in (cache_dir / "image" / "work").glob("*.lock"):
+        with file_lock(lock_file, blocking=False) as held:
+            if held:
+                shutil.rmtree(lock_file.with_suffix(""), ignore_errors=True)
+                lock_file.unlink(missing_ok=True)
 
 
 def _map_path(cache_dir: Path) -> Path:

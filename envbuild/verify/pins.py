@@ -69,15 +69,55 @@ def verify_requirements(
     return check_closure(lock, read_metadata(lock, reader, jobs=source.jobs, progress=progress))
 
 
-def verify_lock(lock: Lock, lock_path: str, options: VerifyOptions, progress: Progress = silent) -> VerifyReport:
+def verify_refs(lock: Lock, options: VerifyOptions, progress: Progress = silent) -> list[PinResult]:
+    """Every source's and submodule's pin against its upstream: one ``ls-remote`` per repository, in
+    parallel, and a fetch only where the listing does not settle a pin (offline: the cached listing)."""
     source = options.source
     cache = GitCache(source.cache_dir / "git")
     results = verify_sources(
         lock.sources, cache, mirrors=source.mirrors, offline=source.offline, jobs=source.jobs, progress=progress
     )
-    results += verify_submodules(
+    return results + verify_submodules(
         lock, cache, mirrors=source.mirrors, offline=source.offline, jobs=source.jobs, progress=progress
     )
+
+
+def verify_for_build(
+    lock: Lock, lock_path: str, options: VerifyOptions, progress: Progress = silent, *, inputs: bool = True
+) -> VerifyReport:
+    """What a build re-checks: what can move (the refs), the base's pin and, unless ``inputs=False``,
+    :func:`verify_build_inputs`. ``inputs=False``: a lock built and checked before, whose image is answered
+    from the cache's record (nothing is fetched or installed; its closure was checked when it was built)."""
+    results = verify_refs(lock, options, progress)
+    if inputs:
+        results += verify_build_inputs(lock, lock_path, options, progress)
+    results += verify_base_image(lock, update_command(lock_path, options.source))
+    return _report(lock, lock_path, options, results)
+
+
+def verify_build_inputs(
+    lock: Lock, lock_path: str, options: VerifyOptions, progress: Progress = silent
+) -> list[PinResult]:
+    """What a build installs, without the index's pages for files the cache holds: a package file is named
+    by its sha256 and checked when it enters the cache (whether the index still serves it is `lock
+    verify`'s question and the nightly `check`'s). The index is asked only about packages whose files the
+    cache lacks (what it lists is what the build downloads); the closure is read from metadata the caches
+    hold or the lock's pins vouch for."""
+    source = options.source
+    files, client = FileCache(source.cache_dir), IndexClient()
+    absent = tuple(p for p in lock.packages if not p.files or any(files.get(f.sha256) is None for f in p.files))
+    results: list[PinResult] = []
+    if absent and source.offline:
+        results += [verify_package_offline(p, files, fetch_command(lock_path, source)) for p in absent]
+    elif absent:
+        missing = dataclasses.replace(lock, packages=absent)
+        results += verify_packages(missing, jobs=source.jobs, progress=progress, lock_path=lock_path, client=client)
+    return results + verify_requirements(lock, options, client, progress)
+
+
+def verify_lock(lock: Lock, lock_path: str, options: VerifyOptions, progress: Progress = silent) -> VerifyReport:
+    source = options.source
+    results = verify_refs(lock, options, progress)
     client = IndexClient()  # one page per package for both checks
     if lock.packages:
         if source.offline:
@@ -87,8 +127,12 @@ def verify_lock(lock: Lock, lock_path: str, options: VerifyOptions, progress: Pr
             results += verify_packages(lock, jobs=source.jobs, progress=progress, lock_path=lock_path, client=client)
     results += verify_requirements(lock, options, client, progress)
     results += verify_base_image(lock, update_command(lock_path, source))
-    if source.offline:
-        advice = fetch_command(lock_path, source)
+    return _report(lock, lock_path, options, results)
+
+
+def _report(lock: Lock, lock_path: str, options: VerifyOptions, results: list[PinResult]) -> VerifyReport:
+    if options.source.offline:
+        advice = fetch_command(lock_path, options.source)
         results = [_advise_fetch(r, advice) for r in results]
     return VerifyReport(
         lock_path, tuple(results), strict=options.strict, offline_command=_offline_command(lock, lock_path, options)

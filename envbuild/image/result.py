@@ -1,0 +1,68 @@
+"""What a build hands back (:class:`BuildResult`) and leaves beside the lock (:func:`write_record`: its
+provenance, SBOM and summary), whether the image was built or answered from the cache's record."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from envbuild.engine.client import BuildStep
+from envbuild.fileio import write_atomic
+from envbuild.image.packages_image import PackagesImage
+from envbuild.image.plan import ContextPlan
+from envbuild.image.record import build_record, build_summary, render_record_json
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    image_id: str
+    tags: tuple[str, ...]
+    lock_sha256: str
+    record_dir: Path
+    diff_ids: tuple[str, ...]  # the normalised image's layers, base layers first
+    raw_image_id: str
+    steps: tuple[BuildStep, ...]  # every step of every build this one ran (the packages' first)
+    reused: bool  # the engine's cache gave a raw image already normalised and checked
+    pushed: tuple[tuple[str, str], ...] = ()  # (tag, manifest digest)
+    packages: PackagesImage | None = None  # None: the lock has no packages, or nothing was built (``noop``)
+    sent: int = 0  # bytes of files sent to the engine as build contexts
+    noop: bool = False  # answered from the cache's record of this lock built and checked: nothing sent or built
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "image_id": self.image_id,
+            "tags": list(self.tags),
+            "lock_sha256": self.lock_sha256,
+            "record": str(self.record_dir),
+        }
+
+
+def default_tag(plan: ContextPlan) -> str:
+    return f"envbuild/{plan.lock_name}:{plan.lock_sha256[:12]}"
+
+
+def write_record(
+    lock_path: Path,
+    plan: ContextPlan,
+    trees: dict[str, str],
+    dockerfile_sha256: str,
+    image_id: str,
+    tags: tuple[str, ...],
+    diff_ids: tuple[str, ...],
+    pushed: tuple[tuple[str, str], ...],
+    record_dir: Path | None,
+    distro_removed: tuple[dict[str, Any], ...] = (),
+) -> Path:
+    """provenance.intoto.json, sbom.cdx.json and build.json, each written atomically."""
+    directory = Path(record_dir) if record_dir else lock_path.parent / "build" / plan.lock_name
+    directory.mkdir(parents=True, exist_ok=True)
+    files = build_record(
+        plan, image_id=image_id, lock_path=str(lock_path), tags=tags, trees=trees, dockerfile_sha256=dockerfile_sha256
+    ).files()
+    files["build.json"] = render_record_json(
+        build_summary(str(lock_path), plan, trees, image_id, tags, diff_ids, pushed, dockerfile_sha256, distro_removed)
+    )
+    for name, data in sorted(files.items()):
+        write_atomic(directory / name, data)
+    return directory
