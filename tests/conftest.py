@@ -15,18 +15,28 @@ Tests that use a service fixture carry the matching marker (``docker``, ``regist
 one without its marker fails, because the marker is what lets ``-m "not docker"`` deselect it. Helpers
 (repositories, indexes, images, checkpoints) are plain modules under ``tests/lib/``.
 
-Under pytest-xdist (``scripts/test`` runs two workers, ``--dist loadgroup``), every test marked ``docker``,
-``registry`` or ``ray`` is in one group, :data:`SERVICES_GROUP`, and so runs on one worker, one test at a
-time: they share one dockerd, one registry and the base image, and some assert what the engine holds
-after them (``test_image_engine_state``), which a build running beside them would change. Every other
-test is independent (its own ``tmp_path``, git daemons and indexes on free ports, caches with file locks)
-and runs on whichever worker is free.
+Under pytest-xdist (``scripts/test`` runs two workers, ``--dist loadgroup``), a test marked ``docker``,
+``registry`` or ``ray`` runs in its module's *lane* (an xdist group, :func:`lane_of`): a lane's tests run on
+one worker, one at a time, so a module's fixtures are set up once and its tests, which reuse their lock
+names and images, never meet; two lanes run side by side. Lanes share one dockerd and one registry, so
+what keeps them apart is in the names: envbuild tidies the engine per lock name (``keep_only``,
+``prune_dangling``), and modules that build under one lock name, or start Ray clusters on the machine's
+ports, share a lane (:data:`LANES`). A test that asserts what the *whole* engine holds (its disk, every
+image, every container, BuildKit's cache pruned to nothing) is marked ``engine_wide`` and runs alone: it
+takes the engine's claim exclusively (:func:`engine_claim`) and every other service test takes it shared,
+so it waits for the running one to end and no other starts until it has. Every other test is independent
+(its own ``tmp_path``, git daemons and indexes on free ports, caches with file locks) and runs on
+whichever worker is free.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import fcntl
+import hashlib
+import os
+import tempfile
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import docker
@@ -50,12 +60,32 @@ from tests.lib.services import (
 from tests.lib.tinyrun import Tiny, tiny_setup
 
 _STATE_KEY = pytest.StashKey[ServiceState]()
-SERVICES_GROUP = "services"
+SERVICES_GROUP = "services"  # the lanes' prefix: "services-<lane>"
 SERVICE_MARKERS = ("docker", "registry", "ray")
+ENGINE_WIDE = "engine_wide"
+# Modules whose service tests must not meet share a lane. test_image_build counts the dangling images
+# of "imagetest" (tests/lib/imagelock.py's default lock name), which test_image_base builds too; the Ray
+# heads and clusters pick blocks of the machine's ports (tests/lib/raycluster.py), and contend for its
+# two cores. Every other module builds under lock names of its own.
+LANES = {
+    "test_image_build": "image",
+    "test_image_base": "image",
+    "test_cluster_ray": "ray",
+    "test_launch_ray": "ray",
+}
+
+
+def lane_of(item: pytest.Item) -> str:
+    """The xdist group of a service test: its module's lane."""
+    module = Path(str(item.fspath)).stem
+    return f"{SERVICES_GROUP}-{LANES.get(module, module)}"
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[_STATE_KEY] = ServiceState()
+    config.addinivalue_line(
+        "markers", f"{ENGINE_WIDE}: asserts what the whole engine holds; runs while no other service test does"
+    )
 
 
 def _require(config: pytest.Config, service: str) -> Probe:
@@ -67,10 +97,57 @@ def _require(config: pytest.Config, service: str) -> Probe:
     return probe
 
 
+def _is_service_test(item: pytest.Item) -> bool:
+    return any(item.get_closest_marker(marker) is not None for marker in SERVICE_MARKERS)
+
+
 def pytest_itemcollected(item: pytest.Item) -> None:
     # At collection, before any pytest_collection_modifyitems: xdist's reads the groups into the test IDs.
-    if any(item.get_closest_marker(marker) is not None for marker in SERVICE_MARKERS):
-        item.add_marker(pytest.mark.xdist_group(SERVICES_GROUP))
+    if _is_service_test(item):
+        item.add_marker(pytest.mark.xdist_group(lane_of(item)))
+
+
+_CLAIMED = "ENVBUILD_TEST_ENGINE_CLAIMED"
+
+
+def _engine_file() -> str:
+    """Where the workers' locks on the engine at ``DOCKER_HOST`` live (a prefix; the lock's kind follows)."""
+    key = hashlib.sha256(os.environ.get("DOCKER_HOST", "").encode()).hexdigest()[:16]
+    return str(Path(tempfile.gettempdir()) / f"envbuild-test-engine-{key}")
+
+
+@contextlib.contextmanager
+def engine_claim(exclusive: bool) -> Iterator[None]:
+    """Hold the engine shared (a service test) or alone (an ``engine_wide`` one), across the workers.
+
+    Two flocks keyed by ``DOCKER_HOST``: the claim, and a gate in front of it that a test holds only while
+    it queues. A test that wants the engine alone keeps the gate while it waits for the shared holders to
+    finish, so no new one slips in before it (a plain shared/exclusive flock would let the other worker's
+    tests take turns holding it shared for as long as they last)."""
+    if os.environ.get(_CLAIMED):  # a pytest run by a test (a fresh clone's scripts/test): under its claim
+        yield
+        return
+    with open(f"{_engine_file()}.gate", "a") as gate, open(f"{_engine_file()}.claim", "a") as claim:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(claim, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        os.environ[_CLAIMED] = "exclusive" if exclusive else "shared"
+        try:
+            yield
+        finally:
+            del os.environ[_CLAIMED]
+            fcntl.flock(claim, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, object, object]:
+    # Setup, call and teardown: a module's fixtures build and tidy under the claim of its first and last test.
+    if not _is_service_test(item):
+        return (yield)
+    with engine_claim(exclusive=item.get_closest_marker(ENGINE_WIDE) is not None):
+        return (yield)
 
 
 @pytest.hookimpl(trylast=True)  # after xdist's hook
@@ -96,6 +173,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
                     f"{item.nodeid} uses the {fixture} fixture but is not marked @pytest.mark.{marker}; add the marker",
                     pytrace=False,
                 )
+    if item.get_closest_marker(ENGINE_WIDE) is not None and not _is_service_test(item):
+        pytest.fail(f"{item.nodeid} is marked {ENGINE_WIDE} but needs no engine: mark it docker", pytrace=False)
     for service in PROBES:
         if item.get_closest_marker(service) is not None:
             _require(item.config, service)
@@ -127,12 +206,22 @@ def pushed_base_image(
 ) -> Iterator[PushedImage]:
     repository = f"{registry}/{PUSHED_REPOSITORY}"
     tag = base_image.tag.rsplit(":", 1)[1]
-    digest = push_as(docker_client, base_image.tag, repository, tag)
-    try:
-        yield PushedImage(repository, tag, digest)
-    finally:
-        with contextlib.suppress(docker.errors.APIError):
-            docker_client.images.remove(f"{repository}:{tag}")
+    # Each xdist worker pushes it (the same image, the same digest) and holds it shared while its session
+    # lasts; the last one to end removes the tag, not the first, under the other's running tests.
+    with open(f"{_engine_file()}.pushed", "a") as users:
+        fcntl.flock(users, fcntl.LOCK_SH)
+        digest = push_as(docker_client, base_image.tag, repository, tag)
+        try:
+            yield PushedImage(repository, tag, digest)
+        finally:
+            fcntl.flock(users, fcntl.LOCK_UN)
+            try:
+                fcntl.flock(users, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pass  # another worker still uses it, and removes it when it ends
+            else:
+                with contextlib.suppress(docker.errors.APIError):
+                    docker_client.images.remove(f"{repository}:{tag}")
 
 
 @pytest.fixture(scope="session")

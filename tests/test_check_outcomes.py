@@ -63,7 +63,7 @@ def tag_moved(world: World, monkeypatch: pytest.MonkeyPatch) -> Path:
     repo.tag("v1", commit)
     source = Source(name="data", repo=world.served.url("moved", "daemon-filter"), ref="v1", ref_type="tag",
                     commit=commit, install=Install(mode="none"))  # fmt: skip
-    path = world.lock(sources=(source,), name="moved")
+    path = world.lock(sources=(source,), name="tagmoved")
     repo.commit("later")
     git("tag", "-f", "v1", "HEAD", cwd=repo.path)  # retagged: the lock's pin no longer holds
     return path

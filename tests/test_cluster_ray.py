@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from envbuild.data.reference import split_reference
-from envbuild.lock.io import read_lock
+from envbuild.lock.io import read_lock, write_lock
 from envbuild.lock.platform import OCI_ARCH
 from envrun import ray_api
 from envrun.cli.main import main
@@ -74,8 +74,15 @@ class Images:
 @pytest.fixture(scope="module")
 def images(pushed_base_image: PushedImage, registry: str, tmp_path_factory: pytest.TempPathFactory) -> Images:
     work = tmp_path_factory.mktemp("raylocks")
-    current = build_and_push(ray_lock(pushed_base_image, work, "raycluster"), registry, work / "record")
-    stale = build_and_push(ray_lock(pushed_base_image, work, "raycluster-lastweek"), registry, work / "record-old")
+    path = ray_lock(pushed_base_image, work, "raycluster")
+    current = build_and_push(path, registry, work / "record")
+    # Last week's lock of the same name: another epoch, so another lock and image, built on the packages
+    # image the first build left (Ray is installed once, not twice).
+    lock = read_lock(path).lock
+    (work / "lastweek").mkdir()
+    older = work / "lastweek" / path.name
+    write_lock(older, replace(lock, source_date_epoch=lock.source_date_epoch - 7 * 86400))
+    stale = build_and_push(older, registry, work / "record-old")
     assert current.lock_sha256 != stale.lock_sha256 and current.image_id != stale.image_id
     return Images(current, stale)
 

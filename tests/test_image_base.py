@@ -89,6 +89,7 @@ def test_a_single_platform_base_of_another_platform_is_refused_in_one_line(
 
 
 @pytest.mark.gitdaemon
+@pytest.mark.engine_wide  # no image added anywhere in the engine
 def test_envbuild_image_refuses_a_base_of_another_platform_before_installing_anything(
     served: Served,
     pushed_base_image: PushedImage,

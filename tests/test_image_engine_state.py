@@ -57,6 +57,7 @@ def engine_state(client: docker.DockerClient) -> tuple[int, int, int]:
     return usage["LayersSize"], len(client.api.images(all=True)), len(client.api.containers(all=True))
 
 
+@pytest.mark.engine_wide  # the engine's disk, every image and container; BuildKit's cache emptied
 def test_ten_builds_of_a_lock_leave_the_engine_as_the_first_build_left_it(
     env: ImageLockEnv, engine: Engine, docker_client: docker.DockerClient, tmp_path: Path
 ) -> None:
