@@ -24,7 +24,7 @@ from envbuild.verify.pins import VerifyOptions, verify_lock
 from tests.lib.gitrepos import Served
 from tests.lib.imagelock import ImageLockEnv, make_wheels
 from tests.lib.pyindex import PyIndex, make_wheel
-from tests.lib.services import PushedImage
+from tests.lib.services import PushedImage, remove_lock_images
 
 pytestmark = [pytest.mark.gitdaemon, pytest.mark.docker, pytest.mark.registry, pytest.mark.slow]
 
@@ -97,11 +97,7 @@ def lock(served: Served, pushed_base_image: PushedImage, tmp_path_factory: pytes
 @pytest.fixture(scope="module")
 def engine(docker_client: docker.DockerClient) -> Iterator[Engine]:
     yield Engine(docker_client)
-    for image in docker_client.images.list(filters={"label": f"io.envbuild.lock.name={LOCK_NAME}"}):
-        try:
-            docker_client.images.remove(image.id, force=True)
-        except docker.errors.APIError:
-            pass
+    remove_lock_images(docker_client, LOCK_NAME)
 
 
 def build(lock: Lock, work: Path, tag: str, engine: Engine):  # type: ignore[no-untyped-def]

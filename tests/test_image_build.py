@@ -52,7 +52,7 @@ from tests.lib.imagelock import (
     with_source,
 )
 from tests.lib.pyindex import PyIndex
-from tests.lib.services import PushedImage
+from tests.lib.services import PushedImage, remove_lock_images
 from tests.lib.signals import restore_sigint
 
 pytestmark = [pytest.mark.gitdaemon, pytest.mark.slow]
@@ -89,12 +89,7 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def engine(docker_client: docker.DockerClient) -> Iterator[Engine]:
     yield Engine(docker_client)
     # The images this module made, raw (tagged or superseded) and normalised: the engine outlives the run.
-    for name in ("imagetest", "mismatch"):
-        for image in docker_client.images.list(filters={"label": f"io.envbuild.lock.name={name}"}):
-            try:
-                docker_client.images.remove(image.id, force=True)
-            except docker.errors.APIError:
-                pass
+    remove_lock_images(docker_client, "imagetest", "mismatch")
 
 
 @pytest.fixture(scope="module")

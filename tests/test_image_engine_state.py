@@ -26,7 +26,7 @@ from envbuild.verify.pins import VerifyOptions
 from tests.lib.baseimage import DISTRO_PYTHON
 from tests.lib.gitrepos import Served
 from tests.lib.imagelock import ImageLockEnv, old_tinyone_wheel, served_env, served_packages
-from tests.lib.services import PushedImage, push_as
+from tests.lib.services import PushedImage, push_as, remove_lock_images
 
 pytestmark = [pytest.mark.gitdaemon, pytest.mark.slow, pytest.mark.docker, pytest.mark.registry]
 NAMES = ("enginestate", "replaced", "distro")
@@ -35,12 +35,7 @@ NAMES = ("enginestate", "replaced", "distro")
 @pytest.fixture(scope="module")
 def engine(docker_client: docker.DockerClient) -> Iterator[Engine]:
     yield Engine(docker_client)
-    for name in NAMES:
-        for image in docker_client.images.list(all=True, filters={"label": f"io.envbuild.lock.name={name}"}):
-            try:
-                docker_client.images.remove(image.id, force=True)
-            except docker.errors.APIError:
-                pass
+    remove_lock_images(docker_client, *NAMES, all_images=True)
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from envbuild.lock.io import read_lock
 from envbuild.verify.pins import VerifyOptions
 from tests.lib.gitrepos import Served, git
 from tests.lib.imagelock import ImageLockEnv, served_env
-from tests.lib.services import PushedImage
+from tests.lib.services import PushedImage, remove_lock_images
 
 pytestmark = [pytest.mark.gitdaemon, pytest.mark.slow]
 
@@ -69,11 +69,7 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def engine(docker_client: docker.DockerClient) -> Iterator[Engine]:
     yield Engine(docker_client)
-    for image in docker_client.images.list(filters={"label": f"io.envbuild.lock.name={LOCK_NAME}"}):
-        try:
-            docker_client.images.remove(image.id, force=True)
-        except docker.errors.APIError:
-            pass
+    remove_lock_images(docker_client, LOCK_NAME)
 
 
 @pytest.fixture(scope="module")

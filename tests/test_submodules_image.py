@@ -19,7 +19,7 @@ from envbuild.image.build import BuildResult, ImageOptions, build_image
 from envbuild.lock.io import read_lock
 from envbuild.verify.pins import VerifyOptions
 from tests.lib.gitrepos import Served
-from tests.lib.services import PushedImage
+from tests.lib.services import PushedImage, remove_lock_images
 from tests.lib.submodlock import CATLASS_PATH, GTEST_PATH, MEGATRON_PATH, SubmoduleUpstreams, make_upstreams
 
 pytestmark = [pytest.mark.gitdaemon, pytest.mark.slow, pytest.mark.docker, pytest.mark.registry]
@@ -68,11 +68,7 @@ def built(
     try:
         yield Built(up, online, offline)
     finally:
-        for image in docker_client.images.list(filters={"label": f"io.envbuild.lock.name={LOCK_NAME}"}):
-            try:
-                docker_client.images.remove(image.id, force=True)
-            except docker.errors.APIError:
-                pass
+        remove_lock_images(docker_client, LOCK_NAME)
 
 
 def test_online_from_empty_and_offline_from_warm_give_one_image_id(built: Built) -> None:

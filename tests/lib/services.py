@@ -102,3 +102,15 @@ def push_as(client: docker.DockerClient, source: str, repository: str, tag: str)
 
     client.images.get(source).tag(repository, tag)
     return Engine(client).push(f"{repository}:{tag}")
+
+
+def remove_lock_images(client: docker.DockerClient, *names: str, all_images: bool = False) -> None:
+    """Remove every image built from a lock of these names (by envbuild's name label), intermediate ones
+    too with ``all_images``: what a module built, for the engine outlives the run. An image already gone
+    or still used by a container is left."""
+    for name in names:
+        for image in client.images.list(all=all_images, filters={"label": f"io.envbuild.lock.name={name}"}):
+            try:
+                client.images.remove(image.id, force=True)
+            except docker.errors.APIError:
+                pass
