@@ -19,7 +19,7 @@ from envrun.execute import execute_run
 from envrun.plan import RunParameters, Volume
 from envrun.prepare import RunRequest, prepare_run
 from envrun.rundir import read_status
-from tests.lib.tinyrun import FAKE_TRAINER, LOCK, Tiny, tiny_setup
+from tests.lib.tinyrun import FAKE_TRAINER, LOCK, Tiny, envrun_until_sleeping, tiny_setup
 
 pytestmark = pytest.mark.docker
 
@@ -160,10 +160,6 @@ def test_sigterm_stops_the_container_and_records_it(trainer_image: str, tmp_path
     """A scheduler's SIGTERM to envrun (the path Ctrl-C takes too): the job's container is stopped and
     removed, and the run is recorded as interrupted by SIGTERM. A real signal to a real envrun process."""
     import signal
-    import subprocess
-    import sys
-
-    from tests.lib.tinyrun import REPO
 
     tiny = tiny_setup(tmp_path)
     sleep = {"FAKE_TRAINER_SLEEP": "300"}
@@ -172,26 +168,11 @@ def test_sigterm_stops_the_container_and_records_it(trainer_image: str, tmp_path
     tiny.expect(prepare_run(request).plan, tiny.model / "expect.json")
     run_dir = tmp_path / "run"
     args = docker_args(tiny, trainer_image, "--env", "FAKE_TRAINER_SLEEP=300", "--run-dir", str(run_dir))
-    cli = subprocess.Popen(
-        [sys.executable, "-m", "envrun.cli.main", *args],
-        cwd=REPO,
-        env=os.environ.copy(),
-        stdout=subprocess.PIPE,
-        text=True,
-    )
     client = docker.from_env(version="auto")
-    try:
-        assert cli.stdout is not None
-        for line in cli.stdout:  # the job's own output: the container is really running
-            if "fake trainer: sleeping" in line:
-                break
+    with envrun_until_sleeping(args) as run:  # the job's own output: the container is really running
         running = client.containers.list(filters={"label": "io.envbuild.run.recipe=tiny"})
         assert running, "no running container of the job"
-        cli.send_signal(signal.SIGTERM)
-        cli.communicate(timeout=120)
-    finally:
-        cli.kill()
-    assert cli.returncode == 130
+        assert run.stop(signal.SIGTERM, timeout=120) == 130
     status = read_status(run_dir)
     assert status["status"] == "interrupted" and status["detail"].startswith("stopped on SIGTERM"), status
     ids = {c.id for c in running}

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,8 +13,7 @@ from envrun.cli.main import main
 from envrun.execute import execute_run
 from envrun.prepare import PreparedRun, prepare_run
 from envrun.rundir import read_status
-from tests.lib.signals import restore_sigint
-from tests.lib.tinyrun import REPO, Tiny
+from tests.lib.tinyrun import Tiny, envrun_until_sleeping
 
 
 def prepared_and_expected(tiny: Tiny, *overrides: str, **params: object) -> PreparedRun:
@@ -59,25 +56,10 @@ def test_ctrl_c_stops_the_job_and_records_interrupted(tiny: Tiny) -> None:
     prepared_and_expected(tiny)
     env = ["--env", f"FAKE_TRAINER_EXPECT={tiny.expect_file}"]
     run_dir = tiny.tmp / "run"
-    cli = subprocess.Popen(
-        [sys.executable, "-m", "envrun.cli.main", *tiny.args(*env, "--run-dir", str(run_dir))],
-        cwd=REPO,
-        env={**os.environ, "FAKE_TRAINER_SLEEP": "120"},
-        stdout=subprocess.PIPE,
-        text=True,
-        preexec_fn=restore_sigint,  # Ctrl-C as under a terminal, whatever this process inherited
-    )
-    try:
-        assert cli.stdout is not None
-        for line in cli.stdout:  # wait until the trainer is really running
-            if "fake trainer: sleeping" in line:
-                break
-        cli.send_signal(signal.SIGINT)
-        rest = cli.communicate(timeout=30)[0]
-    finally:
-        cli.kill()
-    assert cli.returncode == 130
-    assert "fake trainer: interrupted" in rest
+    args = tiny.args(*env, "--run-dir", str(run_dir))
+    with envrun_until_sleeping(args, {**os.environ, "FAKE_TRAINER_SLEEP": "120"}) as run:
+        assert run.stop(signal.SIGINT, timeout=30) == 130
+    assert "fake trainer: interrupted" in run.rest
     status = read_status(run_dir)
     assert status["status"] == "interrupted" and status["exit_code"] == 130
     assert "fake trainer: interrupted" in (run_dir / "output.log").read_text()
@@ -106,27 +88,12 @@ def test_sigterm_stops_the_job_and_everything_it_started(tiny: Tiny) -> None:
     prepared_and_expected(tiny)
     env = ["--env", f"FAKE_TRAINER_EXPECT={tiny.expect_file}"]
     run_dir = tiny.tmp / "run"
-    cli = subprocess.Popen(
-        [sys.executable, "-m", "envrun.cli.main", *tiny.args(*env, "--run-dir", str(run_dir))],
-        cwd=REPO,
-        env={**os.environ, "FAKE_TRAINER_SLEEP": "120", "FAKE_TRAINER_CHILD": "1"},
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    child = None
-    try:
-        assert cli.stdout is not None
-        for line in cli.stdout:
-            if line.startswith("fake trainer: started child "):
-                child = int(line.split()[-1])
-            if "fake trainer: sleeping" in line:
-                break
+    args = tiny.args(*env, "--run-dir", str(run_dir))
+    with envrun_until_sleeping(args, {**os.environ, "FAKE_TRAINER_SLEEP": "120", "FAKE_TRAINER_CHILD": "1"}) as run:
+        started = [line for line in run.seen if line.startswith("fake trainer: started child ")]
+        child = int(started[-1].split()[-1]) if started else None
         assert child is not None and _alive(child)
-        cli.send_signal(signal.SIGTERM)
-        cli.communicate(timeout=60)
-    finally:
-        cli.kill()
-    assert cli.returncode == 130
+        assert run.stop(signal.SIGTERM, timeout=60) == 130
     status = read_status(run_dir)
     assert status["status"] == "interrupted" and status["detail"].startswith("stopped on SIGTERM")
     assert not _alive(child)

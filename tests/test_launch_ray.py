@@ -30,8 +30,7 @@ from envrun.execute import TargetRefused, execute_run
 from envrun.prepare import PreparedRun, prepare_run
 from envrun.ray_api import auth_headers, job_client, list_nodes, submit
 from envrun.rundir import read_status
-from tests.lib.signals import restore_sigint
-from tests.lib.tinyrun import Tiny
+from tests.lib.tinyrun import Tiny, envrun_until_sleeping
 
 RAY = Path(sys.executable).parent / "ray"
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -207,33 +206,16 @@ def test_failed_ray_job_is_recorded(ray_head: str, tiny: Tiny) -> None:
 def signal_a_ray_run(ray_head: str, tiny: Tiny, signum: int) -> tuple[int, dict, str]:
     """Start envrun on a Ray job that sleeps, send ``signum`` once the job's own output streams back (it is
     really running), and return envrun's exit status, its recorded status and the Ray job's status."""
-    from tests.lib.tinyrun import REPO
-
     ray_run(tiny, ray_head, FAKE_TRAINER_SLEEP="300")
     extra = ["--backend", "ray", "--ray-address", ray_head, "--skip-check", "ray-node"]
     extra += ["--env", f"FAKE_TRAINER_EXPECT={tiny.expect_file}", "--env", "FAKE_TRAINER_SLEEP=300"]
     run_dir = tiny.tmp / "run"
-    cli = subprocess.Popen(
-        [sys.executable, "-m", "envrun.cli.main", *tiny.args(*extra, "--run-dir", str(run_dir))],
-        cwd=REPO,
-        env=os.environ.copy(),
-        stdout=subprocess.PIPE,
-        text=True,
-        preexec_fn=restore_sigint,  # Ctrl-C as under a terminal, whatever this process inherited
-    )
-    try:
-        assert cli.stdout is not None
-        for line in cli.stdout:
-            if "fake trainer: sleeping" in line:
-                break
-        cli.send_signal(signum)
-        cli.communicate(timeout=120)
-    finally:
-        cli.kill()
+    with envrun_until_sleeping(tiny.args(*extra, "--run-dir", str(run_dir))) as run:
+        code = run.stop(signum, timeout=120)
     job_id = next(
         line.split()[4] for line in (run_dir / "output.log").read_text().splitlines() if "submitted Ray job" in line
     )
-    return cli.returncode, read_status(run_dir), job_client(ray_head).get_job_status(job_id).value
+    return code, read_status(run_dir), job_client(ray_head).get_job_status(job_id).value
 
 
 def test_ctrl_c_stops_the_ray_job_and_records_interrupted(ray_head: str, tiny: Tiny) -> None:

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, replace
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +19,7 @@ from envbuild.lock.io import dump_lock, read_lock
 from envrun.plan import RunParameters, RunPlan
 from envrun.prepare import RunRequest
 from tests.lib.ckptgen import CheckpointSpec, write_checkpoint
+from tests.lib.signals import restore_sigint
 
 REPO = Path(__file__).resolve().parents[2]
 REAL_LOCK = REPO / "lockfiles" / "glm5_2-ascend.lock.yaml"
@@ -134,3 +139,46 @@ def tiny_setup(tmp: Path) -> Tiny:
     model = tmp / "model"
     write_checkpoint(model, CheckpointSpec(include_mtp=False))
     return Tiny(recipe, config, model, write_parquet_like(tmp / "train.parquet"), tmp)
+
+
+SLEEPING = "fake trainer: sleeping"  # the fake trainer's line once it runs (FAKE_TRAINER_SLEEP)
+
+
+@dataclass
+class EnvrunProcess:
+    """A real ``envrun`` process whose job is running: the lines it printed until then, and how it ends."""
+
+    process: subprocess.Popen[str]
+    seen: list[str]
+    rest: str = field(default="")  # what it printed after the signal
+
+    def stop(self, signum: int, timeout: float) -> int:
+        """Send ``signum`` (as Ctrl-C or a scheduler would) and wait for envrun to exit; its exit status."""
+        self.process.send_signal(signum)
+        self.rest = self.process.communicate(timeout=timeout)[0]
+        return self.process.returncode
+
+
+@contextmanager
+def envrun_until_sleeping(args: Sequence[str], env: Mapping[str, str] | None = None) -> Iterator[EnvrunProcess]:
+    """``python -m envrun.cli.main ARGS``, read until the fake trainer says it sleeps (the job is really
+    running), then yielded; killed on the way out, whatever happened. SIGINT starts at its default in it,
+    as under a terminal, whatever this process inherited."""
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "envrun.cli.main", *args],
+        cwd=REPO,
+        env=dict(os.environ if env is None else env),
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=restore_sigint,
+    )
+    try:
+        assert cli.stdout is not None
+        seen = []
+        for line in cli.stdout:
+            seen.append(line)
+            if SLEEPING in line:
+                break
+        yield EnvrunProcess(cli, seen)
+    finally:
+        cli.kill()
