@@ -16,17 +16,14 @@ from envbuild.cli import main
 from envbuild.errors import InputError, RemoteError
 from envbuild.index.client import MAX_DOWNLOAD, MAX_PAGE, IndexClient
 from envbuild.index.filecache import FileCache
-from tests.lib.pyindex import JSON_TYPE, PyIndex, Route, endless, make_wheel, write_file_index
+from tests.lib.pyindex import JSON_TYPE, PyIndex, Route, endless, wheels_at, write_file_index
 
 WHEEL = "alpha-1.0-py3-none-any.whl"
 
 
 @pytest.fixture()
 def dists(tmp_path: Path) -> Path:
-    root = tmp_path / "dists"
-    root.mkdir()
-    make_wheel(root, "alpha", "1.0")
-    return root
+    return wheels_at(tmp_path / "dists", "alpha")
 
 
 def one_line(exc: pytest.ExceptionInfo[BaseException]) -> str:

@@ -21,18 +21,14 @@ from envbuild.errors import InputError, RemoteError
 from envbuild.index.client import IndexClient
 from envbuild.verify.metadata import read_wheel_metadata
 from tests.lib.httpproxy import Tinyproxy
-from tests.lib.pyindex import JSON_TYPE, PyIndex, Route, Trickle, make_wheel, trickled
+from tests.lib.pyindex import JSON_TYPE, PyIndex, Route, Trickle, trickled, wheels_at
 
 WHEEL = "alpha-1.0-py3-none-any.whl"
 
 
 @pytest.fixture()
 def dists(tmp_path: Path) -> Path:
-    root = tmp_path / "dists"
-    root.mkdir()
-    make_wheel(root, "alpha", "1.0")
-    make_wheel(root, "beta", "1.0")
-    return root
+    return wheels_at(tmp_path / "dists", "alpha", "beta")
 
 
 def page_answer(body: bytes) -> bytes:

@@ -19,7 +19,7 @@ from envbuild.index.client import MAX_RANGE_BYTES, IndexClient
 from envbuild.lock import Lock, Package, PackageFile
 from envbuild.lock.model import Platform
 from envbuild.verify.metadata import MetadataError, MetadataReader, _sdist_members, read_metadata, read_wheel_metadata
-from tests.lib.pyindex import PyIndex, Route, make_sdist, make_wheel
+from tests.lib.pyindex import PyIndex, Route, make_sdist, make_wheel, wheels_at
 
 WHEEL = "alpha-1.0-py3-none-any.whl"
 
@@ -40,10 +40,7 @@ def zip64_claim(path: Path, size_cd: int) -> None:
 
 @pytest.fixture()
 def dists(tmp_path: Path) -> Path:
-    root = tmp_path / "dists"
-    root.mkdir()
-    make_wheel(root, "alpha", "1.0")
-    return root
+    return wheels_at(tmp_path / "dists", "alpha")
 
 
 def claim_a_terabyte(index: PyIndex) -> None:

@@ -59,6 +59,14 @@ def make_wheel(
     return path
 
 
+def wheels_at(directory: Path, *names: str, version: str = "1.0") -> Path:
+    """``directory``, made, holding a wheel of each of ``names`` at ``version`` (a page per name)."""
+    directory.mkdir(parents=True)
+    for name in names:
+        make_wheel(directory, name, version)
+    return directory
+
+
 def make_sdist(
     directory: Path,
     name: str,
