@@ -427,6 +427,18 @@ def export_tree(repo: Path, commit: str, dest: Path) -> None:
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
 
 
+# Both hand peers install the same 3 sources the same way after the wheels: one step per source.
+SCALE_HAND_SOURCE_STEPS = (
+    "COPY src/alpha /src/alpha",
+    "RUN pip install --no-build-isolation --no-deps --no-index -e /src/alpha",
+    "COPY src/beta /src/beta",
+    "RUN pip wheel --no-build-isolation --no-deps --no-index -w /tmp/w /src/beta"
+    " && pip install --no-index --no-deps /tmp/w/*.whl && rm -rf /tmp/w",
+    "COPY src/gamma /src/gamma",
+    "",
+)
+
+
 def scale_hand_dockerfile(base: str, requirements: list[str]) -> str:
     return "\n".join(
         [
@@ -434,13 +446,7 @@ def scale_hand_dockerfile(base: str, requirements: list[str]) -> str:
             "ENV PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1",
             "COPY wheels/ /wheels/",
             f"RUN pip install --no-index --no-deps --no-compile --find-links /wheels {' '.join(requirements)}",
-            "COPY src/alpha /src/alpha",
-            "RUN pip install --no-build-isolation --no-deps --no-index -e /src/alpha",
-            "COPY src/beta /src/beta",
-            "RUN pip wheel --no-build-isolation --no-deps --no-index -w /tmp/w /src/beta"
-            " && pip install --no-index --no-deps /tmp/w/*.whl && rm -rf /tmp/w",
-            "COPY src/gamma /src/gamma",
-            "",
+            *SCALE_HAND_SOURCE_STEPS,
         ]
     )
 
@@ -454,13 +460,7 @@ def scale_hand_buildkit_dockerfile(base: str) -> str:
             "RUN --mount=type=bind,source=wheels,target=/wheels"
             " pip install --no-index --require-hashes --no-deps --no-compile --find-links /wheels"
             " -r /wheels/requirements.txt",
-            "COPY src/alpha /src/alpha",
-            "RUN pip install --no-build-isolation --no-deps --no-index -e /src/alpha",
-            "COPY src/beta /src/beta",
-            "RUN pip wheel --no-build-isolation --no-deps --no-index -w /tmp/w /src/beta"
-            " && pip install --no-index --no-deps /tmp/w/*.whl && rm -rf /tmp/w",
-            "COPY src/gamma /src/gamma",
-            "",
+            *SCALE_HAND_SOURCE_STEPS,
         ]
     )
 
