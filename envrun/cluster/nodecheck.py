@@ -23,7 +23,7 @@ from envrun import ray_api
 from envrun.cluster.onnode import MANIFEST, MARKER, TASK_TIMEOUT_SECONDS
 from envrun.cluster.state import ClusterState
 from envrun.plan import PreflightLine
-from envrun.probe.report import RAY_RESOURCES
+from envrun.probe.report import RAY_RESOURCES, cpu_ask
 
 CHECK = "ray-node"
 JOB_TIMEOUT_SECONDS = TASK_TIMEOUT_SECONDS + 120
@@ -159,8 +159,7 @@ def cluster_cpu_line(answers: list[dict[str, Any]]) -> PreflightLine | None:
     alive = [(a.get("name"), float(a.get("cpu_resource") or 0)) for a in answers if not a.get("error")]
     total = sum(cpus for _, cpus in alive)
     have = f"the cluster's {len(alive)} alive node(s) have {total:g} ({', '.join(f'{n}: {c:g}' for n, c in alive)})"
-    parts = "; ".join(f"{what}: {cpus:g}" for what, cpus in facts.get("parts") or ())
-    asks = f"the job's Ray actors ask for {float(facts['needed']):g} CPU(s) at once ({parts}); {have}"
+    asks = f"{cpu_ask(facts)}; {have}"
     refused = [str(key) for key in facts.get("set_for_a_new_ray") or ()]
     if refused:
         flags = ", ".join(f"ray_kwargs.ray_init.{key}" for key in refused)

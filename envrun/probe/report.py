@@ -190,6 +190,12 @@ def probe_lines(report: ProbeReport) -> tuple[PreflightLine, ...]:
 RAY_RESOURCES = "ray-resources"  # envrun.preflight.RAY_CHECK
 
 
+def cpu_ask(facts: Mapping[str, Any]) -> str:
+    """What the probe's ``ray_cpus`` facts say the job's first Ray actors ask for, in words."""
+    parts = "; ".join(f"{what}: {cpus:g}" for what, cpus in facts.get("parts") or ())
+    return f"the job's Ray actors ask for {float(facts['needed']):g} CPU(s) at once ({parts})"
+
+
 def ray_cpu_line(report: ProbeReport) -> PreflightLine | None:
     """For a job that starts its own Ray (the local and docker backends): the CPUs its first actors ask
     for against what that Ray will have. Ray does not refuse an actor it cannot place; it waits, so a
@@ -198,14 +204,13 @@ def ray_cpu_line(report: ProbeReport) -> PreflightLine | None:
     if not isinstance(found, dict):
         return None
     needed, num_cpus, detected = float(found["needed"]), found.get("num_cpus"), float(found["detected"])
-    parts = "; ".join(f"{what}: {cpus:g}" for what, cpus in found.get("parts") or ())
     have = (
         f"ray_kwargs.ray_init.num_cpus={float(num_cpus):g}"
         if num_cpus is not None
         else f"ray_kwargs.ray_init.num_cpus is unset and Ray detects {detected:g} CPU(s) there"
     )
     total = float(num_cpus) if num_cpus is not None else detected
-    asks = f"{report.where}: the job's Ray actors ask for {needed:g} CPU(s) at once ({parts}); {have}"
+    asks = f"{report.where}: {cpu_ask(found)}; {have}"
     if needed > total:
         return PreflightLine(
             RAY_RESOURCES,
