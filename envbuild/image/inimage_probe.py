@@ -15,7 +15,8 @@ The environment is checked whole, after every install: ``pip check``'s semantics
 distribution's ``Requires-Dist`` whose marker holds, without extras, met by an installed distribution
 at a version its specifier allows, pre-releases included) with the requirement parser pip itself ships,
 and every installed source's top-level packages imported, each in its own interpreter (a crash or a hang
-is one failed import, not a lost report). A build host has no NPU driver: imports run with
+is one failed import, not a lost report), up to IMPORTS_AT_ONCE side by side. Each distribution's
+metadata is read once. A build host has no NPU driver: imports run with
 ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` (torch >= 2.5 would load torch_npu, and with it the driver, at
 ``import torch``), and the modules the manifest names as skipped are not imported at all. Waivers are
 the host's business (:mod:`envbuild.image.inimage_verdict`): this script reports every problem.
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from typing import Any
 
@@ -48,28 +50,59 @@ else:  # run as a script in the image, where envbuild is not installed: its copy
 
 REPORT_VERSION = 4  # 3: each source reports its submodules' trees; 4: every copy of a distribution, where it is
 IMPORT_TIMEOUT = 600
+IMPORTS_AT_ONCE = 4
+# A Requires-Dist line that applies only to an extra: its marker is exactly `extra == "name"`.
+EXTRA_ONLY = re.compile(r"""^[^;]*;\s*extra\s*==\s*(?:"[^"]*"|'[^']*')\s*$""")
 # Directories at a source's root that hold no importable part of it, when its metadata names none.
 NOT_PACKAGES = {"test", "tests", "doc", "docs", "example", "examples", "benchmark", "benchmarks", "tools", "scripts"}
 DEFAULT_MANIFEST = "/opt/envbuild/meta/manifest.json"
 COMMIT_MARKER = ".envbuild-commit"
 
 
-def distributions() -> tuple[dict[str, list[str]], dict[str, str], dict[str, list[list[str]]]]:
-    """Installed distributions by normalised name: every version found, where the first lives, and
-    every copy as [version, metadata directory] in ``sys.path`` order (the first is the one imported)."""
+class Installed:
+    """One installed distribution, its metadata read once (``importlib.metadata`` parses METADATA again
+    on every ``.version`` / ``.metadata`` / ``.requires``: the check asks each hundreds of times)."""
+
+    def __init__(self, dist) -> None:
+        self.dist = dist
+        message = dist.metadata
+        self.name = message["Name"] or ""
+        self.version = message["Version"] or ""
+        self.path = str(getattr(dist, "_path", ""))
+        self._requires: list | None = None
+
+    @property
+    def requires(self) -> list:
+        if self._requires is None:
+            self._requires = list(self.dist.requires or [])
+        return self._requires
+
+    def read_text(self, name: str):
+        return self.dist.read_text(name)
+
+    @property
+    def files(self):
+        return self.dist.files
+
+
+def scan() -> list:
+    """Every installed distribution with a name, in ``sys.path`` order (the first of a name is imported)."""
     from importlib import metadata
 
+    return [found for found in map(Installed, metadata.distributions()) if found.name]
+
+
+def distributions(scanned: list) -> tuple[dict[str, list[str]], dict[str, str], dict[str, list[list[str]]]]:
+    """Installed distributions by normalised name: every version found, where the first lives, and
+    every copy as [version, metadata directory] in ``sys.path`` order (the first is the one imported)."""
     found: dict[str, list[str]] = {}
     where: dict[str, str] = {}
     copies: dict[str, list[list[str]]] = {}
-    for dist in metadata.distributions():
-        name = dist.metadata["Name"]
-        if not name:
-            continue
-        key = "-".join(name.replace("_", "-").replace(".", "-").lower().split("-"))
+    for dist in scanned:
+        key = _normalize(dist.name)
         found.setdefault(key, []).append(dist.version)
-        where.setdefault(key, str(getattr(dist, "_path", "")))
-        copies.setdefault(key, []).append([dist.version, str(getattr(dist, "_path", ""))])
+        where.setdefault(key, dist.path)
+        copies.setdefault(key, []).append([dist.version, dist.path])
     return {k: sorted(v) for k, v in sorted(found.items())}, dict(sorted(where.items())), dict(sorted(copies.items()))
 
 
@@ -108,20 +141,21 @@ def _packaging() -> tuple:
     return requirements.Requirement, version.Version
 
 
-def installed_distributions() -> dict:
+def installed_distributions(scanned: list) -> dict:
     """{normalised name: distribution}, the first on sys.path winning, as pip sees them."""
-    from importlib import metadata
-
     found: dict = {}
-    for dist in metadata.distributions():
-        name = dist.metadata["Name"]
-        if name:
-            found.setdefault(_normalize(name), dist)
+    for dist in scanned:
+        found.setdefault(_normalize(dist.name), dist)
     return found
 
 
 def consistency(dists: dict) -> dict:
-    """``pip check``: every problem as {distribution, version, requirement, kind, installed}."""
+    """``pip check``: every problem as {distribution, version, requirement, kind, installed}.
+
+    A requirement whose whole marker is ``extra == "…"`` cannot hold with no extra asked for, so it is not
+    parsed (ray alone declares some 400: parsing them with pip's parser is most of the check's time); pip
+    check would also report one of those that does not parse; ``lock verify``'s closure check names it on
+    the host ("not a PEP 508 requirement")."""
     try:
         Requirement, Version = _packaging()
     except ImportError as exc:
@@ -129,6 +163,8 @@ def consistency(dists: dict) -> dict:
     problems = []
     for key, dist in sorted(dists.items()):
         for text in dist.requires or []:
+            if EXTRA_ONLY.match(text):
+                continue
             entry = {"distribution": key, "version": dist.version, "requirement": text, "installed": None}
             try:
                 requirement = Requirement(text)
@@ -218,26 +254,48 @@ def import_module(name: str) -> dict:
     return {"module": name, "ok": False, "error": error}
 
 
-def import_report(entry: dict, dists: dict) -> dict:
+def top_levels(entry: dict, dists: dict) -> tuple:
+    """The source's distribution, the top-level modules the check imports, and those the manifest skips
+    (by name); none for a source installed as files only."""
     if entry.get("mode", "editable") == "none":
-        return {"distribution": None, "version": None, "imports": [], "skipped": []}
+        return None, [], []
     dist = source_distribution(entry, dists)
-    skipped = {skip["name"] for skip in entry.get("skip_imports", [])}
+    skip = {s["name"] for s in entry.get("skip_imports", [])}
     names = top_level_names(dist, entry["path"])
+    return dist, [n for n in names if n not in skip], [n for n in names if n in skip]
+
+
+def import_report(entry: dict, dists: dict, imported: dict) -> dict:
+    """The source's distribution and its imports, each result looked up in ``imported`` (module → result)."""
+    dist, names, skipped = top_levels(entry, dists)
     return {
-        "distribution": _normalize(dist.metadata["Name"]) if dist is not None else None,
+        "distribution": _normalize(dist.name) if dist is not None else None,
         "version": dist.version if dist is not None else None,
-        "imports": [import_module(name) for name in names if name not in skipped],
-        "skipped": [name for name in names if name in skipped],
+        "imports": [imported[name] for name in names],
+        "skipped": skipped,
     }
+
+
+def import_all(names: list) -> dict:
+    """Each module imported in its own interpreter, a few side by side (an import of torch's stack is
+    seconds of one core, and memory: at most IMPORTS_AT_ONCE at a time)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    unique = list(dict.fromkeys(names))
+    workers = max(1, min(len(unique), os.cpu_count() or 1, IMPORTS_AT_ONCE))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return dict(zip(unique, pool.map(import_module, unique)))
 
 
 def main(argv: list[str]) -> int:
     manifest_path = argv[1] if len(argv) > 1 else DEFAULT_MANIFEST
     with open(manifest_path, encoding="utf-8") as handle:
         manifest = json.load(handle)
-    found, where, copies = distributions()
-    dists = installed_distributions()
+    scanned = scan()
+    found, where, copies = distributions(scanned)
+    dists = installed_distributions(scanned)
+    sources = manifest.get("sources", [])
+    imported = import_all([name for s in sources for name in top_levels(s, dists)[1]])
     report = {
         "report_version": REPORT_VERSION,
         "manifest": manifest_path,
@@ -246,7 +304,7 @@ def main(argv: list[str]) -> int:
         "distributions": found,
         "locations": where,
         "copies": copies,
-        "sources": {s["name"]: {**source_report(s), **import_report(s, dists)} for s in manifest.get("sources", [])},
+        "sources": {s["name"]: {**source_report(s), **import_report(s, dists, imported)} for s in sources},
         "consistency": consistency(dists),
     }
     json.dump(report, sys.stdout, indent=1, sort_keys=True)

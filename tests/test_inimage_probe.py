@@ -1,0 +1,68 @@
+"""The in-image check's facts, computed by the probe itself against real distribution metadata on disk
+(importlib.metadata's own reader, pip's own requirement parser): no image needed. The image tests run
+the same script in built images (tests/test_image_build.py, tests/test_closure_image.py)."""
+
+from __future__ import annotations
+
+import sys
+from importlib import metadata
+from pathlib import Path
+
+from envbuild.image import inimage_probe as probe
+
+
+def dist_info(site: Path, name: str, version: str, *requires: str) -> metadata.Distribution:
+    where = site / f"{name}-{version}.dist-info"
+    where.mkdir(parents=True)
+    lines = [
+        "Metadata-Version: 2.1",
+        f"Name: {name}",
+        f"Version: {version}",
+        *(f"Requires-Dist: {r}" for r in requires),
+    ]
+    (where / "METADATA").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return metadata.PathDistribution(where)
+
+
+def test_each_requirement_that_can_hold_is_judged_and_extra_only_ones_are_not_parsed(tmp_path: Path) -> None:
+    installed = [
+        dist_info(
+            tmp_path,
+            "alpha",
+            "1.0",
+            "beta>=2",
+            'gamma; extra == "x"',  # only with alpha[x]: cannot hold, not judged
+            "delta ; extra=='y'",
+            'epsilon; python_version < "3"',  # does not hold here
+            'zeta; extra == "z" or python_version >= "3"',  # holds: more than an extra
+            "not a requirement ((",
+            'broken (( ; extra == "w"',  # only with alpha[w]: not parsed, so not reported (verify names it)
+        ),
+        dist_info(tmp_path, "beta", "1.5"),
+    ]
+    dists = probe.installed_distributions([probe.Installed(d) for d in installed])
+    problems = {(p["requirement"], p["kind"], p["installed"]) for p in probe.consistency(dists)["problems"]}
+    assert problems == {
+        ("beta>=2", "conflict", "1.5"),
+        ('zeta; extra == "z" or python_version >= "3"', "missing", None),
+        ("not a requirement ((", "invalid", None),
+    }
+
+
+def test_every_copy_of_a_distribution_is_reported_in_path_order(tmp_path: Path) -> None:
+    first = dist_info(tmp_path / "one", "Same_Name", "2.0")
+    second = dist_info(tmp_path / "two", "same-name", "1.0")
+    found, where, copies = probe.distributions([probe.Installed(first), probe.Installed(second)])
+    assert found == {"same-name": ["1.0", "2.0"]}
+    assert where == {"same-name": str(first._path)}  # type: ignore[attr-defined]
+    assert [version for version, _ in copies["same-name"]] == ["2.0", "1.0"]
+
+
+def test_imports_run_side_by_side_each_in_its_own_interpreter_in_order() -> None:
+    names = ["json", "envbuild_no_such_module", "email", "json"]
+    results = probe.import_all(names)
+    assert list(results) == ["json", "envbuild_no_such_module", "email"]
+    assert results["json"] == {"module": "json", "ok": True, "error": None}
+    failed = results["envbuild_no_such_module"]
+    assert not failed["ok"] and "ModuleNotFoundError" in failed["error"]
+    assert sys.modules.get("envbuild_no_such_module") is None
