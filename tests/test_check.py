@@ -26,7 +26,7 @@ from envbuild.verify.pins import VerifyOptions
 from tests.lib.gitrepos import GitDaemon, git, make_repo
 from tests.lib.imagelock import ImageLockEnv, make_sources, make_wheels, with_source
 from tests.lib.pyindex import PyIndex
-from tests.lib.services import PushedImage
+from tests.lib.services import PushedImage, remove_lock_images
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.gitdaemon, pytest.mark.slow]
 
@@ -73,8 +73,9 @@ def env(
 
 
 @pytest.fixture(scope="module")
-def engine(docker_client: docker.DockerClient) -> Engine:
-    return Engine(docker_client)
+def engine(docker_client: docker.DockerClient) -> Iterator[Engine]:
+    yield Engine(docker_client)
+    remove_lock_images(docker_client, "drift", "moved", "dropped", "stamp")
 
 
 def night(day: int) -> datetime:
@@ -84,13 +85,14 @@ def night(day: int) -> datetime:
 def test_upstream_drift_is_reported_and_the_image_still_reproduces(
     env: ImageLockEnv, engine: Engine, tmp_path: Path
 ) -> None:
-    lock = env.write(tmp_path / "drift.lock.yaml")
+    lock = env.write(tmp_path / "drift.lock.yaml", env.lock(name="drift"))  # a name of its own: see LANES
     options = CheckOptions(
         VerifyOptions(SourceOptions(cache_dir=tmp_path / "cache")), history=tmp_path / "history.jsonl"
     )
 
     first = run_check(read_lock(lock), options, engine=engine, now=night(1))  # no history: two builds compared
-    assert first.ok and first.reproducible and first.compared_with == "second build"
+    assert first.ok and first.reproducible, (first.image_ids, first.differences)  # names what differed
+    assert first.compared_with == "second build"
     assert first.image_ids[0] == first.image_ids[1] and first.differences == ()
 
     env.repos["beta"].commit("beta moves on", files={"NEWS": "more\n"})
