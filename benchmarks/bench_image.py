@@ -155,6 +155,28 @@ def hand_build(
     return image, cached
 
 
+def legacy_build(client: docker.DockerClient, context: Path, *, nocache: bool = False) -> str:
+    """The hand Dockerfile of ``context`` on the engine's legacy builder (``--legacy-hand``), no network,
+    the directory streamed as the engine reads it (no temporary tar, as for envbuild's builds)."""
+    from envbuild.engine.transfer import directory_context
+
+    image = None
+    for event in client.api.build(
+        fileobj=directory_context(context).chunks(),
+        custom_context=True,
+        nocache=nocache,
+        rm=True,
+        forcerm=True,
+        network_mode="none",
+        decode=True,
+    ):
+        if "error" in event:
+            raise SystemExit(f"hand build failed: {event['error']}")
+        image = (event.get("aux") or {}).get("ID", image)
+    assert image
+    return str(image)
+
+
 def timed(label: str, repeat: int, run: Callable[[int], object]) -> tuple[float, object]:
     times, result = [], None
     for i in range(repeat):
@@ -689,25 +711,25 @@ def scale_one(
             (hand / "Dockerfile").write_text(scale_hand_dockerfile(f"{repository}@{digest}", requirements))
             sent = directory_context(hand).payload
             start = time.perf_counter()
-            hand_full = engine.build(hand, nocache=True)
+            hand_full = legacy_build(client, hand, nocache=True)
             out["hand_full"] = time.perf_counter() - start
-            HAND_IMAGES.append(hand_full.image_id)
+            HAND_IMAGES.append(hand_full)
             print(f"    full build (--no-cache)      {out['hand_full']:8.1f} s  sent {_gb(sent)}", file=sys.stderr)
             start = time.perf_counter()
-            engine.build(hand)
+            legacy_build(client, hand)
             out["hand_noop"] = time.perf_counter() - start
             print(f"    no-op rebuild                {out['hand_noop']:8.1f} s  sent {_gb(sent)}", file=sys.stderr)
             export_tree(repos["beta"].path, moved_commit, hand / "src" / "beta")
             start = time.perf_counter()
-            hand_moved = engine.build(hand)
+            hand_moved = legacy_build(client, hand)
             out["hand_moved"] = time.perf_counter() - start
-            HAND_IMAGES.append(hand_moved.image_id)
+            HAND_IMAGES.append(hand_moved)
             print(f"    one source moved (beta)      {out['hand_moved']:8.1f} s  sent {_gb(sent)}", file=sys.stderr)
             out["sent_hand"] = sent
-            hand_image = engine.inspect(hand_moved.image_id)
+            hand_image = engine.inspect(hand_moved)
             assert hand_image is not None
             out["hand_size"] = hand_image["Size"]
-            checked = engine.run(hand_moved.image_id, ["python3", "-c", IMPORT_CHECK])
+            checked = engine.run(hand_moved, ["python3", "-c", IMPORT_CHECK])
             print(f"    import check: {checked.stdout.strip() or checked.stderr.strip()[-200:]}", file=sys.stderr)
             out["engine_layers"] = engine.disk_usage().get("LayersSize", 0)
     finally:

@@ -32,7 +32,7 @@ from envbuild.config import SourceOptions  # noqa: E402
 from envbuild.errors import EnvbuildError  # noqa: E402
 from envbuild.git.mirrors import Mirrors  # noqa: E402
 from envbuild.image.build import ImageOptions  # noqa: E402
-from envbuild.image.built import BuiltImage, write_built  # noqa: E402
+from envbuild.image.built import BUILDER, BuiltImage, write_built  # noqa: E402
 from envbuild.image.plan import plan_context  # noqa: E402
 from envbuild.image.rebuild import built_before  # noqa: E402
 from envbuild.image.render import render_dockerfile  # noqa: E402
@@ -82,12 +82,12 @@ def main(argv: list[str] | None = None) -> int:
                 options.cache_dir,
                 BuiltImage(
                     lock_sha256=read.sha256,
-                    builder=options.builder,
+                    builder=BUILDER,
                     base_digest=plan.base_digest,
                     image_id="sha256:" + "0" * 64,
                     raw_image_id="sha256:" + "1" * 64,
                     epoch=epoch,
-                    dockerfile_sha256=hashlib.sha256(render_dockerfile(plan, options.builder).encode()).hexdigest(),
+                    dockerfile_sha256=hashlib.sha256(render_dockerfile(plan).encode()).hexdigest(),
                     trees=tuple(sorted((s.name, s.tree or "") for s in read.lock.sources)),
                 ),
             )
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             for run in range(args.repeat + 1):  # the first run fills the git cache: reported apart
                 t0 = time.perf_counter()
                 read = read_lock(lock_path)
-                before = built_before(read, options.builder, options.cache_dir)
+                before = built_before(read, options.cache_dir)
                 t1 = time.perf_counter()
                 report = verify_for_build(read.lock, str(lock_path), options.verify, inputs=before is None)
                 t2 = time.perf_counter()

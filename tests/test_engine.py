@@ -1,11 +1,10 @@
-"""envbuild.engine.client against the real dockerd of scripts/services: build progress and failures, save/load,
-run without network, tags, and the one-line error when no engine answers."""
+"""envbuild.engine.client against the real dockerd of scripts/services: save/load, run without network, tags,
+transfer progress, and the one-line error when no engine answers (builds: tests/test_engine_buildkit.py)."""
 
 from __future__ import annotations
 
 import io
 import tarfile
-import time
 import uuid
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import docker
 import pytest
 
 from envbuild.engine.client import Engine
-from envbuild.engine.transfer import BuildProgress, Meter, directory_context, human_bytes
+from envbuild.engine.transfer import Meter, directory_context, human_bytes
 from envbuild.errors import EngineError
 from tests.lib.baseimage import BaseImage
 
@@ -27,35 +26,6 @@ def _context(tmp_path: Path, dockerfile: str) -> Path:
     (tmp_path / "Dockerfile").write_text(dockerfile)
     (tmp_path / "hello.txt").write_text("hello\n")
     return tmp_path
-
-
-@pytest.mark.docker
-def test_build_reports_each_step_and_the_cache(tmp_path: Path, engine: Engine, base_image: BaseImage) -> None:
-    marker = uuid.uuid4().hex
-    context = _context(tmp_path, f"FROM {base_image.tag}\nCOPY hello.txt /hello.txt\nRUN echo {marker} > /m\n")
-    lines: list[str] = []
-    first = engine.build(context, progress=lines.append)
-    assert [s.number for s in first.steps] == [1, 2, 3] and {s.total for s in first.steps} == {3}
-    assert [s.cached for s in first.steps] == [True, False, False]  # FROM builds nothing
-    assert any(line.startswith("step 3/3: RUN echo") for line in lines)
-    again = engine.build(context)
-    assert again.image_id == first.image_id and again.cached_steps == 3
-    fresh = engine.build(context, nocache=True)
-    assert fresh.image_id != first.image_id and fresh.cached_steps == 1
-    for image in (fresh.image_id, first.image_id):
-        engine.remove(image, force=True)
-
-
-@pytest.mark.docker
-def test_a_failing_step_names_itself_and_keeps_its_log_tail(
-    tmp_path: Path, engine: Engine, base_image: BaseImage
-) -> None:
-    context = _context(tmp_path, f"FROM {base_image.tag}\nRUN echo first-line; echo the-last-words >&2; exit 3\n")
-    with pytest.raises(EngineError) as caught:
-        engine.build(context)
-    message = str(caught.value)
-    assert message.startswith("build failed at step 2/2 (RUN echo first-line")
-    assert "non-zero code: 3" in message and "| the-last-words" in message
 
 
 @pytest.mark.docker
@@ -97,7 +67,7 @@ def test_no_engine_is_one_clear_line(tmp_path: Path, monkeypatch: pytest.MonkeyP
     )
 
 
-# --- progress of long transfers and builds (no engine) -----------------------------------------------
+# --- progress of long transfers (no engine) -----------------------------------------------
 
 
 def test_a_meter_says_how_far_a_transfer_is_and_when_it_is_done() -> None:
@@ -113,32 +83,6 @@ def test_a_meter_says_how_far_a_transfer_is_and_when_it_is_done() -> None:
         "1.06 GB",
         "123 GB",
     ]
-
-
-def test_a_long_silent_step_still_says_it_runs() -> None:
-    """Committing a layer of GBs, the engine sends nothing for minutes: a timer says the step runs."""
-    lines: list[str] = []
-    with BuildProgress(lines.append, heartbeat=0.2) as build:
-        build.event({"stream": "Step 1/2 : FROM base\n"})
-        build.event({"stream": "Step 2/2 : RUN pip install big.whl\n"})
-        build.event({"stream": "Installing collected packages: big\n"})
-        time.sleep(0.9)
-        build.event({"aux": {"ID": "sha256:" + "a" * 64}})
-    assert lines[:2] == ["step 1/2: FROM base", "step 2/2: RUN pip install big.whl"]
-    beats = [line for line in lines[2:] if line.startswith("step 2/2: still running after ")]
-    assert beats and beats[0].endswith("; last output: Installing collected packages: big")
-    assert [(s.number, s.cached) for s in build.steps] == [(1, True), (2, False)]
-    assert build.image_id == "sha256:" + "a" * 64
-
-
-def test_a_failed_step_is_named_with_its_log_tail() -> None:
-    with BuildProgress(lambda line: None) as build:
-        build.event({"stream": "Step 3/4 : RUN false\n ---> Running in 0123456789ab\n"})
-        build.event({"stream": "oops\n"})
-        message = build.failure("The command '/bin/sh -c false' returned a non-zero code: 1")
-    assert message == (
-        "build failed at step 3/4 (RUN false): The command '/bin/sh -c false' returned a non-zero code: 1\n    | oops"
-    )
 
 
 def test_a_directory_context_is_streamed_with_fixed_owners(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ steps and the cache, no network, a failing step's log tail in the error."""
 from __future__ import annotations
 
 import base64
+import time
 import uuid
 from pathlib import Path
 
@@ -75,6 +76,23 @@ def test_progress_counts_steps_and_keeps_the_failed_steps_log_tail() -> None:
     assert message.startswith("build failed at step [2/3] RUN make: exit code: 2")
     assert message.endswith("\n    | compiling\n    | the-last-words")
     assert progress.image_id == "sha256:feed"
+
+
+def test_a_long_silent_step_still_says_it_runs() -> None:
+    """A step installing GBs prints nothing for minutes: a timer says it runs, with its last output."""
+    lines: list[str] = []
+    with BuildKitProgress(lines.append, heartbeat=0.2) as progress:
+        progress.event(_event(_vertex("sha256:f", "[1/2] FROM base", cached=True)))
+        progress.event(_event(_vertex("sha256:r", "[2/2] RUN pip install big.whl")))
+        progress.event(_event(_log("sha256:r", b"Installing collected packages: big\n")))
+        time.sleep(0.9)
+        progress.event(_event(_vertex("sha256:r", "[2/2] RUN pip install big.whl", done=True)))
+    beats = [line for line in lines if line.startswith("[2/2] RUN pip install big.whl: still running after ")]
+    assert beats and beats[0].endswith("; last output: Installing collected packages: big")
+    assert [(s.instruction, s.cached) for s in progress.steps] == [
+        ("[1/2] FROM base", True),
+        ("[2/2] RUN pip install big.whl", False),
+    ]
 
 
 @pytest.fixture(scope="module")

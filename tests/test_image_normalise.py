@@ -14,6 +14,7 @@ import docker
 import pytest
 
 from envbuild.engine.client import Engine
+from envbuild.engine.transfer import directory_context
 from envbuild.image.normalise import load_packages_image, normalise, save_added_layers, settled_history
 from tests.lib.baseimage import BaseImage
 
@@ -45,7 +46,25 @@ def build(engine: Engine, tmp_path: Path, base: BaseImage, *, nocache: bool = Fa
         f"FROM {base.tag}\nLABEL {LABEL}\nRUN true\nCOPY files/ /\nENV A=1\n", encoding="utf-8"
     )
     os.utime(context / "Dockerfile", (EPOCH, EPOCH))
-    return engine.build(context, nocache=nocache).image_id
+    return legacy_build(engine, context, nocache=nocache)
+
+
+def legacy_build(engine: Engine, context: Path, *, nocache: bool) -> str:
+    """The engine's legacy builder, through the SDK: an image whose steps keep their parent chain, as a
+    base built locally by `docker build` has (normalise reads that chain; envbuild builds with BuildKit)."""
+    image_id = None
+    for event in engine.api.build(
+        fileobj=directory_context(context).chunks(),
+        custom_context=True,
+        nocache=nocache,
+        rm=True,
+        network_mode="none",
+        decode=True,
+    ):
+        assert "error" not in event, event
+        image_id = (event.get("aux") or {}).get("ID", image_id)
+    assert image_id is not None
+    return str(image_id)
 
 
 def test_the_history_says_which_steps_made_a_layer(engine: Engine, base_image: BaseImage, tmp_path: Path) -> None:
@@ -84,21 +103,22 @@ def test_a_packages_image_is_the_base_a_committed_layer_and_a_layer_of_removals(
     engine: Engine, base_image: BaseImage
 ) -> None:
     etc = engine.run(base_image.tag, ["stat", "-c", "%a %u %g", "/etc"]).stdout.split()
-    container = engine.create(
+    container = engine.client.containers.create(
         base_image.tag,
         [
             "sh",
             "-c",
             "mkdir -p /opt/pk && echo new >/opt/pk/new.txt && touch -h -d @315532800 /opt /opt/pk /opt/pk/new.txt",
         ],
-        {"io.envbuild.lock.name": "canonicaltest"},
+        labels={"io.envbuild.lock.name": "canonicaltest"},
+        network_mode="none",
     )
     try:
-        out = engine.start_and_wait(container, lambda line: None)
-        assert out.exit_code == 0, out.stderr
-        committed = engine.commit(container)
+        container.start()
+        assert container.wait()["StatusCode"] == 0, container.logs()
+        committed = str(container.commit().id)  # one layer on the base, as a packages image has
     finally:
-        engine.remove_container(container, stop_timeout=0)
+        container.remove(force=True)
     report = {
         "remove": ["/etc/issue.net", "/usr/share/doc"],
         "replaced": ["oldthing 0.1"],

@@ -1,9 +1,8 @@
 """The only module that talks to the container engine: the docker SDK against ``DOCKER_HOST``.
 
 Builds use the engine's BuildKit (:meth:`Engine.buildkit_build`: ``POST /build?version=2`` over the
-SDK's connection, the context as the tar body, no session; its trace decoded by :mod:`.buildkit`) or the
-legacy builder (:meth:`Engine.build`, what the SDK's build endpoint runs), with no network; the stream is
-turned into one progress line per step, and a failed step raises :class:`EngineError` with that step's
+SDK's connection, the context as the tar body, no session; its trace decoded by :mod:`.buildkit`), with
+no network; the stream is turned into one progress line per step, and a failed step raises :class:`EngineError` with that step's
 instruction and the tail of its log. The build context is
 streamed to the engine as it is read (a directory, or a :class:`ContextStream` of tar chunks): the SDK
 would first copy a directory into a temporary tar file, a second copy of every package file.
@@ -34,12 +33,10 @@ from envbuild.data.reference import split_reference, split_tag
 from envbuild.engine.buildkit import BuildKitProgress
 from envbuild.engine.transfer import (
     LOG_TAIL,
-    BuildProgress,
     BuildStep,
     ContextStream,
     LayerProgress,
     Meter,
-    directory_context,
 )
 from envbuild.errors import EngineError
 from envbuild.interrupts import deferred_interrupts
@@ -171,51 +168,6 @@ class Engine:
         self.close()
 
     # -- build --------------------------------------------------------------------------------
-
-    def build(
-        self,
-        context: Path | ContextStream,
-        *,
-        nocache: bool = False,
-        progress: Progress = silent,
-        tag: str | None = None,
-        what: str = "the build context",
-    ) -> BuildOutcome:
-        """Build the context's ``Dockerfile`` with the legacy builder, no network for RUN steps; ``tag``
-        is set by the engine when the build succeeds (and only then)."""
-        say = progress
-        stream_context = directory_context(context) if isinstance(context, Path) else context
-        meter = Meter(say, f"sent {what}", stream_context.payload)
-        build = BuildProgress(say)
-        with _engine_errors("build", self.address), build:
-            stream = self.api.build(
-                fileobj=meter.wrap(stream_context.chunks()),
-                custom_context=True,
-                tag=tag,
-                rm=True,
-                forcerm=True,
-                nocache=nocache,
-                pull=False,
-                network_mode="none",
-                decode=True,
-            )
-            try:
-                for event in stream:
-                    if (message := _event_error(event)) is not None:
-                        raise EngineError(build.failure(message.strip()))
-                    build.event(event)
-            finally:
-                close = getattr(stream, "close", None)
-                if close is not None:
-                    close()  # an interrupted client closes the stream: the daemon cancels the build
-            image_id = build.image_id
-            if image_id is None and build.short_id is not None:
-                image_id = self.api.inspect_image(build.short_id)["Id"]
-        if image_id is None:
-            raise EngineError("build: the engine finished without naming the built image")
-        steps = tuple(build.steps)
-        say(f"built {image_id[:19]}: {len(steps)} steps, {sum(s.cached for s in steps)} from the layer cache")
-        return BuildOutcome(image_id, steps)
 
     def buildkit_build(
         self,
@@ -475,14 +427,6 @@ class Engine:
 
     # A container to install into and commit (the packages image): create, copy files in, run, commit.
 
-    def create(self, image: str, command: list[str], labels: dict[str, str], name: str | None = None) -> str:
-        """A stopped container of ``image`` that will run ``command`` with no network; its ID. ``name``:
-        what ``docker ps`` shows (the engine picks one when None)."""
-        with _engine_errors(f"create a container of {_short(image)}", self.address):
-            config = self.api.create_host_config(network_mode="none")
-            created = self.api.create_container(image, command, labels=labels, host_config=config, name=name)
-            return str(created["Id"])
-
     def read_file(self, image: str, path: str, limit: int = 1 << 24) -> bytes:
         """The bytes of one regular file of ``image``, through a container that is created, never
         started, and removed: no layer is read but the file's."""
@@ -503,33 +447,6 @@ class Engine:
             if extracted is None or member is None or member.size > limit:
                 raise EngineError(f"{path} of {_short(image)} is not a regular file of at most {limit} bytes")
             return extracted.read()
-
-    def put_archive(self, container: str, path: str, chunks: Iterable[bytes]) -> None:
-        """Unpack a tar stream into ``path`` of the container (the engine reads it as it comes)."""
-        with _engine_errors(f"copy files into container {container[:12]}", self.address):
-            if not self.api.put_archive(container, path, chunks):
-                raise EngineError(f"copy files into container {container[:12]}: the engine refused the archive")
-
-    def start_and_wait(self, container: str, on_line: Callable[[str], None]) -> RunOutput:
-        """Start the container, pass each line of its stderr to ``on_line`` as it comes, wait for it;
-        its stdout is returned whole."""
-        with _engine_errors(f"run container {container[:12]}", self.address):
-            self.api.start(container)
-            pending = b""
-            for chunk in self.api.logs(container, stdout=False, stderr=True, stream=True, follow=True):
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                for line in lines:
-                    on_line(line.decode("utf-8", "replace"))
-            status = self.api.wait(container, timeout=TIMEOUT)
-            out = self.api.logs(container, stdout=True, stderr=False).decode("utf-8", "replace")
-            err = self.api.logs(container, stdout=False, stderr=True).decode("utf-8", "replace")
-        return RunOutput(int(status.get("StatusCode", -1)), out, err)
-
-    def commit(self, container: str) -> str:
-        """The container's file system changes as one new layer on its image: the new image's ID."""
-        with _engine_errors(f"commit container {container[:12]}", self.address):
-            return str(self.api.commit(container)["Id"])
 
     def run_job(self, spec: JobSpec, on_output: Callable[[str], None]) -> tuple[int | None, bool]:
         """Run a long job: stream its output to ``on_output`` until it ends; on Ctrl-C stop the container

@@ -4,12 +4,9 @@ temporary tar); a push's per-layer events turned into a few lines. Used by :mod:
 
 from __future__ import annotations
 
-import re
 import stat
 import tarfile
-import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,10 +17,6 @@ from envbuild.progress import Progress
 REPORT_EVERY = 5.0  # seconds between two progress lines of one long transfer
 STEP_HEARTBEAT = 30.0  # seconds a build step runs before its progress says it still does, and between two such lines
 LOG_TAIL = 20
-_STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-# The builder's own chatter, not the step's output.
-_NOISE = re.compile(r"^(---> |Removing intermediate container |Successfully )")
 
 
 def human_bytes(count: float) -> str:
@@ -74,7 +67,7 @@ class ContextStream:
 
 def directory_context(root: Path) -> ContextStream:
     """A directory as a build context: every entry under it, sorted, with its own mode and mtime,
-    owner 0:0 and no owner names (what the legacy builder's COPY keeps of a header is mode and mtime)."""
+    owner 0:0 and no owner names."""
     entries = sorted(p for p in root.rglob("*"))
     payload = sum(p.lstat().st_size for p in entries if p.is_file() and not p.is_symlink())
 
@@ -178,126 +171,3 @@ class BuildStep:
     instruction: str
     cached: bool
     seconds: float
-
-
-class BuildProgress:
-    """The legacy builder's stream as steps and lines: one line per step, and while a step runs long
-    (installing GBs of packages; committing a layer of GBs, during which the engine sends nothing) a line
-    every :data:`STEP_HEARTBEAT` seconds from a timer thread, with the step's last output. Use as a
-    context manager around reading the stream."""
-
-    def __init__(self, say: Progress, heartbeat: float = STEP_HEARTBEAT) -> None:
-        self.say, self.heartbeat = say, heartbeat
-        self.steps: list[BuildStep] = []
-        self.log: deque[str] = deque(maxlen=LOG_TAIL)
-        self.image_id: str | None = None
-        self.short_id: str | None = None
-        self._current: dict[str, Any] | None = None
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name="envbuild-build-progress", daemon=True)
-
-    def __enter__(self) -> BuildProgress:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        with self._lock:
-            self._finish(time.monotonic())
-
-    def _beat(self) -> None:
-        while not self._stop.wait(min(self.heartbeat, 5.0)):
-            with self._lock:
-                current, now = self._current, time.monotonic()
-                if current is None or now - current["said"] < self.heartbeat:
-                    continue
-                current["said"] = now
-                last = f"; last output: {self.log[-1].strip()[:80]}" if self.log else ""
-                self.say(
-                    f"step {current['number']}/{current['total']}: still running after {now - current['start']:.0f} s{last}"
-                )
-
-    def _finish(self, now: float) -> None:
-        current = self._current
-        if current is not None:
-            seconds = round(now - current["start"], 3)
-            self.steps.append(
-                BuildStep(current["number"], current["total"], current["instruction"], current["cached"], seconds)
-            )
-            self._current = None
-
-    def event(self, event: dict[str, Any]) -> None:
-        if "aux" in event and isinstance(event["aux"], dict) and "ID" in event["aux"]:
-            self.image_id = event["aux"]["ID"]
-        for line in _ANSI.sub("", str(event.get("stream", ""))).splitlines():
-            with self._lock:
-                self._line(line)
-
-    def _line(self, line: str) -> None:
-        if match := _STEP.match(line.strip()):
-            now = time.monotonic()
-            self._finish(now)
-            # FROM builds nothing: it counts as answered from what the engine holds.
-            self._current = {
-                "number": int(match[1]),
-                "total": int(match[2]),
-                "instruction": match[3],
-                "cached": match[3].upper().startswith("FROM "),
-                "start": now,
-                "said": now,
-            }
-            self.log.clear()
-            self.say(f"step {match[1]}/{match[2]}: {match[3][:100]}")
-        elif line.strip() == "---> Using cache" and self._current is not None:
-            self._current["cached"] = True
-        elif line.startswith("Successfully built "):
-            self.short_id = line.split()[-1]
-        elif line.strip() and not _NOISE.match(line.strip()):
-            self.log.append(line.rstrip())
-
-    def failure(self, message: str) -> str:
-        """The one-line error of a failed build: the step, the engine's message, the step's log tail."""
-        with self._lock:
-            current = self._current
-            where = (
-                f"step {current['number']}/{current['total']} ({current['instruction'][:120]})"
-                if current
-                else "before the first step"
-            )
-            tail = "".join(f"\n    | {line}" for line in self.log)
-        return f"build failed at {where}: {message}{tail}"
-
-
-class Heartbeat:
-    """While a long, mostly silent operation runs (a package install, committing a layer of GBs), a line
-    every ``every`` seconds that it still runs, with its last output. A context manager."""
-
-    def __init__(self, say: Progress, what: str, every: float = STEP_HEARTBEAT) -> None:
-        self.say, self.what, self.every = say, what, every
-        self.last = ""
-        self._start = self._said = time.monotonic()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name="envbuild-heartbeat", daemon=True)
-
-    def output(self, line: str) -> None:
-        if line.strip():
-            self.last = line.strip()
-
-    def __enter__(self) -> Heartbeat:
-        self._start = self._said = time.monotonic()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _beat(self) -> None:
-        while not self._stop.wait(min(self.every, 5.0)):
-            now = time.monotonic()
-            if now - self._said >= self.every:
-                self._said = now
-                last = f"; last output: {self.last[:80]}" if self.last else ""
-                self.say(f"{self.what}: still running after {now - self._start:.0f} s{last}")

@@ -7,8 +7,7 @@ file; :mod:`envbuild.fetch`) → plan (pure) → assemble the context from the c
 tree checked before anything is installed) → the base image on the engine, pulled for the lock's
 platform and refused when it is another's (:mod:`.base`) → the packages image (:mod:`.packages_image`: built
 by BuildKit with the package files bind-mounted, in no layer; or reused) → the image on it, BuildKit, no
-network, sending the sources alone (:mod:`.stream`; ``ENVBUILD_BUILDER=legacy``: both on the legacy
-builder, the packages in a committed container) → normalise the config (:mod:`.normalise`: the layers are the same bytes
+network, sending the sources alone (:mod:`.stream`) → normalise the config (:mod:`.normalise`: the layers are the same bytes
 on every build, so only the config is rewritten and loaded; the ID must be the computed one) → the
 in-image check (a mismatch removes the image, no tag is set) → tag, push → write the record → tidy the
 engine (:mod:`.retention`).
@@ -35,7 +34,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,19 +47,13 @@ from envbuild.fetch import Inputs, exporter_for, fetch_inputs, newest_commit_dat
 from envbuild.image.assemble import BuildContext, assemble_context
 from envbuild.image.base import ensure_base
 from envbuild.image.buildcache import context_dir, lock_name_held, read_map, remember
-from envbuild.image.built import BuiltImage, write_built
+from envbuild.image.built import BUILDER, BuiltImage, write_built
 from envbuild.image.inimage_verdict import compare_inimage, inimage_command
 from envbuild.image.normalise import normalise
-from envbuild.image.packages_image import ensure_packages_image, ensure_packages_image_buildkit
+from envbuild.image.packages_image import ensure_packages_image
 from envbuild.image.plan import ContextPlan, plan_context
 from envbuild.image.rebuild import answer_from_record, built_before
-from envbuild.image.render import (
-    BUILDERS,
-    base_reference,
-    render_buildkit_image_dockerfile,
-    render_dockerfile,
-    render_image_dockerfile,
-)
+from envbuild.image.render import base_reference, render_buildkit_image_dockerfile, render_dockerfile
 from envbuild.image.result import BuildResult, default_tag, write_record
 from envbuild.image.retention import (
     RAW_REPOSITORY,
@@ -70,7 +62,7 @@ from envbuild.image.retention import (
     keep_only,
     raw_reference,
 )
-from envbuild.image.stream import buildkit_context, image_context
+from envbuild.image.stream import buildkit_context
 from envbuild.index.filecache import FileCache
 from envbuild.interrupts import sigterm_interrupts
 from envbuild.lock.io import LockFile
@@ -86,14 +78,6 @@ class BuildRefused(EnvbuildError):
     """The lock fails verify: nothing was fetched or built."""
 
 
-def default_builder() -> str:
-    """``buildkit`` (the engine's own, docker >= 20.10), or ``legacy`` when ``ENVBUILD_BUILDER`` says so."""
-    chosen = os.environ.get("ENVBUILD_BUILDER", "buildkit")
-    if chosen not in BUILDERS:
-        raise InputError(f"ENVBUILD_BUILDER={chosen!r}: expected one of {', '.join(BUILDERS)}")
-    return chosen
-
-
 @dataclass(frozen=True)
 class ImageOptions:
     """How to verify and fetch (the options of `lock verify`), and what to make of the image."""
@@ -103,7 +87,6 @@ class ImageOptions:
     push: bool = False
     no_cache: bool = False
     record_dir: Path | None = None
-    builder: str = dataclasses.field(default_factory=default_builder)
 
     @property
     def source(self) -> SourceOptions:
@@ -174,12 +157,12 @@ def dry_run(read: LockFile, options: ImageOptions, progress: Progress = silent) 
             epoch = 0
     renderable = dataclasses.replace(lock, packages=tuple(p for p in lock.packages if p.files))
     plan = plan_context(renderable, lock_sha256=read.sha256, epoch=epoch, allow_unpinned=True)
-    return plan, render_dockerfile(plan, options.builder)
+    return plan, render_dockerfile(plan)
 
 
-def plan_json(plan: ContextPlan, builder: str | None = None) -> dict[str, Any]:
+def plan_json(plan: ContextPlan) -> dict[str, Any]:
     """``envbuild image --dry-run --json``: the plan and the Dockerfile it renders to."""
-    return {**plan.to_json(), "dockerfile": render_dockerfile(plan, builder or default_builder())}
+    return {**plan.to_json(), "dockerfile": render_dockerfile(plan)}
 
 
 # --- the build -----------------------------------------------------------------------------------
@@ -199,7 +182,7 @@ def build_image(
     from the same value: one lock verified, fetched and built)."""
     say = progress
     check_tags(options.tags)
-    before = None if options.no_cache else built_before(read, options.builder, options.cache_dir)
+    before = None if options.no_cache else built_before(read, options.cache_dir)
     report = verified or verify_for_build(read.lock, str(read.path), options.verify, progress, inputs=before is None)
     require_verified(read, options.verify, progress, report)
     require_buildable(read.lock, str(read.path))  # every source's build requirements, before the engine starts
@@ -231,7 +214,7 @@ def build_image(
             say(f"assembling the build context: {len(plan.sources)} sources, {len(plan.files)} package files")
             context = assemble_context(
                 plan,
-                render_dockerfile(plan, options.builder),
+                render_dockerfile(plan),
                 work / "context",
                 export_source=exporter,
                 file_for=lambda package, file: _cached(files, file.sha256),
@@ -264,18 +247,11 @@ class _Assembled:
 def _build(build: _Assembled) -> BuildResult:
     plan, context, options, engine, say = build.plan, build.context, build.options, build.engine, build.say
     ensure_base(engine, plan, say)
-    ensure = ensure_packages_image_buildkit if options.builder == "buildkit" else ensure_packages_image
-    packages = ensure(engine, context, no_cache=options.no_cache, say=say) if plan.files else None
+    packages = ensure_packages_image(engine, context, no_cache=options.no_cache, say=say) if plan.files else None
     raw_tag = raw_reference(plan.lock_name, plan.lock_sha256)
-    how = f"no network{', no cache' if options.no_cache else ''}"
-    if options.builder == "buildkit":
-        stream = buildkit_context(context, render_buildkit_image_dockerfile(plan))
-        say(f"building {plan.lock_name} (BuildKit, {how})")
-        outcome = engine.buildkit_build(stream, nocache=options.no_cache, progress=say, tag=raw_tag, what="the sources")
-    else:
-        stream = image_context(context, render_image_dockerfile(plan))
-        say(f"building {plan.lock_name} (legacy builder, {how})")
-        outcome = engine.build(stream, nocache=options.no_cache, progress=say, tag=raw_tag, what="the sources")
+    stream = buildkit_context(context, render_buildkit_image_dockerfile(plan))
+    say(f"building {plan.lock_name} (BuildKit, no network{', no cache' if options.no_cache else ''})")
+    outcome = engine.buildkit_build(stream, nocache=options.no_cache, progress=say, tag=raw_tag, what="the sources")
 
     known = read_map(options.cache_dir).get(outcome.image_id)
     image = engine.inspect(known["image_id"]) if known and known.get("lock_sha256") == plan.lock_sha256 else None
@@ -327,7 +303,7 @@ def _build(build: _Assembled) -> BuildResult:
         options.cache_dir,
         BuiltImage(
             lock_sha256=plan.lock_sha256,
-            builder=options.builder,
+            builder=BUILDER,
             base_digest=plan.base_digest,
             image_id=image_id,
             raw_image_id=outcome.image_id,
@@ -338,9 +314,8 @@ def _build(build: _Assembled) -> BuildResult:
         ),
     )
     keep_only(engine, plan.lock_name, {raw_tag} | ({packages.reference} if packages else set()), say)
-    if options.builder == "buildkit":
-        built, base = engine.inspect(image_id) or {}, engine.inspect(base_reference(plan)) or {}
-        bound_build_cache(engine, build_cache_bound(int(built.get("Size") or 0), int(base.get("Size") or 0)), say)
+    built, base = engine.inspect(image_id) or {}, engine.inspect(base_reference(plan)) or {}
+    bound_build_cache(engine, build_cache_bound(int(built.get("Size") or 0), int(base.get("Size") or 0)), say)
     return BuildResult(
         image_id=image_id,
         tags=build.tags,

@@ -23,6 +23,9 @@ from envbuild.fileio import write_atomic
 FORMAT = 1
 # A new envbuild may render, normalise or check differently: its rebuild does not trust an older record.
 BUILD_VERSION = f"{__version__}/{FORMAT}"
+# The one builder: the engine's own BuildKit (docker >= 20.10), through the Engine API; recorded, so that
+# a record another builder made (the legacy builder, since removed) is never taken for this one's.
+BUILDER = "buildkit"
 
 
 @dataclass(frozen=True)

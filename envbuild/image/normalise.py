@@ -2,8 +2,8 @@
 
 The build's layers are already the same bytes on every build (:mod:`.render`), so the normalised image
 shares every layer with the raw one: :func:`normalise` reads what the engine says about the raw image
-(``inspect``; its history; the parent chain the legacy builder keeps, which tells which entries made a
-layer), composes the canonical config (:mod:`.normalised_config`) and loads it with a manifest that names the
+(``inspect``; its history; where a base was built locally by the legacy builder, its parent chain,
+which tells which entries made a layer), composes the canonical config (:mod:`.normalised_config`) and loads it with a manifest that names the
 layers without carrying them. Its cost does not grow with the base: no ``docker save``, no layer read or
 written, no second copy of any layer in the engine.
 

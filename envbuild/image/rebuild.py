@@ -14,7 +14,7 @@ from pathlib import Path
 from envbuild.engine.client import Engine
 from envbuild.errors import EnvbuildError
 from envbuild.image.buildcache import lock_name_held, remove_abandoned
-from envbuild.image.built import BuiltImage, read_built
+from envbuild.image.built import BUILDER, BuiltImage, read_built
 from envbuild.image.plan import ContextPlan, plan_context
 from envbuild.image.render import render_dockerfile
 from envbuild.image.result import BuildResult, default_tag, write_record
@@ -22,12 +22,12 @@ from envbuild.lock.io import LockFile
 from envbuild.progress import Progress
 
 
-def built_before(read: LockFile, builder: str, cache_dir: Path) -> tuple[BuiltImage, ContextPlan] | None:
+def built_before(read: LockFile, cache_dir: Path) -> tuple[BuiltImage, ContextPlan] | None:
     """The cache's record of this lock built and checked, with the plan it was built from, when the
     record still describes what this build would make: the same builder, base digest and Dockerfile."""
     built = read_built(cache_dir, read.sha256)
     base = read.lock.base_image
-    if built is None or built.builder != builder or built.base_digest != (base.digest if base else None):
+    if built is None or built.builder != BUILDER or built.base_digest != (base.digest if base else None):
         return None
     if read.lock.source_date_epoch is not None and read.lock.source_date_epoch != built.epoch:
         return None
@@ -35,7 +35,7 @@ def built_before(read: LockFile, builder: str, cache_dir: Path) -> tuple[BuiltIm
         plan = plan_context(read.lock, lock_sha256=read.sha256, epoch=built.epoch)
     except EnvbuildError:
         return None  # the build proper says what is wrong with the lock
-    dockerfile = render_dockerfile(plan, builder)
+    dockerfile = render_dockerfile(plan)
     if hashlib.sha256(dockerfile.encode()).hexdigest() != built.dockerfile_sha256:
         return None  # another rendering: built again
     return built, plan

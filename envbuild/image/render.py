@@ -1,6 +1,4 @@
-"""What a build runs, as text: pure functions of the :class:`ContextPlan`.
-
-On BuildKit (the default):
+"""What a build runs, as text: pure functions of the :class:`ContextPlan`. The engine's BuildKit runs:
 
 1. the packages image, ``envbuild-pkg/<lock name>:<packages key>`` (``Dockerfile.packages.in``,
    ``tools.sh.in``, ``packages.buildkit.sh.in``, ``stage_packages.py.in``): the tools layer, then the
@@ -9,9 +7,6 @@ On BuildKit (the default):
    their hashes, the scripts);
 2. the image (``Dockerfile.buildkit.in``) on it: one ``RUN`` per source (bind-mounted, copied, timed,
    installed, clamped), then the metadata.
-
-On the legacy builder: 1. in a container (``packages.sh.in``), committed; 2. ``Dockerfile.in``, a ``COPY``
-(+ ``RUN``) per source.
 
 The text comes from templates under ``images/`` with ``{{name}}`` placeholders; every value put in is
 either validated by the lock model (names, SHAs, digests, versions) or shell-quoted (the ``install.env``
@@ -48,17 +43,11 @@ CLAMP = f"{IMAGE_ROOT}/bin/clamp-mtimes"
 MOUNT_POINT = f"{IMAGE_ROOT}/mnt"
 PYCACHE = f"{IMAGE_ROOT}/pycache"
 PYCACHE_MOUNT = f"--mount=type=cache,target={PYCACHE},id=envbuild-pycache,sharing=locked"
-BUILDERS = ("buildkit", "legacy")
 PACKAGES_REPORT = f"{IMAGE_META}/packages-report.json"  # BuildKit: what the packages step says it replaced
 # The mtime of every file the packages layer holds (1980-01-01, the earliest a wheel's zip can record).
 # Fixed rather than the build's epoch: with the default epoch (the newest pinned commit's date), moving
 # a source pin may move the epoch, and that must not reinstall every package.
 PACKAGES_EPOCH = 315532800
-# Only what this build itself may leave behind; base-image paths are never touched (a deletion would
-# add a whiteout, i.e. modify the base).
-CLEANUP = (
-    "rm -rf /tmp/envbuild-* /root/.cache/pip && find /opt/envbuild -depth -name __pycache__ -type d -exec rm -rf {} +"
-)
 _PLACEHOLDER = re.compile(r"\{\{([a-z0-9_]+)\}\}")
 
 
@@ -114,27 +103,16 @@ def platform_check_shell(plan: ContextPlan) -> str:
 # --- 1.: the packages ----------------------------------------------------------------------------
 
 
-def render_packages_script(plan: ContextPlan) -> str:
-    """The shell script the packages container runs (``sh -c SCRIPT envbuild-packages SINCE``)."""
-    return fill(
-        load_template("packages.sh.in"),
-        {"packages_epoch": str(PACKAGES_EPOCH), "platform_check": platform_check_shell(plan)},
-    )
-
-
-def packages_key(plan: ContextPlan, builder: str = "buildkit") -> str:
+def packages_key(plan: ContextPlan) -> str:
     """Everything the packages image is made of: the builder, the base by digest, the requirements (each
     file's sha256) and the scripts; equal keys give equal packages layers."""
     digest = hashlib.sha256()
-    scripts = (
-        (render_buildkit_packages_script(plan), render_packages_dockerfile(plan), render_tools_script())
-        if builder == "buildkit"
-        else (render_packages_script(plan),)
-    )
     for part in (
-        builder,
+        "buildkit",  # the builder (once one of two; kept so that packages images made before stay valid)
         base_reference(plan),
-        *scripts,
+        render_buildkit_packages_script(plan),
+        render_packages_dockerfile(plan),
+        render_tools_script(),
         load_template("stage_packages.py.in"),
         load_template("clamp-mtimes.sh.in"),
         plan.requirements,
@@ -143,8 +121,8 @@ def packages_key(plan: ContextPlan, builder: str = "buildkit") -> str:
     return digest.hexdigest()
 
 
-def packages_reference(plan: ContextPlan, builder: str = "buildkit") -> str:
-    return f"{PACKAGES_REPOSITORY}/{plan.lock_name}:{packages_key(plan, builder)[:16]}"
+def packages_reference(plan: ContextPlan) -> str:
+    return f"{PACKAGES_REPOSITORY}/{plan.lock_name}:{packages_key(plan)[:16]}"
 
 
 # --- 2.: the image ------------------------------------------------------------------------------
@@ -154,90 +132,27 @@ def _env_prefix(source: SourcePlan) -> str:
     return "".join(f"{key}={shlex.quote(value)} " for key, value in source.env)
 
 
-def render_source(source: SourcePlan, epoch: int) -> str:
-    lines = [
-        f"# {source.name}: {source.ref_type} {source.ref} at {source.commit} ({source.mode})",
-        f"COPY {source.context_path}/ /",
-    ]
-    env = _env_prefix(source)
-    # `since` is taken as the step starts: clamp-mtimes sets whatever changed after it to the epoch.
-    start = "RUN since=$(($(date +%s) - 1)) \\\n && "
-    end = f' \\\n && {CLEANUP} \\\n && {CLAMP} {epoch} "$since"'
-    if source.mode == "editable":
-        lines.append(
-            f"{start}{env}{PIP} install --no-build-isolation --no-deps --no-index --no-compile \\\n"
-            f"      -e {source.image_path}{end}"
-        )
-    elif source.mode == "wheel":
-        out = f"/tmp/envbuild-wheel-{source.name}"
-        lines.append(
-            f"{start}{env}{PIP} wheel --no-build-isolation --no-deps --no-index -w {out} {source.image_path} \\\n"
-            f" && {PIP} install --no-index --no-deps --no-compile {out}/*.whl{end}"
-        )
-    elif source.mode != "none":
-        raise ValueError(f"unknown install mode {source.mode!r}")
-    return "\n".join(lines)
-
-
 def render_labels(plan: ContextPlan) -> str:
     labels = [(LOCK_NAME_LABEL, plan.lock_name), (LOCK_LABEL, plan.lock_sha256)]
     labels += [(source_commit_label(s.name), s.commit) for s in plan.sources]
     return " \\\n      ".join(f'"{key}"="{value}"' for key, value in labels)
 
 
-def render_image_dockerfile(plan: ContextPlan) -> str:
-    """The last Dockerfile: on the packages image (on the base, with the platform check, when the lock
-    has no packages)."""
-    packages = bool(plan.files)
-    return fill(
-        load_template("Dockerfile.in"),
-        {
-            "lock_name": plan.lock_name,
-            "lock_sha256": plan.lock_sha256,
-            "from": packages_reference(plan, "legacy") if packages else base_reference(plan),
-            "platform_check": render_platform_check(plan),
-            "epoch": str(plan.epoch),
-            "sources": "\n".join(render_source(s, plan.epoch) for s in plan.sources) or "# no sources in the lock",
-            "labels": render_labels(plan),
-        },
-    )
-
-
-def render_dockerfile(plan: ContextPlan, builder: str = "buildkit") -> str:
+def render_dockerfile(plan: ContextPlan) -> str:
     """What a build of the plan runs, in order; ``envbuild image --dry-run`` prints exactly this, and
-    the build record hashes it. On BuildKit: the packages image's Dockerfile and its script (in
-    comments), then the image's. On the legacy builder the packages step is not a Dockerfile; it is shown
-    as the two lines a Dockerfile would need (in comments), then the script."""
-    if builder == "buildkit":
-        if not plan.files:
-            return render_buildkit_image_dockerfile(plan)
-        script = render_buildkit_packages_script(plan)
-        return "\n".join(
-            [
-                f"# ---- 1 of 2: the packages image, {packages_reference(plan)} ----",
-                render_packages_dockerfile(plan).rstrip("\n"),
-                f"# {MOUNT_POINT}/packages.sh (the package files beside it: requirements.txt, wheels/):",
-                "\n".join(f"#     {line}" if line else "#" for line in script.splitlines()),
-                "# ---- 2 of 2: the image ----",
-                render_buildkit_image_dockerfile(plan),
-            ]
-        )
-    image = render_image_dockerfile(plan)
+    the build record hashes it: the packages image's Dockerfile and its script (in comments), then the
+    image's."""
     if not plan.files:
-        return image
-    script = "\n".join(f"#     {line}" if line else "#" for line in render_packages_script(plan).splitlines())
+        return render_buildkit_image_dockerfile(plan)
+    script = render_buildkit_packages_script(plan)
     return "\n".join(
         [
-            f"# ---- 1 of 2: the packages image, {packages_reference(plan, 'legacy')} ----",
-            "# Made in a container, not by the builder, so that no package file lands in a layer: the package",
-            "# files (envbuild/requirements.txt, wheels/) are copied into /tmp/envbuild-packages of a container",
-            "# of the base, the script below installs them and removes them, and the container is committed.",
-            "# As a Dockerfile it would read (with the package files in no layer):",
-            f"#   FROM {base_reference(plan)}",
-            "#   RUN sh -c SCRIPT envbuild-packages SINCE",
-            script,
+            f"# ---- 1 of 2: the packages image, {packages_reference(plan)} ----",
+            render_packages_dockerfile(plan).rstrip("\n"),
+            f"# {MOUNT_POINT}/packages.sh (the package files beside it: requirements.txt, wheels/):",
+            "\n".join(f"#     {line}" if line else "#" for line in script.splitlines()),
             "# ---- 2 of 2: the image ----",
-            image,
+            render_buildkit_image_dockerfile(plan),
         ]
     )
 

@@ -2,8 +2,8 @@
 
 Per lock name, after a build:
 
-- ``envbuild-raw/<lock name>:<sha12>``: the newest raw image (its parent chain is the legacy builder's
-  layer cache); raw tags of other versions of the lock go;
+- ``envbuild-raw/<lock name>:<sha12>``: the newest raw image (it keeps BuildKit's result, and so the
+  layers the next build shares); raw tags of other versions of the lock go;
 - ``envbuild-pkg/<lock name>:<packages key>``: the newest packages image; others go;
 - every untagged leaf image carrying the lock's name label goes, with its untagged parents: superseded
   raw images (a ``--no-cache`` build makes a new one each time), images that failed the in-image check,

@@ -1,21 +1,15 @@
-"""What the engine receives, streamed from an assembled context directory (:mod:`.assemble`); each step
-gets only what it reads (:mod:`.render`):
+"""What the engine's BuildKit receives, streamed from an assembled context directory (:mod:`.assemble`);
+each build gets only what it reads (:mod:`.render`):
 
-- the packages container: ``envbuild-packages/`` with ``wheels/<file>``, ``requirements.txt``,
-  ``stage_packages.py`` and ``clamp-mtimes`` (copied into its ``/tmp``, removed before it is committed);
-- the image's build: ``Dockerfile``; ``tools/opt/envbuild/bin/clamp-mtimes``; each source as
-  ``src/<name>/opt/envbuild/src/<name>/...``; ``meta/opt/envbuild/meta/`` (manifest, in-image probe,
-  requirements).
+- the packages image's build (:func:`packages_context`): ``Dockerfile``, ``tools/`` and ``packages/``
+  (``wheels/<file>``, ``requirements.txt``, ``stage_packages.py``, ``packages.sh``), which its install
+  step bind-mounts: no package file reaches a layer;
+- the image's build (:func:`buildkit_context`): ``Dockerfile``, ``tools/``, each source's tree as
+  ``src/<name>/`` and ``meta/`` (manifest, in-image probe, requirements).
 
-Everything the image's ``COPY`` instructions read is laid out from ``/``, with every directory on the way
-in the tar, so a ``COPY src/<name>/ /`` creates no directory itself (the engine would give it the
-clock's time) and its layer is the same bytes on every build. Headers carry a fixed mode and mtime
-(the assembled directory's), owner 0:0 and no owner names. Nothing is written to disk: the tar is made
-as the engine reads it.
-
-A ``COPY``'s cache key does not include mtimes (the engine's tarsum leaves them out): whatever mtime a
-``COPY`` gives depends only on what comes before it in the Dockerfile (the tools: the packages epoch;
-sources and metadata: ``SOURCE_DATE_EPOCH``, set by an ``ENV`` before them).
+Headers carry a fixed mode and mtime, owner 0:0 and no owner names; every RUN that reads them sets the
+times of what it writes itself, so no mtime here reaches a layer (BuildKit's cache keys leave them out
+too). Nothing is written to disk: the tar is made as the engine reads it.
 """
 
 from __future__ import annotations
@@ -31,9 +25,7 @@ from pathlib import Path, PurePosixPath
 from envbuild.engine.client import ContextStream
 from envbuild.engine.transfer import TarSink
 from envbuild.image.assemble import BuildContext
-from envbuild.image.plan import IMAGE_META
 from envbuild.image.render import (
-    CLAMP,
     PACKAGES_EPOCH,
     load_template,
     render_buildkit_packages_script,
@@ -145,34 +137,6 @@ def stream(entries: list[Entry]) -> ContextStream:
         yield from sink.drain()
 
     return ContextStream(chunks, sum(e.size for e in ordered))
-
-
-def packages_archive(context: BuildContext) -> ContextStream:
-    """The packages container's files, as ``envbuild-packages/...`` (for ``/tmp``)."""
-    epoch, top = PACKAGES_EPOCH, "envbuild-packages"
-    entries = [_file(f"{top}/wheels/{p.name}", p, 0o444, epoch) for p in sorted((context.path / "wheels").iterdir())]
-    entries += [
-        _file(f"{top}/requirements.txt", context.path / "envbuild" / "requirements.txt", 0o644, epoch),
-        _data(f"{top}/stage_packages.py", load_template("stage_packages.py.in").encode(), 0o644, epoch),
-        _data(f"{top}/clamp-mtimes", load_template("clamp-mtimes.sh.in").encode(), 0o755, epoch),
-    ]
-    return stream(entries)
-
-
-def image_context(context: BuildContext, dockerfile: str) -> ContextStream:
-    """The image: the tools, every source from ``/`` and the metadata (see the module docstring)."""
-    plan, epoch = context.plan, context.plan.epoch
-    entries = [
-        _data("Dockerfile", dockerfile.encode(), 0o644, epoch),
-        # Before ENV SOURCE_DATE_EPOCH in the Dockerfile: its mtime must not depend on the epoch.
-        _data(f"tools{CLAMP}", load_template("clamp-mtimes.sh.in").encode(), 0o755, PACKAGES_EPOCH),
-    ]
-    for source in plan.sources:  # the directories above each tree are added by stream(), at the epoch
-        entries += _tree(context.path / source.context_path, f"{source.context_path}{source.image_path}")
-    meta = context.path / "envbuild"
-    for name in ("inimage_probe.py", "treehash.py", "manifest.json", "requirements.txt"):
-        entries.append(_file(f"meta{IMAGE_META}/{name}", meta / name, 0o644, epoch))
-    return stream(entries)
 
 
 def buildkit_context(context: BuildContext, dockerfile: str) -> ContextStream:
