@@ -20,7 +20,7 @@ from typing import Any
 
 from envbuild.errors import EnvbuildError
 from envrun.checkpoint.audit import audit_checkpoint
-from envrun.checkpoint.expected import NameSource
+from envrun.checkpoint.expected import NameSource, asked_once
 from envrun.checkpoint.modelnames import ModelNamesError
 from envrun.probe.report import ExportLayout
 
@@ -124,6 +124,7 @@ def search_here(layout: ExportLayout, names: NameSource | None = None) -> Export
     if not root.is_dir():
         return ExportSearch("this host", False, ())
     found = sorted(p for p in root.glob(layout.pattern) if p.is_dir())  # the root's own name is no pattern
+    names = None if names is None else asked_once(names)  # one model build for every step's export
     return ExportSearch("this host", True, tuple(audit_export(p, names) for p in found))
 
 

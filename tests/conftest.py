@@ -18,7 +18,8 @@ one without its marker fails, because the marker is what lets ``-m "not docker"`
 Under pytest-xdist (``scripts/test`` runs two workers, ``--dist loadgroup``), a test marked ``docker``,
 ``registry`` or ``ray`` runs in its module's *lane* (an xdist group, :func:`lane_of`): a lane's tests run on
 one worker, one at a time, so a module's fixtures are set up once and its tests, which reuse their lock
-names and images, never meet; two lanes run side by side. Lanes share one dockerd and one registry, so
+names and images, never meet; two lanes run side by side. A module whose module-scoped fixtures are costly
+(:data:`TOGETHER`) has all its tests in its lane, service-backed or not, so each fixture is made once. Lanes share one dockerd and one registry, so
 what keeps them apart is in the names: envbuild tidies the engine per lock name (``keep_only``,
 ``prune_dangling``), and modules that build under one lock name, or start Ray clusters on the machine's
 ports, share a lane (:data:`LANES`). A test that asserts what the *whole* engine holds (its disk, every
@@ -75,10 +76,25 @@ LANES = {
 }
 
 
+# Modules whose module-scoped fixtures cost seconds each (a probe of verl, a model built and saved by the
+# real transformers): every test of theirs runs on one worker, in the module's lane if it has one, so each
+# fixture is made once per run — spread over two workers, xdist made each on both (measured: the probe
+# test's ``saving`` 13 + 16 s, the architectures' ``answers`` 10.6 + 10.8 s).
+TOGETHER = ("test_probe", "test_auditnames", "test_checkpoint_architectures", "test_checkpoint_real")
+
+
 def lane_of(item: pytest.Item) -> str:
     """The xdist group of a service test: its module's lane."""
     module = Path(str(item.fspath)).stem
     return f"{SERVICES_GROUP}-{LANES.get(module, module)}"
+
+
+def group_of(item: pytest.Item) -> str | None:
+    """The xdist group of any test: a service test's lane, every test of a :data:`TOGETHER` module in its
+    module's lane too; None for the rest, which xdist spreads."""
+    if _is_service_test(item) or Path(str(item.fspath)).stem in TOGETHER:
+        return lane_of(item)
+    return None
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -103,8 +119,9 @@ def _is_service_test(item: pytest.Item) -> bool:
 
 def pytest_itemcollected(item: pytest.Item) -> None:
     # At collection, before any pytest_collection_modifyitems: xdist's reads the groups into the test IDs.
-    if _is_service_test(item):
-        item.add_marker(pytest.mark.xdist_group(lane_of(item)))
+    group = group_of(item)
+    if group is not None:
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 _CLAIMED = "ENVBUILD_TEST_ENGINE_CLAIMED"

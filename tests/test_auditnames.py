@@ -56,13 +56,15 @@ def lost_indexer_norm(checkpoint: Path, where: Path) -> Path:
     return where
 
 
-def bin_with_python(tmp_path: Path, python: Path) -> str:
+def bin_with_python(tmp_path: Path, python: Path, log: Path | None = None) -> str:
     """A PATH on which ``python3`` runs ``python`` (the job's interpreter as its own PATH finds it; a
-    wrapper, not a symlink, so that a virtual environment's python still finds its environment)."""
+    wrapper, not a symlink, so that a virtual environment's python still finds its environment); each
+    start adds a line to ``log`` when given."""
     bindir = tmp_path / "bin"
     bindir.mkdir(exist_ok=True)
     wrapper = bindir / "python3"
-    wrapper.write_text(f'#!/bin/sh\nexec {python} "$@"\n')
+    logged = f"echo started >>{log}\n" if log is not None else ""
+    wrapper.write_text(f'#!/bin/sh\n{logged}exec {python} "$@"\n')
     wrapper.chmod(0o755)
     return f"{bindir}:{os.environ.get('PATH', '')}"
 
@@ -117,13 +119,16 @@ def test_names_made_by_another_transformers_than_the_lock_s_are_refused(checkpoi
 
 
 def test_local_exports_are_audited_with_the_model_s_names(tiny: Tiny, checkpoint: Path, tmp_path: Path) -> None:
-    plan = real_lock_plan(tiny, checkpoint, extra_env={"PATH": bin_with_python(tmp_path, hf_venv().python)})
+    started = tmp_path / "started.log"
+    plan = real_lock_plan(tiny, checkpoint, extra_env={"PATH": bin_with_python(tmp_path, hf_venv().python, started)})
     root = tmp_path / "ckpts"
     shutil.copytree(checkpoint, root / "global_step_1/actor/model/huggingface")
     lost_indexer_norm(checkpoint, root / "global_step_2/actor/model/huggingface")
     layout = ExportLayout(str(root), PATTERN, True, "save_freq=1", False)
+    started.unlink()  # the preflight's own model build
     verdict = export_verdict(layout, search_here(layout, name_source(plan)))
     assert [a.ok for a in verdict.audits] == [True, False]
+    assert len(started.read_text().splitlines()) == 1  # two steps' exports of one config: one model build
     assert all(MODEL in a.expected_from and "on this host" in a.expected_from for a in verdict.audits)
     assert "names: " + verdict.audits[0].expected_from in verdict.detail
     assert "global_step_2" in verdict.failures[0] and "indexer.k_norm.weight" in verdict.failures[0]

@@ -18,6 +18,7 @@ from envrun.checkpoint import (
     audit_checkpoint,
     read_safetensors_header,
 )
+from envrun.checkpoint.expected import asked_once
 from envrun.checkpoint.names import abbreviate_names
 from envrun.checkpoint.report import render_audit
 from tests.lib.ckptgen import CheckpointSpec, layer_names, tensor_names, write_checkpoint
@@ -437,3 +438,18 @@ def test_a_boolean_dimension_is_malformed_even_after_its_integer_twin(tmp_path: 
     assert read_safetensors_header(write("good.safetensors", [2, 1])).tensors["a"].shape == (2, 1)
     with pytest.raises(SafetensorsHeaderError, match="not a list of non-negative integers"):
         read_safetensors_header(write("bad.safetensors", [2, True]))
+
+
+def test_a_source_asked_once_answers_each_config_once_within_the_limit() -> None:
+    asked: list[tuple[bytes, int]] = []
+
+    def source(config: bytes, max_names: int) -> ExpectedNames:
+        asked.append((config, max_names))
+        return ExpectedNames(frozenset({"a", "b", "c"}), "a model", hashlib.sha256(config).hexdigest())
+
+    names = asked_once(source)
+    first = names(b"{}", 10)
+    assert names(b"{}", 20) is first and names(b"{}", 3) is first  # the same config, within the limit
+    assert names(b'{"x": 1}', 10) is not first  # another config: asked again
+    names(b"{}", 2)  # a limit under the answer's 3 names: asked again, so the source can refuse it
+    assert asked == [(b"{}", 10), (b'{"x": 1}', 10), (b"{}", 2)]

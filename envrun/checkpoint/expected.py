@@ -45,6 +45,23 @@ class ExpectedNames:
 NameSource = Callable[[bytes, int], ExpectedNames]
 
 
+def asked_once(source: NameSource) -> NameSource:
+    """``source``, asked once per config.json: the exports of one run (``global_step_*``) share their
+    model's config, and each answer costs seconds (an interpreter importing torch, in a container for an
+    image). An answer is reused only within the limit a later question sets, so the limit still refuses
+    a model larger than that checkpoint makes plausible."""
+    answers: dict[bytes, ExpectedNames] = {}
+
+    def ask(config: bytes, max_names: int) -> ExpectedNames:
+        known = answers.get(config)
+        if known is not None and len(known.names) <= max_names:
+            return known
+        answers[config] = names = source(config, max_names)
+        return names
+
+    return ask
+
+
 @dataclass(frozen=True)
 class Expectation:
     """What must, may and may not be present, and where that knowledge came from."""

@@ -137,6 +137,10 @@ def exports(root: str, pattern: str, names: Any = None) -> dict[str, Any]:
     if not os.path.isdir(root):
         return {"root": root, "present": False, "audits": []}
     found = sorted(p for p in glob.glob(os.path.join(glob.escape(root), pattern)) if os.path.isdir(p))
+    if names is not None:
+        from envrun.checkpoint.expected import asked_once
+
+        names = asked_once(names)  # one model build for every step's export
     return {"root": root, "present": True, "audits": [audit(p, names) for p in found]}
 
 

@@ -16,7 +16,9 @@ What it does, in the job's own order (``verl.trainer.main_ppo.main``):
    without devices, so it keeps the configured device, the one the job's nodes detect;
 3. resolve the config as a Ray worker does: the config pickled to a fresh interpreter that has imported
    only the entry module (what unpickling the task runner imports) — Hydra's driver-only resolvers
-   (``${now:…}``, ``${hydra:…}``) are not registered there, ``${oc.env:…}`` reads the job's environment;
+   (``${now:…}``, ``${hydra:…}``) are not registered there, ``${oc.env:…}`` reads the job's environment.
+   That interpreter is started first, before the probe's own import of the entry module: the two imports
+   of verl's stack (seconds each) overlap where the host has a core to spare;
 4. import what the composed config makes the job import: the task runner ``main`` selects
    (``trainer.use_v1``) and the modules its methods import (read from its source), the trainer class
    (``get_trainer_cls``), the training engine verl registers for ``strategy`` on ``trainer.device`` (found
@@ -84,6 +86,7 @@ class Probe:
         self.problems: list[dict[str, str]] = []
         self.imports: list[dict[str, str]] = []
         self.facts: dict[str, Any] = {}
+        self.worker: subprocess.Popen[bytes] | None = None
 
     def problem(self, what: str, detail: str, **where: str) -> None:
         self.problems.append({"what": what, "detail": detail, **where})
@@ -133,18 +136,40 @@ class Probe:
             self.problem("validate_config", f"verl's validate_config refuses the run for {devices}: {first_line(exc)}")
 
     # -- 3. resolve as a worker ------------------------------------------------------------------------
-    def resolve_as_worker(self, config: Any, keys: list[str]) -> dict[str, Any]:
-        request = pickle.dumps({"entry_module": self.spec["entry_module"], "config": config, "keys": keys})
-        done = subprocess.run(
-            [sys.executable, "-c", SOURCE, RESOLVE_FLAG],
-            input=request,
-            capture_output=True,
-            timeout=600,
+    def start_worker(self) -> None:
+        """Start the worker-side interpreter now: it imports the entry module while this one does, then
+        waits for the config on its stdin. Its stderr (verl's import chatter) goes to a file, so a full
+        pipe can never stall it while this process is busy."""
+        self.worker_err = tempfile.TemporaryFile()
+        self.worker = subprocess.Popen(
+            [sys.executable, "-c", SOURCE, RESOLVE_FLAG, self.spec["entry_module"]],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.worker_err,
         )
-        lines = [line for line in done.stdout.decode(errors="replace").splitlines() if line.startswith(MARKER)]
+
+    def stop_worker(self) -> None:
+        """The worker is not needed (the probe ended before step 3): gone, and its file closed."""
+        if self.worker is not None and self.worker.poll() is None:
+            self.worker.kill()
+            self.worker.communicate()
+        self.worker_err.close()
+
+    def resolve_as_worker(self, config: Any, keys: list[str]) -> dict[str, Any]:
+        request = pickle.dumps({"config": config, "keys": keys})
+        worker, self.worker = self.worker, None
+        assert worker is not None  # started by run()
+        try:
+            stdout, _ = worker.communicate(request, timeout=600)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            stdout, _ = worker.communicate()
+        self.worker_err.seek(0)
+        stderr = self.worker_err.read()
+        lines = [line for line in stdout.decode(errors="replace").splitlines() if line.startswith(MARKER)]
         if not lines:
-            tail = done.stderr.decode(errors="replace").strip().splitlines()[-3:]
-            self.problem("resolve", f"the worker-side resolution exited {done.returncode}: {' | '.join(tail)}")
+            tail = stderr.decode(errors="replace").strip().splitlines()[-3:]
+            self.problem("resolve", f"the worker-side resolution exited {worker.returncode}: {' | '.join(tail)}")
             return {}
         answer: dict[str, Any] = json.loads(lines[-1][len(MARKER) :])
         if answer.get("error"):
@@ -243,6 +268,13 @@ class Probe:
         }
 
     def run(self) -> dict[str, Any]:
+        self.start_worker()
+        try:
+            return self.run_with_worker()
+        finally:
+            self.stop_worker()
+
+    def run_with_worker(self) -> dict[str, Any]:
         entry = self.load(self.spec["entry_module"], "the entry point")
         if entry is None:
             return self.report()
@@ -450,14 +482,14 @@ def should_save_hf_model(save_contents: list[str], use_dist_checkpointing: bool)
     return bool(functions["should_save_hf_model"](manager))
 
 
-def resolve_as_worker() -> dict[str, Any]:
+def resolve_as_worker(entry_module: str) -> dict[str, Any]:
     """The child: a fresh interpreter with only the entry module imported, as a Ray worker unpickling the
     task runner has; the config resolved as the task runner resolves it."""
-    request = pickle.loads(sys.stdin.buffer.read())  # from our own parent, never from elsewhere
+    importlib.import_module(entry_module)  # before the config arrives: while the parent imports it too
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    importlib.import_module(request["entry_module"])
+    request = pickle.loads(sys.stdin.buffer.read())  # from our own parent, never from elsewhere
     config = request["config"]
     try:
         OmegaConf.to_container(config, resolve=True)
@@ -470,7 +502,7 @@ def main(argv: list[str]) -> int:
     real_stdout = sys.stdout
     sys.stdout = sys.stderr  # verl prints as it goes; only the report goes to stdout
     try:
-        report = resolve_as_worker() if argv[:1] == [RESOLVE_FLAG] else Probe(json.loads(argv[0])).run()
+        report = resolve_as_worker(argv[1]) if argv[:1] == [RESOLVE_FLAG] else Probe(json.loads(argv[0])).run()
     except BaseException as exc:
         report = {"crash": "".join(traceback.format_exception_only(type(exc), exc)).strip()[-2000:]}
     real_stdout.write(MARKER + json.dumps(report, sort_keys=True, default=str) + "\n")
