@@ -175,5 +175,8 @@ def test_sigterm_stops_the_container_and_records_it(trainer_image: str, tmp_path
         assert run.stop(signal.SIGTERM, timeout=120) == 130
     status = read_status(run_dir)
     assert status["status"] == "interrupted" and status["detail"].startswith("stopped on SIGTERM"), status
+    # docker-init is PID 1, so `docker stop`'s SIGTERM reached the trainer (128 + 15): without it the
+    # trainer, PID 1 itself, ignores SIGTERM and is killed after the stop timeout (137).
+    assert status["exit_code"] == 143, status
     ids = {c.id for c in running}
     assert not ids & {c.id for c in client.containers.list(all=True)}  # stopped and removed

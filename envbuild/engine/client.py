@@ -477,7 +477,7 @@ class Engine:
         """Create and start a detached, long-running container; its ID. A container that was created but
         would not start is removed again."""
         with _engine_errors(f"start {spec.name or spec.image} on {self.address}", self.address):
-            same = ("ipc_mode", "network_mode", "working_dir", "name", "shm_size")  # the SDK's names for them
+            same = ("ipc_mode", "network_mode", "working_dir", "name", "shm_size", "init")  # the SDK's names for them
             container = None
             try:
                 with deferred_interrupts():  # Ctrl-C while it is created: taken once it can be removed
@@ -569,6 +569,9 @@ class JobSpec:
     stop_timeout: int = 20
     name: str | None = None  # the container's name; None lets the engine pick one
     shm_size: int | None = None  # bytes of /dev/shm; None is the engine's default (64 MB)
+    # docker-init (tini) as PID 1: a SIGTERM from `docker stop` reaches the job, which as PID 1 would
+    # ignore it and be killed after stop_timeout; the orphans of its workers are reaped.
+    init: bool = True
 
 
 @dataclass(frozen=True)

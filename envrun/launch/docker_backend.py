@@ -128,6 +128,7 @@ class DockerLauncher:
             "working_dir": spec.working_dir,
             "labels": dict(spec.labels),
             "stop_timeout": spec.stop_timeout,
+            "init": spec.init,
             "docker_run": docker_run_line(spec),
         }
 
@@ -165,6 +166,7 @@ def docker_run_line(spec: JobSpec) -> str:
     """The ``docker run`` command that starts the same container (for people; envrun uses the engine's API)."""
     args = ["docker", "run", "--rm", f"--network={spec.network_mode}"]
     args += [f"--ipc={spec.ipc_mode}"] if spec.ipc_mode else []
+    args += ["--init"] if spec.init else []
     args += [f"--stop-timeout={spec.stop_timeout}"]
     args += [f"--workdir={spec.working_dir}"] if spec.working_dir else []
     args += [f"--device={device}" for device in spec.devices]
