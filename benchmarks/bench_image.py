@@ -53,6 +53,7 @@ from envbuild.verify.pins import VerifyOptions  # noqa: E402
 from tests.lib.baseimage import ensure_base_image  # noqa: E402
 from tests.lib.gitrepos import GitDaemon, Repo  # noqa: E402
 from tests.lib.imagelock import ImageLockEnv, make_sources, make_wheels  # noqa: E402
+from tests.lib.legacybuild import legacy_build  # noqa: E402
 from tests.lib.pyindex import PyIndex  # noqa: E402
 from tests.lib.services import push_as  # noqa: E402
 
@@ -134,47 +135,10 @@ def hand_build(
         info.size = len(data)
         tar.addfile(info, io.BytesIO(data))
     context.seek(0)
-    image, cached = None, 0
-    for event in client.api.build(
-        fileobj=context,
-        custom_context=True,
-        nocache=nocache,
-        rm=True,
-        forcerm=True,
-        network_mode="host",
-        decode=True,
-        tag=tag,
-    ):
-        if "error" in event:
-            raise SystemExit(f"hand build failed: {event['error']}")
-        cached += "Using cache" in str(event.get("stream", ""))
-        image = (event.get("aux") or {}).get("ID", image)
-    assert image
+    image, cached = legacy_build(client, context, nocache=nocache, network="host", tag=tag)
     if tag is None:
         HAND_IMAGES.append(image)
     return image, cached
-
-
-def legacy_build(client: docker.DockerClient, context: Path, *, nocache: bool = False) -> str:
-    """The hand Dockerfile of ``context`` on the engine's legacy builder (``--legacy-hand``), no network,
-    the directory streamed as the engine reads it (no temporary tar, as for envbuild's builds)."""
-    from envbuild.engine.transfer import directory_context
-
-    image = None
-    for event in client.api.build(
-        fileobj=directory_context(context).chunks(),
-        custom_context=True,
-        nocache=nocache,
-        rm=True,
-        forcerm=True,
-        network_mode="none",
-        decode=True,
-    ):
-        if "error" in event:
-            raise SystemExit(f"hand build failed: {event['error']}")
-        image = (event.get("aux") or {}).get("ID", image)
-    assert image
-    return str(image)
 
 
 def timed(label: str, repeat: int, run: Callable[[int], object]) -> tuple[float, object]:
@@ -711,17 +675,17 @@ def scale_one(
             (hand / "Dockerfile").write_text(scale_hand_dockerfile(f"{repository}@{digest}", requirements))
             sent = directory_context(hand).payload
             start = time.perf_counter()
-            hand_full = legacy_build(client, hand, nocache=True)
+            hand_full, _ = legacy_build(client, directory_context(hand).chunks(), nocache=True)
             out["hand_full"] = time.perf_counter() - start
             HAND_IMAGES.append(hand_full)
             print(f"    full build (--no-cache)      {out['hand_full']:8.1f} s  sent {_gb(sent)}", file=sys.stderr)
             start = time.perf_counter()
-            legacy_build(client, hand)
+            legacy_build(client, directory_context(hand).chunks())
             out["hand_noop"] = time.perf_counter() - start
             print(f"    no-op rebuild                {out['hand_noop']:8.1f} s  sent {_gb(sent)}", file=sys.stderr)
             export_tree(repos["beta"].path, moved_commit, hand / "src" / "beta")
             start = time.perf_counter()
-            hand_moved = legacy_build(client, hand)
+            hand_moved, _ = legacy_build(client, directory_context(hand).chunks())
             out["hand_moved"] = time.perf_counter() - start
             HAND_IMAGES.append(hand_moved)
             print(f"    one source moved (beta)      {out['hand_moved']:8.1f} s  sent {_gb(sent)}", file=sys.stderr)

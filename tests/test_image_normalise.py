@@ -17,6 +17,7 @@ from envbuild.engine.client import Engine
 from envbuild.engine.transfer import directory_context
 from envbuild.image.normalise import load_packages_image, normalise, save_added_layers, settled_history
 from tests.lib.baseimage import BaseImage
+from tests.lib.legacybuild import legacy_build
 
 LABEL = "io.envbuild.lock.name=canonicaltest"
 EPOCH = 1700000000
@@ -46,25 +47,8 @@ def build(engine: Engine, tmp_path: Path, base: BaseImage, *, nocache: bool = Fa
         f"FROM {base.tag}\nLABEL {LABEL}\nRUN true\nCOPY files/ /\nENV A=1\n", encoding="utf-8"
     )
     os.utime(context / "Dockerfile", (EPOCH, EPOCH))
-    return legacy_build(engine, context, nocache=nocache)
-
-
-def legacy_build(engine: Engine, context: Path, *, nocache: bool) -> str:
-    """The engine's legacy builder, through the SDK: an image whose steps keep their parent chain, as a
-    base built locally by `docker build` has (normalise reads that chain; envbuild builds with BuildKit)."""
-    image_id = None
-    for event in engine.api.build(
-        fileobj=directory_context(context).chunks(),
-        custom_context=True,
-        nocache=nocache,
-        rm=True,
-        network_mode="none",
-        decode=True,
-    ):
-        assert "error" not in event, event
-        image_id = (event.get("aux") or {}).get("ID", image_id)
-    assert image_id is not None
-    return str(image_id)
+    # the legacy builder: an image whose steps keep their parent chain (normalise reads it)
+    return legacy_build(engine.client, directory_context(context).chunks(), nocache=nocache)[0]
 
 
 def test_the_history_says_which_steps_made_a_layer(engine: Engine, base_image: BaseImage, tmp_path: Path) -> None:
