@@ -49,6 +49,7 @@ from envbuild.image.build import BuildResult, ImageOptions, build_image  # noqa:
 from envbuild.image.built import forget_built  # noqa: E402
 from envbuild.lock.io import read_lock  # noqa: E402
 from envbuild.lock.model import Package, Waiver  # noqa: E402
+from envbuild.progress import silent  # noqa: E402
 from envbuild.verify.pins import VerifyOptions  # noqa: E402
 from tests.lib.baseimage import ensure_base_image  # noqa: E402
 from tests.lib.gitrepos import GitDaemon, Repo  # noqa: E402
@@ -197,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
                     read_lock(lock),
                     ImageOptions(VerifyOptions(SourceOptions(root / f"cache{next(caches)}")), no_cache=True),
                     engine=engine,
-                    progress=stages if args.stages else None,
+                    progress=stages if args.stages else silent,
                 )
 
             print("envbuild image:", file=sys.stderr)
