@@ -265,9 +265,10 @@ def top_levels(entry: dict, dists: dict) -> tuple:
     return dist, [n for n in names if n not in skip], [n for n in names if n in skip]
 
 
-def import_report(entry: dict, dists: dict, imported: dict) -> dict:
-    """The source's distribution and its imports, each result looked up in ``imported`` (module → result)."""
-    dist, names, skipped = top_levels(entry, dists)
+def import_report(levels: tuple, imported: dict) -> dict:
+    """A source's distribution and its imports (``levels``: :func:`top_levels`), each result looked up in
+    ``imported`` (module → result)."""
+    dist, names, skipped = levels
     return {
         "distribution": _normalize(dist.name) if dist is not None else None,
         "version": dist.version if dist is not None else None,
@@ -295,7 +296,8 @@ def main(argv: list[str]) -> int:
     found, where, copies = distributions(scanned)
     dists = installed_distributions(scanned)
     sources = manifest.get("sources", [])
-    imported = import_all([name for s in sources for name in top_levels(s, dists)[1]])
+    levels = [top_levels(s, dists) for s in sources]
+    imported = import_all([name for _, names, _ in levels for name in names])
     report = {
         "report_version": REPORT_VERSION,
         "manifest": manifest_path,
@@ -304,7 +306,9 @@ def main(argv: list[str]) -> int:
         "distributions": found,
         "locations": where,
         "copies": copies,
-        "sources": {s["name"]: {**source_report(s), **import_report(s, dists, imported)} for s in sources},
+        "sources": {
+            s["name"]: {**source_report(s), **import_report(level, imported)} for s, level in zip(sources, levels)
+        },
         "consistency": consistency(dists),
     }
     json.dump(report, sys.stdout, indent=1, sort_keys=True)
