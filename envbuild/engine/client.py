@@ -61,10 +61,6 @@ class BuildOutcome:
     image_id: str  # "sha256:<hex>" of the raw (not yet normalised) image
     steps: tuple[BuildStep, ...]
 
-    @property
-    def cached_steps(self) -> int:
-        return sum(step.cached for step in self.steps)
-
 
 @dataclass(frozen=True)
 class RunOutput:
@@ -247,10 +243,6 @@ class Engine:
                 return self.api.inspect_image(ref)
             except docker.errors.ImageNotFound:
                 return None
-
-    def history_length(self, ref: str) -> int:
-        with _engine_errors(f"history of {ref}", self.address):
-            return len(self.api.history(ref))
 
     def history(self, ref: str) -> list[dict[str, Any]]:
         """The image's history as the engine reports it: newest entry first, each with the ``Id`` of
