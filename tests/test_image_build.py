@@ -291,6 +291,38 @@ def test_moving_one_pin_rebuilds_only_from_that_source_on(
     assert result.diff_ids[:same] == reference.diff_ids[:same]
 
 
+# A setup.py that loads its version from a module, as Megatron-LM's loads megatron/core/package_info.py.
+_SETUP_READS_A_MODULE = {
+    "pyproject.toml": '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n',
+    "setup.py": "import importlib.util, os\n"
+    "from setuptools import setup\n"
+    "path = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'beta', 'package_info.py')\n"
+    "spec = importlib.util.spec_from_file_location('package_info', path)\n"
+    "info = importlib.util.module_from_spec(spec)\n"
+    "spec.loader.exec_module(info)\n"
+    "setup(name='beta', version=info.VERSION, packages=['beta'])\n",
+}
+
+
+@needs_engine
+def test_a_same_size_edit_of_a_module_the_install_imports_is_what_gets_installed(
+    reference: BuildResult, env: ImageLockEnv, work: Path, engine: Engine
+) -> None:
+    """Python trusts a cached .pyc whose source has the same path, mtime and size: a version bump
+    ``0.5`` → ``0.6`` in a module setup.py imports, built after the first on the same engine, must install
+    0.6, not what the bytecode of the first build says."""
+    script = "import importlib.metadata as m, beta.package_info as i; print(m.version('beta'), i.VERSION)"
+    installed = []
+    for version in ("0.5", "0.6"):
+        files = {**_SETUP_READS_A_MODULE, "beta/package_info.py": f'VERSION = "{version}"\n'}
+        moved = env.repos["beta"].commit(f"beta {version}, its version read by setup.py", files=files)
+        path = env.write(work / "locks" / f"beta-{version}.lock.yaml", env.lock(pins={"beta": moved}))
+        result = build_image(read_lock(path), options(work), engine=engine)
+        out = engine.run(result.image_id, ["python3", "-c", script])
+        installed.append((out.exit_code, out.stdout.split()))
+    assert installed == [(0, ["0.5", "0.5"]), (0, ["0.6", "0.6"])]
+
+
 @needs_engine
 def test_a_package_file_with_another_hash_is_refused_before_any_build(env: ImageLockEnv, work: Path) -> None:
     bad = with_file_hash(env.lock(), "tinytwo", "0" * 64)

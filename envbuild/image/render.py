@@ -167,9 +167,13 @@ def render_tools_script() -> str:
 
 
 def render_buildkit_source(source: SourcePlan, epoch: int) -> str:
-    """One source's one layer: bind-mounted from the context, copied, its times set, installed, clamped.
+    """One source's one layer: bind-mounted from the context, copied, installed, its times clamped.
     Bytecode pip writes for itself goes to the cache mount (``PYTHONDONTWRITEBYTECODE`` would make every
-    pip run recompile pip); none reaches the layer."""
+    pip run recompile pip); none reaches the layer. The copied files keep their copy-time mtimes while
+    the install runs: Python trusts a cached ``.pyc`` whose source has the same path, mtime and size, so
+    sources set to the epoch first would let a same-size edit (a version ``0.5`` → ``0.6`` that setup.py
+    imports) run the previous build's bytecode from the shared mount. ``clamp-mtimes`` then sets
+    everything the step changed to the epoch, so the layer is the same."""
     dest, env = source.image_path, _env_prefix(source)
     lines = [
         f"# {source.name}: {source.ref_type} {source.ref} at {source.commit} ({source.mode})",
@@ -179,7 +183,6 @@ def render_buildkit_source(source: SourcePlan, epoch: int) -> str:
         + PYCACHE
         + " \\",
         f" && mkdir -p {dest} && cp -R --preserve=mode {MOUNT_POINT}/. {dest}/ \\",
-        f" && find {dest} -exec touch -h -d @{epoch} {{}} + \\",
     ]
     if source.mode == "editable":
         lines.append(f" && {env}{PIP} install --no-build-isolation --no-deps --no-index --no-compile -e {dest} \\")
