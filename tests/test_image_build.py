@@ -44,6 +44,7 @@ from envbuild.verify.pins import VerifyOptions
 from envbuild.verify.results import PinResult, VerifyReport
 from tests.lib.engines import ExtraEngine
 from tests.lib.gitrepos import Served
+from tests.lib.imagediff import why_different
 from tests.lib.imagelock import (
     ImageLockEnv,
     make_sources,
@@ -137,7 +138,10 @@ def test_two_no_cache_builds_give_one_image_id(
     pushed_base_image: PushedImage,
 ) -> None:
     again = build_image(read_lock(lock_path), options(work, no_cache=True), engine=engine)
-    assert again.image_id == reference.image_id
+    base_layers = engine.inspect(pushed_base_image.by_digest)["RootFS"]["Layers"]  # type: ignore[index]
+    if again.image_id != reference.image_id:
+        why = why_different(reference_archive, engine, again.image_id, set(base_layers), work / "why")
+        pytest.fail(f"two --no-cache builds differ: {reference.image_id} {again.image_id}\n{why}")
     assert again.diff_ids == reference.diff_ids
     assert again.raw_image_id != reference.raw_image_id  # the raw builds differ; normalising removes that
     assert again.packages is not None and again.packages.built  # --no-cache makes the packages image again too
@@ -145,7 +149,6 @@ def test_two_no_cache_builds_give_one_image_id(
     assert len(built) >= 5 and not any(step.cached for step in built), again.steps  # FROM only
     assert reference_archive.is_file()
     assert reference.image_id == "sha256:" + hashlib.sha256(_config_bytes(reference_archive)).hexdigest()
-    base_layers = engine.inspect(pushed_base_image.by_digest)["RootFS"]["Layers"]  # type: ignore[index]
     assert reference.diff_ids[: len(base_layers)] == tuple(base_layers)
     carried = _layer_digests(reference_archive)
     assert carried and not carried & set(base_layers)  # the kept archive leaves the base's layers out
@@ -156,13 +159,22 @@ def test_two_no_cache_builds_give_one_image_id(
 
 @needs_engine
 def test_a_second_engine_with_empty_caches_gives_the_same_image_id(
-    reference: BuildResult, lock_path: Path, work: Path, fresh_engine: ExtraEngine
+    reference: BuildResult,
+    reference_archive: Path,
+    lock_path: Path,
+    work: Path,
+    fresh_engine: ExtraEngine,
+    pushed_base_image: PushedImage,
 ) -> None:
     """Another dockerd (no image, no BuildKit cache; the base pulled from the registry) and an empty
     envbuild cache: the same layers and the same image ID."""
     with Engine(fresh_engine.client(), fresh_engine.host) as other:
         assert other.images() == [] and other.build_cache_size() == 0
         again = build_image(read_lock(lock_path), options(work, cache_dir=work / "cache-second-engine"), engine=other)
+        if again.image_id != reference.image_id:
+            base_layers = set(other.inspect(pushed_base_image.by_digest)["RootFS"]["Layers"])  # type: ignore[index]
+            why = why_different(reference_archive, other, again.image_id, base_layers, work / "why-second")
+            pytest.fail(f"the second engine built another image: {reference.image_id} {again.image_id}\n{why}")
     assert (again.image_id, again.diff_ids) == (reference.image_id, reference.diff_ids)
     assert again.raw_image_id != reference.raw_image_id
 

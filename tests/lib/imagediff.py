@@ -1,0 +1,20 @@
+"""What differs between a saved reference image and another build of it, said the way ``envbuild
+check`` says it: for a reproducibility assertion's message, so that a mismatch names its files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from envbuild.check.explain import explain
+from envbuild.engine.client import Engine
+from envbuild.image.normalise import save_added_layers
+from envbuild.progress import silent
+
+
+def why_different(reference_archive: Path, engine: Engine, image_id: str, skip: set[str], work: Path) -> str:
+    """``image_id`` saved from ``engine`` without the layers in ``skip`` (the base's) and explained
+    against ``reference_archive``; JSON, one difference per line."""
+    work.mkdir(parents=True, exist_ok=True)
+    other = save_added_layers(engine, image_id, work / f"{image_id.removeprefix('sha256:')[:12]}.tar", skip, silent)
+    return "\n".join(json.dumps(d.to_json()) for d in explain(reference_archive, other))
