@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from envbuild.check.explain import explain, first_difference
+from envbuild.check.explain import explain, first_difference, step_label
 from tests.lib.savedimage import build
 
 
@@ -66,3 +66,19 @@ def test_limits_the_listing(tmp_path: Path) -> None:
 def test_first_difference() -> None:
     assert first_difference(b"abc", b"abd") == "offset 2: 'abc' vs 'abd'"
     assert first_difference(b"ab", b"abc").startswith("offset 2:")
+
+
+@pytest.mark.parametrize(
+    ("created_by", "label"),
+    [
+        ("/bin/sh -c #(nop)  LABEL a=b", "LABEL a=b"),
+        ("/bin/sh -c pip install x", "RUN pip install x"),
+        ("RUN /bin/sh -c since=$(($(date +%s) - 1)) && cp a b # buildkit", "RUN since=$(($(date +%s) - 1)) && cp a b"),
+        ("COPY /out/ / # buildkit", "COPY /out/ /"),
+        ("LABEL io.envbuild.lock.name=x", "LABEL io.envbuild.lock.name=x"),
+        ("RUN /bin/sh -c " + "x" * 100 + " # buildkit", "RUN " + "x" * 75 + "…"),
+    ],
+    ids=["legacy-nop", "legacy-run", "buildkit-run", "buildkit-copy", "buildkit-label", "long"],
+)
+def test_a_step_is_labelled_as_its_dockerfile_line(created_by: str, label: str) -> None:
+    assert step_label(created_by) == label

@@ -106,8 +106,7 @@ class _Image:
         steps = [h.get("created_by", "") for h in self.config.get("history", []) if not h.get("empty_layer")]
         if index >= len(steps):
             return ""
-        text = " ".join(steps[index].replace("/bin/sh -c #(nop) ", "").replace("/bin/sh -c ", "RUN ").split())
-        return text if len(text) <= 80 else text[:79] + "…"
+        return step_label(steps[index])
 
     def close(self) -> None:
         self.tar.close()
@@ -121,6 +120,21 @@ def _is_text(data: bytes) -> bool:
     except UnicodeDecodeError as exc:
         return exc.start > 8000  # a multi-byte character cut at the edge
     return True
+
+
+def step_label(created_by: str) -> str:
+    """A history entry's ``created_by`` as the Dockerfile line it was, at most 80 characters: the legacy
+    builder writes ``/bin/sh -c #(nop) LABEL …`` and ``/bin/sh -c CMD``, BuildKit ``RUN /bin/sh -c CMD #
+    buildkit`` and ``LABEL …``."""
+    text = created_by.removesuffix(" # buildkit")
+    if text.startswith("/bin/sh -c #(nop) "):
+        text = text.removeprefix("/bin/sh -c #(nop) ")
+    elif text.startswith("/bin/sh -c "):
+        text = "RUN " + text.removeprefix("/bin/sh -c ")
+    elif text.startswith("RUN /bin/sh -c "):
+        text = "RUN " + text.removeprefix("RUN /bin/sh -c ")
+    text = " ".join(text.split())
+    return text if len(text) <= 80 else text[:79] + "…"
 
 
 def first_difference(old: bytes, new: bytes, context: int = 24) -> str:
