@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tarfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +90,7 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def engine(docker_client: docker.DockerClient) -> Iterator[Engine]:
     yield Engine(docker_client)
     # The images this module made, raw (tagged or superseded) and normalised: the engine outlives the run.
-    remove_lock_images(docker_client, "imagetest", "mismatch")
+    remove_lock_images(docker_client, "imagetest", "mismatch", "samepkga", "samepkgb")
 
 
 @pytest.fixture(scope="module")
@@ -333,6 +333,37 @@ def test_a_same_size_edit_of_a_module_the_install_imports_is_what_gets_installed
         out = engine.run(result.image_id, ["python3", "-c", script])
         installed.append((out.exit_code, out.stdout.split()))
     assert installed == [(0, ["0.5", "0.5"]), (0, ["0.6", "0.6"])]
+
+
+class AnotherBuildFirst(Engine):
+    """The real engine; the first time the build reads a file out of an image (the packages step's
+    report, right after BuildKit made that image), ``other`` runs to its end first: two builds on one
+    engine, overlapping where they share an image."""
+
+    def __init__(self, client: docker.DockerClient, other: Callable[[], BuildResult]) -> None:
+        super().__init__(client)
+        self.other, self.others = other, []  # type: ignore[var-annotated]
+
+    def read_file(self, image: str, path: str, limit: int = 1 << 24) -> bytes:
+        if not self.others:
+            self.others.append(self.other())
+        return super().read_file(image, path, limit)
+
+
+@needs_engine
+def test_two_locks_with_the_same_packages_build_at_once(
+    reference: BuildResult, env: ImageLockEnv, work: Path, engine: Engine, docker_client: docker.DockerClient
+) -> None:
+    """BuildKit's cache gives both packages steps one raw image ID (its config names no lock): the
+    build that finishes first must not remove the image the other is still reading."""
+    first, second = (env.write(work / "locks" / f"{n}.lock.yaml", env.lock(name=n)) for n in ("samepkga", "samepkgb"))
+    interleaved = AnotherBuildFirst(docker_client, lambda: build_image(read_lock(first), options(work), engine=engine))
+    result = build_image(read_lock(second), options(work), engine=interleaved)
+    (other,) = interleaved.others
+    assert result.packages is not None and result.packages.built
+    assert other.packages is not None and other.packages.built
+    assert result.image_id != other.image_id  # two locks (their names differ), each built and checked
+    assert [engine.inspect(f"envbuild-raw/{n}:packages") for n in ("samepkga", "samepkgb")] == [None, None]
 
 
 @needs_engine

@@ -25,6 +25,7 @@ from envbuild.image.assemble import BuildContext
 from envbuild.image.normalise import load_packages_image
 from envbuild.image.plan import DISTRO_REMOVED_LABEL
 from envbuild.image.render import PACKAGES_REPORT, base_reference, packages_reference
+from envbuild.image.retention import raw_packages_reference
 from envbuild.image.stream import packages_context
 from envbuild.progress import Progress
 
@@ -63,9 +64,10 @@ def ensure_packages_image(engine: Engine, context: BuildContext, *, no_cache: bo
     stream = packages_context(context)
     base = base_reference(plan)  # on the engine, for the lock's platform: ensure_base made sure of it
     say(f"packages: installing {len(plan.files)} package files ({human_bytes(stream.payload)}; BuildKit, no network)")
-    outcome = engine.buildkit_build(stream, nocache=no_cache, progress=say, what="the package files")
+    raw = raw_packages_reference(plan.lock_name)
+    outcome = engine.buildkit_build(stream, nocache=no_cache, progress=say, tag=raw, what="the package files")
     try:
-        report = _report(engine.read_file(outcome.image_id, PACKAGES_REPORT).decode("utf-8", "replace"))
+        report = _report(engine.read_file(raw, PACKAGES_REPORT).decode("utf-8", "replace"))
         if report["remove"]:
             say(
                 f"packages: the base holds {len(report['replaced'])} distributions the lock replaces "
@@ -75,7 +77,7 @@ def ensure_packages_image(engine: Engine, context: BuildContext, *, no_cache: bo
         image_id = load_packages_image(
             engine,
             base,
-            outcome.image_id,
+            raw,
             plan.lock_name,
             len(plan.files),
             report,
@@ -84,8 +86,8 @@ def ensure_packages_image(engine: Engine, context: BuildContext, *, no_cache: bo
             tools_layers=("envbuild: the tools layer (mount points, clamp-mtimes, /etc/hosts, /etc/resolv.conf)",),
         )
     finally:
-        try:
-            engine.remove(outcome.image_id)  # untagged: only its config goes, the layers are shared
+        try:  # the tag, not the ID: another lock's build may hold the same raw image (raw_packages_reference)
+            engine.remove(raw)  # its last tag: only its config goes, the layers are shared
         except EngineError:
             pass
     say(f"packages: {reference} ({image_id[:19]})")

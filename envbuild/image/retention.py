@@ -5,6 +5,8 @@ Per lock name, after a build:
 - ``envbuild-raw/<lock name>:<sha12>``: the newest raw image (it keeps BuildKit's result, and so the
   layers the next build shares); raw tags of other versions of the lock go;
 - ``envbuild-pkg/<lock name>:<packages key>``: the newest packages image; others go;
+- ``envbuild-raw/<lock name>:packages``: the packages step's raw image, only while a build reads it (a
+  killed build's goes with the other raw tags);
 - every untagged leaf image carrying the lock's name label goes, with its untagged parents: superseded
   raw images (a ``--no-cache`` build makes a new one each time), images that failed the in-image check,
   the steps of a failed or interrupted build;
@@ -35,6 +37,13 @@ RAW_REPOSITORY = "envbuild-raw"
 
 def raw_reference(lock_name: str, lock_sha256: str) -> str:
     return f"{RAW_REPOSITORY}/{lock_name}:{lock_sha256[:12]}"
+
+
+def raw_packages_reference(lock_name: str) -> str:
+    """The tag that holds the packages step's raw BuildKit image while its report and layers are read.
+    Two locks whose packages are the same get one raw image ID from BuildKit's cache (the raw config
+    carries no lock name), so each build holds and drops its own tag, never the ID another may be reading."""
+    return f"{RAW_REPOSITORY}/{lock_name}:packages"
 
 
 def prune_dangling(engine: Engine, lock_name: str) -> int:
