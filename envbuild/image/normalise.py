@@ -97,7 +97,7 @@ def normalise(engine: Engine, raw_id: str, base: str, epoch: int, say: Progress)
 def load_packages_image(
     engine: Engine,
     base: str,
-    committed: str,
+    built: str,
     lock_name: str,
     packages: int,
     report: dict[str, Any],
@@ -105,8 +105,9 @@ def load_packages_image(
     say: Progress,
     tools_layers: tuple[str, ...] = (),
 ) -> str:
-    """The packages image: the base's canonical config with the built layers on top (``tools_layers``
-    names each layer below the install's: BuildKit's tools layer; none for a committed container) and,
+    """The packages image: the base's canonical config with the layers of ``built`` (the packages step's
+    image, by its tag or ID) on top (``tools_layers`` names each layer below the install's: BuildKit's
+    tools layer; none for an image built without one) and,
     when the base holds distributions the lock replaces, a layer removing their files (whiteouts at the
     packages epoch, written here: a removal the engine makes carries the clock's time); tagged ``tag``.
     Its ID depends only on the base, what pip wrote and what was removed."""
@@ -117,13 +118,13 @@ def load_packages_image(
     config["config"]["Labels"] = {**(config["config"].get("Labels") or {}), LOCK_NAME_LABEL: lock_name}
     if report.get("distro"):  # what of the distro's own Python the lock replaced: shown by inspect, in the record
         config["config"]["Labels"][DISTRO_REMOVED_LABEL] = json.dumps(report["distro"], sort_keys=True)
-    layers = _inspect(engine, committed)["RootFS"]["Layers"]
+    layers = _inspect(engine, built)["RootFS"]["Layers"]
     install = f"envbuild: install the lock's {packages} package files (pip, no index)"
     added = (*tools_layers, install)
     below = config["rootfs"]["diff_ids"]
     if layers[: len(below)] != below or len(layers) != len(below) + len(added):
         raise EngineError(
-            f"the packages image {committed[:19]} is not {len(added)} layer(s) on {base}: {len(layers) - len(below)}"
+            f"the packages image {built[:19]} is not {len(added)} layer(s) on {base}: {len(layers) - len(below)}"
         )
     for diff_id, created_by in zip(layers[len(below) :], added, strict=True):
         config = extend_config(config, diff_id, created_by, PACKAGES_EPOCH)

@@ -12,9 +12,10 @@ from envbuild.image.normalise import save_added_layers
 from envbuild.progress import silent
 
 
-def why_different(reference_archive: Path, engine: Engine, image_id: str, skip: set[str], work: Path) -> str:
-    """``image_id`` saved from ``engine`` without the layers in ``skip`` (the base's) and explained
-    against ``reference_archive``; JSON, one difference per line."""
+def why_different(reference_archive: Path, engine: Engine, image_id: str, base: str, work: Path) -> str:
+    """``image_id`` saved from ``engine`` without the layers of ``base`` (as the reference archive was
+    saved) and explained against ``reference_archive``; JSON, one difference per line."""
     work.mkdir(parents=True, exist_ok=True)
+    skip = set(engine.inspect(base)["RootFS"]["Layers"])  # type: ignore[index]
     other = save_added_layers(engine, image_id, work / f"{image_id.removeprefix('sha256:')[:12]}.tar", skip, silent)
     return "\n".join(json.dumps(d.to_json()) for d in explain(reference_archive, other))
