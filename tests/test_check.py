@@ -176,8 +176,10 @@ def test_a_build_that_stamps_the_time_does_not_reproduce_and_the_file_is_named(
         tmp_path / "stamp.lock.yaml",
         replace(base_lock, sources=tuple(stamp if s.name == "alpha" else s for s in base_lock.sources)),
     )
-    report_dir = tmp_path / "report"
-    code = main(["check", str(lock), "--report", str(report_dir), "--cache-dir", str(tmp_path / "cache"), "-q"])
+    report_dir, history, cache = tmp_path / "report", tmp_path / "history.jsonl", tmp_path / "cache"
+    code = main(
+        ["check", str(lock), "--report", str(report_dir), "--history", str(history), "--cache-dir", str(cache), "-q"]
+    )
     out = capsys.readouterr().out
     data = json.loads((report_dir / "check.json").read_text())
     assert code == 1 and data["verify"]["ok"] is True and data["reproducible"] is False
@@ -186,3 +188,14 @@ def test_a_build_that_stamps_the_time_does_not_reproduce_and_the_file_is_named(
     stamp_file = next(f for f in changed if f["path"].endswith("stamp/BUILD_TIME"))
     assert "content" in stamp_file["aspects"] and "built at" in stamp_file["first_difference"]
     assert "stamp/BUILD_TIME" in out and "did not reproduce" in out  # the Markdown on stdout
+
+    # The next nights compare one build with the history's image. Night 3's is night 2's only build, held
+    # by no tag once night 3's build takes the check's tag: the check holds it itself, and names the file.
+    options = CheckOptions(VerifyOptions(SourceOptions(cache_dir=cache)), history=history)
+    for day in (2, 3):
+        night_report = run_check(read_lock(lock), options, engine=engine, now=night(day))
+        assert night_report.compared_with == "history" and not night_report.reproducible
+        named = [f.path for d in night_report.differences for f in d.files]
+        assert any(path.endswith("stamp/BUILD_TIME") for path in named), (day, night_report.differences)
+    assert [entry.reproducible for entry in read_history(history)] == [False, False, False]
+    assert engine.inspect("envbuild-check/stamp:previous") is None  # the hold goes with the check

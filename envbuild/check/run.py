@@ -23,7 +23,7 @@ from envbuild.check.explain import explain
 from envbuild.check.history import HistoryEntry, append_history, last_image_id, read_history
 from envbuild.check.report import CheckFailure, CheckReport, Difference, Stage
 from envbuild.engine.client import Engine
-from envbuild.errors import EnvbuildError
+from envbuild.errors import EngineError, EnvbuildError
 from envbuild.fetch import fetch_inputs
 from envbuild.image.build import BuildResult, ImageOptions, build_image
 from envbuild.image.normalise import save_added_layers
@@ -115,15 +115,17 @@ def _rebuild_and_compare(
                 record_dir=work / "record-1",
                 tags=(f"envbuild-check/{read.lock.name}:first",),
             )
-            say("rebuilding without cache")
-            with _stage("build"):
-                first = build_image(
-                    read, image_options, progress=progress, engine=live, verified=verified, inputs=inputs
-                )
             previous = last_image_id(history, read.sha256)
-            if previous is not None:
-                with _stage("compare"):
-                    return _against_history(verified, first, previous, live, work, say)
+            hold = _holding(live, previous, previous_reference(read.lock.name)) if previous else nullcontext()
+            with hold:
+                say("rebuilding without cache")
+                with _stage("build"):
+                    first = build_image(
+                        read, image_options, progress=progress, engine=live, verified=verified, inputs=inputs
+                    )
+                if previous is not None:
+                    with _stage("compare"):
+                        return _against_history(verified, first, previous, live, work, say)
             say("no earlier build of this lock in the history: building a second time to compare")
             second_options = replace(
                 image_options, record_dir=work / "record-2", tags=(f"envbuild-check/{read.lock.name}:second",)
@@ -140,6 +142,35 @@ def _rebuild_and_compare(
             )
         finally:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def previous_reference(lock_name: str) -> str:
+    """The tag that holds the history's image of the lock while the check rebuilds and compares. The
+    check's own tags (``:first``, ``:second``) move to each night's builds, and the build's tidying removes
+    the untagged images of its lock: without a hold, the image a night compares with would be gone by then
+    whenever it is the previous night's only build, and a mismatch could not be explained."""
+    return f"envbuild-check/{lock_name}:previous"
+
+
+@contextmanager
+def _holding(engine: Engine, image: str, reference: str) -> Iterator[None]:
+    """Hold ``image`` under ``reference`` for the block, when the engine has it; the tag goes afterwards
+    (and with it the image, when no other tag holds it: the history's newest image is the new one then)."""
+    held = False
+    try:
+        if engine.inspect(image) is not None:
+            engine.tag(image, reference)
+            held = True
+    except EngineError:
+        pass  # gone meanwhile, or the engine refuses: the comparison says what it can without it
+    try:
+        yield
+    finally:
+        if held:
+            try:
+                engine.remove(reference)
+            except EngineError:
+                pass  # the engine went away meanwhile: the tag is moved by the next night's hold
 
 
 def _against_history(
