@@ -99,7 +99,8 @@ def test_upstream_drift_is_reported_and_the_image_still_reproduces(
     second = run_check(read_lock(lock), options, engine=engine, now=night(2))  # one build, compared with night 1
     beta = next(r for r in second.verify.results if r.name == "beta")
     assert beta.status == "behind" and beta.facts["ahead"] == 1
-    assert second.ok and second.compared_with == "history" and second.image_ids == (first.image_ids[0],) * 2
+    assert second.compared_with == "history" and second.image_ids == (first.image_ids[0],) * 2, second.differences
+    assert second.ok
 
     history = read_history(tmp_path / "history.jsonl")
     assert [e.pins["source:beta"] for e in history] == ["ok", "behind"]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
+import tarfile
 from pathlib import Path
 
 import pytest
 
 from envbuild.check.explain import explain, first_difference, step_label
-from tests.lib.savedimage import build
+from tests.lib.savedimage import BASE_LAYER, build, config_for, layer_tar, save_archive
 
 
 @pytest.mark.parametrize("oci", [False, True], ids=["docker-save", "oci"])
@@ -53,7 +55,7 @@ def test_unnormalised_builds_show_mtimes_owners_and_config_noise(tmp_path: Path)
     config_fields = {f.path for f in differences["config"].files}
     assert {"created", "container"} <= config_fields
     a_py = next(f for f in differences["layer 1"].files if f.path == "opt/envbuild/src/a.py")
-    assert set(a_py.aspects) == {"owner", "mtime"}
+    assert set(a_py.aspects) == {"owner", "mtime", "pax headers"}  # its atime and ctime records too
 
 
 def test_limits_the_listing(tmp_path: Path) -> None:
@@ -82,3 +84,33 @@ def test_first_difference() -> None:
 )
 def test_a_step_is_labelled_as_its_dockerfile_line(created_by: str, label: str) -> None:
     assert step_label(created_by) == label
+
+
+def test_layers_with_the_same_entries_in_another_order_are_told_apart(tmp_path: Path) -> None:
+    same = {"mtime": 1.0e9, "container": "c" * 64, "created": "2026-01-01T00:00:00Z"}
+    (layer,) = explain(build(tmp_path, "a", **same, shuffle=1), build(tmp_path, "b", **same, shuffle=2))
+    (archive,) = layer.files
+    assert archive.path == "(layer archive)" and archive.aspects == ("order",)
+    assert archive.first_difference is not None and archive.first_difference.startswith("entry ")
+
+
+def test_a_fraction_of_a_second_and_a_pax_record_are_named(tmp_path: Path) -> None:
+    same = {"container": "c" * 64, "created": "2026-01-01T00:00:00Z"}
+    differences = explain(build(tmp_path, "a", mtime=1.0e9, **same), build(tmp_path, "b", mtime=1.0e9 + 0.5, **same))
+    a_py = next(f for d in differences for f in d.files if f.path == "opt/envbuild/src/a.py")
+    assert set(a_py.aspects) == {"mtime", "pax headers"}  # atime/ctime records carry the time too
+
+
+def test_the_same_entries_with_other_header_bytes_name_the_member(tmp_path: Path) -> None:
+    entry = {"name": "etc/envbuild", "data": b"x", "mtime": 1.0e9}
+    pax, gnu = layer_tar([entry]), layer_tar([entry], fmt=tarfile.GNU_FORMAT)  # one entry, two header formats
+    old = save_archive(tmp_path / "old.tar", [BASE_LAYER, pax], _config(pax))
+    new = save_archive(tmp_path / "new.tar", [BASE_LAYER, gnu], _config(gnu))
+    (layer,) = explain(old, new)
+    (archive,) = layer.files
+    assert archive.aspects == ("bytes",) and "'etc/envbuild'" in (archive.first_difference or "")
+
+
+def _config(layer: bytes) -> dict:
+    diff_ids = ["sha256:" + hashlib.sha256(data).hexdigest() for data in (BASE_LAYER, layer)]
+    return config_for(diff_ids, created="2026-01-01T00:00:00Z", container="c" * 64)

@@ -7,9 +7,10 @@ from __future__ import annotations
 import hashlib
 import json
 import tarfile
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import IO, Any
 
 from envbuild.check.report import Difference, FileDifference
 from envbuild.errors import EnvbuildError
@@ -47,10 +48,15 @@ class _Entry:
     mode: int
     owner: str
     size: int
-    mtime: int
+    mtime: float  # exact: a PAX header can carry a fraction
     link: str
     digest: str
     head: bytes
+    names: str = ""  # uname:gname
+    pax: tuple[tuple[str, str], ...] = ()  # the PAX records the fields above do not already say (xattrs …)
+
+
+_PAX_SAID = {"path", "linkpath", "size", "mtime", "uid", "gid", "uname", "gname"}
 
 
 class _Image:
@@ -69,11 +75,19 @@ class _Image:
         assert handle is not None
         return handle.read()
 
-    def entries(self, index: int) -> dict[str, _Entry]:
+    def layer(self, index: int) -> IO[bytes]:
         handle = self.tar.extractfile(archive_member(self.tar, self.layers[index]))
         assert handle is not None
+        return handle
+
+    def names(self, index: int) -> list[tuple[str, int, int]]:
+        """Each member of layer ``index`` in archive order: its name, header offset and end of its data."""
+        with tarfile.open(fileobj=self.layer(index), mode="r:") as layer:
+            return [(info.name, info.offset, info.offset_data + info.size) for info in layer]
+
+    def entries(self, index: int) -> dict[str, _Entry]:
         entries: dict[str, _Entry] = {}
-        with tarfile.open(fileobj=handle, mode="r:") as layer:
+        with tarfile.open(fileobj=self.layer(index), mode="r:") as layer:
             for info in layer:
                 digest, head = "", b""
                 if info.isfile():
@@ -97,7 +111,16 @@ class _Image:
                     else "other"
                 )
                 entries[info.name.lstrip("./").rstrip("/") or "."] = _Entry(
-                    kind, info.mode, f"{info.uid}:{info.gid}", info.size, int(info.mtime), info.linkname, digest, head
+                    kind,
+                    info.mode,
+                    f"{info.uid}:{info.gid}",
+                    info.size,
+                    info.mtime,
+                    info.linkname,
+                    digest,
+                    head,
+                    f"{info.uname}:{info.gname}",
+                    tuple(sorted((k, v) for k, v in info.pax_headers.items() if k not in _PAX_SAID)),
                 )
         return entries
 
@@ -139,8 +162,7 @@ def step_label(created_by: str) -> str:
 
 def first_difference(old: bytes, new: bytes, context: int = 24) -> str:
     """Where two byte strings first differ, with a little of each side: ``offset 12: '…' vs '…'``."""
-    limit = min(len(old), len(new))
-    at = next((i for i in range(limit) if old[i] != new[i]), limit)
+    at = first_index(old, new)
     start = max(0, at - context)
     show = lambda data: data[start : at + context].decode("utf-8", "replace")  # noqa: E731
     return f"offset {at}: {show(old)!r} vs {show(new)!r}"
@@ -163,8 +185,10 @@ def _compare_entries(old: dict[str, _Entry], new: dict[str, _Entry]) -> list[Fil
                     ("size", a.size, b.size),
                     ("mode", a.mode, b.mode),
                     ("owner", a.owner, b.owner),
+                    ("owner names", a.names, b.names),
                     ("mtime", a.mtime, b.mtime),
                     ("link", a.link, b.link),
+                    ("pax headers", a.pax, b.pax),
                 )
                 if x != y
             ]
@@ -173,6 +197,42 @@ def _compare_entries(old: dict[str, _Entry], new: dict[str, _Entry]) -> list[Fil
                 detail = first_difference(a.head, b.head)
             found.append(FileDifference(path, "changed", tuple(aspects), detail))
     return found
+
+
+def _layer_bytes_difference(old: _Image, new: _Image, index: int) -> FileDifference:
+    """Two layers whose entries are all the same: their order differs, or an entry appears twice, or
+    the bytes of a header differ in what no field above compares (its format, padding)."""
+    a, b = old.names(index), new.names(index)
+    order_a, order_b = [name for name, _, _ in a], [name for name, _, _ in b]
+    if order_a != order_b:
+        at = next((i for i, (x, y) in enumerate(zip(order_a, order_b)) if x != y), min(len(a), len(b)))
+        show = lambda order: repr(order[at]) if at < len(order) else "(end)"  # noqa: E731
+        repeated = sorted(name for name, count in (Counter(order_a) | Counter(order_b)).items() if count > 1)
+        detail = f"entry {at}: {show(order_a)} vs {show(order_b)}"
+        if repeated:
+            detail += f"; listed more than once in one of them: {', '.join(repeated[:5])}"
+        return FileDifference("(layer archive)", "changed", ("order",), detail)
+    offset = _first_differing_offset(old.layer(index), new.layer(index))
+    member = next((name for name, start, end in a if start <= offset < end), None)
+    where = f"in the header or data of {member!r}" if member is not None else "after the last member"
+    return FileDifference("(layer archive)", "changed", ("bytes",), f"offset {offset}, {where}")
+
+
+def _first_differing_offset(old: IO[bytes], new: IO[bytes], chunk: int = 1 << 20) -> int:
+    offset = 0
+    while True:
+        x, y = old.read(chunk), new.read(chunk)
+        if x != y:
+            return offset + first_index(x, y)
+        if not x:
+            return offset
+        offset += len(x)
+
+
+def first_index(old: bytes, new: bytes) -> int:
+    """The first index at which two byte strings differ (the shorter one's length when one is a prefix)."""
+    limit = min(len(old), len(new))
+    return next((i for i in range(limit) if old[i] != new[i]), limit)
 
 
 def _config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[FileDifference]:
@@ -221,6 +281,8 @@ def explain(old_archive: Path, new_archive: Path, *, max_files: int = 40) -> tup
             if a == b:
                 continue
             files = _compare_entries(old.entries(index) if a else {}, new.entries(index) if b else {})
+            if a and b and not files:  # the same entries, other bytes: say where the archives part
+                files = [_layer_bytes_difference(old, new, index)]
             step = (new if b else old).step(index)
             differences.append(
                 Difference(
