@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -102,7 +103,24 @@ print(get_hf_model_checkpoint_path(sys.argv[1]))
 def verl_hf_export_dir(venv: Venv, checkpoint_root: Path, step: int = 1) -> Path:
     """Where verl writes the HF weights of the actor's checkpoint at ``step``: ``<root>/global_step_N/actor``
     (``_save_checkpoint`` in verl/trainer/ppo/v1/trainer_base.py) joined by verl's own
-    function. It creates the directories, as verl does when it saves."""
-    done = venv.run("-c", _HF_EXPORT_DIR, str(checkpoint_root / f"global_step_{step}" / "actor"), timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return Path(done.stdout.strip().splitlines()[-1])
+    function. It creates the directories, as verl does when it saves.
+
+    verl's function joins names to the path it is given, so its answer below the root is the same for any
+    root: it is run once per environment (importing verl's stack, ~10 s of CPU) and that part is kept beside
+    the environment, which never changes once made (:func:`tests.lib.pyenvs.cached_venv`)."""
+    kept = venv.root / f".verl-hf-export-dir-step-{step}"
+    try:
+        relative = Path(kept.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        with tempfile.TemporaryDirectory() as scratch:
+            root = Path(scratch)
+            done = venv.run("-c", _HF_EXPORT_DIR, str(root / f"global_step_{step}" / "actor"), timeout=300)
+            assert done.returncode == 0, done.stderr[-2000:]
+            relative = Path(done.stdout.strip().splitlines()[-1]).relative_to(root)
+        assert relative.parts[:2] == (f"global_step_{step}", "actor"), relative
+        partial = kept.with_name(f"{kept.name}.{os.getpid()}")
+        partial.write_text(str(relative), encoding="utf-8")
+        partial.replace(kept)  # whole or not at all: parallel sessions may both write it
+    where = checkpoint_root / relative
+    where.mkdir(parents=True, exist_ok=True)
+    return where
