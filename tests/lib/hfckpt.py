@@ -7,7 +7,8 @@ inside a cached environment of :data:`tests.lib.pyenvs.HF_STACK`, and written in
 
 - ``write_hf_checkpoint(directory, "glm_moe_dsa", num_hidden_layers=4, ...)`` returns ``directory``;
   ``max_shard_size`` (e.g. ``"20KB"``) makes it sharded, with ``model.safetensors.index.json``.
-- :func:`write_hf_checkpoints` writes several in one interpreter (importing torch is most of the cost).
+- :func:`write_hf_checkpoints` writes several in one interpreter (importing torch is most of the cost),
+  each once per machine (kept under ``CACHE_DIR/hf-checkpoints``) and copied from there.
 - :func:`transformers_names` asks the same environment, for each config.json, the names
   envrun's own :mod:`envrun.checkpoint.saved_names` gives (the model on the meta device) and the names a
   real ``save_pretrained`` of the real model writes, so tests compare both with the static description.
@@ -17,13 +18,18 @@ inside a cached environment of :data:`tests.lib.pyenvs.HF_STACK`, and written in
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
+import shutil
 import struct
+import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from envrun.checkpoint.modelnames import SCRIPT_PATH
+from tests.lib.baseimage import CACHE_DIR
 from tests.lib.pyenvs import HF_STACK, Venv, cached_venv
 
 # A GLM-5-shaped (glm_moe_dsa) config at tiny sizes: MLA attention, the DSA indexer, MoE with a shared
@@ -136,19 +142,44 @@ class HFSpec:
 
 
 def write_hf_checkpoints(specs: Sequence[HFSpec]) -> None:
-    """Write every checkpoint of ``specs`` with save_pretrained, in one interpreter."""
-    docs = [
-        {
-            "model_type": s.model_type,
-            "config": s.fields(),
-            "directory": str(s.directory),
-            "max_shard_size": s.max_shard_size,
-        }
-        for s in specs
-    ]
-    done = hf_venv().run("-c", _WRITE, input=json.dumps(docs), timeout=600)
-    if done.returncode != 0:
-        raise RuntimeError(f"save_pretrained failed:\n{done.stderr[-3000:]}")
+    """Write every checkpoint of ``specs`` with save_pretrained, in one interpreter.
+
+    Each is written once per machine and copied from there: the model is seeded, so the environment, the
+    spec and :data:`_WRITE` decide every byte, and the key holds all three (importing torch and saving
+    costs ~10 s of CPU a module; the tests only read what was written, or alter their own copy)."""
+    docs = [{"model_type": s.model_type, "config": s.fields(), "max_shard_size": s.max_shard_size} for s in specs]
+    kept = [KEPT / _kept_key(doc) for doc in docs]
+    if not all(path.is_dir() for path in kept):
+        KEPT.mkdir(parents=True, exist_ok=True)
+        with (KEPT / "write.lock").open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # parallel sessions wait rather than write twice
+            _write_missing(docs, kept)
+    for spec, path in zip(specs, kept):
+        shutil.copytree(path, spec.directory, dirs_exist_ok=True)
+
+
+KEPT = CACHE_DIR / "hf-checkpoints"
+
+
+def _kept_key(doc: dict[str, object]) -> str:
+    source = json.dumps([hf_venv().root.name, doc, _WRITE], sort_keys=True).encode()
+    return hashlib.sha256(source).hexdigest()[:16]
+
+
+def _write_missing(docs: list[dict[str, object]], kept: list[Path]) -> None:
+    missing = {path.name: doc for doc, path in zip(docs, kept) if not path.is_dir()}
+    if not missing:
+        return
+    scratch = Path(tempfile.mkdtemp(dir=KEPT, prefix="writing-"))
+    try:  # written aside, then moved in whole: a kept checkpoint is complete or absent
+        todo = [{**doc, "directory": str(scratch / name)} for name, doc in missing.items()]
+        done = hf_venv().run("-c", _WRITE, input=json.dumps(todo), timeout=600)
+        if done.returncode != 0:
+            raise RuntimeError(f"save_pretrained failed:\n{done.stderr[-3000:]}")
+        for name in missing:
+            (scratch / name).rename(KEPT / name)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def write_hf_checkpoint(
