@@ -23,8 +23,7 @@ from envbuild.image.syncdir import stable_context_dir
 from envbuild.lock.io import read_lock
 from envbuild.verify.pins import VerifyOptions
 from tests.lib.gitrepos import Served
-from tests.lib.imagelock import ImageLockEnv, make_sources, make_wheels
-from tests.lib.pyindex import PyIndex
+from tests.lib.imagelock import ImageLockEnv, served_env
 from tests.lib.services import PushedImage, remove_lock_images
 from tests.lib.signals import restore_sigint
 
@@ -37,17 +36,10 @@ LOCK_NAME = "clitransport"
 def env(
     served: Served, pushed_base_image: PushedImage, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ImageLockEnv]:
-    repos = make_sources(served.base)
-    wheels = tmp_path_factory.mktemp("wheels")
-    make_wheels(wheels)
-    with PyIndex(wheels) as index:
-        yield ImageLockEnv(
-            repos,
-            {n: served.url(n, "daemon-filter") for n in repos},
-            index,
-            f"{pushed_base_image.repository}:{pushed_base_image.tag}",
-            pushed_base_image.digest,
-        )
+    name = f"{pushed_base_image.repository}:{pushed_base_image.tag}"
+    wheels = tmp_path_factory.mktemp("cli-wheels")
+    with served_env(served, LOCK_NAME, name, pushed_base_image.digest, wheels) as made:
+        yield made
 
 
 @pytest.fixture(scope="module")
