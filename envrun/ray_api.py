@@ -69,9 +69,11 @@ def job_client(address: str) -> Any:
         from ray.job_submission import JobSubmissionClient
     except ImportError:
         raise InputError("Ray is needed here: pip install 'envbuild[ray]'") from None
-    # Ray's client logs every package it uploads for a job (the node check's py_modules) at INFO: noise
-    # between envrun's own lines.
-    logging.getLogger("ray.dashboard.modules.dashboard_sdk").setLevel(logging.WARNING)
+    # Ray's client logs every package it makes and uploads for a job (the node check's py_modules) at
+    # INFO: noise between envrun's own lines. (Its handler also keeps the stderr it was made with, which
+    # may be closed by the time it writes: a "--- Logging error ---" traceback in envrun's output.)
+    for name in ("ray.dashboard.modules.dashboard_sdk", "ray._private.runtime_env.packaging"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     headers = auth_headers()
     try:
         return JobSubmissionClient(address, headers=headers)

@@ -29,6 +29,9 @@ CHECK = "ray-node"
 JOB_TIMEOUT_SECONDS = TASK_TIMEOUT_SECONDS + 120
 # What travels with the node job: the packages of envrun's own checks, uploaded by Ray.
 PY_MODULES = [str(Path(__file__).resolve().parents[2] / name) for name in ("envbuild", "envrun")]
+# Bytecode stays home: the node compiles for its own Python, and a package's hash must not change with
+# what the submitting interpreter happened to write (each new hash is another upload to the cluster).
+PY_MODULES_EXCLUDES = ["__pycache__/", "*.pyc"]
 
 __all__ = ["CHECK", "MANIFEST", "NodeAsk", "ask_nodes", "node_lines"]
 
@@ -75,7 +78,7 @@ def ask_nodes(address: str, ask: NodeAsk = NodeAsk()) -> list[dict[str, Any]]:
         timeout=JOB_TIMEOUT_SECONDS,
         submission_id=f"envrun-nodecheck-{uuid.uuid4().hex[:12]}",
         metadata={"envrun.purpose": "node check"},
-        runtime_env={"py_modules": PY_MODULES},
+        runtime_env={"py_modules": PY_MODULES, "excludes": PY_MODULES_EXCLUDES},
     )
     for line in reversed(logs.splitlines()):
         if line.startswith(MARKER):
