@@ -576,7 +576,7 @@ def scale_one(
                 file=sys.stderr,
             )
 
-            print(f"  envbuild image (through {engine.transport.describe()}):", file=sys.stderr)
+            print("  envbuild image:", file=sys.stderr)
             start = time.perf_counter()
             full = build_image(read_lock(lock), ImageOptions(options, no_cache=True), engine=engine, progress=say)
             out["full"] = time.perf_counter() - start

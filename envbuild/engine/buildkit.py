@@ -168,15 +168,12 @@ class BuildKitProgress:
         if event.get("id") == IMAGE_ID and isinstance(aux, dict) and isinstance(aux.get("ID"), str):
             self.image_id = aux["ID"]
         elif event.get("id") == TRACE_ID and isinstance(aux, str):
-            self.status(decode_status(aux))
-
-    def status(self, status: Status) -> None:
-        """One status update: from the Engine API's trace, or read off the docker CLI's plain progress."""
-        with self._lock:
-            for vertex in status.vertexes:
-                self._vertex(vertex)
-            for log in status.logs:
-                self._log(log)
+            status = decode_status(aux)
+            with self._lock:
+                for vertex in status.vertexes:
+                    self._vertex(vertex)
+                for log in status.logs:
+                    self._log(log)
 
     def _vertex(self, vertex: Vertex) -> None:
         digest, now = vertex.digest, time.monotonic()

@@ -1,11 +1,8 @@
-"""The only module that talks to the container engine: the docker SDK against ``DOCKER_HOST`` (and, for
-builds, the docker CLI: :mod:`.cli_build`).
+"""The only module that talks to the container engine: the docker SDK against ``DOCKER_HOST``.
 
-Builds use the engine's BuildKit (:meth:`Engine.buildkit_build`), with no network: a
-:class:`SyncedContext` through the docker CLI's session transport when a CLI that runs BuildKit is
-found (:attr:`Engine.transport`), else, like a plain :class:`ContextStream`, through ``POST
-/build?version=2`` over the SDK's connection, the context as the tar body (its trace decoded by
-:mod:`.buildkit`); the stream is turned into one progress line per step, and a failed step raises :class:`EngineError` with that step's
+Builds use the engine's BuildKit (:meth:`Engine.buildkit_build`: ``POST /build?version=2`` over the
+SDK's connection, the context as the tar body, no session; its trace decoded by :mod:`.buildkit`), with
+no network; the stream is turned into one progress line per step, and a failed step raises :class:`EngineError` with that step's
 instruction and the tail of its log. The build context is
 streamed to the engine as it is read (a directory, or a :class:`ContextStream` of tar chunks): the SDK
 would first copy a directory into a temporary tar file, a second copy of every package file.
@@ -34,14 +31,12 @@ import requests
 
 from envbuild.data.reference import split_reference, split_tag
 from envbuild.engine.buildkit import BuildKitProgress
-from envbuild.engine.cli_build import Transport, find_transport, run_cli_build
 from envbuild.engine.transfer import (
     LOG_TAIL,
     BuildStep,
     ContextStream,
     LayerProgress,
     Meter,
-    SyncedContext,
 )
 from envbuild.errors import EngineError
 from envbuild.interrupts import deferred_interrupts
@@ -65,7 +60,6 @@ def _chunks_of(archive: Path | Iterable[bytes]) -> Iterator[bytes]:
 class BuildOutcome:
     image_id: str  # "sha256:<hex>" of the raw (not yet normalised) image
     steps: tuple[BuildStep, ...]
-    sent: int = 0  # bytes of the context sent to the engine
 
 
 @dataclass(frozen=True)
@@ -132,21 +126,10 @@ def _engine_errors(what: str, address: str | None = None) -> Iterator[None]:
 class Engine:
     """A docker engine. ``Engine.connect()`` checks that one answers."""
 
-    def __init__(
-        self, client: docker.DockerClient, address: str | None = None, transport: Transport | None = None
-    ) -> None:
+    def __init__(self, client: docker.DockerClient, address: str | None = None) -> None:
         self.client = client
         self.api = client.api
         self.address = address or engine_address()
-        self._transport = transport
-
-    @property
-    def transport(self) -> Transport:
-        """How a :class:`SyncedContext` is built: the docker CLI found here (once, on first use) or the
-        Engine API, and why."""
-        if self._transport is None:
-            self._transport = find_transport()
-        return self._transport
 
     @classmethod
     def connect(cls, address: str | None = None) -> Engine:
@@ -184,7 +167,7 @@ class Engine:
 
     def buildkit_build(
         self,
-        context: ContextStream | SyncedContext,
+        context: ContextStream,
         *,
         dockerfile: str = "Dockerfile",
         nocache: bool = False,
@@ -192,20 +175,11 @@ class Engine:
         tag: str | None = None,
         what: str = "the build context",
     ) -> BuildOutcome:
-        """Build ``dockerfile`` of the context with the engine's own BuildKit, no network for the whole
-        build; ``tag`` is set when the build succeeds (and only then). Needs docker >= 20.10 (``RUN
-        --mount`` without a ``# syntax`` line). A :class:`SyncedContext` goes through the docker CLI when
-        :attr:`transport` has one (its directory's ``Dockerfile``); anything else through ``POST
-        /build?version=2``, the context as the tar body."""
+        """Build ``dockerfile`` of the context with the engine's own BuildKit (``POST /build?version=2``,
+        the context as the tar body: no session, no docker CLI), no network for the whole build; ``tag`` is
+        set when the build succeeds (and only then). Needs docker >= 20.10 (``RUN --mount`` without a
+        ``# syntax`` line)."""
         say = progress
-        if isinstance(context, SyncedContext):
-            cli = self.transport.cli
-            if cli is not None:
-                directory = context.directory()
-                say(f"sending {what} through {cli.path}: what changed since its last build of {directory}")
-                built = run_cli_build(cli, self.address, directory, nocache=nocache, tag=tag, progress=say)
-                return BuildOutcome(built.image_id, built.steps, built.sent)
-            context = context.stream()
         meter = Meter(say, f"sent {what}", context.payload)
         build = BuildKitProgress(say)
         params: dict[str, str] = {
@@ -245,7 +219,7 @@ class Engine:
             raise EngineError("build: the engine finished without naming the built image")
         steps = build.steps
         say(f"built {build.image_id[:19]}: {len(steps)} steps, {sum(s.cached for s in steps)} from the cache")
-        return BuildOutcome(build.image_id, steps, context.payload)
+        return BuildOutcome(build.image_id, steps)
 
     def prune_build_cache(self, keep_storage: int) -> int:
         """Prune BuildKit's cache down to ``keep_storage`` bytes (what it reports it reclaimed). The

@@ -65,16 +65,6 @@ class ContextStream:
     payload: int
 
 
-@dataclass(frozen=True)
-class SyncedContext:
-    """A build context either transport takes: a tar made on demand (the Engine API), or a stable
-    directory brought up to date on demand (the docker CLI's session, which sends what changed)."""
-
-    stream: Callable[[], ContextStream]
-    directory: Callable[[], Path]
-    payload: int
-
-
 def directory_context(root: Path) -> ContextStream:
     """A directory as a build context: every entry under it, sorted, with its own mode and mtime,
     owner 0:0 and no owner names."""

@@ -62,8 +62,7 @@ from envbuild.image.retention import (
     keep_only,
     raw_reference,
 )
-from envbuild.image.stream import buildkit_entries
-from envbuild.image.syncdir import stable_context_dir, synced_context
+from envbuild.image.stream import buildkit_context
 from envbuild.index.filecache import FileCache
 from envbuild.interrupts import sigterm_interrupts
 from envbuild.lock.io import LockFile
@@ -248,17 +247,11 @@ class _Assembled:
 def _build(build: _Assembled) -> BuildResult:
     plan, context, options, engine, say = build.plan, build.context, build.options, build.engine, build.say
     ensure_base(engine, plan, say)
-    say(f"builds go through {engine.transport.describe()}: {engine.transport.reason}")
-    synced = stable_context_dir(options.cache_dir, plan.lock_name)  # the lock name's lock is held
-    packages = (
-        ensure_packages_image(engine, context, no_cache=options.no_cache, say=say, synced=synced / "packages")
-        if plan.files
-        else None
-    )
+    packages = ensure_packages_image(engine, context, no_cache=options.no_cache, say=say) if plan.files else None
     raw_tag = raw_reference(plan.lock_name, plan.lock_sha256)
-    source = synced_context(buildkit_entries(context, render_buildkit_image_dockerfile(plan)), synced / "image")
+    stream = buildkit_context(context, render_buildkit_image_dockerfile(plan))
     say(f"building {plan.lock_name} (BuildKit, no network{', no cache' if options.no_cache else ''})")
-    outcome = engine.buildkit_build(source, nocache=options.no_cache, progress=say, tag=raw_tag, what="the sources")
+    outcome = engine.buildkit_build(stream, nocache=options.no_cache, progress=say, tag=raw_tag, what="the sources")
 
     known = read_map(options.cache_dir).get(outcome.image_id)
     image = engine.inspect(known["image_id"]) if known and known.get("lock_sha256") == plan.lock_sha256 else None
@@ -334,7 +327,7 @@ def _build(build: _Assembled) -> BuildResult:
         reused=reused,
         pushed=pushed,
         packages=packages,
-        sent=(packages.sent if packages else 0) + outcome.sent,
+        sent=(packages.sent if packages else 0) + stream.payload,
     )
 
 

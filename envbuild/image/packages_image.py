@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from envbuild.engine.client import BuildStep, Engine
@@ -27,8 +26,7 @@ from envbuild.image.normalise import load_packages_image
 from envbuild.image.plan import DISTRO_REMOVED_LABEL
 from envbuild.image.render import PACKAGES_REPORT, base_reference, packages_reference
 from envbuild.image.retention import raw_packages_reference
-from envbuild.image.stream import packages_entries
-from envbuild.image.syncdir import synced_context
+from envbuild.image.stream import packages_context
 from envbuild.progress import Progress
 
 
@@ -53,23 +51,21 @@ def _distro_removed(image: dict[str, Any]) -> tuple[dict[str, Any], ...]:
     return tuple(d for d in found if isinstance(d, dict))
 
 
-def ensure_packages_image(
-    engine: Engine, context: BuildContext, *, no_cache: bool, say: Progress, synced: Path
-) -> PackagesImage:
+def ensure_packages_image(engine: Engine, context: BuildContext, *, no_cache: bool, say: Progress) -> PackagesImage:
     """The packages image: the package files are bind-mounted into the install step (sent in the build
-    context, in no layer; ``synced`` is the stable directory the docker CLI sends it from); the report
-    is read from the built image; the config is composed, the removal layer on top."""
+    context, in no layer); the report is read from the built image; the config is composed, the removal
+    layer on top."""
     plan = context.plan
     reference = packages_reference(plan)
     found = None if no_cache else engine.inspect(reference)
     if found is not None:
         say(f"packages: {reference} is the base with these package files installed already; reused")
         return PackagesImage(reference, found["Id"], False, distro_removed=_distro_removed(found))
-    source = synced_context(packages_entries(context), synced)
+    stream = packages_context(context)
     base = base_reference(plan)  # on the engine, for the lock's platform: ensure_base made sure of it
-    say(f"packages: installing {len(plan.files)} package files ({human_bytes(source.payload)}; BuildKit, no network)")
+    say(f"packages: installing {len(plan.files)} package files ({human_bytes(stream.payload)}; BuildKit, no network)")
     raw = raw_packages_reference(plan.lock_name)
-    outcome = engine.buildkit_build(source, nocache=no_cache, progress=say, tag=raw, what="the package files")
+    outcome = engine.buildkit_build(stream, nocache=no_cache, progress=say, tag=raw, what="the package files")
     try:
         report = _report(engine.read_file(raw, PACKAGES_REPORT).decode("utf-8", "replace"))
         if report["remove"]:
@@ -97,7 +93,7 @@ def ensure_packages_image(
     say(f"packages: {reference} ({image_id[:19]})")
     _say_kept(report, say)
     distro = tuple(d for d in report.get("distro", []) if isinstance(d, dict))
-    return PackagesImage(reference, image_id, True, outcome.steps, tuple(report["replaced"]), outcome.sent, distro)
+    return PackagesImage(reference, image_id, True, outcome.steps, tuple(report["replaced"]), stream.payload, distro)
 
 
 def _say_kept(report: dict[str, Any], say: Progress) -> None:

@@ -9,16 +9,12 @@ each build gets only what it reads (:mod:`.render`):
 
 Headers carry a fixed mode and mtime, owner 0:0 and no owner names; every RUN that reads them sets the
 times of what it writes itself, so no mtime here reaches a layer (BuildKit's cache keys leave them out
-too). Nothing is written to disk: the tar is made as the engine reads it. The same entries, written
-into a stable directory instead (:mod:`.syncdir`), are what the docker CLI's session sends: each names
-its content (``identity``) for that.
+too). Nothing is written to disk: the tar is made as the engine reads it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
-import json
 import os
 import stat
 import tarfile
@@ -52,9 +48,6 @@ class Entry:
     data: bytes | None = None  # or in memory
     target: str = ""  # a symlink's
     size: int = 0
-    # What the content is, as a hex digest (a file's sha256, a source's pin): a directory made of these
-    # entries gives a file a new mtime exactly when its content changes (:mod:`.syncdir`)
-    identity: str = ""
 
 
 def _dirs_to(name: str, mtime: int, have: set[str]) -> list[Entry]:
@@ -69,9 +62,9 @@ def _dirs_to(name: str, mtime: int, have: set[str]) -> list[Entry]:
     return out
 
 
-def _tree(root: Path, prefix: str, identity: str = "") -> list[Entry]:
+def _tree(root: Path, prefix: str) -> list[Entry]:
     """Every entry under ``root`` as ``prefix/<relative path>``, with its own mode and mtime; links are
-    never followed. ``identity`` names the content of every file and link of the tree."""
+    never followed."""
     entries = [Entry(prefix, "dir", _DIR_MODE, int(root.lstat().st_mtime))]  # the tree's own directory
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
@@ -81,37 +74,37 @@ def _tree(root: Path, prefix: str, identity: str = "") -> list[Entry]:
             inside = f"{prefix}/{path.relative_to(root).as_posix()}"
             mode, mtime = stat.S_IMODE(info.st_mode), int(info.st_mtime)
             if stat.S_ISLNK(info.st_mode):
-                entries.append(Entry(inside, "symlink", mode, mtime, target=str(path.readlink()), identity=identity))
+                entries.append(Entry(inside, "symlink", mode, mtime, target=str(path.readlink())))
             elif stat.S_ISDIR(info.st_mode):
                 entries.append(Entry(inside, "dir", mode, mtime))
             elif stat.S_ISREG(info.st_mode):
-                entries.append(Entry(inside, "file", mode, mtime, path=path, size=info.st_size, identity=identity))
+                entries.append(Entry(inside, "file", mode, mtime, path=path, size=info.st_size))
     return entries
 
 
-def _file(name: str, path: Path, mode: int, mtime: int, identity: str = "") -> Entry:
-    """A file from disk; its identity is its sha256 unless given (a small file: read to hash it)."""
-    size = path.stat().st_size
-    digest = identity or hashlib.sha256(path.read_bytes()).hexdigest()
-    return Entry(name, "file", mode, mtime, path=path, size=size, identity=digest)
+def _file(name: str, path: Path, mode: int | None = None, mtime: int | None = None) -> Entry:
+    info = path.stat()
+    return Entry(
+        name,
+        "file",
+        stat.S_IMODE(info.st_mode) if mode is None else mode,
+        int(info.st_mtime) if mtime is None else mtime,
+        path=path,
+        size=info.st_size,
+    )
 
 
 def _data(name: str, data: bytes, mode: int, mtime: int) -> Entry:
-    return Entry(name, "file", mode, mtime, data=data, size=len(data), identity=hashlib.sha256(data).hexdigest())
-
-
-def complete(entries: list[Entry]) -> list[Entry]:
-    """The entries with every missing parent directory, sorted by name (parents first)."""
-    have = {e.name for e in entries if e.kind == "dir"}
-    whole = list(entries)
-    for entry in entries:
-        whole += _dirs_to(entry.name, entry.mtime, have)
-    return sorted(whole, key=lambda e: e.name.encode("utf-8", "surrogateescape"))
+    return Entry(name, "file", mode, mtime, data=data, size=len(data))
 
 
 def stream(entries: list[Entry]) -> ContextStream:
     """The entries (with every missing parent directory) as a tar made on demand, sorted by name."""
-    ordered = complete(entries)
+    have = {e.name for e in entries if e.kind == "dir"}
+    complete = list(entries)
+    for entry in entries:
+        complete += _dirs_to(entry.name, entry.mtime, have)
+    ordered = sorted(complete, key=lambda e: e.name.encode("utf-8", "surrogateescape"))
 
     def chunks() -> Iterator[bytes]:
         sink = TarSink()
@@ -147,25 +140,18 @@ def stream(entries: list[Entry]) -> ContextStream:
 
 
 def buildkit_context(context: BuildContext, dockerfile: str) -> ContextStream:
-    """The image's build context on BuildKit, as a tar: :func:`buildkit_entries`."""
-    return stream(buildkit_entries(context, dockerfile))
-
-
-def buildkit_entries(context: BuildContext, dockerfile: str) -> list[Entry]:
     """The image's build context on BuildKit: ``Dockerfile``, ``tools/`` (the tools stage's script and
     clamp-mtimes), each source's tree as ``src/<name>/`` and ``meta/``. Every RUN bind-mounts what it
     reads and sets its times itself, so no mtime here reaches a layer (BuildKit's cache keys leave
-    them out too). A source tree's identity is its manifest entry's (commit, trees, files)."""
+    them out too)."""
     plan, epoch = context.plan, context.plan.epoch
     entries = [_data("Dockerfile", dockerfile.encode(), 0o644, epoch), *_tools_entries()]
-    pins = {entry["name"]: entry for entry in context.manifest.get("sources", [])}
     for source in plan.sources:
-        pin = json.dumps(pins.get(source.name), sort_keys=True).encode()
-        entries += _tree(context.path / source.context_path, source.context_path, hashlib.sha256(pin).hexdigest())
+        entries += _tree(context.path / source.context_path, source.context_path)
     meta = context.path / "envbuild"
     for name in ("inimage_probe.py", "treehash.py", "manifest.json", "requirements.txt"):
         entries.append(_file(f"meta/{name}", meta / name, 0o644, epoch))
-    return entries
+    return stream(entries)
 
 
 def _tools_entries() -> list[Entry]:
@@ -176,24 +162,14 @@ def _tools_entries() -> list[Entry]:
 
 
 def packages_context(context: BuildContext) -> ContextStream:
-    """The packages image's build context on BuildKit, as a tar: :func:`packages_entries`."""
-    return stream(packages_entries(context))
-
-
-def packages_entries(context: BuildContext) -> list[Entry]:
     """The packages image's build context on BuildKit: ``Dockerfile``, ``tools/`` and ``packages/`` (the
-    package files, the requirements and the scripts), which its install step bind-mounts. A package
-    file's identity is its sha256 as the lock pins it (checked when it entered the cache)."""
+    package files, the requirements and the scripts), which its install step bind-mounts."""
     plan, epoch, top = context.plan, PACKAGES_EPOCH, "packages"
-    pinned = {item.filename: item.sha256 for item in plan.files}
     entries = [_data("Dockerfile", render_packages_dockerfile(plan).encode(), 0o644, epoch), *_tools_entries()]
-    entries += [
-        _file(f"{top}/wheels/{p.name}", p, 0o444, epoch, pinned[p.name])
-        for p in sorted((context.path / "wheels").iterdir())
-    ]
+    entries += [_file(f"{top}/wheels/{p.name}", p, 0o444, epoch) for p in sorted((context.path / "wheels").iterdir())]
     entries += [
         _file(f"{top}/requirements.txt", context.path / "envbuild" / "requirements.txt", 0o644, epoch),
         _data(f"{top}/stage_packages.py", load_template("stage_packages.py.in").encode(), 0o644, epoch),
         _data(f"{top}/packages.sh", render_buildkit_packages_script(plan).encode(), 0o644, epoch),
     ]
-    return entries
+    return stream(entries)
