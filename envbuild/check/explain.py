@@ -8,6 +8,7 @@ import hashlib
 import json
 import tarfile
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
@@ -205,7 +206,7 @@ def _layer_bytes_difference(old: _Image, new: _Image, index: int) -> FileDiffere
     a, b = old.names(index), new.names(index)
     order_a, order_b = [name for name, _, _ in a], [name for name, _, _ in b]
     if order_a != order_b:
-        at = next((i for i, (x, y) in enumerate(zip(order_a, order_b)) if x != y), min(len(a), len(b)))
+        at = first_index(order_a, order_b)
         show = lambda order: repr(order[at]) if at < len(order) else "(end)"  # noqa: E731
         repeated = sorted(name for name, count in (Counter(order_a) | Counter(order_b)).items() if count > 1)
         detail = f"entry {at}: {show(order_a)} vs {show(order_b)}"
@@ -229,8 +230,9 @@ def _first_differing_offset(old: IO[bytes], new: IO[bytes], chunk: int = 1 << 20
         offset += len(x)
 
 
-def first_index(old: bytes, new: bytes) -> int:
-    """The first index at which two byte strings differ (the shorter one's length when one is a prefix)."""
+def first_index(old: Sequence[object], new: Sequence[object]) -> int:
+    """The first index at which two sequences (bytes, names) differ (the shorter one's length when one is a
+    prefix)."""
     limit = min(len(old), len(new))
     return next((i for i in range(limit) if old[i] != new[i]), limit)
 
