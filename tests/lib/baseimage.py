@@ -5,9 +5,10 @@ No public registry is reachable from the test machines, so the image is made her
 1. ``debootstrap --variant=minbase --include=python3,python3-pip,python3-setuptools,python3-venv``
    bookworm into a scratch directory (the .debs are kept in a package cache for the next build);
 2. a CANN-like toolkit tree is added (see ``cann_files``);
-3. machine-local state (logs, apt lists, caches) and documentation are removed, and the root
-   filesystem is tarred deterministically (entries sorted by name, every mtime set to the
-   recipe's epoch, numeric owners, no atime/ctime) into one image layer;
+3. machine-local state (logs, apt lists, caches) and documentation are removed, the Python modules
+   are compiled again for the epoch's mtime (see ``_recompile``), and the root filesystem is tarred
+   deterministically (entries sorted by name, every mtime set to the recipe's epoch, numeric owners,
+   no atime/ctime) into one image layer;
 4. that layer, an image config with fixed timestamps and a manifest are written as a ``docker save``
    archive, which ``docker load`` turns into ``envbuild-test/base:bookworm-cann9.1.0``.
 
@@ -74,7 +75,7 @@ DISTRO_PYTHON = {"setuptools": "66.1.1", "wheel": "0.38.4"}
 EPOCH = 1747699200
 EPOCH_ISO = "2025-05-20T00:00:00Z"
 # Bump when anything below changes in a way the other recipe fields do not show.
-RECIPE_REVISION = 1
+RECIPE_REVISION = 3  # 3: bytecode that matches the epoch's mtimes (_recompile)
 
 # Machine-local state debootstrap leaves behind; none of it belongs in an image.
 _SCRUB = (
@@ -263,6 +264,7 @@ def build_archive(archive: Path, key: str) -> None:
         _debootstrap(rootfs)
         _add_cann(rootfs)
         _scrub(rootfs)
+        _recompile(rootfs)
         layer = work / "layer.tar"
         _tar_rootfs(rootfs, layer)
         partial = work / "image.docker.tar"
@@ -336,6 +338,33 @@ def _scrub(rootfs: Path) -> None:
     (rootfs / "var/lib/apt/lists/partial").mkdir(parents=True, exist_ok=True)
     (rootfs / "var/cache/apt/archives/partial").mkdir(parents=True, exist_ok=True)
     (rootfs / "var/log/apt").mkdir(parents=True, exist_ok=True)
+
+
+def _recompile(rootfs: Path) -> None:
+    """Compile the image's Python modules again, for sources whose mtime is the epoch.
+
+    A timestamp ``.pyc`` holds its source's mtime, and Python recompiles a module whose source says
+    otherwise. dpkg's py3compile wrote this bytecode at install time, and the tar below sets every mtime
+    to the epoch, so none of it would be valid any more: every Python process in the image (each build
+    step's pip, the in-image check, a job) would compile pip, setuptools and the stdlib from source again
+    (``pip list`` 2.0 s instead of 0.8 s here). A real base image's bytecode matches its sources; this
+    one's must too."""
+    tops = sorted(p for p in (rootfs / "usr/lib").glob("python3*") if p.is_dir() and not p.is_symlink())
+    for top in tops:
+        for source in top.rglob("*.py"):
+            if source.is_symlink():  # its target is the module's source: within the rootfs, not here
+                link = os.readlink(source)
+                source = rootfs / link.lstrip("/") if link.startswith("/") else source.parent / link
+            if source.is_file() and not source.is_symlink():
+                os.utime(source, (EPOCH, EPOCH))
+    inside = [f"/{top.relative_to(rootfs)}" for top in tops]
+    chroot = shutil.which("chroot") or "/usr/sbin/chroot"
+    subprocess.run(
+        [chroot, str(rootfs), "/usr/bin/python3", "-m", "compileall", "-q", "-f", *inside],
+        check=True,
+        capture_output=True,
+        env={"PATH": "/usr/bin:/bin", "LC_ALL": "C"},
+    )
 
 
 def _tar_rootfs(rootfs: Path, layer: Path) -> None:
