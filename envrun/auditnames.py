@@ -62,6 +62,7 @@ class ImageModelNames:
 
     def __call__(self, config: bytes, max_names: int) -> ExpectedNames:
         from envbuild.engine.client import Engine  # the engine's client costs an import: only when asked
+        from envrun.bytecode import prepare_for, with_bytecode
 
         shown = f"{self.python} in image {self.image}"
         with tempfile.TemporaryDirectory(prefix="envrun-names-") as tmp:
@@ -70,12 +71,9 @@ class ImageModelNames:
             command = script_argv([self.python], max_names, f"{_MOUNT}/config.json")
             try:
                 with Engine.connect() as engine:
-                    done = engine.run(
-                        self.image,
-                        command,
-                        volumes={tmp: {"bind": _MOUNT, "mode": "ro"}},
-                        environment=dict(self.env or {}),
-                    )
+                    bytecode = prepare_for(engine, self.image)  # transformers and torch, compiled once
+                    env, volumes = with_bytecode(bytecode, self.env or {}, {tmp: {"bind": _MOUNT, "mode": "ro"}})
+                    done = engine.run(self.image, command, volumes=volumes, environment=env)
             except EngineError as exc:
                 raise ModelNamesError(f"{shown}: cannot run a container: {exc}") from None
         names = interpret_answer(done.exit_code, done.stdout, last_line(done.stderr), config, shown, max_names)

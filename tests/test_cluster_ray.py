@@ -24,6 +24,7 @@ from envbuild.data.reference import split_reference
 from envbuild.lock.io import read_lock, write_lock
 from envbuild.lock.platform import OCI_ARCH
 from envrun import ray_api
+from envrun.bytecode import MOUNT, Bytecode
 from envrun.cli.main import main
 from envrun.cluster.info import ClusterInfo
 from envrun.cluster.spec import ClusterSpec, load_cluster_file
@@ -256,6 +257,10 @@ def test_up_starts_one_checked_node_per_host(cluster: Running, images: Images, h
         assert node.lock_sha256 == images.current.lock_sha256
         assert containers_of(host, NAME) == [node.container]
         assert node.npus == 0  # no Ascend device on this machine
+        mounts = host.client().api.inspect_container(node.container)["Mounts"]
+        assert ("volume", Bytecode(node.image_id).volume, MOUNT) in {
+            (m["Type"], m.get("Name"), m["Destination"]) for m in mounts
+        }  # Ray's processes on this host compile each module once
     ids = [n.ray_node_id for n in info.nodes]
     assert len(set(ids)) == 2 and all(i and len(i) == 56 for i in ids)
     assert cluster.address == f"http://127.0.0.1:{cluster.spec.dashboard_port}"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from envrun.bytecode import MOUNT, Bytecode
 from envrun.cli.main import main
 from envrun.cluster.nodecheck import capacity_line, data_lines, model_lines, node_lines
 from envrun.cluster.nodes import HostFacts, host_paths, node_container, probe_command, ray_start_command
@@ -129,10 +130,21 @@ def test_a_node_gets_what_its_host_has() -> None:
     )
     host = HostFacts(host_paths(answer), memory_bytes=64 << 30)
     assert host.npus == 2
-    node = node_container(spec, 1, image="r/x@sha256:" + "a" * 64, lock_sha256="b" * 64, host=host, head_address="h:1")
+    bytecode = Bytecode("sha256:" + "c" * 64)
+    node = node_container(
+        spec, 1, image="r/x@sha256:" + "a" * 64, lock_sha256="b" * 64, host=host, bytecode=bytecode, head_address="h:1"
+    )
     assert node.devices == ("/dev/davinci0:/dev/davinci0:rwm", "/dev/davinci1:/dev/davinci1:rwm",
                             "/dev/davinci_manager:/dev/davinci_manager:rwm")  # fmt: skip
-    assert node.volumes == {"/usr/local/dcmi": {"bind": "/usr/local/dcmi", "mode": "ro"}}
+    assert node.volumes == {
+        "/usr/local/dcmi": {"bind": "/usr/local/dcmi", "mode": "ro"},
+        "envrun-bytecode-cccccccccccccccc": {"bind": "/var/cache/envrun/bytecode", "mode": "rw"},
+    }
+    assert node.env == {
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "PYTHONPYCACHEPREFIX": "/var/cache/envrun/bytecode",
+        "PYTHONDONTWRITEBYTECODE": "",
+    }
     assert (node.network_mode, node.shm_size, node.name) == ("host", 32 << 30, "envrun-glm5-1")
     assert node.labels == {
         "io.envbuild.cluster.name": "glm5",
@@ -166,8 +178,15 @@ def test_volumes_reach_every_node_read_only_unless_rw() -> None:
     spec = parse_cluster_file(text, "c.yaml")
     host = HostFacts((), memory_bytes=1 << 30)
     for index in range(len(spec.nodes)):
-        node = node_container(spec, index, image="r/x@sha256:" + "a" * 64, lock_sha256="b" * 64, host=host)
-        assert node.volumes == {"/data": {"bind": "/data", "mode": "ro"}, "/scratch": {"bind": "/runs", "mode": "rw"}}
+        bytecode = Bytecode("sha256:" + "c" * 64)
+        node = node_container(
+            spec, index, image="r/x@sha256:" + "a" * 64, lock_sha256="b" * 64, host=host, bytecode=bytecode
+        )
+        assert node.volumes == {
+            "/data": {"bind": "/data", "mode": "ro"},
+            "/scratch": {"bind": "/runs", "mode": "rw"},
+            bytecode.volume: {"bind": MOUNT, "mode": "rw"},
+        }
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from envbuild.image.plan import LOCK_LABEL
+from envrun.bytecode import MOUNT, Bytecode
 from envrun.cli.main import main
 from envrun.launch.docker_backend import DockerLauncher, docker_run_line
 from envrun.plan import Volume
@@ -43,6 +44,9 @@ def test_docker_launch_is_the_container_the_launcher_starts(tiny: Tiny, tmp_path
     assert "--volume=/srv/x:/x:ro" in line and "--env=TINY_PATCH=1" in line
     assert f"--label={LOCK_LABEL}={plan.lock_sha256}" in line
     assert line[line.index("train:1") + 1 :] == list(plan.argv)  # the image, then exactly the job's command
+    with_volume = shlex.split(docker_run_line(DockerLauncher().job_spec(plan, paths, Bytecode("sha256:" + "d" * 64))))
+    assert f"--volume=envrun-bytecode-{'d' * 16}:{MOUNT}:rw" in with_volume
+    assert f"--env=PYTHONPYCACHEPREFIX={MOUNT}" in with_volume and "--env=PYTHONDONTWRITEBYTECODE=" in with_volume
 
     described = plan.launch
     assert described is not None and described["backend"] == "docker" and described["image"] == "train:1"

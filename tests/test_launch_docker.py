@@ -14,6 +14,7 @@ from pathlib import Path
 import docker
 import pytest
 
+from envrun.bytecode import MOUNT, Bytecode
 from envrun.cli.main import main
 from envrun.execute import execute_run
 from envrun.plan import RunParameters, Volume
@@ -41,6 +42,7 @@ def trainer_image(docker_client: docker.DockerClient, base_image) -> str:  # noq
     tag = f"envbuild-test/fake-trainer:{lock_sha[:12]}"
     dockerfile = (
         f"FROM {base_image.tag}\nCOPY fake_trainer.py /opt/fake_trainer.py\nLABEL io.envbuild.lock.sha256={lock_sha}\n"
+        "ENV PYTHONDONTWRITEBYTECODE=1\n"  # as an image envbuild builds says: it ships no bytecode
     )
     docker_client.images.build(fileobj=_context(dockerfile), custom_context=True, tag=tag, rm=True, network_mode="none")
     yield tag
@@ -86,6 +88,12 @@ def test_docker_run_passes_argv_env_and_records_the_image(trainer_image: str, tm
     recorded = json.loads((outcome.run_dir / "plan.json").read_text())
     image_id = docker.from_env(version="auto").images.get(trainer_image).id
     assert recorded["image_digest"].startswith(image_id)
+    # What the job imported was compiled into the image's bytecode volume, for the next container.
+    volume = {Bytecode(image_id).volume: {"bind": MOUNT, "mode": "ro"}}
+    listing = docker.from_env(version="auto").containers.run(
+        trainer_image, ["find", MOUNT, "-name", "*.pyc"], volumes=volume, network_mode="none", remove=True
+    )
+    assert f"{MOUNT}/usr/lib/python3.11/json/__init__.cpython-311.pyc".encode() in listing
 
 
 def test_an_image_without_the_lock_label_is_refused(

@@ -544,6 +544,32 @@ class Engine:
                 return False
         return True
 
+    # -- volumes ------------------------------------------------------------------------------
+
+    def ensure_volume(self, name: str, labels: dict[str, str]) -> None:
+        """The named volume, created with ``labels`` unless the engine has it already."""
+        with _engine_errors(f"create volume {name} on {self.address}", self.address):
+            self.api.create_volume(name, labels=labels)  # the engine answers with the existing one
+
+    def volumes(self, label: str) -> dict[str, dict[str, str]]:
+        """The engine's volumes carrying ``label``: each name with its labels."""
+        with _engine_errors(f"list volumes on {self.address}", self.address):
+            found = self.api.volumes(filters={"label": label}).get("Volumes") or []
+        return {v["Name"]: dict(v.get("Labels") or {}) for v in found}
+
+    def remove_volume(self, name: str) -> bool:
+        """Remove a volume no container uses; False when it is in use or gone."""
+        with _engine_errors(f"remove volume {name} on {self.address}", self.address):
+            try:
+                self.api.remove_volume(name)
+            except docker.errors.NotFound:
+                return False
+            except docker.errors.APIError as exc:
+                if exc.status_code == 409:  # in use
+                    return False
+                raise
+        return True
+
 
 @dataclass(frozen=True)
 class JobSpec:

@@ -34,6 +34,7 @@ from envbuild.lock.io import LockFile
 from envbuild.lock.platform import OCI_ARCH
 from envbuild.progress import Progress, silent
 from envrun import ray_api
+from envrun.bytecode import Bytecode, prepare, ships_no_bytecode
 from envrun.cluster.info import ClusterInfo, NodeInfo
 from envrun.cluster.nodes import HostFacts, container_name, host_paths, node_container, probe_command, probe_volumes
 from envrun.cluster.spec import ClusterSpec
@@ -57,6 +58,7 @@ class _Host:
     facts: HostFacts
     image_id: str
     lock_sha256: str
+    bytecode: Bytecode | None  # the image's volume on this host; None: the image ships its bytecode
 
 
 @dataclass(frozen=True)
@@ -161,12 +163,13 @@ def _prepare_host(spec: ClusterSpec, url: str, engine: Engine, reference: str, p
             f"{url}: the cluster file's volumes name host paths that do not exist on this host: "
             f"{', '.join(missing)}; create them there (or fix `volumes`)"
         )
+    bytecode = prepare(engine, attrs["Id"]) if ships_no_bytecode(attrs) else None
     probe = engine.run(reference, probe_command(), volumes=probe_volumes())
     if probe.exit_code != 0:
         raise EngineError(f"{url}: the host probe failed (exit {probe.exit_code}): {probe.stderr.strip()[-300:]}")
     facts = HostFacts(host_paths(probe.stdout), engine.memory_bytes())
     progress(f"{url}: image {attrs['Id'][:19]}, lock {label[:12]}, {facts.npus} NPU(s)")
-    return _Host(engine, facts, attrs["Id"], label)
+    return _Host(engine, facts, attrs["Id"], label, bytecode)
 
 
 def _start(
@@ -183,7 +186,13 @@ def _start(
     for index, node in enumerate(spec.nodes):
         host = hosts[node.engine]
         container = node_container(
-            spec, index, image=reference, lock_sha256=host.lock_sha256, host=host.facts, head_address=head_address
+            spec,
+            index,
+            image=reference,
+            lock_sha256=host.lock_sha256,
+            host=host.facts,
+            head_address=head_address,
+            bytecode=host.bytecode,
         )
         started.append(_Started(index, node.engine, host.engine, host.engine.start(container)))
         progress(f"{node.engine}: started {container.name}")

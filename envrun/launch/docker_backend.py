@@ -18,6 +18,7 @@ from envbuild.engine.client import Engine, JobSpec
 from envbuild.errors import EngineError, InputError
 from envbuild.image.plan import LOCK_LABEL
 from envbuild.progress import Progress
+from envrun.bytecode import Bytecode, prepare_for, ships_no_bytecode, with_bytecode
 from envrun.launch.base import LaunchResult, LogSink
 from envrun.plan import PreflightLine, RunPlan
 
@@ -114,8 +115,9 @@ class DockerLauncher:
         return search_here(layout, name_source(plan))  # this host holds them (the output directory is a host directory)
 
     def describe(self, plan: RunPlan) -> dict[str, Any]:
-        """The container :meth:`launch` would start, from this host's Ascend paths (for the dry run)."""
-        spec = self.job_spec(plan, ascend_paths())
+        """The container :meth:`launch` would start, from this host's Ascend paths (for the dry run): its
+        bytecode volume is named when the engine has the image (the dry run creates none)."""
+        spec = self.job_spec(plan, ascend_paths(), _known_bytecode(plan.image or ""))
         return {
             "backend": "docker",
             "image": spec.image,
@@ -132,14 +134,16 @@ class DockerLauncher:
             "docker_run": docker_run_line(spec),
         }
 
-    def job_spec(self, plan: RunPlan, paths: tuple[str, ...]) -> JobSpec:
-        """The container of the job: ``paths`` are the Ascend devices and driver files of the host."""
-        devices, volumes = devices_and_mounts(paths)
-        volumes.update(job_volumes(plan, outputs=True))
+    def job_spec(self, plan: RunPlan, paths: tuple[str, ...], bytecode: Bytecode | None = None) -> JobSpec:
+        """The container of the job: ``paths`` are the Ascend devices and driver files of the host;
+        ``bytecode`` the image's bytecode volume (:mod:`envrun.bytecode`)."""
+        devices, mounts = devices_and_mounts(paths)
+        mounts.update(job_volumes(plan, outputs=True))
+        env, volumes = with_bytecode(bytecode, plan.env, mounts)
         return JobSpec(
             image=plan.image or "",  # build_plan gives every docker plan an image
             command=tuple(plan.argv),
-            env=dict(plan.env),
+            env=env,
             devices=tuple(devices),
             volumes=volumes,
             network_mode=self.network_mode,
@@ -150,16 +154,26 @@ class DockerLauncher:
         )
 
     def launch(self, plan: RunPlan, log: LogSink) -> LaunchResult:
-        spec = self.job_spec(plan, ascend_paths())
         with Engine.connect() as engine:
-            if engine.inspect(spec.image) is None:
-                raise InputError(f"image {spec.image} not found in the local engine")
+            if engine.inspect(plan.image or "") is None:
+                raise InputError(f"image {plan.image} not found in the local engine")
+            spec = self.job_spec(plan, ascend_paths(), prepare_for(engine, plan.image or ""))
             if plan.output_dir is not None:
                 plan.output_dir.mkdir(parents=True, exist_ok=True)  # ours, not root's from the engine
             code, interrupted = engine.run_job(spec, log)
         if interrupted:
             return LaunchResult(code, interrupted=True, detail="container stopped")
         return LaunchResult(code)
+
+
+def _known_bytecode(reference: str) -> Bytecode | None:
+    """The bytecode volume of the image ``reference`` names, when the engine answers and has it."""
+    try:
+        with Engine.connect() as engine:
+            attrs = engine.inspect(reference) if reference else None
+    except EngineError:
+        return None
+    return Bytecode(str(attrs["Id"])) if attrs is not None and ships_no_bytecode(attrs) else None
 
 
 def docker_run_line(spec: JobSpec) -> str:

@@ -42,18 +42,16 @@ def probe_in_image(
     env: Mapping[str, str],
     volumes: Mapping[str, Mapping[str, str]],
 ) -> ProbeReport:
-    """The probe in a container of ``image``: its own verl, no network, no devices, the job's env and mounts."""
+    """The probe in a container of ``image``: its own verl, no network, no devices, the job's env and mounts,
+    and the image's bytecode volume (:mod:`envrun.bytecode`: the job that follows imports what it compiled)."""
     from envbuild.engine.client import Engine
+    from envrun.bytecode import prepare_for, with_bytecode
 
     where = f"image {image}"
     try:
         with Engine.connect() as engine:
-            done = engine.run(
-                image,
-                request.argv(python),
-                volumes={host: dict(bind) for host, bind in volumes.items()},
-                environment=dict(env),
-            )
+            environment, mounts = with_bytecode(prepare_for(engine, image), env, volumes)
+            done = engine.run(image, request.argv(python), volumes=mounts, environment=environment)
     except EngineError as exc:
         return failed_report(where, f"cannot run the probe in a container: {exc}")
     return parse_report(where, done.stdout, done.stderr, done.exit_code)
