@@ -356,6 +356,7 @@ def test_two_locks_with_the_same_packages_build_at_once(
 ) -> None:
     """BuildKit's cache gives both packages steps one raw image ID (its config names no lock): the
     build that finishes first must not remove the image the other is still reading."""
+    remove_lock_images(docker_client, "samepkga", "samepkgb")  # an interrupted earlier run's: both must build
     first, second = (env.write(work / "locks" / f"{n}.lock.yaml", env.lock(name=n)) for n in ("samepkga", "samepkgb"))
     interleaved = AnotherBuildFirst(docker_client, lambda: build_image(read_lock(first), options(work), engine=engine))
     result = build_image(read_lock(second), options(work), engine=interleaved)
