@@ -356,7 +356,12 @@ def test_the_job_probe_runs_on_every_node(
             backend="ray",
             model=Path(VOLUME) / "model",
             train_files=(Path(VOLUME) / "train.parquet",),
-            extra_env={"PATH": f"{verl.bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+            extra_env={
+                "PATH": f"{verl.bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                # The mounted environment ships its bytecode: the job reads it (an empty prefix is none)
+                # rather than compiling it into the nodes' bytecode volume (envrun.bytecode).
+                "PYTHONPYCACHEPREFIX": "",
+            },
             output_dir=Path(RUNS),
             entry_point=None,
         ),

@@ -141,7 +141,14 @@ def test_the_probe_runs_in_the_image_and_a_lost_export_fails_the_run(trainer_ima
             model=tmp_path / "model",
             train_files=(data,),
             overrides=("trainer.save_freq=1", "ray_kwargs.ray_init.num_cpus=16"),  # TransferQueue asks for 9
-            extra_env={**path_env(verl), "FAKE_TRAINER_EXPECT": str(expect), "FAKE_TRAINER_EXPORT": f"{saved}={where}"},
+            extra_env={
+                **path_env(verl),
+                "FAKE_TRAINER_EXPECT": str(expect),
+                "FAKE_TRAINER_EXPORT": f"{saved}={where}",
+                # The mounted environment ships its bytecode: the job's own choice (read it, write none)
+                # wins over the image's bytecode volume, whose prefix would hide it (envrun.bytecode).
+                "PYTHONDONTWRITEBYTECODE": "1",
+            },
             entry_point=("python3", "/opt/fake_trainer.py"),
             volumes=tuple(Volume.parse(m) for m in [*mounts, f"{saved}:{saved}:ro"]),
         ),
