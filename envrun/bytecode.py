@@ -90,10 +90,19 @@ def ships_no_bytecode(attrs: Mapping[str, Any]) -> bool:
     return any(e.startswith(f"{DONT_WRITE_ENV}=") and e.partition("=")[2] != "" for e in env)
 
 
+def bytecode_of(attrs: Mapping[str, Any]) -> Bytecode | None:
+    """The volume the image (its inspect data) gets; None when it ships its own bytecode. Pure: the
+    dry run names the volume without making it."""
+    return Bytecode(str(attrs["Id"])) if ships_no_bytecode(attrs) else None
+
+
+def prepare_image(engine: Engine, attrs: Mapping[str, Any]) -> Bytecode | None:
+    """:func:`prepare` for the image of inspect data ``attrs``, when it ships no bytecode."""
+    wanted = bytecode_of(attrs)
+    return prepare(engine, wanted.image_id) if wanted is not None else None
+
+
 def prepare_for(engine: Engine, reference: str) -> Bytecode | None:
-    """:func:`prepare` for the image ``reference`` names when it ships no bytecode; None when it ships
-    its own, or the engine does not have it."""
+    """:func:`prepare_image` for the image ``reference`` names; None also when the engine does not have it."""
     attrs = engine.inspect(reference)
-    if attrs is None or not ships_no_bytecode(attrs):
-        return None
-    return prepare(engine, str(attrs["Id"]))
+    return prepare_image(engine, attrs) if attrs is not None else None

@@ -15,6 +15,7 @@ from envrun.bytecode import (
     MOUNT,
     PREFIX_ENV,
     Bytecode,
+    bytecode_of,
     prepare,
     prepare_for,
     ships_no_bytecode,
@@ -38,6 +39,8 @@ def test_the_volume_is_named_for_the_image_id_and_the_job_keeps_its_own_choice()
     assert ships_no_bytecode({"Config": {"Env": ["PATH=/bin", "PYTHONDONTWRITEBYTECODE=1"]}})
     assert not ships_no_bytecode({"Config": {"Env": ["PYTHONDONTWRITEBYTECODE="]}})  # emptied: Python writes
     assert not ships_no_bytecode({"Config": {"Env": None}}) and not ships_no_bytecode({})
+    declared = {"Id": "sha256:" + "ab" * 32, "Config": {"Env": ["PYTHONDONTWRITEBYTECODE=1"]}}
+    assert bytecode_of(declared) == bytecode and bytecode_of({**declared, "Config": {}}) is None
 
 
 @pytest.fixture()

@@ -34,7 +34,7 @@ from envbuild.lock.io import LockFile
 from envbuild.lock.platform import OCI_ARCH
 from envbuild.progress import Progress, silent
 from envrun import ray_api
-from envrun.bytecode import Bytecode, prepare, ships_no_bytecode
+from envrun.bytecode import Bytecode, prepare_image
 from envrun.cluster.info import ClusterInfo, NodeInfo
 from envrun.cluster.nodes import HostFacts, container_name, host_paths, node_container, probe_command, probe_volumes
 from envrun.cluster.spec import ClusterSpec
@@ -163,7 +163,7 @@ def _prepare_host(spec: ClusterSpec, url: str, engine: Engine, reference: str, p
             f"{url}: the cluster file's volumes name host paths that do not exist on this host: "
             f"{', '.join(missing)}; create them there (or fix `volumes`)"
         )
-    bytecode = prepare(engine, attrs["Id"]) if ships_no_bytecode(attrs) else None
+    bytecode = prepare_image(engine, attrs)
     probe = engine.run(reference, probe_command(), volumes=probe_volumes())
     if probe.exit_code != 0:
         raise EngineError(f"{url}: the host probe failed (exit {probe.exit_code}): {probe.stderr.strip()[-300:]}")

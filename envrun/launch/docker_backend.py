@@ -18,7 +18,7 @@ from envbuild.engine.client import Engine, JobSpec
 from envbuild.errors import EngineError, InputError
 from envbuild.image.plan import LOCK_LABEL
 from envbuild.progress import Progress
-from envrun.bytecode import Bytecode, prepare_for, ships_no_bytecode, with_bytecode
+from envrun.bytecode import Bytecode, bytecode_of, prepare_image, with_bytecode
 from envrun.launch.base import LaunchResult, LogSink
 from envrun.plan import PreflightLine, RunPlan
 
@@ -155,9 +155,10 @@ class DockerLauncher:
 
     def launch(self, plan: RunPlan, log: LogSink) -> LaunchResult:
         with Engine.connect() as engine:
-            if engine.inspect(plan.image or "") is None:
+            attrs = engine.inspect(plan.image or "")
+            if attrs is None:
                 raise InputError(f"image {plan.image} not found in the local engine")
-            spec = self.job_spec(plan, ascend_paths(), prepare_for(engine, plan.image or ""))
+            spec = self.job_spec(plan, ascend_paths(), prepare_image(engine, attrs))
             if plan.output_dir is not None:
                 plan.output_dir.mkdir(parents=True, exist_ok=True)  # ours, not root's from the engine
             code, interrupted = engine.run_job(spec, log)
@@ -173,7 +174,7 @@ def _known_bytecode(reference: str) -> Bytecode | None:
             attrs = engine.inspect(reference) if reference else None
     except EngineError:
         return None
-    return Bytecode(str(attrs["Id"])) if attrs is not None and ships_no_bytecode(attrs) else None
+    return bytecode_of(attrs) if attrs is not None else None
 
 
 def docker_run_line(spec: JobSpec) -> str:
