@@ -347,7 +347,7 @@ def _recompile(rootfs: Path) -> None:
     otherwise. dpkg's py3compile wrote this bytecode at install time, and the tar below sets every mtime
     to the epoch, so none of it would be valid any more: every Python process in the image (each build
     step's pip, the in-image check, a job) would compile pip, setuptools and the stdlib from source again
-    (``pip list`` 2.0 s instead of 0.8 s here). A real base image's bytecode matches its sources; this
+    (``pip list`` 2.0 s instead of 0.6 s here). A real base image's bytecode matches its sources; this
     one's must too."""
     tops = sorted(p for p in (rootfs / "usr/lib").glob("python3*") if p.is_dir() and not p.is_symlink())
     for top in tops:
