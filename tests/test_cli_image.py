@@ -19,8 +19,9 @@ def test_dry_run_of_the_real_lock_renders_and_says_what_a_build_would_refuse(
     assert main(["image", str(REAL_LOCK), "--dry-run", "--offline", "--cache-dir", str(tmp_path / "c")]) == 0
     captured = capsys.readouterr()
     lock = read_lock(REAL_LOCK).lock
-    # BuildKit: the packages image (the base, its tools stage), then the image on it
-    assert captured.out.count("\nFROM ") == 4 and f"FROM {lock.base_image.name} AS envbuild-from\n" in captured.out
+    # BuildKit: the tools image (the base, its tools stage), the packages image on it, then the image
+    assert captured.out.count("\nFROM ") == 5 and f"FROM {lock.base_image.name} AS envbuild-from\n" in captured.out
+    assert f"\nFROM envbuild-raw/{lock.name}:packages-tools\n" in captured.out
     for source in lock.sources:
         assert f"--mount=type=bind,source=src/{source.name},target=/opt/envbuild/mnt " in captured.out
     assert "VLLM_TARGET_DEVICE=empty" in captured.out and "COMPILE_CUSTOM_KERNELS=1" in captured.out

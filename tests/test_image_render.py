@@ -23,7 +23,9 @@ from envbuild.image.render import (
     render_dockerfile,
     render_packages_dockerfile,
     render_platform_check,
+    render_tools_dockerfile,
     render_tools_script,
+    tools_reference,
 )
 from envbuild.lock import Lock
 from tests.lib.tinylock import BRANCH_COMMIT, DIGEST, LOCK_SHA, NONE_COMMIT, TAG_COMMIT, WHEEL_COMMIT, tiny_lock
@@ -250,9 +252,19 @@ def test_buildkit_layers_follow_the_rules_that_make_them_reproducible() -> None:
 def test_buildkit_dry_run_is_the_default_and_names_the_packages_step() -> None:
     plan = plan_of()
     text = render_dockerfile(plan)
+    tools = instructions(render_tools_dockerfile(plan))
     packages = instructions(render_packages_dockerfile(plan))
-    assert instructions(text) == packages + instructions(render_buildkit_image_dockerfile(plan))
-    assert packages[0] == f"FROM {BASE} AS envbuild-from" and packages[-1].endswith(f"sh {MOUNT_POINT}/packages.sh")
+    assert instructions(text) == tools + packages + instructions(render_buildkit_image_dockerfile(plan))
+    assert tools[0] == f"FROM {BASE} AS envbuild-from" and tools[-2:] == [
+        f"FROM {BASE}",
+        "COPY --from=envbuild-tools /out/ /",
+    ]
+    # The install step's parent is a built image, never a step of its own build (the engine's two
+    # layer writers, docs/image.md): one FROM, the tools image's tag, and the RUN.
+    assert tools_reference(plan) == "envbuild-raw/tiny:packages-tools"
+    assert packages[0] == f"FROM {tools_reference(plan)}" and len(packages) == 2
+    assert packages[-1].endswith(f"sh {MOUNT_POINT}/packages.sh")
+    assert text.index("# ---- 1 of 3: the tools image") < text.index("# ---- 2 of 3: the packages image")
     install = packages[-1]
     assert (
         f"--mount=type=bind,source=packages,target={MOUNT_POINT}" in install

@@ -12,7 +12,7 @@ from envbuild.engine.transfer import ContextStream
 from envbuild.image.assemble import BuildContext, assemble_context
 from envbuild.image.plan import plan_context
 from envbuild.image.render import PACKAGES_EPOCH, render_buildkit_image_dockerfile, render_dockerfile
-from envbuild.image.stream import buildkit_context, packages_context
+from envbuild.image.stream import buildkit_context, packages_context, tools_context
 from envbuild.lock import Package, PackageFile, Source
 from tests.lib.pyindex import make_wheel
 from tests.lib.tinylock import LOCK_SHA, tiny_lock
@@ -85,8 +85,8 @@ def test_the_packages_context_holds_the_package_files_and_nothing_of_the_sources
         "packages/stage_packages.py",
         "packages/wheels",
         "packages/wheels/tiny_pkg-1.0-py3-none-any.whl",
-        "tools",
-        "tools/clamp-mtimes",
-        "tools/tools.sh",
     ]
     assert all(m.mtime == PACKAGES_EPOCH for m in found)  # the packages image does not follow the epoch
+    tools = members(tools_context(context.plan))
+    assert [m.name for m in tools] == ["Dockerfile", "tools", "tools/clamp-mtimes", "tools/tools.sh"]
+    assert all(m.mtime == PACKAGES_EPOCH for m in tools)

@@ -53,10 +53,9 @@ from envbuild.image.normalise import normalise
 from envbuild.image.packages_image import ensure_packages_image
 from envbuild.image.plan import ContextPlan, plan_context
 from envbuild.image.rebuild import answer_from_record, built_before
-from envbuild.image.render import base_reference, render_buildkit_image_dockerfile, render_dockerfile
+from envbuild.image.render import RAW_REPOSITORY, base_reference, render_buildkit_image_dockerfile, render_dockerfile
 from envbuild.image.result import BuildResult, default_tag, write_record
 from envbuild.image.retention import (
-    RAW_REPOSITORY,
     bound_build_cache,
     build_cache_bound,
     keep_only,

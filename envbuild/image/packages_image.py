@@ -1,9 +1,18 @@
 """The packages image: the base plus the lock's installed packages, with no package file in any layer.
 
-``images/Dockerfile.packages.in``, built by the engine's BuildKit, makes the tools layer, then one ``RUN``
-that bind-mounts the package files from the build context and installs them (pip, no index, hashes
-checked); ``stage_packages.py`` names what of the base the lock replaces and writes its report into the
-layer, read back through a container that is never started. Nothing is committed from a container.
+Two builds by the engine's BuildKit. ``images/Dockerfile.tools.in`` makes the tools image (the base and
+the tools layer), tagged while the second reads it; ``images/Dockerfile.packages.in`` runs on it one
+``RUN`` that bind-mounts the package files from the build context and installs them (pip, no index,
+hashes checked); ``stage_packages.py`` names what of the base the lock replaces and writes its report
+into the layer, read back through a container that is never started. Nothing is committed from a
+container.
+
+Why two builds: the engine writes a step's layer by walking what the step changed (depth first) only
+when the step ran on the layer the engine registered as its parent. In one build, the install step's
+parent was the tools step, whose layer every lock on that base shares; when another build had
+registered that layer first, the engine compared the step with it instead and wrote the same entries
+sorted by path: another diff ID, the image not reproduced. ``FROM`` a built image, the parent is the
+registered layer itself.
 
 The config is composed like any other (:mod:`.normalise`) and loaded, with the base's replaced
 distributions (pip's, and a Debian-family base's distro copies) removed by a layer envbuild writes on top
@@ -24,9 +33,9 @@ from envbuild.errors import EngineError
 from envbuild.image.assemble import BuildContext
 from envbuild.image.normalise import load_packages_image
 from envbuild.image.plan import DISTRO_REMOVED_LABEL
-from envbuild.image.render import PACKAGES_REPORT, base_reference, packages_reference
+from envbuild.image.render import PACKAGES_REPORT, base_reference, packages_reference, tools_reference
 from envbuild.image.retention import raw_packages_reference
-from envbuild.image.stream import packages_context
+from envbuild.image.stream import packages_context, tools_context
 from envbuild.progress import Progress
 
 
@@ -61,11 +70,20 @@ def ensure_packages_image(engine: Engine, context: BuildContext, *, no_cache: bo
     if found is not None:
         say(f"packages: {reference} is the base with these package files installed already; reused")
         return PackagesImage(reference, found["Id"], False, distro_removed=_distro_removed(found))
-    stream = packages_context(context)
     base = base_reference(plan)  # on the engine, for the lock's platform: ensure_base made sure of it
-    say(f"packages: installing {len(plan.files)} package files ({human_bytes(stream.payload)}; BuildKit, no network)")
+    tools = tools_reference(plan)
+    say(f"packages: the tools image, {tools} (BuildKit, no network)")
+    made = engine.buildkit_build(tools_context(plan), nocache=no_cache, progress=say, tag=tools, what="the tools")
     raw = raw_packages_reference(plan.lock_name)
-    outcome = engine.buildkit_build(stream, nocache=no_cache, progress=say, tag=raw, what="the package files")
+    try:
+        stream = packages_context(context)
+        say(
+            f"packages: installing {len(plan.files)} package files ({human_bytes(stream.payload)}; "
+            "BuildKit, no network)"
+        )
+        outcome = engine.buildkit_build(stream, nocache=no_cache, progress=say, tag=raw, what="the package files")
+    finally:
+        _untag(engine, tools)
     try:
         report = _report(engine.read_file(raw, PACKAGES_REPORT).decode("utf-8", "replace"))
         if report["remove"]:
@@ -86,14 +104,21 @@ def ensure_packages_image(engine: Engine, context: BuildContext, *, no_cache: bo
             tools_layers=("envbuild: the tools layer (mount points, clamp-mtimes, /etc/hosts, /etc/resolv.conf)",),
         )
     finally:
-        try:  # the tag, not the ID: another lock's build may hold the same raw image (raw_packages_reference)
-            engine.remove(raw)  # its last tag: only its config goes, the layers are shared
-        except EngineError:
-            pass
+        _untag(engine, raw)
     say(f"packages: {reference} ({image_id[:19]})")
     _say_kept(report, say)
     distro = tuple(d for d in report.get("distro", []) if isinstance(d, dict))
-    return PackagesImage(reference, image_id, True, outcome.steps, tuple(report["replaced"]), stream.payload, distro)
+    steps = made.steps + outcome.steps
+    return PackagesImage(reference, image_id, True, steps, tuple(report["replaced"]), stream.payload, distro)
+
+
+def _untag(engine: Engine, reference: str) -> None:
+    """Drop a tag this build held (the tag, not the ID: another lock's build may hold the same raw image,
+    raw_packages_reference); when it was the last, only the config goes, the layers are shared."""
+    try:
+        engine.remove(reference)
+    except EngineError:
+        pass
 
 
 def _say_kept(report: dict[str, Any], say: Progress) -> None:

@@ -1,10 +1,11 @@
 """What a build runs, as text: pure functions of the :class:`ContextPlan`. The engine's BuildKit runs:
 
-1. the packages image, ``envbuild-pkg/<lock name>:<packages key>`` (``Dockerfile.packages.in``,
-   ``tools.sh.in``, ``packages.buildkit.sh.in``, ``stage_packages.py.in``): the tools layer, then the
-   package files bind-mounted and installed — no package file in any layer; reused while its key holds
-   (the key hashes everything the step reads: the builder, the base by digest, the requirements with
-   their hashes, the scripts);
+1. the packages image, ``envbuild-pkg/<lock name>:<packages key>``, in two builds: the tools image
+   (``Dockerfile.tools.in``, ``tools.sh.in``: the base and the tools layer), then on it the package
+   files bind-mounted and installed (``Dockerfile.packages.in``, ``packages.buildkit.sh.in``,
+   ``stage_packages.py.in``) — no package file in any layer; reused while its key holds (the key hashes
+   everything the two builds read: the builder, the base by digest, the requirements with their hashes,
+   the scripts);
 2. the image (``Dockerfile.buildkit.in``) on it: one ``RUN`` per source (bind-mounted, copied, timed,
    installed, clamped), then the metadata.
 
@@ -37,6 +38,7 @@ from envbuild.image.plan import (
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 PIP = "python3 -m pip"
 PACKAGES_REPOSITORY = "envbuild-pkg"
+RAW_REPOSITORY = "envbuild-raw"  # what BuildKit built, before envbuild composed its config
 CLAMP = f"{IMAGE_ROOT}/bin/clamp-mtimes"
 # BuildKit builds: the one mount point every RUN mounts its input on, and the bytecode cache mount's
 # (both made empty by the tools layer, so that no RUN leaves a mount stub in its layer).
@@ -111,6 +113,7 @@ def packages_key(plan: ContextPlan) -> str:
         "buildkit",  # the builder (once one of two; kept so that packages images made before stay valid)
         base_reference(plan),
         render_buildkit_packages_script(plan),
+        render_tools_dockerfile(plan),
         render_packages_dockerfile(plan),
         render_tools_script(),
         load_template("stage_packages.py.in"),
@@ -123,6 +126,13 @@ def packages_key(plan: ContextPlan) -> str:
 
 def packages_reference(plan: ContextPlan) -> str:
     return f"{PACKAGES_REPOSITORY}/{plan.lock_name}:{packages_key(plan)[:16]}"
+
+
+def tools_reference(plan: ContextPlan) -> str:
+    """The tag of the tools image (the base and the tools layer) while the packages step builds on it.
+    Per lock name: builds of one lock take turns (``lock_name_held``), and another lock's build holds its
+    own tag, never one this build may still be reading."""
+    return f"{RAW_REPOSITORY}/{plan.lock_name}:packages-tools"
 
 
 # --- 2.: the image ------------------------------------------------------------------------------
@@ -140,18 +150,20 @@ def render_labels(plan: ContextPlan) -> str:
 
 def render_dockerfile(plan: ContextPlan) -> str:
     """What a build of the plan runs, in order; ``envbuild image --dry-run`` prints exactly this, and
-    the build record hashes it: the packages image's Dockerfile and its script (in comments), then the
-    image's."""
+    the build record hashes it: the tools image's Dockerfile, the packages image's and its script (in
+    comments), then the image's."""
     if not plan.files:
         return render_buildkit_image_dockerfile(plan)
     script = render_buildkit_packages_script(plan)
     return "\n".join(
         [
-            f"# ---- 1 of 2: the packages image, {packages_reference(plan)} ----",
+            f"# ---- 1 of 3: the tools image, {tools_reference(plan)} ----",
+            render_tools_dockerfile(plan).rstrip("\n"),
+            f"# ---- 2 of 3: the packages image, {packages_reference(plan)} ----",
             render_packages_dockerfile(plan).rstrip("\n"),
             f"# {MOUNT_POINT}/packages.sh (the package files beside it: requirements.txt, wheels/):",
             "\n".join(f"#     {line}" if line else "#" for line in script.splitlines()),
-            "# ---- 2 of 2: the image ----",
+            "# ---- 3 of 3: the image ----",
             render_buildkit_image_dockerfile(plan),
         ]
     )
@@ -251,11 +263,16 @@ def render_buildkit_packages_script(plan: ContextPlan) -> str:
     return fill(load_template("packages.buildkit.sh.in"), values)
 
 
+def render_tools_dockerfile(plan: ContextPlan) -> str:
+    """The tools image's Dockerfile (``images/Dockerfile.tools.in``): the base and the tools layer."""
+    return fill(load_template("Dockerfile.tools.in"), {"lock_name": plan.lock_name, "base": base_reference(plan)})
+
+
 def render_packages_dockerfile(plan: ContextPlan) -> str:
-    """The packages image's Dockerfile on BuildKit (``images/Dockerfile.packages.in``)."""
+    """The packages image's Dockerfile on BuildKit (``images/Dockerfile.packages.in``), on the tools image."""
     values = {
         "lock_name": plan.lock_name,
-        "base": base_reference(plan),
+        "tools": tools_reference(plan),
         "mnt": MOUNT_POINT,
         "pycache_mount": PYCACHE_MOUNT,
     }

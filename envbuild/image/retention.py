@@ -5,8 +5,9 @@ Per lock name, after a build:
 - ``envbuild-raw/<lock name>:<sha12>``: the newest raw image (it keeps BuildKit's result, and so the
   layers the next build shares); raw tags of other versions of the lock go;
 - ``envbuild-pkg/<lock name>:<packages key>``: the newest packages image; others go;
-- ``envbuild-raw/<lock name>:packages``: the packages step's raw image, only while a build reads it (a
-  killed build's goes with the other raw tags);
+- ``envbuild-raw/<lock name>:packages-tools`` and ``envbuild-raw/<lock name>:packages``: the tools
+  image and the packages step's raw image, only while a build reads them (a killed build's go with the
+  other raw tags);
 - every untagged leaf image carrying the lock's name label goes, with its untagged parents: superseded
   raw images (a ``--no-cache`` build makes a new one each time), images that failed the in-image check,
   the steps of a failed or interrupted build;
@@ -29,10 +30,8 @@ from __future__ import annotations
 from envbuild.engine.client import Engine
 from envbuild.errors import EngineError
 from envbuild.image.plan import LOCK_NAME_LABEL, ROLE_LABEL
-from envbuild.image.render import PACKAGES_REPOSITORY
+from envbuild.image.render import PACKAGES_REPOSITORY, RAW_REPOSITORY
 from envbuild.progress import Progress
-
-RAW_REPOSITORY = "envbuild-raw"
 
 
 def raw_reference(lock_name: str, lock_sha256: str) -> str:

@@ -1,7 +1,8 @@
 """What the engine's BuildKit receives, streamed from an assembled context directory (:mod:`.assemble`);
 each build gets only what it reads (:mod:`.render`):
 
-- the packages image's build (:func:`packages_context`): ``Dockerfile``, ``tools/`` and ``packages/``
+- the tools image's build (:func:`tools_context`): ``Dockerfile`` and ``tools/``;
+- the packages image's build on it (:func:`packages_context`): ``Dockerfile`` and ``packages/``
   (``wheels/<file>``, ``requirements.txt``, ``stage_packages.py``, ``packages.sh``), which its install
   step bind-mounts: no package file reaches a layer;
 - the image's build (:func:`buildkit_context`): ``Dockerfile``, ``tools/``, each source's tree as
@@ -25,11 +26,13 @@ from pathlib import Path, PurePosixPath
 from envbuild.engine.client import ContextStream
 from envbuild.engine.transfer import TarSink
 from envbuild.image.assemble import BuildContext
+from envbuild.image.plan import ContextPlan
 from envbuild.image.render import (
     PACKAGES_EPOCH,
     load_template,
     render_buildkit_packages_script,
     render_packages_dockerfile,
+    render_tools_dockerfile,
     render_tools_script,
 )
 
@@ -161,11 +164,18 @@ def _tools_entries() -> list[Entry]:
     ]
 
 
+def tools_context(plan: ContextPlan) -> ContextStream:
+    """The tools image's build context: ``Dockerfile`` and ``tools/`` (a few kilobytes)."""
+    return stream(
+        [_data("Dockerfile", render_tools_dockerfile(plan).encode(), 0o644, PACKAGES_EPOCH), *_tools_entries()]
+    )
+
+
 def packages_context(context: BuildContext) -> ContextStream:
-    """The packages image's build context on BuildKit: ``Dockerfile``, ``tools/`` and ``packages/`` (the
-    package files, the requirements and the scripts), which its install step bind-mounts."""
+    """The packages image's build context on BuildKit: ``Dockerfile`` and ``packages/`` (the package
+    files, the requirements and the scripts), which its install step bind-mounts."""
     plan, epoch, top = context.plan, PACKAGES_EPOCH, "packages"
-    entries = [_data("Dockerfile", render_packages_dockerfile(plan).encode(), 0o644, epoch), *_tools_entries()]
+    entries = [_data("Dockerfile", render_packages_dockerfile(plan).encode(), 0o644, epoch)]
     entries += [_file(f"{top}/wheels/{p.name}", p, 0o444, epoch) for p in sorted((context.path / "wheels").iterdir())]
     entries += [
         _file(f"{top}/requirements.txt", context.path / "envbuild" / "requirements.txt", 0o644, epoch),
