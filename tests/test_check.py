@@ -61,7 +61,7 @@ def env(
     base, daemon = upstream
     repos = make_sources(base)
     wheels = tmp_path_factory.mktemp("check-wheels")
-    make_wheels(wheels)
+    make_wheels(wheels, "test_check")
     with PyIndex(wheels) as index:
         yield ImageLockEnv(
             repos,

@@ -58,7 +58,7 @@ def lock(served: Served, pushed_base_image: PushedImage, tmp_path_factory: pytes
         }
     )
     wheels = tmp_path_factory.mktemp("wheels")
-    make_wheels(wheels)
+    make_wheels(wheels, "test_closure_image")
     make_wheel(wheels, "cudaish", "1.0", requires=["nvidia-fake-cu12>=12"])
     with PyIndex(wheels) as index:
         env = ImageLockEnv(

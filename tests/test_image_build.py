@@ -71,7 +71,7 @@ def env(
 ) -> Iterator[ImageLockEnv]:
     repos = make_sources(served.base)
     wheels = tmp_path_factory.mktemp("wheels")
-    make_wheels(wheels)
+    make_wheels(wheels, "test_image_build")
     with PyIndex(wheels) as index:
         yield ImageLockEnv(
             repos,

@@ -56,9 +56,13 @@ def make_sources(base: Path) -> dict[str, Repo]:
     return repos
 
 
-def make_wheels(directory: Path) -> list[Path]:
+def make_wheels(directory: Path, owner: str) -> list[Path]:
+    """The two tiny wheels, their METADATA naming ``owner`` (the test module): each module's packages
+    layer is its own. BuildKit runs a step once for every build that has the identical step in flight,
+    ``--no-cache`` or not; two modules building one packages step at once would share one run, which
+    then proves nothing about reproducing it, and one of them would see none of its steps."""
     directory.mkdir(parents=True, exist_ok=True)
-    return [make_wheel(directory, name, version) for name, version in WHEELS]
+    return [make_wheel(directory, name, version, summary=f"a tiny wheel of {owner}") for name, version in WHEELS]
 
 
 @dataclass
@@ -163,7 +167,7 @@ def served_env(served: Served, under: str, base_name: str, base_digest: str, whe
     """The three sources, made under ``<served.base>/<under>`` and served by the session's git daemon,
     and the two tiny wheels made in ``wheels`` and served by a local index, on the given base."""
     repos = make_sources(served.base / under)
-    make_wheels(wheels)
+    make_wheels(wheels, under)
     with PyIndex(wheels) as index:
         urls = {name: served.url(f"{under}/{name}", "daemon-filter") for name in repos}
         yield ImageLockEnv(repos, urls, index, base_name, base_digest)

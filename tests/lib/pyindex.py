@@ -38,12 +38,19 @@ def _record_hash(data: bytes) -> str:
 
 
 def make_wheel(
-    directory: Path, name: str, version: str, tag: str = "py3-none-any", requires: Iterable[str] = ()
+    directory: Path,
+    name: str,
+    version: str,
+    tag: str = "py3-none-any",
+    requires: Iterable[str] = (),
+    summary: str = "",
 ) -> Path:
-    """A valid, installable wheel with one module, built with zipfile (no build backend, no network)."""
+    """A valid, installable wheel with one module, built with zipfile (no build backend, no network);
+    ``summary`` (METADATA's Summary) changes its bytes and nothing else."""
     dist = canonicalize_name(name).replace("-", "_")
     info = f"{dist}-{version}.dist-info"
     metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    metadata += f"Summary: {summary}\n" if summary else ""
     metadata += "".join(f"Requires-Dist: {r}\n" for r in requires)
     files = {
         f"{dist}/__init__.py": f"__version__ = {version!r}\n".encode(),
