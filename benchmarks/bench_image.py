@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     daemon.start()
     try:
         repos = make_sources(root / "upstream")
-        make_wheels(root / "wheels")
+        make_wheels(root / "wheels", "bench_image")
         base_name, base_digest = push_base(client, registry)
         git_base(client, base_name)
         with PyIndex(root / "wheels") as index:
