@@ -53,13 +53,18 @@ from envbuild.image.normalise import normalise
 from envbuild.image.packages_image import ensure_packages_image
 from envbuild.image.plan import ContextPlan, plan_context
 from envbuild.image.rebuild import answer_from_record, built_before
-from envbuild.image.render import RAW_REPOSITORY, base_reference, render_buildkit_image_dockerfile, render_dockerfile
+from envbuild.image.render import (
+    RAW_REPOSITORY,
+    base_reference,
+    raw_reference,
+    render_buildkit_image_dockerfile,
+    render_dockerfile,
+)
 from envbuild.image.result import BuildResult, default_tag, write_record
 from envbuild.image.retention import (
     bound_build_cache,
     build_cache_bound,
     keep_only,
-    raw_reference,
 )
 from envbuild.image.stream import buildkit_context
 from envbuild.index.filecache import FileCache
@@ -247,7 +252,7 @@ def _build(build: _Assembled) -> BuildResult:
     plan, context, options, engine, say = build.plan, build.context, build.options, build.engine, build.say
     ensure_base(engine, plan, say)
     packages = ensure_packages_image(engine, context, no_cache=options.no_cache, say=say) if plan.files else None
-    raw_tag = raw_reference(plan.lock_name, plan.lock_sha256)
+    raw_tag = raw_reference(plan)
     stream = buildkit_context(context, render_buildkit_image_dockerfile(plan))
     say(f"building {plan.lock_name} (BuildKit, no network{', no cache' if options.no_cache else ''})")
     outcome = engine.buildkit_build(stream, nocache=options.no_cache, progress=say, tag=raw_tag, what="the sources")

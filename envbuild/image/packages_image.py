@@ -33,8 +33,13 @@ from envbuild.errors import EngineError
 from envbuild.image.assemble import BuildContext
 from envbuild.image.normalise import load_packages_image
 from envbuild.image.plan import DISTRO_REMOVED_LABEL
-from envbuild.image.render import PACKAGES_REPORT, base_reference, packages_reference, tools_reference
-from envbuild.image.retention import raw_packages_reference
+from envbuild.image.render import (
+    PACKAGES_REPORT,
+    base_reference,
+    packages_reference,
+    raw_packages_reference,
+    tools_reference,
+)
 from envbuild.image.stream import packages_context, tools_context
 from envbuild.progress import Progress
 
@@ -74,7 +79,7 @@ def ensure_packages_image(engine: Engine, context: BuildContext, *, no_cache: bo
     tools = tools_reference(plan)
     say(f"packages: the tools image, {tools} (BuildKit, no network)")
     made = engine.buildkit_build(tools_context(plan), nocache=no_cache, progress=say, tag=tools, what="the tools")
-    raw = raw_packages_reference(plan.lock_name)
+    raw = raw_packages_reference(plan)
     try:
         stream = packages_context(context)
         say(

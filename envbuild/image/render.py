@@ -135,6 +135,18 @@ def tools_reference(plan: ContextPlan) -> str:
     return f"{RAW_REPOSITORY}/{plan.lock_name}:packages-tools"
 
 
+def raw_reference(plan: ContextPlan) -> str:
+    """The tag of the image's raw BuildKit result (before normalising), kept for the next build's cache."""
+    return f"{RAW_REPOSITORY}/{plan.lock_name}:{plan.lock_sha256[:12]}"
+
+
+def raw_packages_reference(plan: ContextPlan) -> str:
+    """The tag that holds the packages step's raw BuildKit image while its report and layers are read.
+    Two locks whose packages are the same get one raw image ID from BuildKit's cache (the raw config
+    carries no lock name), so each build holds and drops its own tag, never the ID another may be reading."""
+    return f"{RAW_REPOSITORY}/{plan.lock_name}:packages"
+
+
 # --- 2.: the image ------------------------------------------------------------------------------
 
 

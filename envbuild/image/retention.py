@@ -34,17 +34,6 @@ from envbuild.image.render import PACKAGES_REPOSITORY, RAW_REPOSITORY
 from envbuild.progress import Progress
 
 
-def raw_reference(lock_name: str, lock_sha256: str) -> str:
-    return f"{RAW_REPOSITORY}/{lock_name}:{lock_sha256[:12]}"
-
-
-def raw_packages_reference(lock_name: str) -> str:
-    """The tag that holds the packages step's raw BuildKit image while its report and layers are read.
-    Two locks whose packages are the same get one raw image ID from BuildKit's cache (the raw config
-    carries no lock name), so each build holds and drops its own tag, never the ID another may be reading."""
-    return f"{RAW_REPOSITORY}/{lock_name}:packages"
-
-
 def prune_dangling(engine: Engine, lock_name: str) -> int:
     """Remove the untagged leaf images labelled with ``lock_name`` (and their untagged parents); the
     number removed. One a container still uses is left, and one pulled or pushed by digest."""
