@@ -54,6 +54,17 @@ def test_without_packages_one_dockerfile_on_the_base_checks_the_platform() -> No
     assert "wheels" not in text and "envbuild-pkg" not in text
 
 
+def test_the_tools_stage_is_one_text_with_or_without_packages() -> None:
+    """The stage that makes the tools layer begins both the tools image (a lock with packages) and the
+    image itself (a lock without): the same instructions, but for where the platform is checked."""
+    bare = [
+        line for line in instructions(render_dockerfile(plan_of(tiny_lock(packages=())))) if "want_cann" not in line
+    ]
+    tools = instructions(render_tools_dockerfile(plan_of()))
+    stage = tools[: tools.index(f"FROM {BASE}")]
+    assert len(stage) == 3 and bare[: len(stage)] == stage
+
+
 def test_unpinned_base_is_refused_unless_allowed() -> None:
     lock = tiny_lock()
     unpinned = dataclasses.replace(lock, base_image=dataclasses.replace(lock.base_image, digest=None))

@@ -1,7 +1,7 @@
 """What a build runs, as text: pure functions of the :class:`ContextPlan`. The engine's BuildKit runs:
 
 1. the packages image, ``envbuild-pkg/<lock name>:<packages key>``, in two builds: the tools image
-   (``Dockerfile.tools.in``, ``tools.sh.in``: the base and the tools layer), then on it the package
+   (``Dockerfile.tools.in``, ``tools-stage.in``, ``tools.sh.in``: the base and the tools layer), then on it the package
    files bind-mounted and installed (``Dockerfile.packages.in``, ``packages.buildkit.sh.in``,
    ``stage_packages.py.in``) — no package file in any layer; reused while its key holds (the key hashes
    everything the two builds read: the builder, the base by digest, the requirements with their hashes,
@@ -223,17 +223,10 @@ def render_buildkit_source(source: SourcePlan, epoch: int) -> str:
     return "\n".join(lines)
 
 
-def _tools_stage(plan: ContextPlan, start: str) -> str:
-    return "\n".join(
-        [
-            f"FROM {start} AS envbuild-from",
-            f"FROM {start} AS envbuild-tools",
-            render_platform_check(plan),
-            "RUN --mount=type=bind,from=envbuild-from,source=/,target=/mnt/base"
-            " --mount=type=bind,source=tools,target=/mnt/tools \\",
-            "    sh /mnt/tools/tools.sh",
-        ]
-    )
+def _tools_stage(start: str, platform_check: str) -> str:
+    """The throwaway stage that makes the tools layer (``images/tools-stage.in``), on ``start``: both
+    the tools image and, for a lock with no packages, the image's Dockerfile begin with it."""
+    return fill(load_template("tools-stage.in"), {"from": start, "platform_check": platform_check}).rstrip("\n")
 
 
 def render_buildkit_image_dockerfile(plan: ContextPlan) -> str:
@@ -247,7 +240,9 @@ def render_buildkit_image_dockerfile(plan: ContextPlan) -> str:
             "lock_sha256": plan.lock_sha256,
             "from": start,
             # the packages image has the tools layer, and its script checked the platform
-            "tools_stage": "# the tools layer: in the packages image" if packages else _tools_stage(plan, start),
+            "tools_stage": "# the tools layer: in the packages image"
+            if packages
+            else _tools_stage(start, render_platform_check(plan)),
             "tools_copy": "" if packages else "COPY --from=envbuild-tools /out/ /",
             "mnt": MOUNT_POINT,
             "pycache": PYCACHE,
@@ -277,7 +272,9 @@ def render_buildkit_packages_script(plan: ContextPlan) -> str:
 
 def render_tools_dockerfile(plan: ContextPlan) -> str:
     """The tools image's Dockerfile (``images/Dockerfile.tools.in``): the base and the tools layer."""
-    return fill(load_template("Dockerfile.tools.in"), {"lock_name": plan.lock_name, "base": base_reference(plan)})
+    base = base_reference(plan)
+    stage = _tools_stage(base, "# the platform: the packages script checks it before it installs anything")
+    return fill(load_template("Dockerfile.tools.in"), {"lock_name": plan.lock_name, "base": base, "tools_stage": stage})
 
 
 def render_packages_dockerfile(plan: ContextPlan) -> str:
