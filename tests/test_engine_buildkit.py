@@ -1,18 +1,21 @@
-"""envbuild.engine.buildkit and Engine.buildkit_build: BuildKit's trace decoded from its protobuf wire format
-(pure, on bytes written here by the same rules), and real BuildKit builds of the scripts/services dockerd:
-steps and the cache, no network, a failing step's log tail in the error."""
+"""envbuild.engine.buildkit, .cli_build and Engine.buildkit_build: BuildKit's trace decoded from its protobuf
+wire format (pure, on bytes written here by the same rules), and real BuildKit builds of the scripts/services
+dockerd through both transports (the docker CLI's session, the Engine API): steps and the cache, no network,
+a failing step's log tail in the error."""
 
 from __future__ import annotations
 
 import base64
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import docker
 import pytest
 
 from envbuild.engine.buildkit import BuildKitProgress, decode_status, fields
+from envbuild.engine.cli_build import CLI_ENV, TRANSPORT_ENV, choose_transport
 from envbuild.engine.client import Engine
 from envbuild.engine.transfer import directory_context
 from envbuild.errors import EngineError
@@ -95,9 +98,15 @@ def test_a_long_silent_step_still_says_it_runs() -> None:
     ]
 
 
-@pytest.fixture(scope="module")
-def engine(docker_client: docker.DockerClient) -> Engine:
-    return Engine(docker_client)
+@pytest.fixture(scope="module", params=["cli", "api"])
+def engine(request: pytest.FixtureRequest, docker_client: docker.DockerClient) -> Iterator[Engine]:
+    """The engine, building through the docker CLI's session or the Engine API: both must give the
+    same steps, cache and errors."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(TRANSPORT_ENV, request.param)
+        engine = Engine(docker_client)
+        assert (engine.build_cli is not None) == (request.param == "cli")  # the machine has a CLI that serves
+        yield engine
 
 
 @pytest.mark.docker
@@ -139,3 +148,19 @@ def test_a_failing_buildkit_step_names_itself_and_keeps_its_log_tail(
     message = str(caught.value)
     assert message.startswith("build failed at step [2/2] RUN echo first-line"), message
     assert "exit code: 3" in message and "| the-last-words" in message
+
+
+def test_the_transport_is_chosen_by_what_the_machine_has(tmp_path: Path) -> None:
+    assert choose_transport({TRANSPORT_ENV: "api"}) is None
+    found = choose_transport({})
+    assert found is not None  # Debian's docker.io CLI, which scripts/install-test-deps installs
+    assert int(found.version.split(".")[0]) < 23 or "buildx" in found.path
+    assert choose_transport({TRANSPORT_ENV: "cli"}) == found
+    with pytest.raises(EngineError, match="expected auto, cli or api"):
+        choose_transport({TRANSPORT_ENV: "buildctl"})
+    not_docker = tmp_path / "docker"
+    not_docker.write_text("#!/bin/sh\necho 'not a docker CLI'\n")
+    not_docker.chmod(0o755)
+    for named in (str(not_docker), str(tmp_path / "missing")):
+        with pytest.raises(EngineError, match=f"{CLI_ENV}={named} builds with BuildKit by itself"):
+            choose_transport({CLI_ENV: named})

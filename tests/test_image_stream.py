@@ -5,15 +5,21 @@ from __future__ import annotations
 
 import hashlib
 import io
+import stat
 import tarfile
 from pathlib import Path
 
+import docker
+import pytest
+
+from envbuild.engine.client import Engine
 from envbuild.engine.transfer import ContextStream
 from envbuild.image.assemble import BuildContext, assemble_context
 from envbuild.image.plan import plan_context
 from envbuild.image.render import PACKAGES_EPOCH, render_buildkit_image_dockerfile, render_dockerfile
-from envbuild.image.stream import buildkit_context, packages_context, tools_context
+from envbuild.image.stream import _data, buildkit_context, content_mtime_ns, packages_context, stream, tools_context
 from envbuild.lock import Package, PackageFile, Source
+from tests.lib.baseimage import BaseImage
 from tests.lib.pyindex import make_wheel
 from tests.lib.tinylock import LOCK_SHA, tiny_lock
 
@@ -90,3 +96,46 @@ def test_the_packages_context_holds_the_package_files_and_nothing_of_the_sources
     tools = members(tools_context(context.plan))
     assert [m.name for m in tools] == ["Dockerfile", "tools", "tools/clamp-mtimes", "tools/tools.sh"]
     assert all(m.mtime == PACKAGES_EPOCH for m in tools)
+
+
+def test_the_written_directory_is_the_stream_and_every_mtime_follows_the_content(tmp_path: Path) -> None:
+    """What the docker CLI's transport sends: the same members as the tar (modes, links), package files
+    hard-linked from where they lie, and every other file's mtime made from its content."""
+    context = assembled(tmp_path)
+    stream = packages_context(context)
+    assert stream.write_to is not None
+    written = tmp_path / "written"
+    written.mkdir()
+    stream.write_to(written)
+    tar = {m.name: m for m in members(stream)}
+    on_disk = {p.relative_to(written).as_posix(): p for p in written.rglob("*")}
+    assert set(on_disk) == set(tar)
+    for name, member in tar.items():
+        assert stat.S_IMODE(on_disk[name].lstat().st_mode) == member.mode, name
+    wheel = next(p for n, p in on_disk.items() if n.startswith("packages/wheels/"))
+    assert wheel.stat().st_ino == (context.path / "wheels" / wheel.name).stat().st_ino  # linked, not copied
+    script = on_disk["packages/packages.sh"]
+    assert script.stat().st_mtime_ns == content_mtime_ns(hashlib.sha256(script.read_bytes()).digest())
+    assert content_mtime_ns(hashlib.sha256(b"a").digest()) != content_mtime_ns(hashlib.sha256(b"b").digest())
+
+
+@pytest.mark.docker
+def test_a_changed_file_of_the_same_size_is_sent_again_to_the_same_path(
+    tmp_path: Path, docker_client: docker.DockerClient, base_image: BaseImage
+) -> None:
+    """The CLI re-sends only files whose size, mode or mtime changed since the last build from the same
+    directory: a source whose pin moved keeps its sizes (and, in the tar, its epoch mtimes). Built twice
+    from one path with one byte changed, the second image holds the new byte."""
+    engine = Engine(docker_client)
+    if engine.build_cli is None:
+        pytest.fail("no docker CLI that builds with BuildKit: scripts/install-test-deps installs docker.io's")
+    dockerfile = f"FROM {base_image.tag}\nRUN --mount=type=bind,source=src,target=/mnt cp /mnt/v /v\n".encode()
+    path, images = tmp_path / "sync", []
+    for content in (b"version 1\n", b"version 2\n"):
+        entries = [_data("Dockerfile", dockerfile, 0o644, EPOCH), _data("src/v", content, 0o644, EPOCH)]
+        built = engine.buildkit_build(stream(entries), context_dir=path)
+        images.append(built.image_id)
+        assert engine.read_file(built.image_id, "/v") == content
+        assert not path.exists()  # removed after the build
+    for image in images:
+        engine.remove(image, force=True)

@@ -175,6 +175,15 @@ class BuildKitProgress:
                 for log in status.logs:
                     self._log(log)
 
+    def vertex(self, vertex: Vertex) -> None:
+        """One vertex's news from a trace read elsewhere (the docker CLI's plain progress)."""
+        with self._lock:
+            self._vertex(vertex)
+
+    def log(self, log: VertexLog) -> None:
+        with self._lock:
+            self._log(log)
+
     def _vertex(self, vertex: Vertex) -> None:
         digest, now = vertex.digest, time.monotonic()
         if digest not in self._names:

@@ -1,7 +1,9 @@
-"""The only module that talks to the container engine: the docker SDK against ``DOCKER_HOST``.
+"""With :mod:`.cli_build` (the docker CLI, for builds), the only code that talks to the container engine: the
+docker SDK against ``DOCKER_HOST``.
 
-Builds use the engine's BuildKit (:meth:`Engine.buildkit_build`: ``POST /build?version=2`` over the
-SDK's connection, the context as the tar body, no session; its trace decoded by :mod:`.buildkit`), with
+Builds use the engine's BuildKit (:meth:`Engine.buildkit_build`: through the docker CLI's session where
+a CLI serves, :mod:`.cli_build`; else ``POST /build?version=2`` over the SDK's connection, the context as
+the tar body; the trace decoded by :mod:`.buildkit`), with
 no network; the stream is turned into one progress line per step, and a failed step raises :class:`EngineError` with that step's
 instruction and the tail of its log. The build context is
 streamed to the engine as it is read (a directory, or a :class:`ContextStream` of tar chunks): the SDK
@@ -18,9 +20,11 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import tarfile
+import tempfile
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,12 +35,14 @@ import requests
 
 from envbuild.data.reference import split_reference, split_tag
 from envbuild.engine.buildkit import BuildKitProgress
+from envbuild.engine.cli_build import BuildCli, choose_transport, cli_build
 from envbuild.engine.transfer import (
     LOG_TAIL,
     BuildStep,
     ContextStream,
     LayerProgress,
     Meter,
+    human_bytes,
 )
 from envbuild.errors import EngineError
 from envbuild.interrupts import deferred_interrupts
@@ -165,6 +171,14 @@ class Engine:
 
     # -- build --------------------------------------------------------------------------------
 
+    @property
+    def build_cli(self) -> BuildCli | None:
+        """The docker CLI builds go through (its session syncs only what changed), or None: the Engine
+        API, the whole context as the body (:mod:`.cli_build` says which and why)."""
+        if not hasattr(self, "_build_cli"):
+            self._build_cli = choose_transport()
+        return self._build_cli
+
     def buildkit_build(
         self,
         context: ContextStream,
@@ -174,12 +188,58 @@ class Engine:
         progress: Progress = silent,
         tag: str | None = None,
         what: str = "the build context",
+        context_dir: Path | None = None,
     ) -> BuildOutcome:
-        """Build ``dockerfile`` of the context with the engine's own BuildKit (``POST /build?version=2``,
-        the context as the tar body: no session, no docker CLI), no network for the whole build; ``tag`` is
-        set when the build succeeds (and only then). Needs docker >= 20.10 (``RUN --mount`` without a
-        ``# syntax`` line)."""
-        say = progress
+        """Build ``dockerfile`` of the context with the engine's own BuildKit, no network for the whole
+        build; ``tag`` is set when the build succeeds (and only then). Through the docker CLI when one
+        serves, the context as a directory: the stream's own, or written into ``context_dir`` (emptied
+        first, removed after; on the file system of the context's files, which are hard-linked; a
+        temporary directory without). Else through the Engine API (``POST /build?version=2``, the context
+        as the tar body). Needs docker >= 20.10 (``RUN --mount`` without a ``# syntax`` line).
+
+        The CLI names BuildKit's synced copy of a context by its path and sends again only the files whose
+        size, mode or mtime changed: the stream's writer gives every file an mtime that changes with its
+        content, so one ``context_dir`` per lock and build is safe and a rebuild sends only what changed;
+        a directory context must keep that rule itself."""
+        cli = self.build_cli
+        if cli is not None and (context.directory is not None or context.write_to is not None):
+            return self._cli_build(cli, context, dockerfile, nocache, progress, tag, what, context_dir)
+        return self._api_build(context, dockerfile, nocache, progress, tag, what)
+
+    def _cli_build(
+        self,
+        cli: BuildCli,
+        context: ContextStream,
+        dockerfile: str,
+        nocache: bool,
+        say: Progress,
+        tag: str | None,
+        what: str,
+        context_dir: Path | None,
+    ) -> BuildOutcome:
+        build = BuildKitProgress(say)
+        with ExitStack() as stack:
+            directory = context.directory
+            if directory is None:
+                assert context.write_to is not None
+                if context_dir is None:
+                    directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="envbuild-context-")))
+                else:
+                    shutil.rmtree(context_dir, ignore_errors=True)  # a killed build's
+                    context_dir.mkdir(parents=True)
+                    stack.callback(shutil.rmtree, context_dir, ignore_errors=True)
+                    directory = context_dir
+                context.write_to(directory)
+            say(f"{what}: {human_bytes(context.payload)}, synced by the docker CLI (only what BuildKit lacks is sent)")
+            with build:
+                image_id = cli_build(
+                    cli, self.address, directory, build, dockerfile=dockerfile, nocache=nocache, tag=tag
+                )
+        return self._built(image_id, build, say)
+
+    def _api_build(
+        self, context: ContextStream, dockerfile: str, nocache: bool, say: Progress, tag: str | None, what: str
+    ) -> BuildOutcome:
         meter = Meter(say, f"sent {what}", context.payload)
         build = BuildKitProgress(say)
         params: dict[str, str] = {
@@ -217,9 +277,13 @@ class Engine:
                 response.close()  # an interrupted client closes the stream: the daemon cancels the build
         if build.image_id is None:
             raise EngineError("build: the engine finished without naming the built image")
+        return self._built(build.image_id, build, say)
+
+    @staticmethod
+    def _built(image_id: str, build: BuildKitProgress, say: Progress) -> BuildOutcome:
         steps = build.steps
-        say(f"built {build.image_id[:19]}: {len(steps)} steps, {sum(s.cached for s in steps)} from the cache")
-        return BuildOutcome(build.image_id, steps)
+        say(f"built {image_id[:19]}: {len(steps)} steps, {sum(s.cached for s in steps)} from the cache")
+        return BuildOutcome(image_id, steps)
 
     def prune_build_cache(self, keep_storage: int) -> int:
         """Prune BuildKit's cache down to ``keep_storage`` bytes (what it reports it reclaimed). The

@@ -63,6 +63,10 @@ class ContextStream:
 
     chunks: Callable[[], Iterator[bytes]]
     payload: int
+    # The same context as a directory, for the docker CLI's transport: one that already is (``directory``),
+    # or how to write it into an empty one (``write_to``).
+    directory: Path | None = None
+    write_to: Callable[[Path], None] | None = None
 
 
 def directory_context(root: Path) -> ContextStream:
@@ -89,7 +93,7 @@ def directory_context(root: Path) -> ContextStream:
                 yield from sink.drain()
         yield from sink.drain()
 
-    return ContextStream(chunks, payload)
+    return ContextStream(chunks, payload, directory=root)
 
 
 class TarSink:

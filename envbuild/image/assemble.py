@@ -13,7 +13,8 @@ Layout of an assembled context (everything the Dockerfile COPYs, nothing else)::
                                       the empty directory of its gitlink)
     src/<name>/.envbuild-commit       the commit, for people; the check recomputes the trees instead
 
-Every file and directory gets a fixed mode and the lock's epoch as mtime, so the same inputs give a
+Every file and directory gets a fixed mode and the lock's epoch as mtime (a wheel keeps the cache's
+mtime: it is a hard link), so the same inputs give a
 byte-identical context and the engine's COPY cache keys do not depend on when the context was made.
 """
 
@@ -223,8 +224,9 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 
 
 def _fix_metadata(root: Path, epoch: int) -> None:
-    """Fixed modes and mtimes: 0755 for directories and executables, 0644 for other files, 0444 for
-    wheels (they may be hard links into the cache, which must stay read-only)."""
+    """Fixed modes and mtimes: 0755 for directories and executables, 0644 for other files, the epoch;
+    wheels 0444 and their own mtimes (they may be hard links into the cache, which stays read-only, and
+    whose times say when a file came: the stream gives each wheel the epoch)."""
     for dirpath, dirnames, filenames in os.walk(root, topdown=False):
         for name in filenames + dirnames:
             path = Path(dirpath, name)
@@ -235,7 +237,8 @@ def _fix_metadata(root: Path, epoch: int) -> None:
             if stat.S_ISDIR(info.st_mode):
                 mode = 0o755
             elif Path(dirpath) == root / "wheels":
-                mode = 0o444
+                path.chmod(0o444)  # the cache's inode: its times stay the cache's (stream.write_entries)
+                continue
             else:
                 mode = 0o755 if info.st_mode & stat.S_IXUSR else 0o644
             path.chmod(mode)

@@ -46,7 +46,7 @@ from envbuild.errors import EngineError, EnvbuildError, InputError
 from envbuild.fetch import Inputs, exporter_for, fetch_inputs, newest_commit_date
 from envbuild.image.assemble import BuildContext, assemble_context
 from envbuild.image.base import ensure_base
-from envbuild.image.buildcache import context_dir, lock_name_held, read_map, remember
+from envbuild.image.buildcache import context_dir, lock_name_held, read_map, remember, sync_dir
 from envbuild.image.built import BUILDER, BuiltImage, write_built
 from envbuild.image.inimage_verdict import compare_inimage, inimage_command
 from envbuild.image.normalise import normalise
@@ -251,11 +251,22 @@ class _Assembled:
 def _build(build: _Assembled) -> BuildResult:
     plan, context, options, engine, say = build.plan, build.context, build.options, build.engine, build.say
     ensure_base(engine, plan, say)
-    packages = ensure_packages_image(engine, context, no_cache=options.no_cache, say=say) if plan.files else None
+    packages = (
+        ensure_packages_image(engine, context, no_cache=options.no_cache, cache_dir=options.cache_dir, say=say)
+        if plan.files
+        else None
+    )
     raw_tag = raw_reference(plan)
     stream = buildkit_context(context, render_buildkit_image_dockerfile(plan))
     say(f"building {plan.lock_name} (BuildKit, no network{', no cache' if options.no_cache else ''})")
-    outcome = engine.buildkit_build(stream, nocache=options.no_cache, progress=say, tag=raw_tag, what="the sources")
+    outcome = engine.buildkit_build(
+        stream,
+        nocache=options.no_cache,
+        progress=say,
+        tag=raw_tag,
+        what="the sources",
+        context_dir=sync_dir(options.cache_dir, plan.lock_name, "image"),
+    )
 
     known = read_map(options.cache_dir).get(outcome.image_id)
     image = engine.inspect(known["image_id"]) if known and known.get("lock_sha256") == plan.lock_sha256 else None

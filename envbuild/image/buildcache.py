@@ -89,3 +89,10 @@ def lock_name_held(cache_dir: Path, lock_name: str) -> Iterator[None]:
     directory.mkdir(parents=True, exist_ok=True)
     with file_lock(directory / f"{lock_name}.lock", blocking=True):
         yield
+
+
+def sync_dir(cache_dir: Path, lock_name: str, build: str) -> Path:
+    """Where the docker CLI's transport writes one build's context (``build``: tools, packages, image),
+    while ``lock_name_held``: one path per lock and build, by which the CLI names BuildKit's synced copy
+    of the context, so that a rebuild sends only what changed (``stream.write_entries``)."""
+    return cache_dir / "image" / "sync" / lock_name / build

@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from envbuild.engine.client import BuildStep, Engine
 from envbuild.engine.transfer import human_bytes
 from envbuild.errors import EngineError
 from envbuild.image.assemble import BuildContext
+from envbuild.image.buildcache import sync_dir
 from envbuild.image.normalise import load_packages_image
 from envbuild.image.plan import DISTRO_REMOVED_LABEL
 from envbuild.image.render import (
@@ -65,10 +67,13 @@ def _distro_removed(image: dict[str, Any]) -> tuple[dict[str, Any], ...]:
     return tuple(d for d in found if isinstance(d, dict))
 
 
-def ensure_packages_image(engine: Engine, context: BuildContext, *, no_cache: bool, say: Progress) -> PackagesImage:
+def ensure_packages_image(
+    engine: Engine, context: BuildContext, *, no_cache: bool, cache_dir: Path, say: Progress
+) -> PackagesImage:
     """The packages image: the package files are bind-mounted into the install step (sent in the build
     context, in no layer); the report is read from the built image; the config is composed, the removal
-    layer on top."""
+    layer on top. ``cache_dir``: beside the file cache, where the docker CLI's transport writes the
+    contexts (the package files hard-linked)."""
     plan = context.plan
     reference = packages_reference(plan)
     found = None if no_cache else engine.inspect(reference)
@@ -78,7 +83,14 @@ def ensure_packages_image(engine: Engine, context: BuildContext, *, no_cache: bo
     base = base_reference(plan)  # on the engine, for the lock's platform: ensure_base made sure of it
     tools = tools_reference(plan)
     say(f"packages: the tools image, {tools} (BuildKit, no network)")
-    made = engine.buildkit_build(tools_context(plan), nocache=no_cache, progress=say, tag=tools, what="the tools")
+    made = engine.buildkit_build(
+        tools_context(plan),
+        nocache=no_cache,
+        progress=say,
+        tag=tools,
+        what="the tools",
+        context_dir=sync_dir(cache_dir, plan.lock_name, "tools"),
+    )
     raw = raw_packages_reference(plan)
     try:
         stream = packages_context(context)
@@ -86,7 +98,14 @@ def ensure_packages_image(engine: Engine, context: BuildContext, *, no_cache: bo
             f"packages: installing {len(plan.files)} package files ({human_bytes(stream.payload)}; "
             "BuildKit, no network)"
         )
-        outcome = engine.buildkit_build(stream, nocache=no_cache, progress=say, tag=raw, what="the package files")
+        outcome = engine.buildkit_build(
+            stream,
+            nocache=no_cache,
+            progress=say,
+            tag=raw,
+            what="the package files",
+            context_dir=sync_dir(cache_dir, plan.lock_name, "packages"),
+        )
     finally:
         _untag(engine, tools)
     try:

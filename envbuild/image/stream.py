@@ -15,8 +15,11 @@ too). Nothing is written to disk: the tar is made as the engine reads it.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import io
 import os
+import shutil
 import stat
 import tarfile
 from collections.abc import Iterator
@@ -51,6 +54,7 @@ class Entry:
     data: bytes | None = None  # or in memory
     target: str = ""  # a symlink's
     size: int = 0
+    linkable: bool = False  # a file of the file cache: its content never changes under its name
 
 
 def _dirs_to(name: str, mtime: int, have: set[str]) -> list[Entry]:
@@ -139,7 +143,62 @@ def stream(entries: list[Entry]) -> ContextStream:
                 yield from sink.drain()
         yield from sink.drain()
 
-    return ContextStream(chunks, sum(e.size for e in ordered))
+    return ContextStream(chunks, sum(e.size for e in ordered), write_to=lambda root: write_entries(ordered, root))
+
+
+def write_entries(entries: list[Entry], root: Path) -> None:
+    """The entries (sorted, parents first) as files under the empty directory ``root``, for the docker
+    CLI's transport, each with the entry's mode. The CLI syncs a directory into BuildKit's copy of the
+    last one at the same path and sends only the files whose size, mode or mtime changed, so every file
+    here has an mtime that changes with its content: a package file is hard-linked from the cache (its
+    content never changes under its name there, and the cache's inode keeps the time it was written),
+    every other file is written with an mtime made from its sha256. No mtime here reaches a layer:
+    every RUN sets the times of what it writes."""
+    directories = []
+    for entry in entries:
+        target = root / entry.name
+        if entry.kind == "dir":
+            target.mkdir(exist_ok=True)
+            directories.append(entry)
+        elif entry.kind == "symlink":
+            target.symlink_to(entry.target)  # compared by its target
+            os.utime(target, (entry.mtime, entry.mtime), follow_symlinks=False)
+        elif entry.linkable and entry.path is not None:
+            _link_or_copy(entry.path, target)
+        else:
+            digest = hashlib.sha256()
+            with target.open("wb") as out:
+                for chunk in _content(entry):
+                    digest.update(chunk)
+                    out.write(chunk)
+            target.chmod(entry.mode)
+            stamp = content_mtime_ns(digest.digest())
+            os.utime(target, ns=(stamp, stamp))
+    for entry in reversed(directories):  # children first: writing into a directory moves its mtime
+        (root / entry.name).chmod(entry.mode)
+        os.utime(root / entry.name, (entry.mtime, entry.mtime))
+
+
+def content_mtime_ns(digest: bytes) -> int:
+    """An mtime (nanoseconds, between 2001 and 2033) that differs whenever the content does."""
+    return 10**18 + int.from_bytes(digest[:8], "big") % 10**18
+
+
+def _content(entry: Entry) -> Iterator[bytes]:
+    if entry.data is not None:
+        yield entry.data
+        return
+    assert entry.path is not None
+    with entry.path.open("rb") as data:
+        while chunk := data.read(1 << 20):
+            yield chunk
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    try:
+        os.link(source, target)
+    except OSError:  # another file system
+        shutil.copy2(source, target)
 
 
 def buildkit_context(context: BuildContext, dockerfile: str) -> ContextStream:
@@ -176,7 +235,10 @@ def packages_context(context: BuildContext) -> ContextStream:
     files, the requirements and the scripts), which its install step bind-mounts."""
     plan, epoch, top = context.plan, PACKAGES_EPOCH, "packages"
     entries = [_data("Dockerfile", render_packages_dockerfile(plan).encode(), 0o644, epoch)]
-    entries += [_file(f"{top}/wheels/{p.name}", p, 0o444, epoch) for p in sorted((context.path / "wheels").iterdir())]
+    entries += [
+        dataclasses.replace(_file(f"{top}/wheels/{p.name}", p, 0o444, epoch), linkable=True)
+        for p in sorted((context.path / "wheels").iterdir())
+    ]
     entries += [
         _file(f"{top}/requirements.txt", context.path / "envbuild" / "requirements.txt", 0o644, epoch),
         _data(f"{top}/stage_packages.py", load_template("stage_packages.py.in").encode(), 0o644, epoch),
