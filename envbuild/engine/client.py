@@ -295,8 +295,10 @@ class Engine:
         return int(answer.get("SpaceReclaimed") or 0)
 
     def build_cache_size(self) -> int:
-        """Bytes BuildKit's cache holds (``docker system df``'s "Build Cache")."""
-        return sum(int(entry.get("Size") or 0) for entry in self.disk_usage().get("BuildCache") or [])
+        """Bytes BuildKit's cache holds of its own, as ``docker system df``'s "Build Cache" and BuildKit's
+        prune count them: a record shared with an image (its layers) is the image's, and never pruned."""
+        records = self.disk_usage().get("BuildCache") or []
+        return sum(int(entry.get("Size") or 0) for entry in records if not entry.get("Shared"))
 
     # -- images -------------------------------------------------------------------------------
 
