@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -55,6 +56,15 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
         while chunk := handle.read(_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def link_or_copy(source: Path, target: Path) -> None:
+    """Hard-link ``source`` at ``target`` (cheap for multi-GB wheels); across file systems, a copy that
+    keeps its mode and times, as the link would."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
 
 
 def _read_umask() -> int:

@@ -32,7 +32,7 @@ from typing import Any
 from packaging.utils import canonicalize_name
 
 from envbuild.errors import EnvbuildError, InputError, ProblemsError
-from envbuild.fileio import sha256_file
+from envbuild.fileio import link_or_copy, sha256_file
 from envbuild.git import treehash
 from envbuild.image import inimage_probe
 from envbuild.image.plan import MANIFEST_VERSION, ContextPlan, SourcePlan
@@ -202,7 +202,7 @@ def assemble_context(
     wheels = dest / "wheels"
     wheels.mkdir()
     for item in plan.files:
-        _link_or_copy(cached[item.filename], dest / item.context_path)
+        link_or_copy(cached[item.filename], dest / item.context_path)
     meta = dest / "envbuild"
     meta.mkdir()
     manifest = manifest_for(plan, file_lists, trees, submodule_trees)
@@ -213,14 +213,6 @@ def assemble_context(
     (dest / "Dockerfile").write_text(dockerfile, encoding="utf-8")
     _fix_metadata(dest, plan.epoch)
     return BuildContext(dest, plan, dockerfile, manifest, tuple(sorted(trees.items())))
-
-
-def _link_or_copy(src: Path, dst: Path) -> None:
-    """Hard-link a cached file (cheap for multi-GB wheels); copy across file systems."""
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copyfile(src, dst)
 
 
 def _fix_metadata(root: Path, epoch: int) -> None:

@@ -19,7 +19,6 @@ import dataclasses
 import hashlib
 import io
 import os
-import shutil
 import stat
 import tarfile
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ from pathlib import Path, PurePosixPath
 
 from envbuild.engine.client import ContextStream
 from envbuild.engine.transfer import TarSink
+from envbuild.fileio import link_or_copy
 from envbuild.image.assemble import BuildContext
 from envbuild.image.plan import ContextPlan
 from envbuild.image.render import (
@@ -164,7 +164,7 @@ def write_entries(entries: list[Entry], root: Path) -> None:
             target.symlink_to(entry.target)  # compared by its target
             os.utime(target, (entry.mtime, entry.mtime), follow_symlinks=False)
         elif entry.linkable and entry.path is not None:
-            _link_or_copy(entry.path, target)
+            link_or_copy(entry.path, target)
         else:
             digest = hashlib.sha256()
             with target.open("wb") as out:
@@ -192,13 +192,6 @@ def _content(entry: Entry) -> Iterator[bytes]:
     with entry.path.open("rb") as data:
         while chunk := data.read(1 << 20):
             yield chunk
-
-
-def _link_or_copy(source: Path, target: Path) -> None:
-    try:
-        os.link(source, target)
-    except OSError:  # another file system
-        shutil.copy2(source, target)
 
 
 def buildkit_context(context: BuildContext, dockerfile: str) -> ContextStream:
