@@ -26,6 +26,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -171,13 +172,11 @@ class Engine:
 
     # -- build --------------------------------------------------------------------------------
 
-    @property
+    @cached_property
     def build_cli(self) -> BuildCli | None:
         """The docker CLI builds go through (its session syncs only what changed), or None: the Engine
         API, the whole context as the body (:mod:`.cli_build` says which and why)."""
-        if not hasattr(self, "_build_cli"):
-            self._build_cli = choose_transport()
-        return self._build_cli
+        return choose_transport()
 
     def buildkit_build(
         self,

@@ -14,8 +14,8 @@ Layout of an assembled context (everything the Dockerfile COPYs, nothing else)::
     src/<name>/.envbuild-commit       the commit, for people; the check recomputes the trees instead
 
 Every file and directory gets a fixed mode and the lock's epoch as mtime (a wheel keeps the cache's
-mtime: it is a hard link), so the same inputs give a
-byte-identical context and the engine's COPY cache keys do not depend on when the context was made.
+mtime: it is a hard link), so the same inputs give a byte-identical context and the engine's COPY cache
+keys do not depend on when the context was made.
 """
 
 from __future__ import annotations

@@ -15,7 +15,6 @@ too). Nothing is written to disk: the tar is made as the engine reads it.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import io
 import os
@@ -89,7 +88,7 @@ def _tree(root: Path, prefix: str) -> list[Entry]:
     return entries
 
 
-def _file(name: str, path: Path, mode: int | None = None, mtime: int | None = None) -> Entry:
+def _file(name: str, path: Path, mode: int | None = None, mtime: int | None = None, *, linkable: bool = False) -> Entry:
     info = path.stat()
     return Entry(
         name,
@@ -98,6 +97,7 @@ def _file(name: str, path: Path, mode: int | None = None, mtime: int | None = No
         int(info.st_mtime) if mtime is None else mtime,
         path=path,
         size=info.st_size,
+        linkable=linkable,
     )
 
 
@@ -229,7 +229,7 @@ def packages_context(context: BuildContext) -> ContextStream:
     plan, epoch, top = context.plan, PACKAGES_EPOCH, "packages"
     entries = [_data("Dockerfile", render_packages_dockerfile(plan).encode(), 0o644, epoch)]
     entries += [
-        dataclasses.replace(_file(f"{top}/wheels/{p.name}", p, 0o444, epoch), linkable=True)
+        _file(f"{top}/wheels/{p.name}", p, 0o444, epoch, linkable=True)
         for p in sorted((context.path / "wheels").iterdir())
     ]
     entries += [
