@@ -14,6 +14,7 @@ from envbuild.image.normalised_config import (
     canonical_config,
     canonical_json,
     extend_config,
+    files_layer,
     image_id,
     load_archive,
     removal_layer,
@@ -144,3 +145,48 @@ def test_the_removal_layer_whites_out_under_directories_as_they_are() -> None:
         removal_layer(["relative/path"], {}, 1)
     with pytest.raises(ValueError, match="not an absolute path"):
         removal_layer(["/usr/../etc"], directories, 1)
+
+
+def _dir(mode: int, uid: int, gid: int, mtime: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo("x")
+    info.type, info.mode, info.uid, info.gid, info.mtime = tarfile.DIRTYPE, mode, uid, gid, mtime
+    return info
+
+
+def test_the_files_layer_keeps_its_parents_as_they_are_and_sets_its_own() -> None:
+    parents = {"/opt": _dir(0o40775, 0, 50, 1_111_111_111), "/opt/envbuild": _dir(0o755, 0, 0, 1_700_000_000)}
+    files = {"manifest.json": b"{}", "inimage_probe.py": b"print()\n"}
+    layer = files_layer(parents, "/opt/envbuild/meta", files, 1_700_000_000)
+    assert layer == files_layer(
+        dict(reversed(parents.items())), "/opt/envbuild/meta", dict(reversed(files.items())), 1_700_000_000
+    )
+    with tarfile.open(fileobj=io.BytesIO(layer)) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+        content = {name: tar.extractfile(m).read() for name, m in members.items() if m.isfile()}  # type: ignore[union-attr]
+    assert list(members) == [
+        "opt",
+        "opt/envbuild",
+        "opt/envbuild/meta",
+        "opt/envbuild/meta/inimage_probe.py",
+        "opt/envbuild/meta/manifest.json",
+    ]
+    opt = members["opt"]
+    assert (opt.mode, opt.uid, opt.gid, opt.mtime) == (0o775, 0, 50, 1_111_111_111)  # as the image has it
+    for name in ("opt/envbuild/meta", "opt/envbuild/meta/manifest.json"):
+        info = members[name]
+        assert (info.uid, info.gid, info.uname, info.gname, info.mtime) == (0, 0, "", "", 1_700_000_000)
+    assert members["opt/envbuild/meta"].mode == 0o755 and members["opt/envbuild/meta/manifest.json"].mode == 0o644
+    assert content == {"opt/envbuild/meta/inimage_probe.py": b"print()\n", "opt/envbuild/meta/manifest.json": b"{}"}
+
+
+@pytest.mark.parametrize(
+    ("parents", "files"),
+    [
+        ({"/opt": _dir(0o755, 0, 0, 1)}, {"a": b""}),  # /opt/envbuild missing
+        ({"/opt": _dir(0o755, 0, 0, 1), "/opt/envbuild": _dir(0o755, 0, 0, 1)}, {"../a": b""}),
+        ({"/opt": _dir(0o755, 0, 0, 1), "/opt/envbuild": _dir(0o755, 0, 0, 1)}, {"": b""}),
+    ],
+)
+def test_the_files_layer_refuses_missing_parents_and_paths_for_names(parents, files) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError):
+        files_layer(parents, "/opt/envbuild/meta", files, 1)

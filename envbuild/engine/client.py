@@ -23,7 +23,7 @@ import os
 import shutil
 import tarfile
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -483,6 +483,36 @@ class Engine:
         return missing
 
     # A container to install into and commit (the packages image): create, copy files in, run, commit.
+
+    def entry_headers(self, image: str, paths: Sequence[str]) -> dict[str, tarfile.TarInfo]:
+        """The tar header the engine writes for each of ``paths`` of ``image`` (type, mode, owner, mtime:
+        what a layer holding that entry must say), through a container that is created, never started,
+        and removed; of a directory, its own header only: what it holds is not read."""
+        found: dict[str, tarfile.TarInfo] = {}
+        with _engine_errors(f"stat {', '.join(paths)} of {_short(image)}", self.address):
+            created = self.api.create_container(
+                image, ["true"], host_config=self.api.create_host_config(network_mode="none")
+            )
+            try:
+                for path in paths:
+                    response = self.api._get(
+                        self.api._url("/containers/{0}/archive", created["Id"]), params={"path": path}, stream=True
+                    )
+                    try:
+                        try:
+                            self.api._raise_for_status(response)
+                        except docker.errors.NotFound:
+                            raise EngineError(f"{_short(image)} has no {path}") from None
+                        with tarfile.open(fileobj=response.raw, mode="r|*") as tar:  # gzip, as the engine sends it
+                            member = tar.next()
+                    finally:
+                        response.close()  # the rest of a directory's archive is never read
+                    if member is None:
+                        raise EngineError(f"the engine archived nothing for {path} of {_short(image)}")
+                    found[path] = member
+            finally:
+                self.api.remove_container(created["Id"], force=True)
+        return found
 
     def read_file(self, image: str, path: str, limit: int = 1 << 24) -> bytes:
         """The bytes of one regular file of ``image``, through a container that is created, never

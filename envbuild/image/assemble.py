@@ -215,6 +215,15 @@ def assemble_context(
     return BuildContext(dest, plan, dockerfile, manifest, tuple(sorted(trees.items())))
 
 
+META_FILES = ("inimage_probe.py", "treehash.py", "manifest.json", "requirements.txt")
+
+
+def meta_files(context: BuildContext) -> dict[str, bytes]:
+    """What the image holds in its metadata directory (the in-image check's probe and manifest, the
+    requirements), by name, from the assembled context."""
+    return {name: (context.path / "envbuild" / name).read_bytes() for name in META_FILES}
+
+
 def _fix_metadata(root: Path, epoch: int) -> None:
     """Fixed modes and mtimes: 0755 for directories and executables, 0644 for other files, the epoch;
     wheels 0444 and their own mtimes (they may be hard links into the cache, which stays read-only, and

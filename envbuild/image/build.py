@@ -8,7 +8,8 @@ tree checked before anything is installed) → the base image on the engine, pul
 platform and refused when it is another's (:mod:`.base`) → the packages image (:mod:`.packages_image`: built
 by BuildKit with the package files bind-mounted, in no layer; or reused) → the image on it, BuildKit, no
 network, sending the sources alone (:mod:`.stream`) → normalise the config (:mod:`.normalise`: the layers are the same bytes
-on every build, so only the config is rewritten and loaded; the ID must be the computed one) → the
+on every build, so only the config is rewritten and loaded, with the in-image check's files as one small
+layer envbuild writes; the ID must be the computed one) → the
 in-image check (a mismatch removes the image, no tag is set) → tag, push → write the record → tidy the
 engine (:mod:`.retention`).
 
@@ -44,12 +45,12 @@ from envbuild.data.reference import check_name_and_tag
 from envbuild.engine.client import Engine
 from envbuild.errors import EngineError, EnvbuildError, InputError
 from envbuild.fetch import Inputs, exporter_for, fetch_inputs, newest_commit_date
-from envbuild.image.assemble import BuildContext, assemble_context
+from envbuild.image.assemble import BuildContext, assemble_context, meta_files
 from envbuild.image.base import ensure_base
 from envbuild.image.buildcache import context_dir, lock_name_held, read_map, remember, sync_dir
 from envbuild.image.built import BUILDER, BuiltImage, write_built
 from envbuild.image.inimage_verdict import compare_inimage, inimage_command
-from envbuild.image.normalise import normalise
+from envbuild.image.normalise import meta_layer, normalise
 from envbuild.image.packages_image import ensure_packages_image
 from envbuild.image.plan import ContextPlan, plan_context
 from envbuild.image.rebuild import answer_from_record, built_before
@@ -268,13 +269,20 @@ def _build(build: _Assembled) -> BuildResult:
         context_dir=sync_dir(options.cache_dir, plan.lock_name, "image"),
     )
 
+    meta = meta_files(context)
+    meta_sha256 = hashlib.sha256(b"".join(name.encode() + b"\0" + data for name, data in meta.items())).hexdigest()
     known = read_map(options.cache_dir).get(outcome.image_id)
-    image = engine.inspect(known["image_id"]) if known and known.get("lock_sha256") == plan.lock_sha256 else None
+    image = (
+        engine.inspect(known["image_id"])
+        if known and known.get("lock_sha256") == plan.lock_sha256 and known.get("meta_sha256") == meta_sha256
+        else None
+    )
     if image is not None and known is not None:
         image_id, diff_ids, reused = known["image_id"], tuple(image["RootFS"]["Layers"]), True
         say(f"the engine's cache gave an image already normalised and checked: {image_id}")
     else:
-        normalised = normalise(engine, outcome.image_id, base_reference(plan), plan.epoch, say)
+        added = (meta_layer(engine, outcome.image_id, meta, plan.epoch),)
+        normalised = normalise(engine, outcome.image_id, base_reference(plan), plan.epoch, say, added)
         image_id, diff_ids = normalised.image_id, normalised.diff_ids
         # BuildKit may give a new raw ID to a rebuild it answers from its cache: the normalised ID, which
         # is the same for the same layers, says as well that this image passed the in-image check
@@ -292,7 +300,12 @@ def _build(build: _Assembled) -> BuildResult:
         remember(
             options.cache_dir,
             outcome.image_id,
-            {"image_id": image_id, "lock_sha256": plan.lock_sha256, "lock_name": plan.lock_name},
+            {
+                "image_id": image_id,
+                "lock_sha256": plan.lock_sha256,
+                "lock_name": plan.lock_name,
+                "meta_sha256": meta_sha256,
+            },
         )
 
     for tag in build.tags:

@@ -21,7 +21,7 @@ import tarfile
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from envbuild.engine.client import Engine
@@ -30,12 +30,13 @@ from envbuild.image.normalised_config import (
     HistoryEntry,
     canonical_config,
     extend_config,
+    files_layer,
     image_id,
     load_archive,
     removal_layer,
     settle_empty,
 )
-from envbuild.image.plan import DISTRO_REMOVED_LABEL, LOCK_NAME_LABEL
+from envbuild.image.plan import DISTRO_REMOVED_LABEL, IMAGE_META, LOCK_NAME_LABEL
 from envbuild.image.render import PACKAGES_EPOCH
 from envbuild.progress import Progress
 
@@ -85,13 +86,42 @@ def _load(engine: Engine, config: dict[str, Any], say: Progress, layers: dict[st
     return expected
 
 
-def normalise(engine: Engine, raw_id: str, base: str, epoch: int, say: Progress) -> CanonicalImage:
-    """Load the canonical config of the raw image ``raw_id`` built on ``base`` (its layers shared)."""
+@dataclass(frozen=True)
+class AddedLayer:
+    """A layer envbuild wrote itself (its tar's bytes), put on top at normalising, and what made it."""
+
+    tar: bytes
+    created_by: str
+
+    @property
+    def diff_id(self) -> str:
+        return "sha256:" + hashlib.sha256(self.tar).hexdigest()
+
+
+def normalise(
+    engine: Engine, raw_id: str, base: str, epoch: int, say: Progress, added: tuple[AddedLayer, ...] = ()
+) -> CanonicalImage:
+    """Load the canonical config of the raw image ``raw_id`` built on ``base`` (its layers shared), with
+    the ``added`` layers on top (carried in the load: a few kilobytes)."""
     inspect, history = settled_history(engine, raw_id)
     config = canonical_config(inspect, history, base_entries=len(engine.history(base)), epoch=epoch)
-    normalised = _load(engine, config, say)
-    say(f"normalised {raw_id[:19]} → {normalised[:19]} (the config only: every layer is shared)")
+    for layer in added:
+        config = extend_config(config, layer.diff_id, layer.created_by, epoch)
+    normalised = _load(engine, config, say, {layer.diff_id: layer.tar for layer in added})
+    say(
+        f"normalised {raw_id[:19]} → {normalised[:19]} (the config"
+        f"{f' and {len(added)} small layer' + 's' * (len(added) > 1) if added else ''} only: every built layer is shared)"
+    )
     return CanonicalImage(normalised, tuple(config["rootfs"]["diff_ids"]))
+
+
+def meta_layer(engine: Engine, raw_id: str, files: dict[str, bytes], epoch: int) -> AddedLayer:
+    """The in-image check's files (``files``: the manifest, the probe, the requirements) as the layer
+    :data:`IMAGE_META` on top of ``raw_id``: written here, not by a build step (a step costs a container
+    and a walk of the whole file system to clamp its times), its parents kept as ``raw_id`` has them."""
+    parents = [str(p) for p in reversed(PurePosixPath(IMAGE_META).parents) if str(p) != "/"]
+    layer = files_layer(engine.entry_headers(raw_id, parents), IMAGE_META, files, epoch)
+    return AddedLayer(layer, f"envbuild: the in-image check's files in {IMAGE_META}")
 
 
 def load_packages_image(

@@ -111,7 +111,7 @@ def canonical_config(
 
 
 def extend_config(config: dict[str, Any], diff_id: str, created_by: str, epoch: int) -> dict[str, Any]:
-    """``config`` with one more layer on top (the removal layer), created at the epoch."""
+    """``config`` with one more layer on top (one envbuild wrote), created at the epoch."""
     extended = json.loads(json.dumps(config))
     extended["created"] = rfc3339(epoch)
     extended["history"].append({"created": rfc3339(epoch), "created_by": created_by})
@@ -159,6 +159,36 @@ def removal_layer(remove: Sequence[str], directories: Mapping[str, Sequence[int]
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for name in sorted(entries, key=lambda n: n.encode("utf-8", "surrogateescape")):
             tar.addfile(entries[name])
+    return buffer.getvalue()
+
+
+def files_layer(
+    parents: Mapping[str, tarfile.TarInfo], directory: str, files: Mapping[str, bytes], epoch: int
+) -> bytes:
+    """A layer tar adding ``files`` (name → bytes; root, 0644) in ``directory`` (an absolute path; root,
+    0755), both at the epoch, under its ``parents`` (absolute path → the header the engine gives that
+    directory now: kept as it is, as a build step's own layer keeps a directory it only adds to); sorted,
+    no owner names."""
+    entries: dict[str, tarfile.TarInfo] = {}
+    for path, header in parents.items():
+        name = path.strip("/")
+        entries[name] = _info(name, tarfile.DIRTYPE, header.mode & 0o7777, header.uid, header.gid, int(header.mtime))
+    top = directory.strip("/")
+    expected = {str(p).lstrip("/") for p in list(PurePosixPath(directory).parents)[:-1]}
+    if not top or set(entries) != expected:
+        raise ValueError(f"{directory}: its parents are {sorted(expected)}, not {sorted(entries)}")
+    entries[top] = _info(top, tarfile.DIRTYPE, 0o755, 0, 0, epoch)
+    data: dict[str, bytes] = {}
+    for filename, content in files.items():
+        if "/" in filename or filename in ("", ".", ".."):
+            raise ValueError(f"{filename!r}: not a file name")
+        name = f"{top}/{filename}"
+        entries[name] = _info(name, tarfile.REGTYPE, 0o644, 0, 0, epoch)
+        entries[name].size, data[name] = len(content), content
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name in sorted(entries, key=lambda n: n.encode("utf-8", "surrogateescape")):
+            tar.addfile(entries[name], io.BytesIO(data[name]) if name in data else None)
     return buffer.getvalue()
 
 

@@ -7,7 +7,7 @@
    everything the two builds read: the builder, the base by digest, the requirements with their hashes,
    the scripts);
 2. the image (``Dockerfile.buildkit.in``) on it: one ``RUN`` per source (bind-mounted, copied, timed,
-   installed, clamped), then the metadata.
+   installed, clamped), then the labels (the in-image check's files: a layer :mod:`.normalise` writes).
 
 The text comes from templates under ``images/`` with ``{{name}}`` placeholders; every value put in is
 either validated by the lock model (names, SHAs, digests, versions) or shell-quoted (the ``install.env``

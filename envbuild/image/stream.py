@@ -5,8 +5,8 @@ each build gets only what it reads (:mod:`.render`):
 - the packages image's build on it (:func:`packages_context`): ``Dockerfile`` and ``packages/``
   (``wheels/<file>``, ``requirements.txt``, ``stage_packages.py``, ``packages.sh``), which its install
   step bind-mounts: no package file reaches a layer;
-- the image's build (:func:`buildkit_context`): ``Dockerfile``, ``tools/``, each source's tree as
-  ``src/<name>/`` and ``meta/`` (manifest, in-image probe, requirements).
+- the image's build (:func:`buildkit_context`): ``Dockerfile``, ``tools/`` and each source's tree as
+  ``src/<name>/`` (the in-image check's files are a layer envbuild writes at normalising: :mod:`.normalise`).
 
 Headers carry a fixed mode and mtime, owner 0:0 and no owner names; every RUN that reads them sets the
 times of what it writes itself, so no mtime here reaches a layer (BuildKit's cache keys leave them out
@@ -196,16 +196,13 @@ def _content(entry: Entry) -> Iterator[bytes]:
 
 def buildkit_context(context: BuildContext, dockerfile: str) -> ContextStream:
     """The image's build context on BuildKit: ``Dockerfile``, ``tools/`` (the tools stage's script and
-    clamp-mtimes), each source's tree as ``src/<name>/`` and ``meta/``. Every RUN bind-mounts what it
+    clamp-mtimes) and each source's tree as ``src/<name>/``. Every RUN bind-mounts what it
     reads and sets its times itself, so no mtime here reaches a layer (BuildKit's cache keys leave
     them out too)."""
     plan, epoch = context.plan, context.plan.epoch
     entries = [_data("Dockerfile", dockerfile.encode(), 0o644, epoch), *_tools_entries()]
     for source in plan.sources:
         entries += _tree(context.path / source.context_path, source.context_path)
-    meta = context.path / "envbuild"
-    for name in ("inimage_probe.py", "treehash.py", "manifest.json", "requirements.txt"):
-        entries.append(_file(f"meta/{name}", meta / name, 0o644, epoch))
     return stream(entries)
 
 
