@@ -155,11 +155,7 @@ def removal_layer(remove: Sequence[str], directories: Mapping[str, Sequence[int]
                 entries[name] = _info(name, tarfile.DIRTYPE, mode, uid, gid, epoch)
         whiteout = str(pure.parent / f".wh.{pure.name}").lstrip("/")
         entries[whiteout] = _info(whiteout, tarfile.REGTYPE, 0o600, 0, 0, epoch)
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for name in sorted(entries, key=lambda n: n.encode("utf-8", "surrogateescape")):
-            tar.addfile(entries[name])
-    return buffer.getvalue()
+    return _sorted_tar(entries, {})
 
 
 def files_layer(
@@ -185,6 +181,11 @@ def files_layer(
         name = f"{top}/{filename}"
         entries[name] = _info(name, tarfile.REGTYPE, 0o644, 0, 0, epoch)
         entries[name].size, data[name] = len(content), content
+    return _sorted_tar(entries, data)
+
+
+def _sorted_tar(entries: Mapping[str, tarfile.TarInfo], data: Mapping[str, bytes]) -> bytes:
+    """A layer tar of ``entries`` sorted by name's bytes, each regular file's content from ``data``."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for name in sorted(entries, key=lambda n: n.encode("utf-8", "surrogateescape")):
