@@ -489,45 +489,48 @@ class Engine:
         what a layer holding that entry must say), through a container that is created, never started,
         and removed; of a directory, its own header only: what it holds is not read."""
         found: dict[str, tarfile.TarInfo] = {}
-        with _engine_errors(f"stat {', '.join(paths)} of {_short(image)}", self.address):
-            created = self.api.create_container(
-                image, ["true"], host_config=self.api.create_host_config(network_mode="none")
-            )
-            try:
-                for path in paths:
-                    response = self.api._get(
-                        self.api._url("/containers/{0}/archive", created["Id"]), params={"path": path}, stream=True
-                    )
+        with (
+            _engine_errors(f"stat {', '.join(paths)} of {_short(image)}", self.address),
+            self._unstarted(image) as container,
+        ):
+            for path in paths:
+                response = self.api._get(
+                    self.api._url("/containers/{0}/archive", container), params={"path": path}, stream=True
+                )
+                try:
                     try:
-                        try:
-                            self.api._raise_for_status(response)
-                        except docker.errors.NotFound:
-                            raise EngineError(f"{_short(image)} has no {path}") from None
-                        with tarfile.open(fileobj=response.raw, mode="r|*") as tar:  # gzip, as the engine sends it
-                            member = tar.next()
-                    finally:
-                        response.close()  # the rest of a directory's archive is never read
-                    if member is None:
-                        raise EngineError(f"the engine archived nothing for {path} of {_short(image)}")
-                    found[path] = member
-            finally:
-                self.api.remove_container(created["Id"], force=True)
+                        self.api._raise_for_status(response)
+                    except docker.errors.NotFound:
+                        raise EngineError(f"{_short(image)} has no {path}") from None
+                    with tarfile.open(fileobj=response.raw, mode="r|*") as tar:  # gzip, as the engine sends it
+                        member = tar.next()
+                finally:
+                    response.close()  # the rest of a directory's archive is never read
+                if member is None:
+                    raise EngineError(f"the engine archived nothing for {path} of {_short(image)}")
+                found[path] = member
         return found
+
+    @contextmanager
+    def _unstarted(self, image: str) -> Iterator[str]:
+        """The ID of a container of ``image`` that is created, never started, and removed after."""
+        created = self.api.create_container(
+            image, ["true"], host_config=self.api.create_host_config(network_mode="none")
+        )
+        try:
+            yield created["Id"]
+        finally:
+            self.api.remove_container(created["Id"], force=True)
 
     def read_file(self, image: str, path: str, limit: int = 1 << 24) -> bytes:
         """The bytes of one regular file of ``image``, through a container that is created, never
         started, and removed: no layer is read but the file's."""
-        with _engine_errors(f"read {path} of {_short(image)}", self.address):
-            created = self.api.create_container(
-                image, ["true"], host_config=self.api.create_host_config(network_mode="none")
-            )
+        with _engine_errors(f"read {path} of {_short(image)}", self.address), self._unstarted(image) as container:
             try:
-                chunks, _ = self.api.get_archive(created["Id"], path)
+                chunks, _ = self.api.get_archive(container, path)
                 data = b"".join(chunks)
             except docker.errors.NotFound:
                 raise EngineError(f"{_short(image)} has no {path}") from None
-            finally:
-                self.api.remove_container(created["Id"], force=True)
         with tarfile.open(fileobj=io.BytesIO(data)) as tar:
             member = tar.next()
             extracted = tar.extractfile(member) if member is not None and member.isfile() else None
