@@ -108,10 +108,8 @@ def normalise(
     for layer in added:
         config = extend_config(config, layer.diff_id, layer.created_by, epoch)
     normalised = _load(engine, config, say, {layer.diff_id: layer.tar for layer in added})
-    say(
-        f"normalised {raw_id[:19]} → {normalised[:19]} (the config"
-        f"{f' and {len(added)} small layer' + 's' * (len(added) > 1) if added else ''} only: every built layer is shared)"
-    )
+    written = f"the config and {len(added)} small layer{'s' * (len(added) > 1)}" if added else "the config"
+    say(f"normalised {raw_id[:19]} → {normalised[:19]} ({written} only: every built layer is shared)")
     return CanonicalImage(normalised, tuple(config["rootfs"]["diff_ids"]))
 
 
