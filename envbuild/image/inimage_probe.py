@@ -195,13 +195,11 @@ def _origin(dist) -> str:
 
 
 def source_distribution(entry: dict, dists: dict):
-    """The distribution the build installed from this source: by where it came from (an editable install
-    points at the source's directory; a built wheel at /tmp/envbuild-wheel-<name>/), else by name."""
-    editable = "file://" + entry["path"]
-    wheel = f"file:///tmp/envbuild-wheel-{entry['name']}/"
+    """The distribution the build installed from this source: by where it came from (pip records the
+    source's directory for an editable install and for a wheel it built from it), else by name."""
+    directory = "file://" + entry["path"]
     for dist in dists.values():
-        origin = _origin(dist)
-        if origin.rstrip("/") == editable or origin.startswith(wheel):
+        if _origin(dist).rstrip("/") == directory:
             return dist
     return dists.get(_normalize(entry.get("distribution") or entry["name"]))
 
