@@ -119,6 +119,25 @@ def test_without_a_pin_an_index_s_word_is_not_cached_and_the_fetched_wheel_answe
     assert after["app:dep>=1"]["status"] == "ok"  # read from the hash-checked wheel
 
 
+def test_a_fetched_wheel_s_metadata_is_read_from_it_once_then_kept_by_its_sha256(
+    dists: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A lock without pins, its wheel in the file cache: its METADATA is read from the zip once and kept by
+    the wheel's sha256 (the wheel cannot change), so the next verify reads what was kept, not the zip."""
+    cache = tmp_path / "cache"
+    with PyIndex(dists, metadata=True) as index:
+        lock = write(tmp_path, index, None)
+        assert main(["lock", "fetch", str(lock), "--cache-dir", str(cache), "-q"]) == 0
+        capsys.readouterr()
+        _, first = verify(lock, cache, capsys)
+        kept = cache / "metadata" / "wheel" / index.sha256(WHEEL)
+        assert kept.read_bytes() == real_metadata(dists)
+        kept.write_bytes(forged(dists))  # what is kept answers: here, without the requirement on dep
+        _, second = verify(lock, cache, capsys)
+    assert first["app:dep>=1"]["status"] == "ok"
+    assert "app:dep>=1" not in second
+
+
 def test_lock_fetch_catches_a_pin_the_index_forged_at_update_time(
     dists: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

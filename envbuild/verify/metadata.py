@@ -5,7 +5,9 @@ For each file, the first of these that answers:
 1. the metadata cache, ``<cache_dir>/metadata/sha256/<metadata_sha256>``, for a wheel whose METADATA the
    lock pins (``metadata_sha256``): content-addressed, so an entry proves itself when read, and only bytes
    matching a pin are ever written there (written atomically, once);
-2. the file itself, when the file cache holds it (it entered the cache only after its sha256 was checked);
+2. the file itself, when the file cache holds it (it entered the cache only after its sha256 was checked),
+   its METADATA then kept by the file's sha256 (``<cache_dir>/metadata/wheel/<sha256>``; an sdist's
+   requirements in ``metadata/sdist/<sha256>.json``);
 3. the index's PEP 658 metadata file, checked against the sha256 the index announced for it;
 4. the wheel's ``*.dist-info/METADATA``, read by HTTP range requests from the zip's central directory:
    the tail, the directory, one member (a few requests; a few MB at most, even for torch);
@@ -149,7 +151,7 @@ class MetadataReader:
         local = self.files.get(file.sha256)
         served_by_index = local is None
         if local is not None:
-            data = read_wheel_metadata(open(local, "rb"), file.filename)
+            data = self.local_wheel_metadata(local, file)
         elif self.offline:
             raise MetadataError("offline, and neither its metadata nor the file is in the cache")
         else:
@@ -168,6 +170,21 @@ class MetadataReader:
         if pinned is not None:  # only bytes the lock pins are kept: nothing an index says alone
             self.dir.mkdir(parents=True, exist_ok=True)
             write_atomic(self.dir / pinned, data)
+        return data
+
+    def local_wheel_metadata(self, local: Path, file: PackageFile) -> bytes:
+        """The METADATA of a wheel in the file cache (hash-checked when it entered), cached by the wheel's
+        sha256 in ``<cache>/metadata/wheel/<sha256>``: the file never changes, so neither does what it
+        holds, and a zip's central directory (torch's: ~10,000 members) is read once, not on every build."""
+        cached = self.dir.parent / "wheel" / file.sha256
+        try:
+            return cached.read_bytes()
+        except FileNotFoundError:
+            pass
+        with open(local, "rb") as handle:
+            data = read_wheel_metadata(handle, file.filename)
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(cached, data)
         return data
 
     def _sdist(self, lock: Lock, package: Package, file: PackageFile) -> Path:
