@@ -370,7 +370,7 @@ def test_compare_inimage_names_each_mismatch() -> None:
     }
     report = {
         "report_version": inimage_probe.REPORT_VERSION,
-        "consistency": {"error": None, "problems": []},
+        "requires": {"markers": {}, "distributions": {}},
         "lock_sha256": LOCK_SHA,
         "python": "3.12.1",
         "distributions": {"a": ["1.0.0"], "b": ["2.1"], "d": ["1.0", "0.9"]},
@@ -485,7 +485,7 @@ def test_compare_inimage_names_a_submodule_changed_at_build_time() -> None:
     seen = {"exists": True, "commit_marker": "1" * 40, "tree": "2" * 40, "unreadable": []}
     report = {
         "report_version": inimage_probe.REPORT_VERSION,
-        "consistency": {"error": None, "problems": []},
+        "requires": {"markers": {}, "distributions": {}},
         "lock_sha256": LOCK_SHA,
         "distributions": {},
         "sources": {"s": {**seen, "submodules": {"lib/a": "6" * 40}}},

@@ -1,14 +1,16 @@
 """The in-image check's facts, computed by the probe itself against real distribution metadata on disk
-(importlib.metadata's own reader, pip's own requirement parser): no image needed. The image tests run
+(importlib.metadata's own reader), judged as the host judges them: no image needed. The image tests run
 the same script in built images (tests/test_image_build.py, tests/test_closure_image.py)."""
 
 from __future__ import annotations
 
+import json
 import sys
 from importlib import metadata
 from pathlib import Path
 
 from envbuild.image import inimage_probe as probe
+from envbuild.image.inimage_verdict import consistency_problems
 
 
 def dist_info(site: Path, name: str, version: str, *requires: str) -> metadata.Distribution:
@@ -24,7 +26,7 @@ def dist_info(site: Path, name: str, version: str, *requires: str) -> metadata.D
     return metadata.PathDistribution(where)
 
 
-def test_each_requirement_that_can_hold_is_judged_and_extra_only_ones_are_not_parsed(tmp_path: Path) -> None:
+def test_each_requirement_that_can_hold_is_judged_and_extra_only_ones_are_not_reported(tmp_path: Path) -> None:
     installed = [
         dist_info(
             tmp_path,
@@ -41,7 +43,14 @@ def test_each_requirement_that_can_hold_is_judged_and_extra_only_ones_are_not_pa
         dist_info(tmp_path, "beta", "1.5"),
     ]
     dists = probe.installed_distributions([probe.Installed(d) for d in installed])
-    problems = {(p["requirement"], p["kind"], p["installed"]) for p in probe.consistency(dists)["problems"]}
+    facts = json.loads(json.dumps(probe.requirements(dists)))  # as the report carries them to the host
+    assert facts["distributions"]["alpha"]["requires"] == [
+        "beta>=2",
+        'epsilon; python_version < "3"',
+        'zeta; extra == "z" or python_version >= "3"',
+        "not a requirement ((",
+    ]
+    problems = {(p["requirement"], p["kind"], p["installed"]) for p in consistency_problems(facts)}
     assert problems == {
         ("beta>=2", "conflict", "1.5"),
         ('zeta; extra == "z" or python_version >= "3"', "missing", None),
@@ -66,3 +75,15 @@ def test_imports_run_side_by_side_each_in_its_own_interpreter_in_order() -> None
     failed = results["envbuild_no_such_module"]
     assert not failed["ok"] and "ModuleNotFoundError" in failed["error"]
     assert sys.modules.get("envbuild_no_such_module") is None
+
+
+def test_markers_are_judged_against_the_image_s_environment_not_the_host_s(tmp_path: Path) -> None:
+    installed = [dist_info(tmp_path, "alpha", "1.0", 'beta; sys_platform == "win32"', 'gamma; python_version < "3"')]
+    facts = probe.requirements(probe.installed_distributions([probe.Installed(d) for d in installed]))
+    assert facts["markers"]["python_version"] == f"{sys.version_info[0]}.{sys.version_info[1]}"
+    assert consistency_problems(facts) == []  # neither holds on this interpreter
+    facts["markers"] = {**facts["markers"], "sys_platform": "win32", "python_version": "2.7"}  # an image's
+    assert {p["requirement"] for p in consistency_problems(facts)} == {
+        'beta; sys_platform == "win32"',
+        'gamma; python_version < "3"',
+    }

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from packaging.markers import InvalidMarker, UndefinedComparison, UndefinedEnvironmentName
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
@@ -115,6 +116,36 @@ def compare_inimage(report: dict | str, manifest: dict) -> list[str]:
     return problems + environment_problems(report, manifest)
 
 
+def consistency_problems(requires: dict) -> list[dict]:
+    """``pip check`` on the probe's facts (:func:`.inimage_probe.requirements`): every problem as
+    {distribution, version, requirement, kind (missing, conflict, invalid), installed}. A marker is
+    evaluated against the image's environment, with no extra."""
+    environment = {**(requires.get("markers") or {}), "extra": ""}
+    dists = requires.get("distributions") or {}
+    problems = []
+    for key, dist in sorted(dists.items()):
+        for text in dist.get("requires", []):
+            entry = {"distribution": key, "version": dist.get("version"), "requirement": text, "installed": None}
+            try:
+                requirement = Requirement(text)
+                if requirement.marker is not None and not requirement.marker.evaluate(environment):
+                    continue
+            except (InvalidRequirement, InvalidMarker, UndefinedComparison, UndefinedEnvironmentName):
+                problems.append({**entry, "kind": "invalid"})
+                continue
+            target = dists.get(canonicalize_name(requirement.name))
+            if target is None:
+                problems.append({**entry, "kind": "missing"})
+                continue
+            try:
+                met = requirement.specifier.contains(Version(str(target.get("version"))), prereleases=True)
+            except InvalidVersion:
+                met = False
+            if not met:
+                problems.append({**entry, "kind": "conflict", "installed": target.get("version")})
+    return problems
+
+
 def environment_problems(report: dict, manifest: dict) -> list[str]:
     """What ``pip check`` found that the requiring source or package does not waive, and every source
     import that failed: each names the distribution, the requirement and, where one installed it, the
@@ -130,10 +161,7 @@ def environment_problems(report: dict, manifest: dict) -> list[str]:
         canonicalize_name(p["name"]): {canonicalize_name(w["name"]) for w in p.get("waive", [])}
         for p in manifest.get("packages", [])
     }
-    consistency = report.get("consistency") or {}
-    if consistency.get("error"):
-        problems.append(f"the in-image consistency check could not run: {consistency['error']}")
-    for problem in consistency.get("problems", []):
+    for problem in consistency_problems(report.get("requires") or {}):
         source = owner.get(canonicalize_name(problem["distribution"]))
         text = problem["requirement"]
         try:
