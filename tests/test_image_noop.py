@@ -47,6 +47,9 @@ class NoBuilds(Engine):
     def run(self, *args: Any, **kwargs: Any) -> Any:
         raise Reached("run")
 
+    def prepared_run(self, *args: Any, **kwargs: Any) -> Any:
+        raise Reached("prepared_run")
+
     def load(self, *args: Any, **kwargs: Any) -> Any:
         raise Reached("load")
 

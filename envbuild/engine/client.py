@@ -76,6 +76,38 @@ class RunOutput:
     stderr: str
 
 
+@dataclass(frozen=True)
+class PreparedRun:
+    """A created container of :meth:`Engine.prepared_run`: read, added to, started, then its output."""
+
+    engine: Engine
+    container: str
+    image: str
+
+    def headers(self, paths: Sequence[str]) -> dict[str, tarfile.TarInfo]:
+        """As :meth:`Engine.entry_headers`, of this container's file system (before it starts)."""
+        return self.engine._headers(self.container, paths, self.image)
+
+    def put(self, archive: bytes) -> None:
+        """Extract ``archive`` (a tar) at ``/`` of the container, modes, owners and mtimes as it says."""
+        with _engine_errors(f"copy files into a container of {_short(self.image)}", self.engine.address):
+            self.engine.api.put_archive(self.container, "/", archive)
+
+    def start(self) -> None:
+        with _engine_errors(f"run in {_short(self.image)}", self.engine.address):
+            self.engine.api.start(self.container)
+
+    def output(self) -> RunOutput:
+        """Wait for the command to end: its exit status, stdout and stderr."""
+        with _engine_errors(f"run in {_short(self.image)}", self.engine.address):
+            status = self.engine.api.wait(self.container, timeout=TIMEOUT)
+            out = self.engine.api.logs(self.container, stdout=True, stderr=False)
+            err = self.engine.api.logs(self.container, stdout=False, stderr=True)
+        return RunOutput(
+            int(status.get("StatusCode", -1)), out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+        )
+
+
 def _event_error(event: dict[str, Any]) -> str | None:
     """The message of an error event in a build, push or pull stream (None for any other event)."""
     if "error" not in event and "errorDetail" not in event:
@@ -488,11 +520,12 @@ class Engine:
         """The tar header the engine writes for each of ``paths`` of ``image`` (type, mode, owner, mtime:
         what a layer holding that entry must say), through a container that is created, never started,
         and removed; of a directory, its own header only: what it holds is not read."""
+        with self._unstarted(image) as container:
+            return self._headers(container, paths, image)
+
+    def _headers(self, container: str, paths: Sequence[str], image: str) -> dict[str, tarfile.TarInfo]:
         found: dict[str, tarfile.TarInfo] = {}
-        with (
-            _engine_errors(f"stat {', '.join(paths)} of {_short(image)}", self.address),
-            self._unstarted(image) as container,
-        ):
+        with _engine_errors(f"stat {', '.join(paths)} of {_short(image)}", self.address):
             for path in paths:
                 response = self.api._get(
                     self.api._url("/containers/{0}/archive", container), params={"path": path}, stream=True
@@ -510,6 +543,21 @@ class Engine:
                     raise EngineError(f"the engine archived nothing for {path} of {_short(image)}")
                 found[path] = member
         return found
+
+    @contextmanager
+    def prepared_run(self, image: str, command: list[str]) -> Iterator[PreparedRun]:
+        """A container of ``image`` that will run ``command`` with no network, created and not started:
+        entries read and files added before it starts, its output taken once it ends (the caller works
+        while it runs); always removed."""
+        with _engine_errors(f"run in {_short(image)}", self.address), deferred_interrupts():
+            created = self.api.create_container(
+                image, command, host_config=self.api.create_host_config(network_mode="none")
+            )
+        try:
+            yield PreparedRun(self, created["Id"], image)
+        finally:
+            with _engine_errors(f"remove the container of {_short(image)}", self.address):
+                self.api.remove_container(created["Id"], force=True)
 
     @contextmanager
     def _unstarted(self, image: str) -> Iterator[str]:

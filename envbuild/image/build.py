@@ -42,7 +42,7 @@ from typing import Any
 
 from envbuild.config import SourceOptions, fetch_command
 from envbuild.data.reference import check_name_and_tag
-from envbuild.engine.client import Engine
+from envbuild.engine.client import Engine, RunOutput
 from envbuild.errors import EngineError, EnvbuildError, InputError
 from envbuild.fetch import Inputs, exporter_for, fetch_inputs, newest_commit_date
 from envbuild.image.assemble import BuildContext, assemble_context, meta_files
@@ -281,22 +281,29 @@ def _build(build: _Assembled) -> BuildResult:
         image_id, diff_ids, reused = known["image_id"], tuple(image["RootFS"]["Layers"]), True
         say(f"the engine's cache gave an image already normalised and checked: {image_id}")
     else:
-        added = (meta_layer(engine, outcome.image_id, meta, plan.epoch),)
-        normalised = normalise(engine, outcome.image_id, base_reference(plan), plan.epoch, say, added)
-        image_id, diff_ids = normalised.image_id, normalised.diff_ids
-        # BuildKit may give a new raw ID to a rebuild it answers from its cache: the normalised ID, which
-        # is the same for the same layers, says as well that this image passed the in-image check
-        # (--no-cache proves it again).
-        reused = not options.no_cache and any(
-            isinstance(entry, dict)
-            and entry.get("image_id") == image_id
-            and entry.get("lock_sha256") == plan.lock_sha256
-            for entry in read_map(options.cache_dir).values()
-        )
-        if reused:
-            say(f"{image_id[:19]} passed the in-image check already")
-        else:
-            _check_in_image(image_id, context, engine, say)
+        # The in-image check runs in a container of the raw image with the meta layer's own bytes put in
+        # (the normalised image's file system: the config differs only in build-time noise), while the
+        # config is normalised and loaded; the one container also gives the meta layer its parents.
+        with engine.prepared_run(outcome.image_id, inimage_command()) as check:
+            added = (meta_layer(check.headers, meta, plan.epoch),)
+            check.put(added[0].tar)
+            check.start()
+            say("checking the image from inside (installed distributions, source trees)")
+            normalised = normalise(engine, outcome.image_id, base_reference(plan), plan.epoch, say, added)
+            image_id, diff_ids = normalised.image_id, normalised.diff_ids
+            # BuildKit may give a new raw ID to a rebuild it answers from its cache: the normalised ID,
+            # which is the same for the same layers, says as well that this image passed the in-image
+            # check (--no-cache proves it again); the check's container is then removed unread.
+            reused = not options.no_cache and any(
+                isinstance(entry, dict)
+                and entry.get("image_id") == image_id
+                and entry.get("lock_sha256") == plan.lock_sha256
+                for entry in read_map(options.cache_dir).values()
+            )
+            if reused:
+                say(f"{image_id[:19]} passed the in-image check already")
+            else:
+                _judge_in_image(check.output(), image_id, context, engine)
         remember(
             options.cache_dir,
             outcome.image_id,
@@ -359,9 +366,8 @@ def _build(build: _Assembled) -> BuildResult:
     )
 
 
-def _check_in_image(image_id: str, context: BuildContext, engine: Engine, say: Progress) -> None:
-    say("checking the image from inside (installed distributions, source trees)")
-    output = engine.run(image_id, inimage_command())
+def _judge_in_image(output: RunOutput, image_id: str, context: BuildContext, engine: Engine) -> None:
+    """The in-image check's verdict on its output; a mismatch removes the (untagged) image and raises."""
     if output.exit_code != 0:
         tail = output.stderr.strip().splitlines()[-1:] or ["no message"]
         problems = [f"the in-image check exited with status {output.exit_code}: {tail[0]}"]

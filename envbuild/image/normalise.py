@@ -19,7 +19,7 @@ import json
 import shutil
 import tarfile
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -39,6 +39,8 @@ from envbuild.image.normalised_config import (
 from envbuild.image.plan import DISTRO_REMOVED_LABEL, IMAGE_META, LOCK_NAME_LABEL
 from envbuild.image.render import PACKAGES_EPOCH
 from envbuild.progress import Progress
+
+Headers = Callable[[Sequence[str]], dict[str, tarfile.TarInfo]]  # paths → the engine's tar header of each
 
 
 @dataclass(frozen=True)
@@ -113,12 +115,13 @@ def normalise(
     return CanonicalImage(normalised, tuple(config["rootfs"]["diff_ids"]))
 
 
-def meta_layer(engine: Engine, raw_id: str, files: dict[str, bytes], epoch: int) -> AddedLayer:
+def meta_layer(headers: Headers, files: dict[str, bytes], epoch: int) -> AddedLayer:
     """The in-image check's files (``files``: the manifest, the probe, the requirements) as the layer
-    :data:`IMAGE_META` on top of ``raw_id``: written here, not by a build step (a step costs a container
-    and a walk of the whole file system to clamp its times), its parents kept as ``raw_id`` has them."""
+    :data:`IMAGE_META` on top of the raw image: written here, not by a build step (a step costs a
+    container and a walk of the whole file system to clamp its times), its parents kept as the raw
+    image has them (``headers``: :meth:`.PreparedRun.headers` of a container of it)."""
     parents = [str(p) for p in reversed(PurePosixPath(IMAGE_META).parents) if str(p) != "/"]
-    layer = files_layer(engine.entry_headers(raw_id, parents), IMAGE_META, files, epoch)
+    layer = files_layer(headers(parents), IMAGE_META, files, epoch)
     return AddedLayer(layer, f"envbuild: the in-image check's files in {IMAGE_META}")
 
 
