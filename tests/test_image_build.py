@@ -351,13 +351,37 @@ def test_moving_one_pin_rebuilds_only_from_that_source_on(
     assert result.image_id != reference.image_id
     assert result.packages is not None and not result.packages.built  # the packages do not depend on a pin
     image = [step for step in result.steps if "] FROM " not in step.instruction]  # the packages image: reused
-    gamma = next(i for i, step in enumerate(image) if "source=src/gamma," in step.instruction)
-    assert all(step.cached for step in image[:gamma]), image
-    assert not any(step.cached for step in image[gamma:]), image
+    # gamma (copy-only, the last source) is made in a stage of its own: that stage and its COPY ran,
+    # every other step came from the cache.
+    ran = [step.instruction for step in image if not step.cached]
+    assert ran and all("envbuild-src-gamma" in instruction for instruction in ran), image
+    assert any(i.startswith("[envbuild-src-gamma ") and "source=src/gamma," in i for i in ran), ran
+    assert any("COPY --from=envbuild-src-gamma " in i for i in ran), ran
     # Layers: everything below gamma's COPY is byte-identical, gamma's layer and the ones above differ.
     same = sum(a == b for a, b in zip(result.diff_ids, reference.diff_ids))
     assert 0 < same < len(reference.diff_ids)
     assert result.diff_ids[:same] == reference.diff_ids[:same]
+
+
+@needs_engine
+def test_a_pin_moved_before_a_copy_only_source_reruns_its_copy_not_its_stage(
+    env: ImageLockEnv, work: Path, engine: Engine
+) -> None:
+    """beta moves; gamma (copy-only) comes after it: beta's step and gamma's COPY run again, gamma's own
+    stage (its files, their times set) comes from the cache: it depends on gamma's files alone."""
+    before = build_image(
+        read_lock(env.write(work / "locks" / "now.lock.yaml", env.lock())), options(work), engine=engine
+    )
+    moved = env.repos["beta"].commit("beta moves before gamma", files={"beta/extra.py": "X = 2\n"})
+    path = env.write(work / "locks" / "beta-moved.lock.yaml", env.lock(pins={"beta": moved}))
+    result = build_image(read_lock(path), options(work), engine=engine)
+    steps = {step.instruction: step.cached for step in result.steps if "] FROM " not in step.instruction}
+    assert [cached for i, cached in steps.items() if i.startswith("[envbuild-src-gamma ")] == [True], steps
+    assert [cached for i, cached in steps.items() if "COPY --from=envbuild-src-gamma " in i] == [False], steps
+    assert [cached for i, cached in steps.items() if "source=src/beta," in i] == [False], steps
+    assert [cached for i, cached in steps.items() if "source=src/alpha," in i] == [True], steps
+    # gamma's layer: the same bytes as before beta moved (below the meta layer, whose manifest names the lock)
+    assert result.diff_ids[-2] == before.diff_ids[-2] and result.diff_ids[-3] != before.diff_ids[-3]
 
 
 # A setup.py that loads its version from a module, as Megatron-LM's loads megatron/core/package_info.py.

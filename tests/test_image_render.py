@@ -49,7 +49,9 @@ def test_without_packages_one_dockerfile_on_the_base_checks_the_platform() -> No
     assert text == render_buildkit_image_dockerfile(plan)
     lines = instructions(text)
     assert lines[0] == f"FROM {BASE} AS envbuild-from"
-    assert all(line == f"FROM {BASE}" or " AS envbuild-" in line for line in lines if line.startswith("FROM "))
+    froms = [line for line in lines if line.startswith("FROM ")]
+    assert all(line == "FROM envbuild-start" or " AS envbuild-" in line for line in froms)
+    assert f"FROM {BASE} AS envbuild-start" in froms and froms[-1] == "FROM envbuild-start"
     assert any("want_cann=9.1.0" in line for line in lines)
     assert "wheels" not in text and "envbuild-pkg" not in text
 
@@ -145,6 +147,7 @@ def test_each_source_installed_as_its_mode_with_only_its_env_and_clamped() -> No
     assert "VLLM_TARGET_DEVICE" not in runs["core"] + runs["kernels"]
     assert "COMPILE_CUSTOM_KERNELS" not in runs["core"] + runs["engine"]
     assert not any(line.startswith("ENV") and "VLLM" in line for line in lines)
+    assert CLAMP not in runs.pop("data")  # its stage's RUN: every mtime set, its output COPYd
     for run in runs.values():
         assert "rm -rf /root/.cache/pip" in run and "__pycache__" in run
         assert run.endswith(f'&& {CLAMP} 1700000000 "$since"')  # the last thing the step does
@@ -237,20 +240,20 @@ def test_no_platform_means_no_check() -> None:
 def test_buildkit_layers_follow_the_rules_that_make_them_reproducible() -> None:
     plan = plan_of()
     lines = instructions(render_buildkit_image_dockerfile(plan))
-    assert lines[0] == f"FROM {packages_reference(plan)}"  # the packages image has the tools layer
-    assert not any(line.startswith("COPY ") for line in lines)
+    assert lines[0] == f"FROM {packages_reference(plan)} AS envbuild-start"  # the packages image: tools layer in it
+    final = lines[lines.index("FROM envbuild-start") :]
+    # No COPY from the build context: the one COPY takes the copy-only source's stage, whose times a RUN set.
+    assert [line for line in lines if line.startswith("COPY ")] == ["COPY --from=envbuild-src-data /out/ /"]
+    stage = lines[lines.index("FROM envbuild-start AS envbuild-src-data") : lines.index("FROM envbuild-start")]
+    assert len(stage) == 2 and "source=src/data," in stage[1] and "find /out -exec touch -h -d @1700000000" in stage[1]
+    assert "touch -h -r /opt /out/opt" in stage[1]  # /opt as the image has it
     bare = instructions(render_buildkit_image_dockerfile(plan_of(tiny_lock(packages=()))))
-    final = bare[max(i for i, line in enumerate(bare) if line.startswith("FROM ")) :]
-    assert bare[0] == f"FROM {BASE} AS envbuild-from" and final[0] == f"FROM {BASE}"
-    assert any("want_cann=9.1.0" in line for line in bare[: bare.index(final[0])])  # in the tools stage
-    # No COPY from the build context: the one COPY takes the tools stage's output, whose times a RUN set.
-    assert [line for line in final if line.startswith("COPY ")] == ["COPY --from=envbuild-tools /out/ /"]
-    assert final.index("COPY --from=envbuild-tools /out/ /") < next(
-        i for i, line in enumerate(final) if line.startswith("RUN ")
-    )
-    final = lines
+    start = bare[bare.index(f"FROM {BASE} AS envbuild-start") : bare.index("FROM envbuild-start")]
+    assert bare[0] == f"FROM {BASE} AS envbuild-from"
+    assert any("want_cann=9.1.0" in line for line in bare[: bare.index(start[0])])  # in the tools stage
+    assert "COPY --from=envbuild-tools /out/ /" in start  # before the copy stage and every source's RUN
     runs = [line for line in final if line.startswith("RUN ")]
-    assert len(runs) == 4  # four sources (`none` too: it is copied); the metadata is a layer envbuild writes
+    assert len(runs) == 3  # the sources installed; `none` is the COPY; the metadata is a layer envbuild writes
     for run in runs:
         targets = re.findall(r"--mount=\S*target=([^,\s]+)", run)
         assert set(targets) <= {MOUNT_POINT, PYCACHE, "/tmp"} and "/tmp" in targets, run
@@ -258,7 +261,11 @@ def test_buildkit_layers_follow_the_rules_that_make_them_reproducible() -> None:
         body = run.split(" since=", 1)[1]
         result = subprocess.run(["sh", "-n", "-c", "since=" + body], capture_output=True, text=True, timeout=30)
         assert result.returncode == 0, (run, result.stderr)
-    order = [re.search(r"source=src/([a-z]+),", run).group(1) for run in runs]  # type: ignore[union-attr]
+    body = stage[1].split(f"target={MOUNT_POINT} ", 1)[1]
+    result = subprocess.run(["sh", "-n", "-c", body], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, (stage[1], result.stderr)
+    steps = [re.search(r"source=src/([a-z]+),|envbuild-src-([a-z]+) ", line) for line in final]
+    order = [next(g for g in m.groups() if g) for m in steps if m is not None]
     assert order == ["core", "kernels", "engine", "data"]  # tags before branches
     assert "source=meta" not in "\n".join(lines)
 

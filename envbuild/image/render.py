@@ -190,6 +190,33 @@ def render_tools_script() -> str:
     return fill(load_template("tools.sh.in"), values)
 
 
+START_STAGE = "envbuild-start"  # the image before its sources: the packages image, or the base and tools
+
+
+def copy_stage(source: SourcePlan) -> str:
+    return f"envbuild-src-{source.name}"
+
+
+def render_copy_stage(source: SourcePlan, epoch: int) -> str:
+    """A copy-only source's (``mode: none``) files, made in a stage of their own on the image before any
+    source: ``/out`` holds them at the source's path, every mtime the epoch, ``/opt`` as the image has it
+    (its mode, owner, mtime) and the directories below it 0755 root at the epoch, as the source's own
+    ``RUN`` would leave them. The image takes ``/out`` with one ``COPY`` (:func:`render_buildkit_source`):
+    the stage depends on nothing but the source, so a moved pin before it reruns only that ``COPY``, and
+    a full build makes the stage beside the other sources' steps."""
+    dest = source.image_path
+    return "\n".join(
+        [
+            f"# {source.name}: {source.ref_type} {source.ref} at {source.commit} (none): its files, in a stage",
+            f"FROM {START_STAGE} AS {copy_stage(source)}",
+            f"RUN --mount=type=bind,source={source.context_path},target={MOUNT_POINT} \\",
+            f"    mkdir -p /out{dest} && cp -R --preserve=mode {MOUNT_POINT}/. /out{dest}/ \\",
+            f" && find /out -exec touch -h -d @{epoch} {{}} + \\",
+            " && chmod --reference=/opt /out/opt && chown --reference=/opt /out/opt && touch -h -r /opt /out/opt",
+        ]
+    )
+
+
 def render_buildkit_source(source: SourcePlan, epoch: int) -> str:
     """One source's one layer: bind-mounted from the context, copied, installed, its times clamped.
     Bytecode pip writes for itself goes to the cache mount (``PYTHONDONTWRITEBYTECODE`` would make every
@@ -198,6 +225,13 @@ def render_buildkit_source(source: SourcePlan, epoch: int) -> str:
     sources set to the epoch first would let a same-size edit (a version ``0.5`` → ``0.6`` that setup.py
     imports) run the previous build's bytecode from the shared mount. ``clamp-mtimes`` then sets
     everything the step changed to the epoch, so the layer is the same."""
+    if source.mode == "none":
+        return "\n".join(
+            [
+                f"# {source.name}: {source.ref_type} {source.ref} at {source.commit} (none): copied",
+                f"COPY --from={copy_stage(source)} /out/ /",
+            ]
+        )
     dest, env = source.image_path, _env_prefix(source)
     lines = [
         f"# {source.name}: {source.ref_type} {source.ref} at {source.commit} ({source.mode})",
@@ -212,7 +246,7 @@ def render_buildkit_source(source: SourcePlan, epoch: int) -> str:
         lines.append(f" && {env}{PIP} install --no-build-isolation --no-deps --no-index --no-compile -e {dest} \\")
     elif source.mode == "wheel":  # built as a wheel and installed from it, by one pip (a second costs 0.5 s)
         lines.append(f" && {env}{PIP} install --no-build-isolation --no-deps --no-index --no-compile {dest} \\")
-    elif source.mode != "none":
+    else:
         raise ValueError(f"unknown install mode {source.mode!r}")
     lines.append(
         " && rm -rf /root/.cache/pip && find /opt/envbuild -xdev -depth -name __pycache__ -type d -exec rm -rf {} + \\"
@@ -247,6 +281,9 @@ def render_buildkit_image_dockerfile(plan: ContextPlan) -> str:
             "meta": IMAGE_META,
             "clamp": CLAMP,
             "epoch": str(plan.epoch),
+            "start": START_STAGE,
+            "copy_stages": "\n".join(render_copy_stage(s, plan.epoch) for s in plan.sources if s.mode == "none")
+            or "# no copy-only sources: no stage of their own",
             "sources": "\n".join(render_buildkit_source(s, plan.epoch) for s in plan.sources)
             or "# no sources in the lock",
             "labels": render_labels(plan),
