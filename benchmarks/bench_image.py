@@ -165,7 +165,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.scale:
         return scale(
-            args.large_gb, stages=args.stages, save_load=args.save_load, legacy_hand=args.legacy_hand, only=args.only
+            args.large_gb,
+            stages=args.stages,
+            save_load=args.save_load,
+            legacy_hand=args.legacy_hand,
+            only=args.only,
+            repeat=args.repeat,
         )
     start = time.perf_counter()
 
@@ -476,7 +481,7 @@ def empty_build_cache() -> None:
     subprocess.run([DOCKER_CLI, "builder", "prune", "-af"], check=True, capture_output=True)
 
 
-def cli_peer(bk: Path, repos: dict[str, Repo], out: dict[str, float]) -> None:
+def cli_peer(bk: Path, repos: dict[str, Repo], out: dict[str, float], repeat: int = 1) -> None:
     """The same hand BuildKit build through the docker CLI (what the issue's peer is): full, no-op, and
     beta moved to a commit of its own (no other build's cache answers it)."""
     print(
@@ -493,12 +498,15 @@ def cli_peer(bk: Path, repos: dict[str, Repo], out: dict[str, float]) -> None:
     cli_build(bk)
     out["cli_noop"] = time.perf_counter() - start
     print(f"    no-op rebuild                {out['cli_noop']:8.2f} s", file=sys.stderr)
-    commit = repos["beta"].commit("beta moves for the CLI build", files={"beta/extra.py": "X = 3\n"})
-    export_tree(repos["beta"].path, commit, bk / "src" / "beta")
-    start = time.perf_counter()
-    HAND_IMAGES.append(cli_build(bk))
-    out["cli_moved"] = time.perf_counter() - start
-    print(f"    one source moved (beta)      {out['cli_moved']:8.2f} s", file=sys.stderr)
+    runs = []
+    for i in range(repeat):
+        commit = repos["beta"].commit(f"beta moves for the CLI build {i}", files={"beta/extra.py": f"X = {100 + i}\n"})
+        export_tree(repos["beta"].path, commit, bk / "src" / "beta")
+        start = time.perf_counter()
+        HAND_IMAGES.append(cli_build(bk))
+        runs.append(time.perf_counter() - start)
+        print(f"    one source moved (beta)      {runs[-1]:8.2f} s", file=sys.stderr)
+    out["cli_moved"], out["cli_moved_runs"] = statistics.median(runs), runs  # type: ignore[assignment]
 
 
 def host_floor(wheels: list[Path], root: Path) -> tuple[float, float]:
@@ -531,8 +539,10 @@ def scale_one(
     stages: bool,
     save_load: bool,
     legacy_hand: bool = False,
+    repeat: int = 1,
 ) -> dict[str, float]:
-    """Every measurement on one base; returns the figures by name."""
+    """Every measurement on one base; returns the figures by name. ``repeat``: runs of the one-source
+    rebuild on each side (each moves beta to a commit of its own; the median is the figure)."""
     from envbuild.engine.transfer import directory_context
     from envbuild.fetch import fetch_inputs
     from envbuild.lock.io import read_lock
@@ -612,21 +622,24 @@ def scale_one(
                 f"sent {_gb(engine_noop.sent)}",
                 file=sys.stderr,
             )
-            moved_commit = repos["beta"].commit("beta moves", files={"beta/extra.py": "X = 1\n"})
-            moved_lock = env.write(
-                root / "moved.lock.yaml", env.lock(name=SCALE_LOCK, packages=packages, pins={"beta": moved_commit})
-            )
-            start = time.perf_counter()
-            moved = build_image(read_lock(moved_lock), ImageOptions(options), engine=engine, progress=say)
-            out["moved"] = time.perf_counter() - start
+            runs = []
+            for i in range(repeat):
+                moved_commit = repos["beta"].commit(f"beta moves {i}", files={"beta/extra.py": f"X = {i + 1}\n"})
+                moved_lock = env.write(
+                    root / "moved.lock.yaml", env.lock(name=SCALE_LOCK, packages=packages, pins={"beta": moved_commit})
+                )
+                start = time.perf_counter()
+                moved = build_image(read_lock(moved_lock), ImageOptions(options), engine=engine, progress=say)
+                runs.append(time.perf_counter() - start)
+                rebuilt = [
+                    s.instruction.split()[0] + " " + s.instruction.split()[1][:20] for s in moved.steps if not s.cached
+                ]
+                print(
+                    f"    one source moved (beta)      {runs[-1]:8.2f} s  sent {_gb(moved.sent)}; rebuilt: {rebuilt}",
+                    file=sys.stderr,
+                )
+            out["moved"], out["moved_runs"] = statistics.median(runs), runs  # type: ignore[assignment]
             out["sent_moved"] = moved.sent
-            rebuilt = [
-                s.instruction.split()[0] + " " + s.instruction.split()[1][:20] for s in moved.steps if not s.cached
-            ]
-            print(
-                f"    one source moved (beta)      {out['moved']:8.1f} s  sent {_gb(moved.sent)}; rebuilt: {rebuilt}",
-                file=sys.stderr,
-            )
             image = engine.inspect(moved.image_id)
             assert image is not None
             out["size"] = image["Size"]
@@ -643,7 +656,7 @@ def scale_one(
                 "".join(f"{p.name}=={p.version} --hash=sha256:{p.files[0].sha256}\n" for p in packages)
             )
             (bk / "Dockerfile").write_text(scale_hand_buildkit_dockerfile(f"{repository}@{digest}"))
-            cli_peer(bk, repos, out)
+            cli_peer(bk, repos, out, repeat)
             hand_image = engine.inspect(HAND_IMAGES[-1])
             assert hand_image is not None
             out["base_plus_installed"] = hand_image["Size"]  # nothing but what the installs wrote
@@ -695,7 +708,9 @@ def scale_one(
     return out
 
 
-def scale(large_gb: float, *, stages: bool, save_load: bool, legacy_hand: bool = False, only: str = "") -> int:
+def scale(
+    large_gb: float, *, stages: bool, save_load: bool, legacy_hand: bool = False, only: str = "", repeat: int = 1
+) -> int:
     from tests.lib.baseimage import ensure_filler_base
 
     registry = os.environ.get("ENVBUILD_TEST_REGISTRY")
@@ -714,7 +729,7 @@ def scale(large_gb: float, *, stages: bool, save_load: bool, legacy_hand: bool =
             continue
         root = Path(tempfile.mkdtemp(prefix=f"bench-scale-{label}-"))
         try:
-            figures[label] = scale_one(client, engine, registry, root, base, stages, save_load, legacy_hand)
+            figures[label] = scale_one(client, engine, registry, root, base, stages, save_load, legacy_hand, repeat)
         finally:
             shutil.rmtree(root, ignore_errors=True)
             _remove_scale_images(client)
@@ -732,9 +747,14 @@ def scale(large_gb: float, *, stages: bool, save_load: bool, legacy_hand: bool =
             f"hand BuildKit {f['cli_noop']:.2f} s  [<= 0.5 s]",
             file=sys.stderr,
         )
+        spread = (
+            f" (runs {', '.join(f'{t:.2f}' for t in f['moved_runs'])} / {', '.join(f'{t:.2f}' for t in f['cli_moved_runs'])})"
+            if len(f["moved_runs"]) > 1
+            else ""
+        )
         print(
             f"    one source moved, envbuild / hand:     {f['moved'] / f['cli_moved']:6.2f}x  [<= 1.3x]  "
-            f"{f['moved']:.2f} s / {f['cli_moved']:.2f} s",
+            f"{f['moved']:.2f} s / {f['cli_moved']:.2f} s{spread}",
             file=sys.stderr,
         )
         print(
