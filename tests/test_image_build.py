@@ -437,7 +437,9 @@ def test_a_package_a_source_step_imports_is_the_lock_s_not_another_lock_s_byteco
     """Every package file is at the packages epoch in its layer, and tinyone 1.0's __init__.py and 3.0's
     differ in one byte: same path, same mtime, same size. Bytecode a source step cached for one lock's
     packages must not be what another lock's source step runs: built after a lock with tinyone 1.0,
-    the lock with 3.0 bakes 3.0 into beta."""
+    the lock with 3.0 bakes 3.0 into beta. (With one cache shared by every build this held only when
+    BuildKit's cache bound had pruned the cache mount in between, as here; in a plain BuildKit build the
+    second image imported the first's bytecode. The keying itself: test_image_render.)"""
     third = make_wheel(env.index.root, "tinyone", "3.0", summary="a tiny wheel of test_image_build")
     two = next(env.index.root.glob("tinytwo-2.0-*.whl"))
     moved = env.repos["beta"].commit("beta's setup.py imports tinyone", files=_SETUP_IMPORTS_A_PACKAGE)

@@ -25,6 +25,7 @@ from envbuild.image.render import (
     render_platform_check,
     render_tools_dockerfile,
     render_tools_script,
+    source_cache_ids,
     tools_reference,
 )
 from envbuild.lock import Lock
@@ -298,3 +299,26 @@ def test_buildkit_dry_run_is_the_default_and_names_the_packages_step() -> None:
     assert packages_reference(plan) == f"envbuild-pkg/tiny:{packages_key(plan)[:16]}"
     assert "{{" not in text and "{{" not in render_tools_script()
     assert f"mkdir -p $out/etc $out{MOUNT_POINT} $out{PYCACHE}" in render_tools_script()
+
+
+def test_each_source_step_caches_bytecode_under_what_is_below_it() -> None:
+    """A timestamp .pyc is trusted for a source file of the same path, mtime and size, and below a
+    source step every package file is at the packages epoch: the cache a step mounts is keyed by the
+    packages (or the base), the epoch and the sources before it, never shared with another lock's."""
+    lock = tiny_lock()
+    plan = plan_of(lock)
+    ids = source_cache_ids(plan)
+    assert [s.name for s in plan.sources] == ["core", "kernels", "engine", "data"] and len(set(ids)) == 4
+    text = render_buildkit_image_dockerfile(plan)
+    for cache_id in ids[:3]:  # the three installed sources' RUNs; `data` is a COPY
+        assert f"--mount=type=cache,target={PYCACHE},id={cache_id},sharing=locked" in text
+    assert "id=envbuild-pycache," in render_packages_dockerfile(plan)  # the packages step: the base's files
+    first = [s.name for s in plan.sources][0]
+    moved = dataclasses.replace(
+        lock, sources=tuple(dataclasses.replace(s, commit="9" * 40) if s.name == first else s for s in lock.sources)
+    )
+    again = source_cache_ids(plan_of(moved))
+    assert again[0] == ids[0] and all(a != b for a, b in zip(again[1:], ids[1:]))  # a moved source: its own stays
+    other = source_cache_ids(plan_of(tiny_lock(packages=lock.packages[:1])))
+    assert not set(other) & set(ids)
+    assert not set(source_cache_ids(plan_of(tiny_lock(source_date_epoch=1700000001)))) & set(ids)

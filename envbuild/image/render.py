@@ -44,7 +44,13 @@ CLAMP = f"{IMAGE_ROOT}/bin/clamp-mtimes"
 # (both made empty by the tools layer, so that no RUN leaves a mount stub in its layer).
 MOUNT_POINT = f"{IMAGE_ROOT}/mnt"
 PYCACHE = f"{IMAGE_ROOT}/pycache"
-PYCACHE_MOUNT = f"--mount=type=cache,target={PYCACHE},id=envbuild-pycache,sharing=locked"
+PYCACHE_MOUNT = f"--mount=type=cache,target={PYCACHE},id=envbuild-pycache,sharing=locked"  # the packages step's
+
+
+def pycache_mount(cache_id: str) -> str:
+    return f"--mount=type=cache,target={PYCACHE},id={cache_id},sharing=locked"
+
+
 PACKAGES_REPORT = f"{IMAGE_META}/packages-report.json"  # BuildKit: what the packages step says it replaced
 # The mtime of every file the packages layer holds (1980-01-01, the earliest a wheel's zip can record).
 # Fixed rather than the build's epoch: with the default epoch (the newest pinned commit's date), moving
@@ -217,7 +223,24 @@ def render_copy_stage(source: SourcePlan, epoch: int) -> str:
     )
 
 
-def render_buildkit_source(source: SourcePlan, epoch: int) -> str:
+def source_cache_ids(plan: ContextPlan) -> list[str]:
+    """The bytecode cache mount of each source's step, keyed by everything below it. Python trusts a
+    cached ``.pyc`` whose source has the same path, mtime and size, and below a source step every
+    package file is at the packages epoch and every earlier source's at the build's epoch: one cache
+    shared by all builds would hand a step the bytecode of another lock's same-size file (measured: two
+    images whose ``/x/mod.py`` differ in one byte at one mtime, one shared cache mount, the second
+    imported the first's). Each step's cache is the one of the same packages (or base), epoch and
+    earlier sources: a rebuild of a moved source still finds its pip warm."""
+    below = packages_key(plan) if plan.files else base_reference(plan)
+    chain = hashlib.sha256(f"{below}\0{plan.epoch}".encode())
+    ids = []
+    for source in plan.sources:
+        ids.append(f"envbuild-pycache-{chain.hexdigest()[:16]}")
+        chain.update(f"\0{source.name}\0{source.commit}\0{source.mode}\0{sorted(source.env)}".encode())
+    return ids
+
+
+def render_buildkit_source(source: SourcePlan, epoch: int, cache_id: str = "envbuild-pycache") -> str:
     """One source's one layer: bind-mounted from the context, copied, installed, its times clamped.
     Bytecode pip writes for itself goes to the cache mount (``PYTHONDONTWRITEBYTECODE`` would make every
     pip run recompile pip); none reaches the layer. The copied files keep their copy-time mtimes while
@@ -236,7 +259,7 @@ def render_buildkit_source(source: SourcePlan, epoch: int) -> str:
     lines = [
         f"# {source.name}: {source.ref_type} {source.ref} at {source.commit} ({source.mode})",
         f"RUN --mount=type=bind,source={source.context_path},target={MOUNT_POINT} --mount=type=tmpfs,target=/tmp \\",
-        f"    {PYCACHE_MOUNT} \\",
+        f"    {pycache_mount(cache_id)} \\",
         "    since=$(($(date +%s) - 1)) && unset PYTHONDONTWRITEBYTECODE && export PYTHONPYCACHEPREFIX="
         + PYCACHE
         + " \\",
@@ -284,7 +307,10 @@ def render_buildkit_image_dockerfile(plan: ContextPlan) -> str:
             "start": START_STAGE,
             "copy_stages": "\n".join(render_copy_stage(s, plan.epoch) for s in plan.sources if s.mode == "none")
             or "# no copy-only sources: no stage of their own",
-            "sources": "\n".join(render_buildkit_source(s, plan.epoch) for s in plan.sources)
+            "sources": "\n".join(
+                render_buildkit_source(s, plan.epoch, cache_id)
+                for s, cache_id in zip(plan.sources, source_cache_ids(plan))
+            )
             or "# no sources in the lock",
             "labels": render_labels(plan),
         },
