@@ -20,7 +20,12 @@ def test_dry_run_of_the_real_lock_renders_and_says_what_a_build_would_refuse(
     captured = capsys.readouterr()
     lock = read_lock(REAL_LOCK).lock
     # BuildKit: the tools image (the base, its tools stage), the packages image on it, then the image
-    assert captured.out.count("\nFROM ") == 5 and f"FROM {lock.base_image.name} AS envbuild-from\n" in captured.out
+    # (the start stage, then the sources on it: the real lock has no copy-only source, so no stage of one)
+    assert (
+        captured.out.count("\nFROM ") == 6
+        and "\nFROM envbuild-start\n" in captured.out
+        and f"FROM {lock.base_image.name} AS envbuild-from\n" in captured.out
+    )
     assert f"\nFROM envbuild-raw/{lock.name}:packages-tools\n" in captured.out
     for source in lock.sources:
         assert f"--mount=type=bind,source=src/{source.name},target=/opt/envbuild/mnt " in captured.out
