@@ -549,22 +549,17 @@ class Engine:
         """A container of ``image`` that will run ``command`` with no network, created and not started:
         entries read and files added before it starts, its output taken once it ends (the caller works
         while it runs); always removed."""
-        with _engine_errors(f"run in {_short(image)}", self.address), deferred_interrupts():
-            created = self.api.create_container(
-                image, command, host_config=self.api.create_host_config(network_mode="none")
-            )
-        try:
-            yield PreparedRun(self, created["Id"], image)
-        finally:
-            with _engine_errors(f"remove the container of {_short(image)}", self.address):
-                self.api.remove_container(created["Id"], force=True)
+        with _engine_errors(f"run in {_short(image)}", self.address), self._unstarted(image, command) as container:
+            yield PreparedRun(self, container, image)
 
     @contextmanager
-    def _unstarted(self, image: str) -> Iterator[str]:
-        """The ID of a container of ``image`` that is created, never started, and removed after."""
-        created = self.api.create_container(
-            image, ["true"], host_config=self.api.create_host_config(network_mode="none")
-        )
+    def _unstarted(self, image: str, command: Sequence[str] = ("true",)) -> Iterator[str]:
+        """The ID of a container of ``image`` (``command``, no network), created, not started by this, and
+        removed after."""
+        with deferred_interrupts():  # Ctrl-C while it is created: taken once it can be removed
+            created = self.api.create_container(
+                image, list(command), host_config=self.api.create_host_config(network_mode="none")
+            )
         try:
             yield created["Id"]
         finally:
