@@ -44,13 +44,13 @@ CLAMP = f"{IMAGE_ROOT}/bin/clamp-mtimes"
 # (both made empty by the tools layer, so that no RUN leaves a mount stub in its layer).
 MOUNT_POINT = f"{IMAGE_ROOT}/mnt"
 PYCACHE = f"{IMAGE_ROOT}/pycache"
-PYCACHE_MOUNT = f"--mount=type=cache,target={PYCACHE},id=envbuild-pycache,sharing=locked"  # the packages step's
 
 
 def pycache_mount(cache_id: str) -> str:
     return f"--mount=type=cache,target={PYCACHE},id={cache_id},sharing=locked"
 
 
+PYCACHE_MOUNT = pycache_mount("envbuild-pycache")  # the packages step's: it runs on the base's own files
 PACKAGES_REPORT = f"{IMAGE_META}/packages-report.json"  # BuildKit: what the packages step says it replaced
 # The mtime of every file the packages layer holds (1980-01-01, the earliest a wheel's zip can record).
 # Fixed rather than the build's epoch: with the default epoch (the newest pinned commit's date), moving
@@ -199,6 +199,11 @@ def render_tools_script() -> str:
 START_STAGE = "envbuild-start"  # the image before its sources: the packages image, or the base and tools
 
 
+def _heading(source: SourcePlan, mode: str, tail: str = "") -> str:
+    """The comment above a source's step: its ref, commit and install mode."""
+    return f"# {source.name}: {source.ref_type} {source.ref} at {source.commit} ({mode}){tail}"
+
+
 def copy_stage(source: SourcePlan) -> str:
     return f"envbuild-src-{source.name}"
 
@@ -213,7 +218,7 @@ def render_copy_stage(source: SourcePlan, epoch: int) -> str:
     dest = source.image_path
     return "\n".join(
         [
-            f"# {source.name}: {source.ref_type} {source.ref} at {source.commit} (none): its files, in a stage",
+            _heading(source, "none", ": its files, in a stage"),
             f"FROM {START_STAGE} AS {copy_stage(source)}",
             f"RUN --mount=type=bind,source={source.context_path},target={MOUNT_POINT} \\",
             f"    mkdir -p /out{dest} && cp -R --preserve=mode {MOUNT_POINT}/. /out{dest}/ \\",
@@ -240,7 +245,7 @@ def source_cache_ids(plan: ContextPlan) -> list[str]:
     return ids
 
 
-def render_buildkit_source(source: SourcePlan, epoch: int, cache_id: str = "envbuild-pycache") -> str:
+def render_buildkit_source(source: SourcePlan, epoch: int, cache_id: str) -> str:
     """One source's one layer: bind-mounted from the context, copied, installed, its times clamped.
     Bytecode pip writes for itself goes to the cache mount (``PYTHONDONTWRITEBYTECODE`` would make every
     pip run recompile pip); none reaches the layer. The copied files keep their copy-time mtimes while
@@ -251,13 +256,13 @@ def render_buildkit_source(source: SourcePlan, epoch: int, cache_id: str = "envb
     if source.mode == "none":
         return "\n".join(
             [
-                f"# {source.name}: {source.ref_type} {source.ref} at {source.commit} (none): copied",
+                _heading(source, "none", ": copied"),
                 f"COPY --from={copy_stage(source)} /out/ /",
             ]
         )
     dest, env = source.image_path, _env_prefix(source)
     lines = [
-        f"# {source.name}: {source.ref_type} {source.ref} at {source.commit} ({source.mode})",
+        _heading(source, source.mode),
         f"RUN --mount=type=bind,source={source.context_path},target={MOUNT_POINT} --mount=type=tmpfs,target=/tmp \\",
         f"    {pycache_mount(cache_id)} \\",
         "    since=$(($(date +%s) - 1)) && unset PYTHONDONTWRITEBYTECODE && export PYTHONPYCACHEPREFIX="
