@@ -40,7 +40,6 @@ from envbuild.image.inimage_verdict import compare_inimage
 from envbuild.image.normalise import save_added_layers
 from envbuild.image.render import base_reference
 from envbuild.lock.io import read_lock
-from envbuild.lock.model import Package, PackageFile
 from envbuild.progress import silent
 from envbuild.verify.pins import VerifyOptions
 from envbuild.verify.results import PinResult, VerifyReport
@@ -54,7 +53,7 @@ from tests.lib.imagelock import (
     with_file_hash,
     with_source,
 )
-from tests.lib.pyindex import PyIndex, make_wheel
+from tests.lib.pyindex import PyIndex
 from tests.lib.services import PushedImage, remove_lock_images
 from tests.lib.signals import restore_sigint
 
@@ -92,7 +91,7 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def engine(docker_client: docker.DockerClient) -> Iterator[Engine]:
     yield Engine(docker_client)
     # The images this module made, raw (tagged or superseded) and normalised: the engine outlives the run.
-    remove_lock_images(docker_client, "imagetest", "mismatch", "samepkga", "samepkgb", "otherpkgs", "pyctest")
+    remove_lock_images(docker_client, "imagetest", "mismatch", "samepkga", "samepkgb", "otherpkgs")
 
 
 @pytest.fixture(scope="module")
@@ -415,53 +414,6 @@ def test_a_same_size_edit_of_a_module_the_install_imports_is_what_gets_installed
         out = engine.run(result.image_id, ["python3", "-c", script])
         installed.append((out.exit_code, out.stdout.split()))
     assert installed == [(0, ["0.5", "0.5"]), (0, ["0.6", "0.6"])]
-
-
-# A setup.py that imports a package the lock installs (as a build backend's plugins are imported),
-# and bakes what it read into the distribution.
-_SETUP_IMPORTS_A_PACKAGE = {
-    "pyproject.toml": '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n',
-    "setup.py": "import os, tinyone\n"
-    "from setuptools import setup\n"
-    "here = os.path.dirname(os.path.abspath(__file__))\n"
-    "with open(os.path.join(here, 'beta', 'built_with.py'), 'w') as out:\n"
-    "    out.write(f'TINYONE = {tinyone.__version__!r}\\n')\n"
-    "setup(name='beta', version='0.1', packages=['beta'])\n",
-}
-
-
-@needs_engine
-def test_a_package_a_source_step_imports_is_the_lock_s_not_another_lock_s_bytecode(
-    env: ImageLockEnv, work: Path, engine: Engine
-) -> None:
-    """Every package file is at the packages epoch in its layer, and tinyone 1.0's __init__.py and 3.0's
-    differ in one byte: same path, same mtime, same size. Bytecode a source step cached for one lock's
-    packages must not be what another lock's source step runs: built after a lock with tinyone 1.0,
-    the lock with 3.0 bakes 3.0 into beta. (With one cache shared by every build this held only when
-    BuildKit's cache bound had pruned the cache mount in between, as here; in a plain BuildKit build the
-    second image imported the first's bytecode. The keying itself: test_image_render.)"""
-    third = make_wheel(env.index.root, "tinyone", "3.0", summary="a tiny wheel of test_image_build")
-    two = next(env.index.root.glob("tinytwo-2.0-*.whl"))
-    moved = env.repos["beta"].commit("beta's setup.py imports tinyone", files=_SETUP_IMPORTS_A_PACKAGE)
-    script = "import tinyone, beta.built_with as b; print(tinyone.__version__, b.TINYONE)"
-    seen = []
-    for one in (next(env.index.root.glob("tinyone-1.0-*.whl")), third):
-        version = one.name.split("-")[1]
-        packages = tuple(
-            Package(
-                name=w.name.split("-")[0],
-                version=w.name.split("-")[1],
-                files=(PackageFile(w.name, env.index.sha256(w.name)),),
-            )
-            for w in (one, two)
-        )
-        lock = env.lock(name="pyctest", pins={"beta": moved}, packages=packages)
-        result = build_image(
-            read_lock(env.write(work / "locks" / f"pyc-{version}.lock.yaml", lock)), options(work), engine=engine
-        )
-        out = engine.run(result.image_id, ["python3", "-c", script])
-        seen.append((out.exit_code, out.stdout.split()))
-    assert seen == [(0, ["1.0", "1.0"]), (0, ["3.0", "3.0"])]
 
 
 class AnotherBuildFirst(Engine):
