@@ -15,7 +15,6 @@ from envbuild.image.render import (
     CLAMP,
     MOUNT_POINT,
     PACKAGES_EPOCH,
-    PYCACHE,
     packages_key,
     packages_reference,
     render_buildkit_image_dockerfile,
@@ -25,7 +24,6 @@ from envbuild.image.render import (
     render_platform_check,
     render_tools_dockerfile,
     render_tools_script,
-    source_cache_ids,
     tools_reference,
 )
 from envbuild.lock import Lock
@@ -257,7 +255,7 @@ def test_buildkit_layers_follow_the_rules_that_make_them_reproducible() -> None:
     assert len(runs) == 3  # the sources installed; `none` is the COPY; the metadata is a layer envbuild writes
     for run in runs:
         targets = re.findall(r"--mount=\S*target=([^,\s]+)", run)
-        assert set(targets) <= {MOUNT_POINT, PYCACHE, "/tmp"} and "/tmp" in targets, run
+        assert set(targets) <= {MOUNT_POINT, "/tmp"} and "/tmp" in targets, run
         assert run.endswith(f'&& {CLAMP} 1700000000 "$since"'), run
         body = run.split(" since=", 1)[1]
         result = subprocess.run(["sh", "-n", "-c", "since=" + body], capture_output=True, text=True, timeout=30)
@@ -298,27 +296,20 @@ def test_buildkit_dry_run_is_the_default_and_names_the_packages_step() -> None:
     assert script.rstrip().endswith(f'{CLAMP} {PACKAGES_EPOCH} "$since"')
     assert packages_reference(plan) == f"envbuild-pkg/tiny:{packages_key(plan)[:16]}"
     assert "{{" not in text and "{{" not in render_tools_script()
-    assert f"mkdir -p $out/etc $out{MOUNT_POINT} $out{PYCACHE}" in render_tools_script()
+    assert f"mkdir -p $out/etc $out{MOUNT_POINT} $out/opt/envbuild/bin" in render_tools_script()
 
 
-def test_each_source_step_caches_bytecode_under_what_is_below_it() -> None:
-    """A timestamp .pyc is trusted for a source file of the same path, mtime and size, and below a
-    source step every package file is at the packages epoch: the cache a step mounts is keyed by the
-    packages (or the base), the epoch and the sources before it, never shared with another lock's."""
-    lock = tiny_lock()
-    plan = plan_of(lock)
-    ids = source_cache_ids(plan)
-    assert [s.name for s in plan.sources] == ["core", "kernels", "engine", "data"] and len(set(ids)) == 4
-    text = render_buildkit_image_dockerfile(plan)
-    for cache_id in ids[:3]:  # the three installed sources' RUNs; `data` is a COPY
-        assert f"--mount=type=cache,target={PYCACHE},id={cache_id},sharing=locked" in text
-    assert "id=envbuild-pycache," in render_packages_dockerfile(plan)  # the packages step: the base's files
-    first = [s.name for s in plan.sources][0]
-    moved = dataclasses.replace(
-        lock, sources=tuple(dataclasses.replace(s, commit="9" * 40) if s.name == first else s for s in lock.sources)
-    )
-    again = source_cache_ids(plan_of(moved))
-    assert again[0] == ids[0] and all(a != b for a, b in zip(again[1:], ids[1:]))  # a moved source: its own stays
-    other = source_cache_ids(plan_of(tiny_lock(packages=lock.packages[:1])))
-    assert not set(other) & set(ids)
-    assert not set(source_cache_ids(plan_of(tiny_lock(source_date_epoch=1700000001)))) & set(ids)
+def test_no_step_writes_bytecode_or_mounts_a_cache_of_it() -> None:
+    """A timestamp .pyc is trusted for a file of the same path, mtime and size, and below a source step
+    every package file is at the packages epoch: bytecode kept between builds could be another lock's
+    (reproduced with plain BuildKit, caaf133). No step keeps any: every RUN runs with the image's
+    PYTHONDONTWRITEBYTECODE, reading the image's own bytecode, and mounts no cache."""
+    for lock in (tiny_lock(), tiny_lock(packages=())):
+        plan = plan_of(lock)
+        text = "\n".join([render_dockerfile(plan), render_buildkit_packages_script(plan), render_tools_script()])
+        assert "type=cache" not in text and "PYTHONPYCACHEPREFIX" not in text
+        assert "unset PYTHONDONTWRITEBYTECODE" not in text and "PYTHONDONTWRITEBYTECODE=\n" not in text
+        image = render_buildkit_image_dockerfile(plan)
+        assert "ENV PYTHONDONTWRITEBYTECODE=1 " in image  # in the start stage, under every source's RUN
+        assert image.index("ENV PYTHONDONTWRITEBYTECODE=1 ") < image.index("FROM envbuild-start\n")
+    assert "export PYTHONDONTWRITEBYTECODE=1 " in render_buildkit_packages_script(plan_of(tiny_lock()))

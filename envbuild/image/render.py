@@ -40,17 +40,11 @@ PIP = "python3 -m pip"
 PACKAGES_REPOSITORY = "envbuild-pkg"
 RAW_REPOSITORY = "envbuild-raw"  # what BuildKit built, before envbuild composed its config
 CLAMP = f"{IMAGE_ROOT}/bin/clamp-mtimes"
-# BuildKit builds: the one mount point every RUN mounts its input on, and the bytecode cache mount's
-# (both made empty by the tools layer, so that no RUN leaves a mount stub in its layer).
+# BuildKit builds: the one mount point every RUN mounts its input on (made empty by the tools layer, so
+# that no RUN leaves a mount stub in its layer). No RUN writes bytecode (PYTHONDONTWRITEBYTECODE, as the
+# image's ENV sets it): Python reads the image's own (the base's pip, say) and compiles the rest in memory,
+# so no bytecode cache is mounted, none can be another build's, and none reaches a layer.
 MOUNT_POINT = f"{IMAGE_ROOT}/mnt"
-PYCACHE = f"{IMAGE_ROOT}/pycache"
-
-
-def pycache_mount(cache_id: str) -> str:
-    return f"--mount=type=cache,target={PYCACHE},id={cache_id},sharing=locked"
-
-
-PYCACHE_MOUNT = pycache_mount("envbuild-pycache")  # the packages step's: it runs on the base's own files
 PACKAGES_REPORT = f"{IMAGE_META}/packages-report.json"  # BuildKit: what the packages step says it replaced
 # The mtime of every file the packages layer holds (1980-01-01, the earliest a wheel's zip can record).
 # Fixed rather than the build's epoch: with the default epoch (the newest pinned commit's date), moving
@@ -192,7 +186,7 @@ def render_dockerfile(plan: ContextPlan) -> str:
 
 def render_tools_script() -> str:
     """The tools stage's script (``images/tools.sh.in``): the first layer of a BuildKit-built image."""
-    values = {"mnt": MOUNT_POINT, "pycache": PYCACHE, "clamp": CLAMP, "packages_epoch": str(PACKAGES_EPOCH)}
+    values = {"mnt": MOUNT_POINT, "clamp": CLAMP, "packages_epoch": str(PACKAGES_EPOCH)}
     return fill(load_template("tools.sh.in"), values)
 
 
@@ -228,31 +222,12 @@ def render_copy_stage(source: SourcePlan, epoch: int) -> str:
     )
 
 
-def source_cache_ids(plan: ContextPlan) -> list[str]:
-    """The bytecode cache mount of each source's step, keyed by everything below it. Python trusts a
-    cached ``.pyc`` whose source has the same path, mtime and size, and below a source step every
-    package file is at the packages epoch and every earlier source's at the build's epoch: one cache
-    shared by all builds would hand a step the bytecode of another lock's same-size file (measured: two
-    images whose ``/x/mod.py`` differ in one byte at one mtime, one shared cache mount, the second
-    imported the first's). Each step's cache is the one of the same packages (or base), epoch and
-    earlier sources: a rebuild of a moved source still finds its pip warm."""
-    below = packages_key(plan) if plan.files else base_reference(plan)
-    chain = hashlib.sha256(f"{below}\0{plan.epoch}".encode())
-    ids = []
-    for source in plan.sources:
-        ids.append(f"envbuild-pycache-{chain.hexdigest()[:16]}")
-        chain.update(f"\0{source.name}\0{source.commit}\0{source.mode}\0{sorted(source.env)}".encode())
-    return ids
-
-
-def render_buildkit_source(source: SourcePlan, epoch: int, cache_id: str) -> str:
+def render_buildkit_source(source: SourcePlan, epoch: int) -> str:
     """One source's one layer: bind-mounted from the context, copied, installed, its times clamped.
-    Bytecode pip writes for itself goes to the cache mount (``PYTHONDONTWRITEBYTECODE`` would make every
-    pip run recompile pip); none reaches the layer. The copied files keep their copy-time mtimes while
-    the install runs: Python trusts a cached ``.pyc`` whose source has the same path, mtime and size, so
-    sources set to the epoch first would let a same-size edit (a version ``0.5`` → ``0.6`` that setup.py
-    imports) run the previous build's bytecode from the shared mount. ``clamp-mtimes`` then sets
-    everything the step changed to the epoch, so the layer is the same."""
+    No bytecode is written (``PYTHONDONTWRITEBYTECODE``): pip runs on the image's own (a cache mount
+    would have to be keyed by everything below the step, and so start cold for every step after a moved
+    pin: 1.4 s of compiling pip each); a ``__pycache__`` a build backend writes anyway is removed.
+    ``clamp-mtimes`` then sets everything the step changed to the epoch, so the layer is the same."""
     if source.mode == "none":
         return "\n".join(
             [
@@ -264,10 +239,7 @@ def render_buildkit_source(source: SourcePlan, epoch: int, cache_id: str) -> str
     lines = [
         _heading(source, source.mode),
         f"RUN --mount=type=bind,source={source.context_path},target={MOUNT_POINT} --mount=type=tmpfs,target=/tmp \\",
-        f"    {pycache_mount(cache_id)} \\",
-        "    since=$(($(date +%s) - 1)) && unset PYTHONDONTWRITEBYTECODE && export PYTHONPYCACHEPREFIX="
-        + PYCACHE
-        + " \\",
+        "    since=$(($(date +%s) - 1)) \\",
         f" && mkdir -p {dest} && cp -R --preserve=mode {MOUNT_POINT}/. {dest}/ \\",
     ]
     if source.mode == "editable":
@@ -305,17 +277,13 @@ def render_buildkit_image_dockerfile(plan: ContextPlan) -> str:
             else _tools_stage(start, render_platform_check(plan)),
             "tools_copy": "" if packages else "COPY --from=envbuild-tools /out/ /",
             "mnt": MOUNT_POINT,
-            "pycache": PYCACHE,
             "meta": IMAGE_META,
             "clamp": CLAMP,
             "epoch": str(plan.epoch),
             "start": START_STAGE,
             "copy_stages": "\n".join(render_copy_stage(s, plan.epoch) for s in plan.sources if s.mode == "none")
             or "# no copy-only sources: no stage of their own",
-            "sources": "\n".join(
-                render_buildkit_source(s, plan.epoch, cache_id)
-                for s, cache_id in zip(plan.sources, source_cache_ids(plan))
-            )
+            "sources": "\n".join(render_buildkit_source(s, plan.epoch) for s in plan.sources)
             or "# no sources in the lock",
             "labels": render_labels(plan),
         },
@@ -326,7 +294,6 @@ def render_buildkit_packages_script(plan: ContextPlan) -> str:
     """The packages step's script on BuildKit (``images/packages.buildkit.sh.in``)."""
     values = {
         "mnt": MOUNT_POINT,
-        "pycache": PYCACHE,
         "meta": IMAGE_META,
         "report": PACKAGES_REPORT,
         "clamp": CLAMP,
@@ -349,6 +316,5 @@ def render_packages_dockerfile(plan: ContextPlan) -> str:
         "lock_name": plan.lock_name,
         "tools": tools_reference(plan),
         "mnt": MOUNT_POINT,
-        "pycache_mount": PYCACHE_MOUNT,
     }
     return fill(load_template("Dockerfile.packages.in"), values)
