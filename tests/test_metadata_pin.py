@@ -156,3 +156,26 @@ def test_lock_fetch_catches_a_pin_the_index_forged_at_update_time(
         f"{sha(forged(dists))} the lock pins"
     ) in err
     assert forged(dists) not in cached_metadata(cache).values()  # nothing forged stays in the cache
+
+
+def test_what_the_caches_answer_is_known_before_any_is_read(tmp_path: Path, dists: Path) -> None:
+    """read_metadata reads what the caches answer in the caller's thread and pools only the rest: a
+    package is answered by its kept METADATA (only bytes the lock pins are kept) or by its file in the
+    file cache, never by what an index said alone."""
+    from envbuild.lock.io import read_lock
+    from envbuild.verify.metadata import MetadataReader, read_metadata
+
+    cache = tmp_path / "cache"
+    with PyIndex(dists) as index:
+        path = write(tmp_path, index, app_pin=None)
+        lock = read_lock(path).lock
+        app, dep = lock.packages
+        reader = MetadataReader(cache)
+        assert not reader.in_cache(app) and not reader.in_cache(dep)  # an empty cache: the index answers
+        found = read_metadata(lock, reader)
+        assert reader.network_reads == 2 and found["app"].requires == ("dep>=1",)
+        assert reader.in_cache(dep) and not reader.in_cache(app)  # dep's pinned METADATA kept; app's unpinned
+        assert main(["lock", "fetch", str(path), "--cache-dir", str(cache)]) == 0  # the wheels, hash-checked
+        again = MetadataReader(cache)
+        assert again.in_cache(app) and again.in_cache(dep)
+        assert read_metadata(lock, again) == found and again.network_reads == 0

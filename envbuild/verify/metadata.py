@@ -108,6 +108,19 @@ class MetadataReader:
                 return PackageMetadata(package.name, None, f"{file.filename}: {exc}")
         return PackageMetadata(package.name, tuple(dict.fromkeys(requires)), f"{len(package.files)} file(s)")
 
+    def in_cache(self, package: Package) -> bool:
+        """Whether every file's requirements come from this machine's caches (no index asked): a pinned
+        METADATA kept, the wheel or sdist in the file cache, or an sdist's requirements kept."""
+        for file in package.files:
+            pinned = file.metadata_sha256
+            if pinned is not None and (self.dir / pinned).is_file():
+                continue
+            if not file.filename.endswith(".whl") and (self.dir.parent / "sdist" / f"{file.sha256}.json").is_file():
+                continue
+            if self.files.get(file.sha256) is None:
+                return False
+        return True
+
     def requirements(self, lock: Lock, package: Package, file: PackageFile) -> list[str]:
         if file.filename.endswith(".whl"):
             data = self.wheel_metadata(lock, package, file)
@@ -211,10 +224,16 @@ def read_metadata(
     jobs: int = 8,
     progress: Progress = silent,
 ) -> dict[str, PackageMetadata]:
-    """{normalised name: metadata} for every locked package, read in parallel. What could not be read is in
-    the results (``requires=None`` and why), so progress only says what went to the network."""
-    with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(lock.packages) or 1))) as pool:
-        found = list(pool.map(lambda p: reader.package(lock, p), lock.packages))
+    """{normalised name: metadata} for every locked package: what the caches answer read here, the rest
+    in parallel (a pool's threads cost more than reading a few hundred cached files: 0.05 s of 0.07 s for
+    27). What could not be read is in the results (``requires=None`` and why), so progress only says what
+    went to the network."""
+    local = [p for p in lock.packages if reader.in_cache(p)]
+    remote = [p for p in lock.packages if p not in local]
+    found = [reader.package(lock, p) for p in local]
+    if remote:
+        with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(remote)))) as pool:
+            found += pool.map(lambda p: reader.package(lock, p), remote)
     if reader.network_reads:
         progress(f"read the core metadata of {reader.network_reads} package file(s) from the index")
     return {canonicalize_name(m.name): m for m in found}
