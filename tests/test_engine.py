@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import tarfile
+import threading
 import uuid
 from pathlib import Path
 
@@ -34,6 +35,28 @@ def test_run_has_no_network_and_returns_the_output(engine: Engine, base_image: B
     assert out.exit_code == 4
     assert out.stdout.split() == ["lo"]
     assert out.stderr.strip() == "to-stderr"
+
+
+@pytest.mark.docker
+def test_disk_usage_asked_by_several_at_once_answers_each(engine: Engine) -> None:
+    """The engine runs one ``docker system df`` at a time and refuses the others meanwhile (two builds
+    tidying one engine: 9 of 18 such calls failed before the wait); each is answered."""
+    errors: list[str] = []
+    answers: list[dict] = []
+
+    def ask() -> None:
+        try:
+            answers.append(engine.disk_usage())
+        except EngineError as exc:
+            errors.append(str(exc))
+
+    for _ in range(3):
+        threads = [threading.Thread(target=ask) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+    assert errors == [] and len(answers) == 18 and all("LayersSize" in a for a in answers)
 
 
 @pytest.mark.docker

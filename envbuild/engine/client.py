@@ -23,6 +23,7 @@ import os
 import shutil
 import tarfile
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -52,6 +53,8 @@ from envbuild.progress import Progress, silent
 TIMEOUT = 3600  # seconds for one API call: a build step or a save of a multi-GB image
 CONNECT_TIMEOUT = 30  # seconds for the first answer of an engine
 _CHUNK = 1 << 20
+DF_WAIT = 60.0  # seconds to wait for another caller's `docker system df`, which the engine runs alone
+_DF_BUSY = "a disk usage operation is already running"
 
 
 def _chunks_of(archive: Path | Iterable[bytes]) -> Iterator[bytes]:
@@ -353,9 +356,18 @@ class Engine:
             return list(self.api.images(name=name, filters=filters))
 
     def disk_usage(self) -> dict[str, Any]:
-        """``docker system df``: the engine's layers' size, images and build cache."""
-        with _engine_errors("disk usage", self.address):
-            return dict(self.api.df())
+        """``docker system df``: the engine's layers' size, images and build cache. The engine runs one at
+        a time and refuses a second meanwhile (``a disk usage operation is already running``): another
+        build tidying the same engine; that one is waited for (:data:`DF_WAIT`), then asked again."""
+        deadline = time.monotonic() + DF_WAIT
+        while True:
+            try:
+                with _engine_errors("disk usage", self.address):
+                    return dict(self.api.df())
+            except EngineError as exc:
+                if _DF_BUSY not in str(exc) or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.2)
 
     def save_stream(self, ref: str, progress: Progress = silent, what: str | None = None) -> Iterator[bytes]:
         """``docker save`` of one image, as chunks, counted in ``progress``. The engine has no way to save
