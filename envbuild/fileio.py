@@ -58,6 +58,12 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
     return digest.hexdigest()
 
 
+def content_mtime_ns(digest: bytes) -> int:
+    """An mtime (nanoseconds, between 2001 and 2033) that differs whenever the content (``digest``) does:
+    what the docker CLI compares to send only changed files (with the size and mode)."""
+    return 10**18 + int.from_bytes(digest[:8], "big") % 10**18
+
+
 def link_or_copy(source: Path, target: Path) -> None:
     """Hard-link ``source`` at ``target`` (cheap for multi-GB wheels); across file systems, a copy that
     keeps its mode and times, as the link would."""

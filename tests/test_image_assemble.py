@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tarfile
@@ -20,12 +21,14 @@ import packaging
 import pytest
 
 from envbuild.errors import InputError
+from envbuild.fileio import content_mtime_ns
 from envbuild.git import treehash
 from envbuild.image import inimage_probe
 from envbuild.image.assemble import BuildContext, ContextError, ExportSource, FileFor, assemble_context
 from envbuild.image.inimage_verdict import compare_inimage, inimage_command
 from envbuild.image.plan import ContextPlan, plan_context
 from envbuild.image.render import render_dockerfile
+from envbuild.image.treestore import TreeStore
 from envbuild.lock import Lock, Package, PackageFile, Source, parse_lock
 
 LOCK_SHA = "cd" * 32
@@ -41,7 +44,9 @@ _GIT_ENV = {
 
 
 def assemble(plan: ContextPlan, dest: Path, export: ExportSource, file_for: FileFor) -> BuildContext:
-    return assemble_context(plan, render_dockerfile(plan), dest, export, file_for)
+    """Its kept trees in a cache beside ``dest`` (one per test: a test's commits name its own trees)."""
+    store = TreeStore(dest.parent / f"{dest.name}-cache")
+    return assemble_context(plan, render_dockerfile(plan), dest, export, file_for, store=store)
 
 
 def git(*args: str, cwd: Path) -> str:
@@ -129,6 +134,14 @@ def snapshot(root: Path) -> list[tuple[str, int, int, bytes]]:
     return out
 
 
+def layout(context: BuildContext) -> list[tuple[str, int, int, bytes]]:
+    """What a build reads: the context directory, and each source's kept tree as ``src/<name>``."""
+    out = snapshot(context.path)
+    for name, path in context.source_dirs:
+        out += [(f"src/{name}/{rel}", *rest) for rel, *rest in snapshot(path)]
+    return sorted(out)
+
+
 @pytest.fixture
 def wheel(tmp_path: Path) -> Path:
     (tmp_path / "cache").mkdir()
@@ -139,9 +152,9 @@ def test_context_layout_and_determinism(tmp_path: Path, wheel: Path) -> None:
     lock = make_lock(wheel, [("alpha", "1" * 40, None), ("beta", "2" * 40, None)])
     plan = plan_context(lock, lock_sha256=LOCK_SHA)
     first = assemble(plan, tmp_path / "one", fake_export(FAKE), lambda p, f: wheel)
-    second = assemble(plan, tmp_path / "two", fake_export(FAKE), lambda p, f: wheel)
-    assert snapshot(first.path) == snapshot(second.path)
-    names = {p for p, *_ in snapshot(first.path)}
+    second = assemble(plan, tmp_path / "two", fake_export(FAKE), lambda p, f: wheel)  # another cache
+    assert layout(first) == layout(second)
+    names = {p for p, *_ in layout(first)}
     assert {
         "Dockerfile",
         "wheels/" + wheel.name,
@@ -155,7 +168,12 @@ def test_context_layout_and_determinism(tmp_path: Path, wheel: Path) -> None:
     assert all(mtime == EPOCH for name, _, mtime, _ in snapshot(first.path) if not name.startswith("wheels/"))
     # a package file is the cache's inode, whose times the assembly leaves alone (stream.write_entries)
     assert (first.path / "wheels" / wheel.name).stat().st_mtime_ns == wheel.stat().st_mtime_ns
-    assert (first.path / "src/alpha/.envbuild-commit").read_text() == "1" * 40 + "\n"
+    alpha = first.source_dir("alpha")
+    assert (alpha / ".envbuild-commit").read_text() == "1" * 40 + "\n"
+    # a kept tree's file: its mtime made from its content (the CLI sends only what changed), modes fixed
+    init = alpha / "alpha" / "__init__.py"
+    assert init.stat().st_mtime_ns == content_mtime_ns(hashlib.sha256(b"A = 1\n").digest())
+    assert stat.S_IMODE(init.stat().st_mode) == 0o644 and stat.S_IMODE((alpha / "alpha").stat().st_mode) == 0o755
     manifest = json.loads((first.path / "envbuild/manifest.json").read_text())
     assert manifest == first.manifest
     assert manifest["lock_sha256"] == LOCK_SHA
@@ -184,8 +202,9 @@ def test_a_source_tree_that_differs_is_refused_with_every_problem(tmp_path: Path
     with pytest.raises(ContextError) as info:
         assemble(plan_context(lock, lock_sha256=LOCK_SHA), tmp_path / "ctx", fake_export(FAKE), lambda p, f: wheel)
     assert len(info.value.problems) == 2
-    assert list((tmp_path / "ctx").iterdir()) == []
+    assert not (tmp_path / "ctx").exists()  # nothing written
     assert "source alpha" in info.value.problems[0] and "the lock pins tree " + "0" * 40 in info.value.problems[0]
+    (tmp_path / "ctx").mkdir()
     (tmp_path / "ctx" / "leftover").write_text("x")
     with pytest.raises(InputError, match="must be empty"):
         assemble(plan_context(lock, lock_sha256=LOCK_SHA), tmp_path / "ctx", fake_export(FAKE), lambda p, f: wheel)
@@ -274,15 +293,15 @@ def test_real_git_tree_matches_and_in_image_check_agrees(
     # The in-image check, run as a separate stdlib-only process against the context's own tree
     # (standing in for /opt/envbuild/src), with a faked installed distribution.
     manifest = json.loads((context.path / "envbuild/manifest.json").read_text())
-    source_dir = context.path / "src/realsrc"
+    source_dir = context.source_dir("realsrc")
     manifest["sources"][0]["path"] = str(source_dir)
     site = fake_site(tmp_path / "site", source_dir)
     check = probe(context.path, tmp_path, site, source_dir)
 
     assert check(manifest) == []
-    (context.path / "src/realsrc/pkg/__init__.py").write_text("X = 2\n")
-    (context.path / "src/realsrc/pkg-1.egg-info").mkdir()  # build by-products do not count
-    (context.path / "src/realsrc/run.sh").unlink()
+    (context.source_dir("realsrc") / "pkg/__init__.py").write_text("X = 2\n")
+    (context.source_dir("realsrc") / "pkg-1.egg-info").mkdir()  # build by-products do not count
+    (context.source_dir("realsrc") / "run.sh").unlink()
     problems = check(manifest)
     assert any("source realsrc: files of commit" in p and "run.sh" in p for p in problems)
     assert any("source realsrc: the installed files have tree" in p for p in problems)
@@ -300,7 +319,7 @@ def test_the_assembled_check_runs_as_the_image_runs_it(
         plan_context(lock, lock_sha256=LOCK_SHA), tmp_path / "ctx", git_archive_export(repo), lambda p, f: wheel
     )
     manifest = json.loads((context.path / "envbuild/manifest.json").read_text())
-    manifest["sources"][0]["path"] = str(context.path / "src/realsrc")
+    manifest["sources"][0]["path"] = str(context.source_dir("realsrc"))
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     proc = subprocess.run(
         [
@@ -326,7 +345,7 @@ def test_in_image_check_names_unmet_requirements_and_failed_imports_minus_the_lo
         plan_context(lock, lock_sha256=LOCK_SHA), tmp_path / "ctx", git_archive_export(repo), lambda p, f: wheel
     )
     manifest = json.loads((context.path / "envbuild/manifest.json").read_text())
-    source_dir = context.path / "src/realsrc"
+    source_dir = context.source_dir("realsrc")
     manifest["sources"][0]["path"] = str(source_dir)
     # What `pip install --no-deps -e` leaves when the lock lacks a runtime requirement of the source.
     site = fake_site(

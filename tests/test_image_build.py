@@ -38,7 +38,9 @@ from envbuild.image.buildcache import read_map
 from envbuild.image.built import forget_built
 from envbuild.image.inimage_verdict import compare_inimage
 from envbuild.image.normalise import save_added_layers
+from envbuild.image.plan import plan_context
 from envbuild.image.render import base_reference
+from envbuild.image.treestore import TreeStore, tree_key
 from envbuild.lock.io import read_lock
 from envbuild.progress import silent
 from envbuild.verify.pins import VerifyOptions
@@ -469,14 +471,25 @@ def test_a_package_file_with_another_hash_is_refused_before_any_build(env: Image
 
 
 @needs_engine
-def test_a_source_whose_tree_differs_is_refused_before_any_build(env: ImageLockEnv, work: Path) -> None:
+def test_a_source_whose_tree_differs_is_refused_before_any_build(
+    env: ImageLockEnv, work: Path, reference: BuildResult
+) -> None:
     bad = with_source(env.lock(), "beta", tree="1" * 40)
     path = env.write(work / "locks" / "badtree.lock.yaml", bad)
     with pytest.raises(BuildRefused, match=r"source beta: tree-mismatch"):
         build_image(read_lock(path), options(work), engine=NoEngine())  # type: ignore[arg-type]
-    # Past verify (as when `envbuild check` hands a report in), the export refuses it too.
+    # Past verify (as when `envbuild check` hands a report in), the export refuses it too, and nothing is
+    # kept; where the commit's tree is kept already (the reference build's), the lock's pin is compared
+    # with what was kept.
     passing = VerifyReport(str(path), (PinResult("source", "beta", "ok"),))
+    fresh = options(work, cache_dir=work / "badtree-cache")
     with pytest.raises(ContextError, match=r"source beta: the commit's tree is [0-9a-f]{40}, the lock pins tree 1{40}"):
+        build_image(read_lock(path), fresh, engine=NoEngine(), verified=passing)  # type: ignore[arg-type]
+    beta = next(s for s in bad.sources if s.name == "beta").commit
+    markers = (work / "badtree-cache" / "image" / "trees").glob("*/.envbuild-commit")
+    assert beta not in {m.read_text().strip() for m in markers}  # the other sources' kept trees only
+    kept = r"source beta: the exported tree of [0-9a-f]{40} is [0-9a-f]{40}, the lock pins tree 1{40}"
+    with pytest.raises(ContextError, match=kept):
         build_image(read_lock(path), options(work), engine=NoEngine(), verified=passing)  # type: ignore[arg-type]
 
 
@@ -664,3 +677,30 @@ def test_export_tree_writes_the_exact_tree(served: Served, tmp_path: Path) -> No
     assert export_tree(source, again, TreeExporter(tmp_path / "cache", offline=True)) == repo.tree(commit)
     with pytest.raises(ExportError, match=r"source exact: the files of [0-9a-f]{40} are not in the cache"):
         export_tree(source, tmp_path, TreeExporter(tmp_path / "empty", offline=True))
+
+
+@needs_engine
+def test_a_kept_tree_changed_on_disk_fails_the_in_image_check_and_is_exported_again(
+    env: ImageLockEnv, work: Path, engine: Engine, reference: BuildResult
+) -> None:
+    """Builds read each source's tree from the tree store (exported once per commit); the in-image check
+    recomputes every tree inside the image, so a kept tree changed on disk cannot reach a tagged image:
+    the build fails, drops the build's kept trees, and the next one exports them again."""
+    lock = env.lock(name="keptedit")
+    path = env.write(work / "locks" / "keptedit.lock.yaml", lock)
+    plan = plan_context(lock, lock_sha256=hashlib.sha256(path.read_bytes()).hexdigest())
+    alpha = next(s for s in plan.sources if s.name == "alpha")
+    kept = TreeStore(work / "cache").root / tree_key(alpha)
+    assert (kept / ".envbuild-commit").read_text().strip() == alpha.commit  # the reference build kept it
+    edited = next(p for p in sorted(kept.rglob("*.py")) if p.is_file())
+    original = edited.read_bytes()
+    edited.write_bytes(original + b"# changed on disk\n")
+    with pytest.raises(EngineError, match=r"source alpha"):
+        build_image(read_lock(path), options(work), engine=engine)
+    assert not kept.exists()  # dropped: the next build exports the commit again
+    result = build_image(read_lock(path), options(work), engine=engine)
+    assert (kept / edited.relative_to(kept)).read_bytes() == original
+    assert (
+        engine.run(result.image_id, ["cat", f"{alpha.image_path}/{edited.relative_to(kept)}"]).stdout.encode()
+        == original
+    )

@@ -18,6 +18,7 @@ from envbuild.image.assemble import BuildContext, assemble_context
 from envbuild.image.plan import plan_context
 from envbuild.image.render import PACKAGES_EPOCH, render_buildkit_image_dockerfile, render_dockerfile
 from envbuild.image.stream import _data, buildkit_context, content_mtime_ns, packages_context, stream, tools_context
+from envbuild.image.treestore import TreeStore
 from envbuild.lock import Package, PackageFile, Source
 from tests.lib.baseimage import BaseImage
 from tests.lib.pyindex import make_wheel
@@ -38,7 +39,10 @@ def assembled(tmp_path: Path) -> BuildContext:
         (dest / "link").symlink_to("pkg/__init__.py")
 
     plan = plan_context(lock, lock_sha256=LOCK_SHA)
-    return assemble_context(plan, render_dockerfile(plan), tmp_path / "context", export, lambda p, f: wheel)
+    store = TreeStore(tmp_path / "cache")
+    return assemble_context(
+        plan, render_dockerfile(plan), tmp_path / "context", export, lambda p, f: wheel, store=store
+    )
 
 
 def members(stream: ContextStream) -> list[tarfile.TarInfo]:
@@ -66,12 +70,24 @@ def test_the_image_context_holds_each_source_the_tools_and_metadata_and_no_packa
     } <= set(names)
     assert not any(name.startswith("meta") for name in names)  # a layer envbuild writes at normalising
     by_name = {m.name: m for m in found}
+    by_content = {
+        f"src/{name}/{path.relative_to(root).as_posix()}": path.read_bytes()
+        for name, root in context.source_dirs
+        for path in root.rglob("*")
+        if path.is_file() and not path.is_symlink()
+    }
     assert by_name["src/core/link"].issym()
     assert by_name["tools/clamp-mtimes"].mode == 0o755
     for member in found:
         assert (member.uid, member.gid, member.uname, member.gname) == (0, 0, "", "")
-        # the tools are the same for every epoch: their times must not follow it
-        expected = PACKAGES_EPOCH if member.name.startswith("tools") else EPOCH
+        # the tools are the same for every epoch: their times must not follow it; a kept tree's
+        # directories and links are at a fixed time, its files' times made from their content
+        if member.name in by_content:
+            expected = content_mtime_ns(hashlib.sha256(by_content[member.name]).digest()) // 10**9
+        elif member.name.startswith(("tools", "src")):
+            expected = PACKAGES_EPOCH
+        else:
+            expected = EPOCH
         assert member.mtime == expected, member.name
     assert stream.payload == sum(m.size for m in found if m.isfile())
     assert b"".join(stream.chunks()) == b"".join(buildkit_context(context, dockerfile).chunks())

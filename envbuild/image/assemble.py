@@ -8,14 +8,15 @@ Layout of an assembled context (everything the Dockerfile COPYs, nothing else)::
     envbuild/manifest.json            what the in-image check compares against
     envbuild/inimage_probe.py         the in-image check itself
     envbuild/treehash.py              the tree hashing it uses (envbuild.git.treehash)
-    src/<name>/...                    each source: the exact tree of its pinned commit, with the exact
-                                      tree of every submodule the image gets at its path (a skipped one:
-                                      the empty directory of its gitlink)
-    src/<name>/.envbuild-commit       the commit, for people; the check recomputes the trees instead
+
+and each source's tree (``src/<name>`` in the streamed context): the exact tree of its pinned commit,
+with the exact tree of every submodule the image gets at its path (a skipped one: the empty directory
+of its gitlink) and ``.envbuild-commit`` (the commit, for people; the check recomputes the trees),
+kept once per commit in the tree store and read from there (:mod:`.treestore`).
 
 Every file and directory gets a fixed mode and the lock's epoch as mtime (a wheel keeps the cache's
-mtime: it is a hard link), so the same inputs give a byte-identical context and the engine's COPY cache
-keys do not depend on when the context was made.
+mtime: it is a hard link; a kept tree's files, mtimes made from their content), so the same inputs give
+the same context and the engine's cache keys do not depend on when the context was made.
 """
 
 from __future__ import annotations
@@ -31,16 +32,16 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
-from envbuild.errors import EnvbuildError, InputError, ProblemsError
+from envbuild.errors import InputError, ProblemsError
 from envbuild.fileio import link_or_copy, sha256_file
 from envbuild.git import treehash
 from envbuild.image import inimage_probe
 from envbuild.image.plan import MANIFEST_VERSION, ContextPlan, SourcePlan
-from envbuild.lock.model import Package, PackageFile, Source
+from envbuild.image.treestore import COMMIT_MARKER, ExportSource, KeptTree, StoreError, TreeStore
+from envbuild.lock.model import Package, PackageFile
 
-COMMIT_MARKER = inimage_probe.COMMIT_MARKER
+__all__ = ["COMMIT_MARKER", "BuildContext", "ContextError", "ExportSource", "FileFor", "assemble_context"]
 
-ExportSource = Callable[[Source, Path], None]
 FileFor = Callable[[Package, PackageFile], Path]
 
 
@@ -57,6 +58,10 @@ class BuildContext:
     dockerfile: str
     manifest: dict
     trees: tuple[tuple[str, str], ...]  # (source name, git tree SHA of the exported files)
+    source_dirs: tuple[tuple[str, Path], ...] = ()  # (source name, its kept tree's directory)
+
+    def source_dir(self, name: str) -> Path:
+        return dict(self.source_dirs)[name]
 
 
 def manifest_for(
@@ -129,13 +134,15 @@ def assemble_context(
     export_source: ExportSource,
     file_for: FileFor,
     *,
+    store: TreeStore,
     rehash: bool = True,
 ) -> BuildContext:
-    """Write the context into *dest* (absent or empty): ``dockerfile`` (rendered from ``plan``), the
-    package files and the source trees. Every package file is re-hashed (unless ``rehash=False``: files
-    from the content-addressed cache, checked when they entered it, and checked again by ``pip
-    --require-hashes`` where they are installed) and every source tree compared with the lock's ``tree``
-    before anything is written; all problems are reported at once, naming the package file or source."""
+    """Write the context into *dest* (absent or empty): ``dockerfile`` (rendered from ``plan``) and the
+    package files, and take each source's tree from ``store`` (exported there first where it has none).
+    Every package file is re-hashed (unless ``rehash=False``: files from the content-addressed cache,
+    checked when they entered it, and checked again by ``pip --require-hashes`` where they are installed)
+    and every source tree compared with the lock's ``tree`` before anything is written; all problems are
+    reported at once, naming the package file or source."""
     dest = Path(dest)
     if dest.exists() and any(dest.iterdir()):
         raise InputError(f"{dest}: the build context directory must be empty")
@@ -160,59 +167,66 @@ def assemble_context(
             )
         cached[item.filename] = path
 
-    dest.mkdir(parents=True, exist_ok=True)
-    file_lists: dict[str, list[str]] = {}
-    trees: dict[str, str] = {}
-    submodule_trees: dict[str, dict[str, str]] = {}
+    kept: dict[str, KeptTree] = {}
     for source in plan.sources:
-        target = dest / source.context_path
-        target.mkdir(parents=True)
         try:
-            export_source(source.source, target)
-        except EnvbuildError as exc:  # the export names the source; keep it with the other problems
-            problems.append(str(exc) if str(exc).startswith("source ") else f"source {source.name}: {exc}")
+            tree = store.kept(source, export_source)
+        except StoreError as exc:  # names the source; kept with the other problems
+            problems.append(str(exc))
             continue
-        files = treehash.list_files(str(target))
-        if COMMIT_MARKER in files:
-            problems.append(f"source {source.name}: the tree holds {COMMIT_MARKER}, a name envbuild reserves")
-        gitlinks = {sub.path: sub.commit for sub in source.submodules if sub.commit is not None}
-        written = {sub.path for sub in source.submodules if sub.skip is None}
-        found, unreadable = treehash.git_trees(str(target), files, gitlinks, written)
-        tree = found[""]
-        if unreadable:
-            problems.append(f"source {source.name}: exported entries that are not files: {', '.join(unreadable[:5])}")
-        if source.tree is not None and tree != source.tree:
-            problems.append(
-                f"source {source.name}: the exported tree of {source.commit} is {tree}, "
-                f"the lock pins tree {source.tree}"
-            )
-        for sub in source.submodules:
-            if sub.skip is None and sub.tree is not None and found.get(sub.path) != sub.tree:
-                problems.append(
-                    f"submodule {source.name}/{sub.path}: the exported tree of {sub.commit} is "
-                    f"{found.get(sub.path)}, the lock pins tree {sub.tree}"
-                )
-        file_lists[source.name], trees[source.name] = files, tree
-        submodule_trees[source.name] = {p: t for p, t in found.items() if p}
-        (target / COMMIT_MARKER).write_text(source.commit + "\n", encoding="ascii")
+        found = _tree_problems(source, tree)
+        if found:
+            problems += found
+        else:
+            kept[source.name] = tree
     if problems:
-        shutil.rmtree(dest / "src", ignore_errors=True)  # nothing half-made is left to be built
         raise ContextError(problems)
 
+    dest.mkdir(parents=True, exist_ok=True)
     wheels = dest / "wheels"
     wheels.mkdir()
     for item in plan.files:
         link_or_copy(cached[item.filename], dest / item.context_path)
     meta = dest / "envbuild"
     meta.mkdir()
-    manifest = manifest_for(plan, file_lists, trees, submodule_trees)
+    file_lists = {name: list(tree.files) for name, tree in kept.items()}
+    trees = {name: tree.tree for name, tree in kept.items()}
+    manifest = manifest_for(plan, file_lists, trees, {name: tree.submodule_trees for name, tree in kept.items()})
     (meta / "manifest.json").write_bytes(_json_bytes(manifest))
     (meta / "requirements.txt").write_text(plan.requirements, encoding="utf-8")
     shutil.copyfile(inimage_probe.__file__, meta / "inimage_probe.py")
     shutil.copyfile(treehash.__file__, meta / "treehash.py")  # the probe imports it from beside itself
     (dest / "Dockerfile").write_text(dockerfile, encoding="utf-8")
     _fix_metadata(dest, plan.epoch)
-    return BuildContext(dest, plan, dockerfile, manifest, tuple(sorted(trees.items())))
+    return BuildContext(
+        dest,
+        plan,
+        dockerfile,
+        manifest,
+        tuple(sorted(trees.items())),
+        tuple((name, tree.path) for name, tree in kept.items()),
+    )
+
+
+def _tree_problems(source: SourcePlan, kept: KeptTree) -> list[str]:
+    """What of a kept tree the lock does not pin: checked on every build (another lock may pin other trees
+    for the same commit)."""
+    problems = []
+    if COMMIT_MARKER in kept.files:  # listed before envbuild wrote its own: the commit's tree holds one
+        problems.append(f"source {source.name}: the tree holds {COMMIT_MARKER}, a name envbuild reserves")
+    if kept.unreadable:
+        problems.append(f"source {source.name}: exported entries that are not files: {', '.join(kept.unreadable[:5])}")
+    if source.tree is not None and kept.tree != source.tree:
+        problems.append(
+            f"source {source.name}: the exported tree of {source.commit} is {kept.tree}, the lock pins tree {source.tree}"
+        )
+    for sub in source.submodules:
+        if sub.skip is None and sub.tree is not None and kept.submodule_trees.get(sub.path) != sub.tree:
+            problems.append(
+                f"submodule {source.name}/{sub.path}: the exported tree of {sub.commit} is "
+                f"{kept.submodule_trees.get(sub.path)}, the lock pins tree {sub.tree}"
+            )
+    return problems
 
 
 META_FILES = ("inimage_probe.py", "treehash.py", "manifest.json", "requirements.txt")

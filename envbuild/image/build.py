@@ -68,6 +68,7 @@ from envbuild.image.retention import (
     keep_only,
 )
 from envbuild.image.stream import buildkit_context
+from envbuild.image.treestore import TreeStore, tree_key
 from envbuild.index.filecache import FileCache
 from envbuild.interrupts import sigterm_interrupts
 from envbuild.lock.io import LockFile
@@ -81,6 +82,10 @@ __all__ = ["RAW_REPOSITORY", "BuildRefused", "BuildResult", "ImageOptions", "bui
 
 class BuildRefused(EnvbuildError):
     """The lock fails verify: nothing was fetched or built."""
+
+
+class InImageMismatch(EngineError):
+    """The built image does not hold what the lock pins (it was removed, not tagged)."""
 
 
 @dataclass(frozen=True)
@@ -215,7 +220,12 @@ def build_image(
         epoch = read.lock.source_date_epoch if read.lock.source_date_epoch is not None else inputs.epoch
         plan = plan_context(read.lock, lock_sha256=read.sha256, epoch=epoch)
         tags = options.tags or (default_tag(plan),)
-        with context_dir(options.cache_dir) as work, lock_name_held(options.cache_dir, plan.lock_name):
+        store = TreeStore(options.cache_dir)
+        with (
+            context_dir(options.cache_dir) as work,
+            lock_name_held(options.cache_dir, plan.lock_name),
+            store.in_use(),
+        ):
             say(f"assembling the build context: {len(plan.sources)} sources, {len(plan.files)} package files")
             context = assemble_context(
                 plan,
@@ -223,9 +233,17 @@ def build_image(
                 work / "context",
                 export_source=exporter,
                 file_for=lambda package, file: _cached(files, file.sha256),
+                store=store,
                 rehash=False,  # the file cache is content-addressed; pip --require-hashes checks what it installs
             )
-            return _build(_Assembled(read, plan, context, tags, options, connected, work, say))
+            try:
+                built = _build(_Assembled(read, plan, context, tags, options, connected, work, say))
+            except InImageMismatch:  # a kept tree changed on disk would fail it: the next build exports again
+                for source in plan.sources:
+                    store.forget(source)
+                raise
+        store.prune({tree_key(source) for source in plan.sources})
+        return built
 
 
 def _cached(files: FileCache, sha256: str) -> Path:
@@ -377,6 +395,6 @@ def _judge_in_image(output: RunOutput, image_id: str, context: BuildContext, eng
         image = engine.inspect(image_id)
         if image is not None and not image.get("RepoTags"):
             engine.remove(image_id, force=True)  # an untagged image that failed: nothing else refers to it
-        raise EngineError(
+        raise InImageMismatch(
             "the built image does not hold what the lock pins (removed, not tagged): " + "; ".join(problems)
         )

@@ -26,7 +26,7 @@ from pathlib import Path, PurePosixPath
 
 from envbuild.engine.client import ContextStream
 from envbuild.engine.transfer import TarSink
-from envbuild.fileio import link_or_copy
+from envbuild.fileio import content_mtime_ns, link_or_copy
 from envbuild.image.assemble import BuildContext
 from envbuild.image.plan import ContextPlan
 from envbuild.image.render import (
@@ -69,8 +69,9 @@ def _dirs_to(name: str, mtime: int, have: set[str]) -> list[Entry]:
 
 
 def _tree(root: Path, prefix: str) -> list[Entry]:
-    """Every entry under ``root`` as ``prefix/<relative path>``, with its own mode and mtime; links are
-    never followed."""
+    """Every entry under ``root`` (a kept tree, :mod:`.treestore`) as ``prefix/<relative path>``, with its
+    own mode and mtime; links are never followed, files are hard-linked into a sync directory (a kept
+    tree's files never change, and their mtimes are made from their content)."""
     entries = [Entry(prefix, "dir", _DIR_MODE, int(root.lstat().st_mtime))]  # the tree's own directory
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
@@ -84,7 +85,7 @@ def _tree(root: Path, prefix: str) -> list[Entry]:
             elif stat.S_ISDIR(info.st_mode):
                 entries.append(Entry(inside, "dir", mode, mtime))
             elif stat.S_ISREG(info.st_mode):
-                entries.append(Entry(inside, "file", mode, mtime, path=path, size=info.st_size))
+                entries.append(Entry(inside, "file", mode, mtime, path=path, size=info.st_size, linkable=True))
     return entries
 
 
@@ -179,11 +180,6 @@ def write_entries(entries: list[Entry], root: Path) -> None:
         os.utime(root / entry.name, (entry.mtime, entry.mtime))
 
 
-def content_mtime_ns(digest: bytes) -> int:
-    """An mtime (nanoseconds, between 2001 and 2033) that differs whenever the content does."""
-    return 10**18 + int.from_bytes(digest[:8], "big") % 10**18
-
-
 def _content(entry: Entry) -> Iterator[bytes]:
     if entry.data is not None:
         yield entry.data
@@ -202,7 +198,7 @@ def buildkit_context(context: BuildContext, dockerfile: str) -> ContextStream:
     plan, epoch = context.plan, context.plan.epoch
     entries = [_data("Dockerfile", dockerfile.encode(), 0o644, epoch), *_tools_entries()]
     for source in plan.sources:
-        entries += _tree(context.path / source.context_path, source.context_path)
+        entries += _tree(context.source_dir(source.name), source.context_path)
     return stream(entries)
 
 
