@@ -704,3 +704,21 @@ def test_a_kept_tree_changed_on_disk_fails_the_in_image_check_and_is_exported_ag
         engine.run(result.image_id, ["cat", f"{alpha.image_path}/{edited.relative_to(kept)}"]).stdout.encode()
         == original
     )
+
+
+@needs_engine
+def test_a_lock_without_packages_builds_one_image_id_with_its_parents_kept(
+    env: ImageLockEnv, work: Path, engine: Engine, reference: BuildResult
+) -> None:
+    """No packages image: the tools layer is in the image's own Dockerfile, and no layer below the meta
+    layer makes ``/opt/envbuild/meta``; the files put into the check's container must not move the
+    parents the meta layer records (they are read from another container of the raw image)."""
+    path = env.write(work / "locks" / "nopackages.lock.yaml", env.lock(name="nopackages", packages=()))
+    first = build_image(read_lock(path), options(work, no_cache=True), engine=engine)
+    second = build_image(read_lock(path), options(work, no_cache=True), engine=engine)
+    assert first.packages is None and first.image_id == second.image_id
+    headers = engine.entry_headers(second.image_id, ["/opt", "/opt/envbuild"])
+    below = engine.entry_headers(second.raw_image_id, ["/opt", "/opt/envbuild"])
+    for name in ("/opt", "/opt/envbuild"):
+        got, raw = headers[name], below[name]
+        assert (got.mode, got.uid, got.gid, got.mtime) == (raw.mode, raw.uid, raw.gid, raw.mtime), name

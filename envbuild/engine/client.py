@@ -81,15 +81,11 @@ class RunOutput:
 
 @dataclass(frozen=True)
 class PreparedRun:
-    """A created container of :meth:`Engine.prepared_run`: read, added to, started, then its output."""
+    """A created container of :meth:`Engine.prepared_run`: added to, started, then its output."""
 
     engine: Engine
     container: str
     image: str
-
-    def headers(self, paths: Sequence[str]) -> dict[str, tarfile.TarInfo]:
-        """As :meth:`Engine.entry_headers`, of this container's file system (before it starts)."""
-        return self.engine._headers(self.container, paths, self.image)
 
     def put(self, archive: bytes) -> None:
         """Extract ``archive`` (a tar) at ``/`` of the container, modes, owners and mtimes as it says."""
@@ -559,8 +555,8 @@ class Engine:
     @contextmanager
     def prepared_run(self, image: str, command: list[str]) -> Iterator[PreparedRun]:
         """A container of ``image`` that will run ``command`` with no network, created and not started:
-        entries read and files added before it starts, its output taken once it ends (the caller works
-        while it runs); always removed."""
+        files added before it starts, its output taken once it ends (the caller works while it runs);
+        always removed."""
         with _engine_errors(f"run in {_short(image)}", self.address), self._unstarted(image, command) as container:
             yield PreparedRun(self, container, image)
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,7 +51,7 @@ from envbuild.image.base import ensure_base
 from envbuild.image.buildcache import context_dir, lock_name_held, read_map, remember, sync_dir
 from envbuild.image.built import BUILDER, BuiltImage, write_built
 from envbuild.image.inimage_verdict import compare_inimage, inimage_command
-from envbuild.image.normalise import meta_layer, normalise
+from envbuild.image.normalise import meta_files_tar, meta_layer, meta_parents, normalise
 from envbuild.image.packages_image import ensure_packages_image
 from envbuild.image.plan import ContextPlan, plan_context
 from envbuild.image.rebuild import answer_from_record, built_before
@@ -299,14 +300,19 @@ def _build(build: _Assembled) -> BuildResult:
         image_id, diff_ids, reused = known["image_id"], tuple(image["RootFS"]["Layers"]), True
         say(f"the engine's cache gave an image already normalised and checked: {image_id}")
     else:
-        # The in-image check runs in a container of the raw image with the meta layer's own bytes put in
+        # The in-image check runs in a container of the raw image with the meta layer's files put in
         # (the normalised image's file system: the config differs only in build-time noise), while the
-        # config is normalised and loaded; the one container also gives the meta layer its parents.
-        with engine.prepared_run(outcome.image_id, inimage_command()) as check:
-            added = (meta_layer(check.headers, meta, plan.epoch),)
-            check.put(added[0].tar)
+        # config is normalised and loaded; the meta layer's parents are read meanwhile from another
+        # container of the raw image, untouched (0.1 s less before the check starts).
+        with (
+            ThreadPoolExecutor(max_workers=1) as pool,
+            engine.prepared_run(outcome.image_id, inimage_command()) as check,
+        ):
+            parents = pool.submit(engine.entry_headers, outcome.image_id, meta_parents())
+            check.put(meta_files_tar(meta, plan.epoch))
             check.start()
             say("checking the image from inside (installed distributions, source trees)")
+            added = (meta_layer(lambda paths: parents.result(), meta, plan.epoch),)
             normalised = normalise(engine, outcome.image_id, base_reference(plan), plan.epoch, say, added)
             image_id, diff_ids = normalised.image_id, normalised.diff_ids
             # BuildKit may give a new raw ID to a rebuild it answers from its cache: the normalised ID,

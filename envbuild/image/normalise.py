@@ -31,6 +31,7 @@ from envbuild.image.normalised_config import (
     canonical_config,
     extend_config,
     files_layer,
+    files_tar,
     image_id,
     load_archive,
     removal_layer,
@@ -115,14 +116,27 @@ def normalise(
     return CanonicalImage(normalised, tuple(config["rootfs"]["diff_ids"]))
 
 
+def meta_parents() -> list[str]:
+    """The directories above :data:`IMAGE_META` whose headers the meta layer keeps (``/opt``, …)."""
+    return [str(p) for p in reversed(PurePosixPath(IMAGE_META).parents) if str(p) != "/"]
+
+
 def meta_layer(headers: Headers, files: dict[str, bytes], epoch: int) -> AddedLayer:
     """The in-image check's files (``files``: the manifest, the probe, the requirements) as the layer
     :data:`IMAGE_META` on top of the raw image: written here, not by a build step (a step costs a
     container and a walk of the whole file system to clamp its times), its parents kept as the raw
-    image has them (``headers``: :meth:`.PreparedRun.headers` of a container of it)."""
-    parents = [str(p) for p in reversed(PurePosixPath(IMAGE_META).parents) if str(p) != "/"]
+    image has them (``headers``: :meth:`.Engine.entry_headers` of it, of :func:`meta_parents`)."""
+    parents = meta_parents()
     layer = files_layer(headers(parents), IMAGE_META, files, epoch)
     return AddedLayer(layer, f"envbuild: the in-image check's files in {IMAGE_META}")
+
+
+def meta_files_tar(files: dict[str, bytes], epoch: int) -> bytes:
+    """The in-image check's files as :func:`meta_layer` holds them, without the parents: what the check's
+    container gets before it starts (the image has those parents; their headers, which the layer needs,
+    come from another container of the image, read meanwhile: putting files in may move a parent's mtime
+    in the check's container)."""
+    return files_tar(IMAGE_META, files, epoch)
 
 
 def load_packages_image(

@@ -169,11 +169,28 @@ def files_layer(
     for path, header in parents.items():
         name = path.strip("/")
         entries[name] = _info(name, tarfile.DIRTYPE, header.mode & 0o7777, header.uid, header.gid, int(header.mtime))
-    top = directory.strip("/")
     expected = {str(p).lstrip("/") for p in list(PurePosixPath(directory).parents)[:-1]}
-    if not top or set(entries) != expected:
+    if set(entries) != expected:
         raise ValueError(f"{directory}: its parents are {sorted(expected)}, not {sorted(entries)}")
-    entries[top] = _info(top, tarfile.DIRTYPE, 0o755, 0, 0, epoch)
+    own, data = _directory_entries(directory, files, epoch)
+    return _sorted_tar({**entries, **own}, data)
+
+
+def files_tar(directory: str, files: Mapping[str, bytes], epoch: int) -> bytes:
+    """``directory`` and ``files`` as :func:`files_layer` writes them, without its parents: to put into a
+    container whose parents of ``directory`` exist (the in-image check's, before the layer's parents are
+    read)."""
+    own, data = _directory_entries(directory, files, epoch)
+    return _sorted_tar(own, data)
+
+
+def _directory_entries(
+    directory: str, files: Mapping[str, bytes], epoch: int
+) -> tuple[dict[str, tarfile.TarInfo], dict[str, bytes]]:
+    top = directory.strip("/")
+    if not top:
+        raise ValueError(f"{directory}: not a directory below /")
+    entries = {top: _info(top, tarfile.DIRTYPE, 0o755, 0, 0, epoch)}
     data: dict[str, bytes] = {}
     for filename, content in files.items():
         if "/" in filename or filename in ("", ".", ".."):
@@ -181,7 +198,7 @@ def files_layer(
         name = f"{top}/{filename}"
         entries[name] = _info(name, tarfile.REGTYPE, 0o644, 0, 0, epoch)
         entries[name].size, data[name] = len(content), content
-    return _sorted_tar(entries, data)
+    return entries, data
 
 
 def _sorted_tar(entries: Mapping[str, tarfile.TarInfo], data: Mapping[str, bytes]) -> bytes:
