@@ -4,7 +4,8 @@ The order is fixed: read the lock → check what a build must (:func:`verify_for
 upstream, one ``ls-remote`` per repository; the closure; the index only about package files the cache
 lacks — refuse a failing pin) → connect to the engine (no engine: one line, nothing fetched) → fetch the inputs into the caches (every source's tree, every package
 file; :mod:`envbuild.fetch`) → plan (pure) → assemble the context from the caches (every file and
-tree checked before anything is installed) → the base image on the engine, pulled for the lock's
+tree checked before anything is installed; each source's tree exported once per commit and kept,
+:mod:`.treestore`, and dropped when the in-image check fails) → the base image on the engine, pulled for the lock's
 platform and refused when it is another's (:mod:`.base`) → the packages image (:mod:`.packages_image`: built
 by BuildKit with the package files bind-mounted, in no layer; or reused) → the image on it, BuildKit, no
 network, sending the sources alone (:mod:`.stream`) → normalise the config (:mod:`.normalise`: the layers are the same bytes
