@@ -510,11 +510,13 @@ def cli_peer(bk: Path, repos: dict[str, Repo], out: dict[str, float], repeat: in
 
 
 def host_floor(wheels: list[Path], root: Path) -> tuple[float, float]:
-    """The floor on this machine: pip install of the same wheels on the host, then a copy of the result."""
+    """The floor on this machine: pip install of the same wheels on the host, then a copy of the result.
+    ``--ignore-installed``: without it, pip uninstalls from the running environment (the project's venv)
+    every distribution it installs into the prefix in another version (filelock went, and Ray with it)."""
     prefix, copy = root / "floor" / "prefix", root / "floor" / "copy"
     start = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile"]
+        [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--ignore-installed"]
         + ["--disable-pip-version-check", "--prefix", str(prefix), *map(str, wheels)],
         check=True,
     )
