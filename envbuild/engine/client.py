@@ -528,12 +528,11 @@ class Engine:
         """The tar header the engine writes for each of ``paths`` of ``image`` (type, mode, owner, mtime:
         what a layer holding that entry must say), through a container that is created, never started,
         and removed; of a directory, its own header only: what it holds is not read."""
-        with self._unstarted(image) as container:
-            return self._headers(container, paths, image)
-
-    def _headers(self, container: str, paths: Sequence[str], image: str) -> dict[str, tarfile.TarInfo]:
         found: dict[str, tarfile.TarInfo] = {}
-        with _engine_errors(f"stat {', '.join(paths)} of {_short(image)}", self.address):
+        with (
+            _engine_errors(f"stat {', '.join(paths)} of {_short(image)}", self.address),
+            self._unstarted(image) as container,
+        ):
             for path in paths:
                 response = self.api._get(
                     self.api._url("/containers/{0}/archive", container), params={"path": path}, stream=True

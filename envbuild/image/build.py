@@ -313,7 +313,7 @@ def _build(build: _Assembled) -> BuildResult:
             check.put(meta_files_tar(meta, plan.epoch))
             check.start()
             say("checking the image from inside (installed distributions, source trees)")
-            added = (meta_layer(lambda paths: parents.result(), meta, plan.epoch),)
+            added = (meta_layer(parents.result(), meta, plan.epoch),)
             normalised = normalise(engine, outcome.image_id, base_reference(plan), plan.epoch, say, added)
             image_id, diff_ids = normalised.image_id, normalised.diff_ids
             # BuildKit may give a new raw ID to a rebuild it answers from its cache: the normalised ID,

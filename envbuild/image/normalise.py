@@ -19,7 +19,7 @@ import json
 import shutil
 import tarfile
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -40,8 +40,6 @@ from envbuild.image.normalised_config import (
 from envbuild.image.plan import DISTRO_REMOVED_LABEL, IMAGE_META, LOCK_NAME_LABEL
 from envbuild.image.render import PACKAGES_EPOCH
 from envbuild.progress import Progress
-
-Headers = Callable[[Sequence[str]], dict[str, tarfile.TarInfo]]  # paths → the engine's tar header of each
 
 
 @dataclass(frozen=True)
@@ -121,13 +119,12 @@ def meta_parents() -> list[str]:
     return [str(p) for p in reversed(PurePosixPath(IMAGE_META).parents) if str(p) != "/"]
 
 
-def meta_layer(headers: Headers, files: dict[str, bytes], epoch: int) -> AddedLayer:
+def meta_layer(parents: Mapping[str, tarfile.TarInfo], files: dict[str, bytes], epoch: int) -> AddedLayer:
     """The in-image check's files (``files``: the manifest, the probe, the requirements) as the layer
     :data:`IMAGE_META` on top of the raw image: written here, not by a build step (a step costs a
     container and a walk of the whole file system to clamp its times), its parents kept as the raw
-    image has them (``headers``: :meth:`.Engine.entry_headers` of it, of :func:`meta_parents`)."""
-    parents = meta_parents()
-    layer = files_layer(headers(parents), IMAGE_META, files, epoch)
+    image has them (``parents``: :meth:`.Engine.entry_headers` of it, of :func:`meta_parents`)."""
+    layer = files_layer(parents, IMAGE_META, files, epoch)
     return AddedLayer(layer, f"envbuild: the in-image check's files in {IMAGE_META}")
 
 
