@@ -25,7 +25,7 @@ from envbuild.cli import main
 from envbuild.config import SourceOptions
 from envbuild.engine.client import Engine
 from envbuild.errors import EngineError
-from envbuild.fetch import InputFetchError
+from envbuild.fetch import InputFetchError, exporter_for
 from envbuild.image.assemble import ContextError
 from envbuild.image.build import (
     BuildRefused,
@@ -690,8 +690,13 @@ def test_a_kept_tree_changed_on_disk_fails_the_in_image_check_and_is_exported_ag
     path = env.write(work / "locks" / "keptedit.lock.yaml", lock)
     plan = plan_context(lock, lock_sha256=hashlib.sha256(path.read_bytes()).hexdigest())
     alpha = next(s for s in plan.sources if s.name == "alpha")
-    kept = TreeStore(work / "cache").root / tree_key(alpha)
-    assert (kept / ".envbuild-commit").read_text().strip() == alpha.commit  # the reference build kept it
+    # Kept by an earlier build of the commit, as the reference build keeps it; made here with the real
+    # export, since a test before this one may have dropped it (a failed in-image check drops the
+    # build's kept trees).
+    store = TreeStore(work / "cache")
+    kept = store.kept(alpha, exporter_for(SourceOptions(work / "cache"))).path
+    assert kept == store.root / tree_key(alpha)
+    assert (kept / ".envbuild-commit").read_text().strip() == alpha.commit
     edited = next(p for p in sorted(kept.rglob("*.py")) if p.is_file())
     original = edited.read_bytes()
     edited.write_bytes(original + b"# changed on disk\n")
