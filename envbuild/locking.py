@@ -1,5 +1,6 @@
-"""The one way envbuild serialises writers to a cache (an ``fcntl.flock`` on a lock file), and the one
-way a failed cache write is reported.
+"""The one way envbuild serialises writers to a cache (an ``fcntl.flock`` on a lock file; shared by
+readers that only keep a writer such as a pruner away), and the one way a failed cache write is
+reported.
 
 The kernel releases a flock when the last descriptor of its open file is closed, so a killed process
 never leaves a cache locked; what it half-wrote is for the next holder to clear up. A child that
@@ -22,15 +23,16 @@ _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
 @contextmanager
-def file_lock(path: Path, *, blocking: bool = True) -> Iterator[bool]:
-    """Hold an exclusive lock on ``path`` (created if absent). Yields True when held; with
+def file_lock(path: Path, *, blocking: bool = True, shared: bool = False) -> Iterator[bool]:
+    """Hold an exclusive lock on ``path`` (created if absent), or with ``shared=True`` one that other
+    shared holders may hold too (an exclusive one waits for them all). Yields True when held; with
     ``blocking=False`` yields False at once when another process holds it."""
-    with held_lock(path, blocking=blocking) as fd:
+    with held_lock(path, blocking=blocking, shared=shared) as fd:
         yield fd is not None
 
 
 @contextmanager
-def held_lock(path: Path, *, blocking: bool = True) -> Iterator[int | None]:
+def held_lock(path: Path, *, blocking: bool = True, shared: bool = False) -> Iterator[int | None]:
     """Like :func:`file_lock`, yielding the locked descriptor (None when not held), for a child
     process that must hold the lock as long as it lives (``pass_fds``)."""
     try:
@@ -41,7 +43,7 @@ def held_lock(path: Path, *, blocking: bool = True) -> Iterator[int | None]:
         raise CacheError(f"{path}: cannot open the cache lock: {exc.strerror}") from None
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if blocking else fcntl.LOCK_NB))
         except BlockingIOError:
             yield None
             return

@@ -26,7 +26,6 @@ and its scratch goes.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -141,12 +140,8 @@ class TreeStore:
     def in_use(self) -> Iterator[None]:
         """Held (shared) while a build reads kept trees: pruning waits for no one and skips a busy store."""
         self.root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH)
+        with file_lock(self.root / ".lock", shared=True):
             yield
-        finally:
-            os.close(fd)
 
     def prune(self, keep: set[str], now: float | None = None) -> int:
         """Remove the kept trees no build used for :data:`KEEP_UNUSED` but those in ``keep`` (keys), and
