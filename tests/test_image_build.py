@@ -26,6 +26,7 @@ from envbuild.config import SourceOptions
 from envbuild.engine.client import Engine
 from envbuild.errors import EngineError
 from envbuild.fetch import InputFetchError, exporter_for
+from envbuild.git.cache import GitCache
 from envbuild.image.assemble import ContextError
 from envbuild.image.build import (
     BuildRefused,
@@ -349,8 +350,16 @@ def test_moving_one_pin_rebuilds_only_from_that_source_on(
 ) -> None:
     moved = env.repos["gamma"].commit("gamma moves", files={"data/table.csv": "a,b\n1,3\n"})
     path = env.write(work / "locks" / "moved.lock.yaml", env.lock(pins={"gamma": moved}))
-    result = build_image(read_lock(path), options(work), engine=engine)
+    said: list[str] = []
+    result = build_image(read_lock(path), options(work), engine=engine, progress=said.append)
     assert result.image_id != reference.image_id
+    # The moved commit is fetched once, whole, by the build's verify (for gamma's tree pin), and the export
+    # reads it from there; the verify cache never gets it.
+    gamma = next(s for s in read_lock(path).lock.sources if s.name == "gamma")
+    assert gamma.tree is not None and gamma.commit == moved
+    assert [m for m in said if m.startswith("fetch")] == [f"fetching the files of source gamma ({moved[:12]})"]
+    assert moved in GitCache(work / "cache" / "git-export").commit_trees(gamma.repo, [moved])
+    assert moved not in GitCache(work / "cache" / "git").commit_trees(gamma.repo, [moved])
     assert result.packages is not None and not result.packages.built  # the packages do not depend on a pin
     image = [step for step in result.steps if "] FROM " not in step.instruction]  # the packages image: reused
     # gamma (copy-only, the last source) is made in a stage of its own: that stage and its COPY ran,

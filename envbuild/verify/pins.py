@@ -10,15 +10,16 @@ from typing import Any
 from envbuild.config import SourceOptions, fetch_command, offline_verify_command, update_command
 from envbuild.git.cache import GitCache
 from envbuild.git.files import OFFLINE_MISS
+from envbuild.git.treeexport import TreeExporter, fetch_commit, source_pin
 from envbuild.index.client import IndexClient
 from envbuild.index.filecache import FileCache
-from envbuild.lock.model import Lock, Package
+from envbuild.lock.model import Lock, Package, Source
 from envbuild.progress import Progress, silent
 from envbuild.verify.closure import check_closure
 from envbuild.verify.metadata import MetadataReader, read_metadata
 from envbuild.verify.packages import verify_packages
 from envbuild.verify.results import PinResult, VerifyReport
-from envbuild.verify.sources import verify_sources
+from envbuild.verify.sources import WholeCommit, verify_sources
 from envbuild.verify.submodules import verify_submodules
 
 
@@ -69,13 +70,22 @@ def verify_requirements(
     return check_closure(lock, read_metadata(lock, reader, jobs=source.jobs, progress=progress))
 
 
-def verify_refs(lock: Lock, options: VerifyOptions, progress: Progress = silent) -> list[PinResult]:
+def verify_refs(
+    lock: Lock, options: VerifyOptions, progress: Progress = silent, *, whole: WholeCommit | None = None
+) -> list[PinResult]:
     """Every source's and submodule's pin against its upstream: one ``ls-remote`` per repository, in
-    parallel, and a fetch only where the listing does not settle a pin (offline: the cached listing)."""
+    parallel, and a fetch only where the listing does not settle a pin (offline: the cached listing).
+    ``whole``: see :func:`envbuild.verify.sources.verify_sources`."""
     source = options.source
     cache = GitCache(source.cache_dir / "git")
     results = verify_sources(
-        lock.sources, cache, mirrors=source.mirrors, offline=source.offline, jobs=source.jobs, progress=progress
+        lock.sources,
+        cache,
+        mirrors=source.mirrors,
+        offline=source.offline,
+        jobs=source.jobs,
+        progress=progress,
+        whole=whole,
     )
     return results + verify_submodules(
         lock, cache, mirrors=source.mirrors, offline=source.offline, jobs=source.jobs, progress=progress
@@ -87,12 +97,31 @@ def verify_for_build(
 ) -> VerifyReport:
     """What a build re-checks: what can move (the refs), the base's pin and, unless ``inputs=False``,
     :func:`verify_build_inputs`. ``inputs=False``: a lock built and checked before, whose image is answered
-    from the cache's record (nothing is fetched or installed; its closure was checked when it was built)."""
-    results = verify_refs(lock, options, progress)
+    from the cache's record (nothing is fetched or installed; its closure was checked when it was built).
+    A source's tree pin is checked on its commit as the build's export fetches it (whole, into the
+    export cache): a moved pin's commit is fetched once, not once for verify and again for the export."""
+    results = verify_refs(lock, options, progress, whole=_fetched_whole(options.source, progress))
     if inputs:
         results += verify_build_inputs(lock, lock_path, options, progress)
     results += verify_base_image(lock, update_command(lock_path, options.source))
     return _report(lock, lock_path, options, results)
+
+
+def _fetched_whole(source: SourceOptions, progress: Progress) -> WholeCommit:
+    """{commit: tree} of a source's pinned commit from the export cache, fetched whole when absent."""
+    exporter = TreeExporter(source.cache_dir, mirrors=source.mirrors, offline=source.offline)
+
+    def whole(pinned: Source) -> dict[str, str]:
+        url = exporter.mirrors.rewrite(pinned.repo)
+        trees = exporter.cache.commit_trees(url, [pinned.commit])
+        if pinned.commit not in trees:
+            pin = source_pin(pinned)
+            progress(f"fetching the files of {pin.what} ({pin.commit[:12]})")
+            fetch_commit(exporter, pin)
+            trees = exporter.cache.commit_trees(url, [pinned.commit])
+        return trees
+
+    return whole
 
 
 def verify_build_inputs(

@@ -5,6 +5,8 @@ then only commits (``--filter=tree:0``) of the one ref concerned:
 
 - a tag without a recorded tree is settled by the ref listing alone;
 - a tag with a tree, or a branch whose head is not the pin, needs the commit graph of that ref;
+  for a build (``whole``), a tree pin is read instead from the pinned commit fetched whole into the
+  export cache, which the build's export reads next: one fetch of a moved commit, not two;
 - only a commit that is not on its branch needs every upstream ref (fetched with ``--prune`` so a
   commit that was force-pushed away is not mistaken for one that still exists).
 
@@ -13,7 +15,7 @@ A warm cache that already holds the advertised tips does no fetch at all.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from envbuild.git.cache import GitCache
@@ -25,6 +27,9 @@ from envbuild.lock.model import Source
 from envbuild.progress import Progress, silent
 from envbuild.verify.results import PinResult, SourceStatus
 
+# {commit: tree} of a source's pinned commit, fetched whole (for the build's export) when no cache holds it.
+WholeCommit = Callable[[Source], dict[str, str]]
+
 
 def verify_sources(
     sources: Sequence[Source],
@@ -34,8 +39,10 @@ def verify_sources(
     offline: bool = False,
     jobs: int = 8,
     progress: Progress = silent,
+    whole: WholeCommit | None = None,
 ) -> list[PinResult]:
-    """Verify every source, in parallel across repositories; results in input order.
+    """Verify every source, in parallel across repositories; results in input order. ``whole``: how a
+    build gets a pinned commit whose tree it must check (see the module docstring); online only.
 
     Sources sharing a URL share one ref listing and run one after the other. ``progress`` is called
     from worker threads."""
@@ -47,7 +54,13 @@ def verify_sources(
     with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(groups)))) as pool:
         futures = {
             url: pool.submit(
-                _verify_group, [sources[i] for i in indexes], cache, mirrors.rewrite(url), offline, progress
+                _verify_group,
+                [sources[i] for i in indexes],
+                cache,
+                mirrors.rewrite(url),
+                offline,
+                progress,
+                None if offline else whole,
             )
             for url, indexes in groups.items()
         }
@@ -70,13 +83,18 @@ def verify_source(
 
 
 def _verify_group(
-    sources: Sequence[Source], cache: GitCache, url: str, offline: bool, progress: Progress
+    sources: Sequence[Source],
+    cache: GitCache,
+    url: str,
+    offline: bool,
+    progress: Progress,
+    whole: WholeCommit | None = None,
 ) -> list[PinResult]:
     upstream = Upstream(cache, url, offline=offline, progress=progress)
     results = []
     for source in sources:
         try:
-            results.append(_verify(source, upstream))
+            results.append(_verify(source, upstream, whole))
         except Offline:
             results.append(_result(source, url, "unreachable", OFFLINE_MISS))
         except GitError as exc:
@@ -84,7 +102,7 @@ def _verify_group(
     return results
 
 
-def _verify(source: Source, up: Upstream) -> PinResult:
+def _verify(source: Source, up: Upstream, whole: WholeCommit | None = None) -> PinResult:
     listing = up.listing()
     ref, kind = source.ref, source.ref_type
     same, other = (listing.heads, listing.tags) if kind == "branch" else (listing.tags, listing.heads)
@@ -107,9 +125,7 @@ def _verify(source: Source, up: Upstream) -> PinResult:
             )
         if source.tree is None:
             return _result(source, up.url, "ok", f"tag {ref} points at the pinned commit")
-        trees = up.commits(
-            [], need=[source.commit], refspecs=[f"+refs/tags/{ref}:refs/upstream/tags/{ref}"], name=source.name
-        )
+        trees = _pinned_tree(source, up, f"+refs/tags/{ref}:refs/upstream/tags/{ref}", whole)
         return _tree_verdict(source, up.url, trees) or _result(
             source, up.url, "ok", f"tag {ref} points at the pinned commit; tree matches"
         )
@@ -117,7 +133,7 @@ def _verify(source: Source, up: Upstream) -> PinResult:
     refspec = f"+refs/heads/{ref}:refs/upstream/heads/{ref}"
     if head == source.commit:
         ahead = 0
-        trees = up.commits([], need=[source.commit] if source.tree else [], refspecs=[refspec], name=source.name)
+        trees = _pinned_tree(source, up, refspec, whole) if source.tree else {}
     else:
         trees = up.commits([source.commit], need=[head], refspecs=[refspec], name=source.name)
         if head not in trees:  # the branch moved between listing and fetch: use what was fetched
@@ -143,6 +159,15 @@ def _verify(source: Source, up: Upstream) -> PinResult:
             upstream=head,
         )
     return _result(source, up.url, "ok", f"the pinned commit is the head of branch {ref}")
+
+
+def _pinned_tree(source: Source, up: Upstream, refspec: str, whole: WholeCommit | None) -> dict[str, str]:
+    """{commit: tree} of the pinned commit, which the ref listing showed on its ref: from the verify
+    cache, or fetched — its commit alone into the verify cache, or (``whole``) whole into the export cache."""
+    if whole is None:
+        return up.commits([], need=[source.commit], refspecs=[refspec], name=source.name)
+    trees = up.cache.commit_trees(up.url, [source.commit])
+    return trees if source.commit in trees else whole(source)
 
 
 def _not_on_ref(source: Source, up: Upstream) -> PinResult:
