@@ -28,6 +28,7 @@ import argparse
 import dataclasses
 import hashlib
 import io
+import json
 import os
 import shutil
 import statistics
@@ -319,9 +320,12 @@ def main(argv: list[str] | None = None) -> int:
 # each source) through the docker CLI as a user runs it (`DOCKER_BUILDKIT=1 /usr/bin/docker build`, which
 # syncs only what changed: the issue's peer), BuildKit's cache emptied before each full build; then a
 # no-op rebuild (envbuild's answered from its record, and again with the record removed, the engine's
-# cache answering) and a rebuild after one source moved (beta, the middle layer group; each path to a
-# commit of its own), each with the engine's cache; the image sizes against base + what the installs
-# write; the bytes each build sent the engine; the host floor (pip install + a copy).
+# cache answering), each with the engine's cache; then rebuilds after one source moved (beta, the middle
+# layer group), in alternation so both sides meet the same machine: `envbuild image` from its CLI in a
+# process of its own (what users run: Python's start and imports are in it), and the hand side's
+# update of its copy of beta (a git fetch into a clone and `git archive | tar -x`, timed apart) then its
+# `docker build`; the image sizes against base + what the installs write; the bytes each build sent
+# the engine; the host floor (pip install + a copy).
 
 SCALE_LOCK = "imagescale"
 SCALE_WHEELS = (
@@ -481,9 +485,8 @@ def empty_build_cache() -> None:
     subprocess.run([DOCKER_CLI, "builder", "prune", "-af"], check=True, capture_output=True)
 
 
-def cli_peer(bk: Path, repos: dict[str, Repo], out: dict[str, float], repeat: int = 1) -> None:
-    """The same hand BuildKit build through the docker CLI (what the issue's peer is): full, no-op, and
-    beta moved to a commit of its own (no other build's cache answers it)."""
+def cli_peer(bk: Path, out: dict[str, float]) -> None:
+    """The same hand BuildKit build through the docker CLI (what the issue's peer is): full and no-op."""
     print(
         "  hand BuildKit (DOCKER_BUILDKIT=1 docker build; wheels bind-mounted, --require-hashes; COPY + install "
         "each source):",
@@ -498,15 +501,74 @@ def cli_peer(bk: Path, repos: dict[str, Repo], out: dict[str, float], repeat: in
     cli_build(bk)
     out["cli_noop"] = time.perf_counter() - start
     print(f"    no-op rebuild                {out['cli_noop']:8.2f} s", file=sys.stderr)
-    runs = []
+
+
+def envbuild_cli(lock: Path, cache_dir: Path, stages: bool) -> tuple[float, str]:
+    """``envbuild image LOCK --json`` in a process of its own, as a user runs it: (seconds, image ID).
+    With ``stages``, its progress lines, each at its time since the start."""
+    command = [sys.executable, "-c", "import sys; from envbuild.cli import main; sys.exit(main())"]
+    command += ["image", str(lock), "--cache-dir", str(cache_dir), "--json"]
+    start = time.perf_counter()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stderr is not None and process.stdout is not None
+    said = []
+    for line in process.stderr:
+        said.append(f"    {time.perf_counter() - start:7.2f} s  {line.rstrip()[:110]}")
+    stdout = process.stdout.read()
+    seconds = time.perf_counter() - start
+    if process.wait() != 0:
+        raise SystemExit("envbuild image failed:\n" + "\n".join(said[-5:]))
+    if stages:
+        print("\n".join(said), file=sys.stderr)
+    return seconds, json.loads(stdout)["image_id"]
+
+
+def moved_rounds(
+    env: ImageLockEnv,
+    packages: tuple[Package, ...],
+    beta: Repo,
+    beta_url: str,
+    root: Path,
+    bk: Path,
+    cache_dir: Path,
+    out: dict[str, float],
+    repeat: int,
+    stages: bool,
+) -> str:
+    """The one-source rebuild, side by side in alternation (each round moves beta to a commit of its own;
+    the median is the figure): ``envbuild image`` of the moved lock, from its CLI; the peer's user brings
+    its copy of beta to the commit (a fetch into a clone kept from the start, ``git archive | tar -x``:
+    "update", timed on its own), then ``docker build``. The image ID of envbuild's last run."""
+    print(
+        "  one source moved (beta), alternating: envbuild image (its CLI) | hand: update beta + docker build",
+        file=sys.stderr,
+    )
+    clone = root / "hand-clone" / "beta"
+    subprocess.run(["git", "clone", "-q", beta_url, str(clone)], check=True)
+    runs, updates, builds = [], [], []
+    image_id = ""
     for i in range(repeat):
-        commit = repos["beta"].commit(f"beta moves for the CLI build {i}", files={"beta/extra.py": f"X = {100 + i}\n"})
-        export_tree(repos["beta"].path, commit, bk / "src" / "beta")
+        commit = beta.commit(f"beta moves {i}", files={"beta/extra.py": f"X = {i + 1}\n"})
+        moved_lock = env.write(
+            root / "moved.lock.yaml", env.lock(name=SCALE_LOCK, packages=packages, pins={"beta": commit})
+        )
+        seconds, image_id = envbuild_cli(moved_lock, cache_dir, stages)
+        runs.append(seconds)
+        start = time.perf_counter()
+        subprocess.run(["git", "-C", str(clone), "fetch", "-q", "origin"], check=True)
+        export_tree(clone, commit, bk / "src" / "beta")
+        updates.append(time.perf_counter() - start)
         start = time.perf_counter()
         HAND_IMAGES.append(cli_build(bk))
-        runs.append(time.perf_counter() - start)
-        print(f"    one source moved (beta)      {runs[-1]:8.2f} s", file=sys.stderr)
-    out["cli_moved"], out["cli_moved_runs"] = statistics.median(runs), runs  # type: ignore[assignment]
+        builds.append(time.perf_counter() - start)
+        print(
+            f"    round {i + 1}: envbuild {runs[-1]:5.2f} s | hand {updates[-1]:4.2f} + {builds[-1]:4.2f} s",
+            file=sys.stderr,
+        )
+    out["moved"], out["moved_runs"] = statistics.median(runs), runs  # type: ignore[assignment]
+    out["cli_moved"], out["cli_moved_runs"] = statistics.median(builds), builds  # type: ignore[assignment]
+    out["cli_update"] = statistics.median(updates)
+    return image_id
 
 
 def host_floor(wheels: list[Path], root: Path) -> tuple[float, float]:
@@ -624,30 +686,6 @@ def scale_one(
                 f"sent {_gb(engine_noop.sent)}",
                 file=sys.stderr,
             )
-            runs = []
-            for i in range(repeat):
-                moved_commit = repos["beta"].commit(f"beta moves {i}", files={"beta/extra.py": f"X = {i + 1}\n"})
-                moved_lock = env.write(
-                    root / "moved.lock.yaml", env.lock(name=SCALE_LOCK, packages=packages, pins={"beta": moved_commit})
-                )
-                start = time.perf_counter()
-                moved = build_image(read_lock(moved_lock), ImageOptions(options), engine=engine, progress=say)
-                runs.append(time.perf_counter() - start)
-                rebuilt = [
-                    s.instruction.split()[0] + " " + s.instruction.split()[1][:20] for s in moved.steps if not s.cached
-                ]
-                print(
-                    f"    one source moved (beta)      {runs[-1]:8.2f} s  sent {_gb(moved.sent)}; rebuilt: {rebuilt}",
-                    file=sys.stderr,
-                )
-            out["moved"], out["moved_runs"] = statistics.median(runs), runs  # type: ignore[assignment]
-            out["sent_moved"] = moved.sent
-            image = engine.inspect(moved.image_id)
-            assert image is not None
-            out["size"] = image["Size"]
-            checked = engine.run(moved.image_id, ["python3", "-c", IMPORT_CHECK])
-            print(f"    import check: {checked.stdout.strip() or checked.stderr.strip()[-200:]}", file=sys.stderr)
-
             bk = root / "hand-bk"
             for name in ("alpha", "beta", "gamma"):
                 export_tree(repos[name].path, pins[name], bk / "src" / name)
@@ -658,7 +696,27 @@ def scale_one(
                 "".join(f"{p.name}=={p.version} --hash=sha256:{p.files[0].sha256}\n" for p in packages)
             )
             (bk / "Dockerfile").write_text(scale_hand_buildkit_dockerfile(f"{repository}@{digest}"))
-            cli_peer(bk, repos, out, repeat)
+            cli_peer(bk, out)
+            moved_id = moved_rounds(
+                env,
+                packages,
+                repos["beta"],
+                daemon.url("beta"),
+                root,
+                bk,
+                options.source.cache_dir,
+                out,
+                repeat,
+                stages,
+            )
+            image = engine.inspect(moved_id)
+            assert image is not None
+            out["size"] = image["Size"]
+            checked = engine.run(moved_id, ["python3", "-c", IMPORT_CHECK])
+            print(
+                f"    import check (envbuild): {checked.stdout.strip() or checked.stderr.strip()[-200:]}",
+                file=sys.stderr,
+            )
             hand_image = engine.inspect(HAND_IMAGES[-1])
             assert hand_image is not None
             out["base_plus_installed"] = hand_image["Size"]  # nothing but what the installs wrote
@@ -692,7 +750,8 @@ def scale_one(
             legacy_build(client, directory_context(hand).chunks())
             out["hand_noop"] = time.perf_counter() - start
             print(f"    no-op rebuild                {out['hand_noop']:8.1f} s  sent {_gb(sent)}", file=sys.stderr)
-            export_tree(repos["beta"].path, moved_commit, hand / "src" / "beta")
+            legacy_moved = repos["beta"].commit("beta moves for the legacy build", files={"beta/extra.py": "X = 0\n"})
+            export_tree(repos["beta"].path, legacy_moved, hand / "src" / "beta")
             start = time.perf_counter()
             hand_moved, _ = legacy_build(client, directory_context(hand).chunks())
             out["hand_moved"] = time.perf_counter() - start
@@ -757,6 +816,12 @@ def scale(
         print(
             f"    one source moved, envbuild / hand:     {f['moved'] / f['cli_moved']:6.2f}x  [<= 1.3x]  "
             f"{f['moved']:.2f} s / {f['cli_moved']:.2f} s{spread}",
+            file=sys.stderr,
+        )
+        with_update = f["cli_update"] + f["cli_moved"]
+        print(
+            f"    ... against the hand's update + build:  {f['moved'] / with_update:6.2f}x  "
+            f"{f['moved']:.2f} s / ({f['cli_update']:.2f} + {f['cli_moved']:.2f} s)",
             file=sys.stderr,
         )
         print(
