@@ -578,6 +578,9 @@ def test_an_interrupted_build_leaves_the_caches_usable(
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert any("source=src/beta," in line for line in seen), "".join(seen)
+    # What the killed CLI leaves is in the cache, one per lock (its context, its --iidfile's directory,
+    # cleared by the next build of the lock that builds), not in /tmp for good.
+    assert sorted(p.name for p in (work / "cache" / "image" / "sync" / "imagetest").iterdir()) == ["image", "image.cli"]
     result = build_image(read_lock(lock_path), options(work), engine=engine)
     assert result.image_id == reference.image_id
     leftovers = [p.name for p in (work / "cache" / "image" / "work").iterdir()]

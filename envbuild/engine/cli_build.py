@@ -18,7 +18,6 @@ import re
 import shutil
 import signal
 import subprocess
-import tempfile
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -146,24 +145,24 @@ def cli_build(
     dockerfile: str,
     nocache: bool,
     tag: str | None,
+    iidfile: Path,
 ) -> str:
-    """Build ``directory`` with the CLI against the engine at ``address``, no network; the image ID."""
-    with tempfile.TemporaryDirectory(prefix="envbuild-cli-") as scratch:
-        iidfile = Path(scratch, "iid")
-        command = [cli.path, "build", "--progress=plain", "--network=none", "--iidfile", str(iidfile)]
-        command += ["-f", str(directory / dockerfile)]
-        command += ["--no-cache"] if nocache else []
-        command += ["-t", tag] if tag else []
-        command.append(str(directory))
-        trace = PlainTrace(build)
-        env = {**os.environ, "DOCKER_HOST": address, "DOCKER_BUILDKIT": "1", "BUILDKIT_PROGRESS": "plain"}
-        code = _run(command, env, trace)
-        if code != 0:
-            raise EngineError(build.failure(_last_error(trace.tail, code)))
-        try:
-            image_id = iidfile.read_text().strip()
-        except OSError:
-            image_id = ""
+    """Build ``directory`` with the CLI against the engine at ``address``, no network; the image ID, which
+    the CLI writes into ``iidfile`` (the caller's to remove)."""
+    command = [cli.path, "build", "--progress=plain", "--network=none", "--iidfile", str(iidfile)]
+    command += ["-f", str(directory / dockerfile)]
+    command += ["--no-cache"] if nocache else []
+    command += ["-t", tag] if tag else []
+    command.append(str(directory))
+    trace = PlainTrace(build)
+    env = {**os.environ, "DOCKER_HOST": address, "DOCKER_BUILDKIT": "1", "BUILDKIT_PROGRESS": "plain"}
+    code = _run(command, env, trace)
+    if code != 0:
+        raise EngineError(build.failure(_last_error(trace.tail, code)))
+    try:
+        image_id = iidfile.read_text().strip()
+    except OSError:
+        image_id = ""
     if not image_id.startswith("sha256:"):
         raise EngineError("build: the docker CLI finished without naming the built image")
     return image_id

@@ -249,21 +249,35 @@ class Engine:
     ) -> BuildOutcome:
         build = BuildKitProgress(say)
         with ExitStack() as stack:
+
+            def made(where: Path | None, prefix: str) -> Path:
+                """A directory of this build: ``where`` (emptied first: a killed build's), or a temporary
+                one; removed when the build ends, however it ends."""
+                if where is None:
+                    return Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=prefix)))
+                shutil.rmtree(where, ignore_errors=True)
+                where.mkdir(parents=True)
+                stack.callback(shutil.rmtree, where, ignore_errors=True)
+                return where
+
             directory = context.directory
             if directory is None:
                 assert context.write_to is not None
-                if context_dir is None:
-                    directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="envbuild-context-")))
-                else:
-                    shutil.rmtree(context_dir, ignore_errors=True)  # a killed build's
-                    context_dir.mkdir(parents=True)
-                    stack.callback(shutil.rmtree, context_dir, ignore_errors=True)
-                    directory = context_dir
+                directory = made(context_dir, "envbuild-context-")
                 context.write_to(directory)
+            # The CLI's --iidfile: beside the context directory, so a killed build's is cleared by the next.
+            scratch = made(context_dir.with_name(f"{context_dir.name}.cli") if context_dir else None, "envbuild-cli-")
             say(f"{what}: {human_bytes(context.payload)}, synced by the docker CLI (only what BuildKit lacks is sent)")
             with build:
                 image_id = cli_build(
-                    cli, self.address, directory, build, dockerfile=dockerfile, nocache=nocache, tag=tag
+                    cli,
+                    self.address,
+                    directory,
+                    build,
+                    dockerfile=dockerfile,
+                    nocache=nocache,
+                    tag=tag,
+                    iidfile=scratch / "iid",
                 )
         return self._built(image_id, build, say)
 
