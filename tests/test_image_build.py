@@ -44,7 +44,7 @@ from envbuild.image.render import base_reference
 from envbuild.image.treestore import TreeStore, tree_key
 from envbuild.lock.io import read_lock
 from envbuild.progress import silent
-from envbuild.verify.pins import VerifyOptions
+from envbuild.verify.pins import VerifyOptions, verify_lock
 from envbuild.verify.results import PinResult, VerifyReport
 from tests.lib.engines import ExtraEngine
 from tests.lib.gitrepos import Served
@@ -360,6 +360,14 @@ def test_moving_one_pin_rebuilds_only_from_that_source_on(
     assert [m for m in said if m.startswith("fetch")] == [f"fetching the files of source gamma ({moved[:12]})"]
     assert moved in GitCache(work / "cache" / "git-export").commit_trees(gamma.repo, [moved])
     assert moved not in GitCache(work / "cache" / "git").commit_trees(gamma.repo, [moved])
+    # Offline, `lock verify` reads the tree pin from the export cache: the moved pin still verifies.
+    offline = VerifyOptions(SourceOptions(cache_dir=work / "cache", offline=True))
+    report = verify_lock(read_lock(path).lock, str(path), offline)
+    assert [(r.name, r.status) for r in report.results if r.kind == "source"] == [
+        ("alpha", "ok"),
+        ("beta", "ok"),
+        ("gamma", "ok"),
+    ]
     assert result.packages is not None and not result.packages.built  # the packages do not depend on a pin
     image = [step for step in result.steps if "] FROM " not in step.instruction]  # the packages image: reused
     # gamma (copy-only, the last source) is made in a stage of its own: that stage and its COPY ran,

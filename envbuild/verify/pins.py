@@ -107,14 +107,15 @@ def verify_for_build(
     return _report(lock, lock_path, options, results)
 
 
-def _fetched_whole(source: SourceOptions, progress: Progress) -> WholeCommit:
-    """{commit: tree} of a source's pinned commit from the export cache, fetched whole when absent."""
+def _fetched_whole(source: SourceOptions, progress: Progress, *, fetch: bool = True) -> WholeCommit:
+    """{commit: tree} of a source's pinned commit from the export cache, fetched whole when absent
+    (unless offline, or ``fetch=False``: `lock verify`, which fetches the commit alone elsewhere)."""
     exporter = TreeExporter(source.cache_dir, mirrors=source.mirrors, offline=source.offline)
 
     def whole(pinned: Source) -> dict[str, str]:
         url = exporter.mirrors.rewrite(pinned.repo)
         trees = exporter.cache.commit_trees(url, [pinned.commit])
-        if pinned.commit not in trees:
+        if pinned.commit not in trees and fetch and not exporter.offline:
             pin = source_pin(pinned)
             progress(f"fetching the files of {pin.what} ({pin.commit[:12]})")
             fetch_commit(exporter, pin)
@@ -146,7 +147,9 @@ def verify_build_inputs(
 
 def verify_lock(lock: Lock, lock_path: str, options: VerifyOptions, progress: Progress = silent) -> VerifyReport:
     source = options.source
-    results = verify_refs(lock, options, progress)
+    # A tree pin is read from either cache (a commit's tree is the same wherever its object lies): a
+    # commit a build fetched whole verifies offline as well.
+    results = verify_refs(lock, options, progress, whole=_fetched_whole(source, progress, fetch=False))
     client = IndexClient()  # one page per package for both checks
     if lock.packages:
         if source.offline:

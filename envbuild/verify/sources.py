@@ -27,7 +27,8 @@ from envbuild.lock.model import Source
 from envbuild.progress import Progress, silent
 from envbuild.verify.results import PinResult, SourceStatus
 
-# {commit: tree} of a source's pinned commit, fetched whole (for the build's export) when no cache holds it.
+# {commit: tree} of a source's pinned commit from the export cache, where online it is fetched whole (for
+# the build's export) when absent; offline {} when absent.
 WholeCommit = Callable[[Source], dict[str, str]]
 
 
@@ -42,7 +43,8 @@ def verify_sources(
     whole: WholeCommit | None = None,
 ) -> list[PinResult]:
     """Verify every source, in parallel across repositories; results in input order. ``whole``: how a
-    build gets a pinned commit whose tree it must check (see the module docstring); online only.
+    build gets a pinned commit whose tree it must check (see the module docstring; offline, the export
+    cache is looked in, and nothing fetched).
 
     Sources sharing a URL share one ref listing and run one after the other. ``progress`` is called
     from worker threads."""
@@ -60,7 +62,7 @@ def verify_sources(
                 mirrors.rewrite(url),
                 offline,
                 progress,
-                None if offline else whole,
+                whole,
             )
             for url, indexes in groups.items()
         }
@@ -163,11 +165,16 @@ def _verify(source: Source, up: Upstream, whole: WholeCommit | None = None) -> P
 
 def _pinned_tree(source: Source, up: Upstream, refspec: str, whole: WholeCommit | None) -> dict[str, str]:
     """{commit: tree} of the pinned commit, which the ref listing showed on its ref: from the verify
-    cache, or fetched — its commit alone into the verify cache, or (``whole``) whole into the export cache."""
-    if whole is None:
-        return up.commits([], need=[source.commit], refspecs=[refspec], name=source.name)
-    trees = up.cache.commit_trees(up.url, [source.commit])
-    return trees if source.commit in trees else whole(source)
+    cache, or (``whole``) the export cache, where online it is fetched whole; else its commit alone is
+    fetched into the verify cache (offline: :class:`Offline`). A commit's tree is the same wherever its
+    object lies, so an offline rebuild finds what an online build fetched."""
+    if whole is not None:
+        trees = up.cache.commit_trees(up.url, [source.commit])
+        if source.commit not in trees:
+            trees = whole(source)
+        if source.commit in trees:
+            return trees
+    return up.commits([], need=[source.commit], refspecs=[refspec], name=source.name)
 
 
 def _not_on_ref(source: Source, up: Upstream) -> PinResult:
