@@ -269,7 +269,7 @@ def test_down_without_a_cluster_is_a_no_op_and_status_says_so(
 
 
 def test_the_host_engine_s_image_id_must_be_the_pinned_one() -> None:
-    from envbuild.engine.client import ContainerState
+    from envbuild.engine.jobs import ContainerState
     from envrun.cluster.nodecheck import engine_image_line
 
     pinned = {"Id": "sha256:" + "a" * 64}

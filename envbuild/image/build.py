@@ -44,7 +44,8 @@ from typing import Any
 
 from envbuild.config import SourceOptions, fetch_command
 from envbuild.data.reference import check_name_and_tag
-from envbuild.engine.client import Engine, RunOutput
+from envbuild.engine.client import Engine
+from envbuild.engine.containers import RunOutput
 from envbuild.errors import EngineError, EnvbuildError, InputError
 from envbuild.fetch import Inputs, exporter_for, fetch_inputs, newest_commit_date
 from envbuild.image.assemble import BuildContext, assemble_context, meta_files

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envbuild.engine.client import BuildStep, Engine
-from envbuild.engine.transfer import human_bytes
+from envbuild.engine.client import Engine
+from envbuild.engine.transfer import BuildStep, human_bytes
 from envbuild.errors import EngineError
 from envbuild.image.assemble import BuildContext
 from envbuild.image.buildcache import sync_dir

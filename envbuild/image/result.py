@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envbuild.engine.client import BuildStep
+from envbuild.engine.transfer import BuildStep
 from envbuild.fileio import write_atomic
 from envbuild.image.packages_image import PackagesImage
 from envbuild.image.plan import ContextPlan

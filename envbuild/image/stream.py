@@ -24,8 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from envbuild.engine.client import ContextStream
-from envbuild.engine.transfer import TarSink
+from envbuild.engine.transfer import ContextStream, TarSink
 from envbuild.fileio import content_mtime_ns, link_or_copy
 from envbuild.image.assemble import BuildContext
 from envbuild.image.plan import ContextPlan

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from envbuild.engine.client import ContainerState, Engine
+from envbuild.engine.client import Engine
+from envbuild.engine.jobs import ContainerState
 from envbuild.errors import CacheError, EngineError
 from envbuild.image.plan import LOCK_LABEL
 from envbuild.progress import Progress, silent

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envbuild.engine.client import ContainerState
+from envbuild.engine.jobs import ContainerState
 from envbuild.errors import EngineError
 from envrun import ray_api
 from envrun.cluster.onnode import MANIFEST, MARKER, TASK_TIMEOUT_SECONDS

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from envbuild.engine.client import JobSpec
+from envbuild.engine.jobs import JobSpec
 from envbuild.image.plan import LOCK_LABEL
 from envrun.bytecode import Bytecode, with_bytecode
 from envrun.cluster.spec import ClusterSpec

@@ -14,7 +14,8 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from envbuild.engine.client import Engine, JobSpec
+from envbuild.engine.client import Engine
+from envbuild.engine.jobs import JobSpec
 from envbuild.errors import EngineError, InputError
 from envbuild.image.plan import LOCK_LABEL
 from envbuild.progress import Progress

@@ -1,0 +1,173 @@
+"""Builds with the engine's own BuildKit, no network for the whole build: through the docker CLI's
+session where a CLI serves (:mod:`.cli_build`), else ``POST /build?version=2`` over the SDK's
+connection, the context as the tar body; the trace decoded by :mod:`.buildkit` into one progress line
+per step, a failed step raised as an :class:`EngineError` with its instruction and the tail of its log.
+The context is streamed to the engine as it is read (a :class:`~envbuild.engine.transfer.ContextStream`
+of tar chunks): the SDK would first copy a directory into a temporary tar file."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from contextlib import ExitStack
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import requests
+
+from envbuild.engine.buildkit import BuildKitProgress
+from envbuild.engine.calls import TIMEOUT, EngineBase, engine_errors, event_error
+from envbuild.engine.cli_build import BuildCli, choose_transport, cli_build
+from envbuild.engine.transfer import BuildStep, ContextStream, Meter, human_bytes
+from envbuild.errors import EngineError
+from envbuild.progress import Progress, silent
+
+
+@dataclass(frozen=True)
+class BuildOutcome:
+    image_id: str  # "sha256:<hex>" of the raw (not yet normalised) image
+    steps: tuple[BuildStep, ...]
+
+
+class Builds(EngineBase):
+    """:class:`~envbuild.engine.client.Engine`'s builds."""
+
+    @cached_property
+    def build_cli(self) -> BuildCli | None:
+        """The docker CLI builds go through (its session syncs only what changed), or None: the Engine
+        API, the whole context as the body (:mod:`.cli_build` says which and why)."""
+        return choose_transport()
+
+    def buildkit_build(
+        self,
+        context: ContextStream,
+        *,
+        dockerfile: str = "Dockerfile",
+        nocache: bool = False,
+        progress: Progress = silent,
+        tag: str | None = None,
+        what: str = "the build context",
+        context_dir: Path | None = None,
+    ) -> BuildOutcome:
+        """Build ``dockerfile`` of the context with the engine's own BuildKit, no network for the whole
+        build; ``tag`` is set when the build succeeds (and only then). Through the docker CLI when one
+        serves, the context as a directory: the stream's own, or written into ``context_dir`` (emptied
+        first, removed after; on the file system of the context's files, which are hard-linked; a
+        temporary directory without). Else through the Engine API (``POST /build?version=2``, the context
+        as the tar body). Needs docker >= 20.10 (``RUN --mount`` without a ``# syntax`` line).
+
+        The CLI names BuildKit's synced copy of a context by its path and sends again only the files whose
+        size, mode or mtime changed: the stream's writer gives every file an mtime that changes with its
+        content, so one ``context_dir`` per lock and build is safe and a rebuild sends only what changed;
+        a directory context must keep that rule itself."""
+        cli = self.build_cli
+        if cli is not None and (context.directory is not None or context.write_to is not None):
+            return self._cli_build(cli, context, dockerfile, nocache, progress, tag, what, context_dir)
+        return self._api_build(context, dockerfile, nocache, progress, tag, what)
+
+    def _cli_build(
+        self,
+        cli: BuildCli,
+        context: ContextStream,
+        dockerfile: str,
+        nocache: bool,
+        say: Progress,
+        tag: str | None,
+        what: str,
+        context_dir: Path | None,
+    ) -> BuildOutcome:
+        build = BuildKitProgress(say)
+        with ExitStack() as stack:
+
+            def made(where: Path | None, prefix: str) -> Path:
+                """A directory of this build: ``where`` (emptied first: a killed build's), or a temporary
+                one; removed when the build ends, however it ends."""
+                if where is None:
+                    return Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=prefix)))
+                shutil.rmtree(where, ignore_errors=True)
+                where.mkdir(parents=True)
+                stack.callback(shutil.rmtree, where, ignore_errors=True)
+                return where
+
+            directory = context.directory
+            if directory is None:
+                assert context.write_to is not None
+                directory = made(context_dir, "envbuild-context-")
+                context.write_to(directory)
+            # The CLI's --iidfile: beside the context directory, so a killed build's is cleared by the next.
+            scratch = made(context_dir.with_name(f"{context_dir.name}.cli") if context_dir else None, "envbuild-cli-")
+            say(f"{what}: {human_bytes(context.payload)}, synced by the docker CLI (only what BuildKit lacks is sent)")
+            with build:
+                image_id = cli_build(
+                    cli,
+                    self.address,
+                    directory,
+                    build,
+                    dockerfile=dockerfile,
+                    nocache=nocache,
+                    tag=tag,
+                    iidfile=scratch / "iid",
+                )
+        return self._built(image_id, build, say)
+
+    def _api_build(
+        self, context: ContextStream, dockerfile: str, nocache: bool, say: Progress, tag: str | None, what: str
+    ) -> BuildOutcome:
+        meter = Meter(say, f"sent {what}", context.payload)
+        build = BuildKitProgress(say)
+        params: dict[str, str] = {
+            "version": "2",
+            "dockerfile": dockerfile,
+            "networkmode": "none",
+            "rm": "1",
+            "forcerm": "1",
+            "pull": "0",
+        }
+        if nocache:
+            params["nocache"] = "1"
+        if tag:
+            params["t"] = tag
+        with engine_errors("build", self.address), build:
+            response = self.api._post(
+                self.api._url("/build"),
+                params=params,
+                data=meter.wrap(context.chunks()),
+                headers={"Content-Type": "application/x-tar"},
+                stream=True,
+                timeout=TIMEOUT,
+            )
+            try:
+                if response.status_code != 200:
+                    raise EngineError(_buildkit_refusal(response))
+                for line in response.iter_lines():
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    if (message := event_error(event)) is not None:
+                        raise EngineError(build.failure(message.strip()))
+                    build.event(event)
+            finally:
+                response.close()  # an interrupted client closes the stream: the daemon cancels the build
+        if build.image_id is None:
+            raise EngineError("build: the engine finished without naming the built image")
+        return self._built(build.image_id, build, say)
+
+    @staticmethod
+    def _built(image_id: str, build: BuildKitProgress, say: Progress) -> BuildOutcome:
+        steps = build.steps
+        say(f"built {image_id[:19]}: {len(steps)} steps, {sum(s.cached for s in steps)} from the cache")
+        return BuildOutcome(image_id, steps)
+
+
+def _buildkit_refusal(response: requests.Response) -> str:
+    try:
+        message = str(response.json().get("message") or response.text)
+    except ValueError:
+        message = response.text
+    message = " ".join(message.split())[:300]
+    return (
+        f"this engine cannot run BuildKit builds (HTTP {response.status_code}: {message}): "
+        "envbuild needs docker >= 20.10 on Linux"
+    )

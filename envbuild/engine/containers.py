@@ -1,0 +1,169 @@
+"""Short-lived containers of an image: a command run to its end (no network, no devices), a container
+prepared to run (files put in before it starts, its output taken after), and files read from an image
+through a container that is created and never started. Each is removed after, however it ends."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import docker
+import docker.errors
+import docker.types
+
+from envbuild.engine.calls import TIMEOUT, EngineBase, engine_errors, short
+from envbuild.errors import EngineError
+from envbuild.interrupts import deferred_interrupts
+
+
+@dataclass(frozen=True)
+class RunOutput:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+@dataclass(frozen=True)
+class PreparedRun:
+    """A created container of :meth:`Containers.prepared_run`: added to, started, then its output."""
+
+    engine: EngineBase
+    container: str
+    image: str
+
+    def put(self, archive: bytes) -> None:
+        """Extract ``archive`` (a tar) at ``/`` of the container, modes, owners and mtimes as it says."""
+        with engine_errors(f"copy files into a container of {short(self.image)}", self.engine.address):
+            self.engine.api.put_archive(self.container, "/", archive)
+
+    def start(self) -> None:
+        with engine_errors(f"run in {short(self.image)}", self.engine.address):
+            self.engine.api.start(self.container)
+
+    def output(self) -> RunOutput:
+        """Wait for the command to end: its exit status, stdout and stderr."""
+        with engine_errors(f"run in {short(self.image)}", self.engine.address):
+            status = self.engine.api.wait(self.container, timeout=TIMEOUT)
+            out = self.engine.api.logs(self.container, stdout=True, stderr=False)
+            err = self.engine.api.logs(self.container, stdout=False, stderr=True)
+        return RunOutput(
+            int(status.get("StatusCode", -1)), out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+        )
+
+
+class Containers(EngineBase):
+    """:class:`~envbuild.engine.client.Engine`'s short-lived containers."""
+
+    def run(
+        self,
+        image: str,
+        command: list[str],
+        volumes: dict[str, dict[str, str]] | None = None,
+        environment: dict[str, str] | None = None,
+    ) -> RunOutput:
+        """Run ``command`` in a new container of ``image`` with no network and no devices; always removed after."""
+        with engine_errors(f"run in {image[:19] if image.startswith('sha256:') else image}", self.address):
+            container = None
+            try:
+                with deferred_interrupts():  # Ctrl-C while it is created: taken once it can be removed
+                    container = self.client.containers.create(
+                        image,
+                        command,
+                        network_mode="none",
+                        volumes=volumes or {},
+                        environment=environment or {},
+                        detach=True,
+                    )
+                container.start()
+                status = container.wait(timeout=TIMEOUT)
+                out = container.logs(stdout=True, stderr=False).decode("utf-8", "replace")
+                err = container.logs(stdout=False, stderr=True).decode("utf-8", "replace")
+            finally:
+                if container is not None:
+                    container.remove(force=True)
+        return RunOutput(int(status.get("StatusCode", -1)), out, err)
+
+    def missing_paths(self, image: str, paths: Iterable[str]) -> list[str]:
+        """The ``paths`` that do not exist on the engine's host. A ``volumes`` bind of a missing path is
+        created empty by the engine, silently; a bind *mount* of one is refused when the container is
+        created, so each path is tried as a read-only mount of a container of ``image`` that never runs."""
+        missing = []
+        for path in paths:
+            with engine_errors(f"check {path} on {self.address}", self.address):
+                mount = docker.types.Mount("/envbuild-path-check", path, type="bind", read_only=True)
+                try:
+                    container = self.client.containers.create(image, ["true"], network_mode="none", mounts=[mount])
+                except docker.errors.APIError as exc:
+                    if "bind source path does not exist" not in str(exc):
+                        raise
+                    missing.append(path)
+                    continue
+                container.remove(force=True)
+        return missing
+
+    def entry_headers(self, image: str, paths: Sequence[str]) -> dict[str, tarfile.TarInfo]:
+        """The tar header the engine writes for each of ``paths`` of ``image`` (type, mode, owner, mtime:
+        what a layer holding that entry must say), through a container that is created, never started,
+        and removed; of a directory, its own header only: what it holds is not read."""
+        found: dict[str, tarfile.TarInfo] = {}
+        with (
+            engine_errors(f"stat {', '.join(paths)} of {short(image)}", self.address),
+            self._unstarted(image) as container,
+        ):
+            for path in paths:
+                response = self.api._get(
+                    self.api._url("/containers/{0}/archive", container), params={"path": path}, stream=True
+                )
+                try:
+                    try:
+                        self.api._raise_for_status(response)
+                    except docker.errors.NotFound:
+                        raise EngineError(f"{short(image)} has no {path}") from None
+                    with tarfile.open(fileobj=response.raw, mode="r|*") as tar:  # gzip, as the engine sends it
+                        member = tar.next()
+                finally:
+                    response.close()  # the rest of a directory's archive is never read
+                if member is None:
+                    raise EngineError(f"the engine archived nothing for {path} of {short(image)}")
+                found[path] = member
+        return found
+
+    @contextmanager
+    def prepared_run(self, image: str, command: list[str]) -> Iterator[PreparedRun]:
+        """A container of ``image`` that will run ``command`` with no network, created and not started:
+        files added before it starts, its output taken once it ends (the caller works while it runs);
+        always removed."""
+        with engine_errors(f"run in {short(image)}", self.address), self._unstarted(image, command) as container:
+            yield PreparedRun(self, container, image)
+
+    @contextmanager
+    def _unstarted(self, image: str, command: Sequence[str] = ("true",)) -> Iterator[str]:
+        """The ID of a container of ``image`` (``command``, no network), created, not started by this, and
+        removed after."""
+        with deferred_interrupts():  # Ctrl-C while it is created: taken once it can be removed
+            created = self.api.create_container(
+                image, list(command), host_config=self.api.create_host_config(network_mode="none")
+            )
+        try:
+            yield created["Id"]
+        finally:
+            self.api.remove_container(created["Id"], force=True)
+
+    def read_file(self, image: str, path: str, limit: int = 1 << 24) -> bytes:
+        """The bytes of one regular file of ``image``, through a container that is created, never
+        started, and removed: no layer is read but the file's."""
+        with engine_errors(f"read {path} of {short(image)}", self.address), self._unstarted(image) as container:
+            try:
+                chunks, _ = self.api.get_archive(container, path)
+                data = b"".join(chunks)
+            except docker.errors.NotFound:
+                raise EngineError(f"{short(image)} has no {path}") from None
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            member = tar.next()
+            extracted = tar.extractfile(member) if member is not None and member.isfile() else None
+            if extracted is None or member is None or member.size > limit:
+                raise EngineError(f"{path} of {short(image)} is not a regular file of at most {limit} bytes")
+            return extracted.read()
