@@ -10,7 +10,8 @@ import requests
 from urllib3.exceptions import MaxRetryError, NameResolutionError, NewConnectionError
 
 from envbuild.errors import RemoteError
-from envbuild.index.client import IndexClient, retrying
+from envbuild.index.client import IndexClient
+from envbuild.index.http import retrying
 from tests.lib.pyindex import PyIndex, dead_port_url, make_sdist, make_wheel, write_file_index
 
 
