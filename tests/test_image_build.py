@@ -94,7 +94,9 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def engine(docker_client: docker.DockerClient) -> Iterator[Engine]:
     yield Engine(docker_client)
     # The images this module made, raw (tagged or superseded) and normalised: the engine outlives the run.
-    remove_lock_images(docker_client, "imagetest", "mismatch", "samepkga", "samepkgb", "otherpkgs")
+    remove_lock_images(
+        docker_client, "imagetest", "mismatch", "samepkga", "samepkgb", "otherpkgs", "keptedit", "nopackages"
+    )
 
 
 @pytest.fixture(scope="module")
