@@ -164,16 +164,12 @@ def _verify(source: Source, up: Upstream, whole: WholeCommit | None = None) -> P
 
 
 def _pinned_tree(source: Source, up: Upstream, refspec: str, whole: WholeCommit | None) -> dict[str, str]:
-    """{commit: tree} of the pinned commit, which the ref listing showed on its ref: from the verify
-    cache, or (``whole``) the export cache, where online it is fetched whole; else its commit alone is
-    fetched into the verify cache (offline: :class:`Offline`). A commit's tree is the same wherever its
-    object lies, so an offline rebuild finds what an online build fetched."""
-    if whole is not None:
-        trees = up.cache.commit_trees(up.url, [source.commit])
-        if source.commit not in trees:
-            trees = whole(source)
-        if source.commit in trees:
-            return trees
+    """{commit: tree} of the pinned commit, which the ref listing showed on its ref: first (``whole``)
+    from the export cache, where a build fetches it whole (its export needs it whole anyway); else from
+    the verify cache, fetching the commit alone there (offline: :class:`Offline`). A commit's tree is the
+    same wherever its object lies, so an offline rebuild finds what an online build fetched."""
+    if whole is not None and source.commit in (trees := whole(source)):
+        return trees
     return up.commits([], need=[source.commit], refspecs=[refspec], name=source.name)
 
 
