@@ -115,7 +115,7 @@ class MetadataReader:
             pinned = file.metadata_sha256
             if pinned is not None and (self.dir / pinned).is_file():
                 continue
-            if not file.filename.endswith(".whl") and (self.dir.parent / "sdist" / f"{file.sha256}.json").is_file():
+            if not file.filename.endswith(".whl") and self._sdist_entry(file).is_file():
                 continue
             if self.files.get(file.sha256) is None:
                 return False
@@ -131,7 +131,7 @@ class MetadataReader:
         """An sdist's requirements, cached by the sdist's sha256 (it is read only once hash-checked in the
         file cache, so what it settles never changes): ``<cache>/metadata/sdist/<sha256>.json`` holds
         either the requirements or why they are not settled."""
-        cached = self.dir.parent / "sdist" / f"{file.sha256}.json"
+        cached = self._sdist_entry(file)
         try:
             entry = json.loads(cached.read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -150,6 +150,9 @@ class MetadataReader:
         if "unsettled" in found:
             raise MetadataError(found["unsettled"])
         return list(found["requires"])
+
+    def _sdist_entry(self, file: PackageFile) -> Path:
+        return self.dir.parent / "sdist" / f"{file.sha256}.json"
 
     def wheel_metadata(self, lock: Lock, package: Package, file: PackageFile) -> bytes:
         pinned = file.metadata_sha256
@@ -228,8 +231,10 @@ def read_metadata(
     in parallel (a pool's threads cost more than reading a few hundred cached files: 0.05 s of 0.07 s for
     27). What could not be read is in the results (``requires=None`` and why), so progress only says what
     went to the network."""
-    local = [p for p in lock.packages if reader.in_cache(p)]
-    remote = [p for p in lock.packages if p not in local]
+    local: list[Package] = []
+    remote: list[Package] = []
+    for package in lock.packages:
+        (local if reader.in_cache(package) else remote).append(package)
     found = [reader.package(lock, p) for p in local]
     if remote:
         with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(remote)))) as pool:
