@@ -12,8 +12,9 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
@@ -62,6 +63,36 @@ def content_mtime_ns(digest: bytes) -> int:
     """An mtime (nanoseconds, between 2001 and 2033) that differs whenever the content (``digest``) does:
     what the docker CLI compares to send only changed files (with the size and mode)."""
     return 10**18 + int.from_bytes(digest[:8], "big") % 10**18
+
+
+def settle_tree(
+    root: Path,
+    *,
+    dir_ns: int,
+    file_ns: Callable[[Path], int],
+    read_only: Callable[[Path], bool] = lambda path: False,
+) -> None:
+    """Fixed modes and mtimes for everything below ``root`` and ``root`` itself: directories 0755 at
+    ``dir_ns``, links at ``dir_ns`` (never followed), files 0755 when executable and 0644 otherwise at
+    ``file_ns(path)``; a ``read_only`` file 0444 with its times as they are (a hard link into a cache).
+    Children first: writing into a directory moves its mtime."""
+    for dirpath, dirnames, filenames in os.walk(root, topdown=False):
+        for name in filenames + dirnames:
+            path = Path(dirpath, name)
+            info = path.lstat()
+            if stat.S_ISLNK(info.st_mode):
+                os.utime(path, ns=(dir_ns, dir_ns), follow_symlinks=False)
+            elif stat.S_ISDIR(info.st_mode):
+                path.chmod(0o755)
+                os.utime(path, ns=(dir_ns, dir_ns))
+            elif read_only(path):
+                path.chmod(0o444)
+            else:
+                path.chmod(0o755 if info.st_mode & stat.S_IXUSR else 0o644)
+                stamp = file_ns(path)
+                os.utime(path, ns=(stamp, stamp))
+    root.chmod(0o755)
+    os.utime(root, ns=(dir_ns, dir_ns))
 
 
 def link_or_copy(source: Path, target: Path) -> None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +32,7 @@ from typing import Any
 from packaging.utils import canonicalize_name
 
 from envbuild.errors import InputError, ProblemsError
-from envbuild.fileio import link_or_copy, sha256_file
+from envbuild.fileio import link_or_copy, settle_tree, sha256_file
 from envbuild.git import treehash
 from envbuild.image import inimage_probe
 from envbuild.image.plan import MANIFEST_VERSION, ContextPlan, SourcePlan
@@ -242,21 +241,10 @@ def _fix_metadata(root: Path, epoch: int) -> None:
     """Fixed modes and mtimes: 0755 for directories and executables, 0644 for other files, the epoch;
     wheels 0444 and their own mtimes (they may be hard links into the cache, which stays read-only, and
     whose times say when a file came: the stream gives each wheel the epoch)."""
-    for dirpath, dirnames, filenames in os.walk(root, topdown=False):
-        for name in filenames + dirnames:
-            path = Path(dirpath, name)
-            info = path.lstat()
-            if stat.S_ISLNK(info.st_mode):
-                os.utime(path, (epoch, epoch), follow_symlinks=False)
-                continue
-            if stat.S_ISDIR(info.st_mode):
-                mode = 0o755
-            elif Path(dirpath) == root / "wheels":
-                path.chmod(0o444)  # the cache's inode: its times stay the cache's (stream.write_entries)
-                continue
-            else:
-                mode = 0o755 if info.st_mode & stat.S_IXUSR else 0o644
-            path.chmod(mode)
-            os.utime(path, (epoch, epoch))
-    root.chmod(0o755)
-    os.utime(root, (epoch, epoch))
+    epoch_ns = epoch * 10**9
+    settle_tree(
+        root,
+        dir_ns=epoch_ns,
+        file_ns=lambda path: epoch_ns,
+        read_only=lambda path: path.parent == root / "wheels",  # the cache's inode (stream.write_entries)
+    )

@@ -30,7 +30,6 @@ import hashlib
 import json
 import os
 import shutil
-import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -39,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from envbuild.errors import EnvbuildError
-from envbuild.fileio import content_mtime_ns, sha256_file, write_atomic
+from envbuild.fileio import content_mtime_ns, settle_tree, sha256_file, write_atomic
 from envbuild.git import treehash
 from envbuild.image.inimage_probe import COMMIT_MARKER  # the commit, for people; the check recomputes trees
 from envbuild.image.plan import SourcePlan
@@ -189,19 +188,5 @@ def _checked(source: SourcePlan, files: Path) -> dict[str, object]:
 
 def _settle(root: Path) -> None:
     """Fixed modes (0755 directories and executables, 0644 other files) and mtimes: each file's from its
-    content, every directory's :data:`DIR_MTIME` (children first: writing into one moves its mtime)."""
-    for dirpath, dirnames, filenames in os.walk(root, topdown=False):
-        for name in filenames + dirnames:
-            path = Path(dirpath, name)
-            info = path.lstat()
-            if stat.S_ISLNK(info.st_mode):
-                os.utime(path, (DIR_MTIME, DIR_MTIME), follow_symlinks=False)
-            elif stat.S_ISDIR(info.st_mode):
-                path.chmod(0o755)
-                os.utime(path, (DIR_MTIME, DIR_MTIME))
-            else:
-                path.chmod(0o755 if info.st_mode & stat.S_IXUSR else 0o644)
-                stamp = content_mtime_ns(bytes.fromhex(sha256_file(path)))
-                os.utime(path, ns=(stamp, stamp))
-    root.chmod(0o755)
-    os.utime(root, (DIR_MTIME, DIR_MTIME))
+    content, every directory's :data:`DIR_MTIME`."""
+    settle_tree(root, dir_ns=DIR_MTIME * 10**9, file_ns=lambda path: content_mtime_ns(bytes.fromhex(sha256_file(path))))
