@@ -9,6 +9,8 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+import pytest
+
 from envbuild.image import inimage_probe as probe
 from envbuild.image.inimage_verdict import consistency_problems
 
@@ -87,3 +89,54 @@ def test_markers_are_judged_against_the_image_s_environment_not_the_host_s(tmp_p
         'beta; sys_platform == "win32"',
         'gamma; python_version < "3"',
     }
+
+
+def test_headers_read_as_the_email_package_reads_them_on_every_installed_distribution() -> None:
+    """The probe's own header reader against importlib.metadata's (the email package) on every distribution
+    of this environment: the same name, version and requirements, body and all skipped."""
+    compared = 0
+    for dist in metadata.distributions():
+        fast = probe.Installed(dist)
+        assert (fast.name, fast.version) == (dist.metadata["Name"] or "", dist.metadata["Version"] or "")
+        assert fast.requires == list(dist.requires or [])
+        compared += 1
+    assert compared > 50  # the venv's own: pytest, docker, requests, mypy, …
+
+
+def test_headers_stop_at_the_body_and_join_folded_lines() -> None:
+    text = "Name: a\nVersion: 1\nRequires-Dist: b;\n  python_version>'3'\nRequires-Dist: c\n\nName: not-a-header\n"
+    assert probe.headers(text) == {
+        "name": ["a"],
+        "version": ["1"],
+        "requires-dist": ["b;\n  python_version>'3'", "c"],
+    }
+
+
+def test_an_egg_info_s_requirements_come_from_its_requires_txt(tmp_path: Path) -> None:
+    where = tmp_path / "old-1.0.egg-info"
+    where.mkdir()
+    (where / "PKG-INFO").write_text("Metadata-Version: 1.1\nName: old\nVersion: 1.0\n", encoding="utf-8")
+    (where / "requires.txt").write_text("six>=1\n\n[extra]\nnose\n", encoding="utf-8")
+    installed = probe.Installed(metadata.PathDistribution(where))
+    assert (installed.name, installed.version) == ("old", "1.0")
+    assert installed.requires == ["six>=1", 'nose; extra == "extra"']
+
+
+def test_the_encoded_report_round_trips_and_a_clipped_one_is_refused() -> None:
+    import io
+
+    text = json.dumps({"report_version": probe.REPORT_VERSION, "filler": "x" * 50_000}) + "\n"
+    out = io.StringIO()
+    probe.write_encoded(text, out)
+    written = out.getvalue()
+    lines = written.splitlines()
+    assert lines[-1].startswith(probe.ENCODED_END) and all(len(line) < 4100 for line in lines)
+    noise = "a warning on stdout\n"
+    assert probe.read_encoded(noise + written + noise) == text  # other lines are left out
+    for broken, why in (
+        (written.replace(lines[0] + "\n", ""), "does not decode|bytes arrived"),  # a line lost
+        ("\n".join(lines[:-1]), "no end line"),  # the end never came
+        (written + lines[-1] + "\n", "several end lines"),
+    ):
+        with pytest.raises(ValueError, match=why):
+            probe.read_encoded(broken)

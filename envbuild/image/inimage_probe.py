@@ -58,20 +58,29 @@ EXTRA_ONLY = re.compile(r"""^[^;]*;\s*extra\s*==\s*(?:"[^"]*"|'[^']*')\s*$""")
 # Directories at a source's root that hold no importable part of it, when its metadata names none.
 NOT_PACKAGES = {"test", "tests", "doc", "docs", "example", "examples", "benchmark", "benchmarks", "tools", "scripts"}
 DEFAULT_MANIFEST = "/opt/envbuild/meta/manifest.json"
+# --encoded: the report as a build's log passes it on (:func:`write_encoded`)
+ENCODED_FLAG = "--encoded"
+ENCODED_PREFIX = "envbuild-report:"
+ENCODED_END = "envbuild-report-end:"
+ENCODED_LINE = 4000
+ENCODED_RATE = 128 << 10
 COMMIT_MARKER = ".envbuild-commit"
 
 
 class Installed:
-    """One installed distribution, its metadata read once (``importlib.metadata`` parses METADATA again
-    on every ``.version`` / ``.metadata`` / ``.requires``: the check asks each hundreds of times)."""
+    """One installed distribution, its metadata's headers parsed once, by :func:`headers` (``importlib
+    .metadata`` parses METADATA again, body and all, with the email package on every ``.version``,
+    ``.metadata`` and ``.requires``: most of the check's time, where it is asked hundreds of times)."""
 
     def __init__(self, dist) -> None:
         self.dist = dist
-        message = dist.metadata
-        self.name = message["Name"] or ""
-        self.version = message["Version"] or ""
         self.path = str(getattr(dist, "_path", ""))
-        self._requires: list | None = None
+        text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or dist.read_text("") or ""
+        found = headers(text)
+        self.name = (found.get("name") or [""])[0]
+        self.version = (found.get("version") or [""])[0]
+        # An egg-info's requirements are in its requires.txt, which importlib.metadata reads.
+        self._requires: list | None = found.get("requires-dist", [] if self.path.endswith(".dist-info") else None)
 
     @property
     def requires(self) -> list:
@@ -85,6 +94,25 @@ class Installed:
     @property
     def files(self):
         return self.dist.files
+
+
+def headers(text: str) -> dict:
+    """{lower-case name: [values]} of a core metadata file's headers: the lines before the first empty
+    one, a line starting with white space continuing the header before it (as the email package reads
+    them; the body, a long description, is never read)."""
+    found: dict = {}
+    last: list = []
+    for line in text.splitlines():
+        if not line.strip():
+            break
+        if line[0] in " \t" and last:
+            last[-1] += "\n" + line
+            continue
+        name, colon, value = line.partition(":")
+        if colon:
+            last = found.setdefault(name.strip().lower(), [])
+            last.append(value.strip())
+    return found
 
 
 def scan() -> list:
@@ -284,8 +312,10 @@ def import_all(names: list) -> dict:
         return dict(zip(unique, pool.map(import_module, unique)))
 
 
-def main(argv: list[str]) -> int:
-    manifest_path = argv[1] if len(argv) > 1 else DEFAULT_MANIFEST
+def report(manifest_path: str) -> dict:
+    """What is installed, as the host judges it (:func:`envbuild.image.inimage_verdict.compare_inimage`)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     with open(manifest_path, encoding="utf-8") as handle:
         manifest = json.load(handle)
     scanned = scan()
@@ -293,8 +323,12 @@ def main(argv: list[str]) -> int:
     dists = installed_distributions(scanned)
     sources = manifest.get("sources", [])
     levels = [top_levels(s, dists) for s in sources]
-    imported = import_all([name for _, names, _ in levels for name in names])
-    report = {
+    # The imports run in interpreters of their own while the trees are hashed here.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        importing = pool.submit(import_all, [name for _, names, _ in levels for name in names])
+        trees = [source_report(s) for s in sources]
+        imported = importing.result()
+    return {
         "report_version": REPORT_VERSION,
         "manifest": manifest_path,
         "lock_sha256": manifest.get("lock_sha256"),
@@ -303,12 +337,68 @@ def main(argv: list[str]) -> int:
         "locations": where,
         "copies": copies,
         "sources": {
-            s["name"]: {**source_report(s), **import_report(level, imported)} for s, level in zip(sources, levels)
+            s["name"]: {**tree, **import_report(level, imported)} for s, tree, level in zip(sources, trees, levels)
         },
         "requires": requirements(dists),
     }
-    json.dump(report, sys.stdout, indent=1, sort_keys=True)
-    sys.stdout.write("\n")
+
+
+def write_encoded(text: str, out, rate: int = ENCODED_RATE) -> None:
+    """``text`` as lines a build's log passes on whole: compressed, base64 in lines of
+    :data:`ENCODED_LINE` characters after :data:`ENCODED_PREFIX`, then :data:`ENCODED_END` with its
+    sha256 and length (so that a clipped log is found out). BuildKit clips a step's output beyond a rate
+    (200 KiB/s on docker 20.10): at most ``rate`` bytes are written each second."""
+    import base64
+    import hashlib
+    import time
+    import zlib
+
+    data = text.encode("utf-8")
+    encoded = base64.b64encode(zlib.compress(data, 6)).decode("ascii")
+    start, written = time.monotonic(), 0
+    for at in range(0, len(encoded), ENCODED_LINE):
+        line = f"{ENCODED_PREFIX}{encoded[at : at + ENCODED_LINE]}\n"
+        while written + len(line) > rate * (1 + int(time.monotonic() - start)):
+            out.flush()
+            time.sleep(0.1)
+        out.write(line)
+        written += len(line)
+    out.write(f"{ENCODED_END}{hashlib.sha256(data).hexdigest()}:{len(data)}\n")
+    out.flush()
+
+
+def read_encoded(output: str) -> str:
+    """The text :func:`write_encoded` wrote into ``output`` (other lines are left out); a ValueError
+    when it did not come whole."""
+    import base64
+    import binascii
+    import hashlib
+    import zlib
+
+    lines = output.splitlines()
+    ends = [line for line in lines if line.startswith(ENCODED_END)]
+    if len(ends) != 1:
+        raise ValueError("no end line" if not ends else "several end lines")
+    sha256, _, length = ends[0][len(ENCODED_END) :].partition(":")
+    encoded = "".join(line[len(ENCODED_PREFIX) :] for line in lines if line.startswith(ENCODED_PREFIX))
+    try:
+        data = zlib.decompress(base64.b64decode(encoded, validate=True))
+    except (binascii.Error, zlib.error) as exc:
+        raise ValueError(f"it does not decode: {exc}") from None
+    if str(len(data)) != length or hashlib.sha256(data).hexdigest() != sha256:
+        raise ValueError(f"{len(data)} bytes arrived, not the {length} bytes of sha256 {sha256[:12]}")
+    return data.decode("utf-8")
+
+
+def main(argv: list[str]) -> int:
+    args = argv[1:]
+    encoded = ENCODED_FLAG in args
+    args = [a for a in args if a != ENCODED_FLAG]
+    text = json.dumps(report(args[0] if args else DEFAULT_MANIFEST), indent=1, sort_keys=True) + "\n"
+    if encoded:
+        write_encoded(text, sys.stdout)
+    else:
+        sys.stdout.write(text)
     return 0
 
 
