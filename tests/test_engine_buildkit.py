@@ -6,6 +6,7 @@ a failing step's log tail in the error."""
 from __future__ import annotations
 
 import base64
+import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,6 +20,8 @@ from envbuild.engine.cli_build import CLI_ENV, TRANSPORT_ENV, choose_transport
 from envbuild.engine.client import Engine
 from envbuild.engine.transfer import directory_context
 from envbuild.errors import EngineError
+from envbuild.git import treehash
+from envbuild.image import inimage_probe
 from tests.lib.baseimage import BaseImage
 
 
@@ -164,3 +167,46 @@ def test_the_transport_is_chosen_by_what_the_machine_has(tmp_path: Path) -> None
     for named in (str(not_docker), str(tmp_path / "missing")):
         with pytest.raises(EngineError, match=f"{CLI_ENV}={named} builds with BuildKit by itself"):
             choose_transport({CLI_ENV: named})
+
+
+@pytest.mark.docker
+@pytest.mark.engine_wide  # it counts every image of the engine
+def test_a_step_runs_like_a_container_without_network_and_leaves_no_image(
+    docker_client: docker.DockerClient, base_image: BaseImage
+) -> None:
+    """Engine.run_step: the files mounted read-only, stdout and stderr apart, the command's exit status, no
+    network, and nothing left in the engine (the step's image is removed)."""
+    engine = Engine(docker_client)
+    before = {image["Id"] for image in docker_client.api.images(all=True)}
+    script = (
+        "cat /mnt/in/a.txt; echo to-stderr >&2; touch /mnt/in/b 2>/dev/null && echo writable;"
+        " python3 -c \"import socket; socket.create_connection(('192.0.2.1', 80), 2)\" 2>/dev/null"
+        " && echo network || echo no-network; exit 3"
+    )
+    out = engine.run_step(base_image.tag, ["sh", "-c", script], {"a.txt": b"from the host\n"}, mount="/mnt/in")
+    assert (out.exit_code, out.stdout, out.stderr) == (3, "from the host\nno-network\n", "to-stderr\n")
+    assert engine.run_step(base_image.tag, ["true"], {}, mount="/mnt/in").exit_code == 0
+    assert {image["Id"] for image in docker_client.api.images(all=True)} == before
+
+
+@pytest.mark.docker
+def test_a_step_s_output_comes_whole_or_not_at_all(docker_client: docker.DockerClient, base_image: BaseImage) -> None:
+    """BuildKit clips a step printing more than 200 KiB/s (docker 20.10): that is an error, never a short
+    output; the in-image check's encoded report keeps under the rate, and a large one comes through whole."""
+    engine = Engine(docker_client)
+    flood = "import sys; sys.stdout.write(('y' * 99 + chr(10)) * 6000)"  # 600 kB at once
+    with pytest.raises(EngineError, match="clipped"):
+        engine.run_step(base_image.tag, ["python3", "-c", flood], {}, mount="/mnt/in")
+    text = base64.b64encode(os.urandom(200_000)).decode() + "\n"  # does not compress: 267 kB on the log
+    write = (
+        "import sys; sys.path.insert(0, '/mnt/in'); import inimage_probe as p; "
+        "p.write_encoded(open('/mnt/in/t').read(), sys.stdout)"
+    )
+    files = {
+        "inimage_probe.py": Path(inimage_probe.__file__).read_bytes(),
+        "treehash.py": Path(treehash.__file__).read_bytes(),  # the probe loads it from beside itself
+        "t": text.encode(),
+    }
+    out = engine.run_step(base_image.tag, ["python3", "-c", write], files, mount="/mnt/in")
+    assert out.exit_code == 0, out.stderr
+    assert inimage_probe.read_encoded(out.stdout) == text

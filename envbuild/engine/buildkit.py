@@ -44,6 +44,7 @@ class Vertex:
 class VertexLog:
     vertex: str
     data: bytes
+    stream: int = 1  # 1 stdout, 2 stderr (the docker CLI's plain progress does not tell them apart)
 
 
 @dataclass(frozen=True)
@@ -107,8 +108,14 @@ def decode_status(aux: str) -> Status:
                 )
             elif number == 3 and isinstance(value, bytes):
                 log = dict(fields(value))
-                data = log.get(4)
-                logs.append(VertexLog(_text(log.get(1)), data if isinstance(data, bytes) else b""))
+                data, stream = log.get(4), log.get(3)
+                logs.append(
+                    VertexLog(
+                        _text(log.get(1)),
+                        data if isinstance(data, bytes) else b"",
+                        stream if isinstance(stream, int) else 1,
+                    )
+                )
     except (ValueError, binascii.Error) as exc:
         raise EngineError(f"build: the engine sent a BuildKit trace that cannot be read: {exc}") from None
     return Status(tuple(vertexes), tuple(logs))
@@ -119,8 +126,9 @@ class BuildKitProgress:
     instructions (``[stage-2 3/7] RUN …``). Use as a context manager around reading the stream: a timer
     thread says when a step runs long."""
 
-    def __init__(self, say: Progress, heartbeat: float = STEP_HEARTBEAT) -> None:
+    def __init__(self, say: Progress, heartbeat: float = STEP_HEARTBEAT, *, keep_output: int = 0) -> None:
         self.say, self.heartbeat = say, heartbeat
+        self.keep_output = keep_output  # bytes of each step's stdout and stderr kept whole (:meth:`output`)
         self.image_id: str | None = None
         self._names: dict[str, str] = {}
         self._started: dict[str, float] = {}
@@ -129,6 +137,7 @@ class BuildKitProgress:
         self._order: list[str] = []
         self._logs: dict[str, deque[str]] = {}
         self._partial: dict[str, str] = {}
+        self._output: dict[tuple[str, int], bytearray] = {}
         self._failed: str | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -205,11 +214,26 @@ class BuildKitProgress:
                 )
 
     def _log(self, log: VertexLog) -> None:
+        if self.keep_output:
+            kept = self._output.setdefault((log.vertex, log.stream), bytearray())
+            if len(kept) + len(log.data) > self.keep_output:
+                raise EngineError(f"build: a step printed more than {self.keep_output} bytes, more than is kept")
+            kept += log.data
         text = self._partial.pop(log.vertex, "") + log.data.decode("utf-8", "replace")
         lines = text.split("\n")
         self._partial[log.vertex] = lines.pop()
         tail = self._logs.setdefault(log.vertex, deque(maxlen=LOG_TAIL))
         tail.extend(line.rstrip("\r") for line in lines)
+
+    def output(self, instruction: str) -> tuple[bytes, bytes]:
+        """The whole stdout and stderr (as BuildKit passed them on: it clips a step that prints more than
+        some hundred kB a second) of the step whose instruction starts with ``instruction`` (``RUN``),
+        with ``keep_output``."""
+        with self._lock:
+            found = [d for d in self._order if self._names[d].partition("] ")[2].startswith(instruction)]
+            if len(found) != 1:
+                raise EngineError(f"build: {len(found)} steps ran {instruction}, expected one")
+            return bytes(self._output.get((found[0], 1), b"")), bytes(self._output.get((found[0], 2), b""))
 
     def failure(self, message: str) -> str:
         """The error of a failed build: the engine's message, the failed step and the tail of its log."""

@@ -7,9 +7,12 @@ of tar chunks): the SDK would first copy a directory into a temporary tar file."
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
+import tarfile
 import tempfile
+from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from functools import cached_property
@@ -18,8 +21,9 @@ from pathlib import Path
 import requests
 
 from envbuild.engine.buildkit import BuildKitProgress
-from envbuild.engine.calls import TIMEOUT, EngineBase, engine_errors, event_error
+from envbuild.engine.calls import TIMEOUT, EngineBase, engine_errors, event_error, short
 from envbuild.engine.cli_build import BuildCli, choose_transport, cli_build
+from envbuild.engine.containers import RunOutput
 from envbuild.engine.transfer import BuildStep, ContextStream, Meter, human_bytes
 from envbuild.errors import EngineError
 from envbuild.progress import Progress, silent
@@ -115,8 +119,22 @@ class Builds(EngineBase):
     def _api_build(
         self, context: ContextStream, dockerfile: str, nocache: bool, say: Progress, tag: str | None, what: str
     ) -> BuildOutcome:
-        meter = Meter(say, f"sent {what}", context.payload)
         build = BuildKitProgress(say)
+        image_id = self._api_solve(
+            context, build, Meter(say, f"sent {what}", context.payload), dockerfile, nocache, tag
+        )
+        return self._built(image_id, build, say)
+
+    def _api_solve(
+        self,
+        context: ContextStream,
+        build: BuildKitProgress,
+        meter: Meter | None,
+        dockerfile: str,
+        nocache: bool,
+        tag: str | None,
+    ) -> str:
+        """``POST /build?version=2`` of the context as the tar body, its trace fed to ``build``: the image ID."""
         params: dict[str, str] = {
             "version": "2",
             "dockerfile": dockerfile,
@@ -133,7 +151,7 @@ class Builds(EngineBase):
             response = self.api._post(
                 self.api._url("/build"),
                 params=params,
-                data=meter.wrap(context.chunks()),
+                data=meter.wrap(context.chunks()) if meter is not None else context.chunks(),
                 headers={"Content-Type": "application/x-tar"},
                 stream=True,
                 timeout=TIMEOUT,
@@ -152,13 +170,80 @@ class Builds(EngineBase):
                 response.close()  # an interrupted client closes the stream: the daemon cancels the build
         if build.image_id is None:
             raise EngineError("build: the engine finished without naming the built image")
-        return self._built(build.image_id, build, say)
+        return build.image_id
+
+    def run_step(self, image: str, command: Sequence[str], files: Mapping[str, bytes], *, mount: str) -> RunOutput:
+        """Run ``command`` as the one ``RUN`` of a build on ``image`` (a name the engine holds), by the
+        engine's BuildKit: no network, no cache, ``files`` ({name: bytes}) bind-mounted read-only at
+        ``mount``, ``/tmp`` a tmpfs; its exit status, stdout and stderr, as a container's run gives them.
+        What the command writes stays in an image of its own, removed after. Through the Engine API: a
+        context of a few files needs neither the docker CLI's start nor its session.
+
+        Why not a container: BuildKit's executor starts a step in ~0.07 s where the engine takes ~0.2 s
+        to start a container (its network namespace, containerd's shim), measured on docker 20.10. The
+        output comes back in BuildKit's trace, which clips a step printing more than some hundred kB a
+        second: a command with more to say compresses it (a clipped output is an error here)."""
+        dockerfile = step_dockerfile(image, command, mount)
+        archive = step_context(dockerfile, files)
+        build = BuildKitProgress(silent, keep_output=STEP_OUTPUT)
+        image_id = self._api_solve(
+            ContextStream(lambda: iter((archive,)), len(archive)), build, None, "Dockerfile", True, None
+        )
+        try:
+            stdout, stderr = build.output("RUN")
+        finally:
+            with engine_errors(f"remove the image of a step on {short(image)}", self.address):
+                self.api.remove_image(image_id, force=True)
+        if CLIPPED in stdout or CLIPPED in stderr:
+            raise EngineError(
+                f"a step on {short(image)} printed faster than BuildKit passes on: its output was clipped"
+            )
+        said, _, last = stderr.rstrip(b"\n").rpartition(b"\n")
+        if not last.startswith(STEP_EXIT.encode()) or not last[len(STEP_EXIT) :].isdigit():
+            raise EngineError(f"a step on {short(image)} ended without its exit status: {last[-200:]!r}")
+        return RunOutput(
+            int(last[len(STEP_EXIT) :]),
+            stdout.decode("utf-8", "replace"),
+            (said + b"\n" if said else b"").decode("utf-8", "replace"),
+        )
 
     @staticmethod
     def _built(image_id: str, build: BuildKitProgress, say: Progress) -> BuildOutcome:
         steps = build.steps
         say(f"built {image_id[:19]}: {len(steps)} steps, {sum(s.cached for s in steps)} from the cache")
         return BuildOutcome(image_id, steps)
+
+
+STEP_EXIT = "envbuild-step-exit="  # the last line of a step's stderr: its command's exit status
+STEP_OUTPUT = 64 << 20  # bytes of a step's stdout or stderr kept
+CLIPPED = b"[output clipped, log limit"  # what BuildKit prints instead of what it drops
+
+
+def step_dockerfile(image: str, command: Sequence[str], mount: str) -> str:
+    """The Dockerfile of :meth:`Builds.run_step`: the step always succeeds, and says its command's exit
+    status on its stderr's last line."""
+    script = f'"$0" "$@"; echo {STEP_EXIT}$? >&2'
+    argv = json.dumps(["/bin/sh", "-c", script, *command])
+    return f"FROM {image}\nRUN --mount=type=bind,source=files,target={mount} --mount=type=tmpfs,target=/tmp {argv}\n"
+
+
+def step_context(dockerfile: str, files: Mapping[str, bytes]) -> bytes:
+    """The step's context as a tar: the Dockerfile first, then ``files/<name>``; ustar headers (BuildKit
+    takes a body whose first member has a PAX header for a Dockerfile, not a tar)."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        entries = [("Dockerfile", dockerfile.encode())] + [(f"files/{n}", data) for n, data in sorted(files.items())]
+        folder = tarfile.TarInfo("files")
+        folder.type, folder.mode = tarfile.DIRTYPE, 0o755
+        for index, (name, data) in enumerate(entries):
+            if index == 1:
+                tar.addfile(folder)
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+        if len(entries) == 1:
+            tar.addfile(folder)
+    return out.getvalue()
 
 
 def _buildkit_refusal(response: requests.Response) -> str:
