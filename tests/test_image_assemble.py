@@ -305,7 +305,8 @@ def test_real_git_tree_matches_and_in_image_check_agrees(
     problems = check(manifest)
     assert any("source realsrc: files of commit" in p and "run.sh" in p for p in problems)
     assert any("source realsrc: the installed files have tree" in p for p in problems)
-    assert inimage_command()[-2:] == ["/opt/envbuild/meta/inimage_probe.py", "/opt/envbuild/meta/manifest.json"]
+    command = inimage_command()
+    assert (command[2], command[-1]) == ("/opt/envbuild/meta/inimage_probe.py", "/opt/envbuild/meta/manifest.json")
 
 
 def test_the_assembled_check_runs_as_the_image_runs_it(

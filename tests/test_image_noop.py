@@ -47,8 +47,8 @@ class NoBuilds(Engine):
     def run(self, *args: Any, **kwargs: Any) -> Any:
         raise Reached("run")
 
-    def prepared_run(self, *args: Any, **kwargs: Any) -> Any:
-        raise Reached("prepared_run")
+    def run_step(self, *args: Any, **kwargs: Any) -> Any:
+        raise Reached("run_step")
 
     def load(self, *args: Any, **kwargs: Any) -> Any:
         raise Reached("load")

@@ -1,6 +1,6 @@
-"""Short-lived containers of an image: a command run to its end (no network, no devices), a container
-prepared to run (files put in before it starts, its output taken after), and files read from an image
-through a container that is created and never started. Each is removed after, however it ends."""
+"""Short-lived containers of an image: a command run to its end (no network, no devices), and files read
+from an image through a container that is created and never started. Each is removed after, however it
+ends."""
 
 from __future__ import annotations
 
@@ -24,34 +24,6 @@ class RunOutput:
     exit_code: int
     stdout: str
     stderr: str
-
-
-@dataclass(frozen=True)
-class PreparedRun:
-    """A created container of :meth:`Containers.prepared_run`: added to, started, then its output."""
-
-    engine: EngineBase
-    container: str
-    image: str
-
-    def put(self, archive: bytes) -> None:
-        """Extract ``archive`` (a tar) at ``/`` of the container, modes, owners and mtimes as it says."""
-        with engine_errors(f"copy files into a container of {short(self.image)}", self.engine.address):
-            self.engine.api.put_archive(self.container, "/", archive)
-
-    def start(self) -> None:
-        with engine_errors(f"run in {short(self.image)}", self.engine.address):
-            self.engine.api.start(self.container)
-
-    def output(self) -> RunOutput:
-        """Wait for the command to end: its exit status, stdout and stderr."""
-        with engine_errors(f"run in {short(self.image)}", self.engine.address):
-            status = self.engine.api.wait(self.container, timeout=TIMEOUT)
-            out = self.engine.api.logs(self.container, stdout=True, stderr=False)
-            err = self.engine.api.logs(self.container, stdout=False, stderr=True)
-        return RunOutput(
-            int(status.get("StatusCode", -1)), out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
-        )
 
 
 class Containers(EngineBase):
@@ -130,14 +102,6 @@ class Containers(EngineBase):
                     raise EngineError(f"the engine archived nothing for {path} of {short(image)}")
                 found[path] = member
         return found
-
-    @contextmanager
-    def prepared_run(self, image: str, command: list[str]) -> Iterator[PreparedRun]:
-        """A container of ``image`` that will run ``command`` with no network, created and not started:
-        files added before it starts, its output taken once it ends (the caller works while it runs);
-        always removed."""
-        with engine_errors(f"run in {short(image)}", self.address), self._unstarted(image, command) as container:
-            yield PreparedRun(self, container, image)
 
     @contextmanager
     def _unstarted(self, image: str, command: Sequence[str] = ("true",)) -> Iterator[str]:

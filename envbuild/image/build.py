@@ -10,8 +10,9 @@ platform and refused when it is another's (:mod:`.base`) → the packages image 
 by BuildKit with the package files bind-mounted, in no layer; or reused) → the image on it, BuildKit, no
 network, sending the sources alone (:mod:`.stream`) → normalise the config (:mod:`.normalise`: the layers are the same bytes
 on every build, so only the config is rewritten and loaded, with the in-image check's files as one small
-layer envbuild writes; the ID must be the computed one) → the
-in-image check (a mismatch removes the image, no tag is set) → tag, push → write the record → tidy the
+layer envbuild writes; the ID must be the computed one) beside the
+in-image check (a BuildKit step on the raw image, :meth:`.Engine.run_step`; a mismatch removes the image,
+no tag is set) → tag, push → write the record → tidy the
 engine (:mod:`.retention`).
 
 The build fetches what it needs itself, whatever ``lock verify`` fetched: a cold cache and a warm one
@@ -52,10 +53,10 @@ from envbuild.image.assemble import BuildContext, assemble_context, meta_files
 from envbuild.image.base import ensure_base
 from envbuild.image.buildcache import context_dir, lock_name_held, read_map, remember, sync_dir
 from envbuild.image.built import BUILDER, BuiltImage, write_built
-from envbuild.image.inimage_verdict import compare_inimage, inimage_command
-from envbuild.image.normalise import meta_files_tar, meta_layer, meta_parents, normalise
+from envbuild.image.inimage_verdict import inimage_command, inimage_problems
+from envbuild.image.normalise import CanonicalImage, meta_layer, meta_parents, normalise
 from envbuild.image.packages_image import ensure_packages_image
-from envbuild.image.plan import ContextPlan, plan_context
+from envbuild.image.plan import IMAGE_META, ContextPlan, plan_context
 from envbuild.image.rebuild import answer_from_record, built_before
 from envbuild.image.render import (
     RAW_REPOSITORY,
@@ -302,24 +303,19 @@ def _build(build: _Assembled) -> BuildResult:
         image_id, diff_ids, reused = known["image_id"], tuple(image["RootFS"]["Layers"]), True
         say(f"the engine's cache gave an image already normalised and checked: {image_id}")
     else:
-        # The in-image check runs in a container of the raw image with the meta layer's files put in
-        # (the normalised image's file system: the config differs only in build-time noise), while the
-        # config is normalised and loaded; the meta layer's parents are read meanwhile from another
-        # container of the raw image, untouched (0.1 s less before the check starts).
-        with (
-            ThreadPoolExecutor(max_workers=1) as pool,
-            engine.prepared_run(outcome.image_id, inimage_command()) as check,
-        ):
-            parents = pool.submit(engine.entry_headers, outcome.image_id, meta_parents())
-            check.put(meta_files_tar(meta, plan.epoch))
-            check.start()
+        # The in-image check runs in a BuildKit step on the raw image with the meta layer's files mounted
+        # where that layer puts them (the normalised image's file system: the config differs only in
+        # build-time noise); meanwhile the meta layer's parents are read and the config is normalised
+        # and loaded. The check runs in this thread: an interrupt stops it at once.
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            normalising = pool.submit(_normalised, engine, outcome.image_id, plan, meta, say)
             say("checking the image from inside (installed distributions, source trees)")
-            added = (meta_layer(parents.result(), meta, plan.epoch),)
-            normalised = normalise(engine, outcome.image_id, base_reference(plan), plan.epoch, say, added)
+            output = engine.run_step(raw_tag, inimage_command(), meta, mount=IMAGE_META)
+            normalised = normalising.result()
             image_id, diff_ids = normalised.image_id, normalised.diff_ids
             # BuildKit may give a new raw ID to a rebuild it answers from its cache: the normalised ID,
             # which is the same for the same layers, says as well that this image passed the in-image
-            # check (--no-cache proves it again); the check's container is then removed unread.
+            # check (--no-cache proves it again); the check's output is then left unread.
             reused = not options.no_cache and any(
                 isinstance(entry, dict)
                 and entry.get("image_id") == image_id
@@ -329,7 +325,7 @@ def _build(build: _Assembled) -> BuildResult:
             if reused:
                 say(f"{image_id[:19]} passed the in-image check already")
             else:
-                _judge_in_image(check.output(), image_id, context, engine)
+                _judge_in_image(output, image_id, context, engine)
         remember(
             options.cache_dir,
             outcome.image_id,
@@ -392,13 +388,17 @@ def _build(build: _Assembled) -> BuildResult:
     )
 
 
+def _normalised(
+    engine: Engine, raw_id: str, plan: ContextPlan, meta: dict[str, bytes], say: Progress
+) -> CanonicalImage:
+    """The raw image's canonical config loaded, with the meta layer (its parents as the raw image has them)."""
+    added = (meta_layer(engine.entry_headers(raw_id, meta_parents()), meta, plan.epoch),)
+    return normalise(engine, raw_id, base_reference(plan), plan.epoch, say, added)
+
+
 def _judge_in_image(output: RunOutput, image_id: str, context: BuildContext, engine: Engine) -> None:
     """The in-image check's verdict on its output; a mismatch removes the (untagged) image and raises."""
-    if output.exit_code != 0:
-        tail = output.stderr.strip().splitlines()[-1:] or ["no message"]
-        problems = [f"the in-image check exited with status {output.exit_code}: {tail[0]}"]
-    else:
-        problems = compare_inimage(output.stdout, context.manifest)
+    problems = inimage_problems(output.exit_code, output.stdout, output.stderr, context.manifest)
     if problems:
         image = engine.inspect(image_id)
         if image is not None and not image.get("RepoTags"):

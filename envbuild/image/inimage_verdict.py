@@ -1,7 +1,8 @@
 """The host side of the in-image check: what to run inside the image, and judging its report (pure).
 
-The engine runs :func:`inimage_command` in a container of the built (not yet tagged) image, with no
-network, and passes the JSON it prints to :func:`compare_inimage` with the context's manifest. Any
+The engine runs :func:`inimage_command` in a BuildKit step on the built (not yet tagged) image, with no
+network, and :func:`inimage_problems` passes the report it prints to :func:`compare_inimage` with the
+context's manifest. Any
 mismatch fails the build: a package or a source that is not what the lock pins, a requirement of an
 installed distribution that the environment does not meet (minus what the requiring source waives, by
 name), or a source's top-level package that does not import (minus what the lock skips, by name).
@@ -25,7 +26,20 @@ IMAGE_SCRIPT = f"{IMAGE_META}/inimage_probe.py"
 
 
 def inimage_command() -> list[str]:
-    return ["python3", "-I", IMAGE_SCRIPT, IMAGE_MANIFEST]
+    """The check in the image, its report encoded for a build's log (:func:`inimage_report` reads it)."""
+    return ["python3", "-I", IMAGE_SCRIPT, inimage_probe.ENCODED_FLAG, IMAGE_MANIFEST]
+
+
+def inimage_problems(exit_code: int, stdout: str, stderr: str, manifest: dict) -> list[str]:
+    """What the output of :func:`inimage_command` says is wrong with the image (empty: nothing)."""
+    if exit_code != 0:
+        tail = stderr.strip().splitlines()[-1:] or ["no message"]
+        return [f"the in-image check exited with status {exit_code}: {tail[0]}"]
+    try:
+        report = inimage_probe.read_encoded(stdout)
+    except ValueError as exc:
+        return [f"the in-image check's report did not come whole: {exc}"]
+    return compare_inimage(report, manifest)
 
 
 def _same_version(a: str, b: str) -> bool:

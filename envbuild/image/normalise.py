@@ -31,7 +31,6 @@ from envbuild.image.normalised_config import (
     canonical_config,
     extend_config,
     files_layer,
-    files_tar,
     image_id,
     load_archive,
     removal_layer,
@@ -126,14 +125,6 @@ def meta_layer(parents: Mapping[str, tarfile.TarInfo], files: dict[str, bytes], 
     image has them (``parents``: :meth:`.Engine.entry_headers` of it, of :func:`meta_parents`)."""
     layer = files_layer(parents, IMAGE_META, files, epoch)
     return AddedLayer(layer, f"envbuild: the in-image check's files in {IMAGE_META}")
-
-
-def meta_files_tar(files: dict[str, bytes], epoch: int) -> bytes:
-    """The in-image check's files as :func:`meta_layer` holds them, without the parents: what the check's
-    container gets before it starts (the image has those parents; their headers, which the layer needs,
-    come from another container of the image, read meanwhile: putting files in may move a parent's mtime
-    in the check's container)."""
-    return files_tar(IMAGE_META, files, epoch)
 
 
 def load_packages_image(

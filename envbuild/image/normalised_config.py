@@ -176,14 +176,6 @@ def files_layer(
     return _sorted_tar({**entries, **own}, data)
 
 
-def files_tar(directory: str, files: Mapping[str, bytes], epoch: int) -> bytes:
-    """``directory`` and ``files`` as :func:`files_layer` writes them, without its parents: to put into a
-    container whose parents of ``directory`` exist (the in-image check's, before the layer's parents are
-    read)."""
-    own, data = _directory_entries(directory, files, epoch)
-    return _sorted_tar(own, data)
-
-
 def _directory_entries(
     directory: str, files: Mapping[str, bytes], epoch: int
 ) -> tuple[dict[str, tarfile.TarInfo], dict[str, bytes]]:
