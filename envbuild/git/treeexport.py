@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,7 +94,9 @@ def submodule_pins(source: Source) -> Iterator[tuple[str, TreePin]]:
 
 
 class TreeExporter:
-    """Exports pinned commits from ``<cache_dir>/git-export``; safe to share between threads and processes."""
+    """Exports pinned commits from ``<cache_dir>/git-export``; safe to share between threads and processes.
+    It remembers each commit it found whole in the cache (a commit's objects do not change): the stages of
+    one build (verify, fetch, export) ask about a commit once, not once each."""
 
     def __init__(
         self,
@@ -107,6 +110,8 @@ class TreeExporter:
         self.cache = GitCache(Path(cache_dir) / "git-export")
         self.verify_cache = verify_cache or GitCache(Path(cache_dir) / "git")
         self.mirrors, self.offline = mirrors, offline
+        self._whole: dict[tuple[Path, str], str] = {}  # (export repository, commit) → tree, found complete
+        self._whole_lock = threading.Lock()
 
     def __call__(self, source: Source, dest: Path) -> None:
         export_tree(source, dest, self)
@@ -114,19 +119,31 @@ class TreeExporter:
 
 def _complete(exporter: TreeExporter, repo: CachedRepo, commit: str) -> str | None:
     """The commit's tree when the export repository holds the commit with every object of its tree."""
+    key = (repo.path, commit)
+    with exporter._whole_lock:
+        if key in exporter._whole:
+            return exporter._whole[key]
     git = exporter.cache.git
-    if commit not in git.commit_trees(repo.path, [commit]):
+    trees = git.commit_trees(repo.path, [commit])
+    if commit not in trees:
         return None
     out = git.run(["rev-list", "--objects", "--no-walk", "--missing=print", commit, "--"], repo=repo.path)
     if any(line.startswith("?") for line in out.splitlines()):
         return None
-    return git.commit_trees(repo.path, [commit])[commit]
+    with exporter._whole_lock:
+        exporter._whole[key] = trees[commit]
+    return trees[commit]
 
 
 def has_commit(exporter: TreeExporter, pin: TreePin) -> bool:
     """Does the export cache hold the commit with every object of its tree (no network)?"""
+    return whole_tree(exporter, pin) is not None
+
+
+def whole_tree(exporter: TreeExporter, pin: TreePin) -> str | None:
+    """The commit's tree, when the export cache holds the commit with every object of its tree (no network)."""
     repo = exporter.cache.repo(exporter.mirrors.rewrite(pin.repo))
-    return repo.exists() and _complete(exporter, repo, pin.commit) is not None
+    return _complete(exporter, repo, pin.commit) if repo.exists() else None
 
 
 def fetch_commit(exporter: TreeExporter, pin: TreePin) -> CachedRepo:
@@ -215,7 +232,9 @@ def _write(exporter: TreeExporter, pin: TreePin, dest: Path, at: str) -> str:
     """Check ``pin``'s tree and gitlinks against the lock, then write its files at ``at`` below ``dest``."""
     repo = fetch_commit(exporter, pin)
     git = exporter.cache.git
-    tree = git.commit_trees(repo.path, [pin.commit])[pin.commit]
+    tree = _complete(exporter, repo, pin.commit)
+    if tree is None:  # fetch_commit made sure of it: the cache was changed under us
+        raise ExportError(f"{pin.what}: the files of {pin.commit} left {repo.path} during the build; build again")
     problems = []
     if pin.tree is not None and tree != pin.tree:
         problems.append(f"the commit's tree is {tree}, the lock pins tree {pin.tree}")
