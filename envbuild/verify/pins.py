@@ -4,13 +4,14 @@ checked whole (every requirement met or waived), as one typed report."""
 from __future__ import annotations
 
 import dataclasses
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from envbuild.config import SourceOptions, fetch_command, offline_verify_command, update_command
 from envbuild.git.cache import GitCache
 from envbuild.git.files import OFFLINE_MISS
-from envbuild.git.treeexport import TreeExporter, fetch_commit, source_pin
+from envbuild.git.treeexport import TreeExporter, fetch_commit, source_pin, whole_tree
 from envbuild.index.client import IndexClient
 from envbuild.index.filecache import FileCache
 from envbuild.lock.model import Lock, Package, Source
@@ -93,34 +94,47 @@ def verify_refs(
 
 
 def verify_for_build(
-    lock: Lock, lock_path: str, options: VerifyOptions, progress: Progress = silent, *, inputs: bool = True
+    lock: Lock,
+    lock_path: str,
+    options: VerifyOptions,
+    progress: Progress = silent,
+    *,
+    inputs: bool = True,
+    exporter: TreeExporter | None = None,
 ) -> VerifyReport:
     """What a build re-checks: what can move (the refs), the base's pin and, unless ``inputs=False``,
     :func:`verify_build_inputs`. ``inputs=False``: a lock built and checked before, whose image is answered
     from the cache's record (nothing is fetched or installed; its closure was checked when it was built).
     A source's tree pin is checked on its commit as the build's export fetches it (whole, into the
-    export cache): a moved pin's commit is fetched once, not once for verify and again for the export."""
-    results = verify_refs(lock, options, progress, whole=_fetched_whole(options.source, progress))
-    if inputs:
-        results += verify_build_inputs(lock, lock_path, options, progress)
+    export cache): a moved pin's commit is fetched once, not once for verify and again for the export.
+    The inputs are checked while the refs are, in a thread of their own. ``exporter``: the build's own
+    (it remembers what it found in the export cache)."""
+    with ThreadPoolExecutor(max_workers=1) as pool:  # the inputs (the caches, the closure) beside the refs (git)
+        checking = pool.submit(verify_build_inputs, lock, lock_path, options, progress) if inputs else None
+        results = verify_refs(lock, options, progress, whole=_fetched_whole(options.source, progress, exporter))
+        if checking is not None:
+            results += checking.result()
     results += verify_base_image(lock, update_command(lock_path, options.source))
     return _report(lock, lock_path, options, results)
 
 
-def _fetched_whole(source: SourceOptions, progress: Progress, *, fetch: bool = True) -> WholeCommit:
+def _fetched_whole(
+    source: SourceOptions, progress: Progress, exporter: TreeExporter | None = None, *, fetch: bool = True
+) -> WholeCommit:
     """{commit: tree} of a source's pinned commit from the export cache, fetched whole when absent
     (unless offline, or ``fetch=False``: `lock verify`, which fetches the commit alone elsewhere)."""
-    exporter = TreeExporter(source.cache_dir, mirrors=source.mirrors, offline=source.offline)
+    exporter = exporter or TreeExporter(source.cache_dir, mirrors=source.mirrors, offline=source.offline)
 
     def whole(pinned: Source) -> dict[str, str]:
-        url = exporter.mirrors.rewrite(pinned.repo)
-        trees = exporter.cache.commit_trees(url, [pinned.commit])
-        if pinned.commit not in trees and fetch and not exporter.offline:
-            pin = source_pin(pinned)
+        if not fetch or exporter.offline:
+            return exporter.cache.commit_trees(exporter.mirrors.rewrite(pinned.repo), [pinned.commit])
+        pin = source_pin(pinned)
+        tree = whole_tree(exporter, pin)
+        if tree is None:
             progress(f"fetching the files of {pin.what} ({pin.commit[:12]})")
             fetch_commit(exporter, pin)
-            trees = exporter.cache.commit_trees(url, [pinned.commit])
-        return trees
+            tree = whole_tree(exporter, pin)
+        return {pin.commit: tree} if tree is not None else {}
 
     return whole
 

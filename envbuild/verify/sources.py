@@ -6,7 +6,9 @@ then only commits (``--filter=tree:0``) of the one ref concerned:
 - a tag without a recorded tree is settled by the ref listing alone;
 - a tag with a tree, or a branch whose head is not the pin, needs the commit graph of that ref;
   for a build (``whole``), a tree pin is read instead from the pinned commit fetched whole into the
-  export cache, which the build's export reads next: one fetch of a moved commit, not two;
+  export cache, which the build's export reads next: one fetch of a moved commit, not two, and made
+  while the refs are listed (the listing says whether the pin holds; the commit is what a build of it
+  exports);
 - only a commit that is not on its branch needs every upstream ref (fetched with ``--prune`` so a
   commit that was force-pushed away is not mistaken for one that still exists).
 
@@ -53,7 +55,11 @@ def verify_sources(
         groups.setdefault(source.repo, []).append(index)
     check_inputs(sources, mirrors)
     results: list[PinResult | None] = [None] * len(sources)
-    with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(groups)))) as pool:
+    with (
+        ThreadPoolExecutor(max_workers=max(1, min(jobs, len(groups)))) as pool,
+        ThreadPoolExecutor(max_workers=max(1, min(jobs, len(sources)))) as early,
+    ):
+        whole = _started(whole, sources, early) if whole is not None else None
         futures = {
             url: pool.submit(
                 _verify_group,
@@ -70,6 +76,18 @@ def verify_sources(
             for index, result in zip(groups[url], future.result()):
                 results[index] = result
     return [r for r in results if r is not None]
+
+
+def _started(whole: WholeCommit, sources: Sequence[Source], pool: ThreadPoolExecutor) -> WholeCommit:
+    """``whole`` of every source with a tree pin, begun at once in ``pool`` (beside the ref listings): the
+    same answers, each waited for where it is asked."""
+    begun = {(s.repo, s.commit): pool.submit(whole, s) for s in sources if s.tree is not None}
+
+    def settled(source: Source) -> dict[str, str]:
+        future = begun.get((source.repo, source.commit))
+        return future.result() if future is not None else whole(source)
+
+    return settled
 
 
 def verify_source(
