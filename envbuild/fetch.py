@@ -82,11 +82,13 @@ def fetch_inputs(
     *,
     client: IndexClient | None = None,
     progress: Progress = silent,
+    exporter: TreeExporter | None = None,
 ) -> Inputs:
     """Put every input of the lock in the caches of ``source.cache_dir`` (offline: check that they are
-    there), through ``source.mirrors``."""
+    there), through ``source.mirrors``; ``exporter``: the build's own (:func:`exporter_for` ``source``),
+    which remembers what it found already."""
     lock, lock_path, say = lock_file.lock, lock_file.path, progress
-    exporter, files, jobs = exporter_for(source), FileCache(source.cache_dir), source.jobs
+    exporter, files, jobs = exporter or exporter_for(source), FileCache(source.cache_dir), source.jobs
     missing: list[str] = []
     pins = tree_pins(lock)
     if exporter.offline:

@@ -37,8 +37,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -197,57 +198,80 @@ def build_image(
     say = progress
     check_tags(options.tags)
     before = None if options.no_cache else built_before(read, options.cache_dir)
-    report = verified or verify_for_build(read.lock, str(read.path), options.verify, progress, inputs=before is None)
-    require_verified(read, options.verify, progress, report)
-    require_buildable(read.lock, str(read.path))  # every source's build requirements, before the engine starts
-    with nullcontext(engine) if engine is not None else Engine.connect() as connected, sigterm_interrupts():
-        if before is not None:
-            answered = answer_from_record(
-                read,
-                *before,
-                connected,
-                tags=options.tags,
-                push=options.push,
-                cache_dir=options.cache_dir,
-                record_dir=options.record_dir,
-                say=say,
-            )
-            if answered is not None:
-                return answered
-            if verified is None:  # what was left out above for a lock built before: it is built again
-                checked = verify_build_inputs(read.lock, str(read.path), options.verify, progress)
-                report = dataclasses.replace(report, results=report.results + tuple(checked))
-                require_verified(read, options.verify, progress, report)
-        if inputs is None:
-            inputs = fetch_inputs(read, options.source, progress=progress)
-        exporter, files = exporter_for(options.source), FileCache(options.cache_dir)
-        epoch = read.lock.source_date_epoch if read.lock.source_date_epoch is not None else inputs.epoch
-        plan = plan_context(read.lock, lock_sha256=read.sha256, epoch=epoch)
-        tags = options.tags or (default_tag(plan),)
-        store = TreeStore(options.cache_dir)
-        with (
-            context_dir(options.cache_dir) as work,
-            lock_name_held(options.cache_dir, plan.lock_name),
-            store.in_use(),
-        ):
-            say(f"assembling the build context: {len(plan.sources)} sources, {len(plan.files)} package files")
-            context = assemble_context(
-                plan,
-                render_dockerfile(plan),
-                work / "context",
-                export_source=exporter,
-                file_for=lambda package, file: _cached(files, file.sha256),
-                store=store,
-                rehash=False,  # the file cache is content-addressed; pip --require-hashes checks what it installs
-            )
-            try:
-                built = _build(_Assembled(read, plan, context, tags, options, connected, work, say))
-            except InImageMismatch:  # a kept tree changed on disk would fail it: the next build exports again
-                for source in plan.sources:
-                    store.forget(source)
-                raise
-        store.prune({tree_key(source) for source in plan.sources})
-        return built
+    exporter = exporter_for(options.source)  # one for the whole build: it remembers what it found
+    # The engine is asked whether it answers while the lock is verified.
+    with _connecting(engine) as connecting:
+        report = verified or verify_for_build(
+            read.lock, str(read.path), options.verify, progress, inputs=before is None, exporter=exporter
+        )
+        require_verified(read, options.verify, progress, report)
+        require_buildable(read.lock, str(read.path))  # every source's build requirements, before the engine starts
+        with sigterm_interrupts():
+            connected = connecting()
+            if before is not None:
+                answered = answer_from_record(
+                    read,
+                    *before,
+                    connected,
+                    tags=options.tags,
+                    push=options.push,
+                    cache_dir=options.cache_dir,
+                    record_dir=options.record_dir,
+                    say=say,
+                )
+                if answered is not None:
+                    return answered
+                if verified is None:  # what was left out above for a lock built before: it is built again
+                    checked = verify_build_inputs(read.lock, str(read.path), options.verify, progress)
+                    report = dataclasses.replace(report, results=report.results + tuple(checked))
+                    require_verified(read, options.verify, progress, report)
+            if inputs is None:
+                inputs = fetch_inputs(read, options.source, progress=progress, exporter=exporter)
+            files = FileCache(options.cache_dir)
+            epoch = read.lock.source_date_epoch if read.lock.source_date_epoch is not None else inputs.epoch
+            plan = plan_context(read.lock, lock_sha256=read.sha256, epoch=epoch)
+            tags = options.tags or (default_tag(plan),)
+            store = TreeStore(options.cache_dir)
+            with (
+                context_dir(options.cache_dir) as work,
+                lock_name_held(options.cache_dir, plan.lock_name),
+                store.in_use(),
+            ):
+                say(f"assembling the build context: {len(plan.sources)} sources, {len(plan.files)} package files")
+                context = assemble_context(
+                    plan,
+                    render_dockerfile(plan),
+                    work / "context",
+                    export_source=exporter,
+                    file_for=lambda package, file: _cached(files, file.sha256),
+                    store=store,
+                    rehash=False,  # the file cache is content-addressed; pip --require-hashes checks what it installs
+                )
+                try:
+                    built = _build(_Assembled(read, plan, context, tags, options, connected, work, say))
+                except InImageMismatch:  # a kept tree changed on disk would fail it: the next build exports again
+                    for source in plan.sources:
+                        store.forget(source)
+                    raise
+            store.prune({tree_key(source) for source in plan.sources})
+            return built
+
+
+@contextmanager
+def _connecting(engine: Engine | None) -> Iterator[Callable[[], Engine]]:
+    """How to get the engine: ``engine``, or one connected to (a ping) in a thread from the start, while the
+    caller works, and closed when the block ends; no engine is one :class:`EngineError`, raised where the
+    engine is asked for."""
+    if engine is not None:
+        yield lambda: engine
+        return
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        connecting = pool.submit(Engine.connect)
+        try:
+            yield connecting.result
+        finally:
+            if connecting.exception() is None:
+                connecting.result().close()
 
 
 def _cached(files: FileCache, sha256: str) -> Path:
