@@ -226,7 +226,8 @@ def render_buildkit_source(source: SourcePlan, epoch: int) -> str:
     """One source's one layer: bind-mounted from the context, copied, installed, its times clamped.
     No bytecode is written (``PYTHONDONTWRITEBYTECODE``): pip runs on the image's own (a cache mount
     would have to be keyed by everything below the step, and so start cold for every step after a moved
-    pin: 1.4 s of compiling pip each); a ``__pycache__`` a build backend writes anyway is removed.
+    pin: 1.4 s of compiling pip each); a ``__pycache__`` a build backend writes in the source anyway is
+    removed (the source's own tree is walked, not every source's).
     ``clamp-mtimes`` then sets everything the step changed to the epoch, so the layer is the same."""
     if source.mode == "none":
         return "\n".join(
@@ -249,7 +250,7 @@ def render_buildkit_source(source: SourcePlan, epoch: int) -> str:
     else:
         raise ValueError(f"unknown install mode {source.mode!r}")
     lines.append(
-        " && rm -rf /root/.cache/pip && find /opt/envbuild -xdev -depth -name __pycache__ -type d -exec rm -rf {} + \\"
+        f" && rm -rf /root/.cache/pip && find {dest} -xdev -depth -name __pycache__ -type d -exec rm -rf {{}} + \\"
     )
     lines.append(f' && {CLAMP} {epoch} "$since"')
     return "\n".join(lines)
