@@ -6,12 +6,14 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from envbuild.check.history import read_history
-from envbuild.check.report import CheckReport, render_html, render_markdown
 from envbuild.cli.common import StderrProgress, add_source_options, render_json, verify_options
 from envbuild.errors import EnvbuildError, InputError
 from envbuild.fileio import write_atomic
+
+if TYPE_CHECKING:
+    from envbuild.check.report import CheckReport
 
 
 def add_check_command(subparsers: argparse._SubParsersAction) -> None:
@@ -36,6 +38,7 @@ def add_check_command(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from envbuild.check.report import render_markdown
     from envbuild.check.run import CheckOptions, run_check
     from envbuild.lock.io import read_lock
 
@@ -76,6 +79,9 @@ def write_reports(directory: Path, report: CheckReport, history_path: Path | Non
     """check.json, check.md and check.html, each written atomically, for every outcome of the check. The
     grid is drawn from the history as it now stands (this run appended); an unreadable history gives an
     empty grid, and the JSON and Markdown say why."""
+    from envbuild.check.history import read_history
+    from envbuild.check.report import render_html, render_markdown
+
     directory.mkdir(parents=True, exist_ok=True)
     write_atomic(directory / "check.json", render_json(report.to_json()))
     write_atomic(directory / "check.md", render_markdown(report))

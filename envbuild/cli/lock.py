@@ -16,7 +16,6 @@ from envbuild.lock import checked_lock_text, read_lock
 from envbuild.lock.diff import CommitCounter, diff_locks, render_changes
 from envbuild.lock.io import canonical
 from envbuild.lock.model import LOCK_VERSION, LOCK_VERSIONS
-from envbuild.lock.roundtrip import updated_text
 from envbuild.verify.render import render_verify
 
 
@@ -157,6 +156,8 @@ def cmd_update(args: argparse.Namespace) -> int:
     )
     changes = diff_locks(lock, new, _commit_counter(cache, mirrors))
     # Nothing at all changed: the file stays byte for byte, however it was written.
+    from envbuild.lock.roundtrip import updated_text  # ruamel.yaml: only a command that rewrites a lock needs it
+
     text, kept = (old_text, True) if canonical(new) == canonical(lock) else updated_text(old_text, lock, new)
     # Checked before anything is replaced, and on a dry run too: it shows what a real run would write.
     text = checked_lock_text(new, args.lockfile, text)
