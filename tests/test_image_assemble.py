@@ -305,8 +305,10 @@ def test_real_git_tree_matches_and_in_image_check_agrees(
     problems = check(manifest)
     assert any("source realsrc: files of commit" in p and "run.sh" in p for p in problems)
     assert any("source realsrc: the installed files have tree" in p for p in problems)
+    # In the check's step, the meta layer's files are mounted at the mount point every image has.
     command = inimage_command()
-    assert (command[2], command[-1]) == ("/opt/envbuild/meta/inimage_probe.py", "/opt/envbuild/meta/manifest.json")
+    assert (command[2], command[-1]) == ("/opt/envbuild/mnt/inimage_probe.py", "/opt/envbuild/mnt/manifest.json")
+    assert " ".join(command[3:-1]) == "--encoded --stat /opt --stat /opt/envbuild"
 
 
 def test_the_assembled_check_runs_as_the_image_runs_it(

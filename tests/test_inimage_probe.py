@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from envbuild.errors import EngineError
+from envbuild.git import treehash
 from envbuild.image import inimage_probe as probe
-from envbuild.image.inimage_verdict import consistency_problems
+from envbuild.image.inimage_verdict import consistency_problems, reported_parents
 
 
 def dist_info(site: Path, name: str, version: str, *requires: str) -> metadata.Distribution:
@@ -140,3 +142,36 @@ def test_the_encoded_report_round_trips_and_a_clipped_one_is_refused() -> None:
     ):
         with pytest.raises(ValueError, match=why):
             probe.read_encoded(broken)
+
+
+def test_the_probe_reports_each_path_asked_for_as_a_layer_header_says_it(tmp_path: Path) -> None:
+    """``--stat``: mode, owner and mtime of the meta layer's parents, read by the host into the headers the
+    layer keeps; a path not reported is an error, not a guess."""
+    import os
+    import shutil
+    import subprocess
+
+    meta = tmp_path / "meta"  # as the image has it: the probe, the tree hashing beside it, the manifest
+    meta.mkdir()
+    shutil.copy(probe.__file__, meta / "inimage_probe.py")
+    shutil.copy(treehash.__file__, meta / "treehash.py")
+    (meta / "manifest.json").write_text(json.dumps({"lock_sha256": "0" * 64, "sources": [], "packages": []}))
+    (tmp_path / "opt").mkdir(mode=0o750)
+    os.utime(tmp_path / "opt", (1_500_000_000, 1_500_000_000))
+    done = subprocess.run(
+        [sys.executable, "-I", str(meta / "inimage_probe.py"), "--encoded", "--stat", str(tmp_path / "opt")]
+        + ["--stat", "/nowhere", str(meta / "manifest.json")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(probe.read_encoded(done.stdout))
+    assert report["stat"] == {str(tmp_path / "opt"): [0o750, os.getuid(), os.getgid(), 1_500_000_000], "/nowhere": None}
+    headers = reported_parents({"stat": {"/opt": [0o755, 0, 0, 7], "/opt/envbuild": [0o700, 1, 2, 8]}})
+    assert [(h.name, h.mode, h.uid, h.gid, h.mtime, h.isdir()) for h in headers.values()] == [
+        ("opt", 0o755, 0, 0, 7, True),
+        ("opt/envbuild", 0o700, 1, 2, 8, True),
+    ]
+    with pytest.raises(EngineError, match="did not report /opt/envbuild"):
+        reported_parents({"stat": {"/opt": [0o755, 0, 0, 7], "/opt/envbuild": None}})

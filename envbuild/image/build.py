@@ -1,18 +1,20 @@
 """`envbuild image`: a verified lock → a reproducible, checked, tagged image and its build record.
 
 The order is fixed: read the lock → check what a build must (:func:`verify_for_build`: every source's ref
-upstream, one ``ls-remote`` per repository; the closure; the index only about package files the cache
-lacks — refuse a failing pin) → connect to the engine (no engine: one line, nothing fetched) → fetch the inputs into the caches (every source's tree, every package
+upstream, one ``ls-remote`` per repository, a moved commit fetched meanwhile; the closure, beside it; the
+index only about package files the cache lacks — refuse a failing pin), the engine asked meanwhile (no
+engine: one line, nothing fetched) → fetch the inputs into the caches (every source's tree, every package
 file; :mod:`envbuild.fetch`) → plan (pure) → assemble the context from the caches (every file and
 tree checked before anything is installed; each source's tree exported once per commit and kept,
 :mod:`.treestore`, and dropped when the in-image check fails) → the base image on the engine, pulled for the lock's
 platform and refused when it is another's (:mod:`.base`) → the packages image (:mod:`.packages_image`: built
 by BuildKit with the package files bind-mounted, in no layer; or reused) → the image on it, BuildKit, no
-network, sending the sources alone (:mod:`.stream`) → normalise the config (:mod:`.normalise`: the layers are the same bytes
-on every build, so only the config is rewritten and loaded, with the in-image check's files as one small
-layer envbuild writes; the ID must be the computed one) beside the
-in-image check (a BuildKit step on the raw image, :meth:`.Engine.run_step`; a mismatch removes the image,
-no tag is set) → tag, push → write the record → tidy the
+network, sending the sources alone (:mod:`.stream`) → the in-image check (a BuildKit step on the raw image,
+:meth:`.Engine.run_step`; a mismatch makes no image and sets no tag) → normalise the config
+(:mod:`.normalise`: the layers are the same bytes on every build, so only the config is rewritten and
+loaded, with the in-image check's files as one small layer envbuild writes, its parents as the check
+reports them; the ID must be the computed one; begun beside the check with the parents of the lock's last
+raw image) → tag, push → write the record → tidy the
 engine (:mod:`.retention`).
 
 The build fetches what it needs itself, whatever ``lock verify`` fetched: a cold cache and a warm one
@@ -37,7 +39,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Callable, Iterator
+import tarfile
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -54,10 +57,10 @@ from envbuild.image.assemble import BuildContext, assemble_context, meta_files
 from envbuild.image.base import ensure_base
 from envbuild.image.buildcache import context_dir, lock_name_held, read_map, remember, sync_dir
 from envbuild.image.built import BUILDER, BuiltImage, write_built
-from envbuild.image.inimage_verdict import inimage_command, inimage_problems
-from envbuild.image.normalise import CanonicalImage, meta_layer, meta_parents, normalise
+from envbuild.image.inimage_verdict import compare_inimage, inimage_command, read_report, reported_parents
+from envbuild.image.normalise import CanonicalImage, meta_layer, normalise
 from envbuild.image.packages_image import ensure_packages_image
-from envbuild.image.plan import IMAGE_META, ContextPlan, plan_context
+from envbuild.image.plan import META_PARENTS, MOUNT_POINT, ContextPlan, plan_context
 from envbuild.image.rebuild import answer_from_record, built_before
 from envbuild.image.render import (
     RAW_REPOSITORY,
@@ -90,7 +93,7 @@ class BuildRefused(EnvbuildError):
 
 
 class InImageMismatch(EngineError):
-    """The built image does not hold what the lock pins (it was removed, not tagged)."""
+    """The built image does not hold what the lock pins (no image was made of it, no tag set)."""
 
 
 @dataclass(frozen=True)
@@ -306,14 +309,21 @@ def _build(build: _Assembled) -> BuildResult:
     raw_tag = raw_reference(plan)
     stream = buildkit_context(context, render_buildkit_image_dockerfile(plan))
     say(f"building {plan.lock_name} (BuildKit, no network{', no cache' if options.no_cache else ''})")
-    outcome = engine.buildkit_build(
-        stream,
-        nocache=options.no_cache,
-        progress=say,
-        tag=raw_tag,
-        what="the sources",
-        context_dir=sync_dir(options.cache_dir, plan.lock_name, "image"),
-    )
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        # What the meta layer's parents were in the lock's last build, read while this one runs.
+        previous = [
+            tag for image in engine.images(name=f"{RAW_REPOSITORY}/{plan.lock_name}") for tag in image["RepoTags"]
+        ]
+        predicting = pool.submit(engine.entry_headers, previous[0], META_PARENTS) if previous else None
+        outcome = engine.buildkit_build(
+            stream,
+            nocache=options.no_cache,
+            progress=say,
+            tag=raw_tag,
+            what="the sources",
+            context_dir=sync_dir(options.cache_dir, plan.lock_name, "image"),
+        )
+        predicted = predicting.result() if predicting is not None and predicting.exception() is None else None
 
     meta = meta_files(context)
     meta_sha256 = hashlib.sha256(b"".join(name.encode() + b"\0" + data for name, data in meta.items())).hexdigest()
@@ -327,29 +337,18 @@ def _build(build: _Assembled) -> BuildResult:
         image_id, diff_ids, reused = known["image_id"], tuple(image["RootFS"]["Layers"]), True
         say(f"the engine's cache gave an image already normalised and checked: {image_id}")
     else:
-        # The in-image check runs in a BuildKit step on the raw image with the meta layer's files mounted
-        # where that layer puts them (the normalised image's file system: the config differs only in
-        # build-time noise); meanwhile the meta layer's parents are read and the config is normalised
-        # and loaded. The check runs in this thread: an interrupt stops it at once.
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            normalising = pool.submit(_normalised, engine, outcome.image_id, plan, meta, say)
-            say("checking the image from inside (installed distributions, source trees)")
-            output = engine.run_step(raw_tag, inimage_command(), meta, mount=IMAGE_META)
-            normalised = normalising.result()
-            image_id, diff_ids = normalised.image_id, normalised.diff_ids
-            # BuildKit may give a new raw ID to a rebuild it answers from its cache: the normalised ID,
-            # which is the same for the same layers, says as well that this image passed the in-image
-            # check (--no-cache proves it again); the check's output is then left unread.
-            reused = not options.no_cache and any(
-                isinstance(entry, dict)
-                and entry.get("image_id") == image_id
-                and entry.get("lock_sha256") == plan.lock_sha256
-                for entry in read_map(options.cache_dir).values()
-            )
-            if reused:
-                say(f"{image_id[:19]} passed the in-image check already")
-            else:
-                _judge_in_image(output, image_id, context, engine)
+        normalised = _checked_and_normalised(engine, outcome.image_id, raw_tag, context, predicted, say)
+        image_id, diff_ids = normalised.image_id, normalised.diff_ids
+        # BuildKit may give a new raw ID to a rebuild it answers from its cache: the normalised ID, which
+        # is the same for the same layers, says that this image passed the in-image check before.
+        reused = not options.no_cache and any(
+            isinstance(entry, dict)
+            and entry.get("image_id") == image_id
+            and entry.get("lock_sha256") == plan.lock_sha256
+            for entry in read_map(options.cache_dir).values()
+        )
+        if reused:
+            say(f"{image_id[:19]} passed the in-image check before")
         remember(
             options.cache_dir,
             outcome.image_id,
@@ -412,21 +411,59 @@ def _build(build: _Assembled) -> BuildResult:
     )
 
 
-def _normalised(
-    engine: Engine, raw_id: str, plan: ContextPlan, meta: dict[str, bytes], say: Progress
+def _checked_and_normalised(
+    engine: Engine,
+    raw_id: str,
+    raw_tag: str,
+    context: BuildContext,
+    predicted: Mapping[str, tarfile.TarInfo] | None,
+    say: Progress,
 ) -> CanonicalImage:
-    """The raw image's canonical config loaded, with the meta layer (its parents as the raw image has them)."""
-    added = (meta_layer(engine.entry_headers(raw_id, meta_parents()), meta, plan.epoch),)
-    return normalise(engine, raw_id, base_reference(plan), plan.epoch, say, added)
+    """The in-image check, then the normalised image. The check is a BuildKit step on the raw image, the meta
+    layer's files mounted (the normalised image's file system: the config differs only in build-time
+    noise); it reports the meta layer's parents as the raw image has them. Where the lock's last build said
+    what they were (``predicted``), the image is normalised with those while the check runs, and again only
+    if the check reports otherwise; a failed check leaves no normalised image."""
+    plan, meta = context.plan, meta_files(context)
+
+    def normalised(parents: Mapping[str, tarfile.TarInfo]) -> CanonicalImage:
+        added = (meta_layer(parents, meta, plan.epoch),)
+        return normalise(engine, raw_id, base_reference(plan), plan.epoch, say, added)
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        early = pool.submit(normalised, predicted) if predicted is not None else None
+        say("checking the image from inside (installed distributions, source trees)")
+        try:  # in this thread: an interrupt stops the check at once
+            report = _judge_in_image(engine.run_step(raw_tag, inimage_command(), meta, mount=MOUNT_POINT), context)
+        except InImageMismatch:
+            if early is not None and early.exception() is None:
+                _remove_untagged(engine, early.result().image_id)
+            raise
+        parents = reported_parents(report)
+        first = early.result() if early is not None and early.exception() is None else None
+        if first is not None and predicted is not None and _headers(predicted) == _headers(parents):
+            return first
+        if first is not None:  # the parents moved since the lock's last build: that image is not this one
+            _remove_untagged(engine, first.image_id)
+    return normalised(parents)
 
 
-def _judge_in_image(output: RunOutput, image_id: str, context: BuildContext, engine: Engine) -> None:
-    """The in-image check's verdict on its output; a mismatch removes the (untagged) image and raises."""
-    problems = inimage_problems(output.exit_code, output.stdout, output.stderr, context.manifest)
-    if problems:
-        image = engine.inspect(image_id)
-        if image is not None and not image.get("RepoTags"):
-            engine.remove(image_id, force=True)  # an untagged image that failed: nothing else refers to it
-        raise InImageMismatch(
-            "the built image does not hold what the lock pins (removed, not tagged): " + "; ".join(problems)
-        )
+def _headers(parents: Mapping[str, tarfile.TarInfo]) -> dict[str, tuple[int, int, int, int]]:
+    return {path: (h.mode & 0o7777, h.uid, h.gid, int(h.mtime)) for path, h in parents.items()}
+
+
+def _remove_untagged(engine: Engine, image_id: str) -> None:
+    image = engine.inspect(image_id)
+    if image is not None and not image.get("RepoTags"):
+        engine.remove(image_id, force=True)  # made by this build and failed: nothing else refers to it
+
+
+def _judge_in_image(output: RunOutput, context: BuildContext) -> dict[str, Any]:
+    """The in-image check's report, when it says the image holds what the lock pins; else InImageMismatch
+    (nothing is loaded, no tag set)."""
+    report, problems = read_report(output.exit_code, output.stdout, output.stderr)
+    if report is not None:
+        problems = compare_inimage(report, context.manifest)
+    if problems or report is None:
+        raise InImageMismatch("the built image does not hold what the lock pins (not tagged): " + "; ".join(problems))
+    return report

@@ -49,8 +49,8 @@ else:  # run as a script in the image, where envbuild is not installed: its copy
     git_trees = _beside("treehash").git_trees
 
 # 3: each source reports its submodules' trees; 4: every copy of a distribution, where it is; 5: the
-# requirements as read, judged on the host
-REPORT_VERSION = 5
+# requirements as read, judged on the host; 6: the stat of the paths asked for
+REPORT_VERSION = 6
 IMPORT_TIMEOUT = 600
 IMPORTS_AT_ONCE = 4
 # A Requires-Dist line that applies only to an extra: its marker is exactly `extra == "name"`.
@@ -60,6 +60,7 @@ NOT_PACKAGES = {"test", "tests", "doc", "docs", "example", "examples", "benchmar
 DEFAULT_MANIFEST = "/opt/envbuild/meta/manifest.json"
 # --encoded: the report as a build's log passes it on (:func:`write_encoded`)
 ENCODED_FLAG = "--encoded"
+STAT_FLAG = "--stat"
 ENCODED_PREFIX = "envbuild-report:"
 ENCODED_END = "envbuild-report-end:"
 ENCODED_LINE = 4000
@@ -390,11 +391,30 @@ def read_encoded(output: str) -> str:
     return data.decode("utf-8")
 
 
+def stat_of(path: str) -> list | None:
+    """[mode, uid, gid, mtime] of ``path`` (not followed), as a layer's tar header says them; None if absent."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None
+    return [info.st_mode & 0o7777, info.st_uid, info.st_gid, int(info.st_mtime)]
+
+
 def main(argv: list[str]) -> int:
-    args = argv[1:]
-    encoded = ENCODED_FLAG in args
-    args = [a for a in args if a != ENCODED_FLAG]
-    text = json.dumps(report(args[0] if args else DEFAULT_MANIFEST), indent=1, sort_keys=True) + "\n"
+    """``inimage_probe.py [--encoded] [--stat PATH]... [MANIFEST]``: the report, with the mode, owner and
+    mtime of each ``--stat`` path (the directories a layer envbuild writes keeps as the image has them)."""
+    args, encoded, stat = argv[1:], False, []
+    while args and args[0].startswith("--"):
+        flag = args.pop(0)
+        if flag == ENCODED_FLAG:
+            encoded = True
+        elif flag == STAT_FLAG and args:
+            stat.append(args.pop(0))
+        else:
+            raise SystemExit(f"inimage_probe.py: unknown option {flag}")
+    facts = report(args[0] if args else DEFAULT_MANIFEST)
+    facts["stat"] = {path: stat_of(path) for path in stat}
+    text = json.dumps(facts, indent=1, sort_keys=True) + "\n"
     if encoded:
         write_encoded(text, sys.stdout)
     else:

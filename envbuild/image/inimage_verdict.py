@@ -1,8 +1,8 @@
 """The host side of the in-image check: what to run inside the image, and judging its report (pure).
 
 The engine runs :func:`inimage_command` in a BuildKit step on the built (not yet tagged) image, with no
-network, and :func:`inimage_problems` passes the report it prints to :func:`compare_inimage` with the
-context's manifest. Any
+network; :func:`read_report` reads the report it prints, :func:`compare_inimage` judges it against the
+context's manifest, and :func:`reported_parents` says what the meta layer keeps of the directories above it. Any
 mismatch fails the build: a package or a source that is not what the lock pins, a requirement of an
 installed distribution that the environment does not meet (minus what the requiring source waives, by
 name), or a source's top-level package that does not import (minus what the lock skips, by name).
@@ -11,35 +11,57 @@ name), or a source's top-level package that does not import (minus what the lock
 from __future__ import annotations
 
 import json
+import tarfile
 from pathlib import Path
+from typing import Any
 
 from packaging.markers import InvalidMarker, UndefinedComparison, UndefinedEnvironmentName
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from envbuild.errors import EngineError
 from envbuild.image import inimage_probe
-from envbuild.image.plan import IMAGE_MANIFEST, IMAGE_META
+from envbuild.image.plan import META_PARENTS, MOUNT_POINT
 
 SCRIPT = Path(inimage_probe.__file__)
-IMAGE_SCRIPT = f"{IMAGE_META}/inimage_probe.py"
+CHECK_SCRIPT = f"{MOUNT_POINT}/inimage_probe.py"  # where the check's step has the meta layer's files
+CHECK_MANIFEST = f"{MOUNT_POINT}/manifest.json"
 
 
 def inimage_command() -> list[str]:
-    """The check in the image, its report encoded for a build's log (:func:`inimage_report` reads it)."""
-    return ["python3", "-I", IMAGE_SCRIPT, inimage_probe.ENCODED_FLAG, IMAGE_MANIFEST]
+    """The check in the image, its files mounted at :data:`MOUNT_POINT` (a directory every image has: the
+    mount moves no directory above it), its report encoded for a build's log (:func:`read_report`), with
+    the mode, owner and mtime of the meta layer's parents (:data:`META_PARENTS`) as the image has them."""
+    stat = [arg for path in META_PARENTS for arg in (inimage_probe.STAT_FLAG, path)]
+    return ["python3", "-I", CHECK_SCRIPT, inimage_probe.ENCODED_FLAG, *stat, CHECK_MANIFEST]
 
 
-def inimage_problems(exit_code: int, stdout: str, stderr: str, manifest: dict) -> list[str]:
-    """What the output of :func:`inimage_command` says is wrong with the image (empty: nothing)."""
+def read_report(exit_code: int, stdout: str, stderr: str) -> tuple[dict[str, Any] | None, list[str]]:
+    """The report in the output of :func:`inimage_command`, or None and why there is none."""
     if exit_code != 0:
         tail = stderr.strip().splitlines()[-1:] or ["no message"]
-        return [f"the in-image check exited with status {exit_code}: {tail[0]}"]
+        return None, [f"the in-image check exited with status {exit_code}: {tail[0]}"]
     try:
-        report = inimage_probe.read_encoded(stdout)
+        report = json.loads(inimage_probe.read_encoded(stdout))
     except ValueError as exc:
-        return [f"the in-image check's report did not come whole: {exc}"]
-    return compare_inimage(report, manifest)
+        return None, [f"the in-image check's report did not come whole: {exc}"]
+    if not isinstance(report, dict):
+        return None, ["the in-image check's report is not a JSON object"]
+    return report, []
+
+
+def reported_parents(report: dict[str, Any]) -> dict[str, tarfile.TarInfo]:
+    """The meta layer's parents as the report says the image has them: the header a layer writes for each."""
+    parents = {}
+    for path in META_PARENTS:
+        stat = (report.get("stat") or {}).get(path)
+        if not (isinstance(stat, list) and len(stat) == 4 and all(isinstance(v, int) for v in stat)):
+            raise EngineError(f"the in-image check did not report {path} of the image (got {stat!r})")
+        header = tarfile.TarInfo(path.lstrip("/"))
+        header.type, (header.mode, header.uid, header.gid, header.mtime) = tarfile.DIRTYPE, stat
+        parents[path] = header
+    return parents
 
 
 def _same_version(a: str, b: str) -> bool:

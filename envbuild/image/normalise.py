@@ -21,7 +21,7 @@ import tarfile
 import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from envbuild.engine.client import Engine
@@ -113,16 +113,11 @@ def normalise(
     return CanonicalImage(normalised, tuple(config["rootfs"]["diff_ids"]))
 
 
-def meta_parents() -> list[str]:
-    """The directories above :data:`IMAGE_META` whose headers the meta layer keeps (``/opt``, …)."""
-    return [str(p) for p in reversed(PurePosixPath(IMAGE_META).parents) if str(p) != "/"]
-
-
 def meta_layer(parents: Mapping[str, tarfile.TarInfo], files: dict[str, bytes], epoch: int) -> AddedLayer:
     """The in-image check's files (``files``: the manifest, the probe, the requirements) as the layer
     :data:`IMAGE_META` on top of the raw image: written here, not by a build step (a step costs a
-    container and a walk of the whole file system to clamp its times), its parents kept as the raw
-    image has them (``parents``: :meth:`.Engine.entry_headers` of it, of :func:`meta_parents`)."""
+    container, and a stage BuildKit must commit before a ``COPY`` reads it), its parents kept as the raw
+    image has them (``parents``: :data:`META_PARENTS` as the in-image check reports them)."""
     layer = files_layer(parents, IMAGE_META, files, epoch)
     return AddedLayer(layer, f"envbuild: the in-image check's files in {IMAGE_META}")
 

@@ -9,6 +9,7 @@ and only the orchestrator (``build``) puts them together.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import Any
 
 from packaging.utils import canonicalize_name
@@ -22,6 +23,12 @@ IMAGE_SRC = f"{IMAGE_ROOT}/src"
 IMAGE_META = f"{IMAGE_ROOT}/meta"
 IMAGE_WHEELS = f"{IMAGE_ROOT}/wheels"
 IMAGE_MANIFEST = f"{IMAGE_META}/manifest.json"
+# The directories above IMAGE_META, whose headers the meta layer keeps as the built layers left them.
+META_PARENTS = tuple(str(p) for p in reversed(PurePosixPath(IMAGE_META).parents) if str(p) != "/")
+# BuildKit builds: the one mount point every RUN mounts its input on, the in-image check's step too (made
+# empty by the tools layer in every image, so that no RUN leaves a mount stub in its layer, and no mount
+# there moves the mtime of a directory above it).
+MOUNT_POINT = f"{IMAGE_ROOT}/mnt"
 
 # Image labels. LOCK_LABEL is what every consumer (the runner's preflight, the docker backend, the
 # cluster) checks: the sha256 of exactly the lockfile's bytes the image was built from.

@@ -28,6 +28,7 @@ from envbuild.image.plan import (
     IMAGE_ROOT,
     LOCK_LABEL,
     LOCK_NAME_LABEL,
+    MOUNT_POINT,
     ContextPlan,
     SourcePlan,
     source_commit_label,
@@ -40,11 +41,9 @@ PIP = "python3 -m pip"
 PACKAGES_REPOSITORY = "envbuild-pkg"
 RAW_REPOSITORY = "envbuild-raw"  # what BuildKit built, before envbuild composed its config
 CLAMP = f"{IMAGE_ROOT}/bin/clamp-mtimes"
-# BuildKit builds: the one mount point every RUN mounts its input on (made empty by the tools layer, so
-# that no RUN leaves a mount stub in its layer). No RUN writes bytecode (PYTHONDONTWRITEBYTECODE, as the
-# image's ENV sets it): Python reads the image's own (the base's pip, say) and compiles the rest in memory,
-# so no bytecode cache is mounted, none can be another build's, and none reaches a layer.
-MOUNT_POINT = f"{IMAGE_ROOT}/mnt"
+# No RUN writes bytecode (PYTHONDONTWRITEBYTECODE, as the image's ENV sets it): Python reads the image's own
+# (the base's pip, say) and compiles the rest in memory, so no bytecode cache is mounted, none can be
+# another build's, and none reaches a layer.
 PACKAGES_REPORT = f"{IMAGE_META}/packages-report.json"  # BuildKit: what the packages step says it replaced
 # The mtime of every file the packages layer holds (1980-01-01, the earliest a wheel's zip can record).
 # Fixed rather than the build's epoch: with the default epoch (the newest pinned commit's date), moving
