@@ -299,3 +299,32 @@ def test_hostile_inputs_are_refused_before_git_runs(tmp_path: Path, calls: Calls
     with pytest.raises(InputError, match="after mirror rewriting"):
         verify_source(good, cache, mirrors=Mirrors.parse(["https://example.invalid/=-oProxyCommand=x/"]))
     assert calls.log == [] and not cache.root.exists()
+
+
+@pytest.mark.gitdaemon
+def test_a_commit_whose_files_the_server_cannot_send_is_a_failing_pin_and_a_no_op_does_not_ask(
+    served: Served, tmp_path: Path
+) -> None:
+    """A build's check fetches a tree-pinned commit whole (its export needs it): a server that cannot send
+    the files (a blob gone from its objects, as the real snapshots leave out files of 4 MiB or more) makes
+    that pin `unreachable`, with git's reason, and every other pin is still reported. A lock built before
+    (``inputs=False``: its image is answered from the record) checks the tree on the commit alone."""
+    from envbuild.config import SourceOptions
+    from envbuild.lock.model import Lock
+    from envbuild.verify.pins import VerifyOptions, verify_for_build
+
+    broken, whole = build_project(served), build_project(served)
+    pinned = broken.main[-1]
+    blob = broken.repo.rev(f"{pinned}:file5.txt")
+    (broken.repo.path / ".git" / "objects" / blob[:2] / blob[2:]).unlink()
+    sources = (
+        broken.source(served.url(broken.name, "daemon-filter"), tree=broken.repo.tree(pinned)),
+        replace(whole.source(served.url(whole.name, "daemon-filter"), tree=whole.repo.tree(whole.main[-1])), name="ok"),
+    )
+    lock = Lock(version=1, name="unsendable", sources=sources)
+    options = VerifyOptions(SourceOptions(cache_dir=tmp_path / "cache"))
+    built = [r for r in verify_for_build(lock, "unsendable.lock.yaml", options).results if r.kind == "source"]
+    assert [(r.name, r.status) for r in built] == [("proj", "unreachable"), ("ok", "ok")]
+    assert f"cannot fetch the files of {pinned}" in built[0].detail
+    no_op = verify_for_build(lock, "unsendable.lock.yaml", options, inputs=False).results
+    assert [(r.name, r.status) for r in no_op if r.kind == "source"] == [("proj", "ok"), ("ok", "ok")]

@@ -104,14 +104,16 @@ def verify_for_build(
 ) -> VerifyReport:
     """What a build re-checks: what can move (the refs), the base's pin and, unless ``inputs=False``,
     :func:`verify_build_inputs`. ``inputs=False``: a lock built and checked before, whose image is answered
-    from the cache's record (nothing is fetched or installed; its closure was checked when it was built).
-    A source's tree pin is checked on its commit as the build's export fetches it (whole, into the
-    export cache): a moved pin's commit is fetched once, not once for verify and again for the export.
+    from the cache's record (nothing is fetched or installed; its closure was checked when it was built; a
+    tree pin the export cache cannot settle is checked on the commit alone, as `lock verify` does).
+    Otherwise a source's tree pin is checked on its commit as the build's export fetches it (whole, into
+    the export cache): a moved pin's commit is fetched once, not once for verify and again for the export.
     The inputs are checked while the refs are, in a thread of their own. ``exporter``: the build's own
     (it remembers what it found in the export cache)."""
     with ThreadPoolExecutor(max_workers=1) as pool:  # the inputs (the caches, the closure) beside the refs (git)
         checking = pool.submit(verify_build_inputs, lock, lock_path, options, progress) if inputs else None
-        results = verify_refs(lock, options, progress, whole=_fetched_whole(options.source, progress, exporter))
+        whole = _fetched_whole(options.source, progress, exporter, fetch=inputs)
+        results = verify_refs(lock, options, progress, whole=whole)
         if checking is not None:
             results += checking.result()
     results += verify_base_image(lock, update_command(lock_path, options.source))

@@ -24,6 +24,7 @@ from envbuild.git.cache import GitCache
 from envbuild.git.files import OFFLINE_MISS
 from envbuild.git.mirrors import Mirrors
 from envbuild.git.remote import GitError
+from envbuild.git.treeexport import ExportError
 from envbuild.git.upstream import Offline, Upstream, check_inputs
 from envbuild.lock.model import Source
 from envbuild.progress import Progress, silent
@@ -119,6 +120,8 @@ def _verify_group(
             results.append(_result(source, url, "unreachable", OFFLINE_MISS))
         except GitError as exc:
             results.append(_result(source, url, "unreachable", exc.reason))
+        except ExportError as exc:  # a build's whole commit: the server would not send its files
+            results.append(_result(source, url, "unreachable", str(exc).removeprefix(f"source {source.name}: ")))
     return results
 
 
