@@ -393,9 +393,7 @@ def _build(build: _Assembled) -> BuildResult:
             distro_removed=distro_removed,
         ),
     )
-    keep_only(engine, plan.lock_name, {raw_tag} | ({packages.reference} if packages else set()), say)
-    built, base = engine.inspect(image_id) or {}, engine.inspect(base_reference(plan)) or {}
-    bound_build_cache(engine, build_cache_bound(int(built.get("Size") or 0), int(base.get("Size") or 0)), say)
+    _tidy(engine, plan, image_id, {raw_tag} | ({packages.reference} if packages else set()), say)
     return BuildResult(
         image_id=image_id,
         tags=build.tags,
@@ -409,6 +407,20 @@ def _build(build: _Assembled) -> BuildResult:
         packages=packages,
         sent=(packages.sent if packages else 0) + stream.payload,
     )
+
+
+def _tidy(engine: Engine, plan: ContextPlan, image_id: str, keep: set[str], say: Progress) -> None:
+    """The engine tidied (:mod:`.retention`): the lock's superseded images, and BuildKit's cache bounded
+    beside it (each is a few calls the engine answers on its own)."""
+
+    def bounded() -> None:
+        built, base = engine.inspect(image_id) or {}, engine.inspect(base_reference(plan)) or {}
+        bound_build_cache(engine, build_cache_bound(int(built.get("Size") or 0), int(base.get("Size") or 0)), say)
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        bounding = pool.submit(bounded)
+        keep_only(engine, plan.lock_name, keep, say)
+        bounding.result()
 
 
 def _checked_and_normalised(
