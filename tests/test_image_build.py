@@ -523,7 +523,7 @@ def test_an_in_image_mismatch_fails_the_build_and_leaves_no_tag(
         packages = [{**p, "version": "9.9"} if p["name"] == "tinyone" else p for p in manifest["packages"]]
         return compare_inimage(report, {**manifest, "packages": packages})
 
-    monkeypatch.setattr("envbuild.image.build.compare_inimage", wrong_version)  # the build judges with it
+    monkeypatch.setattr("envbuild.image.checked.compare_inimage", wrong_version)  # the build judges with it
     with pytest.raises(EngineError, match=r"package tinyone: 1\.0 installed, the lock pins 9\.9"):
         build_image(read_lock(path), options(work, tags=(tag,)), engine=engine)
     assert engine.inspect(tag) is None

@@ -1,4 +1,4 @@
-"""`envbuild image`: plan → context → Dockerfile → (engine) → normalise → check → record.
+"""`envbuild image`: plan → context → Dockerfile → (engine) → check → normalise → record.
 
 Each stage hands the next a typed value; only the engine module (not here) talks to a daemon.
 """

@@ -39,8 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import tarfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -50,17 +49,15 @@ from typing import Any
 from envbuild.config import SourceOptions, fetch_command
 from envbuild.data.reference import check_name_and_tag
 from envbuild.engine.client import Engine
-from envbuild.engine.containers import RunOutput
-from envbuild.errors import EngineError, EnvbuildError, InputError
+from envbuild.errors import EnvbuildError, InputError
 from envbuild.fetch import Inputs, exporter_for, fetch_inputs, newest_commit_date
 from envbuild.image.assemble import BuildContext, assemble_context, meta_files
 from envbuild.image.base import ensure_base
 from envbuild.image.buildcache import context_dir, lock_name_held, read_map, remember, sync_dir
 from envbuild.image.built import BUILDER, BuiltImage, write_built
-from envbuild.image.inimage_verdict import compare_inimage, inimage_command, read_report, reported_parents
-from envbuild.image.normalise import CanonicalImage, meta_layer, normalise
+from envbuild.image.checked import InImageMismatch, checked_and_normalised, last_parents
 from envbuild.image.packages_image import ensure_packages_image
-from envbuild.image.plan import META_PARENTS, MOUNT_POINT, ContextPlan, plan_context
+from envbuild.image.plan import ContextPlan, plan_context
 from envbuild.image.rebuild import answer_from_record, built_before
 from envbuild.image.render import (
     RAW_REPOSITORY,
@@ -70,11 +67,7 @@ from envbuild.image.render import (
     render_dockerfile,
 )
 from envbuild.image.result import BuildResult, default_tag, write_record
-from envbuild.image.retention import (
-    bound_build_cache,
-    build_cache_bound,
-    keep_only,
-)
+from envbuild.image.retention import tidy
 from envbuild.image.stream import buildkit_context
 from envbuild.image.treestore import TreeStore, tree_key
 from envbuild.index.filecache import FileCache
@@ -90,10 +83,6 @@ __all__ = ["RAW_REPOSITORY", "BuildRefused", "BuildResult", "ImageOptions", "bui
 
 class BuildRefused(EnvbuildError):
     """The lock fails verify: nothing was fetched or built."""
-
-
-class InImageMismatch(EngineError):
-    """The built image does not hold what the lock pins (no image was made of it, no tag set)."""
 
 
 @dataclass(frozen=True)
@@ -310,11 +299,7 @@ def _build(build: _Assembled) -> BuildResult:
     stream = buildkit_context(context, render_buildkit_image_dockerfile(plan))
     say(f"building {plan.lock_name} (BuildKit, no network{', no cache' if options.no_cache else ''})")
     with ThreadPoolExecutor(max_workers=1) as pool:
-        # What the meta layer's parents were in the lock's last build, read while this one runs.
-        previous = [
-            tag for image in engine.images(name=f"{RAW_REPOSITORY}/{plan.lock_name}") for tag in image["RepoTags"]
-        ]
-        predicting = pool.submit(engine.entry_headers, previous[0], META_PARENTS) if previous else None
+        predicting = pool.submit(last_parents, engine, plan.lock_name)  # read while this build runs
         outcome = engine.buildkit_build(
             stream,
             nocache=options.no_cache,
@@ -323,7 +308,7 @@ def _build(build: _Assembled) -> BuildResult:
             what="the sources",
             context_dir=sync_dir(options.cache_dir, plan.lock_name, "image"),
         )
-        predicted = predicting.result() if predicting is not None and predicting.exception() is None else None
+        predicted = predicting.result()
 
     meta = meta_files(context)
     meta_sha256 = hashlib.sha256(b"".join(name.encode() + b"\0" + data for name, data in meta.items())).hexdigest()
@@ -337,7 +322,7 @@ def _build(build: _Assembled) -> BuildResult:
         image_id, diff_ids, reused = known["image_id"], tuple(image["RootFS"]["Layers"]), True
         say(f"the engine's cache gave an image already normalised and checked: {image_id}")
     else:
-        normalised = _checked_and_normalised(engine, outcome.image_id, raw_tag, context, predicted, say)
+        normalised = checked_and_normalised(engine, outcome.image_id, raw_tag, context, predicted, say)
         image_id, diff_ids = normalised.image_id, normalised.diff_ids
         # BuildKit may give a new raw ID to a rebuild it answers from its cache: the normalised ID, which
         # is the same for the same layers, says that this image passed the in-image check before.
@@ -393,7 +378,8 @@ def _build(build: _Assembled) -> BuildResult:
             distro_removed=distro_removed,
         ),
     )
-    _tidy(engine, plan, image_id, {raw_tag} | ({packages.reference} if packages else set()), say)
+    keep = {raw_tag} | ({packages.reference} if packages else set())
+    tidy(engine, plan.lock_name, keep, image_id, base_reference(plan), say)
     return BuildResult(
         image_id=image_id,
         tags=build.tags,
@@ -407,75 +393,3 @@ def _build(build: _Assembled) -> BuildResult:
         packages=packages,
         sent=(packages.sent if packages else 0) + stream.payload,
     )
-
-
-def _tidy(engine: Engine, plan: ContextPlan, image_id: str, keep: set[str], say: Progress) -> None:
-    """The engine tidied (:mod:`.retention`): the lock's superseded images, and BuildKit's cache bounded
-    beside it (each is a few calls the engine answers on its own)."""
-
-    def bounded() -> None:
-        built, base = engine.inspect(image_id) or {}, engine.inspect(base_reference(plan)) or {}
-        bound_build_cache(engine, build_cache_bound(int(built.get("Size") or 0), int(base.get("Size") or 0)), say)
-
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        bounding = pool.submit(bounded)
-        keep_only(engine, plan.lock_name, keep, say)
-        bounding.result()
-
-
-def _checked_and_normalised(
-    engine: Engine,
-    raw_id: str,
-    raw_tag: str,
-    context: BuildContext,
-    predicted: Mapping[str, tarfile.TarInfo] | None,
-    say: Progress,
-) -> CanonicalImage:
-    """The in-image check, then the normalised image. The check is a BuildKit step on the raw image, the meta
-    layer's files mounted (the normalised image's file system: the config differs only in build-time
-    noise); it reports the meta layer's parents as the raw image has them. Where the lock's last build said
-    what they were (``predicted``), the image is normalised with those while the check runs, and again only
-    if the check reports otherwise; a failed check leaves no normalised image."""
-    plan, meta = context.plan, meta_files(context)
-
-    def normalised(parents: Mapping[str, tarfile.TarInfo]) -> CanonicalImage:
-        added = (meta_layer(parents, meta, plan.epoch),)
-        return normalise(engine, raw_id, base_reference(plan), plan.epoch, say, added)
-
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        early = pool.submit(normalised, predicted) if predicted is not None else None
-        say("checking the image from inside (installed distributions, source trees)")
-        try:  # in this thread: an interrupt stops the check at once
-            report = _judge_in_image(engine.run_step(raw_tag, inimage_command(), meta, mount=MOUNT_POINT), context)
-        except InImageMismatch:
-            if early is not None and early.exception() is None:
-                _remove_untagged(engine, early.result().image_id)
-            raise
-        parents = reported_parents(report)
-        first = early.result() if early is not None and early.exception() is None else None
-        if first is not None and predicted is not None and _headers(predicted) == _headers(parents):
-            return first
-        if first is not None:  # the parents moved since the lock's last build: that image is not this one
-            _remove_untagged(engine, first.image_id)
-    return normalised(parents)
-
-
-def _headers(parents: Mapping[str, tarfile.TarInfo]) -> dict[str, tuple[int, int, int, int]]:
-    return {path: (h.mode & 0o7777, h.uid, h.gid, int(h.mtime)) for path, h in parents.items()}
-
-
-def _remove_untagged(engine: Engine, image_id: str) -> None:
-    image = engine.inspect(image_id)
-    if image is not None and not image.get("RepoTags"):
-        engine.remove(image_id, force=True)  # made by this build and failed: nothing else refers to it
-
-
-def _judge_in_image(output: RunOutput, context: BuildContext) -> dict[str, Any]:
-    """The in-image check's report, when it says the image holds what the lock pins; else InImageMismatch
-    (nothing is loaded, no tag set)."""
-    report, problems = read_report(output.exit_code, output.stdout, output.stderr)
-    if report is not None:
-        problems = compare_inimage(report, context.manifest)
-    if problems or report is None:
-        raise InImageMismatch("the built image does not hold what the lock pins (not tagged): " + "; ".join(problems))
-    return report

@@ -27,6 +27,8 @@ the engine a few kilobytes. Images under the tags you asked for (``--tag``, the 
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 from envbuild.engine.client import Engine
 from envbuild.errors import EngineError
 from envbuild.image.plan import LOCK_NAME_LABEL, ROLE_LABEL
@@ -97,3 +99,17 @@ def bound_build_cache(engine: Engine, keep: int, say: Progress) -> int:
     if reclaimed:
         say(f"tidied BuildKit's cache: {reclaimed / 1e6:.0f} MB reclaimed, at most {keep / 1e6:.0f} MB kept")
     return reclaimed
+
+
+def tidy(engine: Engine, lock_name: str, keep: set[str], image_id: str, base: str, say: Progress) -> None:
+    """After a build of ``image_id`` on ``base``: :func:`keep_only` ``keep`` of the lock's images, and
+    BuildKit's cache bounded beside it (each is a few calls the engine answers on its own)."""
+
+    def bounded() -> None:
+        built, under = engine.inspect(image_id) or {}, engine.inspect(base) or {}
+        bound_build_cache(engine, build_cache_bound(int(built.get("Size") or 0), int(under.get("Size") or 0)), say)
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        bounding = pool.submit(bounded)
+        keep_only(engine, lock_name, keep, say)
+        bounding.result()
