@@ -175,3 +175,20 @@ def test_the_probe_reports_each_path_asked_for_as_a_layer_header_says_it(tmp_pat
     ]
     with pytest.raises(EngineError, match="did not report /opt/envbuild"):
         reported_parents({"stat": {"/opt": [0o755, 0, 0, 7], "/opt/envbuild": None}})
+
+
+def test_a_report_that_would_inflate_past_its_word_or_the_limit_is_not_read() -> None:
+    """The report comes from the image: a few kB of zeros that would inflate to GBs are refused, not read."""
+    import base64
+    import hashlib
+    import zlib
+
+    bomb = zlib.compress(b"\0" * 5_000_000, 9)  # 5 MB from ~5 kB
+    lines = [probe.ENCODED_PREFIX + base64.b64encode(bomb).decode()]
+    for length, why in ((5_000_000, "at most 1000"), (100, "100 bytes of sha256")):
+        end = f"{probe.ENCODED_END}{hashlib.sha256(b'x').hexdigest()}:{length}"
+        with pytest.raises(ValueError, match=why):
+            probe.read_encoded("\n".join([*lines, end]), limit=1000)
+    for bad in ([0o755, 0, 0, -1], [0o100755, 0, 0, 1], [0o755, 1 << 40, 0, 1], [0o755, 0, 0, True], "x"):
+        with pytest.raises(EngineError, match="did not report /opt of the image"):
+            reported_parents({"stat": {"/opt": bad, "/opt/envbuild": [0o755, 0, 0, 1]}})

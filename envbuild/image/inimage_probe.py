@@ -65,6 +65,7 @@ ENCODED_PREFIX = "envbuild-report:"
 ENCODED_END = "envbuild-report-end:"
 ENCODED_LINE = 4000
 ENCODED_RATE = 128 << 10
+ENCODED_LIMIT = 256 << 20  # bytes of a report the host reads: the real lock's is ~150 kB
 COMMIT_MARKER = ".envbuild-commit"
 
 
@@ -368,9 +369,10 @@ def write_encoded(text: str, out, rate: int = ENCODED_RATE) -> None:
     out.flush()
 
 
-def read_encoded(output: str) -> str:
+def read_encoded(output: str, limit: int = ENCODED_LIMIT) -> str:
     """The text :func:`write_encoded` wrote into ``output`` (other lines are left out); a ValueError
-    when it did not come whole."""
+    when it did not come whole, or says it is longer than ``limit`` bytes (it is decompressed no further:
+    a few kB that would inflate to GBs are refused, not read)."""
     import base64
     import binascii
     import hashlib
@@ -381,12 +383,15 @@ def read_encoded(output: str) -> str:
     if len(ends) != 1:
         raise ValueError("no end line" if not ends else "several end lines")
     sha256, _, length = ends[0][len(ENCODED_END) :].partition(":")
+    if not length.isdigit() or int(length) > limit:
+        raise ValueError(f"it says it is {length[:20]!r} bytes long, at most {limit} are read")
     encoded = "".join(line[len(ENCODED_PREFIX) :] for line in lines if line.startswith(ENCODED_PREFIX))
+    inflate = zlib.decompressobj()
     try:
-        data = zlib.decompress(base64.b64decode(encoded, validate=True))
+        data = inflate.decompress(base64.b64decode(encoded, validate=True), int(length) + 1)
     except (binascii.Error, zlib.error) as exc:
         raise ValueError(f"it does not decode: {exc}") from None
-    if str(len(data)) != length or hashlib.sha256(data).hexdigest() != sha256:
+    if str(len(data)) != length or hashlib.sha256(data).hexdigest() != sha256 or inflate.unconsumed_tail:
         raise ValueError(f"{len(data)} bytes arrived, not the {length} bytes of sha256 {sha256[:12]}")
     return data.decode("utf-8")
 

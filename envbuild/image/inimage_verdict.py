@@ -27,6 +27,7 @@ from envbuild.image.plan import META_PARENTS, MOUNT_POINT
 SCRIPT = Path(inimage_probe.__file__)
 CHECK_SCRIPT = f"{MOUNT_POINT}/inimage_probe.py"  # where the check's step has the meta layer's files
 CHECK_MANIFEST = f"{MOUNT_POINT}/manifest.json"
+STAT_BOUNDS = (0o10000, 1 << 32, 1 << 32, 1 << 33)  # mode, uid, gid, mtime: what a layer's tar header holds
 
 
 def inimage_command() -> list[str]:
@@ -56,8 +57,12 @@ def reported_parents(report: dict[str, Any]) -> dict[str, tarfile.TarInfo]:
     parents = {}
     for path in META_PARENTS:
         stat = (report.get("stat") or {}).get(path)
-        if not (isinstance(stat, list) and len(stat) == 4 and all(isinstance(v, int) for v in stat)):
-            raise EngineError(f"the in-image check did not report {path} of the image (got {stat!r})")
+        if not (
+            isinstance(stat, list)
+            and len(stat) == 4
+            and all(type(v) is int and 0 <= v < bound for v, bound in zip(stat, STAT_BOUNDS))
+        ):
+            raise EngineError(f"the in-image check did not report {path} of the image (got {str(stat)[:80]})")
         header = tarfile.TarInfo(path.lstrip("/"))
         header.type, (header.mode, header.uid, header.gid, header.mtime) = tarfile.DIRTYPE, stat
         parents[path] = header
