@@ -228,21 +228,23 @@ def step_dockerfile(image: str, command: Sequence[str], mount: str) -> str:
 
 
 def step_context(dockerfile: str, files: Mapping[str, bytes]) -> bytes:
-    """The step's context as a tar: the Dockerfile first, then ``files/<name>``; ustar headers (BuildKit
-    takes a body whose first member has a PAX header for a Dockerfile, not a tar)."""
+    """The step's context as a tar: the Dockerfile, the directory ``files/``, each of ``files`` in it; GNU
+    headers, never PAX (BuildKit takes a body whose first member has a PAX header for a Dockerfile)."""
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.GNU_FORMAT) as tar:
-        entries = [("Dockerfile", dockerfile.encode())] + [(f"files/{n}", data) for n, data in sorted(files.items())]
-        folder = tarfile.TarInfo("files")
-        folder.type, folder.mode = tarfile.DIRTYPE, 0o755
-        for index, (name, data) in enumerate(entries):
-            if index == 1:
-                tar.addfile(folder)
+
+        def add(name: str, data: bytes | None) -> None:
             info = tarfile.TarInfo(name)
-            info.size, info.mode = len(data), 0o644
-            tar.addfile(info, io.BytesIO(data))
-        if len(entries) == 1:
-            tar.addfile(folder)
+            if data is None:
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+            else:
+                info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+
+        add("Dockerfile", dockerfile.encode())
+        add("files", None)
+        for name, data in sorted(files.items()):
+            add(f"files/{name}", data)
     return out.getvalue()
 
 
