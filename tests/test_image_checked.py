@@ -66,7 +66,6 @@ def loads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(checked, "normalise", normalise)
     monkeypatch.setattr(checked, "base_reference", lambda plan: "base")
-    monkeypatch.setattr(checked, "meta_files", lambda context: {"manifest.json": b"{}"})
     monkeypatch.setattr(checked, "compare_inimage", lambda report, manifest: [])
     return made
 
@@ -75,7 +74,8 @@ CONTEXT: Any = SimpleNamespace(plan=SimpleNamespace(epoch=5), manifest={})
 
 
 def run(engine: Engine, predicted: dict[str, tarfile.TarInfo] | None) -> CanonicalImage:
-    return checked.checked_and_normalised(engine, "sha256:raw", "raw:tag", CONTEXT, predicted, lambda _: None)  # type: ignore[arg-type]
+    meta = {"manifest.json": b"{}"}
+    return checked.checked_and_normalised(engine, "sha256:raw", "raw:tag", CONTEXT, meta, predicted, lambda _: None)  # type: ignore[arg-type]
 
 
 def test_the_last_build_s_parents_held_the_image_normalised_beside_the_check_is_kept(loads: list[int]) -> None:

@@ -322,7 +322,7 @@ def _build(build: _Assembled) -> BuildResult:
         image_id, diff_ids, reused = known["image_id"], tuple(image["RootFS"]["Layers"]), True
         say(f"the engine's cache gave an image already normalised and checked: {image_id}")
     else:
-        normalised = checked_and_normalised(engine, outcome.image_id, raw_tag, context, predicted, say)
+        normalised = checked_and_normalised(engine, outcome.image_id, raw_tag, context, meta, predicted, say)
         image_id, diff_ids = normalised.image_id, normalised.diff_ids
         # BuildKit may give a new raw ID to a rebuild it answers from its cache: the normalised ID, which
         # is the same for the same layers, says that this image passed the in-image check before.

@@ -18,9 +18,9 @@ from typing import Any
 from envbuild.engine.client import Engine
 from envbuild.engine.containers import RunOutput
 from envbuild.errors import EngineError, EnvbuildError
-from envbuild.image.assemble import BuildContext, meta_files
+from envbuild.image.assemble import BuildContext
 from envbuild.image.inimage_verdict import compare_inimage, inimage_command, read_report, reported_parents
-from envbuild.image.normalise import CanonicalImage, meta_layer, normalise
+from envbuild.image.normalise import AddedLayer, CanonicalImage, meta_layer, normalise
 from envbuild.image.plan import META_PARENTS, MOUNT_POINT
 from envbuild.image.render import RAW_REPOSITORY, base_reference
 from envbuild.progress import Progress
@@ -34,28 +34,37 @@ class InImageMismatch(EngineError):
 
 def last_parents(engine: Engine, lock_name: str) -> Parents | None:
     """The meta layer's parents in the raw image of the lock's last build, when the engine holds one."""
-    tags = [tag for image in engine.images(name=f"{RAW_REPOSITORY}/{lock_name}") for tag in image["RepoTags"]]
     try:
+        tags = [tag for image in engine.images(name=f"{RAW_REPOSITORY}/{lock_name}") for tag in image["RepoTags"]]
         return engine.entry_headers(tags[0], META_PARENTS) if tags else None
     except EnvbuildError:  # removed meanwhile: nothing to begin with, the check says them
         return None
 
 
 def checked_and_normalised(
-    engine: Engine, raw_id: str, raw_tag: str, context: BuildContext, predicted: Parents | None, say: Progress
+    engine: Engine,
+    raw_id: str,
+    raw_tag: str,
+    context: BuildContext,
+    meta: dict[str, bytes],
+    predicted: Parents | None,
+    say: Progress,
 ) -> CanonicalImage:
-    """The in-image check of ``raw_tag`` (``raw_id``), then the normalised image; ``predicted``: the parents
-    of the lock's last raw image (:func:`last_parents`). The check's files are mounted at the mount point
-    every image has: a mount there moves no directory above the meta layer. A failed check leaves no
-    normalised image."""
-    plan, meta = context.plan, meta_files(context)
+    """The in-image check of ``raw_tag`` (``raw_id``), then the image normalised with the meta layer of
+    ``meta`` (:func:`.assemble.meta_files` of ``context``); ``predicted``: the parents of the lock's last raw
+    image (:func:`last_parents`). The check's files are mounted at the mount point every image has: a mount
+    there moves no directory above the meta layer. A failed check leaves no normalised image."""
+    plan = context.plan
 
-    def normalised(parents: Parents) -> CanonicalImage:
-        added = (meta_layer(parents, meta, plan.epoch),)
-        return normalise(engine, raw_id, base_reference(plan), plan.epoch, say, added)
+    def layer(parents: Parents) -> AddedLayer:
+        return meta_layer(parents, meta, plan.epoch)
 
+    def normalised(added: AddedLayer) -> CanonicalImage:
+        return normalise(engine, raw_id, base_reference(plan), plan.epoch, say, (added,))
+
+    guess = layer(predicted) if predicted is not None else None
     with ThreadPoolExecutor(max_workers=1) as pool:
-        early = pool.submit(normalised, predicted) if predicted is not None else None
+        early = pool.submit(normalised, guess) if guess is not None else None
         say("checking the image from inside (installed distributions, source trees)")
         try:  # in this thread: an interrupt stops the check at once
             report = judged(engine.run_step(raw_tag, inimage_command(), meta, mount=MOUNT_POINT), context)
@@ -63,13 +72,13 @@ def checked_and_normalised(
             if early is not None and early.exception() is None:
                 _remove_untagged(engine, early.result().image_id)
             raise
-        parents = reported_parents(report)
+        added = layer(reported_parents(report))
         first = early.result() if early is not None and early.exception() is None else None
-        if first is not None and predicted is not None and _headers(predicted) == _headers(parents):
+        if first is not None and guess is not None and guess.diff_id == added.diff_id:
             return first
         if first is not None:  # the parents moved since the lock's last build: that image is not this one
             _remove_untagged(engine, first.image_id)
-    return normalised(parents)
+    return normalised(added)
 
 
 def judged(output: RunOutput, context: BuildContext) -> dict[str, Any]:
@@ -80,10 +89,6 @@ def judged(output: RunOutput, context: BuildContext) -> dict[str, Any]:
     if problems or report is None:
         raise InImageMismatch("the built image does not hold what the lock pins (not tagged): " + "; ".join(problems))
     return report
-
-
-def _headers(parents: Parents) -> dict[str, tuple[int, int, int, int]]:
-    return {path: (h.mode & 0o7777, h.uid, h.gid, int(h.mtime)) for path, h in parents.items()}
 
 
 def _remove_untagged(engine: Engine, image_id: str) -> None:
