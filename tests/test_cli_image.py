@@ -41,3 +41,37 @@ def test_dry_run_of_the_real_lock_renders_and_says_what_a_build_would_refuse(
 def test_a_bad_tag_is_an_input_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["image", str(REAL_LOCK), "--dry-run", "--tag", "Bad Tag", "--cache-dir", str(tmp_path)])
     assert code == 2 and "--tag" in capsys.readouterr().err
+
+
+def test_a_refused_lock_does_not_wait_for_an_engine_that_does_not_answer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine is asked whether it answers while the lock is verified; a lock refused meanwhile is said at
+    once, not after the engine's ping gives up (a host that does not answer: 30 s). The stand-in ping gives
+    up 10 s after it is asked, unless the test lets it go on once the refusal is said."""
+    import threading
+
+    from envbuild.engine.client import Engine
+    from envbuild.errors import EngineError
+    from envbuild.lock import Lock, Source, write_lock
+    from tests.lib.gitrepos import free_port
+
+    asked, answer, ended = threading.Event(), threading.Event(), threading.Event()
+
+    def hung(*args: object) -> Engine:
+        asked.set()
+        answer.wait(10)
+        ended.set()
+        raise EngineError("no container engine answers (the stand-in's ping gave up)")
+
+    monkeypatch.setattr(Engine, "connect", staticmethod(hung))
+    source = Source(
+        name="gone", repo=f"git://127.0.0.1:{free_port()}/gone", ref="main", ref_type="branch", commit="a" * 40
+    )
+    write_lock(tmp_path / "gone.lock.yaml", Lock(version=1, name="gone", sources=(source,)))
+    code = main(["image", str(tmp_path / "gone.lock.yaml"), "--cache-dir", str(tmp_path / "c")])
+    err = capsys.readouterr().err
+    refused_before_the_ping_ended = not ended.is_set()
+    answer.set()
+    assert asked.is_set() and refused_before_the_ping_ended
+    assert code == 1 and "refusing to build, the lock fails verify: source gone: unreachable" in err

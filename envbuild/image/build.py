@@ -39,8 +39,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -252,18 +253,30 @@ def build_image(
 @contextmanager
 def _connecting(engine: Engine | None) -> Iterator[Callable[[], Engine]]:
     """How to get the engine: ``engine``, or one connected to (a ping) in a thread from the start, while the
-    caller works, and closed when the block ends; no engine is one :class:`EngineError`, raised where the
-    engine is asked for."""
+    caller works; no engine is one :class:`EngineError`, raised where the engine is asked for. A block that
+    ends without asking (a refused lock) does not wait for the ping (a host that does not answer takes
+    :data:`~envbuild.engine.calls.CONNECT_TIMEOUT`): the engine is closed whenever it answers."""
     if engine is not None:
         yield lambda: engine
         return
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        connecting = pool.submit(Engine.connect)
+    connected: Future[Engine] = Future()
+
+    def connect() -> None:
         try:
-            yield connecting.result
-        finally:
-            if connecting.exception() is None:
-                connecting.result().close()
+            connected.set_result(Engine.connect())
+        except BaseException as exc:  # handed to whoever asks for the engine
+            connected.set_exception(exc)
+
+    threading.Thread(target=connect, name="envbuild-engine-connect", daemon=True).start()
+
+    def close(done: Future[Engine]) -> None:
+        if done.exception() is None:
+            done.result().close()
+
+    try:
+        yield connected.result
+    finally:
+        connected.add_done_callback(close)
 
 
 def _cached(files: FileCache, sha256: str) -> Path:
