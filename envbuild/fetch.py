@@ -134,7 +134,7 @@ def _fetch_trees(pins: list[TreePin], exporter: TreeExporter, jobs: int, say: Pr
         if has_commit(exporter, pin):
             return entry
         say(f"fetching the files of {pin.what} ({pin.commit[:12]})")
-        fetch_commit(exporter, pin)
+        fetch_commit(exporter, pin, absent=True)
         return dataclasses.replace(entry, fetched=True)
 
     problems: list[str] = []

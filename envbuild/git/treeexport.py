@@ -123,16 +123,27 @@ def _complete(exporter: TreeExporter, repo: CachedRepo, commit: str) -> str | No
     with exporter._whole_lock:
         if key in exporter._whole:
             return exporter._whole[key]
-    git = exporter.cache.git
-    trees = git.commit_trees(repo.path, [commit])
-    if commit not in trees:
+    tree = complete_tree(exporter.cache.git.run(_COMPLETE + [commit, "--"], repo=repo.path), commit)
+    if tree is not None:
+        with exporter._whole_lock:
+            exporter._whole[key] = tree
+    return tree
+
+
+# One git for "is the commit here, with every object of its tree": the commit, its root tree (the first
+# object after it, with an empty path), every object below; a missing commit prints nothing, a missing
+# object "?SHA" (and git fetches nothing it lacks).
+_COMPLETE = ["rev-list", "--objects", "--no-walk", "--missing=print", "--ignore-missing"]
+
+
+def complete_tree(listing: str, commit: str) -> str | None:
+    """The root tree of ``commit`` in ``git rev-list --objects`` output (:data:`_COMPLETE`) when every
+    object listed is present, else None."""
+    lines = listing.splitlines()
+    if len(lines) < 2 or lines[0] != commit or any(line.startswith("?") for line in lines):
         return None
-    out = git.run(["rev-list", "--objects", "--no-walk", "--missing=print", commit, "--"], repo=repo.path)
-    if any(line.startswith("?") for line in out.splitlines()):
-        return None
-    with exporter._whole_lock:
-        exporter._whole[key] = trees[commit]
-    return trees[commit]
+    tree, space, path = lines[1].partition(" ")
+    return tree if space and not path and len(tree) == len(commit) else None
 
 
 def has_commit(exporter: TreeExporter, pin: TreePin) -> bool:
@@ -146,11 +157,12 @@ def whole_tree(exporter: TreeExporter, pin: TreePin) -> str | None:
     return _complete(exporter, repo, pin.commit) if repo.exists() else None
 
 
-def fetch_commit(exporter: TreeExporter, pin: TreePin) -> CachedRepo:
-    """Make the export repository for ``pin`` hold its commit and the whole tree of it."""
+def fetch_commit(exporter: TreeExporter, pin: TreePin, *, absent: bool = False) -> CachedRepo:
+    """Make the export repository for ``pin`` hold its commit and the whole tree of it. ``absent``: the
+    caller has just found it incomplete (:func:`whole_tree`): it is looked for again only under the lock."""
     url = exporter.mirrors.rewrite(pin.repo)
     repo = exporter.cache.repo(url)
-    if repo.exists() and _complete(exporter, repo, pin.commit):
+    if not absent and repo.exists() and _complete(exporter, repo, pin.commit):
         return repo
     if exporter.offline:
         raise ExportError(

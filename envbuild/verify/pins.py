@@ -134,7 +134,7 @@ def _fetched_whole(
         tree = whole_tree(exporter, pin)
         if tree is None:
             progress(f"fetching the files of {pin.what} ({pin.commit[:12]})")
-            fetch_commit(exporter, pin)
+            fetch_commit(exporter, pin, absent=True)
             tree = whole_tree(exporter, pin)
         return {pin.commit: tree} if tree is not None else {}
 
