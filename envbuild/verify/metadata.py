@@ -49,6 +49,7 @@ from envbuild.index.client import MAX_METADATA, MAX_RANGE_BYTES, IndexClient
 from envbuild.index.filecache import FileCache
 from envbuild.index.wheelmeta import MetadataError, metadata_sha256, read_wheel_metadata
 from envbuild.lock.model import Lock, Package, PackageFile
+from envbuild.lock.platform import normalised
 from envbuild.progress import Progress, silent
 from envbuild.verify.closure import PackageMetadata
 
@@ -182,7 +183,7 @@ class MetadataReader:
                 data = read_wheel_metadata(remote, file.filename, max_read=MAX_RANGE_BYTES)
         if pinned is not None and metadata_sha256(data) != pinned:
             raise MetadataMismatch(file.filename, pinned, metadata_sha256(data), by_index=served_by_index)
-        _requires(data, package, file.filename, settled=True)  # only what names the package is kept
+        _requires(data, package, file.filename, settled=False)  # only what names the package is kept
         if pinned is not None:  # only bytes the lock pins are kept: nothing an index says alone
             self.dir.mkdir(parents=True, exist_ok=True)
             write_atomic(self.dir / pinned, data)
@@ -356,11 +357,27 @@ def _bounded(size: int, read: Callable[[], bytes]) -> bytes:
 def _parse(data: bytes) -> RawMetadata:
     """The core metadata's fields as written (packaging's raw layer: nothing validated, so each check
     here sees the text the file holds). A Requires-Dist packaging could not even decode is refused, never
-    dropped: a requirement silently lost is what the closure check exists to prevent."""
-    raw, unparsed = parse_email(data)
+    dropped: a requirement silently lost is what the closure check exists to prevent. Only the headers
+    are parsed (:func:`header_block`): the body is the long description, which no check reads."""
+    raw, unparsed = parse_email(header_block(data))
     for text in unparsed.get("requires-dist", []):
         raise MetadataError(f"Requires-Dist {text!r} cannot be read")
     return raw
+
+
+def header_block(data: bytes) -> bytes:
+    """A core metadata file's header lines: up to its first empty line, where the email format's body
+    begins (torch's body is a README of some 30 kB; the email parser reads every line of it)."""
+    at = 0
+    while at < len(data):
+        end = data.find(b"\n", at)
+        line = data[at:] if end < 0 else data[at:end]
+        if line in (b"", b"\r"):
+            return data[:at]
+        if end < 0:
+            break
+        at = end + 1
+    return data
 
 
 def _metadata_version(raw: RawMetadata) -> Version:
@@ -387,7 +404,7 @@ def _requires(data: bytes, package: Package, filename: str, *, settled: bool) ->
     found = []
     for text in raw.get("requires_dist", []):
         try:
-            found.append(str(Requirement(str(text).strip())))
+            found.append(normalised(str(text).strip()))
         except InvalidRequirement as exc:
             raise MetadataError(f"Requires-Dist {str(text)!r} is not PEP 508: {exc}") from None
     return found
