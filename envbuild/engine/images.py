@@ -156,13 +156,19 @@ class Images(EngineBase):
 
     def machine(self) -> str:
         """The engine host's machine name, as the engine reports it (``x86_64``, ``aarch64``)."""
-        with engine_errors("info", self.address):
-            return str(self.api.info().get("Architecture") or "")
+        return str(self._host_info().get("Architecture") or "")
 
     def memory_bytes(self) -> int:
         """The engine host's memory, as the engine reports it."""
-        with engine_errors("info", self.address):
-            return int(self.api.info().get("MemTotal") or 0)
+        return int(self._host_info().get("MemTotal") or 0)
+
+    def _host_info(self) -> dict[str, Any]:
+        """``docker info``, asked once for this object (the host's machine and memory do not change)."""
+        found = self.__dict__.get("_info")
+        if found is None:
+            with engine_errors("info", self.address):
+                found = self.__dict__["_info"] = dict(self.api.info())
+        return found
 
     def prune_build_cache(self, keep_storage: int) -> int:
         """Prune BuildKit's cache down to ``keep_storage`` bytes (what it reports it reclaimed). The
