@@ -261,23 +261,91 @@ def top_level_names(dist, path: str) -> list:
     return sorted(set(names))
 
 
-def import_module(name: str) -> dict:
-    """Import one module in a fresh interpreter; its last error line if it fails."""
+# An interpreter for one import, started before its module is known (its start, ~20 ms, then overlaps the
+# metadata scan): it reads the module's name from stdin, then imports it; an empty name imports nothing.
+IMPORT_CODE = "import importlib, sys; name = sys.stdin.readline().strip(); name and importlib.import_module(name)"
+
+
+def _interpreter():
+    """A fresh interpreter for :data:`IMPORT_CODE`, with the site as users have it (not ``-I``)."""
     import subprocess
 
     env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
-    code = f"import importlib; importlib.import_module({name!r})"
+    return subprocess.Popen(
+        [sys.executable, "-c", IMPORT_CODE],
+        cwd="/",
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def import_module(name: str, process=None) -> dict:
+    """Import one module in a fresh interpreter (``process``: one :func:`_interpreter` started before);
+    its last error line if it fails."""
+    import subprocess
+
+    process = process or _interpreter()
     try:
-        done = subprocess.run(
-            [sys.executable, "-c", code], cwd="/", env=env, capture_output=True, text=True, timeout=IMPORT_TIMEOUT
-        )
+        _, stderr = process.communicate(name + "\n", timeout=IMPORT_TIMEOUT)
     except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
         return {"module": name, "ok": False, "error": f"did not finish in {IMPORT_TIMEOUT} s"}
-    if done.returncode == 0:
+    if process.returncode == 0:
         return {"module": name, "ok": True, "error": None}
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    error = lines[-1][:500] if lines else f"exit status {done.returncode}"
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    error = lines[-1][:500] if lines else f"exit status {process.returncode}"
     return {"module": name, "ok": False, "error": error}
+
+
+class Importers:
+    """Up to IMPORTS_AT_ONCE interpreters started at once (``expected``: how many imports there may be),
+    each waiting for its module (:meth:`run`); the ones not needed are told to import nothing."""
+
+    def __init__(self, expected: int) -> None:
+        self.slots = max(1, min(expected, os.cpu_count() or 1, IMPORTS_AT_ONCE))
+        self.ready = [_interpreter() for _ in range(min(expected, self.slots))]
+
+    def run(self, names: list) -> dict:
+        """Each module imported in its own interpreter, ``slots`` side by side (an import of torch's stack
+        is seconds of one core, and memory); {module: result} in the order given."""
+        import queue
+        import threading
+
+        unique = list(dict.fromkeys(names))
+        todo: queue.Queue = queue.Queue()
+        for name in unique:
+            todo.put(name)
+        results: dict = {}
+        ready, lock = list(self.ready), threading.Lock()
+        self.ready = []
+
+        def work() -> None:
+            while True:
+                try:
+                    name = todo.get_nowait()
+                except queue.Empty:
+                    return
+                with lock:
+                    process = ready.pop() if ready else None
+                results[name] = import_module(name, process)
+
+        workers = [threading.Thread(target=work) for _ in range(min(self.slots, len(unique)))]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        for process in ready:  # started for imports that turned out not to be there
+            process.communicate("\n")
+        return {name: results[name] for name in unique}
+
+
+def import_all(names: list) -> dict:
+    """Each module imported in its own interpreter, a few side by side."""
+    return Importers(len(set(names))).run(names)
 
 
 def top_levels(entry: dict, dists: dict) -> tuple:
@@ -303,33 +371,27 @@ def import_report(levels: tuple, imported: dict) -> dict:
     }
 
 
-def import_all(names: list) -> dict:
-    """Each module imported in its own interpreter, a few side by side (an import of torch's stack is
-    seconds of one core, and memory: at most IMPORTS_AT_ONCE at a time)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    unique = list(dict.fromkeys(names))
-    workers = max(1, min(len(unique), os.cpu_count() or 1, IMPORTS_AT_ONCE))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        return dict(zip(unique, pool.map(import_module, unique)))
-
-
 def report(manifest_path: str) -> dict:
     """What is installed, as the host judges it (:func:`envbuild.image.inimage_verdict.compare_inimage`)."""
-    from concurrent.futures import ThreadPoolExecutor
+    import threading
 
     with open(manifest_path, encoding="utf-8") as handle:
         manifest = json.load(handle)
+    sources = manifest.get("sources", [])
+    # The interpreters for the imports start while the metadata is scanned; they import while the trees
+    # are hashed here.
+    importers = Importers(sum(s.get("mode", "editable") != "none" for s in sources))
     scanned = scan()
     found, where, copies = distributions(scanned)
     dists = installed_distributions(scanned)
-    sources = manifest.get("sources", [])
     levels = [top_levels(s, dists) for s in sources]
-    # The imports run in interpreters of their own while the trees are hashed here.
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        importing = pool.submit(import_all, [name for _, names, _ in levels for name in names])
-        trees = [source_report(s) for s in sources]
-        imported = importing.result()
+    imported: dict = {}
+    importing = threading.Thread(
+        target=lambda: imported.update(importers.run([name for _, names, _ in levels for name in names]))
+    )
+    importing.start()
+    trees = [source_report(s) for s in sources]
+    importing.join()
     return {
         "report_version": REPORT_VERSION,
         "manifest": manifest_path,
