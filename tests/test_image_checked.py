@@ -41,8 +41,14 @@ class Engine:
 
     def __init__(self, output: RunOutput) -> None:
         self.output, self.removed, self.tags = output, [], {}  # type: ignore[var-annotated]
+        self.events: list[str] = []
 
-    def run_step(self, image: str, command: list[str], files: dict[str, bytes], *, mount: str) -> RunOutput:
+    def run_step(
+        self, image: str, command: list[str], files: dict[str, bytes], *, mount: str, started: Any = None
+    ) -> RunOutput:
+        self.events.append("step")
+        if started is not None:
+            started.set()
         return self.output
 
     def inspect(self, ref: str) -> dict[str, Any]:
@@ -75,7 +81,24 @@ CONTEXT: Any = SimpleNamespace(plan=SimpleNamespace(epoch=5), manifest={})
 
 def run(engine: Engine, predicted: dict[str, tarfile.TarInfo] | None) -> CanonicalImage:
     meta = {"manifest.json": b"{}"}
-    return checked.checked_and_normalised(engine, "sha256:raw", "raw:tag", CONTEXT, meta, predicted, lambda _: None)  # type: ignore[arg-type]
+    done = checked.checked_and_normalised(
+        engine,  # type: ignore[arg-type]
+        "sha256:raw",
+        "raw:tag",
+        CONTEXT,
+        meta,
+        predicted,
+        lambda _: None,
+    )
+    assert checked.parents_entry(done.parents) == {
+        "/opt": [0o755, 0, 0, 1],
+        "/opt/envbuild": [0o755, 0, 0, done_mtime(done)],
+    }
+    return done.image
+
+
+def done_mtime(done: checked.Checked) -> int:
+    return int(done.parents["/opt/envbuild"].mtime)
 
 
 def test_the_last_build_s_parents_held_the_image_normalised_beside_the_check_is_kept(loads: list[int]) -> None:
@@ -97,3 +120,21 @@ def test_a_failed_check_keeps_no_normalised_image(loads: list[int]) -> None:
     with pytest.raises(checked.InImageMismatch, match="the in-image check exited with status 1: boom"):
         run(engine, parents(7))
     assert engine.removed == ["sha256:7"]
+
+
+def test_the_next_build_predicts_the_parents_the_check_reported(loads: list[int]) -> None:
+    """What a build keeps of the reported parents (parents_entry) is what the next one predicts with."""
+    engine = Engine(report_output(envbuild_mtime=7))
+    first = checked.checked_and_normalised(engine, "sha256:raw", "raw:tag", CONTEXT, {}, None, lambda _: None)  # type: ignore[arg-type]
+    kept = json.loads(json.dumps(checked.parents_entry(first.parents)))  # as the cache's map keeps it
+    predicted = checked.last_parents(kept)
+    assert predicted is not None and run(Engine(report_output(envbuild_mtime=7)), predicted).image_id == "sha256:7"
+    assert loads == [7, 7]  # the second build normalised once, with the prediction
+
+
+@pytest.mark.parametrize(
+    "kept",
+    [None, [], {}, {"/opt": [0o755, 0, 0, 1]}, {"/opt": "x", "/opt/envbuild": [1, 2, 3, 4]}, {"/opt": [-1, 0, 0, 1]}],
+)
+def test_a_kept_prediction_that_does_not_read_as_a_report_predicts_nothing(kept: object) -> None:
+    assert checked.last_parents(kept) is None

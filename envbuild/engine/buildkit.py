@@ -126,8 +126,16 @@ class BuildKitProgress:
     instructions (``[stage-2 3/7] RUN …``). Use as a context manager around reading the stream: a timer
     thread says when a step runs long."""
 
-    def __init__(self, say: Progress, heartbeat: float = STEP_HEARTBEAT, *, keep_output: int = 0) -> None:
+    def __init__(
+        self,
+        say: Progress,
+        heartbeat: float = STEP_HEARTBEAT,
+        *,
+        keep_output: int = 0,
+        step_started: threading.Event | None = None,
+    ) -> None:
         self.say, self.heartbeat = say, heartbeat
+        self.step_started = step_started  # set when the first step that is not from the cache starts
         self.keep_output = keep_output  # bytes of each step's stdout and stderr kept whole (:meth:`output`)
         self.image_id: str | None = None
         self._names: dict[str, str] = {}
@@ -202,6 +210,8 @@ class BuildKitProgress:
             self._started[digest] = now
             if _numbered(self._names[digest]) and not vertex.cached:
                 self.say(f"step {_short(self._names[digest])}")
+                if self.step_started is not None:
+                    self.step_started.set()
         if vertex.error:
             self._failed = digest
             return

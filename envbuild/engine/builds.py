@@ -12,6 +12,7 @@ import json
 import shutil
 import tarfile
 import tempfile
+import threading
 from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -172,7 +173,15 @@ class Builds(EngineBase):
             raise EngineError("build: the engine finished without naming the built image")
         return build.image_id
 
-    def run_step(self, image: str, command: Sequence[str], files: Mapping[str, bytes], *, mount: str) -> RunOutput:
+    def run_step(
+        self,
+        image: str,
+        command: Sequence[str],
+        files: Mapping[str, bytes],
+        *,
+        mount: str,
+        started: threading.Event | None = None,
+    ) -> RunOutput:
         """Run ``command`` as the one ``RUN`` of a build on ``image`` (a name the engine holds), by the
         engine's BuildKit: no network, no cache, ``files`` ({name: bytes}) bind-mounted read-only at
         ``mount``, ``/tmp`` a tmpfs; its exit status, stdout and stderr, as a container's run gives them.
@@ -185,7 +194,7 @@ class Builds(EngineBase):
         second: a command with more to say compresses it (a clipped output is an error here)."""
         dockerfile = step_dockerfile(image, command, mount)
         archive = step_context(dockerfile, files)
-        build = BuildKitProgress(silent, keep_output=STEP_OUTPUT)
+        build = BuildKitProgress(silent, keep_output=STEP_OUTPUT, step_started=started)
         image_id = self._api_solve(
             ContextStream(lambda: iter((archive,)), len(archive)), build, None, "Dockerfile", True, None
         )

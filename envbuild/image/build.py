@@ -41,8 +41,8 @@ import dataclasses
 import hashlib
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from concurrent.futures import Future
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,9 +54,9 @@ from envbuild.errors import EnvbuildError, InputError
 from envbuild.fetch import Inputs, exporter_for, fetch_inputs, newest_commit_date
 from envbuild.image.assemble import BuildContext, assemble_context, meta_files
 from envbuild.image.base import ensure_base
-from envbuild.image.buildcache import context_dir, lock_name_held, read_map, remember, sync_dir
+from envbuild.image.buildcache import context_dir, kept_parents, lock_name_held, read_map, remember, sync_dir
 from envbuild.image.built import BUILDER, BuiltImage, write_built
-from envbuild.image.checked import InImageMismatch, checked_and_normalised, last_parents
+from envbuild.image.checked import InImageMismatch, checked_and_normalised, last_parents, parents_entry
 from envbuild.image.packages_image import ensure_packages_image
 from envbuild.image.plan import ContextPlan, plan_context
 from envbuild.image.rebuild import answer_from_record, built_before
@@ -263,9 +263,14 @@ def _connecting(engine: Engine | None) -> Iterator[Callable[[], Engine]]:
 
     def connect() -> None:
         try:
-            connected.set_result(Engine.connect())
+            found = Engine.connect()
         except BaseException as exc:  # handed to whoever asks for the engine
             connected.set_exception(exc)
+            return
+        with suppress(EnvbuildError):  # what every build asks (its base's platform, the CLI it builds
+            found.machine()  # with: `docker version`), asked here while the caller works
+            found.build_cli  # noqa: B018
+        connected.set_result(found)
 
     threading.Thread(target=connect, name="envbuild-engine-connect", daemon=True).start()
 
@@ -311,21 +316,19 @@ def _build(build: _Assembled) -> BuildResult:
     raw_tag = raw_reference(plan)
     stream = buildkit_context(context, render_buildkit_image_dockerfile(plan))
     say(f"building {plan.lock_name} (BuildKit, no network{', no cache' if options.no_cache else ''})")
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        predicting = pool.submit(last_parents, engine, plan.lock_name)  # read while this build runs
-        outcome = engine.buildkit_build(
-            stream,
-            nocache=options.no_cache,
-            progress=say,
-            tag=raw_tag,
-            what="the sources",
-            context_dir=sync_dir(options.cache_dir, plan.lock_name, "image"),
-        )
-        predicted = predicting.result()
+    outcome = engine.buildkit_build(
+        stream,
+        nocache=options.no_cache,
+        progress=say,
+        tag=raw_tag,
+        what="the sources",
+        context_dir=sync_dir(options.cache_dir, plan.lock_name, "image"),
+    )
 
     meta = meta_files(context)
     meta_sha256 = hashlib.sha256(b"".join(name.encode() + b"\0" + data for name, data in meta.items())).hexdigest()
-    known = read_map(options.cache_dir).get(outcome.image_id)
+    normalised_map = read_map(options.cache_dir)
+    known = normalised_map.get(outcome.image_id)
     image = (
         engine.inspect(known["image_id"])
         if known and known.get("lock_sha256") == plan.lock_sha256 and known.get("meta_sha256") == meta_sha256
@@ -335,15 +338,16 @@ def _build(build: _Assembled) -> BuildResult:
         image_id, diff_ids, reused = known["image_id"], tuple(image["RootFS"]["Layers"]), True
         say(f"the engine's cache gave an image already normalised and checked: {image_id}")
     else:
-        normalised = checked_and_normalised(engine, outcome.image_id, raw_tag, context, meta, predicted, say)
-        image_id, diff_ids = normalised.image_id, normalised.diff_ids
+        predicted = last_parents(kept_parents(normalised_map, plan.lock_name))
+        checked = checked_and_normalised(engine, outcome.image_id, raw_tag, context, meta, predicted, say)
+        image_id, diff_ids = checked.image.image_id, checked.image.diff_ids
         # BuildKit may give a new raw ID to a rebuild it answers from its cache: the normalised ID, which
         # is the same for the same layers, says that this image passed the in-image check before.
         reused = not options.no_cache and any(
             isinstance(entry, dict)
             and entry.get("image_id") == image_id
             and entry.get("lock_sha256") == plan.lock_sha256
-            for entry in read_map(options.cache_dir).values()
+            for entry in normalised_map.values()
         )
         if reused:
             say(f"{image_id[:19]} passed the in-image check before")
@@ -355,6 +359,7 @@ def _build(build: _Assembled) -> BuildResult:
                 "lock_sha256": plan.lock_sha256,
                 "lock_name": plan.lock_name,
                 "meta_sha256": meta_sha256,
+                "parents": parents_entry(checked.parents),
             },
         )
 

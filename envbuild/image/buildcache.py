@@ -5,10 +5,11 @@ from raw built images to the normalised, checked images made from them, and one 
   ``envbuild check``), held by an ``flock`` on ``work/build-*.lock``; removed when the build ends,
   however it ends (an exception or Ctrl-C unwinds through it); the ones a killed build left behind
   (their lock no longer held) are removed by the next build on its way in.
-- ``normalized.json``: ``{raw image ID: {"image_id": normalised ID, "lock_sha256": …, "lock_name": …}}``
-  for the newest raw image of each lock name that passed the in-image check, so a rebuild the engine
-  answers from its layer cache skips normalising and checking. Written under a lock, atomically; a
-  damaged map only costs a normalisation.
+- ``normalized.json``: ``{raw image ID: {"image_id": normalised ID, "lock_sha256": …, "lock_name": …,
+  "parents": …}}`` for the newest raw image of each lock name that passed the in-image check, so a rebuild
+  the engine answers from its layer cache skips normalising and checking, and the next build of the lock
+  knows the meta layer's parents the check reported (:func:`.checked.last_parents`). Written under a
+  lock, atomically; a damaged map only costs a normalisation.
 - ``built/<lock sha256>.json``: the record of a lock built and checked, a rebuild's answer
   (:mod:`envbuild.image.built`).
 - ``locks/<lock name>.lock``: held while a build of that lock uses the engine, so that two builds of one
@@ -65,6 +66,15 @@ def read_map(cache_dir: Path) -> dict[str, dict[str, Any]]:
     except (OSError, ValueError):
         return {}  # a missing or damaged map only costs a normalisation
     return data if isinstance(data, dict) else {}
+
+
+def kept_parents(known: dict[str, dict[str, Any]], lock_name: str) -> object:
+    """What the map (:func:`read_map`) keeps of the meta layer's parents for ``lock_name``'s newest raw
+    image (as written: the caller reads it), or None."""
+    for entry in known.values():
+        if isinstance(entry, dict) and entry.get("lock_name") == lock_name:
+            return entry.get("parents")
+    return None
 
 
 def remember(cache_dir: Path, raw_id: str, entry: dict[str, Any]) -> None:
