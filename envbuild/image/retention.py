@@ -69,12 +69,12 @@ def keep_only(engine: Engine, lock_name: str, keep: set[str], say: Progress) -> 
     for container in engine.containers({LOCK_NAME_LABEL: lock_name, ROLE_LABEL: "packages"}):
         engine.remove_container(container.id, stop_timeout=0)
     dropped = []
-    for repository in (f"{RAW_REPOSITORY}/{lock_name}", f"{PACKAGES_REPOSITORY}/{lock_name}"):
-        for image in engine.images(name=repository):
-            for tag in image.get("RepoTags") or ():
-                if tag.startswith(f"{repository}:") and tag not in keep:
-                    engine.remove(tag)
-                    dropped.append(tag)
+    repositories = (f"{RAW_REPOSITORY}/{lock_name}", f"{PACKAGES_REPOSITORY}/{lock_name}")
+    for image in engine.images(filters={"reference": list(repositories)}):  # one call for both
+        for tag in image.get("RepoTags") or ():
+            if tag.rpartition(":")[0] in repositories and tag not in keep:
+                engine.remove(tag)
+                dropped.append(tag)
     removed = prune_dangling(engine, lock_name)
     if dropped or removed:
         say(
@@ -103,7 +103,10 @@ def bound_build_cache(engine: Engine, keep: int, say: Progress) -> int:
 
 def tidy(engine: Engine, lock_name: str, keep: set[str], image_id: str, base: str, say: Progress) -> None:
     """After a build of ``image_id`` on ``base``: :func:`keep_only` ``keep`` of the lock's images, and
-    BuildKit's cache bounded beside it (each is a few calls the engine answers on its own)."""
+    BuildKit's cache bounded beside it (each is a few calls the engine answers on its own). Never while a
+    step runs: tried beside the in-image check's step, the superseded raw image's removal left BuildKit's
+    cache a record whose layer was gone, and the next build of the lock failed (``failed to prepare …:
+    committed: no such file or directory``, docker 20.10)."""
 
     def bounded() -> None:
         built, under = engine.inspect(image_id) or {}, engine.inspect(base) or {}
