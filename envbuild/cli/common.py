@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import threading
@@ -28,7 +29,18 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def run(prog: str, parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
-    """Parse, dispatch to ``args.handler(args) -> int``, and map the project's errors to exit codes."""
+    """Parse, dispatch to ``args.handler(args) -> int``, and map the project's errors to exit codes.
+    ``argv`` None: the process's own arguments, and the process ends when this returns: what the command
+    made is left to that end (:func:`gc.freeze`) — Python's last collection would walk every object the
+    imports made first (0.03 s of a one-source rebuild's 2 s); atexit handlers and finalizers still run."""
+    try:
+        return _run(prog, parser, argv)
+    finally:
+        if argv is None:
+            gc.freeze()
+
+
+def _run(prog: str, parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
     _offer_global_options(parser)
     try:
