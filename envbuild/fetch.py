@@ -29,6 +29,7 @@ from envbuild.git.treeexport import (
     commit_dates,
     fetch_commit,
     has_commit,
+    known_date,
     source_pin,
     submodule_pins,
 )
@@ -113,12 +114,15 @@ def newest_commit_date(lock: Lock, exporter: TreeExporter) -> int | None:
     dates = []
     for source in lock.sources:
         url = exporter.mirrors.rewrite(source.repo)
-        found = commit_dates(exporter.cache, url, [source.commit]) or commit_dates(
-            exporter.verify_cache, url, [source.commit]
-        )
-        if source.commit not in found:
-            raise EnvbuildError(f"source {source.name}: commit {source.commit} is not in {exporter.cache.root}")
-        dates.append(found[source.commit])
+        date = known_date(exporter, url, source.commit)  # what this build's export found, else git
+        if date is None:
+            found = commit_dates(exporter.cache, url, [source.commit]) or commit_dates(
+                exporter.verify_cache, url, [source.commit]
+            )
+            if source.commit not in found:
+                raise EnvbuildError(f"source {source.name}: commit {source.commit} is not in {exporter.cache.root}")
+            date = found[source.commit]
+        dates.append(date)
     return max(dates) if dates else None
 
 

@@ -32,9 +32,12 @@ def file_lock(path: Path, *, blocking: bool = True, shared: bool = False) -> Ite
 
 
 @contextmanager
-def held_lock(path: Path, *, blocking: bool = True, shared: bool = False) -> Iterator[int | None]:
+def held_lock(
+    path: Path, *, blocking: bool = True, shared: bool = False, waited: list[bool] | None = None
+) -> Iterator[int | None]:
     """Like :func:`file_lock`, yielding the locked descriptor (None when not held), for a child
-    process that must hold the lock as long as it lives (``pass_fds``)."""
+    process that must hold the lock as long as it lives (``pass_fds``). ``waited``: True is appended to
+    it when another process held the lock first (and this one waited for it)."""
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
@@ -42,11 +45,16 @@ def held_lock(path: Path, *, blocking: bool = True, shared: bool = False) -> Ite
             raise cache_fault(path.parent, exc) from None
         raise CacheError(f"{path}: cannot open the cache lock: {exc.strerror}") from None
     try:
+        mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
         try:
-            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if blocking else fcntl.LOCK_NB))
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
         except BlockingIOError:
-            yield None
-            return
+            if not blocking:
+                yield None
+                return
+            if waited is not None:
+                waited.append(True)
+            fcntl.flock(fd, mode)
         yield fd
     finally:
         os.close(fd)  # closing releases the lock, unless a child still holds the descriptor

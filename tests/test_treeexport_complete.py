@@ -1,6 +1,6 @@
 """Is a commit in the export cache whole? One `git rev-list --objects`, read by `complete_tree`, on real
-repositories: a whole commit gives its tree, a commit whose blobs a partial clone left out gives none,
-and so does a commit the repository lacks."""
+repositories: a whole commit gives its tree (and its date), a commit whose blobs a partial clone left out
+gives none, and so does a commit the repository lacks."""
 
 from __future__ import annotations
 
@@ -31,9 +31,10 @@ def listing(repo: Path, commit: str) -> str:
     return git(*_COMPLETE, commit, "--", cwd=repo)
 
 
-def test_a_whole_commit_gives_its_tree(tmp_path: Path) -> None:
+def test_a_whole_commit_gives_its_tree_and_date(tmp_path: Path) -> None:
     repo, commit, tree = upstream(tmp_path)
-    assert complete_tree(listing(repo, commit), commit) == tree
+    date = int(git("log", "-1", "--format=%ct", commit, cwd=repo))
+    assert complete_tree(listing(repo, commit), commit) == (tree, date)
 
 
 def test_a_commit_missing_blobs_gives_none(tmp_path: Path) -> None:

@@ -110,7 +110,8 @@ class TreeExporter:
         self.cache = GitCache(Path(cache_dir) / "git-export")
         self.verify_cache = verify_cache or GitCache(Path(cache_dir) / "git")
         self.mirrors, self.offline = mirrors, offline
-        self._whole: dict[tuple[Path, str], str] = {}  # (export repository, commit) → tree, found complete
+        # (export repository, commit) → (tree, committer date), found complete
+        self._whole: dict[tuple[Path, str], tuple[str, int]] = {}
         self._whole_lock = threading.Lock()
 
     def __call__(self, source: Source, dest: Path) -> None:
@@ -122,28 +123,38 @@ def _complete(exporter: TreeExporter, repo: CachedRepo, commit: str) -> str | No
     key = (repo.path, commit)
     with exporter._whole_lock:
         if key in exporter._whole:
-            return exporter._whole[key]
-    tree = complete_tree(exporter.cache.git.run(_COMPLETE + [commit, "--"], repo=repo.path), commit)
-    if tree is not None:
+            return exporter._whole[key][0]
+    found = complete_tree(exporter.cache.git.run(_COMPLETE + [commit, "--"], repo=repo.path), commit)
+    if found is not None:
         with exporter._whole_lock:
-            exporter._whole[key] = tree
-    return tree
+            exporter._whole[key] = found
+    return found[0] if found is not None else None
 
 
-# One git for "is the commit here, with every object of its tree": the commit, its root tree (the first
-# object after it, with an empty path), every object below; a missing commit prints nothing, a missing
-# object "?SHA" (and git fetches nothing it lacks).
-_COMPLETE = ["rev-list", "--objects", "--no-walk", "--missing=print", "--ignore-missing"]
+def known_date(exporter: TreeExporter, url: str, commit: str) -> int | None:
+    """The committer date of a commit this exporter found whole (:func:`whole_tree`), else None."""
+    with exporter._whole_lock:
+        found = exporter._whole.get((exporter.cache.repo(url).path, commit))
+    return found[1] if found is not None else None
 
 
-def complete_tree(listing: str, commit: str) -> str | None:
-    """The root tree of ``commit`` in ``git rev-list --objects`` output (:data:`_COMPLETE`) when every
-    object listed is present, else None."""
+# One git for "is the commit here, with every object of its tree": the commit ("commit SHA", then "SHA
+# DATE"), its root tree (the first object after it, with an empty path), every object below; a missing
+# commit prints nothing, a missing object "?SHA" (and git fetches nothing it lacks).
+_COMPLETE = ["rev-list", "--objects", "--no-walk", "--missing=print", "--ignore-missing", "--format=%H %ct"]
+
+
+def complete_tree(listing: str, commit: str) -> tuple[str, int] | None:
+    """The root tree and committer date of ``commit`` in ``git rev-list --objects`` output
+    (:data:`_COMPLETE`) when every object listed is present, else None."""
     lines = listing.splitlines()
-    if len(lines) < 2 or lines[0] != commit or any(line.startswith("?") for line in lines):
+    if len(lines) < 3 or lines[0] != f"commit {commit}" or any(line.startswith("?") for line in lines):
         return None
-    tree, space, path = lines[1].partition(" ")
-    return tree if space and not path and len(tree) == len(commit) else None
+    listed, _, date = lines[1].partition(" ")
+    tree, space, path = lines[2].partition(" ")
+    if listed != commit or not date.isdigit() or not space or path or len(tree) != len(commit):
+        return None
+    return tree, int(date)
 
 
 def has_commit(exporter: TreeExporter, pin: TreePin) -> bool:
@@ -170,9 +181,13 @@ def fetch_commit(exporter: TreeExporter, pin: TreePin, *, absent: bool = False) 
             "forbids fetching them; run `envbuild lock fetch LOCKFILE` where the upstream is reachable"
         )
     git = exporter.cache.git
-    with exporter.cache.held(url) as (repo, lock_fd):
-        if _complete(exporter, repo, pin.commit):
-            return repo  # another build fetched it while we waited for the lock
+    waited: list[bool] = []
+    with exporter.cache.held(url, waited) as (repo, lock_fd):
+        # Another build may have fetched it while we waited for the lock. Found absent a moment ago and the
+        # lock free: not asked again (at worst, a fetch that finished in between is repeated, and sends
+        # nothing new).
+        if (waited or not absent) and _complete(exporter, repo, pin.commit):
+            return repo
         base = [
             "fetch",
             "--no-filter",
