@@ -10,8 +10,12 @@ The engine runs with ``--bridge=none``: containers need ``network_mode="none"`` 
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import docker
 import docker.errors
@@ -97,11 +101,18 @@ class PushedImage:
 
 
 def push_as(client: docker.DockerClient, source: str, repository: str, tag: str) -> str:
-    """Tag ``source`` as ``repository:tag`` and push it through envbuild's engine; the manifest digest."""
+    """Tag ``source`` as ``repository:tag`` and push it through envbuild's engine; the manifest digest.
+    One such push at a time across the test workers, by a lock keyed by the registry: two workers pushing
+    one image at once (each session pushes the base) left docker-registry 2.8 answering 500 to every later
+    push of the repository ("invalid checksum digest format"); pushed one after the other, the second
+    finds the blobs there."""
     from envbuild.engine.client import Engine
 
     client.images.get(source).tag(repository, tag)
-    return Engine(client).push(f"{repository}:{tag}")
+    key = hashlib.sha256(repository.partition("/")[0].encode()).hexdigest()[:16]
+    with open(Path(tempfile.gettempdir()) / f"envbuild-test-push-{key}.lock", "a") as pushing:
+        fcntl.flock(pushing, fcntl.LOCK_EX)  # released when the file closes
+        return Engine(client).push(f"{repository}:{tag}")
 
 
 def remove_lock_images(client: docker.DockerClient, *names: str, all_images: bool = False) -> None:
