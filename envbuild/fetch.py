@@ -13,7 +13,6 @@ that puts it there.
 
 from __future__ import annotations
 
-import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,11 +26,11 @@ from envbuild.git.treeexport import (
     TreeExporter,
     TreePin,
     commit_dates,
-    fetch_commit,
     has_commit,
     known_date,
     source_pin,
     submodule_pins,
+    whole_fetched,
 )
 from envbuild.index.client import IndexClient, ProjectPage
 from envbuild.index.filecache import FileCache
@@ -134,12 +133,8 @@ def tree_pins(lock: Lock) -> list[TreePin]:
 
 def _fetch_trees(pins: list[TreePin], exporter: TreeExporter, jobs: int, say: Progress) -> list[FetchedInput]:
     def one(pin: TreePin) -> FetchedInput:
-        entry = FetchedInput(pin.kind, pin.name, pin.commit, False)
-        if has_commit(exporter, pin):
-            return entry
-        say(f"fetching the files of {pin.what} ({pin.commit[:12]})")
-        fetch_commit(exporter, pin, absent=True)
-        return dataclasses.replace(entry, fetched=True)
+        _, fetched = whole_fetched(exporter, pin, say)
+        return FetchedInput(pin.kind, pin.name, pin.commit, fetched)
 
     problems: list[str] = []
     results: list[FetchedInput] = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -156,19 +157,17 @@ class Images(EngineBase):
 
     def machine(self) -> str:
         """The engine host's machine name, as the engine reports it (``x86_64``, ``aarch64``)."""
-        return str(self._host_info().get("Architecture") or "")
+        return str(self._host_info.get("Architecture") or "")
 
     def memory_bytes(self) -> int:
         """The engine host's memory, as the engine reports it."""
-        return int(self._host_info().get("MemTotal") or 0)
+        return int(self._host_info.get("MemTotal") or 0)
 
+    @cached_property
     def _host_info(self) -> dict[str, Any]:
         """``docker info``, asked once for this object (the host's machine and memory do not change)."""
-        found = self.__dict__.get("_info")
-        if found is None:
-            with engine_errors("info", self.address):
-                found = self.__dict__["_info"] = dict(self.api.info())
-        return found
+        with engine_errors("info", self.address):
+            return dict(self.api.info())
 
     def prune_build_cache(self, keep_storage: int) -> int:
         """Prune BuildKit's cache down to ``keep_storage`` bytes (what it reports it reclaimed). The

@@ -42,6 +42,7 @@ from envbuild.git.mirrors import Mirrors
 from envbuild.git.remote import FSCK_CONFIG, NO_LAZY_FETCH_URL, GitError
 from envbuild.git.treewriter import TreeWriteError, write_tar_tree
 from envbuild.lock.model import Source, Submodule, walk_submodules
+from envbuild.progress import Progress
 
 EXPORT_NS = "refs/envbuild/export/"
 # Highest-precedence attributes: git archive then writes blobs byte for byte.
@@ -168,6 +169,19 @@ def whole_tree(exporter: TreeExporter, pin: TreePin) -> str | None:
     return _complete(exporter, repo, pin.commit) if repo.exists() else None
 
 
+def whole_fetched(exporter: TreeExporter, pin: TreePin, say: Progress) -> tuple[str, bool]:
+    """The commit's tree, and whether it was fetched: whole in the export cache already, else fetched
+    whole now (said through ``say``)."""
+    tree = whole_tree(exporter, pin)
+    if tree is not None:
+        return tree, False
+    say(f"fetching the files of {pin.what} ({pin.commit[:12]})")
+    repo = fetch_commit(exporter, pin, absent=True)
+    tree = _complete(exporter, repo, pin.commit)
+    assert tree is not None  # fetch_commit found it whole, and the exporter remembers it
+    return tree, True
+
+
 def fetch_commit(exporter: TreeExporter, pin: TreePin, *, absent: bool = False) -> CachedRepo:
     """Make the export repository for ``pin`` hold its commit and the whole tree of it. ``absent``: the
     caller has just found it incomplete (:func:`whole_tree`): it is looked for again only under the lock."""
@@ -260,8 +274,7 @@ def _write(exporter: TreeExporter, pin: TreePin, dest: Path, at: str) -> str:
     repo = fetch_commit(exporter, pin)
     git = exporter.cache.git
     tree = _complete(exporter, repo, pin.commit)
-    if tree is None:  # fetch_commit made sure of it: the cache was changed under us
-        raise ExportError(f"{pin.what}: the files of {pin.commit} left {repo.path} during the build; build again")
+    assert tree is not None  # fetch_commit found it whole, and the exporter remembers it
     problems = []
     if pin.tree is not None and tree != pin.tree:
         problems.append(f"the commit's tree is {tree}, the lock pins tree {pin.tree}")

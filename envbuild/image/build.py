@@ -13,9 +13,9 @@ network, sending the sources alone (:mod:`.stream`) → the in-image check (a Bu
 :meth:`.Engine.run_step`; a mismatch makes no image and sets no tag) → normalise the config
 (:mod:`.normalise`: the layers are the same bytes on every build, so only the config is rewritten and
 loaded, with the in-image check's files as one small layer envbuild writes, its parents as the check
-reports them; the ID must be the computed one; begun beside the check with the parents of the lock's last
-raw image) → tag, push → write the record → tidy the
-engine (:mod:`.retention`).
+reports them; the ID must be the computed one; begun once the check's step starts, with the parents the
+lock's last check reported, :mod:`.checked`) → tag, push → write the record → tidy the engine
+(:mod:`.retention`).
 
 The build fetches what it needs itself, whatever ``lock verify`` fetched: a cold cache and a warm one
 give the same image. ``--offline`` fetches nothing and names what is missing and the command that

@@ -5,7 +5,7 @@ layer's parents as the check reports them.
 
 The check and the config's load each cost the engine a tenth of a second or more: the parents the lock's
 last check reported, kept in the cache (:func:`last_parents`), predict this image's, and the image is
-normalised with them beside the check, then again only if the check reports otherwise.
+normalised with them while the check's step runs, then again only if the check reports otherwise.
 """
 
 from __future__ import annotations
@@ -71,8 +71,8 @@ def checked_and_normalised(
     say: Progress,
 ) -> Checked:
     """The in-image check of ``raw_tag`` (``raw_id``), then the image normalised with the meta layer of
-    ``meta`` (:func:`.assemble.meta_files` of ``context``); ``predicted``: the parents of the lock's last raw
-    image (:func:`last_parents`). The check's files are mounted at the mount point every image has: a mount
+    ``meta`` (:func:`.assemble.meta_files` of ``context``); ``predicted``: the parents the lock's last check
+    reported (:func:`last_parents`). The check's files are mounted at the mount point every image has: a mount
     there moves no directory above the meta layer. A failed check leaves no normalised image.
 
     The normalising with ``predicted`` waits for the check's step to start: the engine serves a load and a

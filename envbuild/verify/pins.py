@@ -11,7 +11,7 @@ from typing import Any
 from envbuild.config import SourceOptions, fetch_command, offline_verify_command, update_command
 from envbuild.git.cache import GitCache
 from envbuild.git.files import OFFLINE_MISS
-from envbuild.git.treeexport import TreeExporter, fetch_commit, source_pin, whole_tree
+from envbuild.git.treeexport import TreeExporter, source_pin, whole_fetched
 from envbuild.index.client import IndexClient
 from envbuild.index.filecache import FileCache
 from envbuild.lock.model import Lock, Package, Source
@@ -130,13 +130,8 @@ def _fetched_whole(
     def whole(pinned: Source) -> dict[str, str]:
         if not fetch or exporter.offline:
             return exporter.cache.commit_trees(exporter.mirrors.rewrite(pinned.repo), [pinned.commit])
-        pin = source_pin(pinned)
-        tree = whole_tree(exporter, pin)
-        if tree is None:
-            progress(f"fetching the files of {pin.what} ({pin.commit[:12]})")
-            fetch_commit(exporter, pin, absent=True)
-            tree = whole_tree(exporter, pin)
-        return {pin.commit: tree} if tree is not None else {}
+        tree, _ = whole_fetched(exporter, source_pin(pinned), progress)
+        return {pinned.commit: tree}
 
     return whole
 
