@@ -59,6 +59,12 @@ def offline_verify_command(lock_path: str | os.PathLike[str], source: SourceOpti
     return _command(["lock", "verify", str(lock_path), "--offline"], source)
 
 
+def verify_command(lock_path: str | os.PathLike[str], source: SourceOptions) -> str:
+    """The `envbuild lock verify` command that checks this lock as a build with ``source`` did: the same
+    cache and mirrors, ``--offline`` when the build was."""
+    return _command(["lock", "verify", str(lock_path), *(["--offline"] if source.offline else [])], source)
+
+
 def update_command(lock_path: str | os.PathLike[str], source: SourceOptions) -> str:
     """The `envbuild lock update` command for this lock, cache and mirrors: what pins an unpinned base."""
     return _command(["lock", "update", str(lock_path)], source)

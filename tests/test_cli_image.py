@@ -75,3 +75,5 @@ def test_a_refused_lock_does_not_wait_for_an_engine_that_does_not_answer(
     answer.set()
     assert asked.is_set() and refused_before_the_ping_ended
     assert code == 1 and "refusing to build, the lock fails verify: source gone: unreachable" in err
+    # the advice names the cache the build used, so that it shows what the build saw
+    assert f"run `envbuild lock verify {tmp_path / 'gone.lock.yaml'} --cache-dir {tmp_path / 'c'}` for details" in err

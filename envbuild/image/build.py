@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envbuild.config import SourceOptions, fetch_command
+from envbuild.config import SourceOptions, fetch_command, verify_command
 from envbuild.data.reference import check_name_and_tag
 from envbuild.engine.client import Engine
 from envbuild.errors import EnvbuildError, InputError
@@ -123,7 +123,7 @@ def require_verified(
         advice = (
             f"run `{fetch_command(read.path, options.source)}` where the upstreams are reachable, then build offline again"
             if options.source.offline and unreachable
-            else f"run `envbuild lock verify {read.path}` for details"
+            else f"run `{verify_command(read.path, options.source)}` for details"
         )
         raise BuildRefused(f"{read.path}: refusing to build, the lock fails verify: {'; '.join(failing)} — {advice}")
     return report
