@@ -1,6 +1,8 @@
-"""``envrun cluster`` for real: two extra dockerd on this machine are two hosts, the image is built from a
-Ray lock by ``envbuild image`` and pushed to the test registry, each host pulls it by digest, and real
-Ray runs in the containers. One image pair and one cluster serve the whole module (tests run in order:
+"""``envrun cluster`` for real: two hosts, each an extra dockerd on this machine behind an sshd of its own
+(:mod:`tests.lib.sshhosts`), so that every engine call ``up``, ``status``, ``down`` and a job's checks
+make goes through real OpenSSH, to the host a Host alias of the user's ssh config names; the image is
+built from a Ray lock by ``envbuild image`` and pushed to the test registry, each host pulls it by
+digest, and real Ray runs in the containers. One image pair and one cluster serve the whole module (tests run in order:
 the failures that must leave nothing first, then the cluster's life, ``down`` last).
 
 Everything started here is stopped by its ID: the engines by PID, containers by container ID (``down``
@@ -21,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from envbuild.data.reference import split_reference
+from envbuild.errors import EngineError
 from envbuild.lock.io import read_lock, write_lock
 from envbuild.lock.platform import OCI_ARCH
 from envrun import ray_api
@@ -34,21 +37,28 @@ from envrun.execute import TargetRefused, execute_run
 from envrun.prepare import RunRequest, prepare_run
 from envrun.rundir import read_status
 from tests.lib.ckptgen import CheckpointSpec, write_checkpoint
-from tests.lib.engines import ExtraEngine, start_engine
 from tests.lib.pyenvs import Venv
 from tests.lib.raycluster import NODE_PORTS, BuiltImage, build_and_push, cluster_file, free_block, node_args
 from tests.lib.raycluster import resolved_lock as ray_lock
 from tests.lib.registryapi import platform_variant, tag_digest
 from tests.lib.services import PushedImage
+from tests.lib.sshhosts import SshHost, ssh_hosts
 from tests.lib.tinyrun import FAKE_TRAINER, Tiny, tiny_setup
 from tests.lib.verlenv import probe_recipe, verl_env, verl_hf_export_dir
 
-pytestmark = [pytest.mark.network, pytest.mark.docker, pytest.mark.registry, pytest.mark.ray, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.network,
+    pytest.mark.docker,
+    pytest.mark.registry,
+    pytest.mark.ray,
+    pytest.mark.sshd,
+    pytest.mark.slow,
+]
 NAME = "pair"
 
 
 def test_a_volume_whose_host_path_is_missing_is_refused_before_anything_starts(
-    images: Images, hosts: list[ExtraEngine], state_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    images: Images, hosts: list[SshHost], state_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # The engine would create the bind's source empty, silently: the job would then read an empty /data.
     (tmp_path / "here").mkdir()
@@ -56,11 +66,11 @@ def test_a_volume_whose_host_path_is_missing_is_refused_before_anything_starts(
         {"host": str(tmp_path / "here"), "container": "/here"},
         {"host": str(tmp_path / "gone"), "container": "/data"},
     ]
-    spec = cluster_file(tmp_path / "c.yaml", "novol", [hosts[0].host], volumes=volumes)
+    spec = cluster_file(tmp_path / "c.yaml", "novol", [hosts[0].url], volumes=volumes)
     args = ["cluster", "up", str(spec), "--image", images.current.reference, "--lock", str(images.current.lock)]
     assert main([*args, "--cache-dir", str(state_dir)]) == 2
     error = one_line_error(capsys)
-    assert hosts[0].host in error and f"do not exist on this host: {tmp_path / 'gone'};" in error
+    assert hosts[0].url in error and f"do not exist on this host: {tmp_path / 'gone'};" in error
     assert str(tmp_path / "here") + "," not in error
     assert not (tmp_path / "gone").exists()  # not created by the check either
     assert containers_of(hosts[0], "novol") == [] and not state_path(state_dir, "novol").exists()
@@ -89,15 +99,10 @@ def images(pushed_base_image: PushedImage, registry: str, tmp_path_factory: pyte
 
 
 @pytest.fixture(scope="module")
-def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ExtraEngine]]:
-    started: list[ExtraEngine] = []
-    try:
-        for index in range(2):
-            started.append(start_engine(tmp_path_factory.mktemp(f"host{index}")))
+def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[SshHost]]:
+    """Two hosts, each its own dockerd behind its own sshd: every engine call of envrun goes through ssh."""
+    with ssh_hosts(2, tmp_path_factory) as (_client, started):
         yield started
-    finally:
-        for engine in started:
-            engine.stop()
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +110,7 @@ def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("state")
 
 
-def containers_of(engine: ExtraEngine, name: str) -> list[str]:
+def containers_of(engine: SshHost, name: str) -> list[str]:
     client = engine.client()
     try:
         return [c.id for c in client.containers.list(all=True, filters={"label": f"{CLUSTER_LABEL}={name}"})]
@@ -113,7 +118,7 @@ def containers_of(engine: ExtraEngine, name: str) -> list[str]:
         client.close()
 
 
-def all_containers(engine: ExtraEngine) -> list[str]:
+def all_containers(engine: SshHost) -> list[str]:
     client = engine.client()
     try:
         return [c.id for c in client.containers.list(all=True)]
@@ -128,34 +133,49 @@ def one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
     return errors[0]
 
 
-def test_an_unreachable_host_fails_up_and_starts_nothing(
-    images: Images, hosts: list[ExtraEngine], state_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_a_host_lost_during_up_leaves_nothing_started_on_any_host(
+    images: Images, hosts: list[SshHost], state_dir: Path, tmp_path: Path
 ) -> None:
-    absent = "unix:///run/envbuild-test-engines/absent-host.sock"
-    spec = cluster_file(tmp_path / "c.yaml", "lost", [hosts[0].host, absent])
-    args = ["cluster", "up", str(spec), "--image", images.current.reference, "--cache-dir", str(state_dir)]
-    assert main(args) == 1
-    assert absent in one_line_error(capsys)
-    assert containers_of(hosts[0], "lost") == [] and not state_path(state_dir, "lost").exists()
+    """The second host's sshd (and every session it serves) dies once the head has started on the first:
+    the worker cannot be started there, and the head is stopped and removed; one line names the host."""
+    spec = load_cluster_file(cluster_file(tmp_path / "c.yaml", "lost", [h.url for h in hosts]))
+    said: list[str] = []
+
+    def progress(message: str) -> None:
+        said.append(message)
+        if message.endswith("started envrun-lost-0"):
+            hosts[1].stop_sshd()
+
+    options = UpOptions(image=images.current.reference, cache_dir=state_dir, lock=read_lock(images.current.lock))
+    try:
+        with pytest.raises(EngineError) as info:
+            cluster_up(spec, options, progress)
+    finally:
+        hosts[1].start_sshd()
+    message = str(info.value)
+    assert "\n" not in message and hosts[1].url in message, message
+    assert any(m.endswith("started envrun-lost-0") for m in said)  # the head had started
+    assert containers_of(hosts[0], "lost") == containers_of(hosts[1], "lost") == []
+    assert not state_path(state_dir, "lost").exists()
 
 
 def test_a_node_that_does_not_join_leaves_nothing_started(
-    images: Images, hosts: list[ExtraEngine], state_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    images: Images, hosts: list[SshHost], state_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # The head comes up on the first host; the second host's node exits at once: the head goes too.
-    spec = cluster_file(tmp_path / "c.yaml", "broken", [h.host for h in hosts], extra={1: ["--no-such-flag"]})
+    spec = cluster_file(tmp_path / "c.yaml", "broken", [h.url for h in hosts], extra={1: ["--no-such-flag"]})
     args = ["cluster", "up", str(spec), "--image", images.current.reference, "--lock", str(images.current.lock)]
     assert main([*args, "--cache-dir", str(state_dir)]) == 1
     error = one_line_error(capsys)
-    assert hosts[1].host in error and "envrun-broken-1" in error and "no-such-flag" in error
+    assert hosts[1].url in error and "envrun-broken-1" in error and "no-such-flag" in error
     assert containers_of(hosts[0], "broken") == containers_of(hosts[1], "broken") == []
     assert not state_path(state_dir, "broken").exists()
 
 
 def test_an_image_of_another_lock_is_refused_before_anything_starts(
-    images: Images, hosts: list[ExtraEngine], state_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    images: Images, hosts: list[SshHost], state_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    spec = cluster_file(tmp_path / "c.yaml", "wrong", [hosts[0].host])
+    spec = cluster_file(tmp_path / "c.yaml", "wrong", [hosts[0].url])
     args = ["cluster", "up", str(spec), "--image", images.stale.reference, "--lock", str(images.current.lock)]
     assert main([*args, "--cache-dir", str(state_dir)]) == 2
     error = one_line_error(capsys)
@@ -166,7 +186,7 @@ def test_an_image_of_another_lock_is_refused_before_anything_starts(
 def test_an_image_for_another_machine_is_refused_naming_the_host(
     images: Images,
     registry: str,
-    hosts: list[ExtraEngine],
+    hosts: list[SshHost],
     state_dir: Path,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
@@ -176,11 +196,11 @@ def test_an_image_for_another_machine_is_refused_naming_the_host(
     other = {"amd64": "arm64", "arm64": "amd64"}[OCI_ARCH[platform.machine()]]
     variant = platform_variant(registry, repository, tag_digest(registry, repository, tag), other)
     reference = f"{registry}/{repository}@{variant.digest}"
-    spec = cluster_file(tmp_path / "c.yaml", "foreign", [hosts[0].host])
+    spec = cluster_file(tmp_path / "c.yaml", "foreign", [hosts[0].url])
     args = ["cluster", "up", str(spec), "--image", reference, "--lock", str(images.current.lock)]
     assert main([*args, "--cache-dir", str(state_dir)]) == 1
     error = one_line_error(capsys)
-    assert hosts[0].host in error and f"an image for {other}" in error and platform.machine() in error
+    assert hosts[0].url in error and f"an image for {other}" in error and platform.machine() in error
     assert containers_of(hosts[0], "foreign") == [] and not state_path(state_dir, "foreign").exists()
 
 
@@ -224,7 +244,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def cluster(
     images: Images,
-    hosts: list[ExtraEngine],
+    hosts: list[SshHost],
     state_dir: Path,
     shared: Path,
     runs: Path,
@@ -237,9 +257,7 @@ def cluster(
     stack = dict.fromkeys((verl.root, verl_env(transfer_queue=False).root, interpreter))
     volumes = [{"host": str(shared), "container": VOLUME}, {"host": str(runs), "container": RUNS, "mode": "rw"}]
     volumes += [{"host": str(p), "container": str(p)} for p in stack]
-    path = cluster_file(
-        tmp_path_factory.mktemp("cluster") / "pair.yaml", NAME, [h.host for h in hosts], volumes=volumes
-    )
+    path = cluster_file(tmp_path_factory.mktemp("cluster") / "pair.yaml", NAME, [h.url for h in hosts], volumes=volumes)
     spec = load_cluster_file(path)
     options = UpOptions(image=images.current.reference, cache_dir=state_dir, lock=read_lock(images.current.lock))
     try:
@@ -248,9 +266,9 @@ def cluster(
         assert main(["cluster", "down", NAME, "--cache-dir", str(state_dir), "-q"]) == 0
 
 
-def test_up_starts_one_checked_node_per_host(cluster: Running, images: Images, hosts: list[ExtraEngine]) -> None:
+def test_up_starts_one_checked_node_per_host(cluster: Running, images: Images, hosts: list[SshHost]) -> None:
     info = cluster.info
-    assert [n.host for n in info.nodes] == [h.host for h in hosts]
+    assert [n.host for n in info.nodes] == [h.url for h in hosts]
     assert [n.head for n in info.nodes] == [True, False]
     for node, host in zip(info.nodes, hosts):
         assert node.image_id == images.current.image_id  # pulled by digest: the very image that was built
@@ -409,7 +427,7 @@ def test_a_lost_export_on_a_node_fails_the_audit(cluster: Running, verl: Venv, r
 
 
 @pytest.fixture()
-def stale_node(cluster: Running, images: Images, hosts: list[ExtraEngine]) -> Iterator[str]:
+def stale_node(cluster: Running, images: Images, hosts: list[SshHost]) -> Iterator[str]:
     """A container of last week's image on the second host, joined to the cluster by hand."""
     client = hosts[1].client()
     repository, tag, digest = split_reference(images.stale.reference)
@@ -465,7 +483,7 @@ def test_a_node_on_another_lock_refuses_the_job(
 
 
 def test_down_leaves_nothing_on_any_host(
-    cluster: Running, hosts: list[ExtraEngine], state_dir: Path, capsys: pytest.CaptureFixture[str]
+    cluster: Running, hosts: list[SshHost], state_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["cluster", "down", NAME, "--cache-dir", str(state_dir)]) == 0
     assert "removed 2 container(s)" in capsys.readouterr().out

@@ -12,6 +12,8 @@ from the docker config (the SDK reads it) and are never printed.
 
 from __future__ import annotations
 
+import math
+
 import docker
 import docker.errors
 import requests
@@ -21,42 +23,58 @@ from envbuild.engine.calls import CONNECT_TIMEOUT, TIMEOUT, engine_address, reas
 from envbuild.engine.containers import Containers
 from envbuild.engine.images import Images
 from envbuild.engine.jobs import Jobs
+from envbuild.engine.ssh import SshLink, SshTarget, ssh_docker_client
 from envbuild.errors import EngineError
 
 
 class Engine(Builds, Images, Containers, Jobs):
     """A docker engine. ``Engine.connect()`` checks that one answers."""
 
-    def __init__(self, client: docker.DockerClient, address: str | None = None) -> None:
+    def __init__(self, client: docker.DockerClient, address: str | None = None, link: SshLink | None = None) -> None:
         self.client = client
         self.api = client.api
         self.address = address or engine_address()
+        self._link = link
 
     @classmethod
-    def connect(cls, address: str | None = None) -> Engine:
+    def connect(cls, address: str | None = None, *, connect_timeout: float = CONNECT_TIMEOUT) -> Engine:
         """The engine at ``DOCKER_HOST``, or at ``address``: ``unix:///path``, ``tcp://host:port`` or
-        ``ssh://user@host`` (through the system's ssh client, so its config and agent apply)."""
+        ``ssh://[user@]host[:port]`` (through the system's ssh client: :mod:`.ssh`). ``connect_timeout``
+        bounds reaching it and its first answer."""
+        url = address or engine_address()
+        link = SshLink(SshTarget.parse(url), connect_timeout=connect_timeout) if url.startswith("ssh://") else None
         try:
-            if address is None:
-                client = docker.from_env(version="auto", timeout=CONNECT_TIMEOUT)
+            client = cls._client(address, link, connect_timeout)
+        except BaseException:
+            if link is not None:
+                link.close()
+            raise
+        client.api.timeout = TIMEOUT  # a host that does not answer is found out fast; a long build is not cut
+        return cls(client, address, link)
+
+    @staticmethod
+    def _client(address: str | None, link: SshLink | None, connect_timeout: float) -> docker.DockerClient:
+        try:
+            if link is not None:
+                link.open()
+                client = ssh_docker_client(link, connect_timeout)
+                client.api._version = client.api._retrieve_server_version()
+            elif address is None:
+                client = docker.from_env(version="auto", timeout=math.ceil(connect_timeout))
             else:
-                client = docker.DockerClient(
-                    base_url=address,
-                    version="auto",
-                    timeout=CONNECT_TIMEOUT,
-                    use_ssh_client=address.startswith("ssh://"),
-                )
+                client = docker.DockerClient(base_url=address, version="auto", timeout=math.ceil(connect_timeout))
             client.ping()
         except (docker.errors.DockerException, requests.RequestException) as exc:
+            said = link.problem() if link is not None else None
             hint = "start dockerd or set DOCKER_HOST" if address is None else "is dockerd running there, and reachable?"
-            raise EngineError(
-                f"no container engine answers at {address or engine_address()}: {reason(exc)} ({hint})"
-            ) from None
-        client.api.timeout = TIMEOUT  # a host that does not answer is found out fast; a long build is not cut
-        return cls(client, address)
+            url = address or engine_address()
+            raise EngineError(f"no container engine answers at {url}: {said or f'{reason(exc)} ({hint})'}") from None
+        return client
 
     def close(self) -> None:
         self.client.close()
+        if self._link is not None:
+            self._link.close()
 
     def __enter__(self) -> Engine:
         return self

@@ -78,9 +78,10 @@ def _down(args: argparse.Namespace) -> int:
 
     name: str = args.target
     hosts: tuple[str, ...] = ()
+    timeout: dict[str, int] = {}
     if args.target.endswith((".yaml", ".yml")) or Path(args.target).is_file():
         spec = load_cluster_file(Path(args.target))
-        name, hosts = spec.name, spec.engines
-    removed = cluster_down(name, _cache_dir(args), hosts, StderrProgress("envrun", args.quiet))
+        name, hosts, timeout = spec.name, spec.engines, {"connect_timeout": spec.connect_timeout}
+    removed = cluster_down(name, _cache_dir(args), hosts, StderrProgress("envrun", args.quiet), **timeout)
     print(f"cluster {name}: removed {len(removed)} container(s)")
     return 0

@@ -8,15 +8,18 @@ state file when a host could not be reached, so running it again finishes the jo
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from envbuild.engine.calls import CONNECT_TIMEOUT
 from envbuild.engine.client import Engine
 from envbuild.engine.jobs import ContainerState
-from envbuild.errors import CacheError, EngineError
+from envbuild.errors import CacheError, EngineError, EnvbuildError
 from envbuild.image.plan import LOCK_LABEL
 from envbuild.progress import Progress, silent
 from envrun import ray_api
+from envrun.cluster.engines import MAX_PARALLEL, each_connected
 from envrun.cluster.info import ClusterInfo, NodeInfo, OtherNode
 from envrun.cluster.nodes import container_name
 from envrun.cluster.state import CLUSTER_LABEL, NODE_ROLE_LABEL, load_state, remove_state, require_state
@@ -42,12 +45,14 @@ def cluster_status(name: str, cache_dir: Path) -> ClusterInfo:
         if node.alive or node.name not in ray_nodes:  # a restarted node's dead entry stays listed
             ray_nodes[node.name] = node
     containers: dict[str, dict[str, ContainerState] | str] = {}
-    for url in dict.fromkeys(state.engines):
-        try:
-            with Engine.connect(url) as engine:
+    with each_connected(state.engines, state.connect_timeout) as engines:
+        for url, engine in engines.items():
+            try:
+                if isinstance(engine, EnvbuildError):
+                    raise engine
                 containers[url] = {c.name: c for c in engine.containers({CLUSTER_LABEL: name})}
-        except EngineError as exc:
-            containers[url] = f"unreachable: {exc}"
+            except EnvbuildError as exc:
+                containers[url] = f"unreachable: {exc}"
     nodes = []
     for index, url in enumerate(state.engines):
         cname = container_name(name, index)
@@ -77,7 +82,13 @@ def cluster_status(name: str, cache_dir: Path) -> ClusterInfo:
     return ClusterInfo(name, state.address, tuple(nodes), others)
 
 
-def cluster_down(name: str, cache_dir: Path, hosts: tuple[str, ...] = (), progress: Progress = silent) -> list[Removed]:
+def cluster_down(
+    name: str,
+    cache_dir: Path,
+    hosts: tuple[str, ...] = (),
+    progress: Progress = silent,
+    connect_timeout: int = CONNECT_TIMEOUT,
+) -> list[Removed]:
     """Remove every container of cluster ``name`` on the hosts its state names (and ``hosts``, from a
     cluster file); then its state file. Raises after trying every host if one could not be reached."""
     try:
@@ -91,21 +102,41 @@ def cluster_down(name: str, cache_dir: Path, hosts: tuple[str, ...] = (), progre
     engines = tuple(dict.fromkeys((*(state.engines if state else ()), *hosts)))
     removed: list[Removed] = []
     unreachable: list[str] = []
-    for url in reversed(engines):  # the head's host is first in the file: its node goes last
-        try:
-            with Engine.connect(url) as engine:
-                for container in sorted(engine.containers({CLUSTER_LABEL: name}), key=_head_last):
-                    if engine.remove_container(container.id):
-                        removed.append(Removed(url, container.name, container.id))
-                        progress(f"{url}: removed {container.name} ({container.id[:12]})")
-        except EngineError as exc:
-            unreachable.append(str(exc))
+    with each_connected(engines, state.connect_timeout if state else connect_timeout) as connected:
+        # Every host at once (a node's stop waits for Ray's shutdown); the head's host goes last, after
+        # its workers, for the head is first in the file.
+        workers = [url for url in reversed(engines) if url != engines[0]]
+        for batch in (workers, engines[:1]):
+            with ThreadPoolExecutor(max_workers=max(1, min(MAX_PARALLEL, len(batch)))) as pool:
+                done = [pool.submit(_down_on, url, connected[url], name, progress) for url in batch]
+            for future in done:
+                gone, problem = future.result()
+                removed.extend(gone)
+                if problem:
+                    unreachable.append(problem)
     if unreachable:
         raise EngineError(
             "; ".join(unreachable) + f" — the state is kept: run `envrun cluster down {name}` again once it answers"
         )
     remove_state(cache_dir, name)
     return removed
+
+
+def _down_on(
+    url: str, engine: Engine | EnvbuildError, name: str, progress: Progress
+) -> tuple[list[Removed], str | None]:
+    """Remove cluster ``name``'s containers on one host, its head last; what was removed, or why not all."""
+    removed: list[Removed] = []
+    try:
+        if isinstance(engine, EnvbuildError):
+            raise engine
+        for container in sorted(engine.containers({CLUSTER_LABEL: name}), key=_head_last):
+            if engine.remove_container(container.id):
+                removed.append(Removed(url, container.name, container.id))
+                progress(f"{url}: removed {container.name} ({container.id[:12]})")
+    except EnvbuildError as exc:
+        return removed, str(exc)
+    return removed, None
 
 
 def _head_last(container: ContainerState) -> tuple[bool, str]:

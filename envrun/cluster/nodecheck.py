@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from envbuild.engine.jobs import ContainerState
-from envbuild.errors import EngineError
+from envbuild.errors import EngineError, EnvbuildError
 from envrun import ray_api
 from envrun.cluster.onnode import MANIFEST, MARKER, TASK_TIMEOUT_SECONDS
 from envrun.cluster.state import ClusterState
@@ -249,20 +249,23 @@ def probe_lines_of(answers: list[dict[str, Any]]) -> tuple[PreflightLine, ...]:
 def engine_image_lines(state: ClusterState) -> tuple[PreflightLine, ...]:
     """For a cluster ``envrun cluster up`` started: each node's container as its host's engine sees it
     (not as the node reports itself) runs the image the cluster was pinned to, by image ID."""
-    from envbuild.engine.client import Engine
+    from envrun.cluster.engines import each_connected
     from envrun.cluster.nodes import container_name
 
     lines = []
-    for index, url in enumerate(state.engines):
-        name = container_name(state.name, index)
-        try:
-            with Engine.connect(url) as engine:
+    with each_connected(state.engines, state.connect_timeout) as engines:
+        for index, url in enumerate(state.engines):
+            name = container_name(state.name, index)
+            try:
+                engine = engines[url]
+                if isinstance(engine, EnvbuildError):
+                    raise engine
                 container = engine.container(name)
                 pinned = engine.inspect(state.image)
-        except EngineError as exc:
-            lines.append(PreflightLine(CHECK, "fail", f"{url}: cannot ask the engine about {name}: {exc}"))
-            continue
-        lines.append(engine_image_line(url, name, container, pinned, state.image))
+            except EnvbuildError as exc:
+                lines.append(PreflightLine(CHECK, "fail", f"{url}: cannot ask the engine about {name}: {exc}"))
+                continue
+            lines.append(engine_image_line(url, name, container, pinned, state.image))
     return tuple(lines)
 
 

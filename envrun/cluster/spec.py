@@ -3,6 +3,7 @@
 ```yaml
 name: glm5                      # the handle for `envrun cluster status/down`
 head_port: 6379                 # optional: the GCS port (Ray's default)
+connect_timeout: 30             # optional: seconds to reach each host's engine (ssh: TCP, keys, login)
 dashboard_port: 8265            # optional: the job API port (Ray's default)
 volumes:                        # optional: on every node, host path -> container path (read-only by default)
   - {host: /data, container: /data}
@@ -119,6 +120,9 @@ class ClusterSpec:
     name: str = field(metadata=meta(pattern=SAFE_NAME, expect="a safe name such as glm5"))
     nodes: tuple[NodeSpec, ...]
     head_port: int = mfield(6379, check=check_port, description="the head's GCS port")
+    connect_timeout: int = mfield(
+        30, minimum=1, maximum=3600, description="seconds to reach each host's engine (over ssh: connect and log in)"
+    )
     dashboard_port: int = mfield(8265, check=check_port, description="the job API port")
     volumes: tuple[Volume, ...] = mfield(
         (), description="host paths every node's container sees (the job's model, data and output directory)"

@@ -40,6 +40,7 @@ class ClusterState:
     lock_sha256: str
     engines: tuple[str, ...]  # one per node, in the cluster file's order; the first is the head's
     address: str | None = None  # the job API URL, once the head is up
+    connect_timeout: int = 30  # the cluster file's: seconds to reach each host's engine
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -50,6 +51,7 @@ class ClusterState:
             "lock_sha256": self.lock_sha256,
             "engines": list(self.engines),
             "address": self.address,
+            "connect_timeout": self.connect_timeout,
         }
 
     @classmethod
@@ -61,7 +63,14 @@ class ClusterState:
             lock_sha256=document["lock_sha256"],
             engines=tuple(document["engines"]),
             address=document.get("address"),
+            connect_timeout=_seconds(document.get("connect_timeout", 30)),
         )
+
+
+def _seconds(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise TypeError("connect_timeout")
+    return value
 
 
 # What takes a cluster down when its state cannot be read: the file it was brought up from names its hosts.

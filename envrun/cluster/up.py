@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -35,6 +34,7 @@ from envbuild.lock.platform import OCI_ARCH
 from envbuild.progress import Progress, silent
 from envrun import ray_api
 from envrun.bytecode import Bytecode, prepare_image
+from envrun.cluster.engines import connected
 from envrun.cluster.info import ClusterInfo, NodeInfo
 from envrun.cluster.nodes import HostFacts, container_name, host_paths, node_container, probe_command, probe_volumes
 from envrun.cluster.spec import ClusterSpec
@@ -75,8 +75,8 @@ def cluster_up(spec: ClusterSpec, options: UpOptions, progress: Progress = silen
             f"cluster {spec.name} is already recorded ({state_path(options.cache_dir, spec.name)}); "
             f"`envrun cluster down {spec.name}` first"
         )
-    with ExitStack() as open_engines:  # every engine connected is closed, however up ends
-        engines = {url: open_engines.enter_context(Engine.connect(url)) for url in spec.engines}
+    progress(f"connecting to {len(spec.engines)} host(s)")
+    with connected(spec.engines, spec.connect_timeout) as engines:  # every one closed, however up ends
         reference = pin_image(options.image, engines[spec.head.engine])
         hosts = _prepare_hosts(spec, engines, reference, progress)
         expected = options.lock.sha256 if options.lock else hosts[spec.head.engine].lock_sha256
@@ -87,7 +87,8 @@ def cluster_up(spec: ClusterSpec, options: UpOptions, progress: Progress = silen
                     f"{url}: {reference} was built from lock sha256 {host.lock_sha256}, not {wanted} "
                     f"(sha256 {expected}); rebuild the image or pass the lock it was built from"
                 )
-        state = ClusterState(spec.name, "starting", reference, expected, tuple(n.engine for n in spec.nodes))
+        engines_of_nodes = tuple(n.engine for n in spec.nodes)
+        state = ClusterState(spec.name, "starting", reference, expected, engines_of_nodes, None, spec.connect_timeout)
         save_state(options.cache_dir, state)
         started: list[_Started] = []
         try:

@@ -72,7 +72,20 @@ def _probe_registry() -> Probe:
     return Probe(True, address)
 
 
-PROBES = {"docker": _probe_docker, "registry": _probe_registry}
+def _probe_sshd() -> Probe:
+    """The programs tests/lib/sshhosts.py starts hosts with (each test starts its own sshd)."""
+    missing = [p for p in ("/usr/sbin/sshd", "/usr/bin/ssh", "/usr/bin/ssh-keygen") if not os.access(p, os.X_OK)]
+    wrapper = [Path(d) / "libnss_wrapper.so" for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu")]
+    if not any(p.exists() for p in wrapper):
+        missing.append("libnss_wrapper.so")
+    if missing:
+        return Probe(
+            False, f"missing {', '.join(missing)}: run scripts/install-test-deps (openssh-server, libnss-wrapper)"
+        )
+    return Probe(True, "/usr/sbin/sshd")
+
+
+PROBES = {"docker": _probe_docker, "registry": _probe_registry, "sshd": _probe_sshd}
 
 
 class ServiceState:

@@ -1,0 +1,233 @@
+"""ssh:// engines through real OpenSSH: two hosts, each an sshd on its own loopback port in front of its own
+dockerd (:mod:`tests.lib.sshhosts`), reached as a user reaches theirs — a Host alias of the user's ssh
+config (which alone knows the port), the user's key or agent, host keys checked against known_hosts.
+
+What a user meets: the engine answers through ssh only (no paramiko in the environment), each host's
+sessions reach that host's engine, and every refusal (an unknown or changed host key, a key the host
+does not take, a host that accepts and then says nothing, sshd down) is one line naming the host and the
+fix, within the connect deadline, with no ssh process left behind.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from envbuild.engine.client import Engine
+from envbuild.engine.ssh import SshTarget, ssh_problem
+from envbuild.errors import EngineError, InputError
+from envrun.cli.main import main
+from tests.lib.services import PushedImage
+from tests.lib.sshhosts import SshClient, SshHost, keygen, ssh_agent, ssh_hosts
+
+pytestmark = [pytest.mark.docker, pytest.mark.sshd]
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SshClient, list[SshHost]]]:
+    with ssh_hosts(2, tmp_path_factory) as made:
+        yield made
+
+
+def ssh_children() -> list[str]:
+    """This process's ssh children still running (none may outlive an engine)."""
+    out = subprocess.run(["ps", "--ppid", str(os.getpid()), "-o", "comm="], capture_output=True, text=True).stdout
+    return [name for name in out.split() if name == "ssh"]
+
+
+def test_no_paramiko_is_needed() -> None:
+    assert importlib.util.find_spec("paramiko") is None  # the README's install has none: ssh:// must not need it
+
+
+def test_each_host_is_reached_through_its_own_sshd_and_reaches_its_own_engine(
+    hosts: tuple[SshClient, list[SshHost]],
+) -> None:
+    _, (first, second) = hosts
+    for host in (first, second):
+        with Engine.connect(host.url) as engine:
+            # Two dockerds on one machine report one engine ID: the data root tells them apart.
+            assert engine.client.info()["DockerRootDir"] == str(host.engine.root / "data")
+            assert engine.address == host.url
+        assert ssh_children() == []
+    log = (first.root / "sshd.log").read_text()
+    assert "Accepted publickey for root" in log  # through that sshd, with the client's key
+
+
+def test_docker_host_may_name_an_ssh_engine(
+    hosts: tuple[SshClient, list[SshHost]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, (first, _second) = hosts
+    monkeypatch.setenv("DOCKER_HOST", first.url)
+    with Engine.connect() as engine:
+        assert engine.client.info()["DockerRootDir"] == str(first.engine.root / "data")
+
+
+@pytest.mark.registry
+def test_a_pull_and_a_container_run_stream_over_ssh(
+    hosts: tuple[SshClient, list[SshHost]], pushed_base_image: PushedImage
+) -> None:
+    _, (first, _second) = hosts
+    with Engine.connect(first.url) as engine:
+        engine.pull(pushed_base_image.by_digest)
+        out = engine.run(pushed_base_image.by_digest, ["sh", "-c", "echo out; echo err >&2; exit 3"])
+        assert (out.exit_code, out.stdout, out.stderr) == (3, "out\n", "err\n")
+        assert 1 <= len(ssh_children()) <= 4  # a master and the API's few connections, not one per call
+    assert ssh_children() == []
+
+
+def refusal(url: str, timeout: float = 10) -> str:
+    with pytest.raises(EngineError) as info:
+        Engine.connect(url, connect_timeout=timeout)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(url), message
+    assert ssh_children() == []  # the master is stopped with the refusal
+    return message
+
+
+def test_an_unknown_host_key_is_refused_naming_the_host_and_the_fix(hosts: tuple[SshClient, list[SshHost]]) -> None:
+    client, (first, second) = hosts
+    with client.known_hosts([second.known_host_line]):  # first's key is not known
+        message = refusal(first.url)
+    assert "not in known_hosts" in message and "ssh-keyscan" in message and "node-0" in message
+
+
+def test_a_changed_host_key_is_refused_with_the_line_that_removes_the_old_one(
+    hosts: tuple[SshClient, list[SshHost]], tmp_path: Path
+) -> None:
+    client, (first, second) = hosts
+    other = keygen(tmp_path / "impostor", "another host key").split()
+    with client.known_hosts([f"[127.0.0.1]:{first.port} {other[0]} {other[1]}", second.known_host_line]):
+        message = refusal(first.url)
+    assert "not the one known_hosts holds" in message and f'-R "[127.0.0.1]:{first.port}"' in message
+
+
+def test_a_key_the_host_does_not_take_is_refused(hosts: tuple[SshClient, list[SshHost]], tmp_path: Path) -> None:
+    client, (first, _second) = hosts
+    stranger = tmp_path / "stranger"
+    keygen(stranger, "a key the hosts do not take")
+    client.extra_config = ["Host node-0", f"  IdentityFile {stranger}", "  IdentitiesOnly yes", ""]
+    client.write()
+    try:
+        message = refusal(first.url)
+    finally:
+        client.extra_config = []
+        client.write()
+    assert "refused every key" in message and "Permission denied (publickey)" in message and "ssh-agent" in message
+
+
+def test_the_users_agent_is_used(hosts: tuple[SshClient, list[SshHost]], monkeypatch: pytest.MonkeyPatch) -> None:
+    client, (first, _second) = hosts
+    # The key leaves the place ssh looks for it by default: only the agent holds it now.
+    hidden = client.home / "agent-only"
+    client.key.rename(hidden)
+    client.key.with_suffix(".pub").rename(hidden.with_suffix(".pub"))
+    try:
+        monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+        assert "refused every key" in refusal(first.url)
+        with ssh_agent(hidden, client.env) as agent:
+            monkeypatch.setenv("SSH_AUTH_SOCK", agent)
+            with Engine.connect(first.url) as engine:
+                assert engine.client.info()["DockerRootDir"] == str(first.engine.root / "data")
+    finally:
+        hidden.rename(client.key)
+        hidden.with_suffix(".pub").rename(client.key.with_suffix(".pub"))
+
+
+@pytest.fixture()
+def silent_host(hosts: tuple[SshClient, list[SshHost]]) -> Iterator[str]:
+    """A host whose port accepts connections and never says a word (a wedged sshd, a black-holing proxy)."""
+    client, _ = hosts
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    accepted: list[socket.socket] = []
+    done = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.2)
+        while not done.is_set():
+            try:
+                accepted.append(listener.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    client.extra_config = ["Host silent", "  HostName 127.0.0.1", f"  Port {listener.getsockname()[1]}", ""]
+    client.write()
+    try:
+        yield "ssh://root@silent"
+    finally:
+        client.extra_config = []
+        client.write()
+        done.set()
+        thread.join()
+        for conn in accepted:
+            conn.close()
+        listener.close()
+
+
+def test_a_host_that_accepts_and_then_hangs_is_given_up_on_at_the_deadline(silent_host: str) -> None:
+    started = time.monotonic()
+    message = refusal(silent_host, timeout=2)
+    assert time.monotonic() - started < 20  # not ssh's nor the kernel's default: the deadline asked for
+    assert "no ssh answer within 2 s" in message
+
+
+def test_a_host_whose_sshd_is_down_is_refused_at_once(hosts: tuple[SshClient, list[SshHost]]) -> None:
+    _, (first, _second) = hosts
+    first.stop_sshd()
+    try:
+        assert "connection refused" in refusal(first.url)
+    finally:
+        first.start_sshd()
+
+
+def test_cluster_up_refuses_a_host_it_cannot_trust_and_starts_nothing(
+    hosts: tuple[SshClient, list[SshHost]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    client, (first, second) = hosts
+    spec = tmp_path / "c.yaml"
+    spec.write_text(f"name: trust\nnodes:\n  - engine: {first.url}\n  - engine: {second.url}\n")
+    with client.known_hosts([first.known_host_line]):
+        code = main(["cluster", "up", str(spec), "--image", "example/none:1", "--cache-dir", str(tmp_path / "state")])
+    assert code == 1
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("envrun: error: ")]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    assert second.url in errors[0] and "not in known_hosts" in errors[0]
+    assert not (tmp_path / "state" / "clusters" / "trust.json").exists()
+    assert ssh_children() == []
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["ssh://-oProxyCommand=touch%20x/", "ssh://-oProxyCommand=x", "ssh://-l@host", "ssh://root:pw@host", "ssh://"],
+)
+def test_an_ssh_url_that_is_not_a_destination_is_refused(url: str) -> None:
+    with pytest.raises(InputError):
+        SshTarget.parse(url)
+
+
+def test_the_destination_names_only_what_the_url_names() -> None:
+    # No -p 22 and no -l when the URL has none: the user's ssh config decides (docker-py's -p 22 overrides it).
+    assert SshTarget.parse("ssh://node-001").args() == ["--", "node-001"]
+    assert SshTarget.parse("ssh://root@node-001:2222").args() == ["-l", "root", "-p", "2222", "--", "node-001"]
+
+
+def test_what_ssh_says_becomes_one_clause() -> None:
+    target = SshTarget.parse("ssh://root@node-001")
+    assert "connection refused" in ssh_problem("ssh: connect to host x port 22: Connection refused\n", 30, target)
+    assert "within 30 s" in ssh_problem("Connection timed out during banner exchange\n", 30, target)
+    assert "resolve" in ssh_problem("ssh: Could not resolve hostname node-001: Name or service not known\n", 30, target)
+    assert ssh_problem("Warning: Permanently added x\nbash: docker: command not found\n", 30, target) == (
+        "ssh: bash: docker: command not found"
+    )
