@@ -38,7 +38,7 @@ from envrun.prepare import RunRequest, prepare_run
 from envrun.rundir import read_status
 from tests.lib.ckptgen import CheckpointSpec, write_checkpoint
 from tests.lib.pyenvs import Venv
-from tests.lib.raycluster import NODE_PORTS, BuiltImage, build_and_push, cluster_file, free_block, node_args
+from tests.lib.raycluster import NODE_PORTS, BuiltImage, build_and_push, cluster_file, free_block, node_args, node_ip
 from tests.lib.raycluster import resolved_lock as ray_lock
 from tests.lib.registryapi import platform_variant, tag_digest
 from tests.lib.services import PushedImage
@@ -281,7 +281,7 @@ def test_up_starts_one_checked_node_per_host(cluster: Running, images: Images, h
         }  # Ray's processes on this host compile each module once
     ids = [n.ray_node_id for n in info.nodes]
     assert len(set(ids)) == 2 and all(i and len(i) == 56 for i in ids)
-    assert cluster.address == f"http://127.0.0.1:{cluster.spec.dashboard_port}"
+    assert cluster.address == f"http://{node_ip(0)}:{cluster.spec.dashboard_port}"
 
 
 def test_status_reads_every_node_live(cluster: Running, state_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -338,6 +338,11 @@ def test_a_job_is_checked_on_every_node_then_reads_the_volume_on_each(
     for line in lines:
         assert line["status"] == "ok" and line["facts"]["lock_sha256"] == images.current.lock_sha256
         assert line["facts"]["answered_from"] == line["facts"]["node_id"]  # the node itself answered
+    # Each node advertises the cluster file's address (Ray's own choice would be the machine's eth0), and a
+    # job's driver reaches the head there.
+    assert sorted(line["facts"]["ip"] for line in lines) == [node_ip(0), node_ip(1)]
+    (address,) = [line for line in recorded if "RAY_ADDRESS=" in line["detail"]]
+    assert address["status"] == "ok" and f"RAY_ADDRESS={node_ip(0)}:{cluster.spec.head_port}" in address["detail"]
     # envrun started these nodes: each host's engine, not the node, says which image each container runs.
     engine_lines = [line for line in recorded if line["name"] == "ray-node" and "the engine runs" in line["detail"]]
     assert [line["status"] for line in engine_lines] == ["ok", "ok"], engine_lines
@@ -434,7 +439,7 @@ def stale_node(cluster: Running, images: Images, hosts: list[SshHost]) -> Iterat
     client.images.pull(repository, tag=digest or tag)
     container = client.containers.run(
         images.stale.reference,
-        ["ray", "start", "--block", f"--address=127.0.0.1:{cluster.spec.head_port}", "--node-name=stale-by-hand"]
+        ["ray", "start", "--block", f"--address={node_ip(0)}:{cluster.spec.head_port}", "--node-name=stale-by-hand"]
         + node_args(free_block(NODE_PORTS), head=False),
         network_mode="host",
         environment={"PYTHONDONTWRITEBYTECODE": ""},

@@ -11,7 +11,7 @@ import pytest
 
 from envrun.bytecode import MOUNT, Bytecode
 from envrun.cli.main import main
-from envrun.cluster.nodecheck import capacity_line, data_lines, model_lines, node_lines
+from envrun.cluster.nodecheck import capacity_line, data_lines, job_address_line, model_lines, node_lines
 from envrun.cluster.nodes import HostFacts, host_paths, node_container, probe_command, ray_start_command
 from envrun.cluster.spec import ClusterFileError, parse_cluster_file
 from envrun.cluster.state import ClusterState, load_state, save_state, state_path
@@ -63,6 +63,8 @@ def test_a_cluster_file_is_data() -> None:
             "c.yaml:8: nodes[2].engine: 'unix://run/docker.sock': expected unix:///absolute/path",
         ),
         (("ip: 10.0.0.1", "ip: node-001"), "c.yaml:5: nodes[0].ip: 'node-001' is not an IP address"),
+        (("ip: 10.0.0.1", "ip: 127.0.0.1"), "nodes[0].ip: 127.0.0.1 is not what the node would advertise: `ray start`"),
+        (("ip: 10.0.0.1", "ip: 0.0.0.0"), "nodes[0].ip: 0.0.0.0 is not an address a node can be reached at"),
         (
             ("[--num-cpus=64]", "[--port=1]"),
             "nodes[0].ray_start_args: --port is set by envrun cluster (set `head_port`)",
@@ -252,8 +254,28 @@ def test_the_node_verdict_names_each_node_and_what_it_runs() -> None:
     assert [line.status for line in node_lines([], want, "x")] == ["fail"]
 
 
+def test_a_node_advertising_another_address_than_the_files_fails() -> None:
+    want = "a" * 64
+    answers = [_answer("1", want), _answer("2", want, ip="192.0.2.2")]
+    lines = node_lines(answers, want, "x", {"n1": "10.0.0.1", "n2": "10.0.0.2"})
+    assert [line.status for line in lines] == ["ok", "fail"]
+    assert "node n2 (ip 192.0.2.2" in lines[1].detail and "advertises 192.0.2.2, not 10.0.0.2" in lines[1].detail
+
+
+def test_the_jobs_driver_must_reach_the_head_at_the_files_address() -> None:
+    answers = [_answer("1", "a", job_ray_address="10.0.0.1:6379")]
+    assert job_address_line(answers, None) is None  # the file gives the head no address: Ray's own choice
+    ok = job_address_line(answers, "10.0.0.1")
+    assert ok is not None and ok.status == "ok"
+    wrong = job_address_line([_answer("1", "a", job_ray_address="192.0.2.2:6379")], "10.0.0.1")
+    assert wrong is not None and wrong.status == "fail"
+    assert "RAY_ADDRESS=192.0.2.2:6379, not the head's address 10.0.0.1" in wrong.detail
+
+
 def test_state_round_trips_and_names_its_file(tmp_path: Path) -> None:
-    state = ClusterState("glm5", "up", "r/x@sha256:" + "a" * 64, "b" * 64, ("ssh://a", "ssh://b"), "http://h:8265")
+    state = ClusterState(
+        "glm5", "up", "r/x@sha256:" + "a" * 64, "b" * 64, ("ssh://a", "ssh://b"), "http://h:8265", 7, ("10.0.0.1", None)
+    )
     save_state(tmp_path, state)
     assert load_state(tmp_path, "glm5") == state and state_path(tmp_path, "glm5").name == "glm5.json"
     assert load_state(tmp_path, "other") is None

@@ -21,6 +21,7 @@ from envbuild.engine.jobs import ContainerState
 from envbuild.errors import EngineError, EnvbuildError
 from envrun import ray_api
 from envrun.cluster.onnode import MANIFEST, MARKER, TASK_TIMEOUT_SECONDS
+from envrun.cluster.spec import same_address
 from envrun.cluster.state import ClusterState
 from envrun.plan import PreflightLine
 from envrun.probe.report import RAY_RESOURCES, cpu_ask
@@ -91,8 +92,11 @@ def node_label(answer: Mapping[str, Any]) -> str:
     return f"node {answer.get('name')} (ip {answer.get('ip')}, Ray node {answer.get('node_id')})"
 
 
-def node_lines(answers: list[dict[str, Any]], lock_sha256: str, lock_file: str) -> tuple[PreflightLine, ...]:
-    """One line per node: ok when it runs ``lock_sha256``; the answer itself rides along for the record."""
+def node_lines(
+    answers: list[dict[str, Any]], lock_sha256: str, lock_file: str, ips: Mapping[str, str] | None = None
+) -> tuple[PreflightLine, ...]:
+    """One line per node: ok when it runs ``lock_sha256`` and advertises the address ``ips`` gives its name
+    (the cluster file's); the answer itself rides along for the record."""
     if not answers:
         return (PreflightLine(CHECK, "fail", "the cluster has no alive node"),)
     lines = []
@@ -112,6 +116,14 @@ def node_lines(answers: list[dict[str, Any]], lock_sha256: str, lock_file: str) 
                 f"{who}: the answer came from Ray node {answer.get('answered_from')}, not this node",
                 facts,
             )
+        elif (wanted := (ips or {}).get(str(answer.get("name")))) and not same_address(str(answer.get("ip")), wanted):
+            line = PreflightLine(
+                CHECK,
+                "fail",
+                f"{who} advertises {answer.get('ip')}, not {wanted} (the cluster file's ip): the other nodes and the "
+                "job's HCCL and Gloo would reach it at another address",
+                facts,
+            )
         elif found is None:
             reason = answer.get("manifest_problem") or "no lock digest"
             line = PreflightLine(CHECK, "fail", f"{who} runs no envbuild image ({MANIFEST}: {reason})", facts)
@@ -123,6 +135,24 @@ def node_lines(answers: list[dict[str, Any]], lock_sha256: str, lock_file: str) 
             line = PreflightLine(CHECK, "ok", f"{who} runs lock sha256 {found}; {npus}", facts)
         lines.append(line)
     return tuple(lines)
+
+
+def job_address_line(answers: list[dict[str, Any]], head_ip: str | None) -> PreflightLine | None:
+    """Where the job's driver connects (``RAY_ADDRESS``, as Ray's job manager sets it for every job) is the
+    head at the cluster file's address; None when the file gives the head none."""
+    told = next((a.get("job_ray_address") for a in answers if a.get("job_ray_address")), None)
+    if not head_ip:
+        return None
+    if not told:
+        return PreflightLine(CHECK, "fail", "the node check's driver was given no RAY_ADDRESS: not a Ray job?")
+    host = str(told).rsplit(":", 1)[0]
+    if not same_address(host, head_ip):
+        return PreflightLine(
+            CHECK,
+            "fail",
+            f"a job's driver connects through RAY_ADDRESS={told}, not the head's address {head_ip} (the cluster file's ip)",
+        )
+    return PreflightLine(CHECK, "ok", f"a job's driver connects through RAY_ADDRESS={told}, the head's address")
 
 
 def capacity_line(answers: list[dict[str, Any]], nnodes: int | None, npus_per_node: int | None) -> PreflightLine:

@@ -18,7 +18,7 @@ from envbuild.engine.jobs import JobSpec
 from envbuild.image.plan import LOCK_LABEL
 from envrun.bytecode import Bytecode, with_bytecode
 from envrun.cluster.spec import ClusterSpec
-from envrun.cluster.state import CLUSTER_LABEL, NODE_LABEL, NODE_ROLE_LABEL
+from envrun.cluster.state import CLUSTER_LABEL, NODE_LABEL, NODE_ROLE_LABEL, container_name
 from envrun.launch.docker_backend import DEVICE_PATTERNS, DRIVER_MOUNTS, devices_and_mounts
 
 # Where a host's paths are seen inside the probe container (read-only binds of what always exists).
@@ -62,10 +62,6 @@ def host_paths(probe_output: str) -> tuple[str, ...]:
     """The probe's answer as host paths (``/host/dev/davinci0`` → ``/dev/davinci0``)."""
     found = json.loads(probe_output)
     return tuple(p[len(PROBE_ROOT) :] for p in found if isinstance(p, str) and p.startswith(PROBE_ROOT + "/"))
-
-
-def container_name(cluster: str, index: int) -> str:
-    return f"envrun-{cluster}-{index}"
 
 
 def ray_start_command(cluster: ClusterSpec, index: int, head_address: str | None, npus: int) -> tuple[str, ...]:

@@ -167,6 +167,8 @@ def main(argv: list[str]) -> int:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     spec = json.loads(argv[0])
+    # Where a job's driver connects, as Ray's job manager tells it (every job's driver is told the same).
+    job_address = os.environ.get("RAY_ADDRESS")
     ray.init()
     remote = ray.remote(num_cpus=0, max_retries=0)(node_answer)
     nodes = [n for n in ray.nodes() if n["Alive"]]
@@ -182,6 +184,7 @@ def main(argv: list[str]) -> int:
             "ip": node["NodeManagerAddress"],
             "npu_resource": node.get("Resources", {}).get("NPU", 0),
             "cpu_resource": node.get("Resources", {}).get("CPU", 0),
+            "job_ray_address": job_address,
         }
         try:
             found: dict[str, Any] = ray.get(ref, timeout=TASK_TIMEOUT_SECONDS)

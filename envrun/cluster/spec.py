@@ -83,11 +83,30 @@ def check_engine_url(url: str) -> str | None:
 
 
 def check_ip(value: str) -> str | None:
+    """An address a node can advertise: Ray, the job's HCCL and Gloo and the other nodes use this one."""
     try:
-        ipaddress.ip_address(value)
+        address = ipaddress.ip_address(value)
     except ValueError:
         return f"{value!r} is not an IP address"
+    if address == ipaddress.ip_address("127.0.0.1"):
+        # ray start replaces 127.0.0.1 (and only it) with the address of the host's default route: the
+        # node would advertise an address the file never named.
+        return (
+            "127.0.0.1 is not what the node would advertise: `ray start` replaces it with the host's own "
+            "address; give the node's address on the cluster's network (or another 127.0.0.x for nodes on "
+            "one machine)"
+        )
+    if address.is_unspecified or address.is_multicast:
+        return f"{value} is not an address a node can be reached at"
     return None
+
+
+def same_address(found: str, wanted: str) -> bool:
+    """One address, however each is written (``::1`` and ``0:0::1``)."""
+    try:
+        return ipaddress.ip_address(found.strip("[]")) == ipaddress.ip_address(wanted.strip("[]"))
+    except ValueError:
+        return found == wanted
 
 
 def check_port(value: int) -> str | None:

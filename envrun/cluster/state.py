@@ -32,6 +32,11 @@ STATE_VERSION = 1
 Phase = Literal["starting", "up"]
 
 
+def container_name(cluster: str, index: int) -> str:
+    """Node ``index``'s container, and its Ray node name."""
+    return f"envrun-{cluster}-{index}"
+
+
 @dataclass(frozen=True)
 class ClusterState:
     name: str
@@ -41,6 +46,11 @@ class ClusterState:
     engines: tuple[str, ...]  # one per node, in the cluster file's order; the first is the head's
     address: str | None = None  # the job API URL, once the head is up
     connect_timeout: int = 30  # the cluster file's: seconds to reach each host's engine
+    ips: tuple[str | None, ...] = ()  # the cluster file's `ip` of each node (None: Ray's choice)
+
+    def expected_ips(self) -> dict[str, str]:
+        """The address each node must advertise, by its node name (its container's)."""
+        return {container_name(self.name, i): ip for i, ip in enumerate(self.ips) if ip}
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -52,6 +62,7 @@ class ClusterState:
             "engines": list(self.engines),
             "address": self.address,
             "connect_timeout": self.connect_timeout,
+            "ips": list(self.ips),
         }
 
     @classmethod
@@ -64,6 +75,7 @@ class ClusterState:
             engines=tuple(document["engines"]),
             address=document.get("address"),
             connect_timeout=_seconds(document.get("connect_timeout", 30)),
+            ips=_addresses(document.get("ips", [])),
         )
 
 
@@ -71,6 +83,12 @@ def _seconds(value: object) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise TypeError("connect_timeout")
     return value
+
+
+def _addresses(value: object) -> tuple[str | None, ...]:
+    if not isinstance(value, list) or not all(ip is None or isinstance(ip, str) for ip in value):
+        raise TypeError("ips")
+    return tuple(value)
 
 
 # What takes a cluster down when its state cannot be read: the file it was brought up from names its hosts.

@@ -37,7 +37,7 @@ from envrun.bytecode import Bytecode, prepare_image
 from envrun.cluster.engines import connected
 from envrun.cluster.info import ClusterInfo, NodeInfo
 from envrun.cluster.nodes import HostFacts, container_name, host_paths, node_container, probe_command, probe_volumes
-from envrun.cluster.spec import ClusterSpec
+from envrun.cluster.spec import ClusterSpec, same_address
 from envrun.cluster.state import CLUSTER_LABEL, ClusterState, load_state, remove_state, save_state, state_path
 
 ADDRESS_FILE = "ray_current_cluster"  # where `ray start --head` writes the GCS address, in its temp dir
@@ -88,7 +88,10 @@ def cluster_up(spec: ClusterSpec, options: UpOptions, progress: Progress = silen
                     f"(sha256 {expected}); rebuild the image or pass the lock it was built from"
                 )
         engines_of_nodes = tuple(n.engine for n in spec.nodes)
-        state = ClusterState(spec.name, "starting", reference, expected, engines_of_nodes, None, spec.connect_timeout)
+        ips = tuple(n.ip for n in spec.nodes)
+        state = ClusterState(
+            spec.name, "starting", reference, expected, engines_of_nodes, None, spec.connect_timeout, ips
+        )
         save_state(options.cache_dir, state)
         started: list[_Started] = []
         try:
@@ -237,15 +240,28 @@ def _wait_joined(address: str, spec: ClusterSpec, started: list[_Started], deadl
         for node in started:
             _check_running(spec, node)
         try:
-            alive = {n.name: n.node_id for n in ray_api.list_nodes(address, timeout=10) if n.alive}
+            alive = {n.name: n for n in ray_api.list_nodes(address, timeout=10) if n.alive}
         except EngineError:
             alive = {}  # the job API is still starting
         missing = [n for n in started if container_name(spec.name, n.index) not in alive]
         if not missing:
-            return alive
+            _check_addresses(spec, started, alive)
+            return {name: node.node_id for name, node in alive.items()}
         if time.monotonic() > deadline:
             raise _stopped(spec, missing[0], f"did not join the cluster at {address} in time")
         time.sleep(POLL_SECONDS)
+
+
+def _check_addresses(spec: ClusterSpec, started: list[_Started], alive: dict[str, ray_api.RayNode]) -> None:
+    """Each node advertises the address the file gives it: the one the other nodes, and the job's HCCL and
+    Gloo, will use to reach it (Ray picks another when the one asked for is not the host's)."""
+    for node in started:
+        wanted, name = spec.nodes[node.index].ip, container_name(spec.name, node.index)
+        if wanted and not same_address(alive[name].ip, wanted):
+            raise EngineError(
+                f"{node.url}: node {name} advertises {alive[name].ip} to the cluster, not {wanted} (the cluster "
+                f"file's ip): is {wanted} an address of that host?"
+            )
 
 
 def _roll_back(spec: ClusterSpec, started: list[_Started], cache_dir: Path, cause: BaseException) -> None:

@@ -53,6 +53,7 @@ class RayLauncher:
             capacity_line,
             cluster_cpu_line,
             data_lines,
+            job_address_line,
             model_lines,
             node_lines,
             probe_lines_of,
@@ -72,11 +73,14 @@ class RayLauncher:
             answers = ask_nodes(self.address, ask)
         except EngineError as exc:  # unverified is refused: a job never starts on nodes nobody checked
             return (PreflightLine(CHECK, "fail", f"the nodes could not be asked which lock they run: {exc}"),)
-        lines = node_lines(answers, plan.lock_sha256, plan.lock_file)
+        ips = plan.cluster.expected_ips() if plan.cluster is not None else {}
+        lines = node_lines(answers, plan.lock_sha256, plan.lock_file, ips)
         if plan.cluster is not None:  # started by envrun: its hosts' engines say what each node runs
             from envrun.cluster.nodecheck import engine_image_lines
 
             lines += engine_image_lines(plan.cluster)
+            address = job_address_line(answers, plan.cluster.ips[0] if plan.cluster.ips else None)
+            lines += (address,) if address is not None else ()
         lines += (capacity_line(answers, plan.nnodes, plan.npus_per_node),)
         lines += model_lines(answers) + data_lines(answers, len(plan.data_files)) + probe_lines_of(answers)
         cpus = cluster_cpu_line(answers) if RAY_CHECK not in skip else None  # a skip is said by run_preflight

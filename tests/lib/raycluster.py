@@ -7,7 +7,8 @@ share this machine — for the ``envrun cluster`` tests.
   each session pins it to its own registry's base image. The wheels go through envbuild's file cache
   in the same directory, so the suite downloads them once per machine.
 - Images: ``envbuild image LOCK --push --json`` run as a user runs it (the console script, a subprocess).
-- Cluster files: every node on 127.0.0.1 with its own block of Ray's ports (host networking), one CPU
+- Cluster files: node i at 127.0.0.<i+2> (an address of this machine's loopback that Ray advertises as
+  given; it replaces 127.0.0.1 with the host's own) with its own block of Ray's ports (host networking), one CPU
   and a small object store.
 """
 
@@ -151,6 +152,11 @@ def node_args(base: int, *, head: bool) -> list[str]:
     return ["--num-cpus=1", "--object-store-memory=100000000", *ports]
 
 
+def node_ip(index: int) -> str:
+    """Node ``index``'s address: the machine's loopback, one address per node (127.0.0.2, 127.0.0.3, …)."""
+    return f"127.0.0.{index + 2}"
+
+
 def cluster_file(
     path: Path,
     name: str,
@@ -159,14 +165,14 @@ def cluster_file(
     extra: dict[int, list[str]] | None = None,
     volumes: list[dict[str, str]] | None = None,
 ) -> Path:
-    """A cluster file: node i on ``engines[i]``, all on 127.0.0.1 with ports of their own; the head's
+    """A cluster file: node i on ``engines[i]`` at :func:`node_ip` ``(i)``, with ports of its own; the head's
     GCS and job API ports come first. ``extra[i]`` is appended to node i's ``ray_start_args``; ``volumes``
     are the file's (every node's)."""
     base = free_block(2 + NODE_PORTS * len(engines))
     nodes = [
         {
             "engine": engine,
-            "ip": "127.0.0.1",
+            "ip": node_ip(i),
             "ray_start_args": node_args(base + 2 + NODE_PORTS * i, head=i == 0) + (extra or {}).get(i, []),
         }
         for i, engine in enumerate(engines)
