@@ -24,7 +24,18 @@ from envrun.plan import PreflightLine, RunPlan
 TARGET_CHECK = "ray-node"
 PROBE_CHECK = "job-probe"  # envrun.probe.report.CHECK, without importing the probe here
 RAY_CHECK = "ray-resources"  # from the probe's facts: the CPUs the job's Ray actors ask for, against its Ray's
-CHECKS = ("image-lock-label", "image-platform", "npus", "model", "data", PROBE_CHECK, RAY_CHECK, TARGET_CHECK)
+NETWORK_CHECK = "network"  # envrun.cluster.network.CHECK: asked of a Ray cluster's nodes, at launch
+CHECKS = (
+    "image-lock-label",
+    "image-platform",
+    "npus",
+    "model",
+    "data",
+    PROBE_CHECK,
+    RAY_CHECK,
+    TARGET_CHECK,
+    NETWORK_CHECK,
+)
 
 ImageLabels = Callable[[str], "dict[str, str]"]  # image ref -> labels; raises EnvbuildError if absent
 ImagePlatform = Callable[[str], "tuple[str, str]"]  # image ref -> (the image's architecture, the engine host's)

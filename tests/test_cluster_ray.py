@@ -275,6 +275,18 @@ def test_up_starts_one_checked_node_per_host(cluster: Running, images: Images, h
         assert node.lock_sha256 == images.current.lock_sha256
         assert containers_of(host, NAME) == [node.container]
         assert node.npus == 0  # no Ascend device on this machine
+        env = dict(e.split("=", 1) for e in host.client().api.inspect_container(node.container)["Config"]["Env"])
+        assert env["HCCL_IF_IP"] == node_ip(info.nodes.index(node)) and env["GLOO_SOCKET_IFNAME"] == "lo"
+        assert env["RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES"] == "1"
+    # The two nodes share this machine: each has HCCL ports of its own.
+    ranges = [
+        dict(e.split("=", 1) for e in h.client().api.inspect_container(n.container)["Config"]["Env"])[
+            "HCCL_HOST_SOCKET_PORT_RANGE"
+        ]
+        for n, h in zip(info.nodes, hosts)
+    ]
+    assert ranges == ["60000-60063", "60128-60191"]  # two engines, one machine: told apart by its hostname
+    for node, host in zip(info.nodes, hosts):
         mounts = host.client().api.inspect_container(node.container)["Mounts"]
         assert ("volume", Bytecode(node.image_id).volume, MOUNT) in {
             (m["Type"], m.get("Name"), m["Destination"]) for m in mounts
@@ -343,6 +355,19 @@ def test_a_job_is_checked_on_every_node_then_reads_the_volume_on_each(
     assert sorted(line["facts"]["ip"] for line in lines) == [node_ip(0), node_ip(1)]
     (address,) = [line for line in recorded if "RAY_ADDRESS=" in line["detail"]]
     assert address["status"] == "ok" and f"RAY_ADDRESS={node_ip(0)}:{cluster.spec.head_port}" in address["detail"]
+    # The network every node would give HCCL and Gloo, and every node reached from the other.
+    network = [line for line in recorded if line["name"] == "network"]
+    assert [line["status"] for line in network] == ["ok"] * 5 + ["skip"], network
+    for index in range(2):
+        assert (
+            f"(ip {node_ip(index)}): HCCL_IF_IP={node_ip(index)}, HCCL_SOCKET_IFNAME=lo, GLOO_SOCKET_IFNAME=lo, "
+            in (network[index]["detail"])
+        )
+    assert "HCCL port ranges apart" in network[2]["detail"]  # both nodes are on this machine: one host
+    for line in network[3:5]:
+        targets = {(c["to"], c["what"]) for c in line["facts"]["connects"]}
+        assert {what for _, what in targets} >= {"Ray's node manager", "Ray's object manager", "the HCCL host port"}
+        assert all(c["error"] is None for c in line["facts"]["connects"])
     # envrun started these nodes: each host's engine, not the node, says which image each container runs.
     engine_lines = [line for line in recorded if line["name"] == "ray-node" and "the engine runs" in line["detail"]]
     assert [line["status"] for line in engine_lines] == ["ok", "ok"], engine_lines
@@ -409,6 +434,25 @@ def test_the_job_probe_runs_on_every_node(
     assert cpus.status == "fail" and "ask for 9 CPU(s) at once (TaskRunnerV1" in cpus.detail, cpus
     assert "the cluster's 2 alive node(s) have 2 (" in cpus.detail and "wait for them forever" in cpus.detail
     assert cpus.facts is not None and cpus.facts["set_for_a_new_ray"] == []
+
+
+def test_a_job_whose_network_is_wrong_is_refused_naming_the_node_and_what_to_set(
+    cluster: Running, images: Images, state_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ray.job_submission import JobSubmissionClient
+
+    jobs = JobSubmissionClient(cluster.address)
+    before = {job.submission_id for job in jobs.list_jobs()}
+    tiny = tiny_setup(tmp_path)
+    run_dir = tmp_path / "run"
+    wrong = ["--env", "GLOO_SOCKET_IFNAME=eth9", "--env", "HCCL_HOST_SOCKET_PORT_RANGE=61000-61063"]
+    assert main([*cluster_run(tiny, images, state_dir), *wrong, "--run-dir", str(run_dir)]) == 1
+    error = one_line_error(capsys)
+    assert "nothing submitted" in error
+    assert f"node envrun-{NAME}-0 (ip {node_ip(0)}): GLOO_SOCKET_IFNAME=eth9 names no interface of this node" in error
+    assert f"nodes envrun-{NAME}-0 and envrun-{NAME}-1 share HCCL host ports 61000-61063" in error
+    new = {job.submission_id for job in jobs.list_jobs()} - before
+    assert new and all(job.startswith("envrun-nodecheck-") for job in new)  # the check ran; the job did not
 
 
 def test_a_lost_export_on_a_node_fails_the_audit(cluster: Running, verl: Venv, runs: Path, tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 from envrun.bytecode import MOUNT, Bytecode
 from envrun.cli.main import main
 from envrun.cluster.nodecheck import capacity_line, data_lines, job_address_line, model_lines, node_lines
-from envrun.cluster.nodes import HostFacts, host_paths, node_container, probe_command, ray_start_command
+from envrun.cluster.nodes import HostFacts, host_facts, host_slots, node_container, probe_command, ray_start_command
 from envrun.cluster.spec import ClusterFileError, parse_cluster_file
 from envrun.cluster.state import ClusterState, load_state, save_state, state_path
 
@@ -126,12 +126,13 @@ def test_ray_start_lines_of_head_and_worker() -> None:
 
 
 def test_a_node_gets_what_its_host_has() -> None:
-    spec = parse_cluster_file(GOOD, "c.yaml")
-    answer = json.dumps(
-        ["/host/dev/davinci0", "/host/dev/davinci1", "/host/dev/davinci_manager", "/host/usr/local/dcmi"]
+    spec = parse_cluster_file(
+        GOOD.replace("tcp://node-002:2375\n", "tcp://node-002:2375\n    ip: 10.0.0.2\n"), "c.yaml"
     )
-    host = HostFacts(host_paths(answer), memory_bytes=64 << 30)
-    assert host.npus == 2
+    paths = ["/host/dev/davinci0", "/host/dev/davinci1", "/host/dev/davinci_manager", "/host/usr/local/dcmi"]
+    interfaces = {"eth0": ["10.0.0.2/24"], "ib0": ["192.168.1.2/24"], "lo": ["127.0.0.1/8"]}
+    host = host_facts(json.dumps({"paths": paths, "interfaces": interfaces}), memory_bytes=64 << 30)
+    assert host.npus == 2 and host.interfaces == interfaces
     bytecode = Bytecode("sha256:" + "c" * 64)
     node = node_container(
         spec, 1, image="r/x@sha256:" + "a" * 64, lock_sha256="b" * 64, host=host, bytecode=bytecode, head_address="h:1"
@@ -146,6 +147,13 @@ def test_a_node_gets_what_its_host_has() -> None:
         "RAY_USAGE_STATS_ENABLED": "0",
         "PYTHONPYCACHEPREFIX": "/var/cache/envrun/bytecode",
         "PYTHONDONTWRITEBYTECODE": "",
+        # HCCL and Gloo on the interface that carries the file's ip on this host; the node's own HCCL ports
+        "HCCL_IF_IP": "10.0.0.2",
+        "HCCL_SOCKET_IFNAME": "eth0",
+        "GLOO_SOCKET_IFNAME": "eth0",
+        "HCCL_HOST_SOCKET_PORT_RANGE": "60000-60063",
+        "HCCL_NPU_SOCKET_PORT_RANGE": "60064-60127",
+        "RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES": "1",
     }
     assert (node.network_mode, node.shm_size, node.name) == ("host", 32 << 30, "envrun-glm5-1")
     assert node.labels == {
@@ -156,6 +164,25 @@ def test_a_node_gets_what_its_host_has() -> None:
     }
     assert '--resources={"NPU": 2}' in node.command
     assert json.loads(probe_command()[-1])[0] == "/host/dev/davinci[0-9]*"
+
+
+def test_nodes_sharing_a_host_get_hccl_ports_of_their_own() -> None:
+    text = GOOD.replace("head_port: 6380", "head_port: 6380\nhccl_ports: 50000")
+    spec = parse_cluster_file(text.replace("tcp://node-002:2375", "ssh://root@node-001"), "c.yaml")
+    host = HostFacts((), memory_bytes=1 << 30)
+    # Nodes 0 and 1 on one engine, node 2 on another engine of the same machine (one hostname).
+    slots = host_slots(spec, {"ssh://root@node-001": "m1", "unix:///run/docker.sock": "m1"})
+    assert slots == (0, 1, 2) and host_slots(spec, {}) == (0, 1, 0)
+    ranges = [
+        {k: v for k, v in node_container(spec, i, image="r@sha256:" + "a" * 64, lock_sha256="b", host=host,
+                                         bytecode=None, slot=slots[i]).env.items() if "PORT_RANGE" in k}
+        for i in range(len(spec.nodes))
+    ]  # fmt: skip
+    assert [r["HCCL_HOST_SOCKET_PORT_RANGE"] for r in ranges][:2] == ["50000-50063", "50128-50191"]
+    assert [r["HCCL_NPU_SOCKET_PORT_RANGE"] for r in ranges][:2] == ["50064-50127", "50192-50255"]
+    with pytest.raises(ClusterFileError) as info:
+        parse_cluster_file(GOOD.replace("head_port: 6380", "hccl_ports: 65500"), "c.yaml")
+    assert "hccl_ports: 65500 leaves no room for 1 node(s) on one host" in str(info.value)
 
 
 def _answer(name: str, lock: str | None, **more: object) -> dict[str, object]:

@@ -35,8 +35,10 @@ class Containers(EngineBase):
         command: list[str],
         volumes: dict[str, dict[str, str]] | None = None,
         environment: dict[str, str] | None = None,
+        network_mode: str = "none",
     ) -> RunOutput:
-        """Run ``command`` in a new container of ``image`` with no network and no devices; always removed after."""
+        """Run ``command`` in a new container of ``image`` with no network (``network_mode="host"``: the
+        host's, to read its interfaces) and no devices; always removed after."""
         with engine_errors(f"run in {image[:19] if image.startswith('sha256:') else image}", self.address):
             container = None
             try:
@@ -44,7 +46,7 @@ class Containers(EngineBase):
                     container = self.client.containers.create(
                         image,
                         command,
-                        network_mode="none",
+                        network_mode=network_mode,
                         volumes=volumes or {},
                         environment=environment or {},
                         detach=True,

@@ -46,6 +46,7 @@ class NodeAsk:
     probe: Mapping[str, Any] | None = None  # a ProbeRequest's JSON
     exports: Mapping[str, str] | None = None  # {"root", "pattern"}
     lock: bool = True
+    network: bool = False  # the interfaces, HCCL's and Gloo's variables, and the all-pairs connect
     python: str = "python3"  # the job's interpreter, which runs the probe
     env: Mapping[str, str] | None = None  # the job's environment, for the probe and the model's names
     transformers: str | None = None  # the lock's: audits take their names from the model it builds
@@ -66,6 +67,11 @@ class NodeAsk:
             spec["env"] = dict(self.env or {})
         if self.exports:
             spec["exports"] = dict(self.exports)
+        if self.network:
+            from envrun.cluster.onnet import NET_VARS, NOSET
+
+            spec["network"] = True
+            spec["network_env"] = {k: v for k, v in (self.env or {}).items() if k in (*NET_VARS, NOSET)}
         return spec
 
 

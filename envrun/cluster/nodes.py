@@ -12,11 +12,16 @@ node (SIGTERM: Ray's own clean shutdown) and a node that dies shows as an exited
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from envbuild.engine.jobs import JobSpec
 from envbuild.image.plan import LOCK_LABEL
 from envrun.bytecode import Bytecode, with_bytecode
+from envrun.cluster import netifs
+from envrun.cluster.netifs import carrier
+from envrun.cluster.network import node_network_env
 from envrun.cluster.spec import ClusterSpec
 from envrun.cluster.state import CLUSTER_LABEL, NODE_LABEL, NODE_ROLE_LABEL, container_name
 from envrun.launch.docker_backend import DEVICE_PATTERNS, DRIVER_MOUNTS, devices_and_mounts
@@ -24,11 +29,6 @@ from envrun.launch.docker_backend import DEVICE_PATTERNS, DRIVER_MOUNTS, devices
 # Where a host's paths are seen inside the probe container (read-only binds of what always exists).
 PROBE_ROOT = "/host"
 PROBE_BINDS = ("/dev", "/usr/local", "/etc")
-# Lists the host paths (under PROBE_ROOT) matching the patterns in argv[1]; run with the image's python3.
-PROBE_SCRIPT = (
-    "import glob, json, sys\n"
-    "print(json.dumps(sorted({p for pattern in json.loads(sys.argv[1]) for p in glob.glob(pattern)})))\n"
-)
 STOP_TIMEOUT_SECONDS = 30
 # The image ships no bytecode (a reproducible build compiles nothing). The node writes it to the image's
 # bytecode volume on its host (envrun.bytecode): each module is compiled once per host and image, not in
@@ -39,10 +39,13 @@ NODE_ENV = {"RAY_USAGE_STATS_ENABLED": "0"}
 
 @dataclass(frozen=True)
 class HostFacts:
-    """What one host has for a node: its Ascend paths (as found on the host) and its memory."""
+    """What one host has for a node: its Ascend paths (as found on the host), its memory, and its network
+    interfaces with their addresses."""
 
     ascend_paths: tuple[str, ...]
     memory_bytes: int
+    interfaces: Mapping[str, list[str]] = field(default_factory=dict)
+    hostname: str = ""
 
     @property
     def npus(self) -> int:
@@ -50,18 +53,36 @@ class HostFacts:
 
 
 def probe_command() -> list[str]:
+    """The host probe (:mod:`envrun.cluster.netifs`, run by the image's python3 with host networking)."""
     patterns = [PROBE_ROOT + p for p in (*DEVICE_PATTERNS, *DRIVER_MOUNTS)]
-    return ["python3", "-c", PROBE_SCRIPT, json.dumps(patterns)]
+    source = Path(netifs.__file__).read_text(encoding="utf-8")
+    return ["python3", "-c", source, json.dumps(patterns)]
 
 
 def probe_volumes() -> dict[str, dict[str, str]]:
     return {path: {"bind": PROBE_ROOT + path, "mode": "ro"} for path in PROBE_BINDS}
 
 
-def host_paths(probe_output: str) -> tuple[str, ...]:
-    """The probe's answer as host paths (``/host/dev/davinci0`` → ``/dev/davinci0``)."""
+def host_facts(probe_output: str, memory_bytes: int) -> HostFacts:
+    """The probe's answer: its paths as host paths (``/host/dev/davinci0`` → ``/dev/davinci0``), and the
+    host's interfaces."""
     found = json.loads(probe_output)
-    return tuple(p[len(PROBE_ROOT) :] for p in found if isinstance(p, str) and p.startswith(PROBE_ROOT + "/"))
+    paths = tuple(
+        p[len(PROBE_ROOT) :] for p in found.get("paths", ()) if isinstance(p, str) and p.startswith(PROBE_ROOT + "/")
+    )
+    interfaces = {
+        str(name): [str(a) for a in addresses]
+        for name, addresses in (found.get("interfaces") or {}).items()
+        if isinstance(addresses, list)
+    }
+    return HostFacts(paths, memory_bytes, interfaces, str(found.get("hostname") or ""))
+
+
+def host_slots(cluster: ClusterSpec, hostnames: Mapping[str, str]) -> tuple[int, ...]:
+    """Each node's place among the nodes on its machine (0, 1, …), its HCCL ports following from it. A
+    machine is a hostname (``hostnames``: by engine URL), so two engines on one machine share it."""
+    machines = [hostnames.get(node.engine) or node.engine for node in cluster.nodes]
+    return tuple(machines[:index].count(machine) for index, machine in enumerate(machines))
 
 
 def ray_start_command(cluster: ClusterSpec, index: int, head_address: str | None, npus: int) -> tuple[str, ...]:
@@ -95,13 +116,17 @@ def node_container(
     host: HostFacts,
     bytecode: Bytecode | None,
     head_address: str | None = None,
+    slot: int = 0,
 ) -> JobSpec:
     """Node ``index``'s container; ``bytecode`` the image's volume on that host (None: the image ships
-    its own bytecode)."""
+    its own bytecode); ``slot`` its place among the nodes on its machine (:func:`host_slots`)."""
     devices, mounts = devices_and_mounts(host.ascend_paths)
     for volume in cluster.volumes:
         mounts[volume.host] = volume.bind()
-    env, volumes = with_bytecode(bytecode, NODE_ENV, mounts)
+    ip = cluster.nodes[index].ip
+    interface = carrier(dict(host.interfaces), ip) if ip else None
+    network = node_network_env(ip, interface, cluster.hccl_ports, slot)
+    env, volumes = with_bytecode(bytecode, {**NODE_ENV, **network}, mounts)
     return JobSpec(
         image=image,
         command=ray_start_command(cluster, index, head_address, host.npus),

@@ -12,7 +12,9 @@ runs envrun's own checks with the image's Python, on the node's own files:
 - ``data``: each training file exists and is parquet, at that path;
 - ``probe``: the job probe (:mod:`envrun.probe.job_script`) with the node's interpreter and environment;
 - ``exports``: after a run, every Hugging Face export under the trainer's checkpoint directory, audited
-  on the node that holds it.
+  on the node that holds it;
+- ``network``: the node's interfaces and the variables that choose HCCL's and Gloo's, and every node
+  tried from every other on the ports the job needs (:mod:`envrun.cluster.onnet`).
 
 Only the standard library, Ray and envrun's checkpoint audit are imported here: the node has no more.
 """
@@ -159,6 +161,10 @@ def node_answer(spec: dict[str, Any]) -> dict[str, Any]:
         answer["probe"] = probe(spec["probe"], spec.get("python") or "python3", dict(spec.get("env") or {}))
     if spec.get("exports"):
         answer["exports"] = exports(spec["exports"]["root"], spec["exports"]["pattern"], names_for(spec))
+    if spec.get("network"):
+        from envrun.cluster.onnet import network_facts
+
+        answer["network"] = network_facts()
     return answer
 
 
@@ -184,6 +190,7 @@ def main(argv: list[str]) -> int:
             "ip": node["NodeManagerAddress"],
             "npu_resource": node.get("Resources", {}).get("NPU", 0),
             "cpu_resource": node.get("Resources", {}).get("CPU", 0),
+            "gpu_resource": node.get("Resources", {}).get("GPU", 0),
             "job_ray_address": job_address,
         }
         try:
@@ -192,8 +199,23 @@ def main(argv: list[str]) -> int:
         except Exception as exc:  # a node that cannot answer is an answer too
             answer["error"] = (type(exc).__name__ + ": " + str(exc)).splitlines()[0]
         answers.append(answer)
+    if spec.get("network"):
+        _reach(answers, nodes, spec, job_address)
     print(MARKER + json.dumps(answers, sort_keys=True), flush=True)
     return 0
+
+
+def _reach(answers: list[dict[str, Any]], nodes: list[dict[str, Any]], spec: dict[str, Any], gcs: str | None) -> None:
+    """Every node tried from every other (:func:`envrun.cluster.onnet.reach`), into each node's answer."""
+    from envrun.cluster.onnet import reach
+
+    try:
+        found = reach(nodes, dict(spec.get("network_env") or {}), gcs)
+    except Exception as exc:  # the check that could not run is an answer too
+        problem = (type(exc).__name__ + ": " + str(exc)).splitlines()[0]
+        found = {n["NodeID"]: {"error": problem} for n in nodes}
+    for answer in answers:
+        answer["reach"] = found.get(answer["node_id"], {"error": "no answer"})
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 name: glm5                      # the handle for `envrun cluster status/down`
 head_port: 6379                 # optional: the GCS port (Ray's default)
 connect_timeout: 30             # optional: seconds to reach each host's engine (ssh: TCP, keys, login)
+hccl_ports: 60000               # optional: the first HCCL port on each host (128 per node sharing the host)
 dashboard_port: 8265            # optional: the job API port (Ray's default)
 volumes:                        # optional: on every node, host path -> container path (read-only by default)
   - {host: /data, container: /data}
@@ -139,6 +140,12 @@ class ClusterSpec:
     name: str = field(metadata=meta(pattern=SAFE_NAME, expect="a safe name such as glm5"))
     nodes: tuple[NodeSpec, ...]
     head_port: int = mfield(6379, check=check_port, description="the head's GCS port")
+    hccl_ports: int = mfield(
+        60000,
+        minimum=1024,
+        maximum=65535,
+        description="the first HCCL port on each host; nodes sharing a host get 128 ports each from there",
+    )
     connect_timeout: int = mfield(
         30, minimum=1, maximum=3600, description="seconds to reach each host's engine (over ssh: connect and log in)"
     )
@@ -166,6 +173,16 @@ def parse_cluster_file(text: bytes | str, file: str = "<cluster>") -> ClusterSpe
         problems = (
             [] if spec.nodes else [Problem(file, root.start_mark.line + 1, "nodes", "needs at least the head node")]
         )
+        per_host = max((sum(1 for n in spec.nodes if n.engine == e) for e in spec.engines), default=0)
+        if spec.hccl_ports + 128 * per_host - 1 > 65535:
+            problems.append(
+                Problem(
+                    file,
+                    0,
+                    "hccl_ports",
+                    f"{spec.hccl_ports} leaves no room for {per_host} node(s) on one host (128 ports each)",
+                )
+            )
         seen: set[str] = set()
         for volume in spec.volumes:
             point = mount_point(volume.container)

@@ -36,7 +36,17 @@ from envrun import ray_api
 from envrun.bytecode import Bytecode, prepare_image
 from envrun.cluster.engines import connected
 from envrun.cluster.info import ClusterInfo, NodeInfo
-from envrun.cluster.nodes import HostFacts, container_name, host_paths, node_container, probe_command, probe_volumes
+from envrun.cluster.netifs import carrier
+from envrun.cluster.network import PORT_BLOCK
+from envrun.cluster.nodes import (
+    HostFacts,
+    container_name,
+    host_facts,
+    host_slots,
+    node_container,
+    probe_command,
+    probe_volumes,
+)
 from envrun.cluster.spec import ClusterSpec, same_address
 from envrun.cluster.state import CLUSTER_LABEL, ClusterState, load_state, remove_state, save_state, state_path
 
@@ -168,10 +178,17 @@ def _prepare_host(spec: ClusterSpec, url: str, engine: Engine, reference: str, p
             f"{', '.join(missing)}; create them there (or fix `volumes`)"
         )
     bytecode = prepare_image(engine, attrs)
-    probe = engine.run(reference, probe_command(), volumes=probe_volumes())
+    probe = engine.run(reference, probe_command(), volumes=probe_volumes(), network_mode="host")
     if probe.exit_code != 0:
         raise EngineError(f"{url}: the host probe failed (exit {probe.exit_code}): {probe.stderr.strip()[-300:]}")
-    facts = HostFacts(host_paths(probe.stdout), engine.memory_bytes())
+    facts = host_facts(probe.stdout, engine.memory_bytes())
+    for index, node in enumerate(spec.nodes):
+        if node.engine == url and node.ip and carrier(dict(facts.interfaces), node.ip) is None:
+            listing = "; ".join(f"{name} {' '.join(a)}" for name, a in facts.interfaces.items() if a)
+            raise InputError(
+                f"{url}: no interface of this host carries {node.ip}, the cluster file's ip for node "
+                f"{container_name(spec.name, index)} (its interfaces: {listing}); give the node an address of its host"
+            )
     progress(f"{url}: image {attrs['Id'][:19]}, lock {label[:12]}, {facts.npus} NPU(s)")
     return _Host(engine, facts, attrs["Id"], label, bytecode)
 
@@ -187,6 +204,12 @@ def _start(
     """Start the head, then the workers; the job API address and each container name's Ray node ID."""
     deadline = time.monotonic() + timeout
     head_address: str | None = None
+    slots = host_slots(spec, {url: host.facts.hostname for url, host in hosts.items()})
+    if spec.hccl_ports + 2 * PORT_BLOCK * (max(slots) + 1) - 1 > 65535:
+        raise InputError(
+            f"hccl_ports: {spec.hccl_ports} leaves no room for {max(slots) + 1} node(s) on one machine "
+            f"({2 * PORT_BLOCK} ports each); lower it"
+        )
     for index, node in enumerate(spec.nodes):
         host = hosts[node.engine]
         container = node_container(
@@ -197,6 +220,7 @@ def _start(
             host=host.facts,
             head_address=head_address,
             bytecode=host.bytecode,
+            slot=slots[index],
         )
         started.append(_Started(index, node.engine, host.engine, host.engine.start(container)))
         progress(f"{node.engine}: started {container.name}")

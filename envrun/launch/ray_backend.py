@@ -46,6 +46,7 @@ class RayLauncher:
 
     def check_target(self, plan: RunPlan, skip: frozenset[str], progress: Progress) -> tuple[PreflightLine, ...]:
         """Each alive node's own answer: the lock it runs, its NPUs, the model, the data and the probe there."""
+        from envrun.cluster.network import network_lines
         from envrun.cluster.nodecheck import (
             CHECK,
             NodeAsk,
@@ -58,7 +59,7 @@ class RayLauncher:
             node_lines,
             probe_lines_of,
         )
-        from envrun.preflight import PROBE_CHECK, RAY_CHECK
+        from envrun.preflight import NETWORK_CHECK, PROBE_CHECK, RAY_CHECK
 
         ask = NodeAsk(
             model=str(plan.model) if plan.model and "model" not in skip else None,
@@ -67,6 +68,7 @@ class RayLauncher:
             python=plan.python,
             env=plan.env,
             transformers=plan.transformers,
+            network=NETWORK_CHECK not in skip,
         )
         progress(f"asking every node of {self.address} which lock it runs and what the job would meet there")
         try:
@@ -83,10 +85,13 @@ class RayLauncher:
             lines += (address,) if address is not None else ()
         lines += (capacity_line(answers, plan.nnodes, plan.npus_per_node),)
         lines += model_lines(answers) + data_lines(answers, len(plan.data_files)) + probe_lines_of(answers)
+        if NETWORK_CHECK not in skip:
+            lines += network_lines(answers, plan.env, plan.npus_per_node)
         cpus = cluster_cpu_line(answers) if RAY_CHECK not in skip else None  # a skip is said by run_preflight
         lines += (cpus,) if cpus is not None else ()
         skipped = {name: PreflightLine(name, "skip", "skipped by --skip-check") for name in sorted(skip)}
-        return lines + tuple(line for name, line in skipped.items() if name in ("model", "data", PROBE_CHECK))
+        asked_here = ("model", "data", PROBE_CHECK, NETWORK_CHECK)
+        return lines + tuple(line for name, line in skipped.items() if name in asked_here)
 
     def find_exports(self, plan: RunPlan, layout: ExportLayout, progress: Progress) -> ExportSearch:
         """Each node searches its own files and audits what it holds (the client sees none of them)."""
