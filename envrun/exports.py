@@ -75,6 +75,7 @@ class ExportSearch:
     where: str  # "this host", "2 node(s)"
     present: bool  # the checkpoint directory exists there (on at least one node)
     audits: tuple[ExportAudit, ...]
+    unseen: tuple[str, ...] = ()  # per node, the checkpoint files another node holds and it cannot see
 
 
 @dataclass(frozen=True)
@@ -128,8 +129,12 @@ def search_here(layout: ExportLayout, names: NameSource | None = None) -> Export
     return ExportSearch("this host", True, tuple(audit_export(p, names) for p in found))
 
 
-def search_from_answers(answers: Iterable[dict[str, Any]]) -> ExportSearch:
-    """What each node found (:func:`envrun.cluster.onnode.exports`), as one search."""
+def search_from_answers(answers: Iterable[dict[str, Any]], root: str | None = None) -> ExportSearch:
+    """What each node found (:func:`envrun.cluster.onnode.exports`), as one search; with ``root``, also
+    the checkpoint files under it that some node cannot see (a resume there would miss them)."""
+    from envrun.cluster.storage import unseen_files
+
+    answers = list(answers)
     audits: list[ExportAudit] = []
     present, count = False, 0
     for answer in answers:
@@ -140,7 +145,8 @@ def search_from_answers(answers: Iterable[dict[str, Any]]) -> ExportSearch:
         if answer.get("error"):
             audits.append(ExportAudit("", False, error=f"did not answer: {answer['error']}", node=node))
         audits += [ExportAudit.from_json(a, node) for a in found.get("audits") or ()]
-    return ExportSearch(f"{count} node(s)", present, tuple(audits))
+    unseen = unseen_files(answers, root) if root else ()
+    return ExportSearch(f"{count} node(s)", present, tuple(audits), unseen)
 
 
 def export_verdict(layout: ExportLayout | None, search: ExportSearch | None, not_checked: str = "") -> ExportVerdict:
@@ -152,8 +158,12 @@ def export_verdict(layout: ExportLayout | None, search: ExportSearch | None, not
         why = not_checked or "trainer.default_local_dir did not resolve"
         failures = (f"{why}, and {layout.why}",) if layout.expected else ()
         return ExportVerdict(f"exports not checked: {why}", failures=failures, layout=layout)
+    if search.unseen and not search.audits:
+        return ExportVerdict(
+            f"checkpoints under {layout.root} on {search.where}", failures=search.unseen, layout=layout
+        )
     audits = search.audits
-    bad = tuple(a.failure for a in audits if not a.ok)
+    bad = tuple(a.failure for a in audits if not a.ok) + search.unseen
     if audits:
         sources = sorted({a.expected_from for a in audits if a.expected_from})
         names = f"; names: {'; '.join(sources)}" if sources else ""
@@ -162,7 +172,7 @@ def export_verdict(layout: ExportLayout | None, search: ExportSearch | None, not
         there = "holds no export" if search.present else "does not exist"
         return ExportVerdict(
             f"no export under {target} on {search.where}",
-            failures=(f"{layout.root} {there} on {search.where}, though {layout.why}",),
+            failures=(f"{layout.root} {there} on {search.where}, though {layout.why}", *search.unseen),
             layout=layout,
         )
-    return ExportVerdict(f"no periodic export ({layout.why}); nothing to audit", layout=layout)
+    return ExportVerdict(f"no periodic export ({layout.why}); nothing to audit", failures=search.unseen, layout=layout)

@@ -25,6 +25,7 @@ TARGET_CHECK = "ray-node"
 PROBE_CHECK = "job-probe"  # envrun.probe.report.CHECK, without importing the probe here
 RAY_CHECK = "ray-resources"  # from the probe's facts: the CPUs the job's Ray actors ask for, against its Ray's
 NETWORK_CHECK = "network"  # envrun.cluster.network.CHECK: asked of a Ray cluster's nodes, at launch
+STORAGE_CHECK = "storage"  # envrun.cluster.storage.CHECK: the output directory, one storage for every node
 CHECKS = (
     "image-lock-label",
     "image-platform",
@@ -35,6 +36,7 @@ CHECKS = (
     RAY_CHECK,
     TARGET_CHECK,
     NETWORK_CHECK,
+    STORAGE_CHECK,
 )
 
 ImageLabels = Callable[[str], "dict[str, str]"]  # image ref -> labels; raises EnvbuildError if absent

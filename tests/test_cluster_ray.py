@@ -301,7 +301,11 @@ def test_status_reads_every_node_live(cluster: Running, state_dir: Path, capsys:
     status = json.loads(capsys.readouterr().out)
     assert status["name"] == NAME and status["address"] == cluster.address
     assert [n["alive"] for n in status["nodes"]] == [True, True]
-    expected = [{**n.to_json(), "alive": True, "state": "running"} for n in cluster.info.nodes]
+    # As up said, without what up pulled (status pulls nothing), with what it reads live.
+    expected = [
+        {**{k: v for k, v in n.to_json().items() if k != "pulled"}, "alive": True, "state": "running"}
+        for n in cluster.info.nodes
+    ]
     assert status["nodes"] == expected
 
 
@@ -334,11 +338,17 @@ def volume_request(tiny: Tiny, images: Images, state_dir: Path, **params: object
     return replace(request, lock=images.current.lock, cluster=NAME, cache_dir=state_dir)
 
 
+def with_outputs(tiny: Tiny) -> Tiny:
+    """The tiny recipe writing its checkpoints under --output-dir, as the real one does."""
+    tiny.recipe.write_text(tiny.recipe.read_text() + "outputs:\n  trainer.default_local_dir: ckpts\n")
+    return tiny
+
+
 def test_a_job_is_checked_on_every_node_then_reads_the_volume_on_each(
-    cluster: Running, images: Images, state_dir: Path, tmp_path: Path
+    cluster: Running, images: Images, state_dir: Path, runs: Path, tmp_path: Path
 ) -> None:
-    tiny = tiny_setup(tmp_path)
-    outcome = execute_run(prepare_run(volume_request(tiny, images, state_dir)))
+    tiny = with_outputs(tiny_setup(tmp_path))
+    outcome = execute_run(prepare_run(volume_request(tiny, images, state_dir, output_dir=Path(RUNS))))
     log = (outcome.run_dir / "output.log").read_text()
     assert outcome.status == "succeeded", log[-2000:]
     assert "fake trainer: ok, on every node" in log
@@ -355,6 +365,13 @@ def test_a_job_is_checked_on_every_node_then_reads_the_volume_on_each(
     assert sorted(line["facts"]["ip"] for line in lines) == [node_ip(0), node_ip(1)]
     (address,) = [line for line in recorded if "RAY_ADDRESS=" in line["detail"]]
     assert address["status"] == "ok" and f"RAY_ADDRESS={node_ip(0)}:{cluster.spec.head_port}" in address["detail"]
+    # The output directory is one storage for both nodes (the cluster's rw volume): a resume reads it anywhere.
+    (storage,) = [line for line in recorded if line["name"] == "storage"]
+    assert (
+        storage["status"] == "ok"
+        and storage["detail"] == f"{RUNS}: one storage for all 2 nodes (each saw every node's file)"
+    )
+    assert not (runs / ".envrun-shared").exists()  # the markers are gone again
     # The network every node would give HCCL and Gloo, and every node reached from the other.
     network = [line for line in recorded if line["name"] == "network"]
     assert [line["status"] for line in network] == ["ok"] * 5 + ["skip"], network
@@ -453,6 +470,51 @@ def test_a_job_whose_network_is_wrong_is_refused_naming_the_node_and_what_to_set
     assert f"nodes envrun-{NAME}-0 and envrun-{NAME}-1 share HCCL host ports 61000-61063" in error
     new = {job.submission_id for job in jobs.list_jobs()} - before
     assert new and all(job.startswith("envrun-nodecheck-") for job in new)  # the check ran; the job did not
+
+
+def test_an_output_directory_only_one_node_sees_is_refused_before_the_job(
+    cluster: Running, images: Images, state_dir: Path, tmp_path: Path
+) -> None:
+    tiny = with_outputs(tiny_setup(tmp_path))
+    scratch = Path("/tmp/envrun-scratch")  # inside each node's container: every node has its own
+    with pytest.raises(TargetRefused) as info:
+        execute_run(prepare_run(volume_request(tiny, images, state_dir, output_dir=scratch)))
+    assert (
+        f"{scratch} is not one storage for the job's nodes: node envrun-{NAME}-0 sees the files of envrun-{NAME}-0 "
+        in str(info.value)
+    )
+    assert "mount shared storage at /tmp/envrun-scratch on every node" in str(info.value)
+    assert read_status(tmp_path / "run")["status"] == "refused"
+
+
+def test_checkpoint_files_a_node_cannot_see_fail_the_post_run_audit(
+    cluster: Running, hosts: list[SshHost], tmp_path: Path
+) -> None:
+    """A checkpoint saved where only the saving node sees it (a directory inside its container): the node
+    that cannot see common.pt and the metadata is named; a resume there would fail."""
+    from envrun.exports import export_verdict
+    from envrun.launch.ray_backend import RayLauncher
+    from envrun.probe.report import ExportLayout
+
+    root = "/tmp/envrun-unshared-ckpts"
+    step = f"{root}/global_step_1/actor"
+    client = hosts[0].client()
+    try:
+        done = client.api.exec_create(
+            cluster.info.nodes[0].container,
+            ["sh", "-c", f"mkdir -p {step} && touch {step}/common.pt {step}/.metadata {step}/metadata.json"],
+        )
+        client.api.exec_start(done["Id"])
+    finally:
+        client.close()
+    layout = ExportLayout(root, "global_step_*/actor/huggingface", False, "trainer.save_freq=-1", False)
+    plan = prepare_run(tiny_setup(tmp_path).request(backend="ray", ray_address=cluster.address)).plan
+    search = RayLauncher(cluster.address).find_exports(plan, layout, lambda _m: None)
+    verdict = export_verdict(layout, search)
+    assert not verdict.ok
+    (failure,) = verdict.failures
+    assert failure.startswith(f"envrun-{NAME}-1: a resume there would not find global_step_1/actor/.metadata, ")
+    assert f"(written where envrun-{NAME}-0 sees them: not shared storage)" in failure
 
 
 def test_a_lost_export_on_a_node_fails_the_audit(cluster: Running, verl: Venv, runs: Path, tmp_path: Path) -> None:

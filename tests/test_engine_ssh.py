@@ -76,7 +76,10 @@ def test_a_pull_and_a_container_run_stream_over_ssh(
 ) -> None:
     _, (first, _second) = hosts
     with Engine.connect(first.url) as engine:
-        engine.pull(pushed_base_image.by_digest)
+        pulled = engine.pull(pushed_base_image.by_digest)  # a fresh engine: every layer comes from the registry
+        assert pulled.layers >= 1 and pulled.fetched == pulled.layers and pulled.fetched_bytes > 1 << 20
+        again = engine.pull(pushed_base_image.by_digest)
+        assert (again.image_id, again.fetched, again.fetched_bytes) == (pulled.image_id, 0, 0)
         out = engine.run(pushed_base_image.by_digest, ["sh", "-c", "echo out; echo err >&2; exit 3"])
         assert (out.exit_code, out.stdout, out.stderr) == (3, "out\n", "err\n")
         assert 1 <= len(ssh_children()) <= 4  # a master and the API's few connections, not one per call

@@ -13,7 +13,7 @@ import docker.errors
 
 from envbuild.data.reference import split_reference, split_tag
 from envbuild.engine.calls import CHUNK, EngineBase, chunks_of, engine_errors, event_error
-from envbuild.engine.transfer import LayerProgress, Meter
+from envbuild.engine.transfer import LayerProgress, Meter, Pulled
 from envbuild.errors import EngineError
 from envbuild.progress import Progress, silent
 
@@ -138,10 +138,11 @@ class Images(EngineBase):
         )
         return str(data["Descriptor"]["digest"]), platforms
 
-    def pull(self, reference: str, progress: Progress = silent, *, platform: str | None = None) -> str:
+    def pull(self, reference: str, progress: Progress = silent, *, platform: str | None = None) -> Pulled:
         """Pull ``repository@sha256:…`` (or ``repository:tag``) with the docker config's credentials, each
-        layer said when it is fetched and the bytes while they come; returns the image ID. ``platform``
-        (``linux/arm64``) picks that variant of a multi-platform index, instead of the engine's own."""
+        layer said when it is fetched and the bytes while they come; returns the image ID and what was
+        fetched. ``platform`` (``linux/arm64``) picks that variant of a multi-platform index, instead of
+        the engine's own."""
         say = progress
         pull = LayerProgress(say, "pull", reference)
         name, tag, digest = split_reference(reference)
@@ -153,7 +154,8 @@ class Images(EngineBase):
                 pull.event(event)
             image_id = self.api.inspect_image(reference)["Id"]
         say(f"pulled {reference} on {self.address}: {pull.summary()}")
-        return str(image_id)
+        fetched, fetched_bytes = pull.fetched()
+        return Pulled(str(image_id), len(pull.layers), fetched, fetched_bytes)
 
     def machine(self) -> str:
         """The engine host's machine name, as the engine reports it (``x86_64``, ``aarch64``)."""

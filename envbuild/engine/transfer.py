@@ -112,6 +112,19 @@ class TarSink:
         yield from parts
 
 
+@dataclass(frozen=True)
+class Pulled:
+    """What a pull brought: the image, its layers, and how many of them (and bytes) came from the registry."""
+
+    image_id: str
+    layers: int
+    fetched: int
+    fetched_bytes: int
+
+    def to_json(self) -> dict[str, int | str]:
+        return {"image_id": self.image_id, "layers": self.layers, "fetched": self.fetched, "bytes": self.fetched_bytes}
+
+
 class LayerProgress:
     """Turns the engine's per-layer events of a push or a pull (Waiting, Pushing/Downloading with bytes,
     then Pushed, Layer already exists, Mounted from / Pull complete, Already exists) into a few lines:
@@ -158,6 +171,11 @@ class LayerProgress:
 
     def _done(self) -> int:
         return sum(1 for status in self.layers.values() if self._finished(status))
+
+    def fetched(self) -> tuple[int, int]:
+        """How many layers moved, and their bytes (what the registry sent or received)."""
+        moved = [layer for layer, status in self.layers.items() if status in self._MOVED[self.verb]]
+        return len(moved), sum(self.sizes.get(layer, 0) for layer in moved)
 
     def summary(self) -> str:
         moved = sum(1 for status in self.layers.values() if status in self._MOVED[self.verb])

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from envbuild.engine.transfer import Pulled
+
 
 @dataclass(frozen=True)
 class NodeInfo:
@@ -18,6 +20,7 @@ class NodeInfo:
     npus: int
     alive: bool | None = None  # status only: the container runs and Ray lists the node ALIVE
     state: str | None = None  # status only: the container's state, "missing" or "unreachable: …"
+    pulled: Pulled | None = None  # up only: what the host fetched for the image (None: it had it)
 
     def to_json(self) -> dict[str, Any]:
         document: dict[str, Any] = {
@@ -32,6 +35,8 @@ class NodeInfo:
         if self.alive is not None:
             document["alive"] = self.alive
             document["state"] = self.state
+        if self.alive is None:
+            document["pulled"] = None if self.pulled is None else self.pulled.to_json()
         return document
 
 

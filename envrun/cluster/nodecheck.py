@@ -47,6 +47,8 @@ class NodeAsk:
     exports: Mapping[str, str] | None = None  # {"root", "pattern"}
     lock: bool = True
     network: bool = False  # the interfaces, HCCL's and Gloo's variables, and the all-pairs connect
+    storage: str | None = None  # a directory that must be one storage for every node (the output directory)
+    checkpoints: str | None = None  # after a run: every file under it, as each node sees it
     python: str = "python3"  # the job's interpreter, which runs the probe
     env: Mapping[str, str] | None = None  # the job's environment, for the probe and the model's names
     transformers: str | None = None  # the lock's: audits take their names from the model it builds
@@ -67,6 +69,10 @@ class NodeAsk:
             spec["env"] = dict(self.env or {})
         if self.exports:
             spec["exports"] = dict(self.exports)
+        if self.storage:
+            spec["storage"] = self.storage
+        if self.checkpoints:
+            spec["checkpoints"] = self.checkpoints
         if self.network:
             from envrun.cluster.onnet import NET_VARS, NOSET
 

@@ -13,6 +13,8 @@ runs envrun's own checks with the image's Python, on the node's own files:
 - ``probe``: the job probe (:mod:`envrun.probe.job_script`) with the node's interpreter and environment;
 - ``exports``: after a run, every Hugging Face export under the trainer's checkpoint directory, audited
   on the node that holds it;
+- ``storage``: whether the job's output directory is one storage for every node (:mod:`envrun.cluster.onstore`);
+  ``checkpoints``: after a run, every file under the checkpoint directory, as this node sees it;
 - ``network``: the node's interfaces and the variables that choose HCCL's and Gloo's, and every node
   tried from every other on the ports the job needs (:mod:`envrun.cluster.onnet`).
 
@@ -165,6 +167,10 @@ def node_answer(spec: dict[str, Any]) -> dict[str, Any]:
         from envrun.cluster.onnet import network_facts
 
         answer["network"] = network_facts()
+    if spec.get("checkpoints"):
+        from envrun.cluster.onstore import listing
+
+        answer["checkpoints"] = listing(spec["checkpoints"])
     return answer
 
 
@@ -201,6 +207,8 @@ def main(argv: list[str]) -> int:
         answers.append(answer)
     if spec.get("network"):
         _reach(answers, nodes, spec, job_address)
+    if spec.get("storage"):
+        _shared(answers, nodes, spec["storage"])
     print(MARKER + json.dumps(answers, sort_keys=True), flush=True)
     return 0
 
@@ -216,6 +224,21 @@ def _reach(answers: list[dict[str, Any]], nodes: list[dict[str, Any]], spec: dic
         found = {n["NodeID"]: {"error": problem} for n in nodes}
     for answer in answers:
         answer["reach"] = found.get(answer["node_id"], {"error": "no answer"})
+
+
+def _shared(answers: list[dict[str, Any]], nodes: list[dict[str, Any]], root: str) -> None:
+    """Whether ``root`` is one storage for every node (:func:`envrun.cluster.onstore.shared`)."""
+    import uuid
+
+    from envrun.cluster.onstore import shared
+
+    try:
+        found = shared(nodes, root, uuid.uuid4().hex)
+    except Exception as exc:
+        problem = (type(exc).__name__ + ": " + str(exc)).splitlines()[0]
+        found = {n["NodeID"]: {"path": root, "error": f"the check did not run: {problem}", "sees": []} for n in nodes}
+    for answer in answers:
+        answer["storage"] = found.get(answer["node_id"], {"path": root, "error": "no answer", "sees": []})
 
 
 if __name__ == "__main__":

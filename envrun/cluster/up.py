@@ -27,6 +27,7 @@ from pathlib import Path
 
 from envbuild.data.reference import split_tag
 from envbuild.engine.client import Engine
+from envbuild.engine.transfer import Pulled
 from envbuild.errors import EngineError, EnvbuildError, InputError
 from envbuild.image.plan import LOCK_LABEL
 from envbuild.lock.io import LockFile
@@ -69,6 +70,7 @@ class _Host:
     image_id: str
     lock_sha256: str
     bytecode: Bytecode | None  # the image's volume on this host; None: the image ships its bytecode
+    pulled: Pulled | None  # what the host fetched for the image; None: it had it already
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,7 @@ def cluster_up(spec: ClusterSpec, options: UpOptions, progress: Progress = silen
             ray_node_id=node_ids[container_name(spec.name, s.index)],
             head=s.index == 0,
             npus=hosts[s.url].facts.npus,
+            pulled=hosts[s.url].pulled,
         )
         for s in started
     )
@@ -154,9 +157,10 @@ def _prepare_hosts(
 
 def _prepare_host(spec: ClusterSpec, url: str, engine: Engine, reference: str, progress: Progress) -> _Host:
     attrs = engine.inspect(reference)
+    pulled = None
     if attrs is None:
         progress(f"{url}: pulling {reference}")
-        engine.pull(reference)
+        pulled = engine.pull(reference)
         attrs = engine.inspect(reference) or {}
     label = ((attrs.get("Config") or {}).get("Labels") or {}).get(LOCK_LABEL)
     if label is None:
@@ -190,7 +194,7 @@ def _prepare_host(spec: ClusterSpec, url: str, engine: Engine, reference: str, p
                 f"{container_name(spec.name, index)} (its interfaces: {listing}); give the node an address of its host"
             )
     progress(f"{url}: image {attrs['Id'][:19]}, lock {label[:12]}, {facts.npus} NPU(s)")
-    return _Host(engine, facts, attrs["Id"], label, bytecode)
+    return _Host(engine, facts, attrs["Id"], label, bytecode, pulled)
 
 
 def _start(

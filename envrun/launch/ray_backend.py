@@ -59,8 +59,10 @@ class RayLauncher:
             node_lines,
             probe_lines_of,
         )
-        from envrun.preflight import NETWORK_CHECK, PROBE_CHECK, RAY_CHECK
+        from envrun.cluster.storage import storage_line
+        from envrun.preflight import NETWORK_CHECK, PROBE_CHECK, RAY_CHECK, STORAGE_CHECK
 
+        storage = str(plan.output_dir) if plan.output_dir is not None and STORAGE_CHECK not in skip else None
         ask = NodeAsk(
             model=str(plan.model) if plan.model and "model" not in skip else None,
             data=tuple(str(p) for p in plan.data_files) if "data" not in skip else (),
@@ -69,6 +71,7 @@ class RayLauncher:
             env=plan.env,
             transformers=plan.transformers,
             network=NETWORK_CHECK not in skip,
+            storage=storage,
         )
         progress(f"asking every node of {self.address} which lock it runs and what the job would meet there")
         try:
@@ -87,10 +90,12 @@ class RayLauncher:
         lines += model_lines(answers) + data_lines(answers, len(plan.data_files)) + probe_lines_of(answers)
         if NETWORK_CHECK not in skip:
             lines += network_lines(answers, plan.env, plan.npus_per_node)
+        if storage is not None:
+            lines += (storage_line(answers, storage),)
         cpus = cluster_cpu_line(answers) if RAY_CHECK not in skip else None  # a skip is said by run_preflight
         lines += (cpus,) if cpus is not None else ()
         skipped = {name: PreflightLine(name, "skip", "skipped by --skip-check") for name in sorted(skip)}
-        asked_here = ("model", "data", PROBE_CHECK, NETWORK_CHECK)
+        asked_here = ("model", "data", PROBE_CHECK, NETWORK_CHECK, STORAGE_CHECK)
         return lines + tuple(line for name, line in skipped.items() if name in asked_here)
 
     def find_exports(self, plan: RunPlan, layout: ExportLayout, progress: Progress) -> ExportSearch:
@@ -102,13 +107,20 @@ class RayLauncher:
         progress(f"asking every node of {self.address} for the exports under {layout.root}")
         try:
             exports = {"root": layout.root, "pattern": layout.pattern}
-            ask = NodeAsk(lock=False, exports=exports, python=plan.python, env=plan.env, transformers=plan.transformers)
+            ask = NodeAsk(
+                lock=False,
+                exports=exports,
+                python=plan.python,
+                env=plan.env,
+                transformers=plan.transformers,
+                checkpoints=layout.root,
+            )
             answers = ask_nodes(self.address, ask)
         except EngineError as exc:
             return ExportSearch(
                 "the cluster", False, (ExportAudit("", False, error=f"the nodes could not be asked: {exc}"),)
             )
-        return search_from_answers(answers)
+        return search_from_answers(answers, layout.root)
 
     def describe(self, plan: RunPlan) -> dict[str, Any]:
         """The submission :meth:`launch` would make (for the dry run); the id is drawn at submission."""

@@ -1,0 +1,240 @@
+"""`envrun cluster` at scale on this machine: what a node pulls after one source moves, and the time of the
+whole check before a job at 2, 4 and 8 nodes.
+
+    . /run/envbuild-test/env; python benchmarks/bench_cluster.py --pull
+    . /run/envbuild-test/env; python benchmarks/bench_cluster.py --preflight 2,4,8 [--repeat 3] [--no-probe]
+
+``--pull``: the test lock of tests/lib/imagelock.py (three sources served by a git daemon, two wheels from
+a local index, the test base image) is built and pushed by ``envbuild image --push``; then one source
+(gamma) moves and the lock is built and pushed again. Two fresh engines (their own dockerd) pull the first
+image by digest, then the second, as ``envrun cluster up`` does (``Engine.pull``, which records what each
+fetched). The registry's manifests say which layers are new in the second image and their compressed
+size. Goal (issue 40): each node fetches the moved layers plus less than 1 MB, whatever the image's size.
+
+``--preflight``: for each N, N hosts behind their own sshd (tests/lib/sshhosts.py), one node each, the Ray
+image of tests/lib/raycluster.py brought up with ``cluster_up``; then the whole check before a job
+(:meth:`RayLauncher.check_target`: each node's lock and NPUs, the model audit and the data at the
+cluster volume's paths, the job probe with the real verl 0.9.1 mounted, the network with the all-pairs
+connect, and the output directory's storage) is timed ``--repeat`` times. Goal: within 1.5x from 2 to 8
+nodes — on a real cluster each node has its own cores; here the N nodes share this machine's two, so
+what grows with N is also this machine's CPU (``--no-probe`` leaves out the probe, the CPU-bound part).
+
+Prints, never fails. Everything started is stopped by its PID or container ID.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project and its test helpers
+
+from envbuild.engine.client import Engine  # noqa: E402
+
+MB = 1 << 20
+ACCEPT = ", ".join(
+    (
+        "application/vnd.docker.distribution.manifest.v2+json",
+        "application/vnd.oci.image.manifest.v1+json",
+    )
+)
+
+
+def layers(registry: str, reference: str) -> dict[str, int]:
+    """The layers of ``registry/repository@digest`` (or ``:tag``) as the registry lists them: digest -> size."""
+    name, _, rest = reference.removeprefix(f"{registry}/").partition("@")
+    if not rest:
+        name, _, rest = name.rpartition(":")
+    response = requests.get(f"http://{registry}/v2/{name}/manifests/{rest}", headers={"Accept": ACCEPT}, timeout=60)
+    response.raise_for_status()
+    return {layer["digest"]: int(layer["size"]) for layer in response.json()["layers"]}
+
+
+def envbuild_push(lock: Path, tag: str, cache_dir: Path) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "envbuild.cli", "image", str(lock), "--tag", tag, "--push", "--json", "-q",
+         "--cache-dir", str(cache_dir)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise SystemExit(f"envbuild image failed: {done.stderr[-2000:]}")
+    (pushed,) = json.loads(done.stdout)["pushed"]
+    return f"{tag.rsplit(':', 1)[0]}@{pushed['digest']}"
+
+
+def bench_pull(registry: str) -> None:
+    import docker
+
+    from tests.lib.baseimage import ensure_base_image
+    from tests.lib.engines import start_engine
+    from tests.lib.gitrepos import GitDaemon
+    from tests.lib.imagelock import ImageLockEnv, make_sources, make_wheels
+    from tests.lib.pyindex import PyIndex
+    from tests.lib.services import push_as
+
+    work = Path(tempfile.mkdtemp(prefix="bench-pull-"))
+    engines = []
+    client = docker.from_env()
+    try:
+        base = ensure_base_image(client)
+        repository, tag = f"{registry}/envbuild-bench/base", base.tag.rsplit(":", 1)[1]
+        digest = push_as(client, base.tag, repository, tag)
+        repos = make_sources(work / "git")
+        make_wheels(work / "wheels", "bench-pull")
+        daemon = GitDaemon(work / "git", allow_filter=True).start()
+        with PyIndex(work / "wheels") as index:
+            urls = {name: daemon.url(name) for name in repos}
+            env = ImageLockEnv(repos, urls, index, f"{repository}:{tag}", digest)
+            first = envbuild_push(env.write(work / "v1" / "pullbench.lock.yaml", env.lock(name="pullbench")),
+                                  f"{registry}/envbuild-bench/pull:v1", work / "cache")  # fmt: skip
+            repos["gamma"].commit("gamma moved", files={"data/table.csv": "a,b\n1,2\n3,4\n" + "x" * 200_000})
+            second = envbuild_push(env.write(work / "v2" / "pullbench.lock.yaml", env.lock(name="pullbench")),
+                                   f"{registry}/envbuild-bench/pull:v2", work / "cache")  # fmt: skip
+        daemon.stop()
+        old, new = layers(registry, first), layers(registry, second)
+        moved = {d: s for d, s in new.items() if d not in old}
+        print(f"image: {len(new)} layers, {sum(new.values()) / MB:.1f} MB compressed; after gamma moved, "
+              f"{len(moved)} new layer(s), {sum(moved.values()) / MB:.3f} MB")  # fmt: skip
+        for index_ in range(2):
+            engine = start_engine(work / f"engine{index_}")
+            engines.append(engine)
+            with Engine.connect(engine.host) as connected:
+                cold = connected.pull(first)
+                started = time.monotonic()
+                after = connected.pull(second)
+                took = time.monotonic() - started
+            excess = after.fetched_bytes - sum(moved.values())
+            verdict = "met" if excess < MB else "NOT met"
+            print(f"node {index_}: first pull {cold.fetched} layer(s), {cold.fetched_bytes / MB:.1f} MB; after the "
+                  f"move {after.fetched} layer(s), {after.fetched_bytes / MB:.3f} MB in {took:.2f} s: the moved "
+                  f"layers plus {excess / MB:.3f} MB (goal < 1 MB: {verdict})")  # fmt: skip
+    finally:
+        for engine in engines:
+            engine.stop()
+        client.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def bench_preflight(registry: str, counts: list[int], repeat: int, probe: bool) -> None:
+    from dataclasses import replace
+
+    import docker
+    import pytest
+
+    from envbuild.lock.io import read_lock
+    from envrun.cluster.manage import cluster_down
+    from envrun.cluster.spec import load_cluster_file
+    from envrun.cluster.up import UpOptions, cluster_up
+    from envrun.launch.ray_backend import RayLauncher
+    from envrun.prepare import prepare_run
+    from tests.lib.baseimage import ensure_base_image
+    from tests.lib.raycluster import build_and_push, cluster_file, resolved_lock
+    from tests.lib.services import PushedImage, push_as
+    from tests.lib.sshhosts import ssh_hosts
+    from tests.lib.tinyrun import tiny_setup
+    from tests.lib.verlenv import probe_recipe, verl_env
+
+    work = Path(tempfile.mkdtemp(prefix="bench-preflight-"))
+    client = docker.from_env()
+    factory = pytest.TempPathFactory(
+        work, retention_count=1, retention_policy="none", trace=lambda *a: None, basetemp=work / "t"
+    )  # type: ignore[arg-type]
+    try:
+        base = ensure_base_image(client)
+        repository, tag = f"{registry}/envbuild-test/base", base.tag.rsplit(":", 1)[1]
+        pushed = PushedImage(repository, tag, push_as(client, base.tag, repository, tag))
+        image = build_and_push(resolved_lock(pushed, work, "raycluster"), registry, work / "record")
+        verl = verl_env()
+        interpreter = Path(os.path.realpath(verl.python)).parents[1]
+        shared = work / "shared"
+        tiny = tiny_setup(shared)
+        runs = work / "runs"
+        runs.mkdir()
+        for count in counts:
+            with ssh_hosts(count, factory) as (_client, hosts):
+                volumes = [
+                    {"host": str(shared), "container": "/data"},
+                    {"host": str(runs), "container": "/runs", "mode": "rw"},
+                ]
+                volumes += [
+                    {"host": str(p), "container": str(p)}
+                    for p in dict.fromkeys((verl.root, verl_env(transfer_queue=False).root, interpreter))
+                ]
+                spec = load_cluster_file(
+                    cluster_file(work / f"c{count}.yaml", f"bench{count}", [h.url for h in hosts], volumes=volumes)
+                )
+                state = work / f"state{count}"
+                started = time.monotonic()
+                info = cluster_up(spec, UpOptions(image=image.reference, cache_dir=state, lock=read_lock(image.lock)))
+                up = time.monotonic() - started
+                try:
+                    request = replace(
+                        tiny.request(
+                            backend="ray",
+                            model=Path("/data/model"),
+                            train_files=(Path("/data/train.parquet"),),
+                            extra_env={
+                                "PATH": f"{verl.bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                                "PYTHONPYCACHEPREFIX": "",
+                            },
+                            output_dir=Path("/runs"),
+                            entry_point=None,
+                        ),
+                        recipe=str(probe_recipe(work)),
+                        lock=image.lock,
+                        verl_config=verl_env(transfer_queue=False).site_packages / "verl" / "trainer" / "config",
+                        cluster=spec.name,
+                        cache_dir=state,
+                        dry_run=True,
+                        skip_checks=("npus",) + (() if probe else ("job-probe",)),
+                    )
+                    plan = prepare_run(replace(request, skip_checks=request.skip_checks + ("ray-node",))).plan
+                    launcher = RayLauncher(str(info.address))
+                    skip = frozenset(request.skip_checks)
+                    times = []
+                    for _ in range(repeat):
+                        started = time.monotonic()
+                        lines = launcher.check_target(plan, skip, lambda _m: None)
+                        times.append(time.monotonic() - started)
+                    failed = [f"{line.name}: {line.detail[:120]}" for line in lines if line.status == "fail"]
+                    print(f"{count} node(s): up {up:.1f} s; the check before a job {statistics.median(times):.2f} s "
+                          f"(median of {repeat}: {', '.join(f'{t:.2f}' for t in times)}); {len(lines)} lines, "
+                          f"{len(failed)} failing" + (f" ({'; '.join(failed[:3])})" if failed else ""))  # fmt: skip
+                finally:
+                    cluster_down(spec.name, state)
+    finally:
+        client.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pull", action="store_true", help="bytes each node pulls after one source moves")
+    parser.add_argument("--preflight", metavar="N,N,…", help="time the check before a job at these node counts")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--no-probe", action="store_true", help="leave the job probe out of --preflight")
+    args = parser.parse_args(argv)
+    registry = os.environ.get("ENVBUILD_TEST_REGISTRY")
+    if not registry or not os.environ.get("DOCKER_HOST"):
+        parser.error("start the services first: scripts/services start; . /run/envbuild-test/env")
+    if args.pull:
+        bench_pull(registry)
+    if args.preflight:
+        bench_preflight(registry, [int(n) for n in args.preflight.split(",")], args.repeat, not args.no_probe)
+    if not (args.pull or args.preflight):
+        parser.error("give --pull and/or --preflight N,N,…")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
