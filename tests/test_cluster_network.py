@@ -4,10 +4,13 @@ from this machine's own kernel."""
 
 from __future__ import annotations
 
+import socket
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 
+from envrun.cluster import onnet
 from envrun.cluster.netifs import carrier, interfaces
 from envrun.cluster.network import (
     NodeNet,
@@ -18,6 +21,7 @@ from envrun.cluster.network import (
     port_lines,
     reach_line,
 )
+from envrun.cluster.onnet import meet
 
 ETH = {"eth0": ["10.0.0.1/24", "fe80::1/64"], "ib0": ["192.168.0.1/24"], "lo": ["127.0.0.1/8", "::1/128"]}
 
@@ -135,3 +139,47 @@ def test_every_verdict_of_a_cluster() -> None:
     ]
     lines = network_lines(answers, {}, None)
     assert [line.status for line in lines] == ["ok", "ok", "ok", "ok", "skip"]
+
+
+def free_port(ip: str) -> int:
+    with socket.socket() as s:
+        s.bind((ip, 0))
+        return int(s.getsockname()[1])
+
+
+def test_two_nodes_meet_each_listening_and_connecting_at_once() -> None:
+    """The node side of the all-pairs connect on real sockets (two loopback addresses, two threads): each
+    listens, connects to the other (which may not listen yet), and is connected to."""
+    ports = {"127.0.0.2": free_port("127.0.0.2"), "127.0.0.3": free_port("127.0.0.3")}
+    other = {"127.0.0.2": "127.0.0.3", "127.0.0.3": "127.0.0.2"}
+    with ThreadPoolExecutor(2) as pool:
+        done = {
+            ip: pool.submit(
+                meet,
+                ip,
+                ports[ip],
+                [{"to": other[ip], "ip": other[ip], "port": ports[other[ip]], "what": "hccl"}],
+                1,
+                ip,
+            )
+            for ip in ports
+        }
+    for ip, future in done.items():
+        found = future.result()
+        assert found["listen"] == {"port": ports[ip], "error": None}
+        assert [c["error"] for c in found["connects"]] == [None] and found["accepted"] == 1
+
+
+def test_a_port_another_process_holds_and_a_peer_that_never_listens_are_said(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(onnet, "MEET_SECONDS", 1.0)
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.2", 0))
+        holder.listen(1)
+        taken = holder.getsockname()[1]
+        silent = free_port("127.0.0.3")
+        found = meet("127.0.0.2", taken, [{"to": "n2", "ip": "127.0.0.3", "port": silent, "what": "hccl"}], 1, "n1")
+    assert "cannot listen on 127.0.0.2 port" in found["listen"]["error"] and "in use" in found["listen"]["error"]
+    (connect,) = found["connects"]
+    assert connect["error"] and "refused" in connect["error"].lower()
+    line = reach_line({"name": "n1", "ip": "127.0.0.2", "reach": found})
+    assert line.status == "fail" and "cannot reach n2 at 127.0.0.3" in line.detail and "in use" in line.detail

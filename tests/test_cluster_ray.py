@@ -15,6 +15,8 @@ import json
 import os
 import platform
 import shlex
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -307,6 +309,19 @@ def test_status_reads_every_node_live(cluster: Running, state_dir: Path, capsys:
         for n in cluster.info.nodes
     ]
     assert status["nodes"] == expected
+
+
+def test_the_installed_command_reaches_the_hosts_over_ssh(cluster: Running, state_dir: Path) -> None:
+    """The console script of the README's install (no paramiko), as a user runs it: its own process, the
+    user's ssh config and known_hosts (this module's ssh home), every host's engine through its sshd."""
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "envrun"), "cluster", "status", NAME, "--cache-dir", str(state_dir)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "ssh://root@node-0" in done.stdout and "ssh://root@node-1" in done.stdout and "DEAD" not in done.stdout
 
 
 def cluster_run(tiny: Tiny, images: Images, state_dir: Path) -> list[str]:

@@ -35,6 +35,8 @@ class BuildResult:
             "tags": list(self.tags),
             "lock_sha256": self.lock_sha256,
             "record": str(self.record_dir),
+            # what `envrun cluster up --image` takes: REPOSITORY@DIGEST
+            "pushed": [{"tag": tag, "digest": digest} for tag, digest in self.pushed],
         }
 
 

@@ -3,17 +3,20 @@
 - :func:`network_facts`: the node's interfaces and addresses (:mod:`envrun.cluster.netifs`) and the
   variables that choose what HCCL and Gloo use (the node's own, from its container; the job's own ride in
   the spec and are laid over them by the verdicts, as Ray lays a job's ``env_vars`` over a node's).
-- :func:`reach`: every node tried from every other, not assumed: a short-lived actor on each node listens
-  on the first port of that node's HCCL host range, at the address Ray advertises for it (a port another
-  process holds is found here, before HCCL fails to bind it), then each node connects to every other's
-  listener, Ray node manager and object manager, and to the head's GCS. A connect is given
-  :data:`CONNECT_SECONDS`; all run at once.
+- :func:`reach`: every node tried from every other, not assumed: one task on each node (:func:`meet`, the
+  node check's own workers: no process is started for it) listens on the first port of that node's HCCL
+  host range, at the address Ray advertises for it (a port another process holds is found here, before
+  HCCL fails to bind it), and connects to every other's listener, Ray node manager and object manager,
+  and to the head's GCS, trying a peer that does not listen yet again until :data:`MEET_SECONDS`. A
+  connect is given :data:`CONNECT_SECONDS`; all run at once.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -31,7 +34,9 @@ NET_VARS = (
 NOSET = "RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES"
 HCCL_DEFAULT_PORT = 60000  # HCCL's first host port when nothing sets one (it takes 16 from there)
 CONNECT_SECONDS = 3.0
-WAIT_SECONDS = 120.0  # for every node's actor to start and answer
+MEET_SECONDS = 15.0  # for every node to listen, connect to the others, and be connected to
+RETRY_SECONDS = 0.2
+WAIT_SECONDS = 120.0  # for every node's task to start and answer
 
 
 def network_facts() -> dict[str, Any]:
@@ -54,43 +59,58 @@ def first_host_port(env: dict[str, str]) -> int | None:
     return HCCL_DEFAULT_PORT
 
 
-class Peer:
-    """One node's side of the all-pairs connect (a Ray actor, pinned to its node)."""
-
-    def __init__(self) -> None:
-        self.listener: socket.socket | None = None
-
-    def listen(self, ip: str, job_env: dict[str, str]) -> dict[str, Any]:
-        port = first_host_port({**os.environ, **job_env})
-        if port is None:
-            port = 0  # the OS picks HCCL's ports: any free one stands in for them
-        family = socket.AF_INET6 if ":" in ip else socket.AF_INET
-        listener = socket.socket(family, socket.SOCK_STREAM)
+def _connect(target: dict[str, Any], deadline: float) -> dict[str, Any]:
+    """One connect; a refusal is tried again until ``deadline`` (the peer may not listen yet)."""
+    while True:
         try:
-            listener.bind((ip, port))
-            listener.listen(128)
+            with socket.create_connection((target["ip"], target["port"]), timeout=CONNECT_SECONDS):
+                return {**target, "error": None}
+        except ConnectionRefusedError as exc:
+            if time.monotonic() + RETRY_SECONDS > deadline:
+                return {**target, "error": exc.strerror or "connection refused"}
+            time.sleep(RETRY_SECONDS)
         except OSError as exc:
-            listener.close()
-            return {"port": port, "error": f"cannot listen on {ip} port {port}: {exc.strerror or exc}"}
-        self.listener = listener
-        return {"port": listener.getsockname()[1], "error": None}
+            return {**target, "error": exc.strerror or str(exc) or type(exc).__name__}
 
-    def connect(self, targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        def one(target: dict[str, Any]) -> dict[str, Any]:
-            try:
-                with socket.create_connection((target["ip"], target["port"]), timeout=CONNECT_SECONDS):
-                    return {**target, "error": None}
-            except OSError as exc:
-                return {**target, "error": exc.strerror or str(exc) or type(exc).__name__}
 
-        if not targets:
-            return []
-        with ThreadPoolExecutor(max_workers=min(64, len(targets))) as pool:
-            return list(pool.map(one, targets))
+def meet(ip: str, port: int | None, targets: list[dict[str, Any]], peers: int, node_id: str) -> dict[str, Any]:
+    """This node's side of the all-pairs connect, as one task: listen on HCCL's first host port at ``ip``
+    (None: the OS picks HCCL's ports, and any free one stands in), connect to every target (a peer not
+    yet listening is tried again), and keep listening until ``peers`` have connected or the time is up."""
+    deadline = time.monotonic() + MEET_SECONDS
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    # The last check's connections to this port linger in TIME_WAIT; a port another socket listens on is
+    # still refused (Linux's SO_REUSEADDR does not share a listening port).
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    accepted: list[str] = []
+    try:
+        listener.bind((ip, port or 0))
+        listener.listen(128)
+        listened: dict[str, Any] = {"port": listener.getsockname()[1], "error": None}
+    except OSError as exc:
+        listener.close()
+        listened = {"port": port, "error": f"cannot listen on {ip} port {port}: {exc.strerror or exc}"}
+    if listened["error"] is None:
 
-    def close(self) -> None:
-        if self.listener is not None:
-            self.listener.close()
+        def accept() -> None:
+            listener.settimeout(0.2)
+            while len(accepted) < peers and time.monotonic() < deadline:
+                try:
+                    connection, address = listener.accept()
+                except OSError:
+                    continue
+                accepted.append(str(address[0]))
+                connection.close()
+
+        accepting = threading.Thread(target=accept, daemon=True)
+        accepting.start()
+    with ThreadPoolExecutor(max_workers=max(1, min(64, len(targets)))) as pool:
+        connects = list(pool.map(lambda target: _connect(target, deadline), targets))
+    if listened["error"] is None:
+        accepting.join(max(0.0, deadline - time.monotonic()))
+        listener.close()
+    return {"listen": listened, "connects": connects, "accepted": len(accepted)}
 
 
 def _targets(nodes: list[dict[str, Any]], me: str, ports: dict[str, int], gcs: tuple[str, int] | None) -> list[Any]:
@@ -110,30 +130,45 @@ def _targets(nodes: list[dict[str, Any]], me: str, ports: dict[str, int], gcs: t
     return found
 
 
-def reach(nodes: list[dict[str, Any]], job_env: dict[str, str], gcs: str | None) -> dict[str, dict[str, Any]]:
-    """Each node's listener and connects, by Ray node ID."""
+def reach(
+    nodes: list[dict[str, Any]], node_env: dict[str, dict[str, str]], job_env: dict[str, str], gcs: str | None
+) -> dict[str, dict[str, Any]]:
+    """Each node's listener and connects, by Ray node ID (``node_env``: each node's own variables, as its
+    answer gave them; the job's are laid over them). One task per node, all at once: each listens, then
+    connects to the others, each waiting for the others' listeners as it goes."""
+    ports = {}
+    for node in nodes:
+        port = first_host_port({**node_env.get(node["NodeID"], {}), **job_env})
+        if port is not None:
+            ports[node["NodeID"]] = port
+    gcs_address = None
+    if gcs and ":" in gcs:
+        host, port_text = gcs.rsplit(":", 1)
+        gcs_address = (host.strip("[]"), int(port_text)) if port_text.isdigit() else None
+    hccl_peers = {n["NodeID"]: sum(1 for m in nodes if m["NodeID"] != n["NodeID"]) for n in nodes}
+    return on_each(
+        nodes,
+        meet,
+        lambda n: (
+            n["NodeManagerAddress"],
+            ports.get(n["NodeID"]),
+            _targets(nodes, n["NodeID"], ports, gcs_address),
+            hccl_peers[n["NodeID"]] if n["NodeID"] in ports else 0,
+        ),
+    )
+
+
+def on_each(nodes: list[dict[str, Any]], function: Any, args: Any) -> dict[str, Any]:
+    """``function(*args(node), node_id)`` as a task pinned to each node, all at once; results by node ID.
+    No CPU is asked (a busy node still answers), so the node check's task workers are reused."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    actor: Any = ray.remote(num_cpus=0, max_restarts=0)(Peer)
-    peers: dict[str, Any] = {
-        n["NodeID"]: actor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote()
+    remote = ray.remote(num_cpus=0, max_retries=0)(function)
+    pending = {
+        n["NodeID"]: remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
+            *args(n), n["NodeID"]
+        )
         for n in nodes
     }
-    try:
-        asked = [peers[n["NodeID"]].listen.remote(n["NodeManagerAddress"], job_env) for n in nodes]
-        listening = dict(zip(peers, ray.get(asked, timeout=WAIT_SECONDS)))
-        ports = {node: found["port"] for node, found in listening.items() if not found["error"]}
-        gcs_address = None
-        if gcs and ":" in gcs:
-            host, port = gcs.rsplit(":", 1)
-            gcs_address = (host.strip("[]"), int(port)) if port.isdigit() else None
-        pending = {
-            n["NodeID"]: peers[n["NodeID"]].connect.remote(_targets(nodes, n["NodeID"], ports, gcs_address))
-            for n in nodes
-        }
-        connects = dict(zip(pending, ray.get(list(pending.values()), timeout=WAIT_SECONDS)))
-        return {node: {"listen": listening[node], "connects": connects[node]} for node in peers}
-    finally:
-        for peer in peers.values():
-            ray.kill(peer)
+    return dict(zip(pending, ray.get(list(pending.values()), timeout=WAIT_SECONDS)))

@@ -217,8 +217,9 @@ def _reach(answers: list[dict[str, Any]], nodes: list[dict[str, Any]], spec: dic
     """Every node tried from every other (:func:`envrun.cluster.onnet.reach`), into each node's answer."""
     from envrun.cluster.onnet import reach
 
+    own = {a["node_id"]: dict((a.get("network") or {}).get("env") or {}) for a in answers}
     try:
-        found = reach(nodes, dict(spec.get("network_env") or {}), gcs)
+        found = reach(nodes, own, dict(spec.get("network_env") or {}), gcs)
     except Exception as exc:  # the check that could not run is an answer too
         problem = (type(exc).__name__ + ": " + str(exc)).splitlines()[0]
         found = {n["NodeID"]: {"error": problem} for n in nodes}

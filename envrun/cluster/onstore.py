@@ -15,7 +15,6 @@ from typing import Any
 
 MARKERS = ".envrun-shared"  # under the directory tried; removed again when empty
 MAX_FILES = 100_000  # a listing stops there (a checkpoint of 32 x 16 ranks has thousands)
-WAIT_SECONDS = 120.0
 
 
 def write_marker(root: str, token: str, node_id: str) -> dict[str, Any]:
@@ -66,22 +65,11 @@ def listing(root: str) -> dict[str, Any]:
 
 def shared(nodes: list[dict[str, Any]], root: str, token: str) -> dict[str, dict[str, Any]]:
     """Each node's part in the three rounds (by Ray node ID): whether it could write, whose markers it saw."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    from envrun.cluster.onnet import on_each
 
-    def on_each(function: Any) -> dict[str, Any]:
-        remote = ray.remote(num_cpus=0, max_retries=0)(function)
-        pending = {
-            n["NodeID"]: remote.options(
-                scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
-            ).remote(root, token, n["NodeID"])
-            for n in nodes
-        }
-        return dict(zip(pending, ray.get(list(pending.values()), timeout=WAIT_SECONDS)))
-
-    wrote = on_each(write_marker)
+    wrote = on_each(nodes, write_marker, lambda _node: (root, token))
     try:
-        seen = on_each(seen_markers)
+        seen = on_each(nodes, seen_markers, lambda _node: (root, token))
     finally:
-        on_each(remove_marker)
+        on_each(nodes, remove_marker, lambda _node: (root, token))
     return {node: {"path": root, "error": wrote[node]["error"], "sees": seen[node]} for node in wrote}
