@@ -15,9 +15,11 @@ size. Goal (issue 40): each node fetches the moved layers plus less than 1 MB, w
 image of tests/lib/raycluster.py brought up with ``cluster_up``; then the whole check before a job
 (:meth:`RayLauncher.check_target`: each node's lock and NPUs, the model audit and the data at the
 cluster volume's paths, the job probe with the real verl 0.9.1 mounted, the network with the all-pairs
-connect, and the output directory's storage) is timed ``--repeat`` times. Goal: within 1.5x from 2 to 8
-nodes — on a real cluster each node has its own cores; here the N nodes share this machine's two, so
-what grows with N is also this machine's CPU (``--no-probe`` leaves out the probe, the CPU-bound part).
+connect, and the output directory's storage) is timed ``--repeat`` times, with the CPU each node's
+container spent on it. Goal: within 1.5x from 2 to 8 nodes — on a real cluster each node has its own
+cores; here the N nodes share this machine's two, so the wall time grows with this machine's CPU and
+each node's own CPU says what a node of its own would take (``--no-probe`` leaves out the probe, the
+CPU-bound part; ``--breakdown`` times the check's parts).
 
 Prints, never fails. Everything started is stopped by its PID or container ID.
 """
@@ -130,6 +132,21 @@ def bench_pull(registry: str) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def node_cpu(hosts: Any, info: Any) -> list[float]:
+    """CPU seconds each node's container has used so far (its engine's one-shot stats), in node order.
+    The N nodes share this machine's cores: what a node spends is what the check costs it on a machine of
+    its own, where the nodes run side by side."""
+    used = []
+    for host, node in zip(hosts, info.nodes):
+        client = host.client()
+        try:
+            stats = client.api.stats(node.container, stream=False, one_shot=True)
+        finally:
+            client.close()
+        used.append(stats["cpu_stats"]["cpu_usage"]["total_usage"] / 1e9)
+    return used
+
+
 class _Dirs:
     """What tests/lib/sshhosts.py asks of pytest's tmp_path_factory: a new directory per name."""
 
@@ -237,16 +254,21 @@ def bench_preflight(registry: str, counts: list[int], repeat: int, probe: bool, 
                     plan = prepare_run(replace(request, skip_checks=request.skip_checks + ("ray-node",))).plan
                     launcher = RayLauncher(str(info.address))
                     skip = frozenset(request.skip_checks)
-                    times = []
+                    times, cpus = [], []
                     for _ in range(repeat):
+                        before = node_cpu(hosts, info)
                         started = time.monotonic()
                         lines = launcher.check_target(plan, skip, lambda _m: None)
                         times.append(time.monotonic() - started)
+                        cpus.append([b - a for a, b in zip(before, node_cpu(hosts, info))])
                     if breakdown:
                         print_breakdown(str(info.address), plan, state, spec.name, repeat)
                     failed = [f"{line.name}: {line.detail[:120]}" for line in lines if line.status == "fail"]
+                    worker_cpu = statistics.median(c for run in cpus for c in run[1:])
+                    head_cpu = statistics.median(run[0] for run in cpus)
                     print(f"{count} node(s): up {up:.1f} s; the check before a job {statistics.median(times):.2f} s "
-                          f"(median of {repeat}: {', '.join(f'{t:.2f}' for t in times)}); {len(lines)} lines, "
+                          f"(median of {repeat}: {', '.join(f'{t:.2f}' for t in times)}); CPU per node: head "
+                          f"{head_cpu:.2f} s, a worker {worker_cpu:.2f} s (median); {len(lines)} lines, "
                           f"{len(failed)} failing" + (f" ({'; '.join(failed[:3])})" if failed else ""))  # fmt: skip
                 finally:
                     cluster_down(spec.name, state)
