@@ -645,6 +645,7 @@ def test_cli_json_dry_run_and_no_engine(
         "tags": list(reference.tags),
         "lock_sha256": reference.lock_sha256,
         "record": str(reference.record_dir),
+        "pushed": [],  # no --push
     }
 
     assert main(["-q", "image", str(lock_path), "--dry-run", *cache]) == 0

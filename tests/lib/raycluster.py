@@ -112,6 +112,8 @@ def build_and_push(lock: Path, registry: str, record_dir: Path) -> BuiltImage:
     assert done.returncode == 0, f"envbuild image failed: {done.stderr[-3000:]}"
     result = json.loads(done.stdout)
     assert result["lock_sha256"] == sha
+    (pushed,) = result["pushed"]  # what --push sent: the digest `cluster up --image` pins
+    assert pushed["tag"] == reference and pushed["digest"].startswith("sha256:")
     return BuiltImage(lock, sha, result["image_id"], reference)
 
 
