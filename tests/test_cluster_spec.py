@@ -63,6 +63,10 @@ def test_a_cluster_file_is_data() -> None:
             "c.yaml:8: nodes[2].engine: 'unix://run/docker.sock': expected unix:///absolute/path",
         ),
         (("ip: 10.0.0.1", "ip: node-001"), "c.yaml:5: nodes[0].ip: 'node-001' is not an IP address"),
+        (
+            ("ssh://root@node-001", "ssh://-oProxyCommand=sh"),
+            "nodes[0].engine: 'ssh://-oProxyCommand=sh': a host or user starting with '-' would be an option to ssh",
+        ),
         (("ip: 10.0.0.1", "ip: 127.0.0.1"), "nodes[0].ip: 127.0.0.1 is not what the node would advertise: `ray start`"),
         (("ip: 10.0.0.1", "ip: 0.0.0.0"), "nodes[0].ip: 0.0.0.0 is not an address a node can be reached at"),
         (

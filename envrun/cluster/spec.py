@@ -76,6 +76,8 @@ def check_engine_url(url: str) -> str | None:
         return None if parts.path.startswith("/") and not parts.netloc else f"{shown!r}: expected unix:///absolute/path"
     if not parts.hostname:
         return f"{shown!r} has no host"
+    if parts.scheme == "ssh" and (parts.hostname.startswith("-") or (parts.username or "").startswith("-")):
+        return f"{shown!r}: a host or user starting with '-' would be an option to ssh"
     if parts.scheme == "tcp" and port is None:
         return f"{shown!r}: a tcp:// engine needs a port (dockerd's is usually 2375, or 2376 with TLS)"
     if parts.path not in ("", "/"):
