@@ -17,11 +17,10 @@ from envrun.cluster.network import (
     interface_line,
     network_lines,
     npu_line,
-    parse_ports,
     port_lines,
     reach_line,
 )
-from envrun.cluster.onnet import meet
+from envrun.cluster.onnet import first_host_port, meet, parse_ports
 
 ETH = {"eth0": ["10.0.0.1/24", "fe80::1/64"], "ib0": ["192.168.0.1/24"], "lo": ["127.0.0.1/8", "::1/128"]}
 
@@ -183,3 +182,11 @@ def test_a_port_another_process_holds_and_a_peer_that_never_listens_are_said(mon
     assert connect["error"] and "refused" in connect["error"].lower()
     line = reach_line({"name": "n1", "ip": "127.0.0.2", "reach": found})
     assert line.status == "fail" and "cannot reach n2 at 127.0.0.3" in line.detail and "in use" in line.detail
+
+
+def test_the_node_listens_where_the_verdict_reads_hccls_first_port() -> None:
+    assert first_host_port({}) == 60000  # HCCL's default
+    assert first_host_port({"HCCL_IF_BASE_PORT": "50000"}) == 50000
+    assert first_host_port({"HCCL_HOST_SOCKET_PORT_RANGE": "61000-61063", "HCCL_IF_BASE_PORT": "50000"}) == 61000
+    assert first_host_port({"HCCL_HOST_SOCKET_PORT_RANGE": "auto"}) is None  # the OS picks
+    assert first_host_port({"HCCL_HOST_SOCKET_PORT_RANGE": "lots"}) is None  # unreadable: the verdict says so

@@ -44,7 +44,7 @@ class Engine(Builds, Images, Containers, Jobs):
         url = address or engine_address()
         link = SshLink(SshTarget.parse(url), connect_timeout=connect_timeout) if url.startswith("ssh://") else None
         try:
-            client = cls._client(address, link, connect_timeout)
+            client = cls._client(url, address, link, connect_timeout)
         except BaseException:
             if link is not None:
                 link.close()
@@ -53,7 +53,7 @@ class Engine(Builds, Images, Containers, Jobs):
         return cls(client, address, link)
 
     @staticmethod
-    def _client(address: str | None, link: SshLink | None, connect_timeout: float) -> docker.DockerClient:
+    def _client(url: str, address: str | None, link: SshLink | None, connect_timeout: float) -> docker.DockerClient:
         try:
             if link is not None:
                 link.open()
@@ -67,7 +67,6 @@ class Engine(Builds, Images, Containers, Jobs):
         except (docker.errors.DockerException, requests.RequestException) as exc:
             said = link.problem() if link is not None else None
             hint = "start dockerd or set DOCKER_HOST" if address is None else "is dockerd running there, and reachable?"
-            url = address or engine_address()
             raise EngineError(f"no container engine answers at {url}: {said or f'{reason(exc)} ({hint})'}") from None
         return client
 

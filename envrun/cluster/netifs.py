@@ -15,6 +15,7 @@ import ipaddress
 import json
 import socket
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -99,6 +100,11 @@ def carrier(found: dict[str, list[str]], ip: str) -> str | None:
             if any(wanted in ipaddress.ip_interface(a).network for a in addresses):
                 return name
     return None
+
+
+def shown_interfaces(found: Mapping[str, list[str]]) -> str:
+    """Interfaces and their addresses, as an error message names them (``eth0 10.0.0.1/24, lo …``)."""
+    return ", ".join(f"{name} {' '.join(addresses) or '(no address)'}" for name, addresses in found.items())
 
 
 def main(argv: list[str]) -> int:

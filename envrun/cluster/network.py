@@ -24,19 +24,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from envrun.cluster.netifs import carrier
-from envrun.cluster.onnet import HCCL_DEFAULT_PORT, NET_VARS, NOSET
-from envrun.cluster.spec import same_address
+from envrun.cluster.netifs import carrier, shown_interfaces
+from envrun.cluster.onnet import NET_VARS, NOSET, host_ports, parse_ports
+from envrun.cluster.spec import HCCL_PORTS_PER_NODE, same_address
 from envrun.plan import PreflightLine
 
 CHECK = "network"
-PORT_BLOCK = 64  # ports of each HCCL range a node gets (HCCL takes 16 host ports per node by default)
-HCCL_DEFAULT_PORTS = range(HCCL_DEFAULT_PORT, HCCL_DEFAULT_PORT + 16)
+PORT_BLOCK = HCCL_PORTS_PER_NODE // 2  # each of a node's two HCCL ranges (HCCL takes 16 host ports by default)
 
 
 def port_ranges_for(first_port: int, slot: int) -> tuple[range, range]:
     """The HCCL host and device port ranges of the ``slot``-th node on a host (0, 1, …)."""
-    start = first_port + 2 * PORT_BLOCK * slot
+    start = first_port + HCCL_PORTS_PER_NODE * slot
     return range(start, start + PORT_BLOCK), range(start + PORT_BLOCK, start + 2 * PORT_BLOCK)
 
 
@@ -58,24 +57,6 @@ def node_network_env(ip: str | None, interface: str | None, first_port: int, slo
         env["HCCL_SOCKET_IFNAME"] = interface
         env["GLOO_SOCKET_IFNAME"] = interface
     return env
-
-
-def parse_ports(value: str) -> list[range] | None:
-    """HCCL's port syntax (``60000-60050``, ``56000,56005,60100-60110``) as ranges; None for ``auto``.
-    Raises ValueError for anything else."""
-    text = value.strip()
-    if text.lower() == "auto":
-        return None
-    ranges = []
-    for item in text.split(","):
-        low, dash, high = item.strip().partition("-")
-        if not (low.isascii() and low.isdigit() and (not dash or (high.isascii() and high.isdigit()))):
-            raise ValueError(item)
-        first, last = int(low), int(high or low)
-        if not 1 <= first <= last <= 65535:
-            raise ValueError(item)
-        ranges.append(range(first, last + 1))
-    return ranges
 
 
 @dataclass(frozen=True)
@@ -104,19 +85,11 @@ class NodeNet:
         )
 
     def listing(self) -> str:
-        return ", ".join(f"{name} {' '.join(a) or '(no address)'}" for name, a in self.interfaces.items()) or "none"
+        return shown_interfaces(self.interfaces) or "none"
 
     def host_ports(self) -> list[range] | None:
         """The host ports HCCL binds here (None: the OS picks them); ValueError if the variable is unreadable."""
-        if "HCCL_HOST_SOCKET_PORT_RANGE" in self.env:
-            return parse_ports(self.env["HCCL_HOST_SOCKET_PORT_RANGE"])
-        base = self.env.get("HCCL_IF_BASE_PORT")
-        if base is not None:
-            first = parse_ports(base)
-            if not first or len(first) != 1 or len(first[0]) != 1:
-                raise ValueError(base)
-            return [range(first[0].start, first[0].start + 16)]
-        return [HCCL_DEFAULT_PORTS]
+        return host_ports(self.env)
 
     def device_ports(self) -> list[range] | None | str:
         """The device ports (``"default"``: HCCL's own, the same for every process of a host)."""

@@ -22,7 +22,7 @@ from envbuild.errors import EngineError, EnvbuildError
 from envrun import ray_api
 from envrun.cluster.onnode import MANIFEST, MARKER, TASK_TIMEOUT_SECONDS
 from envrun.cluster.spec import same_address
-from envrun.cluster.state import ClusterState
+from envrun.cluster.state import ClusterState, container_name
 from envrun.plan import PreflightLine
 from envrun.probe.report import RAY_RESOURCES, cpu_ask
 
@@ -292,7 +292,6 @@ def engine_image_lines(state: ClusterState) -> tuple[PreflightLine, ...]:
     """For a cluster ``envrun cluster up`` started: each node's container as its host's engine sees it
     (not as the node reports itself) runs the image the cluster was pinned to, by image ID."""
     from envrun.cluster.engines import each_connected
-    from envrun.cluster.nodes import container_name
 
     lines = []
     with each_connected(state.engines, state.connect_timeout) as engines:

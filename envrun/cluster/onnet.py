@@ -17,6 +17,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -47,16 +48,46 @@ def network_facts() -> dict[str, Any]:
     }
 
 
-def first_host_port(env: dict[str, str]) -> int | None:
-    """The first port of the HCCL host range ``env`` gives (None: ``auto``, the OS chooses; or unreadable)."""
-    ranges = env.get("HCCL_HOST_SOCKET_PORT_RANGE", "").strip()
-    if ranges:
-        first = ranges.split(",")[0].split("-")[0].strip()
-        return int(first) if first.isascii() and first.isdigit() else None
-    base = env.get("HCCL_IF_BASE_PORT", "").strip()
-    if base:
-        return int(base) if base.isascii() and base.isdigit() else None
-    return HCCL_DEFAULT_PORT
+def parse_ports(value: str) -> list[range] | None:
+    """HCCL's port syntax (``60000-60050``, ``56000,56005,60100-60110``) as ranges; None for ``auto``.
+    Raises ValueError for anything else."""
+    text = value.strip()
+    if text.lower() == "auto":
+        return None
+    ranges = []
+    for item in text.split(","):
+        low, dash, high = item.strip().partition("-")
+        if not (low.isascii() and low.isdigit() and (not dash or (high.isascii() and high.isdigit()))):
+            raise ValueError(item)
+        first, last = int(low), int(high or low)
+        if not 1 <= first <= last <= 65535:
+            raise ValueError(item)
+        ranges.append(range(first, last + 1))
+    return ranges
+
+
+def host_ports(env: Mapping[str, str]) -> list[range] | None:
+    """The host ports HCCL binds with ``env`` (None: ``auto``, the OS picks them): its range, else 16 from
+    its base port, else HCCL's default. Raises ValueError if the variable is not HCCL's syntax."""
+    if "HCCL_HOST_SOCKET_PORT_RANGE" in env:
+        return parse_ports(env["HCCL_HOST_SOCKET_PORT_RANGE"])
+    base = env.get("HCCL_IF_BASE_PORT")
+    if base is not None:
+        first = parse_ports(base)
+        if not first or len(first) != 1 or len(first[0]) != 1:
+            raise ValueError(base)
+        return [range(first[0].start, first[0].start + 16)]
+    return [range(HCCL_DEFAULT_PORT, HCCL_DEFAULT_PORT + 16)]
+
+
+def first_host_port(env: Mapping[str, str]) -> int | None:
+    """The first port of the HCCL host range ``env`` gives (None: the OS chooses, or the value is unreadable,
+    which the verdicts say)."""
+    try:
+        ranges = host_ports(env)
+    except ValueError:
+        return None
+    return ranges[0].start if ranges else None
 
 
 def _connect(target: dict[str, Any], deadline: float) -> dict[str, Any]:

@@ -112,6 +112,16 @@ def same_address(found: str, wanted: str) -> bool:
         return found == wanted
 
 
+HCCL_PORTS_PER_NODE = 128  # a node's HCCL host and device ranges, 64 each, from `hccl_ports` on its machine
+
+
+def hccl_room(first_port: int, nodes: int) -> str | None:
+    """Whether ``nodes`` nodes on one machine fit their HCCL ports from ``first_port`` below 65536."""
+    if first_port + HCCL_PORTS_PER_NODE * nodes - 1 > 65535:
+        return f"{first_port} leaves no room for {nodes} node(s) on one host ({HCCL_PORTS_PER_NODE} ports each)"
+    return None
+
+
 def check_port(value: int) -> str | None:
     return None if 1 <= value <= 65535 else f"{value} is not a port (1-65535)"
 
@@ -176,15 +186,8 @@ def parse_cluster_file(text: bytes | str, file: str = "<cluster>") -> ClusterSpe
             [] if spec.nodes else [Problem(file, root.start_mark.line + 1, "nodes", "needs at least the head node")]
         )
         per_host = max((sum(1 for n in spec.nodes if n.engine == e) for e in spec.engines), default=0)
-        if spec.hccl_ports + 128 * per_host - 1 > 65535:
-            problems.append(
-                Problem(
-                    file,
-                    0,
-                    "hccl_ports",
-                    f"{spec.hccl_ports} leaves no room for {per_host} node(s) on one host (128 ports each)",
-                )
-            )
+        if problem := hccl_room(spec.hccl_ports, per_host):
+            problems.append(Problem(file, 0, "hccl_ports", problem))
         seen: set[str] = set()
         for volume in spec.volumes:
             point = mount_point(volume.container)

@@ -37,8 +37,7 @@ from envrun import ray_api
 from envrun.bytecode import Bytecode, prepare_image
 from envrun.cluster.engines import connected
 from envrun.cluster.info import ClusterInfo, NodeInfo
-from envrun.cluster.netifs import carrier
-from envrun.cluster.network import PORT_BLOCK
+from envrun.cluster.netifs import carrier, shown_interfaces
 from envrun.cluster.nodes import (
     HostFacts,
     container_name,
@@ -48,7 +47,7 @@ from envrun.cluster.nodes import (
     probe_command,
     probe_volumes,
 )
-from envrun.cluster.spec import ClusterSpec, same_address
+from envrun.cluster.spec import ClusterSpec, hccl_room, same_address
 from envrun.cluster.state import CLUSTER_LABEL, ClusterState, load_state, remove_state, save_state, state_path
 
 ADDRESS_FILE = "ray_current_cluster"  # where `ray start --head` writes the GCS address, in its temp dir
@@ -188,10 +187,10 @@ def _prepare_host(spec: ClusterSpec, url: str, engine: Engine, reference: str, p
     facts = host_facts(probe.stdout, engine.memory_bytes())
     for index, node in enumerate(spec.nodes):
         if node.engine == url and node.ip and carrier(dict(facts.interfaces), node.ip) is None:
-            listing = "; ".join(f"{name} {' '.join(a)}" for name, a in facts.interfaces.items() if a)
             raise InputError(
                 f"{url}: no interface of this host carries {node.ip}, the cluster file's ip for node "
-                f"{container_name(spec.name, index)} (its interfaces: {listing}); give the node an address of its host"
+                f"{container_name(spec.name, index)} (its interfaces: {shown_interfaces(facts.interfaces)}); give "
+                "the node an address of its host"
             )
     progress(f"{url}: image {attrs['Id'][:19]}, lock {label[:12]}, {facts.npus} NPU(s)")
     return _Host(engine, facts, attrs["Id"], label, bytecode, pulled)
@@ -209,11 +208,8 @@ def _start(
     deadline = time.monotonic() + timeout
     head_address: str | None = None
     slots = host_slots(spec, {url: host.facts.hostname for url, host in hosts.items()})
-    if spec.hccl_ports + 2 * PORT_BLOCK * (max(slots) + 1) - 1 > 65535:
-        raise InputError(
-            f"hccl_ports: {spec.hccl_ports} leaves no room for {max(slots) + 1} node(s) on one machine "
-            f"({2 * PORT_BLOCK} ports each); lower it"
-        )
+    if problem := hccl_room(spec.hccl_ports, max(slots) + 1):  # the file's check counted engines, not machines
+        raise InputError(f"hccl_ports: {problem}; lower it")
     for index, node in enumerate(spec.nodes):
         host = hosts[node.engine]
         container = node_container(
