@@ -234,3 +234,20 @@ def test_what_ssh_says_becomes_one_clause() -> None:
     assert ssh_problem("Warning: Permanently added x\nbash: docker: command not found\n", 30, target) == (
         "ssh: bash: docker: command not found"
     )
+
+
+def test_down_by_file_with_a_host_out_of_reach_names_the_command_that_finishes_it(
+    hosts: tuple[SshClient, list[SshHost]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, (first, second) = hosts
+    spec = tmp_path / "c.yaml"
+    spec.write_text(f"name: gone\nnodes:\n  - engine: {first.url}\n  - engine: {second.url}\n")
+    first.stop_sshd()
+    try:
+        assert main(["cluster", "down", str(spec), "--cache-dir", str(tmp_path / "state")]) == 1
+    finally:
+        first.start_sshd()
+    (error,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("envrun: error: ")]
+    assert first.url in error and "connection refused" in error and second.url not in error
+    # No state was ever written: only the file names the hosts, so the advice is to run it again with it.
+    assert "run the same `envrun cluster down` again once it answers" in error and "state is kept" not in error

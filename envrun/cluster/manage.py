@@ -115,9 +115,11 @@ def cluster_down(
                 if problem:
                     unreachable.append(problem)
     if unreachable:
-        raise EngineError(
-            "; ".join(unreachable) + f" — the state is kept: run `envrun cluster down {name}` again once it answers"
+        # With no state to keep (none was written, or it could not be read), only the file names the hosts.
+        again = (
+            f"the state is kept: run `envrun cluster down {name}`" if state else "run the same `envrun cluster down`"
         )
+        raise EngineError("; ".join(unreachable) + f" — {again} again once it answers")
     remove_state(cache_dir, name)
     return removed
 
