@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from envbuild.errors import EnvbuildError
 from envbuild.interrupts import stop_signals
@@ -48,6 +49,8 @@ class RunOutcome:
             return 130
         if self.status == "succeeded":
             return 0
+        if self.status == "refused":
+            return 1  # as a refusal before submitting is (TargetRefused), whatever the job's node exited with
         return self.exit_code if self.exit_code else 1
 
     def to_json(self) -> dict[str, object]:
@@ -61,7 +64,13 @@ class TargetRefused(EnvbuildError):
 def execute_run(prepared: PreparedRun, progress: Progress = silent) -> RunOutcome:
     """Launch ``prepared`` and record it under its plan's run directory."""
     prepared.refuse_if_failed()
-    plan = prepared.plan
+    lenient = prepared.recipe.lenient_checkpoint is not None
+    return execute_plan(prepared.plan, prepared.skip_checks, lenient, progress)
+
+
+def execute_plan(plan: RunPlan, skip_checks: tuple[str, ...], lenient: bool, progress: Progress = silent) -> RunOutcome:
+    """Launch a checked ``plan`` (its preflight passed) and record it: what a scheduler's job runs too
+    (:mod:`envrun.injob`), with the plan envrun prepared on the submitting host."""
     launcher = launcher_for(plan)
     record = RunDir(plan.run_dir)
     digest = _image_digest(plan)
@@ -70,7 +79,7 @@ def execute_run(prepared: PreparedRun, progress: Progress = silent) -> RunOutcom
     signals: list[str] = []
     try:
         with stop_signals(signals):
-            plan = _checked_target(prepared, plan, launcher, record, digest, progress)
+            plan = _checked_target(skip_checks, plan, launcher, record, digest, progress)
             result = launcher.launch(plan, record.log)
     except TargetRefused as exc:
         record.finish("refused", None, detail=str(exc))
@@ -83,9 +92,12 @@ def execute_run(prepared: PreparedRun, progress: Progress = silent) -> RunOutcom
     except BaseException as exc:
         record.finish("error", None, detail=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         raise
+    if result.checked:
+        plan = plan.with_preflight(plan.preflight + result.checked)
+        record.record_plan(plan, image_digest=digest)
     status, detail = _status(result, signals)
     verdict = None
-    if prepared.recipe.lenient_checkpoint is not None:
+    if lenient:
         verdict = _audit_exports(plan, launcher, status, record, progress)
         if status == "succeeded" and not verdict.ok:
             status, detail = "failed", "export audit: " + "; ".join(verdict.failures)
@@ -96,13 +108,18 @@ def execute_run(prepared: PreparedRun, progress: Progress = silent) -> RunOutcom
 
 
 def _checked_target(
-    prepared: PreparedRun, plan: RunPlan, launcher: Launcher, record: RunDir, digest: str | None, progress: Progress
+    skip_checks: tuple[str, ...],
+    plan: RunPlan,
+    launcher: Launcher,
+    record: RunDir,
+    digest: str | None,
+    progress: Progress,
 ) -> RunPlan:
     """Where the job runs is asked whether it may (a cluster's nodes); refused: :class:`TargetRefused`."""
-    if TARGET_CHECK in prepared.skip_checks:
+    if TARGET_CHECK in skip_checks:
         target: tuple[PreflightLine, ...] = (PreflightLine(TARGET_CHECK, "skip", "skipped by --skip-check"),)
     else:
-        target = launcher.check_target(plan, frozenset(prepared.skip_checks), progress)
+        target = launcher.check_target(plan, frozenset(skip_checks), progress)
     if target:
         plan = plan.with_preflight(plan.preflight + target)
         record.record_plan(plan, image_digest=digest)
@@ -115,6 +132,9 @@ def _status(result: LaunchResult, signals: list[str]) -> tuple[Status, str]:
     if result.interrupted:
         cause = f"stopped on {signals[0] if signals else 'Ctrl-C'}"
         return "interrupted", f"{cause}: {result.detail}" if result.detail else cause
+    for recorded in ("refused", "error", "interrupted"):  # as the scheduler's job recorded it
+        if result.status == recorded:
+            return cast(Status, recorded), result.detail
     return ("succeeded" if result.exit_code == 0 else "failed"), result.detail
 
 

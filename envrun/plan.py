@@ -22,8 +22,10 @@ from envrun.overrides import merge_overrides
 from envrun.probe.request import ProbeRequest
 from envrun.recipe import REQUIRED_PARAMETERS, Recipe, override_key
 
-Backend = Literal["docker", "ray", "local"]
-BACKENDS: tuple[Backend, ...] = ("docker", "ray", "local")
+Backend = Literal["docker", "ray", "local", "slurm"]
+BACKENDS: tuple[Backend, ...] = ("docker", "ray", "local", "slurm")
+# Backends whose job runs on a cluster's nodes: the model, the data and the probe are checked there.
+ON_NODES: tuple[Backend, ...] = ("ray", "slurm")
 # What Hydra takes unquoted and reads as the same string; anything else is quoted.
 _PLAIN = re.compile(r"[A-Za-z0-9_/.+:@%-]+")
 
@@ -102,6 +104,31 @@ class Volume:
 
 
 @dataclass(frozen=True)
+class Scheduled:
+    """How a scheduler's job starts Ray on its nodes (``--backend slurm``, ``--emit``): the ports, the
+    join deadline, the scheduler's own options."""
+
+    head_port: int = 6379  # the head's GCS port (Ray's default)
+    dashboard_port: int = 8265  # the job API (Ray's default)
+    hccl_ports: int = 60000  # the first HCCL port on each machine
+    node_ports: int | None = None  # first of the per-node blocks of Ray's ports (nodes sharing a machine)
+    join_timeout: float = 600.0  # seconds for every node to join the head
+    scheduler_args: tuple[str, ...] = ()  # `sbatch` options (`--partition=npu`, `--time=2-00:00:00`)
+    ray_start_args: tuple[str, ...] = ()  # appended to every node's `ray start`
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "head_port": self.head_port,
+            "dashboard_port": self.dashboard_port,
+            "hccl_ports": self.hccl_ports,
+            "node_ports": self.node_ports,
+            "join_timeout": self.join_timeout,
+            "scheduler_args": list(self.scheduler_args),
+            "ray_start_args": list(self.ray_start_args),
+        }
+
+
+@dataclass(frozen=True)
 class RunParameters:
     """What the user chose on the command line."""
 
@@ -117,7 +144,8 @@ class RunParameters:
     entry_point: tuple[str, ...] | None = None  # a stand-in trainer for tests
     ray_address: str | None = None
     output_dir: Path | None = None  # where the trainer writes (the recipe's outputs); default <run dir>/outputs
-    volumes: tuple[Volume, ...] = ()  # extra mounts for the docker backend
+    volumes: tuple[Volume, ...] = ()  # extra mounts for the docker backend and a scheduler's nodes
+    scheduled: Scheduled = Scheduled()  # how a scheduler's job starts its nodes
 
 
 @dataclass(frozen=True)
@@ -146,6 +174,12 @@ class RunPlan:
     transformers: str | None = None  # the version the lock pins: checkpoint audits ask that model for its names
     launch: Mapping[str, Any] | None = None  # what the launcher would start (Launcher.describe), once prepared
     cluster: ClusterState | None = None  # the cluster `envrun cluster up` started, when the run names it
+    scheduled: Scheduled | None = None  # a scheduler's job (--backend slurm): how its nodes start
+
+    @property
+    def on_nodes(self) -> bool:
+        """The job runs on a cluster's nodes: what it reads and what it imports are checked there."""
+        return self.backend in ON_NODES
 
     @property
     def run_id(self) -> str:
@@ -167,6 +201,7 @@ class RunPlan:
             "docker": f"in image {self.image}",
             "ray": f"with the job's {self.python} on each node",
             "local": f"with the job's {self.python} on this host",
+            "slurm": f"with the job's {self.python} on each node",
         }[self.backend]
         return f"the model built by the lock's transformers {self.transformers} {where}"
 
@@ -220,9 +255,9 @@ def _output_dir(recipe: Recipe, params: RunParameters, run_dir: Path) -> Path | 
         return None
     if params.output_dir is not None:
         return Path(os.path.abspath(params.output_dir))  # noqa: PTH100 (not resolve(): a symlinked path stays the one given)
-    if params.backend == "ray":
+    if params.backend in ON_NODES:
         raise InputError(
-            f"--backend ray needs --output-dir DIR for recipe {recipe.name}: a directory every node writes to "
+            f"--backend {params.backend} needs --output-dir DIR for recipe {recipe.name}: a directory every node writes to "
             "(a cluster volume), where the checkpoints are kept and audited"
         )
     return Path(os.path.abspath(run_dir)) / "outputs"  # noqa: PTH100 (not resolve(): symlinks kept); host directories, mounted
@@ -257,8 +292,15 @@ def build_plan(
         raise InputError("--backend docker needs --image REF (the image built from the lock)")
     if params.backend == "ray" and not params.ray_address:
         raise InputError("--backend ray needs --ray-address URL (the Ray dashboard, e.g. http://HEAD:8265)")
-    if params.volumes and params.backend != "docker":
-        raise InputError("--volume: only the docker backend mounts (a cluster's volumes are in its cluster file)")
+    if params.volumes and params.backend not in ("docker", "slurm"):
+        raise InputError(
+            "--volume: only the docker and slurm backends mount (a cluster's volumes are in its cluster file)"
+        )
+    if params.backend == "slurm" and not (params.image and "@sha256:" in params.image):
+        raise InputError(
+            "--backend slurm and --emit need --image REPOSITORY@sha256:… (every node pulls the same bits; "
+            "`envbuild image --push --json` prints the digest)"
+        )
     for name, value in params.extra_env.items():
         if not re.fullmatch(ENV_NAME, name) or "\0" in value:
             raise InputError(f"--env {name}: not a valid environment variable")
@@ -271,6 +313,9 @@ def build_plan(
     if recipe.probe is not None and recipe.entry_module is not None:
         skip = {s.name: s.reason for s in recipe.probe.skip_imports}
         probe = ProbeRequest(recipe.config_name, overrides, recipe.entry_module, skip)
+    nnodes = _int_override(overrides, recipe.parameters.get("nnodes"))
+    if params.backend == "slurm" and not nnodes:
+        raise InputError("--backend slurm and --emit need --nnodes N: the nodes the job asks its scheduler for")
     return RunPlan(
         recipe=recipe.name,
         argv=argv,
@@ -291,8 +336,9 @@ def build_plan(
         probe=probe,
         python=recipe.entry_point[0],
         transformers=transformers,
-        nnodes=_int_override(overrides, recipe.parameters.get("nnodes")),
+        nnodes=nnodes,
         npus_per_node=_int_override(overrides, recipe.parameters.get("npus_per_node")),
+        scheduled=params.scheduled if params.backend == "slurm" else None,
     )
 
 
@@ -369,6 +415,12 @@ def render_launch(launch: Mapping[str, Any]) -> list[str]:
             f"  runtime_env:  {json.dumps(launch['runtime_env'], sort_keys=True)}",
             f"  metadata:     {json.dumps(launch['metadata'], sort_keys=True)}",
             f"  submission:   {launch['submission_id']}",
+        ]
+    if backend == "slurm":
+        return [
+            f"launch:  a Slurm batch job of {launch['nodes']} node(s), each running {launch['image']}",
+            f"  submit:  {launch['submit']}",
+            *(f"  sbatch  {arg}" for arg in launch["sbatch"]),
         ]
     return [
         f"launch:  a local process in {launch.get('cwd')}, the env above over this one",

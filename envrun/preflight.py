@@ -83,8 +83,8 @@ def run_preflight(
 
 
 def _on_nodes(name: str, plan: RunPlan) -> PreflightLine | None:
-    """On a Ray cluster the job reads its files on the nodes: checked there, on the same paths."""
-    if plan.backend != "ray":
+    """On a cluster the job reads its files on the nodes: checked there, on the same paths."""
+    if not plan.on_nodes:
         return None
     return PreflightLine(name, "skip", f"checked on every node of the cluster, with the {TARGET_CHECK} check")
 
@@ -93,7 +93,7 @@ def check_job(plan: RunPlan, probe: JobProbe | None, before: list[PreflightLine]
     """The job probe where the job will run (:mod:`envrun.probe`); on a Ray cluster, with the node check."""
     if plan.probe is None:
         return (PreflightLine(PROBE_CHECK, "skip", f"recipe {plan.recipe} has no probe"),)
-    if plan.backend == "ray":
+    if plan.on_nodes:
         return (
             PreflightLine(PROBE_CHECK, "skip", f"runs on every node of the cluster, with the {TARGET_CHECK} check"),
         )
@@ -123,6 +123,8 @@ def failed(results: Iterable[PreflightLine]) -> list[PreflightLine]:
 
 def check_image_label(plan: RunPlan, image_labels: ImageLabels | None) -> PreflightLine:
     name = "image-lock-label"
+    if plan.backend == "slurm":
+        return PreflightLine(name, "skip", "read on every node from the image it pulled, before Ray starts there")
     if not plan.image:
         return PreflightLine(name, "skip", f"no --image; the {plan.backend} backend runs in the current image")
     if image_labels is None:
@@ -170,8 +172,8 @@ def check_image_platform(plan: RunPlan, image_platform: ImagePlatform | None) ->
 def check_npus(plan: RunPlan, probe: NpuProbe | None, dry_run: bool) -> PreflightLine:
     if dry_run:
         return PreflightLine("npus", "skip", "dry run")
-    if plan.backend == "ray":
-        return PreflightLine("npus", "skip", "the Ray cluster's nodes run the job; verl checks their NPUs")
+    if plan.on_nodes:
+        return PreflightLine("npus", "skip", f"the cluster's nodes run the job; counted there ({TARGET_CHECK})")
     return (probe or probe_npus)()
 
 

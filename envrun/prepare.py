@@ -121,11 +121,11 @@ def prepare_run(request: RunRequest, progress: Progress = silent) -> PreparedRun
     validate_overrides(plan.overrides, config_dir, recipe.config_name)
 
     env = PreflightEnv()
-    if plan.image:
+    if plan.image and plan.backend != "slurm":  # a slurm job's nodes read the image they pull
         from envrun.launch.docker_backend import image_labels, image_platform
 
         env = PreflightEnv(image_labels=image_labels, image_platform=image_platform)
-    if plan.probe is not None and plan.backend != "ray":
+    if plan.probe is not None and not plan.on_nodes:
         progress(f"probing the job where it will run ({plan.image or plan.python})")
     lines = run_preflight(plan, env, dry_run=request.dry_run, skip=request.skip_checks)
     from envrun.launch import launcher_for

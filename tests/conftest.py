@@ -73,6 +73,7 @@ LANES = {
     "test_image_base": "image",
     "test_cluster_ray": "ray",
     "test_launch_ray": "ray",
+    "test_slurm_run": "ray",
 }
 
 

@@ -1,12 +1,16 @@
 """scripts/services starting Debian's registry where things go wrong: the default port held by another
-process, a registry that dies before it answers. Each test runs an instance of its own (own run dir,
-storage and port), beside the suite's registry, and stops what it started."""
+process, a registry that dies before it answers; and a Slurm whose stop must leave none of its jobs
+behind. Each test runs an instance of its own (own run dir, storage and ports), beside the suite's
+services, and stops what it started."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
+import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,3 +151,72 @@ def test_unknown_service_is_a_usage_error() -> None:
     result = subprocess.run([str(SERVICES), "start", "ray"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert result.stderr.startswith("usage: ")
+
+
+def _slurmctld_port(conf: Path) -> str:
+    return next(line.split("=", 1)[1] for line in conf.read_text().splitlines() if line.startswith("SlurmctldPort="))
+
+
+def _processes_naming(text: str) -> list[str]:
+    """The live processes whose command line or environment holds ``text``, as "PID command"."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            environ = (proc / "environ").read_bytes()
+        except OSError:
+            continue  # not a process, or gone
+        if cmdline and (text.encode() in cmdline or text.encode() in environ):
+            command = cmdline.replace(b"\0", b" ").decode(errors="replace")
+            found.append(f"{proc.name} {command}")
+    return found
+
+
+@pytest.mark.slurm
+def test_slurm_instance_beside_the_suites_runs_jobs_and_its_stop_leaves_none_of_them(tmp_path: Path) -> None:
+    """A second Slurm on one machine takes other ports; stopped with a job's step running, nothing of it is
+    left (slurmstepd outlives slurmd, a job's daemon outlives its slurmstepd), and the suite's Slurm never
+    noticed."""
+    # munged runs as user munge, which cannot enter pytest's tmp_path (mode 0700).
+    run_dir = Path(tempfile.mkdtemp(prefix="envbuild-test-slurm-"))
+    run_dir.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+    env["ENVBUILD_TEST_RUN_DIR"] = str(run_dir)
+    conf = run_dir / "slurm" / "slurm.conf"
+
+    def services(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(SERVICES), *args, "slurm"], env=env, capture_output=True, text=True, timeout=120)
+
+    try:
+        started = services("start")
+        assert started.returncode == 0, started.stderr
+        assert (run_dir / "env").read_text() == f"export SLURM_CONF={conf}\n"
+        assert _slurmctld_port(conf) != _slurmctld_port(Path(os.environ["SLURM_CONF"]))
+        assert services("status").returncode == 0
+        submitted = subprocess.run(
+            ["sbatch", "--parsable", "-N2", f"--output={tmp_path / 'job.out'}", f"--chdir={tmp_path}"]
+            # A daemon that leaves the job's process tree (as a Ray node does), and a step on both nodes.
+            + ["--wrap", "setsid -f sleep 301 </dev/null >/dev/null 2>&1 & srun -N2 --ntasks-per-node=1 sleep 302"],
+            env={**env, "SLURM_CONF": str(conf)},
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        job_id = submitted.stdout.strip()
+        deadline = time.monotonic() + 30
+        while "slurmstepd: [" + job_id + ".0]" not in " ".join(_processes_naming(str(conf))):
+            assert time.monotonic() < deadline, f"no step of job {job_id} ran; its log is {tmp_path / 'job.out'}"
+            time.sleep(0.1)
+        stopped = services("stop")
+        assert stopped.returncode == 0, stopped.stderr
+        assert "stopping the jobs of this instance" in stopped.stderr
+        assert _processes_naming(str(run_dir)) == []
+        assert services("status").returncode == 3
+    finally:
+        services("stop")
+        shutil.rmtree(run_dir, ignore_errors=True)
+    # The suite's Slurm (at the caller's SLURM_CONF) still has both nodes up.
+    listed = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True, timeout=30)
+    states = dict(line.split() for line in listed.stdout.splitlines())
+    assert sorted(states) == ["n1", "n2"] and set(states.values()) <= {"idle", "mix", "alloc"}, listed

@@ -16,7 +16,9 @@ from pathlib import Path
 from envbuild.cli.common import StderrProgress
 from envbuild.errors import InputError
 from envbuild.escape import for_terminal
-from envrun.plan import BACKENDS, RunParameters, Volume, render_plan_json, render_plan_text
+from envrun.cluster.spec import check_ray_start_args
+from envrun.injob.spec import NODE_PORTS
+from envrun.plan import BACKENDS, RunParameters, Scheduled, Volume, render_plan_json, render_plan_text
 from envrun.preflight import CHECKS
 from envrun.recipe import shipped_recipes
 
@@ -64,6 +66,37 @@ def _add_options(p: argparse.ArgumentParser) -> None:
         "--cluster", metavar="NAME", help="for --backend ray: the cluster `envrun cluster up` started (its job API)"
     )
     p.add_argument(
+        "--ray-ports",
+        type=int,
+        metavar="BASE",
+        help="for --backend slurm and --emit: Ray's ports from BASE (the head's GCS, its job API, then 50 for each "
+        "node by its place on its machine); needed when nodes share a machine (default: Ray's own ports)",
+    )
+    p.add_argument(
+        "--sbatch-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        dest="scheduler_args",
+        help="for --backend slurm: an sbatch option for the batch job, e.g. --sbatch-arg=--partition=npu (repeatable)",
+    )
+    p.add_argument(
+        "--ray-start-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        dest="ray_start_args",
+        help="for --backend slurm and --emit: appended to every node's `ray start`, e.g. "
+        "--ray-start-arg=--num-cpus=64 (repeatable)",
+    )
+    p.add_argument(
+        "--join-timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="for --backend slurm: how long the head waits for every node to join (default 600)",
+    )
+    p.add_argument(
         "--run-dir", type=Path, metavar="DIR", help="run record directory (default runs/<recipe>-<UTC time>)"
     )
     p.add_argument(
@@ -78,12 +111,19 @@ def _add_options(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="HOST:CONTAINER[:ro|rw]",
-        help="for --backend docker: mount a host path into the job's container (repeatable; read-only by default)",
+        help="for --backend docker or slurm: mount a host path into the job's container(s) (repeatable; read-only by default)",
     )
     p.add_argument(
         "--dry-run",
         action="store_true",
         help="validate, run the preflight (the job probe too) and print the plan; start nothing",
+    )
+    p.add_argument(
+        "--emit",
+        nargs=2,
+        metavar=("KIND", "DIR"),
+        help="write what a scheduler runs instead of running it: sbatch (a Slurm batch job), volcano (a Volcano "
+        "Job) or rayjob (a KubeRay RayJob), into DIR; the preflight runs first, as for --dry-run",
     )
     p.add_argument("--json", action="store_true", help="print the plan (or the final status) as JSON")
     p.add_argument(
@@ -117,14 +157,36 @@ def _env_pairs(pairs: list[str]) -> dict[str, str]:
     return env
 
 
+def _scheduled(args: argparse.Namespace) -> Scheduled:
+    base = args.ray_ports
+    if base is not None and not 1024 <= base <= 65535 - 2 - NODE_PORTS * 4:
+        raise InputError(f"--ray-ports {base}: expected a port from 1024 to {65535 - 2 - NODE_PORTS * 4}")
+    if args.join_timeout <= 0:
+        raise InputError(f"--join-timeout {args.join_timeout:g}: expected a positive number of seconds")
+    for arg in args.scheduler_args:
+        if not arg.startswith("-") or any(c in arg for c in "\n\r\0"):
+            raise InputError(f"--sbatch-arg {arg!r}: expected one sbatch option, such as --partition=npu")
+    if problem := check_ray_start_args(tuple(args.ray_start_args)):
+        raise InputError(f"--ray-start-arg: {problem}")
+    ports = {} if base is None else {"head_port": base, "dashboard_port": base + 1, "node_ports": base + 2}
+    return Scheduled(
+        **ports,
+        join_timeout=args.join_timeout,
+        scheduler_args=tuple(args.scheduler_args),
+        ray_start_args=tuple(args.ray_start_args),
+    )
+
+
 def run_recipe_command(args: argparse.Namespace) -> int:
     from envrun.execute import execute_run
     from envrun.prepare import RunRequest, prepare_run
 
+    if args.emit and args.backend not in ("local", "slurm"):
+        raise InputError(f"--emit writes a scheduler's job; it takes no --backend {args.backend}")
     request = RunRequest(
         recipe=args.recipe,
         params=RunParameters(
-            backend=args.backend,
+            backend="slurm" if args.emit else args.backend,  # a scheduled run's plan, whichever scheduler
             model=args.model,
             train_files=tuple(args.data),
             val_files=tuple(args.val_data),
@@ -137,18 +199,30 @@ def run_recipe_command(args: argparse.Namespace) -> int:
             entry_point=tuple(shlex.split(args.entry_point)) if args.entry_point else None,
             output_dir=args.output_dir,
             volumes=tuple(Volume.parse(v) for v in args.volume),
+            scheduled=_scheduled(args),
         ),
         lock=args.lock,
         verl_config=args.verl_config,
         cache_dir=args.cache_dir,
         offline=args.offline,
-        dry_run=args.dry_run,
+        dry_run=args.dry_run or bool(args.emit),
         skip_checks=tuple(args.skip_check),
         cluster=args.cluster,
         run_dir=args.run_dir,
     )
     progress = StderrProgress("envrun", getattr(args, "quiet", False))
     prepared = prepare_run(request, progress)
+    if args.emit:
+        from envrun.schedule.emit import emit
+
+        prepared.refuse_if_failed()
+        kind, directory = args.emit
+        written = emit(prepared.plan, kind, Path(directory), frozenset(args.skip_check))
+        if args.json:
+            print(json.dumps({"emitted": kind, "files": [str(path) for path in written]}, sort_keys=True))
+        else:
+            print("\n".join(str(path) for path in written))
+        return 0
     if args.dry_run:
         sys.stdout.write(render_plan_json(prepared.plan) if args.json else render_plan_text(prepared.plan))
         prepared.refuse_if_failed()

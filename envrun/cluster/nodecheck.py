@@ -15,9 +15,8 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from envbuild.engine.jobs import ContainerState
 from envbuild.errors import EngineError, EnvbuildError
 from envrun import ray_api
 from envrun.cluster.onnode import MANIFEST, MARKER, TASK_TIMEOUT_SECONDS
@@ -25,6 +24,9 @@ from envrun.cluster.spec import same_address
 from envrun.cluster.state import ClusterState, container_name
 from envrun.plan import PreflightLine
 from envrun.probe.report import RAY_RESOURCES, cpu_ask
+
+if TYPE_CHECKING:  # the check runs inside the image too (envrun.injob), where no docker package is
+    from envbuild.engine.jobs import ContainerState
 
 CHECK = "ray-node"
 JOB_TIMEOUT_SECONDS = TASK_TIMEOUT_SECONDS + 120

@@ -16,6 +16,10 @@ def launcher_for(plan: RunPlan) -> Launcher:
         from envrun.launch.local import LocalLauncher
 
         return LocalLauncher()
+    if plan.backend == "slurm":
+        from envrun.schedule.slurm import SlurmLauncher
+
+        return SlurmLauncher()
     if plan.backend == "ray":
         from envrun.launch.ray_backend import RayLauncher
 

@@ -22,6 +22,10 @@ class LaunchResult:
     exit_code: int | None  # None when the job never reported one (stopped, lost)
     interrupted: bool = False  # stopped on Ctrl-C or SIGTERM
     detail: str = ""
+    # A scheduler's job records its own run where it ran (envrun.injob): its status there, when it gives one
+    # (``refused``: its nodes refused the job), and the checks made on its nodes, joining this run's preflight.
+    status: str | None = None
+    checked: tuple[PreflightLine, ...] = ()
 
 
 class Launcher(Protocol):

@@ -3,7 +3,7 @@
 ``FAKE_TRAINER_EXPECT`` names a JSON file ``{"args": [...], "env": {...}}``: the arguments after the
 program and the environment entries it must see. Exit 0 when both match, 1 (with the difference)
 otherwise. ``FAKE_TRAINER_EXPORT=FROM=TO`` copies a checkpoint directory as a run's HF export.
-``FAKE_TRAINER_SLEEP`` seconds: wait after the check (for Ctrl-C tests); SIGINT exits 130.
+``FAKE_TRAINER_SLEEP`` seconds: wait after the check (for Ctrl-C tests; on a Ray cluster too); SIGINT exits 130.
 ``FAKE_TRAINER_CHILD=1``: start a child process that sleeps (as a trainer starts Ray) and print its PID.
 ``FAKE_TRAINER_RAY_NODES=N`` (on a Ray cluster, as verl's driver is): run one task pinned to each alive
 node, which reports its node and the environment it sees; exit 1 unless there are N nodes and every
@@ -64,6 +64,9 @@ def main(args: list[str]) -> int:
         for problem in problems:
             print(f"fake trainer: {problem}", flush=True)
         print("fake trainer: ok, on every node" if not problems else "fake trainer: FAILED", flush=True)
+        if not problems and (seconds := float(os.environ.get("FAKE_TRAINER_SLEEP", "0"))):
+            print("fake trainer: sleeping", flush=True)
+            time.sleep(seconds)
         return 1 if problems else 0
     if not expect_file:
         print("fake trainer: FAKE_TRAINER_EXPECT is not set", flush=True)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import socket
+import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,7 +87,47 @@ def _probe_sshd() -> Probe:
     return Probe(True, "/usr/sbin/sshd")
 
 
-PROBES = {"docker": _probe_docker, "registry": _probe_registry, "sshd": _probe_sshd}
+SLURM_NODES = ("n1", "n2")
+_UP = ("idle", "mix", "alloc")  # sinfo's short states of a node that takes jobs
+
+
+def _probe_slurm() -> Probe:
+    """The Slurm at ``SLURM_CONF``: both nodes up (idle, or running jobs), and srun able to hear back."""
+    conf = os.environ.get("SLURM_CONF")
+    if not conf:
+        return Probe(False, f"SLURM_CONF is not set; {_HOW_TO_START}")
+    if not Path(conf).is_file():  # sinfo would look for a controller in DNS, for half a minute
+        return Probe(False, f"SLURM_CONF={conf} is no file; {_HOW_TO_START}")
+    # Node-oriented (-N), by node name (%N): %n is each node's NodeHostname, localhost for both. A
+    # controller that is down takes sinfo 9 s to give up on.
+    try:
+        listed = subprocess.run(
+            ["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return Probe(False, f"sinfo with SLURM_CONF={conf} failed: {exc}; {_HOW_TO_START}")
+    if listed.returncode != 0:
+        said = (listed.stderr.strip().splitlines() or [f"exit status {listed.returncode}"])[-1]
+        return Probe(False, f"sinfo with SLURM_CONF={conf} failed: {said}; {_HOW_TO_START}")
+    states = {node: state for node, _, state in (line.partition(" ") for line in listed.stdout.splitlines())}
+    down = [f"{node} ({states.get(node, 'missing')})" for node in SLURM_NODES if states.get(node) not in _UP]
+    if down:
+        return Probe(False, f"the Slurm at SLURM_CONF={conf} has nodes not up: {', '.join(down)}; {_HOW_TO_START}")
+    # srun listens where this machine's name resolves (CommunicationParameters=NoInAddrAny), and the nodes
+    # call it back at the address it reached them from, 127.0.0.1: anywhere else, srun waits for ever.
+    name = socket.gethostname()
+    try:
+        address = socket.gethostbyname(name)
+    except OSError as exc:
+        address = str(exc)
+    if address != "127.0.0.1":
+        return Probe(
+            False, f"this machine's name {name} resolves to {address}, not 127.0.0.1: srun cannot hear its tasks"
+        )
+    return Probe(True, conf)
+
+
+PROBES = {"docker": _probe_docker, "registry": _probe_registry, "sshd": _probe_sshd, "slurm": _probe_slurm}
 
 
 class ServiceState:

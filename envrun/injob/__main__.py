@@ -1,0 +1,5 @@
+import sys
+
+from envrun.injob.node import main
+
+sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,181 @@
+"""One node of a scheduler's job, inside the locked image: its own check, then Ray (and, on the head, the
+run). Run as ``python3 -m envrun.injob node|check JOB_JSON``, with the node's identity in its environment
+(:mod:`.spec`).
+
+The check (before Ray, before the trainer, with the standard library alone: it judges any image): the lock the image recorded is the run's, and the node sees the
+NPUs the run needs on each node. A node that fails it prints one line naming itself and why, writes it to
+``CHECKS_DIR`` when the job's directory is mounted (Slurm), and exits ``REFUSED``: it never joins, and the
+job ends without its trainer.
+
+Ray: the head starts it (``--head``, the job API on its address) and runs the driver
+(:mod:`.driver`); a worker waits until the head's GCS port answers, then joins it with ``--block``, so the
+node lives as long as Ray on it. Each node gets the network ``envrun cluster up`` gives its nodes: HCCL's and
+Gloo's interface (the one carrying the node's address), HCCL port ranges of its own, Ray's NPU resource.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from envrun.cluster.netifs import carrier, interfaces
+from envrun.cluster.onnode import lock_facts
+from envrun.injob.spec import JOB_DIR, NODE_PORTS, InJob, NodeIdentity
+
+REFUSED = 3  # the node refused the run (its own check): the scheduler ends the job
+CHECKS_DIR = JOB_DIR + "/checks"
+# Ray waits 30 s for a new node to register; a node's first start on a host compiles Ray's modules (the image
+# ships no bytecode) while the other nodes of that host do the same, and took longer here.
+NODE_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_raylet_start_wait_time_s": "180"}
+
+
+def who(node: NodeIdentity) -> str:
+    return f"node {node.index} {node.name} (ip {node.ip or 'Ray’s choice'}, host {socket.gethostname()})"
+
+
+def own_check(spec: InJob, node: NodeIdentity) -> tuple[bool, str]:
+    """This node's verdict on itself: the image's lock and the NPUs it sees. One line."""
+    facts = lock_facts()
+    found, devices = facts["lock_sha256"], facts["devices"]
+    problems = []
+    if found != spec.lock_sha256:
+        why = f" ({facts['manifest_problem']})" if facts["manifest_problem"] else ""
+        problems.append(
+            f"its image records lock {str(found)[:12]}{why}, the run's is {spec.lock_sha256[:12]}: "
+            "not the image built from the run's lock"
+        )
+    need = spec.npus_per_node or 0
+    if len(devices) < need:
+        problems.append(f"it sees {len(devices)} NPU(s), the run needs {need} on each node")
+    if problems:
+        return False, f"{who(node)}: refused: " + "; ".join(problems)
+    npus = f", {len(devices)} NPU(s) ({', '.join(devices)})" if devices else ", no NPU"
+    return True, f"{who(node)}: ok: lock {spec.lock_sha256[:12]}{npus}"
+
+
+def record_check(node: NodeIdentity, ok: bool, line: str) -> None:
+    """The verdict where the submitting host reads it (a Slurm job's shared directory), when mounted."""
+    if not Path(JOB_DIR).is_dir():
+        return
+    Path(CHECKS_DIR).mkdir(exist_ok=True)
+    target = Path(CHECKS_DIR) / f"node-{node.index}.json"
+    scratch = target.with_suffix(".tmp")
+    scratch.write_text(json.dumps({"index": node.index, "name": node.name, "ok": ok, "line": line}))
+    scratch.replace(target)
+
+
+def port_args(spec: InJob, node: NodeIdentity) -> list[str]:
+    """Ray's ports for this node: its defaults for the first node on a machine without ``node_ports``; a
+    block of its own from ``node_ports`` (by its slot on the machine) otherwise."""
+    if spec.node_ports is None:
+        if node.slot:
+            raise ValueError(
+                f"{node.slot + 1} nodes of this job share machine {node.machines[node.index]}: give "
+                "--ray-ports BASE so that each takes its own block of Ray's ports"
+            )
+        return []
+    base = spec.node_ports + NODE_PORTS * node.slot
+    ports = [
+        f"--node-manager-port={base}",
+        f"--object-manager-port={base + 1}",
+        f"--metrics-export-port={base + 2}",
+        f"--dashboard-agent-listen-port={base + 3}",
+        f"--dashboard-agent-grpc-port={base + 4}",
+        f"--runtime-env-agent-port={base + 5}",
+        f"--min-worker-port={base + 10}",
+        f"--max-worker-port={base + NODE_PORTS - 1}",
+    ]
+    if node.index == 0:
+        ports.append(f"--ray-client-server-port={base + 6}")
+    return ports
+
+
+def ray_start(spec: InJob, node: NodeIdentity, npus: int) -> list[str]:
+    """``ray start`` for this node: the head without ``--block`` (the driver follows it), workers with."""
+    argv = ["ray", "start", "--disable-usage-stats", f"--node-name={node.name}"]
+    if node.index == 0:
+        argv += [
+            "--head",
+            f"--port={spec.head_port}",
+            f"--dashboard-port={spec.dashboard_port}",
+            f"--dashboard-host={node.ip or '0.0.0.0'}",
+        ]
+    else:
+        argv += ["--block", f"--address={node.head}:{spec.head_port}"]
+    if node.ip:
+        argv.append(f"--node-ip-address={node.ip}")
+    if npus:
+        argv.append("--resources=" + json.dumps({"NPU": npus}))
+    return [*argv, *port_args(spec, node), *spec.ray_start_args]
+
+
+def node_env(spec: InJob, node: NodeIdentity) -> dict[str, str]:
+    from envrun.cluster.network import node_network_env  # Ray's yaml with it: after the check, which needs none
+
+    interface = carrier(interfaces(), node.ip) if node.ip else None
+    return {**NODE_ENV, **node_network_env(node.ip, interface, spec.hccl_ports, node.slot)}
+
+
+def wait_for_head(spec: InJob, node: NodeIdentity) -> None:
+    deadline = time.monotonic() + spec.join_timeout
+    while True:
+        try:
+            with socket.create_connection((str(node.head), spec.head_port), timeout=5):
+                return
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{who(node)}: the head {node.head}:{spec.head_port} did not answer within "
+                    f"{spec.join_timeout:g} s ({exc.strerror or exc})"
+                ) from None
+        time.sleep(1)
+
+
+def run_node(spec: InJob, node: NodeIdentity) -> int:
+    ok, line = own_check(spec, node)
+    print(f"envrun: {line}", flush=True)
+    record_check(node, ok, line)
+    if not ok:
+        return REFUSED
+    env = {**os.environ, **node_env(spec, node)}
+    argv = ray_start(spec, node, len(lock_facts()["devices"]))
+    if node.index:
+        wait_for_head(spec, node)
+        print(f"envrun: {who(node)}: joining {node.head}:{spec.head_port}", flush=True)
+        os.execvpe(argv[0], argv, env)  # the node is Ray from here on: stopping the container stops it
+    started = subprocess.run(argv, env=env, check=False)
+    if started.returncode:
+        print(f"envrun: {who(node)}: `ray start --head` exited {started.returncode}", flush=True)
+        return started.returncode
+    # The driver runs with the node's network variables too: the trainer's own processes inherit them.
+    os.environ.update(node_env(spec, node))
+    from envrun.injob.driver import drive
+
+    return drive(spec, node)
+
+
+def main(argv: list[str]) -> int:
+    from envrun.injob.spec import identity, read_spec
+
+    if len(argv) != 2 or argv[0] not in ("node", "check", "driver"):
+        print("usage: python3 -m envrun.injob node|check|driver JOB_JSON", file=sys.stderr)
+        return 2
+    try:
+        spec, node = read_spec(Path(argv[1])), identity()
+        if argv[0] == "check":
+            ok, line = own_check(spec, node)
+            print(f"envrun: {line}", flush=True)
+            return 0 if ok else REFUSED
+        if argv[0] == "driver":  # Ray started by another (KubeRay): the run alone, on the head
+            from envrun.injob.driver import drive
+
+            return drive(spec, node)
+        return run_node(spec, node)
+    except (OSError, ValueError, KeyError) as exc:  # a spec or an identity the scheduler got wrong
+        print(f"envrun: {argv[1]}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return 2

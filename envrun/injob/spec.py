@@ -1,0 +1,116 @@
+"""What a scheduler's job is given: the prepared plan and how its nodes start Ray (``job.json``), and who
+each node is (its environment, set by the scheduler's rendering)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SPEC_VERSION = 1
+JOB_DIR = "/opt/envrun/job"  # where a node's container sees the job's directory (spec, code, record)
+NODE_PORTS = 50  # a node's block of Ray ports when nodes share a machine: its own ports, then its workers'
+
+# Who a node is, as the scheduler's rendering says it (sbatch: from Slurm's variables; Kubernetes: the
+# downward API and Volcano's task index).
+INDEX_VAR = "ENVRUN_NODE_INDEX"  # 0 is the head
+NAME_VAR = "ENVRUN_NODE_NAME"  # Slurm's node name, the pod's name
+IP_VAR = "ENVRUN_NODE_IP"  # the address the node advertises (Slurm's NodeAddr, the pod's IP)
+HEAD_VAR = "ENVRUN_HEAD"  # where the workers find the head (its address, or its DNS name)
+MACHINES_VAR = "ENVRUN_MACHINES"  # each node's machine, in node order: nodes sharing one take turns at ports
+
+
+@dataclass(frozen=True)
+class InJob:
+    """The job: the run plan as prepared and checked on the submitting host, and how its Ray starts."""
+
+    plan: Mapping[str, Any]  # envrun.planrecord.plan_record; its run_dir is where the job records the run
+    lenient: bool  # the recipe saves checkpoints leniently: the exports are audited after the trainer
+    nnodes: int
+    npus_per_node: int | None = None
+    skip_checks: tuple[str, ...] = ()
+    head_port: int = 6379
+    dashboard_port: int = 8265
+    hccl_ports: int = 60000
+    node_ports: int | None = None  # first port of the per-node blocks (nodes sharing a machine); None: Ray's
+    join_timeout: float = 600.0
+    ray_start_args: tuple[str, ...] = ()  # appended to every node's `ray start`
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": SPEC_VERSION,
+            "plan": dict(self.plan),
+            "lenient": self.lenient,
+            "nnodes": self.nnodes,
+            "npus_per_node": self.npus_per_node,
+            "skip_checks": list(self.skip_checks),
+            "head_port": self.head_port,
+            "dashboard_port": self.dashboard_port,
+            "hccl_ports": self.hccl_ports,
+            "node_ports": self.node_ports,
+            "join_timeout": self.join_timeout,
+            "ray_start_args": list(self.ray_start_args),
+        }
+
+    @classmethod
+    def from_json(cls, document: Mapping[str, Any]) -> InJob:
+        if document.get("version") != SPEC_VERSION:
+            raise ValueError(f"job spec version {document.get('version')!r}; this envrun reads {SPEC_VERSION}")
+        return cls(
+            plan=dict(document["plan"]),
+            lenient=bool(document["lenient"]),
+            nnodes=int(document["nnodes"]),
+            npus_per_node=document.get("npus_per_node"),
+            skip_checks=tuple(document.get("skip_checks") or ()),
+            head_port=int(document["head_port"]),
+            dashboard_port=int(document["dashboard_port"]),
+            hccl_ports=int(document["hccl_ports"]),
+            node_ports=document.get("node_ports"),
+            join_timeout=float(document["join_timeout"]),
+            ray_start_args=tuple(document.get("ray_start_args") or ()),
+        )
+
+    @property
+    def lock_sha256(self) -> str:
+        return str(self.plan["lock_sha256"])
+
+
+def read_spec(path: Path) -> InJob:
+    with open(path, encoding="utf-8") as f:
+        return InJob.from_json(json.load(f))
+
+
+@dataclass(frozen=True)
+class NodeIdentity:
+    index: int
+    name: str
+    ip: str | None
+    head: str | None  # the head's address for workers (None on the head)
+    machines: tuple[str, ...] = field(default=())
+
+    @property
+    def slot(self) -> int:
+        """This node's place among the nodes on its machine (0, 1, …): its ports follow from it."""
+        if not self.machines or self.index >= len(self.machines):
+            return 0
+        return self.machines[: self.index].count(self.machines[self.index])
+
+
+def identity(env: Mapping[str, str] = os.environ) -> NodeIdentity:
+    index_text = env.get(INDEX_VAR, "")
+    if not index_text.isdecimal():
+        raise ValueError(f"{INDEX_VAR}={index_text!r}: expected the node's index (0 for the head)")
+    index = int(index_text)
+    head = env.get(HEAD_VAR) or None
+    if index and not head:
+        raise ValueError(f"{HEAD_VAR} is not set: a worker needs the head's address")
+    return NodeIdentity(
+        index=index,
+        name=env.get(NAME_VAR) or f"node-{index}",
+        ip=env.get(IP_VAR) or None,
+        head=head,
+        machines=tuple(env.get(MACHINES_VAR, "").split()),
+    )

@@ -1,0 +1,94 @@
+"""``--emit sbatch|volcano|rayjob DIR``: what a user submits, written from the prepared plan; nothing runs.
+
+- ``sbatch``: the Slurm job's directory (:func:`envrun.schedule.slurm.write_job`): ``sbatch DIR/job.sbatch``.
+  DIR must be where every node sees it, at the same path: the scripts name it.
+- ``volcano`` / ``rayjob``: one manifest file (a ConfigMap with the job's spec and envrun's code, and the
+  Volcano Job or KubeRay RayJob): ``kubectl create -f DIR/<name>.yaml`` (or ``kubectl apply --server-side``:
+  the ConfigMap is too large for a client-side apply's annotation). The job's record is written under the
+  output directory (the storage every pod mounts), else in the head pod only. A node that refuses the run
+  never joins; the head's driver gives up after the join deadline (``--join-timeout``), and the job fails.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import zipfile
+from pathlib import Path, PurePosixPath
+
+from envbuild.errors import InputError
+from envbuild.fileio import write_atomic
+from envrun.injob.spec import JOB_DIR
+from envrun.plan import RunPlan, Scheduled
+from envrun.schedule.jobdir import CHECKOUT, PACKAGES, RECORD_DIR, in_job
+
+KINDS = ("sbatch", "volcano", "rayjob")
+ZIP_TIME = (2026, 1, 1, 0, 0, 0)  # every entry's: the same code gives the same bytes
+
+
+def code_zip() -> bytes:
+    """envbuild's and envrun's modules as one zip, the same bytes for the same code."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as archive:
+        for package in PACKAGES:
+            for source in sorted((CHECKOUT / package).rglob("*.py")):
+                info = zipfile.ZipInfo(source.relative_to(CHECKOUT).as_posix(), ZIP_TIME)
+                info.compress_type = zipfile.ZIP_DEFLATED
+                info.external_attr = 0o644 << 16
+                archive.writestr(info, source.read_bytes())
+    return buffer.getvalue()
+
+
+def locked_version(lock_file: str, name: str) -> str | None:
+    """The version the run's lock pins for package ``name`` (KubeRay wants Ray's), None when it pins none."""
+    from envbuild.lock.io import read_lock
+
+    lock = read_lock(Path(lock_file)).lock
+    return next((p.version for p in lock.packages if p.name == name), None)
+
+
+def job_name(plan: RunPlan) -> str:
+    """The run's id as a Kubernetes name: lowercase letters, digits and '-', at most 40."""
+    name = re.sub(r"[^a-z0-9-]+", "-", plan.run_id.lower()).strip("-")[:40].strip("-")
+    if not name or not name[0].isalpha():
+        name = ("run-" + name)[:40].strip("-")
+    return name
+
+
+def emit(plan: RunPlan, kind: str, directory: Path, skip: frozenset[str]) -> list[Path]:
+    if kind not in KINDS:
+        raise InputError(f"--emit {kind!r}: expected one of {', '.join(KINDS)}")
+    directory = directory.absolute()
+    if kind == "sbatch":
+        from envrun.schedule.slurm import write_job
+
+        write_job(plan, directory, skip)
+        return [directory / "job.sbatch", directory / "node.sh", directory / "job.json", directory / "code"]
+    from envrun.schedule.kube import KubeJob, dump_manifests, render_rayjob, render_volcano
+
+    assert plan.nnodes and plan.image  # build_plan's promise for a scheduled run
+    record = (
+        PurePosixPath(str(plan.output_dir)) / f"envrun-record-{plan.run_id}"
+        if plan.output_dir is not None
+        else PurePosixPath(JOB_DIR) / RECORD_DIR
+    )
+    spec = in_job(plan, plan.scheduled or Scheduled(), plan.nnodes, record, tuple(sorted(skip)))
+    job = KubeJob(
+        name=job_name(plan),
+        nnodes=plan.nnodes,
+        npus_per_node=plan.npus_per_node,
+        image=plan.image,
+        spec_json=json.dumps(spec.to_json(), indent=2, sort_keys=True) + "\n",
+        code_zip=code_zip(),
+        volumes=plan.volumes,
+        env=dict(plan.env),
+        head_port=spec.head_port,
+        dashboard_port=spec.dashboard_port,
+        ray_version=locked_version(plan.lock_file, "ray"),
+    )
+    documents = render_volcano(job) if kind == "volcano" else render_rayjob(job)
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / f"{job.name}.{kind}.yaml"
+    write_atomic(target, dump_manifests(documents))
+    return [target]

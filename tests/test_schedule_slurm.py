@@ -1,0 +1,217 @@
+"""The scheduled run's parts that need no Slurm: the plan carried whole to the job, the job's spec, who a
+node is and how it starts Ray, the batch scripts as rendered (and as bash parses them), and the CLI's
+refusals and ``--emit sbatch``. The run itself, through a real Slurm: tests/test_slurm_run.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from envbuild.errors import InputError
+from envrun.cli.main import main
+from envrun.injob.node import port_args, ray_start
+from envrun.injob.spec import InJob, identity
+from envrun.plan import RunParameters, Scheduled, Volume, build_plan
+from envrun.planrecord import plan_from_record, plan_record
+from envrun.probe.request import ProbeRequest
+from envrun.recipe import load_recipe
+from envrun.schedule.jobdir import in_job, write_code
+from envrun.schedule.sbatch import SlurmJob, render_batch, render_node
+from tests.lib.tinyrun import Tiny
+
+DIGEST = "registry.example/glm5@sha256:" + "ab" * 32
+
+
+def slurm_params(tiny: Tiny, **changes: object) -> RunParameters:
+    base = RunParameters(
+        backend="slurm",
+        model=tiny.model,
+        train_files=(tiny.data,),
+        nnodes=2,
+        npus_per_node=16,
+        image=DIGEST,
+        output_dir=Path("/runs"),
+        volumes=(Volume("/shared/data", "/data"), Volume("/shared/runs", "/runs", "rw")),
+        scheduled=Scheduled(head_port=24000, dashboard_port=24001, node_ports=24002, join_timeout=30),
+    )
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
+def test_the_plan_travels_whole(tiny: Tiny, tmp_path: Path) -> None:
+    plan = build_plan(load_recipe(tiny.recipe), slurm_params(tiny), "x.lock.yaml", "f" * 64, tmp_path / "run")
+    plan = replace(plan, probe=ProbeRequest("tiny", plan.overrides, "tiny.main", {"vllm": "no NPU here"}))
+    back = plan_from_record(json.loads(json.dumps(plan_record(plan))))
+    assert back == replace(plan, scheduled=None)  # the job's own settings travel in its spec, not the plan
+    with pytest.raises(ValueError, match="version"):
+        plan_from_record({**plan_record(plan), "version": 99})
+
+
+def test_the_jobs_spec_round_trips_and_keeps_the_run_aimed_at_its_record(tiny: Tiny, tmp_path: Path) -> None:
+    plan = build_plan(load_recipe(tiny.recipe), slurm_params(tiny), "x.lock.yaml", "f" * 64, tmp_path / "run")
+    assert plan.scheduled is not None
+    from pathlib import PurePosixPath
+
+    spec = in_job(plan, plan.scheduled, 2, PurePosixPath("/opt/envrun/job/record"), ("npus",))
+    assert InJob.from_json(json.loads(json.dumps(spec.to_json()))) == spec
+    assert spec.plan["run_dir"] == "/opt/envrun/job/record" and spec.lock_sha256 == "f" * 64
+    assert (spec.nnodes, spec.npus_per_node, spec.node_ports, spec.skip_checks) == (2, 16, 24002, ("npus",))
+
+
+def test_a_scheduled_run_needs_an_image_by_digest_and_its_node_count(tiny: Tiny, tmp_path: Path) -> None:
+    recipe = load_recipe(tiny.recipe)
+    with pytest.raises(InputError, match=r"REPOSITORY@sha256"):
+        build_plan(recipe, slurm_params(tiny, image="registry.example/glm5:latest"), "x", "f" * 64, tmp_path)
+    with pytest.raises(InputError, match="--nnodes N"):
+        build_plan(recipe, slurm_params(tiny, nnodes=None), "x", "f" * 64, tmp_path)
+
+
+def test_who_a_node_is_and_where_its_ports_are() -> None:
+    env = {"ENVRUN_NODE_INDEX": "1", "ENVRUN_NODE_NAME": "n2", "ENVRUN_NODE_IP": "10.0.0.2", "ENVRUN_HEAD": "10.0.0.1"}
+    worker = identity({**env, "ENVRUN_MACHINES": "host-a host-a"})
+    assert (worker.index, worker.name, worker.ip, worker.head, worker.slot) == (1, "n2", "10.0.0.2", "10.0.0.1", 1)
+    assert identity({**env, "ENVRUN_MACHINES": "host-a host-b"}).slot == 0
+    with pytest.raises(ValueError, match="ENVRUN_HEAD"):
+        identity({"ENVRUN_NODE_INDEX": "1"})
+    with pytest.raises(ValueError, match="ENVRUN_NODE_INDEX"):
+        identity({"ENVRUN_NODE_INDEX": "x"})
+    spec = InJob(plan={"lock_sha256": "f" * 64}, lenient=False, nnodes=2, head_port=24000, dashboard_port=24001)
+    with pytest.raises(ValueError, match="2 nodes of this job share machine host-a: give --ray-ports BASE"):
+        port_args(spec, worker)  # two nodes on one machine with Ray's own ports would collide
+    spec = replace(spec, node_ports=24002)
+    assert "--node-manager-port=24052" in port_args(spec, worker)  # its slot's block, after the first node's
+    argv = ray_start(spec, worker, 16)
+    assert argv[:2] == ["ray", "start"] and "--block" in argv and "--address=10.0.0.1:24000" in argv
+    assert "--node-ip-address=10.0.0.2" in argv and '--resources={"NPU": 16}' in argv
+    head = ray_start(spec, identity({"ENVRUN_NODE_INDEX": "0", "ENVRUN_NODE_IP": "10.0.0.1"}), 0)
+    assert "--head" in head and "--block" not in head and "--dashboard-host=10.0.0.1" in head
+    assert not any(a.startswith("--resources") for a in head)  # no NPU seen: none claimed
+
+
+def slurm_job(**changes: object) -> SlurmJob:
+    job = SlurmJob(
+        name="envrun-grpo-glm5",
+        nnodes=32,
+        job_dir="/shared/runs/grpo glm5/slurm",
+        image=DIGEST,
+        volumes=(Volume("/shared/data", "/data"), Volume("/shared/runs", "/runs", "rw")),
+        sbatch_args=("--partition=npu", "--time=2-00:00:00"),
+    )
+    return replace(job, **changes)  # type: ignore[arg-type]
+
+
+def test_the_batch_script_asks_for_the_nodes_and_ends_with_the_head(tmp_path: Path) -> None:
+    script = render_batch(slurm_job())
+    header = [line for line in script.splitlines() if line.startswith("#SBATCH")]
+    assert header == [
+        "#SBATCH --job-name=envrun-grpo-glm5",
+        "#SBATCH --nodes=32",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --output=/shared/runs/grpo glm5/slurm/slurm-%j.out",
+        "#SBATCH --partition=npu",
+        "#SBATCH --time=2-00:00:00",
+    ]
+    assert "job_dir='/shared/runs/grpo glm5/slurm'" in script  # quoted: a path with a space stays one word
+    assert script.count("--kill-on-bad-exit=1") == 2 and "--relative=1" in script
+    assert "wait -n -p first" in script and "trap '" in script
+    for name, text in (("job.sbatch", script), ("node.sh", render_node(slurm_job()))):
+        (tmp_path / name).write_text(text)
+        parsed = subprocess.run(["bash", "-n", str(tmp_path / name)], capture_output=True, text=True)
+        assert parsed.returncode == 0, (name, parsed.stderr)
+
+
+def test_each_node_runs_the_image_by_digest_and_removes_its_container_when_signalled() -> None:
+    script = render_node(slurm_job())
+    assert f"image={DIGEST}\n" in script and 'docker pull -q "$image"' in script
+    assert '--label "io.envrun.slurm.job=$SLURM_JOB_ID"' in script and "--network host" in script
+    assert "-v /shared/data:/data:ro" in script and "-v /shared/runs:/runs:rw" in script
+    assert "-e PYTHONPATH=/opt/envrun/job/code" in script and "python3 -m envrun.injob node" in script
+    assert "trap 'stop; exit 143' TERM INT" in script and 'docker rm -f "$name"' in script
+    assert script.rstrip().endswith("wait $!")  # the container in the background: the trap runs at once
+    assert "/dev/davinci[0-9]*" in script and "/usr/local/Ascend/driver/lib64" in script
+    assert "envrun-bytecode-${image_id:7:16}" in script  # compiled once per image and host, as up does
+    own = render_node(slurm_job(env={"PYTHONPYCACHEPREFIX": "/mine"}))
+    assert "envrun-bytecode" not in own and "-e PYTHONPYCACHEPREFIX=/mine" in own
+
+
+def test_the_jobs_code_is_envruns_sources(tmp_path: Path) -> None:
+    count = write_code(tmp_path / "code")
+    assert (tmp_path / "code" / "envrun" / "injob" / "node.py").is_file()
+    assert (tmp_path / "code" / "envbuild" / "errors.py").is_file()
+    assert count == len(list((tmp_path / "code").rglob("*.py"))) and not list((tmp_path / "code").rglob("*.pyc"))
+
+
+def cli_args(tiny: Tiny, *extra: str) -> list[str]:
+    return tiny.args("--nnodes", "2", "--output-dir", "/runs", *extra)
+
+
+def test_the_cli_refuses_a_tag_for_a_slurm_run(tiny: Tiny, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*cli_args(tiny), "--backend", "slurm", "--image", "registry.example/glm5:latest"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "REPOSITORY@sha256" in err
+
+
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        (["--ray-start-arg=--head"], "--ray-start-arg: --head is set by envrun cluster"),
+        (["--ray-ports", "80"], "--ray-ports 80: expected a port"),
+        (["--sbatch-arg", "partition=npu"], "expected one sbatch option"),
+    ],
+)
+def test_the_cli_refuses_bad_scheduler_options_in_one_line(
+    tiny: Tiny, capsys: pytest.CaptureFixture[str], flag: list[str], message: str
+) -> None:
+    assert main([*cli_args(tiny), "--backend", "slurm", "--image", DIGEST, *flag]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+
+
+def test_emit_sbatch_writes_the_job_without_running_it(
+    tiny: Tiny, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "job"
+    args = cli_args(tiny, "--image", DIGEST, "--ray-ports", "24000", "--sbatch-arg=--partition=npu", "--json")
+    assert main([*args, "--emit", "sbatch", str(target)]) == 0
+    written = json.loads(capsys.readouterr().out)
+    assert written["emitted"] == "sbatch" and str(target / "job.sbatch") in written["files"]
+    spec = InJob.from_json(json.loads((target / "job.json").read_text()))
+    assert (spec.nnodes, spec.head_port, spec.dashboard_port, spec.node_ports) == (2, 24000, 24001, 24002)
+    assert spec.plan["image"] == DIGEST and spec.plan["run_dir"] == "/opt/envrun/job/record"
+    assert "#SBATCH --partition=npu" in (target / "job.sbatch").read_text()
+    assert (target / "code" / "envrun" / "injob" / "__main__.py").is_file()
+    assert not (target / "slurm-").exists() and not list(target.glob("slurm-*.out"))  # nothing was submitted
+
+
+@pytest.mark.parametrize("kind", ["volcano", "rayjob"])
+def test_emit_kubernetes_writes_one_manifest_with_the_plan_and_envruns_code(
+    tiny: Tiny, tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    import base64
+    import io
+    import zipfile
+
+    import yaml
+
+    tiny.recipe.write_text(tiny.recipe.read_text() + "outputs:\n  trainer.default_local_dir: ckpts\n")
+    args = cli_args(tiny, "--image", DIGEST, "--npus-per-node", "16", "--run-dir", str(tmp_path / "grpo-run"))
+    assert main([*args, "--emit", kind, str(tmp_path / "k8s")]) == 0
+    (path,) = [Path(line) for line in capsys.readouterr().out.splitlines()]
+    assert path.parent == tmp_path / "k8s" and path.name == f"grpo-run.{kind}.yaml"
+    config_map, job = list(yaml.safe_load_all(path.read_text()))
+    spec = InJob.from_json(json.loads(config_map["data"]["job.json"]))
+    assert spec.plan["image"] == DIGEST and spec.nnodes == 2 and spec.npus_per_node == 16
+    assert spec.plan["run_dir"] == "/runs/envrun-record-grpo-run"  # the record on the storage every pod mounts
+    names = zipfile.ZipFile(io.BytesIO(base64.b64decode(config_map["binaryData"]["code.zip"]))).namelist()
+    assert "envrun/injob/node.py" in names and "envbuild/errors.py" in names
+    assert job["kind"] == ("Job" if kind == "volcano" else "RayJob") and DIGEST in path.read_text()
+
+
+def test_emit_refuses_a_backend_it_cannot_write(tiny: Tiny, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*cli_args(tiny, "--image", DIGEST), "--backend", "ray", "--emit", "sbatch", str(tmp_path)]) == 2
+    assert "--emit writes a scheduler's job" in capsys.readouterr().err
+    assert main([*cli_args(tiny, "--image", DIGEST), "--emit", "helm", str(tmp_path / "x")]) == 2
+    assert "--emit 'helm': expected one of sbatch, volcano, rayjob" in capsys.readouterr().err
