@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import docker
 import pytest
@@ -254,3 +255,58 @@ def test_a_node_that_dies_ends_the_job_and_the_record_says_why(
     assert status["status"] != "succeeded", status
     assert "the workers' step ended" in (run_dir / "slurm" / "ended.txt").read_text()
     assert job_containers(docker_client, job_id) == []
+
+
+def test_the_kubernetes_init_steps_run_in_the_locked_image(
+    image: Pinned, shared: Path, tmp_path: Path, docker_client: docker.DockerClient
+) -> None:
+    """The emitted Volcano Job's init containers, as a pod runs them: ``envrun-unpack`` from the ConfigMap's
+    files into an empty directory, then ``envrun-check`` with the pod's static environment, in the image of
+    the lock (no Kubernetes here: the engine runs the containers' commands; the rendering is checked in
+    tests/test_schedule_kube.py and against the CRDs by scripts/accept-k8s-manifests)."""
+    import base64
+
+    import yaml
+
+    def emitted(*extra: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        target = tmp_path / f"k8s{len(extra)}"
+        args = run_args(shared, image, tmp_path / f"run{len(extra)}", *extra)
+        done = envrun([*args, "--emit", "volcano", str(target)])
+        assert done.returncode == 0, done.stderr[-2000:]
+        (path,) = target.glob("*.volcano.yaml")
+        config, job = yaml.safe_load_all(path.read_text())
+        return config, job["spec"]["tasks"][0]["template"]["spec"]
+
+    def run(pod: dict[str, Any], name: str, bundle: Path, job_dir: Path) -> tuple[int, str]:
+        (container,) = [c for c in pod["initContainers"] if c["name"] == name]
+        env = {e["name"]: e["value"] for e in container.get("env") or () if "value" in e}
+        env["ENVRUN_NODE_IP"] = "127.0.0.2"  # the downward API's podIP
+        started = docker_client.containers.run(
+            container["image"],
+            container["command"] + list(container.get("args") or ()),
+            environment=env,
+            volumes={
+                str(bundle): {"bind": "/opt/envrun/bundle", "mode": "ro"},
+                str(job_dir): {"bind": "/opt/envrun/job", "mode": "rw"},
+            },
+            network_mode="none",
+            detach=True,
+        )
+        try:
+            status = started.wait(timeout=120)["StatusCode"]
+            return status, started.logs().decode()
+        finally:
+            started.remove(force=True)
+
+    for extra, expected in (((), ": ok: lock"), (("--npus-per-node", "1"), "it sees 0 NPU(s), the run needs 1")):
+        config, pod = emitted(*extra)
+        bundle, job_dir = tmp_path / f"bundle{len(extra)}", tmp_path / f"job{len(extra)}"
+        bundle.mkdir()
+        job_dir.mkdir()
+        (bundle / "job.json").write_text(config["data"]["job.json"])
+        (bundle / "code.zip").write_bytes(base64.b64decode(config["binaryData"]["code.zip"]))
+        assert run(pod, "envrun-unpack", bundle, job_dir)[0] == 0
+        assert (job_dir / "code" / "envrun" / "injob" / "node.py").is_file() and (job_dir / "job.json").is_file()
+        status, said = run(pod, "envrun-check", bundle, job_dir)
+        assert expected in said, said
+        assert status == (0 if not extra else 3)  # a refusing init container fails the pod: the job is aborted
