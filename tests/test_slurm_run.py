@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -202,19 +203,26 @@ def wait_for(predicate: object, timeout: float, what: str) -> None:
     raise AssertionError(f"not within {timeout:g} s: {what}")
 
 
-def test_ctrl_c_cancels_the_batch_job_and_every_node_container_goes(
-    image: Pinned, shared: Path, tmp_path: Path, docker_client: docker.DockerClient, no_leftovers: None
-) -> None:
-    run_dir = tmp_path / "run"
-    process = subprocess.Popen(
-        [str(ENVRUN), *run_args(shared, image, run_dir, sleep=300)], stdout=subprocess.PIPE, text=True
-    )
+@contextmanager
+def sleeping_job(args: list[str], run_dir: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """``envrun ARGS`` (a Slurm run whose trainer sleeps), once the trainer runs: the process and the job's
+    id; killed on the way out whatever happened."""
+    process = subprocess.Popen([str(ENVRUN), *args], stdout=subprocess.PIPE, text=True)
     try:
         assert process.stdout is not None
         for line in process.stdout:
             if SLEEPING in line:
                 break
-        job_id = job_id_of(run_dir)
+        yield process, job_id_of(run_dir)
+    finally:
+        process.kill()
+
+
+def test_ctrl_c_cancels_the_batch_job_and_every_node_container_goes(
+    image: Pinned, shared: Path, tmp_path: Path, docker_client: docker.DockerClient, no_leftovers: None
+) -> None:
+    run_dir = tmp_path / "run"
+    with sleeping_job(run_args(shared, image, run_dir, sleep=300), run_dir) as (process, job_id):
         assert len(job_containers(docker_client, job_id)) == 2  # both nodes run, the trainer sleeps
         started = time.monotonic()
         process.send_signal(signal.SIGINT)
@@ -222,8 +230,6 @@ def test_ctrl_c_cancels_the_batch_job_and_every_node_container_goes(
         assert process.returncode == 130
         wait_for(lambda: job_containers(docker_client, job_id) == [], STOP_DEADLINE, "every container removed")
         took = time.monotonic() - started
-    finally:
-        process.kill()
     status = status_of(run_dir)
     assert status["status"] == "interrupted" and f"cancelled Slurm job {job_id}" in str(status["detail"]), status
     assert slurm_state(job_id)["JobState"] == "CANCELLED"
@@ -234,22 +240,12 @@ def test_a_node_that_dies_ends_the_job_and_the_record_says_why(
     image: Pinned, shared: Path, tmp_path: Path, docker_client: docker.DockerClient, no_leftovers: None
 ) -> None:
     run_dir = tmp_path / "run"
-    process = subprocess.Popen(
-        [str(ENVRUN), *run_args(shared, image, run_dir, sleep=300)], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert process.stdout is not None
-        for line in process.stdout:
-            if SLEEPING in line:
-                break
-        job_id = job_id_of(run_dir)
+    with sleeping_job(run_args(shared, image, run_dir, sleep=300), run_dir) as (process, job_id):
         (worker,) = docker_client.containers.list(
             filters={"label": [f"{JOB_LABEL}={job_id}", "io.envrun.slurm.node=1"]}
         )
         worker.kill()  # the node dies under the job (its container gone, as a lost host's would be)
         process.communicate(timeout=STOP_DEADLINE + 60)
-    finally:
-        process.kill()
     assert process.returncode not in (0, 130)
     status = status_of(run_dir)
     assert status["status"] != "succeeded", status

@@ -79,7 +79,12 @@ def port_args(spec: InJob, node: NodeIdentity) -> list[str]:
                 "--ray-ports BASE so that each takes its own block of Ray's ports"
             )
         return []
-    base = spec.node_ports + NODE_PORTS * node.slot
+    return port_flags(spec.node_ports + NODE_PORTS * node.slot, head=node.index == 0)
+
+
+def port_flags(base: int, *, head: bool) -> list[str]:
+    """``ray start`` flags giving a node the ports ``base`` … ``base + NODE_PORTS - 1``: its own, then its
+    workers'."""
     ports = [
         f"--node-manager-port={base}",
         f"--object-manager-port={base + 1}",
@@ -90,9 +95,7 @@ def port_args(spec: InJob, node: NodeIdentity) -> list[str]:
         f"--min-worker-port={base + 10}",
         f"--max-worker-port={base + NODE_PORTS - 1}",
     ]
-    if node.index == 0:
-        ports.append(f"--ray-client-server-port={base + 6}")
-    return ports
+    return [*ports, f"--ray-client-server-port={base + 6}"] if head else ports
 
 
 def ray_start(spec: InJob, node: NodeIdentity, npus: int) -> list[str]:

@@ -32,6 +32,8 @@ from pathlib import Path
 from envbuild.lock import Lock, write_lock
 from envbuild.lock.io import read_lock
 from envbuild.lock.model import BaseImage, Platform
+from envrun.injob.node import port_flags
+from envrun.injob.spec import NODE_PORTS  # a block of ports per node: Ray's own, then its workers'
 from tests.lib.baseimage import CACHE_DIR
 from tests.lib.services import PushedImage
 
@@ -40,7 +42,6 @@ ENVBUILD_CACHE = RAY_CACHE / "envbuild-cache"  # envbuild's git and file caches:
 RESOLVE_REVISION = 1  # bump when the template below changes in a way its key does not show
 EPOCH = 1767225600  # 2026-01-01: fixed, so the same lock always builds the same image
 BIN = Path(sys.executable).parent
-NODE_PORTS = 50  # a block of ports per node: Ray's own ports, then its worker range
 
 
 def ray_requirement() -> str:
@@ -139,19 +140,7 @@ def _free(port: int) -> bool:
 
 def node_args(base: int, *, head: bool) -> list[str]:
     """``ray start`` flags giving a node the ports ``base``…``base+NODE_PORTS-1`` and a small footprint."""
-    ports = [
-        f"--node-manager-port={base}",
-        f"--object-manager-port={base + 1}",
-        f"--metrics-export-port={base + 2}",
-        f"--dashboard-agent-listen-port={base + 3}",
-        f"--dashboard-agent-grpc-port={base + 4}",
-        f"--runtime-env-agent-port={base + 5}",
-        f"--min-worker-port={base + 10}",
-        f"--max-worker-port={base + NODE_PORTS - 1}",
-    ]
-    if head:
-        ports.append(f"--ray-client-server-port={base + 6}")
-    return ["--num-cpus=1", "--object-store-memory=100000000", *ports]
+    return ["--num-cpus=1", "--object-store-memory=100000000", *port_flags(base, head=head)]
 
 
 def node_ip(index: int) -> str:
