@@ -130,7 +130,7 @@ class SlurmLauncher:
         return ()
 
     def describe(self, plan: RunPlan) -> dict[str, Any]:
-        job_dir = plan.run_dir / SUBDIR
+        job_dir = Path(plan.run_dir).absolute() / SUBDIR  # as launch writes it: the nodes see this path
         job = slurm_job(plan, job_dir)
         return {
             "backend": "slurm",
