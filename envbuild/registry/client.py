@@ -24,11 +24,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import requests
 from urllib3.util.retry import Retry
 
 from envbuild.data.reference import split_tag
+from envbuild.data.urls import redact_url
 from envbuild.deadline import Deadline, deadline_adapter, deadline_from_env
 from envbuild.errors import RemoteError
 from envbuild.registry.auth import DOCKER_HUB, Challenge, find_credentials, parse_challenge
@@ -110,7 +112,31 @@ def _json(body: bytes, what: str) -> dict[str, Any]:
 
 
 def _is_loopback(host: str) -> bool:
+    """A registry's ``host[:port]`` (from an image reference, which holds no user part) is this machine's."""
     hostname = host[1:].partition("]")[0] if host.startswith("[") else host.rpartition(":")[0] or host
+    return _is_loopback_name(hostname)
+
+
+def realm_problem(realm: str) -> str | None:
+    """Why the token realm a registry names may not be asked (None: it may): parsed, never judged by its
+    text. The docker config's credentials go to it, so it must be https (http only to this machine's
+    loopback) and carry no user part — ``http://localhost:1@evil.example/`` is evil.example's, not
+    localhost's."""
+    try:
+        parts = urlsplit(realm)
+        hostname, _ = parts.hostname, parts.port
+    except ValueError:
+        return "is not a URL"
+    if parts.username is not None or parts.password is not None or "@" in parts.netloc:
+        return "has a user part (the credentials would go to another host than its text shows)"
+    if not hostname:
+        return "has no host"
+    if parts.scheme == "https" or (parts.scheme == "http" and _is_loopback_name(hostname)):
+        return None
+    return "is not https"
+
+
+def _is_loopback_name(hostname: str) -> bool:
     if hostname == "localhost":
         return True
     try:
@@ -230,10 +256,9 @@ class _Client:
                 )
             return "Basic " + base64.b64encode(f"{creds.username}:{creds.password}".encode()).decode("ascii")
         realm = challenge.params.get("realm", "")
-        if not (
-            realm.startswith("https://") or (realm.startswith("http://") and _is_loopback(realm[7:].split("/")[0]))
-        ):
-            raise RegistryError(f"{self.reference}: {self.host} names a token realm that is not https: {realm[:200]!r}")
+        if problem := realm_problem(realm):
+            shown = redact_url(realm[:200])
+            raise RegistryError(f"{self.reference}: {self.host} names a token realm that {problem}: {shown!r}")
         params = {"scope": challenge.params.get("scope") or f"repository:{self.repository}:pull"}
         if "service" in challenge.params:
             params["service"] = challenge.params["service"]
