@@ -72,7 +72,8 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def job_containers(client: docker.DockerClient, job_id: str | None = None) -> list[str]:
     label = JOB_LABEL if job_id is None else f"{JOB_LABEL}={job_id}"
-    return [c.id for c in client.containers.list(all=True, filters={"label": label})]
+    # The engine's list as it is: no inspect of each (a container removing itself would fail it).
+    return [c["Id"] for c in client.api.containers(all=True, filters={"label": label})]
 
 
 @pytest.fixture()
