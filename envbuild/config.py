@@ -6,8 +6,9 @@ mirrors:                                 # like git's url.<base>.insteadOf
   https://github.com/: https://git.internal.example/github/
 ```
 
-Read like a lockfile: the same YAML reader (size cap, UTF-8, no anchors or aliases) and the same strict
-decoder, so every problem is reported at once as ``FILE:LINE: FIELD: message`` and exits 2.
+Read like a lockfile: the same YAML reader (a regular file only, so a FIFO named by ``--config`` or
+``$ENVBUILD_CONFIG`` is refused, never waited on; size cap, UTF-8, no anchors or aliases) and the same
+strict decoder, so every problem is reported at once as ``FILE:LINE: FIELD: message`` and exits 2.
 """
 
 from __future__ import annotations

@@ -1,14 +1,22 @@
-"""Writing files atomically and hashing them: the two file primitives every writer and reader shares.
+"""Writing files atomically, opening a file someone named, and hashing files: the file primitives every
+writer and reader shares.
 
 ``write_atomic`` is the only way envbuild replaces a file that someone else may read at the same time
 (a lock, a cache map, a build record, a report, a run's status): the data goes to a temporary file with
 a unique name in the same directory, is flushed, and is renamed over the target, so a reader sees the
 old file or the new one, never half of one. On any failure (a full disk, an interrupt) the temporary
 file is removed and the target is left as it was.
+
+``open_regular`` is the only way envbuild and envrun open a file a user named (a lock, the config file,
+a recipe, a cluster file, a check history, a training file): a FIFO with no writer would block a plain
+``open`` forever, and a device never ends or waits for input, so the path is opened with ``O_NONBLOCK``
+(which no open of a FIFO or device waits through) and what was opened is judged by ``fstat``: anything
+but a regular file is refused before one byte is read.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import shutil
@@ -20,6 +28,63 @@ from pathlib import Path
 from typing import BinaryIO
 
 _CHUNK = 1 << 20
+_READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+class NotRegularFileError(OSError):
+    """A path named a FIFO, a device, a socket or a directory where a file was to be read. An
+    ``OSError``, so a caller that reports ``cannot read`` problems reports this one too; its text is
+    ``FILE: not a regular file (a FIFO)``."""
+
+    def __init__(self, path: str | os.PathLike[str], kind: str) -> None:
+        self.reason = f"not a regular file ({kind})"
+        super().__init__(errno.EINVAL, self.reason)
+        self.filename = os.fspath(path)
+
+    def __str__(self) -> str:
+        return f"{self.filename}: {self.reason}"
+
+
+def file_kind(mode: int) -> str:
+    """What a non-regular file is, for a message: ``a FIFO``, ``a character device``, ..."""
+    for test, kind in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return kind
+    return "an unknown kind of file"
+
+
+@contextmanager
+def open_regular(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
+    """``path`` opened for binary reading if it is a regular file (a symlink to one included);
+    :class:`NotRegularFileError` otherwise, before anything is read, and never a wait: the open itself
+    cannot block. The null device is the one exception, read as the empty file it is: naming it is how a
+    user says "no config" (as ``PIP_CONFIG_FILE=/dev/null`` does for pip)."""
+    fd = os.open(path, _READ_FLAGS)
+    try:
+        info = os.fstat(fd)  # the file actually opened, whatever the name pointed at a moment before
+        if not stat.S_ISREG(info.st_mode) and not _is_null_device(info):
+            raise NotRegularFileError(path, file_kind(info.st_mode))
+        os.set_blocking(fd, True)  # a regular file never waits; reads go on as for any file
+        handle = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    with handle:
+        yield handle
+
+
+def _is_null_device(info: os.stat_result) -> bool:
+    try:
+        null = os.stat(os.devnull)
+    except OSError:
+        return False
+    return stat.S_ISCHR(info.st_mode) and stat.S_ISCHR(null.st_mode) and info.st_rdev == null.st_rdev
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes | str, *, mode: int | None = None) -> None:
@@ -51,9 +116,9 @@ def atomic_output(path: str | os.PathLike[str], *, mode: int | None = None, dura
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
-    """The sha256 (hex) of a file's bytes, read in 1 MiB chunks."""
+    """The sha256 (hex) of a regular file's bytes, read in 1 MiB chunks."""
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
+    with open_regular(path) as handle:
         while chunk := handle.read(_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()

@@ -348,7 +348,7 @@ def _int_override(overrides: tuple[str, ...], key: str | None) -> int | None:
         name, sep, rest = override.lstrip("+").partition("=")
         if key and sep and name == key:
             value = rest
-    return int(value) if value is not None and value.isdigit() else None
+    return int(value) if value is not None and value.isascii() and value.isdigit() else None
 
 
 def _given(name: str, params: RunParameters) -> bool:

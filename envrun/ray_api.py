@@ -25,7 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from envbuild.data.tokens import bearer_problem
 from envbuild.errors import EngineError, InputError
+from envbuild.fileio import open_regular
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 _POLL_SECONDS = 0.5
@@ -56,11 +58,15 @@ def auth_headers() -> dict[str, str]:
         named = os.environ.get("RAY_AUTH_TOKEN_PATH")
         path = Path(named) if named else Path.home() / ".ray" / "auth_token"
         try:
-            token = path.read_text(encoding="utf-8").strip()
+            with open_regular(path) as handle:  # a FIFO named as the token file would wait forever
+                token = handle.read(64 * 1024).decode("utf-8").strip()
         except (OSError, UnicodeDecodeError):
             if named:  # named and unreadable: Ray's loader refuses it too; say so rather than get a 401
                 raise InputError(f"RAY_AUTH_TOKEN_PATH={named}: cannot read the Ray token there") from None
             token = ""
+    if token and (problem := bearer_problem(token)):
+        where = "RAY_AUTH_TOKEN" if os.environ.get("RAY_AUTH_TOKEN", "").strip() else "the Ray token file"
+        raise InputError(f"{where}: {problem}")
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from envbuild.errors import CacheError
 from envrun.bytecode import MOUNT, Bytecode
 from envrun.cli.main import main
 from envrun.cluster.nodecheck import capacity_line, data_lines, job_address_line, model_lines, node_lines
@@ -310,6 +311,32 @@ def test_state_round_trips_and_names_its_file(tmp_path: Path) -> None:
     save_state(tmp_path, state)
     assert load_state(tmp_path, "glm5") == state and state_path(tmp_path, "glm5").name == "glm5.json"
     assert load_state(tmp_path, "other") is None
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        ({"engines": [5]}, "a wrong engines"),
+        ({"engines": "unix:///x"}, "a wrong engines"),  # iterated, a string would be one engine per character
+        ({"name": 7}, "a wrong name"),
+        ({"phase": "gone"}, "a wrong phase"),
+        ({"address": ["http://h"]}, "a wrong address"),
+        ({"ips": "10.0.0.1"}, "a wrong ips"),
+    ],
+)
+def test_a_state_file_of_wrong_types_is_refused_in_one_line(
+    tmp_path: Path, change: dict[str, object], said: str
+) -> None:
+    """The state envrun wrote, changed since: refused naming the file and the field, with the way out."""
+    state = ClusterState("glm5", "up", "r/x@sha256:" + "a" * 64, "b" * 64, ("ssh://a",), "http://h:8265")
+    save_state(tmp_path, state)
+    path = state_path(tmp_path, "glm5")
+    path.write_text(json.dumps({**json.loads(path.read_text()), **change}))
+    with pytest.raises(CacheError) as info:
+        load_state(tmp_path, "glm5")
+    message = str(info.value)
+    assert message.startswith(f"{path}: cluster state with {said}") and "envrun cluster down" in message
+    assert "\n" not in message
 
 
 def test_down_without_a_cluster_is_a_no_op_and_status_says_so(

@@ -52,6 +52,23 @@ def token_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[T
         single = registry.put(REPOSITORY, "manifests/single", body, OCI_MANIFEST)  # the arm64 one, alone
         index = json.dumps({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": manifests}).encode()
         digests = {"multi": registry.put(REPOSITORY, "manifests/multi", index, OCI_INDEX), "single": single}
+        # What names no platform: an index without manifests, an image whose config has no os/architecture.
+        empty = json.dumps({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": []}).encode()
+        digests["empty"] = registry.put(REPOSITORY, "manifests/empty", empty, OCI_INDEX)
+        bare = json.dumps({"rootfs": {"type": "layers", "diff_ids": []}}).encode()
+        bare_body = json.dumps(
+            {
+                "schemaVersion": 2,
+                "mediaType": OCI_MANIFEST,
+                "config": {
+                    "mediaType": "application/vnd.oci.image.config.v1+json",
+                    "size": len(bare),
+                    "digest": registry.put(REPOSITORY, "blobs", bare, ""),
+                },
+                "layers": [],
+            }
+        ).encode()
+        digests["bare"] = registry.put(REPOSITORY, "manifests/bare", bare_body, OCI_MANIFEST)
         yield registry, digests
     finally:
         registry.stop()
@@ -143,3 +160,28 @@ def test_without_usable_credentials_the_pin_stays_and_the_warning_says_what_to_d
     assert f"warning: base image {registry.host}/{REPOSITORY}:multi not re-pinned: " in err
     assert said.replace("{host}", registry.host) in err, err
     assert lock.read_bytes() == before
+
+
+@pytest.mark.parametrize("tag", ["empty", "bare"])
+def test_what_names_no_platform_keeps_the_old_pin_with_a_warning(
+    token_registry: tuple[TokenRegistry, dict[str, str]],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tag: str,
+) -> None:
+    """An index without manifests, or an image config without os and architecture: a build would refuse
+    it, so the lock keeps the digest it had (here the multi-platform index's) and the warning says why."""
+    registry, digests = token_registry
+    monkeypatch.setenv("DOCKER_CONFIG", str(logged_in(registry, tmp_path)))
+    name = f"{registry.host}/{REPOSITORY}:{tag}"
+    lock = tmp_path / "pin.lock.yaml"
+    platform = Platform(os="linux", arch="aarch64", python="3.11")
+    write_lock(lock, Lock(version=2, name="pin", sources=(), platform=platform,
+                          base_image=BaseImage(name=name, digest=digests["multi"])))  # fmt: skip
+    assert main(["lock", "update", str(lock), "--cache-dir", str(tmp_path / "cache")]) == 0
+    err = capsys.readouterr().err
+    assert (
+        f"warning: base image {name} not re-pinned: its registry serves {digests[tag]}, which names no platform" in err
+    )
+    assert read_lock(lock).lock.base_image == BaseImage(name, digests["multi"])

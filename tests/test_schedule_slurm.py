@@ -215,3 +215,12 @@ def test_emit_refuses_a_backend_it_cannot_write(tiny: Tiny, tmp_path: Path, caps
     assert "--emit writes a scheduler's job" in capsys.readouterr().err
     assert main([*cli_args(tiny, "--image", DIGEST), "--emit", "helm", str(tmp_path / "x")]) == 2
     assert "--emit 'helm': expected one of sbatch, volcano, rayjob" in capsys.readouterr().err
+
+
+def test_a_number_that_is_not_ascii_digits_is_no_node_count(tiny: Tiny, capsys: pytest.CaptureFixture[str]) -> None:
+    """``-o trainer.nnodes=²``: str.isdigit() says yes, int() says no; the plan takes ASCII digits only."""
+    assert main([*tiny.args("-o", "trainer.nnodes=\u00b2"), "--backend", "slurm", "--image", DIGEST]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    with pytest.raises(ValueError, match="ENVRUN_NODE_INDEX"):
+        identity({"ENVRUN_NODE_INDEX": "\u0661"})  # an Arabic-Indic one: a digit to Python, not to a shell

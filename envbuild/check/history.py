@@ -2,7 +2,8 @@
 
 Appends take an exclusive ``flock`` and end with fsync, so two checks writing one history file interleave
 whole lines. A run killed mid-write leaves at most a final line without its newline; readers skip it
-(and say so) instead of refusing the whole history.
+(and say so) instead of refusing the whole history. Every line is checked when read, its types included:
+a bad line is reported with ``FILE:LINE`` and skipped, never a reason to stop the report.
 """
 
 from __future__ import annotations
@@ -10,12 +11,14 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import stat
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from envbuild.errors import InputError
+from envbuild.errors import SHOWN_PROBLEMS, InputError
+from envbuild.fileio import NotRegularFileError, file_kind, open_regular
 
 
 @dataclass(frozen=True)
@@ -33,37 +36,117 @@ class HistoryEntry:
         return asdict(self)
 
 
-_FIELDS = {"time", "lock", "lock_sha256", "ok", "reproducible", "image_id", "pins"}
+# What each key of a line must hold: a line is an entry only when every value has its type (a value of
+# another type would break the comparison or the grid far from here, every night after).
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "time": (str,),
+    "lock": (str,),
+    "lock_sha256": (str,),
+    "ok": (bool,),
+    "reproducible": (bool, type(None)),
+    "image_id": (str, type(None)),
+    "pins": (dict,),
+    "failed_stage": (str, type(None)),  # optional: absent in older histories
+}
+_FIELDS = set(_FIELD_TYPES) - {"failed_stage"}
+_EXPECTED = {
+    (str,): "a string",
+    (bool,): "true or false",
+    (bool, type(None)): "true, false or null",
+    (str, type(None)): "a string or null",
+    (dict,): "an object of strings",
+}
 
 
-def _entry(data: Any, where: str) -> HistoryEntry:
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    for kinds, name in (((int, float), "a number"), ((str,), "a string"), ((list,), "a list"), ((dict,), "an object")):
+        if isinstance(value, kinds):
+            return name
+    return type(value).__name__
+
+
+def _type_problem(data: dict[str, Any]) -> str | None:
+    """The first key whose value has the wrong type, as ``KEY: expected ..., got ...``; None when none."""
+    for key, kinds in _FIELD_TYPES.items():
+        if key not in data:
+            continue
+        value = data[key]
+        if type(value) not in kinds:  # the exact type: True is an int, and 1 is no bool
+            return f"{key}: expected {_EXPECTED[kinds]}, got {_json_kind(value)}"
+        odd = [v for v in value.values() if not isinstance(v, str)] if isinstance(value, dict) else []
+        if odd:
+            return f"{key}: expected {_EXPECTED[kinds]}, got one holding {_json_kind(odd[0])}"
+    return None
+
+
+class _BadLine(Exception):
+    """A line that is no history entry: ``unparsed`` when it is not JSON at all (as a write cut short
+    leaves it), ``keys`` when it has every key of an entry and a value of the wrong type."""
+
+    def __init__(self, reason: str, *, unparsed: bool = False, keys: bool = False) -> None:
+        super().__init__(reason)
+        self.reason, self.unparsed, self.keys = reason, unparsed, keys
+
+
+def _entry(raw: bytes) -> HistoryEntry:
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise _BadLine(f"not UTF-8 (byte 0x{raw[exc.start]:02x})", unparsed=True) from None
+    except json.JSONDecodeError as exc:
+        raise _BadLine(f"not valid JSON: {exc.msg}", unparsed=True) from None
     if not isinstance(data, dict) or not set(data) >= _FIELDS:
         missing = sorted(_FIELDS - set(data)) if isinstance(data, dict) else ["(not an object)"]
-        raise InputError(f"{where}: not a history entry (missing {', '.join(missing)})")
+        raise _BadLine(f"not a history entry (missing {', '.join(missing)})")
+    if (problem := _type_problem(data)) is not None:
+        raise _BadLine(problem, keys=True)
     return HistoryEntry(**{k: data[k] for k in _FIELDS}, failed_stage=data.get("failed_stage"))
 
 
 def read_history(path: Path, warn: Callable[[str], None] | None = None) -> list[HistoryEntry]:
+    """Every entry of the history at ``path``, oldest first. A line that is not one (cut short by a killed
+    run, not JSON, not UTF-8, a key missing or holding the wrong type) is skipped, and ``warn`` is told
+    ``FILE:LINE: why; skipped``: one bad line must not stop every night's report after it. A file none
+    of whose lines has the keys of an entry is not a history at all (another file named by mistake): an
+    :class:`InputError` naming its first line, so that nothing is appended to it."""
     if not path.exists():
         return []
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: cannot read history: {exc}") from None
-    lines = text.split("\n")
-    entries = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
+        with open_regular(path) as handle:
+            data = handle.read()
+    except NotRegularFileError as exc:
+        raise InputError(str(exc)) from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read history: {exc.strerror or exc}") from None
+    lines = data.split(b"\n")  # the last is b"" when the file ends with a newline, as a whole write leaves it
+    entries: list[HistoryEntry] = []
+    skipped: list[str] = []
+    recognised = False  # a line with every key of an entry, whatever its types: the file is a history
+    incomplete = ""
+    for number, raw in enumerate(lines, 1):
+        if not raw.strip():
             continue
         try:
-            data = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if number == len(lines):  # an unterminated last line: a write that was cut short
-                if warn:
-                    warn(f"{path}:{number}: skipping an incomplete last line (an interrupted run?)")
-                continue
-            raise InputError(f"{path}:{number}: not valid JSON: {exc.msg}") from None
-        entries.append(_entry(data, f"{path}:{number}"))
+            entries.append(_entry(raw))
+        except _BadLine as bad:
+            if number == len(lines) and bad.unparsed:  # no newline after it: a write that was cut short
+                incomplete = f"{path}:{number}: skipping an incomplete last line (an interrupted run?)"
+                continue  # the next append_history drops it
+            recognised = recognised or bad.keys
+            skipped.append(f"{path}:{number}: {bad.reason}")
+    if skipped and not entries and not recognised:
+        raise InputError(f"{skipped[0]} (no line of it is a history entry: not a check history, left as it is)")
+    if warn:
+        for line in skipped[:SHOWN_PROBLEMS]:
+            warn(f"{line}; skipped")
+        if len(skipped) > SHOWN_PROBLEMS:
+            warn(f"{path}: and {len(skipped) - SHOWN_PROBLEMS} more lines that are no history entry; skipped")
+        if incomplete:
+            warn(incomplete)
     return entries
 
 
@@ -71,7 +154,15 @@ def append_history(path: Path, entry: HistoryEntry) -> None:
     """Append one entry as one line; whole lines only, even with concurrent writers."""
     path.parent.mkdir(parents=True, exist_ok=True)
     line = json.dumps(entry.to_json(), sort_keys=True, separators=(",", ":")) + "\n"
-    with open(path, "a+b") as out:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+    try:
+        if not stat.S_ISREG(mode := os.fstat(fd).st_mode):  # read_history refused it; here it was swapped in
+            raise InputError(str(NotRegularFileError(path, file_kind(mode))))
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "a+b") as out:
         fcntl.flock(out, fcntl.LOCK_EX)
         try:
             _drop_partial_last_line(out)

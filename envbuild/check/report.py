@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from envbuild.check.history import HistoryEntry
+from envbuild.data.urls import redact_urls
 from envbuild.escape import for_html, for_markdown
 from envbuild.verify.results import VerifyReport
 
@@ -56,6 +57,11 @@ class CheckFailure:
 
     stage: Stage
     reason: str
+
+    def __post_init__(self) -> None:
+        # The reason is an error's text (a fetch, a build), written into check.json and check.md: the user
+        # part of every URL in it is hidden, as in a verify result's detail.
+        object.__setattr__(self, "reason", redact_urls(self.reason))
 
 
 @dataclass(frozen=True)

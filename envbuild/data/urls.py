@@ -6,7 +6,10 @@ A URL's user part is where a secret hides: ``https://ghp_…@github.com/…`` is
 verify's JSON, build records, the image's own manifest and the cache, so the rule is strict:
 
 - http(s), ``git://`` and ``file://`` URLs take no user part at all;
-- ssh URLs (``ssh://git@host/…``, ``git@host:path``) may name a plain user, nothing else.
+- ssh URLs (``ssh://git@host/…``, ``git@host:path``) may name a plain user, nothing else;
+- no host, user or port begins with '-' (:func:`check_dashes`), in any scheme, '%'-encoded or not: ssh
+  reads ``ssh://-oProxyCommand=…/x`` as an option that runs a command (CVE-2017-1000117), and only git's
+  own check would stand in the way.
 
 Credentials belong in a git credential helper or ``~/.netrc`` (git, package indexes) and in the docker
 config (registries). A refused URL is quoted with its user part replaced by ``***``.
@@ -15,7 +18,7 @@ config (registries). A refused URL is quoted with its user part replaced by ``**
 from __future__ import annotations
 
 import re
-from urllib.parse import SplitResult, urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 
 REPO_SCHEMES = ("https", "ssh", "git", "file")
 INDEX_SCHEMES = ("https", "http", "file")
@@ -74,6 +77,30 @@ def check_userinfo(url: str, where_credentials_go: str) -> str | None:
     return f"{redact_url(url)!r} carries credentials in its user part; {where_credentials_go}"
 
 
+def _authority(url: str) -> str:
+    """The ``[user[:password]@]host[:port]`` part of a URL, or of git's scp-like ``[user@]host:path`` (also
+    ``[user@host:port]:path``); "" for a local path. Read as git reads it: a ':' before any '/' makes it ssh."""
+    scheme, sep, rest = url.partition("://")
+    if sep:
+        return re.split(r"[/?#]", rest, maxsplit=1)[0]
+    if url.startswith("[") and "]:" in url:
+        return url[1 : url.index("]:")]
+    colon, slash = url.find(":"), url.find("/")
+    return url[:colon] if colon >= 0 and (slash < 0 or colon < slash) else ""
+
+
+def check_dashes(url: str) -> str | None:
+    """Refuse a URL whose host, user or port begins with '-': ssh, which git starts for ssh and scp-like
+    URLs, reads ``-oProxyCommand=…`` there as an option and runs the command. git refuses such a host
+    itself, but envbuild does not record or pass on what only git's check stops. '%'-escapes are decoded
+    first, as git decodes a URL before it hands the host to ssh. No real host name begins with '-'
+    (RFC 1123), so this costs nothing in any scheme."""
+    parts = re.split(r"[@:\[\]]", unquote(_authority(url)))
+    if any(part.startswith("-") for part in parts):
+        return f"{redact_url(url)!r}: a host, user or port beginning with '-' is read as an option (ssh's -o…)"
+    return None
+
+
 def _split(url: str, where_credentials_go: str) -> SplitResult | str:
     """urlsplit, or why the URL cannot be split. The exception's own text is not used: it quotes the
     port, which may be the start of a password (``user:pass/word@host`` ends the host part at the '/')."""
@@ -97,6 +124,8 @@ def check_repo_url(url: str) -> str | None:
         return f"{shown} names a git remote helper; only {', '.join(REPO_SCHEMES)} URLs are allowed"
     if any(c.isspace() or not c.isprintable() for c in url):
         return f"{shown} contains whitespace or control characters"
+    if (problem := check_dashes(url)) is not None:
+        return problem
     if "://" not in url:
         # Not a URL: git reads it as scp-like (user@host:path) or a local path.
         if (problem := check_userinfo(url, GIT_CREDENTIALS)) is not None:
@@ -120,6 +149,8 @@ def check_index_url(url: str) -> str | None:
     shown = repr(redact_url(url))
     if any(c.isspace() or not c.isprintable() for c in url):
         return f"{shown} contains whitespace or control characters"
+    if (problem := check_dashes(url)) is not None:
+        return problem
     parts = _split(url, INDEX_CREDENTIALS)
     if isinstance(parts, str):
         return parts

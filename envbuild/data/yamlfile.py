@@ -3,7 +3,9 @@
 These files are data written by a tool, so everything YAML offers beyond plain data is refused before
 anything is built from the document:
 
-- at most :data:`MAX_BYTES` bytes, read with a cap (``/dev/zero`` as a lockfile ends at the cap);
+- a regular file only, opened so that a FIFO cannot block (:func:`~envbuild.fileio.open_regular`:
+  ``FILE: not a regular file (a FIFO)``; ``/dev/zero`` is refused unread too);
+- at most :data:`MAX_BYTES` bytes, read with a cap;
 - UTF-8 only; a bad byte is reported with its line and the field it sits in;
 - no anchors or aliases: ``*alias`` shares a node, and a decoder walking the tree visits it once per
   use, so aliases of aliases amplify an 11 KB file into millions of nodes (a "billion laughs");
@@ -23,6 +25,7 @@ import yaml
 
 from envbuild.data.urls import redact_url
 from envbuild.errors import DataFileError, Problem
+from envbuild.fileio import NotRegularFileError, open_regular
 
 MAX_BYTES = 1 << 20  # 1 MiB: the GLM-5.2 lock, with its whole package closure, is 27 KB
 MAX_DEPTH = 32  # a lock is 6 levels deep (lock → packages → package → files → file → value)
@@ -96,11 +99,14 @@ def _refuse_beyond_plain_data(text: str) -> None:
 
 
 def read_capped(path: str | os.PathLike[str], error: type[DataFileError] = DataFileError) -> bytes:
-    """The bytes of a file, refusing one larger than :data:`MAX_BYTES` without reading past the cap."""
+    """The bytes of a regular file, refusing one larger than :data:`MAX_BYTES` without reading past the
+    cap, and a FIFO, a device or a directory without reading it at all (a FIFO would block the read)."""
     file = str(path)
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path) as handle:
             data = handle.read(MAX_BYTES + 1)
+    except NotRegularFileError as exc:
+        raise error([Problem(file, 0, "", exc.reason)]) from None
     except OSError as exc:
         raise error([Problem(file, 0, "", f"cannot read: {exc.strerror or exc}")]) from None
     if len(data) > MAX_BYTES:

@@ -14,6 +14,11 @@ and an entry of ``.gitmodules`` naming its path and URL. ``.gitmodules`` is read
 
 The parent's URL is the lock's (before mirrors), so the lock records the upstream URL and mirrors apply
 to it as to any source's.
+
+A lock holds at most :data:`MAX_SUBMODULE_RECORDS` submodule records, every level of every source counted:
+``.gitmodules`` may name the repository's own URL at other commits, so a few commits of one small repository
+make a tree of ``width ** depth`` records (8 wide and 5 deep: 37,448). Each walk reads a (repository,
+commit) once however many paths pin it, and stops at the bound (:func:`too_many_records`).
 """
 
 from __future__ import annotations
@@ -24,6 +29,25 @@ from urllib.parse import urlsplit
 
 from envbuild.data.urls import redact_url
 from envbuild.lock.model import Submodule, check_repo_url, check_submodule_path
+
+# The GLM-5.2 lock records one submodule (vllm-ascend's tree would add two); pytorch, among the largest trees
+# of submodules there are, names 30-40 at its top level and some tens more below them: under a hundred
+# records, a tenth of this. Each record is a tree written into the image and a row of every verify; past
+# the bound the lock is refused, with the way out (skip a submodule by path).
+MAX_SUBMODULE_RECORDS = 1000
+
+
+def too_many_records(count: int, where: str, *, counted_all: bool = True) -> str | None:
+    """Why ``count`` submodule records (every level, every source) are refused, ``where`` naming the lock
+    or the source where the count passed the bound; None within it. ``counted_all=False``: a walk that
+    stopped at the bound, so ``count`` is only where it stopped."""
+    if count <= MAX_SUBMODULE_RECORDS:
+        return None
+    many = f"{count}" if counted_all else f"more than {MAX_SUBMODULE_RECORDS}"
+    return (
+        f"{where}: {many} submodule records at every level; a lock holds at most {MAX_SUBMODULE_RECORDS}: skip "
+        "a submodule the image does without by path in the lock ({path: PATH, skip: REASON})"
+    )
 
 
 class RelativeURLError(ValueError):

@@ -3,9 +3,10 @@ prefix wins, and a URL is rewritten at most once.
 
 A rule comes from ``--mirror FROM=TO`` or the config file's ``mirrors:``. Both sides are URL prefixes,
 checked like a lock's repository URL for credentials (none in an http(s), git or file URL; a plain user
-name only in an ssh one) and quoted redacted when refused. The rewritten URL is checked again in full
-(:func:`envbuild.git.upstream.check_inputs`), so a rule cannot smuggle in an option, a remote helper or a
-user part assembled across the prefix boundary.
+name only in an ssh one) and for a host or user beginning with '-', and quoted redacted when refused.
+The rewritten URL is checked again in full (:func:`envbuild.git.upstream.check_inputs`, and for a
+submodule where it is read), so a rule cannot smuggle in an option, a remote helper or a user part
+assembled across the prefix boundary.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from envbuild.data.urls import GIT_CREDENTIALS, check_userinfo, redact_url
+from envbuild.data.urls import GIT_CREDENTIALS, check_dashes, check_userinfo, redact_url
 from envbuild.errors import InputError
 
 
@@ -24,7 +25,7 @@ def check_rule(source: str, target: str) -> str | None:
     for side in (source, target):
         if any(c.isspace() or not c.isprintable() for c in side):
             return f"{redact_url(side)!r} contains whitespace or control characters"
-        if (problem := check_userinfo(side, GIT_CREDENTIALS)) is not None:
+        if (problem := check_userinfo(side, GIT_CREDENTIALS) or check_dashes(side)) is not None:
             return problem
     return None
 

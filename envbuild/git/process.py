@@ -74,6 +74,12 @@ class GitError(RemoteError):
         return any(message in self.stderr for message in _NO_SPACE)
 
 
+# What envbuild says of a repository whose object names are SHA-256 (``git init --object-format=sha256``).
+SHA256_UNSUPPORTED = "is a SHA-256 repository; envbuild pins SHA-1 commits (not supported yet)"
+# git's words when a SHA-1 repository (every cache's) fetches from a SHA-256 one.
+_MISMATCHED_ALGORITHMS = re.compile(r"mismatched algorithms: client sha1; server sha256")
+
+
 def last_error_line(stderr: str) -> str:
     """git's most telling line, safe to print: an object check's verdict, else the last ``fatal:`` or
     ``error:`` line with a trailing detail line if any; control characters a server sent are escaped."""
@@ -84,6 +90,8 @@ def _telling_line(stderr: str) -> str:
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     if not lines:
         return "failed without a message"
+    if any(_MISMATCHED_ALGORITHMS.search(line) for line in lines):
+        return f"the upstream repository {SHA256_UNSUPPORTED}"
     for line in lines:
         if fsck := _FSCK_LINE.fullmatch(line):  # git's own reason, not "index-pack failed" after it
             return f"malformed object refused by git's fsck: {fsck[2]} (object {fsck[1]})"

@@ -19,9 +19,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from envbuild.git.process import GitError, git_environment, last_error_line, run_git, run_git_bytes
+from envbuild.data.urls import redact_url
+from envbuild.git.process import SHA256_UNSUPPORTED, GitError, git_environment, last_error_line, run_git, run_git_bytes
 
-__all__ = ["GitError", "GitRunner", "RefListing", "last_error_line"]
+__all__ = ["GitError", "GitRunner", "RefListing", "UnsupportedRepository", "last_error_line"]
 
 # A transport git refuses at once (it is not in GIT_ALLOW_PROTOCOL and no helper of that name exists).
 NO_LAZY_FETCH_URL = "envbuild-no-lazy-fetch://cache-only"
@@ -66,14 +67,21 @@ CACHE_REPO_CONFIG = f"""\
 Observer = Callable[[str, str], None]
 
 
+class UnsupportedRepository(GitError):
+    """The repository is one envbuild cannot pin (its object names are SHA-256)."""
+
+
 @dataclass(frozen=True)
 class RefListing:
-    """What ``git ls-remote`` advertised: branch heads, and tags peeled to what they point at."""
+    """What ``git ls-remote`` advertised: branch heads, and tags peeled to what they point at.
+    ``object_format``: ``sha256`` when the names are 64 hex digits (``git init --object-format=sha256``;
+    its refs are kept out of ``heads`` and ``tags``, which hold 40-hex names only)."""
 
     heads: Mapping[str, str] = field(default_factory=dict)
     tags: Mapping[str, str] = field(default_factory=dict)
     refs: Mapping[str, str] = field(default_factory=dict)  # {'heads/x' | 'tags/x': sha}, tags unpeeled
     raw: str = ""
+    object_format: str = "sha1"
 
     @classmethod
     def parse(cls, text: str) -> RefListing:
@@ -81,8 +89,11 @@ class RefListing:
         tags: dict[str, str] = {}
         peeled: dict[str, str] = {}
         refs: dict[str, str] = {}
+        object_format = "sha1"
         for line in text.splitlines():
             sha, _, ref = line.partition("\t")
+            if len(sha) == 64 and all(c in "0123456789abcdef" for c in sha):
+                object_format = "sha256"
             if len(sha) != 40:
                 continue
             if ref.startswith("refs/heads/"):
@@ -97,7 +108,7 @@ class RefListing:
                     refs[ref[len("refs/") :]] = sha
         # An annotated tag is advertised twice; the peeled (^{}) line names the commit.
         tags.update({name: sha for name, sha in peeled.items() if name in tags})
-        return cls(heads, tags, refs, text)
+        return cls(heads, tags, refs, text, object_format)
 
     def tips(self) -> set[str]:
         return set(self.heads.values()) | set(self.tags.values())
@@ -196,7 +207,11 @@ class GitRunner:
             network=True,
             max_output=self.max_listing,
         )[0]
-        return RefListing.parse(out)
+        listing = RefListing.parse(out)
+        if listing.object_format != "sha1":
+            # Not "no branch named main": its refs are there, under names a 40-hex pin cannot hold.
+            raise UnsupportedRepository("ls-remote", f"{redact_url(url)} {SHA256_UNSUPPORTED}")
+        return listing
 
     def fetch(
         self, repo: Path, url: str, refspecs: Sequence[str], *, prune: bool = False, hold: int | None = None

@@ -38,6 +38,7 @@ from typing import Literal
 from envbuild.errors import EnvbuildError
 from envbuild.git import treehash
 from envbuild.git.cache import CachedRepo, GitCache, remove_stale_files
+from envbuild.git.gitmodules import too_many_records
 from envbuild.git.mirrors import Mirrors
 from envbuild.git.remote import FSCK_CONFIG, NO_LAZY_FETCH_URL, GitError
 from envbuild.git.treewriter import TreeWriteError, write_tar_tree
@@ -250,12 +251,20 @@ def fetch_commit(exporter: TreeExporter, pin: TreePin, *, absent: bool = False) 
 def export_tree(source: Source, dest: Path, exporter: TreeExporter) -> str:
     """Write the exact tree of ``source.commit`` into ``dest`` (an existing, empty directory), with every
     submodule the lock records and does not skip written at its path, and return the source's tree SHA,
-    after checking it and every submodule's against their commits, the verify cache and the lock's ``tree``."""
-    root = source_pin(source)
-    tree = _write(exporter, root, dest, "")
-    trees = {"": tree}
-    for path, pin in submodule_pins(source):
-        trees[path] = _write(exporter, pin, dest, path)
+    after checking it and every submodule's against their commits, the verify cache and the lock's ``tree``.
+    A commit that many paths pin is read and archived once, and written at each path."""
+    records = sum(1 for _ in walk_submodules(source.submodules))
+    if (problem := too_many_records(records, f"source {source.name}")) is not None:
+        raise ExportError(problem)  # verify refuses such a lock first; this walk keeps the bound of its own
+    read: dict[tuple[Path, str], _Commit] = {}
+    try:
+        tree = _write(exporter, source_pin(source), dest, "", read)
+        trees = {"": tree}
+        for path, pin in submodule_pins(source):
+            trees[path] = _write(exporter, pin, dest, path, read)
+    finally:
+        for commit in read.values():
+            Path(commit.archive).unlink(missing_ok=True)
     files = treehash.list_files(str(dest))
     gitlinks = {path: sub.commit for path, sub in walk_submodules(source.submodules) if sub.commit is not None}
     written, unreadable = treehash.git_trees(str(dest), files, gitlinks, set(trees) - {""})
@@ -269,33 +278,55 @@ def export_tree(source: Source, dest: Path, exporter: TreeExporter) -> str:
     return tree
 
 
-def _write(exporter: TreeExporter, pin: TreePin, dest: Path, at: str) -> str:
-    """Check ``pin``'s tree and gitlinks against the lock, then write its files at ``at`` below ``dest``."""
-    repo = fetch_commit(exporter, pin)
+@dataclass(frozen=True)
+class _Commit:
+    """One commit of one export repository as :func:`export_tree` read it: its tree, what the verify cache
+    says its tree is, its gitlinks, and its files as a tar archive beside the destination."""
+
+    tree: str
+    verified: str | None
+    gitlinks: dict[str, str]
+    archive: str
+
+
+def _read(exporter: TreeExporter, pin: TreePin, repo: CachedRepo, dest: Path) -> _Commit:
     git = exporter.cache.git
     tree = _complete(exporter, repo, pin.commit)
     assert tree is not None  # fetch_commit found it whole, and the exporter remembers it
-    problems = []
-    if pin.tree is not None and tree != pin.tree:
-        problems.append(f"the commit's tree is {tree}, the lock pins tree {pin.tree}")
     verified = exporter.verify_cache.commit_trees(exporter.mirrors.rewrite(pin.repo), [pin.commit])
-    if pin.commit in verified and verified[pin.commit] != tree:
-        problems.append(f"the verify cache records tree {verified[pin.commit]} for the commit")
-    problems += gitlink_problems(git.gitlinks(repo.path, tree), pin.submodules)
-    if problems:
-        raise ExportError(f"{pin.what}: {'; '.join(problems)}")
-
+    gitlinks = git.gitlinks(repo.path, tree)
     fd, archive = tempfile.mkstemp(prefix=".envbuild-export-", suffix=".tar", dir=dest.parent)
     os.close(fd)
     try:
         git.run(["archive", "--format=tar", f"--output={archive}", pin.commit], repo=repo.path)
-        with open(archive, "rb") as stream:
+    except BaseException:
+        Path(archive).unlink()
+        raise
+    return _Commit(tree, verified.get(pin.commit), gitlinks, archive)
+
+
+def _write(exporter: TreeExporter, pin: TreePin, dest: Path, at: str, read: dict[tuple[Path, str], _Commit]) -> str:
+    """Check ``pin``'s tree and gitlinks against the lock, then write its files at ``at`` below ``dest``;
+    ``read``: the commits read so far, by (export repository, commit)."""
+    repo = fetch_commit(exporter, pin)
+    key = (repo.path, pin.commit)
+    if key not in read:
+        read[key] = _read(exporter, pin, repo, dest)
+    commit = read[key]
+    problems = []
+    if pin.tree is not None and commit.tree != pin.tree:
+        problems.append(f"the commit's tree is {commit.tree}, the lock pins tree {pin.tree}")
+    if commit.verified is not None and commit.verified != commit.tree:
+        problems.append(f"the verify cache records tree {commit.verified} for the commit")
+    problems += gitlink_problems(commit.gitlinks, pin.submodules)
+    if problems:
+        raise ExportError(f"{pin.what}: {'; '.join(problems)}")
+    try:
+        with open(commit.archive, "rb") as stream:
             write_tar_tree(stream, dest, at=at)
     except TreeWriteError as exc:
         raise ExportError(f"{pin.what}: the tree of {pin.commit} cannot be written safely: {exc}") from None
-    finally:
-        Path(archive).unlink()
-    return tree
+    return commit.tree
 
 
 def gitlink_problems(gitlinks: dict[str, str], recorded: tuple[Submodule, ...]) -> list[str]:

@@ -32,6 +32,8 @@ class Upstream:
         self.cache, self.url, self.offline, self.progress = cache, url, offline, progress
         self._listing: RefListing | None = None
         self._failure: GitError | None = None
+        self._fetch_failure: GitError | None = None
+        self._on_ref: dict[str, str | None] = {}  # commit → its tree when on a ref: asked once per commit
 
     def listing(self) -> RefListing:
         if self._failure is not None:
@@ -66,13 +68,25 @@ class Upstream:
     def all_refs(self, name: str) -> dict[str, str]:
         """Make the cache hold every advertised ref (pruning vanished ones); {commit: tree} of the tips."""
         listing = self.listing()
+        if self._fetch_failure is not None:
+            raise self._fetch_failure.with_traceback(None)  # one failed fetch answers for every pin too
         if not self.offline:
-            self._fetch(name, ALL_REFS, prune=True, fresh=dict(listing.refs))
+            try:
+                self._fetch(name, ALL_REFS, prune=True, fresh=dict(listing.refs))
+            except GitError as exc:
+                self._fetch_failure = exc
+                raise
         return self.cache.commit_trees(self.url, listing.tips())
 
     def on_any_ref(self, commit: str, name: str) -> str | None:
         """The commit's tree when it is on some upstream branch or tag (the commits of every ref fetched,
-        vanished refs pruned, so a commit force-pushed away is not taken for one that exists), else None."""
+        vanished refs pruned, so a commit force-pushed away is not taken for one that exists), else None.
+        Asked once per commit: many submodule paths may pin one commit."""
+        if commit not in self._on_ref:
+            self._on_ref[commit] = self._on_any_ref(commit, name)
+        return self._on_ref[commit]
+
+    def _on_any_ref(self, commit: str, name: str) -> str | None:
         tips = self.all_refs(name)
         present = self.cache.commit_trees(self.url, [commit])
         if commit in present and self.cache.reachable_from_any(self.url, commit, set(tips)):

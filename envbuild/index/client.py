@@ -32,9 +32,9 @@ from packaging.utils import canonicalize_name
 
 from envbuild.deadline import GRACE, Deadline, current, deadline_from_env, min_rate_from_env
 from envbuild.errors import InputError, RemoteError
-from envbuild.index.http import RETRIES, RangeFile, bounded, encoding, reason, retrying
+from envbuild.index.http import RETRIES, RangeFile, bounded, decode_text, reason, retrying
 from envbuild.index.local import copy_local, read_file_index
-from envbuild.index.pages import IndexFile, ProjectPage, parse_html, parse_json, show
+from envbuild.index.pages import IndexFile, ProjectPage, parse_html, parse_json, scheme_of, show_url
 from envbuild.index.wheelmeta import MAX_METADATA
 
 __all__ = ["IndexClient", "IndexFile", "ProjectPage", "max_download_from_env", "project_url"]
@@ -134,7 +134,8 @@ class IndexClient:
                 return ProjectPage(index, name, (), found=False)
             if response.status_code != 200:
                 raise RemoteError(f"index {index} answered HTTP {response.status_code} for {name} ({url})")
-            ctype = response.headers.get("Content-Type", "").split(";")[0].strip().lower()
+            content_type = response.headers.get("Content-Type", "")
+            ctype = content_type.split(";")[0].strip().lower()
             is_json = ctype == JSON_TYPE or ctype.endswith("+json") or ctype == "application/json"
             if not is_json and ctype not in ("text/html", "application/vnd.pypi.simple.v1+html"):
                 raise RemoteError(
@@ -149,42 +150,43 @@ class IndexClient:
             base = response.url or url
             if is_json:
                 return parse_json(index, name, body, base)
-            return parse_html(index, name, body.decode(encoding(response), "replace"), base)
+            return parse_html(index, name, decode_text(body, content_type), base)
 
     def download(self, url: str, out: BinaryIO, timeout: tuple[float, float] = (10, 300)) -> None:
         """Stream one distribution file, as a project page listed it, into ``out``. The caller checks
         the sha256: this only moves bytes, and never more than the index stated (or the limit)."""
         index, listed = self._listed.get(url, (None, None))
         stated = listed.size if listed is not None else None
+        shown = show_url(url)
         if stated is not None and stated > self.max_download:
             raise RemoteError(
-                f"{url}: refusing to download: the index states {stated} bytes, more than the limit of "
+                f"{shown}: refusing to download: the index states {stated} bytes, more than the limit of "
                 f"{self.max_download} (raise ${MAX_DOWNLOAD_ENV} if that is right)"
             )
         if stated is not None:
             limit, bound = stated, "the size the index states"
         else:
             limit, bound = self.max_download, f"the download limit (${MAX_DOWNLOAD_ENV})"
-        scheme = urlsplit(url).scheme.lower()
+        scheme = scheme_of(url)
         if scheme == "file" and index is not None and urlsplit(index).scheme == "file":
             copy_local(index, url, out, limit, bound)
             return
         if scheme not in ("http", "https"):
-            raise RemoteError(f"{show(url)}: refusing to download: only http(s) URLs are fetched from an index")
+            raise RemoteError(f"{shown}: refusing to download: only http(s) URLs are fetched from an index")
         try:
             # identity: the sha256 is of the file's bytes, and nothing to decompress means nothing to inflate.
             headers = {"Accept-Encoding": "identity"}
             with (
-                Deadline(f"{url}: download", seconds=None, min_rate=self.min_rate, grace=self.grace) as deadline,
+                Deadline(f"{shown}: download", seconds=None, min_rate=self.min_rate, grace=self.grace) as deadline,
                 self.session.get(url, stream=True, timeout=timeout, headers=headers) as response,
             ):
                 if response.status_code != 200:
-                    raise RemoteError(f"{url}: HTTP {response.status_code}")
-                for chunk in bounded(response, limit, url, bound):
+                    raise RemoteError(f"{shown}: HTTP {response.status_code}")
+                for chunk in bounded(response, limit, shown, bound):
                     deadline.received(len(chunk))
                     out.write(chunk)
         except requests.RequestException as exc:
-            raise RemoteError(f"{url}: download failed: {reason(exc)}") from None
+            raise RemoteError(f"{shown}: download failed: {reason(exc)}") from None
 
     def _get(self, index: str, name: str, url: str) -> requests.Response:
         """The response (headers read, body not yet) to a page request; the session retries 5xx answers
@@ -213,48 +215,49 @@ class IndexClient:
         """The file's core metadata as the index serves it beside the file (PEP 658), checked against the
         sha256 the page announced for it."""
         if file.core_metadata is None:
-            raise RemoteError(f"{file.url}: the index announces no core metadata for it")
+            raise RemoteError(f"{show_url(file.url)}: the index announces no core metadata for it")
         url = f"{file.url}.metadata"
         data = self._get_bounded(url, max_size)
         if file.core_metadata and hashlib.sha256(data).hexdigest() != file.core_metadata:
-            raise RemoteError(f"{url}: sha256 does not match the {file.core_metadata} its index announced")
+            raise RemoteError(f"{show_url(url)}: sha256 does not match the {file.core_metadata} its index announced")
         return data
 
     def open_ranges(self, url: str, *, index: str | None = None, max_bytes: int = MAX_RANGE_BYTES) -> BinaryIO:
         """A read-only, seekable file over HTTP range requests, reading no more than ``max_bytes`` in all:
         enough to read one member of a zip from its central directory without downloading the archive.
         A ``file://`` URL is opened directly, only when ``index`` is a ``file://`` index holding it."""
-        scheme = urlsplit(url).scheme.lower()
+        scheme, shown = scheme_of(url), show_url(url)
         if scheme == "file":
             root = url2pathname(urlsplit(index).path) if index and urlsplit(index).scheme == "file" else None
             path = url2pathname(urlsplit(url).path)
             if root is None or os.path.commonpath([os.path.realpath(root), os.path.realpath(path)]) != os.path.realpath(
                 root
             ):
-                raise RemoteError(f"{url}: a file URL is read only from the file:// index that lists it")
+                raise RemoteError(f"{shown}: a file URL is read only from the file:// index that lists it")
             try:
                 return open(path, "rb")
             except OSError as exc:
-                raise RemoteError(f"{url}: cannot read: {exc.strerror or exc}") from None
+                raise RemoteError(f"{shown}: cannot read: {exc.strerror or exc}") from None
         if scheme not in ("http", "https"):
-            raise RemoteError(f"{url}: only http(s) URLs are read from an index")
+            raise RemoteError(f"{shown}: only http(s) URLs are read from an index")
         return io.BufferedReader(RangeFile(self.session, url, self.timeout, max_bytes, self.deadline))
 
     def _get_bounded(self, url: str, limit: int) -> bytes:
-        if urlsplit(url).scheme.lower() not in ("http", "https"):
-            raise RemoteError(f"{url}: only http(s) URLs are read from an index")
+        shown = show_url(url)
+        if scheme_of(url) not in ("http", "https"):
+            raise RemoteError(f"{shown}: only http(s) URLs are read from an index")
         data = bytearray()
         try:
             with (
-                Deadline(url, seconds=self.deadline),
+                Deadline(shown, seconds=self.deadline),
                 self.session.get(url, stream=True, timeout=self.timeout) as response,
             ):
                 if response.status_code != 200:
-                    raise RemoteError(f"{url}: HTTP {response.status_code}")
+                    raise RemoteError(f"{shown}: HTTP {response.status_code}")
                 for chunk in response.iter_content(1 << 16):
                     data += chunk
                     if len(data) > limit:
-                        raise RemoteError(f"{url}: more than {limit} bytes; refused")
+                        raise RemoteError(f"{shown}: more than {limit} bytes; refused")
         except requests.RequestException as exc:
-            raise RemoteError(f"{url}: {reason(exc)}") from None
+            raise RemoteError(f"{shown}: {reason(exc)}") from None
         return bytes(data)

@@ -2,12 +2,17 @@
 connection refused, reset or lost before the answer, a timeout, a 5xx; never a name that does not
 resolve, never once a body is being read), every body bounded as it comes, a plain reason for each
 failure, and :class:`RangeFile`, a remote file read by ``Range`` requests (a wheel's metadata without
-the wheel)."""
+the wheel).
+
+What a server says is read strictly: a number in a header is ASCII digits or not a number
+(:func:`header_number`), a ``Content-Range`` must describe the bytes that came, a charset that is no
+text encoding reads as UTF-8 (:func:`decode_text`), and every URL a message quotes has its user part
+hidden."""
 
 from __future__ import annotations
 
-import codecs
 import io
+import re
 from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
@@ -20,11 +25,20 @@ from urllib3.util.retry import Retry
 
 from envbuild.deadline import Deadline, current, deadline_adapter, deadline_from_env
 from envbuild.errors import RemoteError
-from envbuild.index.pages import show
+from envbuild.index.pages import show, show_url
 
 RETRIES = 3
 BACKOFF = 0.5
 CHUNK = 1 << 16
+# A number as HTTP writes one: ASCII digits only ('²'.isdigit() is True and int('²') raises; int() takes
+# '١٢', ' 12', '+12' and '1_2'), at most 20 of them (past any real size; int() refuses 4,301).
+_NUMBER = r"[0-9]{1,20}"
+_CONTENT_RANGE = re.compile(rf"bytes ({_NUMBER})-({_NUMBER})/({_NUMBER})")
+
+
+def header_number(value: str | None) -> int | None:
+    """A header's value as a byte count, or None when it is not ASCII digits."""
+    return int(value) if value is not None and re.fullmatch(_NUMBER, value) else None
 
 
 class _Retry(Retry):
@@ -66,9 +80,10 @@ def retrying(session: requests.Session, retries: int = RETRIES) -> requests.Sess
 
 
 def bounded(response: requests.Response, limit: int, what: str, bound: str) -> Iterator[bytes]:
-    """The body in chunks, refused as soon as it passes ``limit`` bytes (the declared length first)."""
-    declared = response.headers.get("Content-Length", "")
-    if declared.isdigit() and int(declared) > limit:
+    """The body in chunks, refused as soon as it passes ``limit`` bytes (the declared length first, when it
+    is a number: one that is not, as urllib3 does, is no length, and the bytes that arrive are counted)."""
+    declared = header_number(response.headers.get("Content-Length"))
+    if declared is not None and declared > limit:
         raise RemoteError(f"{what} is {declared} bytes, more than {bound} ({limit} bytes); refused")
     received = 0
     for chunk in response.iter_content(CHUNK):
@@ -78,11 +93,25 @@ def bounded(response: requests.Response, limit: int, what: str, bound: str) -> I
         yield chunk
 
 
-def encoding(response: requests.Response) -> str:
+def charset(content_type: str) -> str | None:
+    """The ``charset`` parameter of a Content-Type header, or None. Not ``response.encoding``: requests
+    gives every ``text/*`` answer without one ISO-8859-1, and a page's links are UTF-8 (as pip reads them)."""
+    for parameter in content_type.split(";")[1:]:
+        key, _, value = parameter.partition("=")
+        if key.strip().lower() == "charset":
+            return value.strip().strip("\"'") or None
+    return None
+
+
+def decode_text(body: bytes, content_type: str) -> str:
+    """A server's text, by the charset its Content-Type names, else UTF-8; what does not decode is
+    replaced. A charset Python does not know, one that is no text encoding (``base64``, ``zlib``: bytes to
+    bytes, a LookupError) or one that fails whatever the error handler (``idna``, ``undefined``) reads as
+    UTF-8: a page is trusted no further than the sha256s a lock pins, and its links are ASCII."""
     try:
-        return codecs.lookup(response.encoding or "utf-8").name
-    except LookupError:  # a charset nobody knows: read it as UTF-8, replacing what does not decode
-        return "utf-8"
+        return body.decode(charset(content_type) or "utf-8", "replace")
+    except (LookupError, UnicodeError):
+        return body.decode("utf-8", "replace")
 
 
 def reason(exc: BaseException) -> str:
@@ -101,6 +130,7 @@ def reason(exc: BaseException) -> str:
             return said
     if isinstance(exc, requests.Timeout):
         return "timed out"
+    # show() hides the user part of every URL the text quotes (a redirect's target is the server's word)
     if isinstance(exc, requests.exceptions.InvalidSchema):  # requests follows redirects only to http(s)
         return f"redirected to a URL that is not http(s): {show(str(exc).rsplit(' for ', 1)[-1])}"
     if isinstance(exc, RemoteError):
@@ -165,7 +195,7 @@ class RangeFile(io.RawIOBase):
                 return block[start - offset : end - offset]
         first = max(0, min(start, self.size - self.BLOCK)) if end - start < self.BLOCK else start
         last = min(self.size, max(end, first + self.BLOCK))
-        block = self._request(f"bytes={first}-{last - 1}", expect=last - first)[1]
+        block = self._request(f"bytes={first}-{last - 1}", start=first, expect=last - first)[1]
         self._blocks[first] = block
         return block[start - first : end - first]
 
@@ -174,33 +204,51 @@ class RangeFile(io.RawIOBase):
         self._blocks[total - len(block)] = block
         return total
 
-    def _request(self, ranges: str, expect: int | None = None) -> tuple[int, bytes]:
+    def _request(self, ranges: str, start: int | None = None, expect: int | None = None) -> tuple[int, bytes]:
+        """(the file's size, the bytes) of one range request: ``start`` and ``expect`` bytes from there, or
+        (both None) the file's tail."""
         self.requests += 1
         headers = {"Range": ranges, "Accept-Encoding": "identity"}
+        shown = show_url(self.url)
         try:
             with (
-                Deadline(f"{self.url}: a range request", seconds=self.deadline),
+                Deadline(f"{shown}: a range request", seconds=self.deadline),
                 self.session.get(self.url, headers=headers, stream=True, timeout=self.timeout) as response,
             ):
                 if response.status_code not in (200, 206):
-                    raise RemoteError(f"{self.url}: HTTP {response.status_code} to a range request")
+                    raise RemoteError(f"{shown}: HTTP {response.status_code} to a range request")
                 whole = response.status_code == 200
                 data = bytearray()
                 for chunk in response.iter_content(1 << 16):
                     data += chunk
                     if self.fetched + len(data) > self.max_bytes:
                         why = "does not serve byte ranges and is" if whole else "needs"
-                        raise RemoteError(f"{self.url} {why} more than {self.max_bytes} bytes to read its metadata")
+                        raise RemoteError(f"{shown} {why} more than {self.max_bytes} bytes to read its metadata")
                 content_range = response.headers.get("Content-Range", "")
         except requests.RequestException as exc:
-            raise RemoteError(f"{self.url}: {reason(exc)}") from None
+            raise RemoteError(f"{shown}: {reason(exc)}") from None
         self.fetched += len(data)
         if whole:  # the server ignored the range: what came is the whole file
             self._blocks = {0: bytes(data)}
             return len(data), bytes(data[-self.BLOCK :]) if expect is None else bytes(data)
-        total = content_range.rpartition("/")[2]
-        if not total.isdigit() or (expect is not None and len(data) != expect):
-            raise RemoteError(
-                f"{self.url}: a malformed answer to a range request ({content_range or 'no Content-Range'})"
-            )
-        return int(total), bytes(data)
+        total = _answers(content_range, len(data), start, expect)
+        if total is None:
+            said = show(content_range, 120) or "no Content-Range"
+            raise RemoteError(f"{shown}: a malformed answer to a range request ({said})")
+        return total, bytes(data)
+
+
+def _answers(content_range: str, received: int, start: int | None, expect: int | None) -> int | None:
+    """The file's size a ``Content-Range`` states, when it is ``bytes FIRST-LAST/SIZE`` in ASCII digits and
+    describes the ``received`` bytes as the ones asked for (from ``start``, ``expect`` of them; the file's
+    tail when ``start`` is None), else None: bytes placed at another offset than they came from would be
+    read as another part of the zip."""
+    match = _CONTENT_RANGE.fullmatch(content_range)
+    if match is None:
+        return None
+    first, last, total = (int(group) for group in match.groups())
+    if last - first + 1 != received or last >= total:
+        return None
+    if (start is None and last != total - 1) or (start is not None and first != start):
+        return None
+    return total if expect is None or received == expect else None

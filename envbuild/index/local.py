@@ -4,33 +4,34 @@
 from __future__ import annotations
 
 import os
-import stat
 from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import urlsplit
 from urllib.request import url2pathname
 
 from envbuild.errors import RemoteError
+from envbuild.fileio import NotRegularFileError, open_regular
 from envbuild.index.http import CHUNK
-from envbuild.index.pages import ProjectPage, parse_html, parse_json
+from envbuild.index.pages import ProjectPage, parse_html, parse_json, show_url
 
 
 def copy_local(index: str, url: str, out: BinaryIO, limit: int, bound: str) -> None:
     """A file a ``file://`` index lists: only a regular file inside the index's directory."""
     root = os.path.realpath(url2pathname(urlsplit(index).path))
     path = os.path.realpath(url2pathname(urlsplit(url).path))
+    url = show_url(url)  # from here on, only quoted
     if os.path.commonpath([root, path]) != root:
         raise RemoteError(f"{url}: refusing to read it: not inside the file:// index {index}")
     try:
-        with open(path, "rb") as handle:
-            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-                raise RemoteError(f"{url}: refusing to read it: not a regular file")
+        with open_regular(path) as handle:  # never waits on a FIFO the index directory holds
             copied = 0
             while chunk := handle.read(CHUNK):
                 copied += len(chunk)
                 if copied > limit:
                     raise RemoteError(f"{url} passed {bound} ({limit} bytes); refused")
                 out.write(chunk)
+    except NotRegularFileError:
+        raise RemoteError(f"{url}: refusing to read it: not a regular file") from None
     except OSError as exc:
         raise RemoteError(f"{url}: cannot read: {exc.strerror or exc}") from None
 
@@ -41,12 +42,12 @@ def read_file_index(index: str, name: str, url: str, limit: int) -> ProjectPage:
     for leaf in ("index.json", "index.html"):
         path = directory / leaf
         try:
-            with open(path, "rb") as handle:
-                if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-                    raise RemoteError(f"index {index}: {path} is not a regular file")
+            with open_regular(path) as handle:
                 data = handle.read(limit + 1)
         except FileNotFoundError:
             continue
+        except NotRegularFileError:
+            raise RemoteError(f"index {index}: {path} is not a regular file") from None
         except OSError as exc:
             raise RemoteError(f"index {index}: cannot read {path}: {exc.strerror or exc}") from None
         if len(data) > limit:

@@ -6,6 +6,13 @@ file it lists is not a plain file name at an http(s) URL once resolved against t
 index may also list files inside its own directory), or when its size, sha256 or yanked field has the
 wrong shape. Text from the page that reaches a message is escaped: no control character reaches a
 terminal. Directory links of a served listing (the parent, sort links) are not files, and are skipped.
+
+A link is parsed, not judged by its text: one that does not parse (``http://[::1/…``, a port that is no
+number) refuses the page, as a link to ``ftp://`` does. A link with a user part
+(``https://user:pass@host/…``) refuses the page too: pip would send those credentials to that host, but
+a URL taken from a page flows into verify's table and JSON, the check's reports, fetch errors and
+``lock export``, so envbuild takes none and hides a user part wherever it quotes one (:func:`show`);
+the file host's credentials belong in ``~/.netrc``, which is read for that host only.
 """
 
 from __future__ import annotations
@@ -16,9 +23,10 @@ import re
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from typing import Any
-from urllib.parse import unquote, urldefrag, urljoin, urlsplit
+from urllib.parse import SplitResult, unquote, urldefrag, urljoin, urlsplit
 from urllib.request import url2pathname
 
+from envbuild.data.urls import redact_url, redact_urls
 from envbuild.errors import RemoteError
 from envbuild.escape import for_terminal
 
@@ -55,8 +63,46 @@ class ProjectPage:
 
 
 def show(text: str, limit: int = 200) -> str:
-    """Text an index sent, safe for one line of a terminal: control characters escaped, length capped."""
+    """Text an index sent, safe for one line of a terminal: the user part of every URL in it hidden
+    (before the cap, which could otherwise cut the '@' that marks it), control characters escaped,
+    length capped."""
+    text = redact_urls(text)
     return for_terminal(text[:limit]) + ("…" if len(text) > limit else "")
+
+
+def show_url(url: str) -> str:
+    """A URL for a message: its user part hidden (:func:`~envbuild.data.urls.redact_url`), escaped."""
+    return show(redact_url(url), limit=500)
+
+
+def split_url(url: str) -> SplitResult | None:
+    """``url`` split, its port read, or None when it does not parse: urlsplit raises on a bracket without
+    its pair (``http://[::1/``) or a host that NFKC-normalises to one holding '/', '?', '#', '@' or ':',
+    and ``port`` on a port that is not a number below 65536."""
+    try:
+        parts = urlsplit(url)
+        _ = parts.port
+    except ValueError:
+        return None
+    return parts
+
+
+def scheme_of(url: str) -> str:
+    """The URL's scheme, lower case; "" when it does not parse (then nothing fetches it)."""
+    parts = split_url(url)
+    return parts.scheme.lower() if parts is not None else ""
+
+
+def _resolve(base: str, href: str) -> str | None:
+    """A link resolved against its page, or None when it does not parse (:func:`split_url`)."""
+    try:
+        url = urljoin(base, href)
+    except ValueError:
+        return None
+    return url if split_url(url) is not None else None
+
+
+_UNPARSED = "is not a valid URL (its host, port or IPv6 address is malformed)"
 
 
 def _malformed(index: str, name: str, why: str) -> RemoteError:
@@ -68,17 +114,25 @@ def _file_problem(index: str, filename: object, url: str) -> str | None:
     if not isinstance(filename, str) or not filename or "/" in filename or not filename.isprintable():
         return f"filename {show(repr(filename))} is not a plain file name"
     if not url.isprintable():
-        return f"url {show(repr(url))} holds control characters"
-    scheme = urlsplit(url).scheme.lower()
+        return f"url {show(repr(redact_url(url)))} holds control characters"
+    parts = split_url(url)
+    if parts is None:
+        return f"url {show_url(url)!r} {_UNPARSED}"
+    if "@" in parts.netloc:
+        return (
+            f"url {show_url(url)!r} carries credentials in its user part; envbuild sends none it is handed "
+            "by a page (give the file host's in ~/.netrc)"
+        )
+    scheme = parts.scheme.lower()
     if scheme in ("http", "https"):
         return None
     if scheme == "file" and urlsplit(index).scheme == "file":
         root = os.path.normpath(url2pathname(urlsplit(index).path))
-        path = os.path.normpath(url2pathname(urlsplit(url).path))
+        path = os.path.normpath(url2pathname(parts.path))
         if os.path.commonpath([root, path]) == root:
             return None
-        return f"url {show(url)!r} is outside the file:// index"
-    return f"url {show(url)!r} is not an http(s) URL"
+        return f"url {show_url(url)!r} is outside the file:// index"
+    return f"url {show_url(url)!r} is not an http(s) URL"
 
 
 def parse_json(index: str, name: str, body: bytes, base: str) -> ProjectPage:
@@ -99,7 +153,9 @@ def parse_json(index: str, name: str, body: bytes, base: str) -> ProjectPage:
             or not isinstance(item.get("hashes", {}), dict)
         ):
             raise _malformed(index, name, f"files[{i}] lacks a filename, url or hashes mapping")
-        url = urljoin(base, item["url"])
+        url = _resolve(base, item["url"])
+        if url is None:
+            raise _malformed(index, name, f"files[{i}]: url {show_url(item['url'])!r} {_UNPARSED}")
         if problem := _file_problem(index, item["filename"], url):
             raise _malformed(index, name, f"files[{i}]: {problem}")
         sha = item.get("hashes", {}).get("sha256")
@@ -148,7 +204,10 @@ def parse_html(index: str, name: str, body: str, base: str) -> ProjectPage:
         href = anchor.get("href")
         if not href:
             continue
-        url, fragment = urldefrag(urljoin(base, href))
+        resolved = _resolve(base, href)
+        if resolved is None:
+            raise _malformed(index, name, f"link {i}: url {show_url(href)!r} {_UNPARSED}")
+        url, fragment = urldefrag(resolved)  # cannot raise: the same text just split
         filename = unquote(urlsplit(url).path.rsplit("/", 1)[-1])
         if not filename:
             continue  # a directory: the parent or a sort link of a served directory listing, not a file

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from envbuild.fileio import open_regular
+
 DOCKER_HUB = "registry-1.docker.io"
 _HUB_KEYS = ("https://index.docker.io/v1/", "index.docker.io", "docker.io", "registry-1.docker.io")
 MAX_CONFIG_BYTES = 1 << 20
@@ -48,7 +50,7 @@ def find_credentials(host: str, config: Path | None = None) -> Found:
     malformed config holds none (a build would not read it either)."""
     path = config or docker_config_path()
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path) as handle:  # a FIFO named as the config would wait forever
             data = json.loads(handle.read(MAX_CONFIG_BYTES + 1)[:MAX_CONFIG_BYTES])
     except (OSError, ValueError):
         return Found()

@@ -30,6 +30,7 @@ import requests
 from urllib3.util.retry import Retry
 
 from envbuild.data.reference import split_tag
+from envbuild.data.tokens import bearer_problem
 from envbuild.data.urls import redact_url
 from envbuild.deadline import Deadline, deadline_adapter, deadline_from_env
 from envbuild.errors import RemoteError
@@ -280,6 +281,8 @@ class _Client:
         token = answer.get("token") or answer.get("access_token")
         if not isinstance(token, str) or not token:
             raise RegistryError(f"{self.reference}: the answer of {self.host}'s token service holds no token")
+        if problem := bearer_problem(token):
+            raise RegistryError(f"{self.reference}: {self.host}'s token service sent a token that is {problem}")
         return f"Bearer {token}"
 
     def _login_advice(self, helper: str | None = None) -> str:

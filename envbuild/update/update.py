@@ -10,12 +10,12 @@ from typing import Literal
 from envbuild.errors import InputError, RemoteError
 from envbuild.git.cache import GitCache
 from envbuild.git.mirrors import Mirrors
-from envbuild.git.remote import GitError
+from envbuild.git.remote import GitError, UnsupportedRepository
 from envbuild.git.upstream import Upstream, check_inputs
 from envbuild.lock.model import LOCK_VERSION, BaseImage, Lock, Source
 from envbuild.progress import Progress, silent
 from envbuild.update.read_requirements import read_source_requirements
-from envbuild.update.read_submodules import SubmodulesRefused, read_source_submodules
+from envbuild.update.read_submodules import SubmodulesRefused, Walked, read_source_submodules
 from envbuild.update.resolve import resolve_packages
 
 
@@ -46,8 +46,11 @@ def update_lock(
         for old, new in zip(lock.sources, sources)
     )
     refused: list[str] = []
+    walked = Walked()  # each (repository, commit) read once, the records of every source counted together
     sources = tuple(
-        read_source_submodules(new, cache, mirrors=mirrors, previous=old, progress=progress, problems=refused)
+        read_source_submodules(
+            new, cache, mirrors=mirrors, previous=old, progress=progress, problems=refused, walked=walked
+        )
         for old, new in zip(lock.sources, sources)
     )
     if refused:
@@ -81,7 +84,14 @@ def pin_base_image(image: BaseImage, arch: str | None = None, progress: Progress
         say(f"warning: base image {image.name} not re-pinned: {exc}")
         return image
     digest, platforms = served.digest, served.platforms
-    if arch is not None and platforms and oci_platform(arch) not in platforms:
+    if not platforms:  # an index without manifests, a config without os and architecture
+        say(
+            f"warning: base image {image.name} not re-pinned: its registry serves {digest}, which names no "
+            "platform (an index without manifests, or an image config without os and architecture); "
+            "a build would refuse it"
+        )
+        return image
+    if arch is not None and oci_platform(arch) not in platforms:
         say(
             f"warning: base image {image.name} not re-pinned: its registry serves {digest} with images for "
             f"{', '.join(platforms)}, none for the lock's platform linux/{arch} ({oci_platform(arch)}); "
@@ -121,7 +131,10 @@ def resolve_ref(
     check_inputs([source], mirrors)
     url = mirrors.rewrite(source.repo)
     up = Upstream(cache, url, offline=False, progress=progress)
-    listing = up.listing()
+    try:
+        listing = up.listing()
+    except UnsupportedRepository as exc:
+        raise RemoteError(f"source {source.name}: {exc.reason}") from None
     order: tuple[Literal["branch", "tag"], ...] = (
         ("branch", "tag") if source.ref_type == "branch" else ("tag", "branch")
     )

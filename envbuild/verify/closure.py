@@ -17,6 +17,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from envbuild.data.urls import redact_urls
 from envbuild.lock.model import Lock, Package, Source
 from envbuild.lock.platform import applies, marker_environment, try_parse
 from envbuild.verify.results import PinResult, RequirementStatus
@@ -149,9 +150,12 @@ def _state(requirement: Requirement, provider: Provider | None) -> tuple[Require
 
 
 def _result(requirer: str, text: str | None, build: bool, status: RequirementStatus, why: str) -> PinResult:
-    """The detail names the requirement, so a line quoting only the detail (a refusal) says what it is."""
-    detail = f"{'builds with' if build else 'requires'} {text}: {why}" if text is not None else why
-    return PinResult("requirement", requirer, status, detail, {"requirement": text, "build": build})
+    """The detail names the requirement, so a line quoting only the detail (a refusal) says what it is.
+    A requirement from a package's metadata is the index's word: a direct URL in it is shown with its user
+    part hidden, in the detail and in the ``requirement`` fact alike."""
+    shown = redact_urls(text) if text is not None else None
+    detail = f"{'builds with' if build else 'requires'} {shown}: {why}" if shown is not None else why
+    return PinResult("requirement", requirer, status, detail, {"requirement": shown, "build": build})
 
 
 def _requirers(lock: Lock, metadata: Mapping[str, PackageMetadata]) -> dict[str, _Requirer]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from envbuild.data.urls import redact_urls
+
 Kind = Literal["source", "submodule", "package", "requirement", "base_image"]
 
 # The statuses of each kind, exactly as documented in the README. Every other non-ok status fails;
@@ -50,6 +52,12 @@ class PinResult:
     status: Status
     detail: str = ""
     facts: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # A detail quotes what servers, indexes and trees said; it reaches the table, --json, check.json,
+        # check.md and error messages. The user part of every URL in it is hidden here, once, so that no
+        # rendering of it (nor a later one) can show a password a server handed out.
+        object.__setattr__(self, "detail", redact_urls(self.detail))
 
     def passes(self, strict: bool = False) -> bool:
         return self.status in PASSING_STATUSES or (not strict and self.status in WARNING_STATUSES)

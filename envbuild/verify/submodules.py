@@ -18,21 +18,27 @@ For each record, through the verify cache and the mirrors, as a source's pin is 
 
 A warm cache answers with one ref listing per submodule repository. ``--offline`` answers from the cache
 alone; what it cannot settle is ``unreachable``, as for sources.
+
+Each fact is read once per (repository, commit), however many paths pin it: a parent's tree, whether a
+commit is on an upstream ref, how it relates to a source's pin. A lock whose records pass
+:data:`~envbuild.git.gitmodules.MAX_SUBMODULE_RECORDS` (every level, every source) is refused before any
+is checked.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from envbuild.errors import InputError
 from envbuild.git.cache import GitCache
 from envbuild.git.files import OFFLINE_MISS, READ_NS, PinnedTree
-from envbuild.git.gitmodules import repository_key
+from envbuild.git.gitmodules import repository_key, too_many_records
 from envbuild.git.mirrors import Mirrors
-from envbuild.git.remote import GitError
+from envbuild.git.remote import GitError, TreeEntry
 from envbuild.git.upstream import Offline, Upstream
 from envbuild.lock.model import Lock, Source, Submodule, check_repo_url
 from envbuild.progress import Progress, silent
@@ -81,7 +87,11 @@ def recorded_submodules(source: Source, mirrors: Mirrors) -> Iterator[RecordedSu
 
 
 def check_submodule_urls(lock: Lock, mirrors: Mirrors) -> None:
-    """What a mirror rule makes of a submodule's URL follows the lock's URL rules, as for sources."""
+    """No more records than a walk reads; what a mirror rule makes of a submodule's URL follows the lock's
+    URL rules, as for sources."""
+    count = sum(1 for source in lock.sources for _ in recorded_submodules(source, mirrors))
+    if (problem := too_many_records(count, f"lock {lock.name!r}")) is not None:
+        raise InputError(problem)
     problems = []
     for source in lock.sources:
         for pin in recorded_submodules(source, mirrors):
@@ -127,11 +137,44 @@ def verify_submodules(
     return results + [v for v in verdicts if v is not None]
 
 
+@dataclass
+class _ParentTree:
+    tree: PinnedTree
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    error: GitError | Offline | None = None  # its commit cannot be read
+
+
 class _Checker:
+    """Checks pins, groups of them in parallel; what it reads of a (repository, commit) it reads once."""
+
     def __init__(
         self, cache: GitCache, mirrors: Mirrors, offline: bool, progress: Progress, by_repo: dict[Any, Source]
     ) -> None:
         self.cache, self.mirrors, self.offline, self.progress, self.by_repo = cache, mirrors, offline, progress, by_repo
+        self._parents: dict[tuple[str, str, str], _ParentTree] = {}
+        self._parents_lock = threading.Lock()
+        self._relations: dict[tuple[str, str], tuple[dict[str, Any], str]] = {}
+
+    def parent_entry(self, parent: Parent, path: str) -> tuple[TreeEntry | None, str]:
+        """The entry at ``path`` of the parent's tree, and the parent's root tree: one PinnedTree per parent
+        commit, which remembers the trees it listed, whichever group of pins asks; a commit that cannot be
+        read answers every pin below it with the same error, asked once."""
+        with self._parents_lock:
+            found = self._parents.setdefault(
+                (parent.url, parent.commit, parent.refspec or ""),
+                _ParentTree(
+                    PinnedTree(self.cache, parent.url, parent.commit, refspec=parent.refspec, offline=self.offline)
+                ),
+            )
+        with found.lock:
+            if found.error is not None:
+                raise found.error.with_traceback(None)
+            try:
+                root = found.tree.root()
+            except (GitError, Offline) as exc:
+                found.error = exc
+                raise
+            return found.tree.entry(path), root
 
     def group(self, pins: Sequence[RecordedSubmodule]) -> list[PinResult]:
         upstreams: dict[str, Upstream] = {}
@@ -147,16 +190,13 @@ class _Checker:
 
     def one(self, pin: RecordedSubmodule, upstreams: dict[str, Upstream]) -> PinResult:
         record, path = pin.record, pin.record.path
-        parent = PinnedTree(
-            self.cache, pin.parent.url, pin.parent.commit, refspec=pin.parent.refspec, offline=self.offline
-        )
-        entry = parent.entry(path)
+        entry, parent_root = self.parent_entry(pin.parent, path)
         found = entry.oid if entry is not None and entry.kind == "commit" else None
         if found != record.commit:
             return _result(pin, "gitlink-mismatch", _gitlink_mismatch(path, found, record.commit))
         held = (
             "it is the parent's gitlink, held by the parent's tree pin too"
-            if pin.parent.tree is not None and parent.root() == pin.parent.tree
+            if pin.parent.tree is not None and parent_root == pin.parent.tree
             else "it is the parent's gitlink (the parent pins no tree)"
         )
         if record.skipped:
@@ -188,6 +228,14 @@ class _Checker:
         return _result(pin, status, "; ".join([*parts, held]), **facts)
 
     def relation(self, commit: str, source: Source) -> tuple[dict[str, Any], str]:
+        """How ``commit`` relates to ``source``'s pin (once per commit and source: two groups that ask at
+        once both compute it, and agree)."""
+        key = (commit, source.name)
+        if key not in self._relations:
+            self._relations[key] = self._relation(commit, source)
+        return self._relations[key]
+
+    def _relation(self, commit: str, source: Source) -> tuple[dict[str, Any], str]:
         """How ``commit`` relates to ``source``'s pin, computed in the source's verify cache (either commit
         is fetched by ID, commits only, when it is not there yet)."""
         url = self.mirrors.rewrite(source.repo)

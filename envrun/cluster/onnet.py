@@ -175,7 +175,7 @@ def reach(
     gcs_address = None
     if gcs and ":" in gcs:
         host, port_text = gcs.rsplit(":", 1)
-        gcs_address = (host.strip("[]"), int(port_text)) if port_text.isdigit() else None
+        gcs_address = (host.strip("[]"), int(port_text)) if port_text.isascii() and port_text.isdigit() else None
     hccl_peers = {n["NodeID"]: sum(1 for m in nodes if m["NodeID"] != n["NodeID"]) for n in nodes}
     return on_each(
         nodes,

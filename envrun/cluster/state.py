@@ -67,16 +67,35 @@ class ClusterState:
 
     @classmethod
     def from_json(cls, document: dict[str, Any]) -> ClusterState:
+        address = document.get("address")
+        if address is not None and not isinstance(address, str):
+            raise TypeError("address")
+        if document.get("phase") not in ("starting", "up"):
+            raise TypeError("phase")
         return cls(
-            name=document["name"],
+            name=_text(document, "name"),
             phase=document["phase"],
-            image=document["image"],
-            lock_sha256=document["lock_sha256"],
-            engines=tuple(document["engines"]),
-            address=document.get("address"),
+            image=_text(document, "image"),
+            lock_sha256=_text(document, "lock_sha256"),
+            engines=_texts(document.get("engines"), "engines"),
+            address=address,
             connect_timeout=_seconds(document.get("connect_timeout", 30)),
             ips=_addresses(document.get("ips", [])),
         )
+
+
+def _text(document: dict[str, Any], key: str) -> str:
+    value = document[key]
+    if not isinstance(value, str):
+        raise TypeError(key)
+    return value
+
+
+def _texts(value: object, key: str) -> tuple[str, ...]:
+    """A list of strings (a string is not one: iterated, it would give one engine per character)."""
+    if not isinstance(value, list) or not value or not all(isinstance(item, str) for item in value):
+        raise TypeError(key)
+    return tuple(value)
 
 
 def _seconds(value: object) -> int:
@@ -111,8 +130,10 @@ def load_state(cache_dir: Path, name: str) -> ClusterState | None:
         raise CacheError(f"{path}: not a cluster state of version {STATE_VERSION}{_DOWN_BY_FILE}")
     try:
         return ClusterState.from_json(document)
-    except (KeyError, TypeError) as exc:
+    except KeyError as exc:
         raise CacheError(f"{path}: incomplete cluster state (no {exc}){_DOWN_BY_FILE}") from None
+    except TypeError as exc:
+        raise CacheError(f"{path}: cluster state with a wrong {exc}{_DOWN_BY_FILE}") from None
 
 
 def save_state(cache_dir: Path, state: ClusterState) -> None:

@@ -179,6 +179,6 @@ def main(argv: list[str]) -> int:
 
             return drive(spec, node)
         return run_node(spec, node)
-    except (OSError, ValueError, KeyError) as exc:  # a spec or an identity the scheduler got wrong
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # a spec or an identity the scheduler got wrong
         print(f"envrun: {argv[1]}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return 2

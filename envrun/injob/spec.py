@@ -101,7 +101,7 @@ class NodeIdentity:
 
 def identity(env: Mapping[str, str] = os.environ) -> NodeIdentity:
     index_text = env.get(INDEX_VAR, "")
-    if not index_text.isdecimal():
+    if not (index_text.isascii() and index_text.isdigit()):
         raise ValueError(f"{INDEX_VAR}={index_text!r}: expected the node's index (0 for the head)")
     index = int(index_text)
     head = env.get(HEAD_VAR) or None

@@ -181,16 +181,20 @@ class SlurmLauncher:
     def _result(self, plan: RunPlan, job_dir: Path, fields: dict[str, str]) -> LaunchResult:
         state = fields.get("JobState", "UNKNOWN")
         code_text, _, signal = fields.get("ExitCode", "").partition(":")
-        code = int(code_text) if code_text.isdecimal() else None
+        code = int(code_text) if code_text.isascii() and code_text.isdigit() else None
         record = job_dir / RECORD_DIR
-        recorded = _json(record / "status.json") or {}
+        recorded = _json(record / "status.json")
+        recorded = recorded if isinstance(recorded, dict) else {}  # the job's own words, or none
         known = [line.to_json() for line in plan.preflight]
+        lines = _json(record / "preflight.json")
         checked = tuple(  # the head's own checks of every node: what the job's record adds to this one
             PreflightLine(line["name"], line["status"], line["detail"], line.get("facts"))
-            for line in _json(record / "preflight.json") or ()
-            if line not in known
+            for line in (lines if isinstance(lines, list) else ())
+            if isinstance(line, dict)
+            and all(isinstance(line.get(key), str) for key in ("name", "status", "detail"))
+            and line not in known
         )
-        refusals = [c["line"] for c in _checks(job_dir) if not c.get("ok")]
+        refusals = [str(c.get("line")) for c in _checks(job_dir) if not c.get("ok")]
         ended = (job_dir / "ended.txt").read_text(encoding="utf-8").strip() if (job_dir / "ended.txt").exists() else ""
         where = f"Slurm job {self.job_id} {state}"
         if refusals:

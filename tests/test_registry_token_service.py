@@ -1,7 +1,8 @@
-"""A registry's token realm is judged parsed, never by its text: the docker config's credentials go to the
-realm, so a realm whose text looks like this machine's but whose host is another (``http://localhost:1@host/``)
-must never be asked. Real HTTP on 127.0.0.1: a registry that answers 401 with the hostile realm, and a
-"token service" standing for the other host, which records whatever reaches it."""
+"""A registry's token service, hostile: a realm judged parsed, never by its text (the docker config's
+credentials go to the realm, so a realm whose text looks like this machine's but whose host is another,
+``http://localhost:1@host/``, must never be asked), and a token that is no bearer token. Real HTTP on
+127.0.0.1: a registry that answers 401 naming a realm, and a "token service" which records whatever reaches
+it and answers with the token it is given."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from envbuild.registry.client import RegistryError, realm_problem, served_manife
 class _Recorder(BaseHTTPRequestHandler):
     seen: list[dict[str, str]]
     realm = ""
+    token = "t"
 
     def do_GET(self) -> None:  # noqa: N802 (the standard library's name)
         self.seen.append({"path": self.path, "authorization": self.headers.get("Authorization", "")})
@@ -29,7 +31,7 @@ class _Recorder(BaseHTTPRequestHandler):
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
-        body = json.dumps({"token": "t"}).encode()  # the other host: takes the credentials, hands a token
+        body = json.dumps({"token": self.token}).encode()  # the other host: takes the credentials, hands a token
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -91,3 +93,37 @@ def test_a_realm_with_a_user_part_never_gets_the_credentials(
 def test_the_realm_is_judged_by_its_parsed_host(realm: str, problem: str | None) -> None:
     found = realm_problem(realm)
     assert (found is None) if problem is None else (found is not None and problem in found), found
+
+
+@pytest.mark.parametrize("token", ["\u2603-snowman", "a b", "abc\r\nX-Injected: 1", "=abc"])
+def test_a_token_that_is_no_bearer_token_is_refused_in_one_line(
+    servers: tuple[ThreadingHTTPServer, ThreadingHTTPServer], tmp_path: Path, token: str
+) -> None:
+    registry, tokens = servers
+    registry.RequestHandlerClass.realm = f"http://127.0.0.1:{tokens.server_address[1]}/token"  # type: ignore[attr-defined]
+    tokens.RequestHandlerClass.token = token  # type: ignore[attr-defined]
+    host = f"127.0.0.1:{registry.server_address[1]}"
+    with pytest.raises(RegistryError) as info:
+        served_manifest(f"{host}/team/app:1", docker_config=tmp_path / "none.json")
+    message = str(info.value)
+    assert "sent a token that is not an RFC 6750 bearer token" in message and "\n" not in message
+    assert token not in message  # a token is a secret: its length is said, not its text
+
+
+@pytest.mark.parametrize("token", ["\u2603-snowman", "two words", "line\nbreak"])
+def test_a_ray_token_that_is_no_bearer_token_is_refused_before_anything_is_sent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, token: str
+) -> None:
+    """The same rule for the token envrun sends to a Ray cluster (from the user's file or environment)."""
+    from envbuild.errors import InputError
+    from envrun.ray_api import auth_headers
+
+    (tmp_path / "token").write_text(token + "\n")
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "token"))
+    with pytest.raises(InputError, match="the Ray token file: not an RFC 6750 bearer token") as info:
+        auth_headers()
+    assert token.strip() not in str(info.value)
+    (tmp_path / "token").write_text("0123456789abcdef" * 2 + "\n")
+    assert auth_headers() == {"Authorization": "Bearer " + "0123456789abcdef" * 2}
