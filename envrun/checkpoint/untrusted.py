@@ -31,6 +31,7 @@ from itertools import accumulate
 from pathlib import Path
 
 from envbuild.errors import InputError
+from envbuild.fileio import file_kind
 
 Fail = Callable[[str], InputError]
 
@@ -63,7 +64,7 @@ def locate(model_dir: Path, name: str, fail: Fail) -> Path | None:
         except OSError as exc:
             raise fail(f"cannot open: {exc.strerror or exc}") from exc
     if not stat.S_ISREG(st.st_mode):
-        raise fail(f"{_kind(st.st_mode)}, not a regular file")
+        raise fail(f"{file_kind(st.st_mode)}, not a regular file")
     return path
 
 
@@ -89,7 +90,7 @@ def open_regular(path: Path, fail: Fail) -> tuple[int, int]:
     try:
         st = os.fstat(fd)  # the file actually opened, whatever the name pointed at when it was checked
         if not stat.S_ISREG(st.st_mode):
-            raise fail(f"{_kind(st.st_mode)}, not a regular file")
+            raise fail(f"{file_kind(st.st_mode)}, not a regular file")
     except BaseException:
         os.close(fd)
         raise
@@ -188,16 +189,3 @@ def brief(value: object) -> str:
 def brief_path(path: str | Path, limit: int = 200) -> str:
     text = ascii(str(path))[1:-1] if not str(path).isprintable() else str(path)
     return text if len(text) <= limit else f"{text[: limit // 2]}...{text[-limit // 2 :]}"
-
-
-def _kind(mode: int) -> str:
-    for test, kind in (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return kind
-    return "an unknown kind of file"
