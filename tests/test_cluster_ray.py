@@ -12,7 +12,6 @@ removes by ID what carries the cluster's label; the stale node is removed by its
 from __future__ import annotations
 
 import json
-import os
 import platform
 import shlex
 import subprocess
@@ -39,7 +38,7 @@ from envrun.execute import TargetRefused, execute_run
 from envrun.prepare import RunRequest, prepare_run
 from envrun.rundir import read_status
 from tests.lib.ckptgen import CheckpointSpec, write_checkpoint
-from tests.lib.pyenvs import Venv
+from tests.lib.pyenvs import Venv, interpreter_mounts
 from tests.lib.raycluster import NODE_PORTS, BuiltImage, build_and_push, cluster_file, free_block, node_args, node_ip
 from tests.lib.raycluster import resolved_lock as ray_lock
 from tests.lib.registryapi import platform_variant, tag_digest
@@ -255,8 +254,7 @@ def cluster(
 ) -> Iterator[Running]:
     # The nodes' image holds Ray, not verl: the real verl 0.9.1 is mounted from the cached environments
     # (and the interpreter they link to), at the same paths, so the job's python3 on its PATH is verl's.
-    interpreter = Path(os.path.realpath(verl.python)).parents[1]
-    stack = dict.fromkeys((verl.root, verl_env(transfer_queue=False).root, interpreter))
+    stack = dict.fromkeys((verl.root, verl_env(transfer_queue=False).root, *interpreter_mounts(verl.python)))
     volumes = [{"host": str(shared), "container": VOLUME}, {"host": str(runs), "container": RUNS, "mode": "rw"}]
     volumes += [{"host": str(p), "container": str(p)} for p in stack]
     path = cluster_file(tmp_path_factory.mktemp("cluster") / "pair.yaml", NAME, [h.url for h in hosts], volumes=volumes)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import tarfile
 from dataclasses import replace
 from pathlib import Path
@@ -118,12 +117,13 @@ def test_the_probe_runs_in_the_image_and_a_lost_export_fails_the_run(trainer_ima
     none — and the trainer writes its export where verl's own function says, into the run's output
     directory: a host directory, so the export outlives the container and is audited on the host."""
     from tests.lib.ckptgen import CheckpointSpec, write_checkpoint
+    from tests.lib.pyenvs import interpreter_mounts
     from tests.lib.tinyrun import write_parquet_like
     from tests.lib.verlenv import path_env, probe_recipe, verl_env, verl_hf_export_dir
 
     verl = verl_env()
-    python = Path(os.path.realpath(verl.python)).parents[1]  # the interpreter the environments link to
-    mounts = [f"{p}:{p}:ro" for p in dict.fromkeys((verl.root, verl_env(transfer_queue=False).root, python))]
+    python = interpreter_mounts(verl.python)  # the interpreter the environments link to, unless the image's
+    mounts = [f"{p}:{p}:ro" for p in dict.fromkeys((verl.root, verl_env(transfer_queue=False).root, *python))]
     recipe = probe_recipe(tmp_path)
     write_checkpoint(tmp_path / "model", CheckpointSpec(include_mtp=False))
     saved = tmp_path / "saved"  # what the lenient save wrote: lm_head lost

@@ -5,8 +5,8 @@ a virtual environment of its own, never in the project's: the tool does not depe
 real stack's pins (hydra, ray, numpy …) must not decide the tool's test environment.
 
 ``cached_venv(requirements)`` returns an environment holding exactly those requirements, built under
-``CACHE_DIR/venvs/<key>``; the key is a hash of the sorted requirements, the interpreter's version and
-:data:`REVISION`. ``cached_venv(more, base=venv)`` is an overlay: an environment that sees ``venv``'s
+``CACHE_DIR/venvs/<key>``; the key is a hash of the sorted requirements, the interpreter (its real path
+and full version) and :data:`REVISION`. ``cached_venv(more, base=venv)`` is an overlay: an environment that sees ``venv``'s
 packages (a ``.pth`` file naming its site-packages) and adds ``more`` — a second stack differing by a few
 packages costs seconds, not another torch. It is built in place under a file lock (a venv's scripts hold their absolute path, so
 it cannot be built elsewhere and renamed), and a stamp written last marks it ready: a build killed
@@ -21,6 +21,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -72,8 +73,10 @@ class Venv:
 
 
 def venv_key(requirements: Iterable[str], base: Venv | None = None) -> str:
-    version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    source = json.dumps([sorted(requirements), version, REVISION, base.root.name if base else None]).encode()
+    """The cache key: the requirements and the interpreter that makes the venv — its real path and full
+    version, so a venv one interpreter made (Debian's /usr/bin/python3, a pyenv 3.11) is never another's."""
+    interpreter = [os.path.realpath(sys.executable), sys.version]
+    source = json.dumps([sorted(requirements), interpreter, REVISION, base.root.name if base else None]).encode()
     return hashlib.sha256(source).hexdigest()[:16]
 
 
@@ -82,6 +85,19 @@ def _locked(path: Path) -> Iterator[None]:
     with path.open("a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         yield
+
+
+# Where a system interpreter lives: the test images (Debian bookworm, as this machine) hold their own at the
+# same paths, and mounting the host's /usr over an image's would hide its programs (its docker-init).
+SYSTEM_PREFIXES = (Path("/usr"), Path("/"))
+
+
+def interpreter_mounts(python: Path) -> tuple[Path, ...]:
+    """The host directories a container of a test image mounts (at the same paths) to run ``python``, a
+    venv's interpreter: the prefix of the interpreter the venv links to (a pyenv or uv Python), none for the
+    system's own, which the image has."""
+    prefix = Path(os.path.realpath(python)).parents[1]
+    return () if prefix in SYSTEM_PREFIXES else (prefix,)
 
 
 def cached_venv(requirements: Iterable[str], *, base: Venv | None = None, timeout: float = 1800) -> Venv:
