@@ -123,13 +123,18 @@ def realm_problem(realm: str) -> str | None:
     text. The docker config's credentials go to it, so it must be https (http only to this machine's
     loopback) and carry no user part — ``http://localhost:1@evil.example/`` is evil.example's, not
     localhost's."""
+    # The authority's text first: Python versions disagree on whether `[::1]@host` even parses (Debian's
+    # 3.11.2 refuses it, 3.11.7 reads a user part), and a user part is refused either way.
+    authority = realm.partition("//")[2]
+    for end in "/?#":
+        authority = authority.partition(end)[0]
+    if "@" in authority:
+        return "has a user part (the credentials would go to another host than its text shows)"
     try:
         parts = urlsplit(realm)
         hostname, _ = parts.hostname, parts.port
     except ValueError:
         return "is not a URL"
-    if parts.username is not None or parts.password is not None or "@" in parts.netloc:
-        return "has a user part (the credentials would go to another host than its text shows)"
     if not hostname:
         return "has no host"
     if parts.scheme == "https" or (parts.scheme == "http" and _is_loopback_name(hostname)):
