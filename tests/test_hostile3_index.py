@@ -16,7 +16,7 @@ from envbuild.cli import main
 from envbuild.errors import RemoteError
 from envbuild.index.client import IndexClient
 from envbuild.index.filecache import FileCache
-from tests.lib.pyindex import JSON_TYPE, PyIndex, Route, endless, make_wheel, wheels_at
+from tests.lib.pyindex import JSON_TYPE, PyIndex, Route, endless, make_wheel, one_line, wheels_at
 
 WHEEL = "alpha-1.0-py3-none-any.whl"
 SECRET = "s3cret"
@@ -25,12 +25,6 @@ SECRET = "s3cret"
 @pytest.fixture()
 def dists(tmp_path: Path) -> Path:
     return wheels_at(tmp_path / "dists", "alpha")
-
-
-def one_line(exc: pytest.ExceptionInfo[BaseException]) -> str:
-    message = str(exc.value)
-    assert "\n" not in message and "\x1b" not in message, message
-    return message
 
 
 def write_lock(path: Path, index: PyIndex, requirements: str = "[alpha]") -> Path:

@@ -16,7 +16,7 @@ from envbuild.cli import main
 from envbuild.errors import InputError, RemoteError
 from envbuild.index.client import MAX_DOWNLOAD, MAX_PAGE, IndexClient
 from envbuild.index.filecache import FileCache
-from tests.lib.pyindex import JSON_TYPE, PyIndex, Route, endless, wheels_at, write_file_index
+from tests.lib.pyindex import JSON_TYPE, PyIndex, Route, endless, one_line, wheels_at, write_file_index
 
 WHEEL = "alpha-1.0-py3-none-any.whl"
 
@@ -24,12 +24,6 @@ WHEEL = "alpha-1.0-py3-none-any.whl"
 @pytest.fixture()
 def dists(tmp_path: Path) -> Path:
     return wheels_at(tmp_path / "dists", "alpha")
-
-
-def one_line(exc: pytest.ExceptionInfo[BaseException]) -> str:
-    message = str(exc.value)
-    assert "\n" not in message and "\x1b" not in message, message
-    return message
 
 
 # --- what a page may list ---------------------------------------------------------------------

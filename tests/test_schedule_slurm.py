@@ -55,7 +55,7 @@ def test_the_jobs_spec_round_trips_and_keeps_the_run_aimed_at_its_record(tiny: T
     assert plan.scheduled is not None
     from pathlib import PurePosixPath
 
-    spec = in_job(plan, plan.scheduled, 2, PurePosixPath("/opt/envrun/job/record"), ("npus",))
+    spec = in_job(plan, PurePosixPath("/opt/envrun/job/record"), ("npus",))
     assert InJob.from_json(json.loads(json.dumps(spec.to_json()))) == spec
     assert spec.plan["run_dir"] == "/opt/envrun/job/record" and spec.lock_sha256 == "f" * 64
     assert (spec.nnodes, spec.npus_per_node, spec.node_ports, spec.skip_checks) == (2, 16, 24002, ("npus",))

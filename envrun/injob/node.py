@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from envrun.cluster.netifs import carrier, interfaces
 from envrun.cluster.onnode import lock_facts
@@ -38,9 +39,9 @@ def who(node: NodeIdentity) -> str:
     return f"node {node.index} {node.name} (ip {node.ip or 'Ray’s choice'}, host {socket.gethostname()})"
 
 
-def own_check(spec: InJob, node: NodeIdentity) -> tuple[bool, str]:
-    """This node's verdict on itself: the image's lock and the NPUs it sees. One line."""
-    facts = lock_facts()
+def own_check(spec: InJob, node: NodeIdentity, facts: dict[str, Any]) -> tuple[bool, str]:
+    """This node's verdict on itself, from its facts (:func:`envrun.cluster.onnode.lock_facts`): the image's
+    lock and the NPUs it sees. One line."""
     found, devices = facts["lock_sha256"], facts["devices"]
     problems = []
     if found != spec.lock_sha256:
@@ -140,23 +141,23 @@ def wait_for_head(spec: InJob, node: NodeIdentity) -> None:
 
 
 def run_node(spec: InJob, node: NodeIdentity) -> int:
-    ok, line = own_check(spec, node)
+    facts = lock_facts()
+    ok, line = own_check(spec, node, facts)
     print(f"envrun: {line}", flush=True)
     record_check(node, ok, line)
     if not ok:
         return REFUSED
-    env = {**os.environ, **node_env(spec, node)}
-    argv = ray_start(spec, node, len(lock_facts()["devices"]))
+    # Ray, and on the head the driver and the trainer's processes it starts, run with the node's network.
+    os.environ.update(node_env(spec, node))
+    argv = ray_start(spec, node, len(facts["devices"]))
     if node.index:
         wait_for_head(spec, node)
         print(f"envrun: {who(node)}: joining {node.head}:{spec.head_port}", flush=True)
-        os.execvpe(argv[0], argv, env)  # the node is Ray from here on: stopping the container stops it
-    started = subprocess.run(argv, env=env, check=False)
+        os.execvp(argv[0], argv)  # the node is Ray from here on: stopping the container stops it
+    started = subprocess.run(argv, check=False)
     if started.returncode:
         print(f"envrun: {who(node)}: `ray start --head` exited {started.returncode}", flush=True)
         return started.returncode
-    # The driver runs with the node's network variables too: the trainer's own processes inherit them.
-    os.environ.update(node_env(spec, node))
     from envrun.injob.driver import drive
 
     return drive(spec, node)
@@ -171,7 +172,7 @@ def main(argv: list[str]) -> int:
     try:
         spec, node = read_spec(Path(argv[1])), identity()
         if argv[0] == "check":
-            ok, line = own_check(spec, node)
+            ok, line = own_check(spec, node, lock_facts())
             print(f"envrun: {line}", flush=True)
             return 0 if ok else REFUSED
         if argv[0] == "driver":  # Ray started by another (KubeRay): the run alone, on the head

@@ -20,8 +20,8 @@ from pathlib import Path, PurePosixPath
 from envbuild.errors import InputError
 from envbuild.fileio import write_atomic
 from envrun.injob.spec import JOB_DIR
-from envrun.plan import RunPlan, Scheduled
-from envrun.schedule.jobdir import CHECKOUT, PACKAGES, RECORD_DIR, in_job
+from envrun.plan import RunPlan
+from envrun.schedule.jobdir import RECORD_DIR, code_files, in_job
 
 KINDS = ("sbatch", "volcano", "rayjob")
 ZIP_TIME = (2026, 1, 1, 0, 0, 0)  # every entry's: the same code gives the same bytes
@@ -31,12 +31,11 @@ def code_zip() -> bytes:
     """envbuild's and envrun's modules as one zip, the same bytes for the same code."""
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as archive:
-        for package in PACKAGES:
-            for source in sorted((CHECKOUT / package).rglob("*.py")):
-                info = zipfile.ZipInfo(source.relative_to(CHECKOUT).as_posix(), ZIP_TIME)
-                info.compress_type = zipfile.ZIP_DEFLATED
-                info.external_attr = 0o644 << 16
-                archive.writestr(info, source.read_bytes())
+        for name, source in code_files():
+            info = zipfile.ZipInfo(name, ZIP_TIME)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o644 << 16
+            archive.writestr(info, source.read_bytes())
     return buffer.getvalue()
 
 
@@ -73,7 +72,7 @@ def emit(plan: RunPlan, kind: str, directory: Path, skip: frozenset[str]) -> lis
         if plan.output_dir is not None
         else PurePosixPath(JOB_DIR) / RECORD_DIR
     )
-    spec = in_job(plan, plan.scheduled or Scheduled(), plan.nnodes, record, tuple(sorted(skip)))
+    spec = in_job(plan, record, tuple(sorted(skip)))
     job = KubeJob(
         name=job_name(plan),
         nnodes=plan.nnodes,

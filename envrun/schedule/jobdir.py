@@ -10,7 +10,7 @@ from pathlib import Path, PurePosixPath
 
 from envbuild.fileio import write_atomic
 from envrun.injob.spec import InJob
-from envrun.plan import RunPlan, Scheduled
+from envrun.plan import RunPlan
 from envrun.planrecord import plan_record
 
 PACKAGES = ("envbuild", "envrun")
@@ -20,10 +20,10 @@ CODE_DIR = "code"
 RECORD_DIR = "record"  # the job's own run record, under the job's directory
 
 
-def in_job(
-    plan: RunPlan, scheduled: Scheduled, nnodes: int, record_dir: PurePosixPath, skip_checks: tuple[str, ...] = ()
-) -> InJob:
+def in_job(plan: RunPlan, record_dir: PurePosixPath, skip_checks: tuple[str, ...] = ()) -> InJob:
     """The spec a scheduler's job runs: ``plan`` with its record where the job writes it."""
+    assert plan.nnodes and plan.scheduled is not None  # build_plan's promise for a scheduled run
+    scheduled, nnodes = plan.scheduled, plan.nnodes
     aimed = replace(plan, run_dir=Path(str(record_dir)), launch=None)
     return InJob(
         plan=plan_record(aimed),
@@ -40,18 +40,24 @@ def in_job(
     )
 
 
+def code_files() -> list[tuple[str, Path]]:
+    """What the job carries of envrun: envbuild's and envrun's modules, sources only (each node compiles for
+    its own Python), as (path under the checkout, file), in a stable order."""
+    return [
+        (source.relative_to(CHECKOUT).as_posix(), source)
+        for package in PACKAGES
+        for source in sorted((CHECKOUT / package).rglob("*.py"))
+    ]
+
+
 def write_code(target: Path) -> int:
-    """envbuild's and envrun's modules (sources only: each node compiles for its own Python) under
-    ``target``; returns the number of files."""
-    count = 0
-    for package in PACKAGES:
-        for source in sorted((CHECKOUT / package).rglob("*.py")):
-            relative = source.relative_to(CHECKOUT)
-            destination = target / relative
-            destination.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source, destination)
-            count += 1
-    return count
+    """:func:`code_files` under ``target``; returns the number of files."""
+    files = code_files()
+    for name, source in files:
+        destination = target / name
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, destination)
+    return len(files)
 
 
 def write_spec(target: Path, spec: InJob) -> None:

@@ -24,7 +24,7 @@ from envbuild.progress import Progress
 from envrun.exports import ExportAudit, ExportSearch
 from envrun.injob.spec import JOB_DIR as IN_CONTAINER
 from envrun.launch.base import LaunchResult, LogSink
-from envrun.plan import PreflightLine, RunPlan, Scheduled
+from envrun.plan import PreflightLine, RunPlan
 from envrun.preflight import TARGET_CHECK
 from envrun.schedule.jobdir import CODE_DIR, RECORD_DIR, SPEC_FILE, in_job, write_code, write_spec
 from envrun.schedule.sbatch import SlurmJob, render_batch, render_node
@@ -52,11 +52,9 @@ def slurm_job(plan: RunPlan, job_dir: Path) -> SlurmJob:
 
 def write_job(plan: RunPlan, job_dir: Path, skip: frozenset[str]) -> SlurmJob:
     """The job's directory: spec, code and scripts (``--emit sbatch`` writes the same)."""
-    scheduled = plan.scheduled or Scheduled()
     job = slurm_job(plan, job_dir)
     job_dir.mkdir(parents=True, exist_ok=True)
-    record = PurePosixPath(IN_CONTAINER) / RECORD_DIR
-    write_spec(job_dir / SPEC_FILE, in_job(plan, scheduled, job.nnodes, record, tuple(sorted(skip))))
+    write_spec(job_dir / SPEC_FILE, in_job(plan, PurePosixPath(IN_CONTAINER) / RECORD_DIR, tuple(sorted(skip))))
     write_code(job_dir / CODE_DIR)
     (job_dir / "job.sbatch").write_text(render_batch(job), encoding="utf-8")
     (job_dir / "node.sh").write_text(render_node(job), encoding="utf-8")

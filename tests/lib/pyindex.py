@@ -22,13 +22,16 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from packaging.utils import (
     canonicalize_name,
     parse_sdist_filename,
     parse_wheel_filename,
 )
+
+if TYPE_CHECKING:  # pytest only for the annotation: benchmarks import this module too
+    import pytest
 
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 
@@ -432,3 +435,10 @@ def trickled(chunk: bytes = b" ", interval: float = 0.05, count: int = 1 << 30) 
             yield chunk
 
     return body
+
+
+def one_line(exc: pytest.ExceptionInfo[BaseException]) -> str:
+    """What a hostile index answer is refused with: one line, no terminal escapes."""
+    message = str(exc.value)
+    assert "\n" not in message and "\x1b" not in message, message
+    return message
