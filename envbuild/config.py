@@ -1,7 +1,7 @@
 """User configuration: ``$ENVBUILD_CONFIG`` or ``~/.config/envbuild/config.yaml``.
 
 ```yaml
-cache_dir: /var/cache/envbuild           # default ~/.cache/envbuild (or $ENVBUILD_CACHE)
+cache_dir: /var/cache/envbuild           # default ~/.cache/envbuild; $ENVBUILD_CACHE wins over it
 mirrors:                                 # like git's url.<base>.insteadOf
   https://github.com/: https://git.internal.example/github/
 ```
@@ -67,8 +67,9 @@ def verify_command(lock_path: str | os.PathLike[str], source: SourceOptions) -> 
 
 
 def update_command(lock_path: str | os.PathLike[str], source: SourceOptions) -> str:
-    """The `envbuild lock update` command for this lock, cache and mirrors: what pins an unpinned base."""
-    return _command(["lock", "update", str(lock_path)], source)
+    """The `envbuild lock update --base` command for this lock, cache and mirrors: what pins an unpinned
+    base, and moves nothing else."""
+    return _command(["lock", "update", str(lock_path), "--base"], source)
 
 
 def _command(words: list[str], source: SourceOptions) -> str:
@@ -109,12 +110,15 @@ def default_cache_dir() -> Path:
 
 def load_config(path: Path | None = None) -> Config:
     """The config in force. A file named by ``--config`` or ``$ENVBUILD_CONFIG`` must exist (a typo must
-    not silently drop its mirrors); the default one may be absent."""
+    not silently drop its mirrors); the default one may be absent. The cache directory: ``$ENVBUILD_CACHE``
+    over the file's ``cache_dir`` over the default, as pip and uv let the environment win over their files
+    (a command line's ``--cache-dir`` wins over all three, in the command)."""
     named = path is not None or bool(os.environ.get("ENVBUILD_CONFIG"))
     path = path or default_config_path()
     parsed = parse_config(read_capped(path, ConfigError), str(path)) if named or path.exists() else ConfigFile()
+    from_file = Path(parsed.cache_dir).expanduser() if parsed.cache_dir else None
     return Config(
-        cache_dir=Path(parsed.cache_dir).expanduser() if parsed.cache_dir else default_cache_dir(),
+        cache_dir=default_cache_dir() if os.environ.get("ENVBUILD_CACHE") or from_file is None else from_file,
         mirrors=Mirrors(tuple(parsed.mirrors.items())),
     )
 

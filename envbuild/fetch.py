@@ -1,5 +1,5 @@
 """A build's inputs, in the caches: the exact tree of every source and every package file of a lock, and
-where the index serves each file now (for a pylock.toml export).
+where the index serves each file now and its size (for a pylock.toml export).
 
 ``envbuild image`` and ``envbuild check`` call :func:`fetch_inputs` themselves, before planning, whatever
 ``lock verify`` did or did not fetch: verify's fast path settles a pin at a branch head or a tag from
@@ -13,6 +13,7 @@ that puts it there.
 
 from __future__ import annotations
 
+import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,9 +33,10 @@ from envbuild.git.treeexport import (
     submodule_pins,
     whole_fetched,
 )
-from envbuild.index.client import IndexClient, ProjectPage
+from envbuild.index.client import IndexClient, IndexFile, ProjectPage
 from envbuild.index.filecache import FileCache
 from envbuild.index.wheelmeta import metadata_sha256, read_wheel_metadata
+from envbuild.lock.export import FileLocation
 from envbuild.lock.io import LockFile
 from envbuild.lock.model import Lock, Package, PackageFile
 from envbuild.progress import Progress, silent
@@ -83,14 +85,21 @@ def fetch_inputs(
     client: IndexClient | None = None,
     progress: Progress = silent,
     exporter: TreeExporter | None = None,
+    leave: frozenset[str] = frozenset(),
 ) -> Inputs:
     """Put every input of the lock in the caches of ``source.cache_dir`` (offline: check that they are
     there), through ``source.mirrors``; ``exporter``: the build's own (:func:`exporter_for` ``source``),
-    which remembers what it found already."""
+    which remembers what it found already. ``leave``: pins not to fetch, as verify names them (``source
+    NAME``, ``submodule SOURCE/PATH``, ``package NAME``), with every submodule under a left tree."""
     lock, lock_path, say = lock_file.lock, lock_file.path, progress
     exporter, files, jobs = exporter or exporter_for(source), FileCache(source.cache_dir), source.jobs
     missing: list[str] = []
-    pins = tree_pins(lock)
+    if leave:
+        kept = tuple(s for s in lock.sources if f"source {s.name}" not in leave)
+        lock = dataclasses.replace(
+            lock, sources=kept, packages=tuple(p for p in lock.packages if f"package {p.name}" not in leave)
+        )
+    pins = [pin for pin in tree_pins(lock) if not _left(pin, leave)]
     if exporter.offline:
         missing += [f"{pin.what} (commit {pin.commit})" for pin in pins if not has_commit(exporter, pin)]
         missing += [
@@ -104,6 +113,14 @@ def fetch_inputs(
     fetched_sources = _fetch_trees(pins, exporter, jobs, say)
     fetched_files = _fetch_files(lock, files, client or IndexClient(), say, source.cache_dir)
     return Inputs((*fetched_sources, *fetched_files), newest_commit_date(lock, exporter))
+
+
+def _left(pin: TreePin, leave: frozenset[str]) -> bool:
+    """Whether ``pin`` or a tree it lies in is to be left (a submodule's name is SOURCE/PATH/…)."""
+    parts = pin.name.split("/")
+    return f"source {parts[0]}" in leave or any(
+        f"submodule {'/'.join(parts[:n])}" in leave for n in range(2, len(parts) + 1)
+    )
 
 
 def newest_commit_date(lock: Lock, exporter: TreeExporter) -> int | None:
@@ -193,23 +210,47 @@ def check_metadata_pin(path: Path, file: PackageFile, cache_dir: Path) -> None:
         raise MetadataMismatch(file.filename, file.metadata_sha256, actual, by_index=False)
 
 
+def package_file_locations(
+    lock: Lock,
+    *,
+    cache_dir: Path | None = None,
+    offline: bool = False,
+    jobs: int = 8,
+    session: requests.Session | None = None,
+    client: IndexClient | None = None,
+) -> dict[str, FileLocation]:
+    """Where each of the lock's files is downloaded from, as the index lists it now (no URL ``offline``),
+    and its size: that of its copy in the file cache under ``cache_dir`` (the bytes the lock's sha256 pins:
+    checked when they entered), else the size the index states (PEP 700) when it lists the lock's sha256,
+    else unknown. For a pylock.toml export."""
+    listed: dict[str, IndexFile] = {}
+    if not offline:
+        index_client = client or IndexClient(session)
+
+        def page(package: Package) -> ProjectPage | None:
+            try:
+                return index_client.project(lock.index_for(package), package.name)
+            except RemoteError:
+                return None
+
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            for found in pool.map(page, [p for p in lock.packages if p.files]):
+                listed |= {f.filename: f for f in found.files} if found else {}
+    cache = FileCache(cache_dir) if cache_dir is not None else None
+    locations: dict[str, FileLocation] = {}
+    for _, file in sorted(_package_files(lock), key=lambda pf: pf[1].filename):
+        at = listed.get(file.filename)
+        cached = cache.get(file.sha256) if cache is not None else None
+        size = cached.stat().st_size if cached is not None else None
+        if size is None and at is not None and at.sha256 in (None, file.sha256):
+            size = at.size  # a size stated for other bytes than the lock's would be wrong in the export
+        locations[file.filename] = FileLocation(at.url if at is not None else None, size)
+    return locations
+
+
 def package_file_urls(
     lock: Lock, *, jobs: int = 8, session: requests.Session | None = None, client: IndexClient | None = None
 ) -> dict[str, str]:
-    """Download URLs of the lock's files, as the index lists them now (for a pylock.toml export)."""
-    client = client or IndexClient(session)
-    wanted = {f.filename for p in lock.packages for f in p.files}
-
-    def page(package: Package) -> ProjectPage | None:
-        try:
-            return client.project(lock.index_for(package), package.name)
-        except RemoteError:
-            return None
-
-    urls: dict[str, str] = {}
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        for found in pool.map(page, lock.packages):
-            for f in found.files if found else ():
-                if f.filename in wanted:
-                    urls[f.filename] = f.url
-    return dict(sorted(urls.items()))
+    """Download URLs of the lock's files, as the index lists them now."""
+    found = package_file_locations(lock, jobs=jobs, session=session, client=client)
+    return {name: at.url for name, at in found.items() if at.url is not None}

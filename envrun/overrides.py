@@ -113,7 +113,7 @@ def key_problems(overrides: list[str], schema: ConfigSchema) -> list[str]:
         key, prefix = override_key(override), override_prefix(override)
         if key.split("@", 1)[0].replace(".", "/") in schema.groups or key in schema.groups:
             continue
-        known = key in schema.keys or any(key == a or key.startswith(a + ".") for a in added)
+        known = key in schema.keys or any(key == a or key.startswith(a + ".") for a in added) or _hydra_key(key)
         if prefix in ("", "~") and not known:
             closest = schema.closest(key)
             hint = f"; did you mean {closest}?" if closest else ""
@@ -126,6 +126,23 @@ def key_problems(overrides: list[str], schema: ConfigSchema) -> list[str]:
         if prefix in ("+", "++"):
             added.add(key)
     return problems
+
+
+def _hydra_key(key: str) -> bool:
+    """Whether ``key`` is one of Hydra's own settings (``hydra.run.dir``), not the app's: Hydra's config, not
+    verl's, holds it."""
+    if not key.startswith("hydra."):
+        return False
+    from hydra.conf import HydraConf
+    from omegaconf import OmegaConf
+
+    node: Any = OmegaConf.structured(HydraConf)
+    for part in key.split(".")[1:]:
+        # not `part in node`: that is False for a key whose value is still missing (hydra.run.dir's ???)
+        if not OmegaConf.is_dict(node) or part not in list(node.keys()):
+            return False
+        node = node._get_node(part)
+    return True
 
 
 def _type_mismatch(default: Any, value: Any) -> str | None:

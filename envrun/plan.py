@@ -17,6 +17,7 @@ from envbuild.errors import InputError
 from envbuild.escape import for_terminal
 from envbuild.image.plan import IMAGE_ROOT
 from envbuild.lock.model import ENV_NAME
+from envbuild.terminal import wrap
 from envrun.cluster.state import ClusterState
 from envrun.overrides import merge_overrides
 from envrun.probe.request import ProbeRequest
@@ -306,6 +307,8 @@ def build_plan(
             raise InputError(f"--env {name}: not a valid environment variable")
     output_dir = _output_dir(recipe, params, run_dir)
     outputs = output_overrides(recipe, output_dir, run_dir.name) if output_dir else ()
+    if params.backend == "local":  # Hydra's own record (outputs/DATE/TIME/) in the run, not the caller's directory
+        outputs += (f"hydra.run.dir={hydra_string(os.path.abspath(run_dir / 'hydra'))}",)  # noqa: PTH100
     overrides = merge_overrides(recipe.overrides() + outputs, parameter_overrides(recipe, params) + params.overrides)
     entry = params.entry_point or recipe.entry_point
     argv = (*entry, f"--config-name={recipe.config_name}", *overrides)
@@ -378,7 +381,9 @@ def render_plan_json(plan: RunPlan) -> str:
     return json.dumps(plan_to_json(plan), indent=2) + "\n"
 
 
-def render_plan_text(plan: RunPlan) -> str:
+def render_plan_text(plan: RunPlan, width: int | None = None) -> str:
+    """The plan for people; a preflight check's reason wraps at ``width``, under the check's name (the
+    command lines stay whole: they are run as printed)."""
     lines = [
         f"recipe:  {plan.recipe}",
         f"backend: {plan.backend}",
@@ -395,7 +400,7 @@ def render_plan_text(plan: RunPlan) -> str:
         lines += render_launch(plan.launch)
     if plan.preflight:
         lines.append("preflight:")
-        lines += [f"  {c.status:<4} {c.name}: {c.detail}" for c in plan.preflight]
+        lines += [wrap(f"  {c.status:<4} {c.name}: {c.detail}", width, indent="     ") for c in plan.preflight]
     return "\n".join(lines) + "\n"
 
 

@@ -21,10 +21,8 @@ from envrun.auditnames import locked_transformers
 from envrun.cluster.state import ClusterState
 from envrun.plan import PreflightLine, RunParameters, RunPlan, build_plan
 from envrun.preflight import TARGET_CHECK, PreflightEnv, PreflightError, failed, run_preflight
-from envrun.recipe import Recipe, load_recipe, recipe_path
+from envrun.recipe import RECIPES_DIR, Recipe, load_recipe, recipe_path
 from envrun.rundir import default_run_dir
-
-CHECKOUT = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)
@@ -66,15 +64,19 @@ class PreparedRun:
 
 
 def resolve_lock(recipe: Recipe, given: Path | None) -> Path:
-    """The lock given, else the recipe's, relative to the current directory or this checkout."""
+    """The lock given, else the recipe's: relative to the current directory, else to the shipped recipes,
+    which carry the project's ``lockfiles/`` (a link in a checkout, files in an installed wheel)."""
     if given is not None:
         return given
     if recipe.lock is None:
         raise InputError(f"recipe {recipe.name} names no lock; pass --lock PATH")
-    for base in (Path.cwd(), CHECKOUT):
-        if (base / recipe.lock).is_file():
-            return base / recipe.lock
-    raise InputError(f"{recipe.lock}: the recipe's lock is not here or in {CHECKOUT}; pass --lock PATH")
+    if (Path.cwd() / recipe.lock).is_file():
+        return Path.cwd() / recipe.lock
+    if (RECIPES_DIR / recipe.lock).is_file():
+        return (RECIPES_DIR / recipe.lock).resolve()
+    raise InputError(
+        f"{recipe.lock}: the recipe's lock is neither here nor among envrun's shipped lockfiles; pass --lock PATH"
+    )
 
 
 def _cache_dir(request: RunRequest) -> Path:

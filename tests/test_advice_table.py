@@ -108,10 +108,41 @@ def test_fetch_fetches_everything_else_while_the_base_is_unpinned_and_says_so(
     cache = ["--cache-dir", str(tmp_path / "cache")]
     assert envbuild(["lock", "fetch", str(lock), *cache]) == 0
     err = capsys.readouterr().err
-    assert f"{lock}: base image 127.0.0.1:1/base:1 left unfetched: no digest recorded" in err
-    assert f"`envbuild lock update {lock} --cache-dir {tmp_path / 'cache'}` pins the digest" in err
+    assert f"{lock}: base image 127.0.0.1:1/base:1 left unfetched (unpinned): no digest recorded" in err
+    assert f"`envbuild lock update {lock} --base --cache-dir {tmp_path / 'cache'}` pins the digest" in err
     code, out = run(capsys, ["lock", "verify", str(lock), "--offline", *cache])
     assert code == 1 and re.search(r"source\s+one\s+ok", out) and re.search(r"base-image\s+\S+\s+unpinned", out), out
+
+
+def test_the_offline_advice_ends_where_some_upstreams_are_out_of_reach(
+    served: Served, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`lock verify --offline` advises `lock fetch`; run as printed where one upstream is out of reach, it
+    fetches the pins that verify, names the one it leaves (exit 1), and `--offline` then answers for the
+    rest: the chain of advice ends instead of looping."""
+    commit = served.repo("partial-near").commit("one")
+    closed = f"git://127.0.0.1:{free_port()}"
+    sources = (
+        Source(name="near", repo=served.url("partial-near", "daemon-filter"), ref="main", ref_type="branch",
+               commit=commit, install=Install(mode="none")),
+        Source(name="far", repo=f"{closed}/far", ref="main", ref_type="branch", commit="b" * 40,
+               install=Install(mode="none")),
+    )  # fmt: skip
+    lock = tmp_path / "partial.lock.yaml"
+    write_lock(lock, Lock(version=2, name="partial", sources=sources))
+    offline = ["lock", "verify", str(lock), "--offline", "--cache-dir", str(tmp_path / "cache")]
+    code, out = run(capsys, offline)
+    assert code == 1 and out.count("offline and not in cache; run `envbuild lock fetch") == 2, out
+    [fetch] = table_advice(out)
+
+    code = envbuild(fetch)
+    out, err = capsys.readouterr()
+    assert code == 1 and "1 inputs in" in out and "1 pins fail verify, 1 of them left unfetched" in out, out
+    assert re.search(rf"{re.escape(str(lock))}: source far left unfetched \(unreachable\): ", err), err
+    code, out = run(capsys, offline)
+    assert code == 1 and re.search(r"source\s+near\s+ok", out), out
+    assert "run `envbuild lock fetch" in out  # only for the one still out of reach
+    assert re.search(r"source\s+far\s+unreachable", out), out
 
 
 def test_what_was_verified_through_a_mirror_answers_offline_without_it(

@@ -16,8 +16,10 @@ def test_dry_run_of_the_real_lock_renders_and_says_what_a_build_would_refuse(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")  # nothing may talk to an engine
-    assert main(["image", str(REAL_LOCK), "--dry-run", "--offline", "--cache-dir", str(tmp_path / "c")]) == 0
+    # it renders, but a build would refuse the lock (an unpinned base, a package without files): exit 1
+    assert main(["image", str(REAL_LOCK), "--dry-run", "--offline", "--cache-dir", str(tmp_path / "c")]) == 1
     captured = capsys.readouterr()
+    assert f"envbuild: dry run: a build refuses {REAL_LOCK}: 2 reason(s) above" in captured.err
     lock = read_lock(REAL_LOCK).lock
     # BuildKit: the tools image (the base, its tools stage), the packages image on it, then the image
     # (the start stage, then the sources on it: the real lock has no copy-only source, so no stage of one)

@@ -111,8 +111,8 @@ def test_a_dry_run_warns_of_each_unmet_build_requirement(tmp_path: Path, capsys:
     path = unbuildable_lock(tmp_path)
     code = main(["image", str(path), "--dry-run", "--offline", "--cache-dir", str(tmp_path / "cache")])
     err = capsys.readouterr().err
-    assert code == 0  # a dry run renders; it says what a build would refuse
+    assert code == 1  # a dry run renders; it says what a build would refuse, and its status says so too
     assert (
         "warning: source svc builds with setuptools>=99: no package or source in the lock provides setuptools "
-        "(unmet): a build refuses it before the engine starts"
+        "(unmet): a build refuses it"
     ) in err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import subprocess
 import sys
 from pathlib import Path
@@ -13,13 +14,18 @@ import yaml
 from packaging.pylock import Pylock
 from packaging.requirements import Requirement
 
-from envbuild.lock import Lock, Package, PackageFile, Platform, Source, parse_lock
+from envbuild.cli import main
+from envbuild.fetch import package_file_locations
+from envbuild.index.filecache import FileCache
+from envbuild.lock import Lock, Package, PackageFile, Platform, Source, parse_lock, write_lock
 from envbuild.lock.export import (
+    FileLocation,
     export_lock,
     export_pylock,
     export_repos,
     export_requirements,
 )
+from envbuild.lock.model import Install, Provides
 from tests.lib.pyindex import PyIndex, make_sdist, make_wheel
 
 OWN_INDEX = "https://mirrors.example.org/ascend/pypi"
@@ -121,16 +127,19 @@ def test_pip_installs_from_requirements_with_hashes(tmp_path: Path) -> None:
 
 
 def test_pylock_has_pep751_shape() -> None:
-    text = export_pylock(sample_lock(), urls={"alpha-1.0.tar.gz": "https://files.example.org/alpha-1.0.tar.gz"})
+    files = {"alpha-1.0.tar.gz": FileLocation("https://files.example.org/alpha-1.0.tar.gz", 1234)}
+    text = export_pylock(sample_lock(), files=files)
     data = tomllib.loads(text)
     Pylock.from_dict(data)  # packaging's own PEP 751 validator
     assert data["lock-version"] == "1.0" and data["created-by"] == "envbuild"
+    assert data["environments"] == ['sys_platform == "linux" and platform_machine == "aarch64"']
     assert data["requires-python"] == "==3.12.*"
-    assert [p["name"] for p in data["packages"]] == ["alpha", "beta-pkg"]
-    alpha, beta = data["packages"]
+    assert [p["name"] for p in data["packages"]] == ["alpha", "alpha-src", "beta-pkg", "zeta"]
+    alpha, alpha_src, beta, zeta = data["packages"]
     assert alpha["sdist"] == {
         "name": "alpha-1.0.tar.gz",
         "url": "https://files.example.org/alpha-1.0.tar.gz",
+        "size": 1234,
         "hashes": {"sha256": "3" * 64},
     }
     assert alpha["index"] == "https://pypi.org/simple" and "wheels" not in alpha
@@ -138,8 +147,83 @@ def test_pylock_has_pep751_shape() -> None:
         "files/beta_pkg-2.0-cp312-cp312-manylinux_2_28_aarch64.whl",
         "files/beta_pkg-2.0-py3-none-any.whl",
     ]
-    assert data["tool"]["envbuild"]["unresolved"] == ["triton-ascend==3.2.2"]
-    assert text == export_pylock(sample_lock(), urls={"alpha-1.0.tar.gz": "https://files.example.org/alpha-1.0.tar.gz"})
+    assert not any("size" in w for w in beta["wheels"])  # unknown: left out, as PEP 751 allows
+    assert zeta == {
+        "name": "zeta",
+        "vcs": {
+            "type": "git",
+            "url": "https://example.org/zeta.git",
+            "requested-revision": "v1",
+            "commit-id": "b" * 40,
+        },
+    }
+    assert alpha_src["vcs"]["commit-id"] == "a" * 40 and "version" not in alpha_src
+    assert data["tool"]["envbuild"] == {"unresolved": ["triton-ascend==3.2.2"]}
+    assert text == export_pylock(sample_lock(), files=files)
+
+
+def test_pylock_sources_by_distribution_and_left_out_when_not_installed() -> None:
+    lock = sample_lock()
+    zeta, alpha_src = lock.sources
+    lock = dataclasses.replace(
+        lock,
+        sources=(
+            dataclasses.replace(zeta, provides=Provides("Zeta_Core", "0.3"), install=Install(env={"B": "2", "A": "1"})),
+            dataclasses.replace(alpha_src, install=Install(mode="none")),
+        ),
+    )
+    data = tomllib.loads(export_pylock(lock))
+    Pylock.from_dict(data)
+    assert [p["name"] for p in data["packages"]] == ["alpha", "beta-pkg", "zeta-core"]
+    assert data["packages"][2]["version"] == "0.3"  # a static version of the pinned tree: it cannot differ
+    assert data["packages"][2]["tool"] == {"envbuild": {"build-env": {"A": "1", "B": "2"}}}
+    assert list(data["tool"]["envbuild"]["sources-left-out"]) == ["alpha-src"]
+    assert "install: none" in data["tool"]["envbuild"]["sources-left-out"]["alpha-src"]
+
+
+def test_pylock_sizes_offline_from_the_file_cache(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Offline, a file in envbuild's cache gives its size (its bytes are the ones the lock's sha256 pins);
+    a file not there has none, and every file is a path under files/."""
+    cached = b"a wheel's bytes"
+    lock = sample_lock(shas={"beta_pkg-2.0-py3-none-any.whl": hashlib.sha256(cached).hexdigest()})
+    path = FileCache(tmp_path / "cache").path_for(hashlib.sha256(cached).hexdigest())
+    path.parent.mkdir(parents=True)
+    path.write_bytes(cached)
+    write_lock(tmp_path / "l.lock.yaml", lock)
+    argv = ["lock", "export", str(tmp_path / "l.lock.yaml"), "--format", "pylock", "--offline"]
+    assert main([*argv, "--cache-dir", str(tmp_path / "cache")]) == 0
+    data = tomllib.loads(capsys.readouterr().out)
+    Pylock.from_dict(data)
+    files = {
+        f["name"]: f for p in data["packages"] for f in [*p.get("wheels", ()), *([p["sdist"]] if "sdist" in p else [])]
+    }
+    assert files["beta_pkg-2.0-py3-none-any.whl"]["size"] == len(cached)
+    assert {name for name, f in files.items() if "size" in f} == {"beta_pkg-2.0-py3-none-any.whl"}
+    assert all(f["path"] == f"files/{name}" and "url" not in f for name, f in files.items())
+
+
+def test_pylock_sizes_from_the_cache_over_the_index(tmp_path: Path) -> None:
+    """Online, a file's size is its cached copy's, else the one the index states (PEP 700) for the lock's
+    sha256; none for a file the index lists under another sha256, whose stated size is of other bytes."""
+    dists = tmp_path / "dists"
+    dists.mkdir()
+    names = [make_wheel(dists, name, "1.0").name for name in ("cached", "stated", "rehashed")]
+    with PyIndex(dists) as index:
+        for name in names:
+            index.state_size(name, 999)
+        index.rehash(names[2], "f" * 64)
+        packages = tuple(Package(n.split("-")[0], "1.0", files=(PackageFile(n, index.sha256(n)),)) for n in names)
+        cache = FileCache(tmp_path / "cache")
+        cache.path_for(index.sha256(names[0])).parent.mkdir(parents=True)
+        cache.path_for(index.sha256(names[0])).write_bytes((dists / names[0]).read_bytes())
+        lock = Lock(version=2, name="sizes", index=index.url, sources=(), packages=packages)
+        found = package_file_locations(lock, cache_dir=tmp_path / "cache")
+    assert {name: at.size for name, at in found.items()} == {
+        names[0]: (dists / names[0]).stat().st_size,
+        names[1]: 999,
+        names[2]: None,
+    }
+    assert all(at.url == f"{index.url.removesuffix('/simple')}/files/{name}" for name, at in found.items())
 
 
 def test_pylock_escapes_strings() -> None:
@@ -147,12 +231,9 @@ def test_pylock_escapes_strings() -> None:
         'version: 1\nname: q\nsources: []\nindex: "https://example.org/a%22b"\n'
         'packages: [{name: a, version: "1", files: [{filename: a-1-py3-none-any.whl, sha256: "' + "0" * 64 + '"}]}]\n'
     )
-    assert (
-        tomllib.loads(export_pylock(lock, urls={"a-1-py3-none-any.whl": 'https://x/"q"\\\u00e9'}))["packages"][0][
-            "wheels"
-        ][0]["url"]
-        == 'https://x/"q"\\\u00e9'
-    )
+    url = 'https://x/"q"\\\u00e9'
+    data = tomllib.loads(export_pylock(lock, files={"a-1-py3-none-any.whl": FileLocation(url)}))
+    assert data["packages"][0]["wheels"][0]["url"] == url
 
 
 def test_repos_parses_as_vcstool_file() -> None:

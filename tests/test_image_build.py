@@ -118,7 +118,7 @@ def reference(lock_path: Path, work: Path, engine: Engine) -> BuildResult:
 def reference_archive(reference: BuildResult, lock_path: Path, work: Path, engine: Engine) -> Path:
     """The reference image saved (`docker save`) without the base's layers, as `envbuild check` saves
     the images it explains."""
-    plan, _ = dry_run(read_lock(lock_path), options(work))
+    plan = dry_run(read_lock(lock_path), options(work)).plan
     base = engine.inspect(base_reference(plan))
     assert base is not None
     return save_added_layers(engine, reference.image_id, work / "ref.tar", set(base["RootFS"]["Layers"]), silent)
@@ -650,7 +650,7 @@ def test_cli_json_dry_run_and_no_engine(
 
     assert main(["-q", "image", str(lock_path), "--dry-run", *cache]) == 0
     dockerfile = capsys.readouterr().out
-    plan, expected = dry_run(read_lock(lock_path), options(work))
+    expected = dry_run(read_lock(lock_path), options(work)).dockerfile
     assert dockerfile == expected and "@sha256:" in dockerfile
 
     monkeypatch.setenv("DOCKER_HOST", f"unix://{work}/no-such-engine.sock")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,33 @@ def test_sigterm_stops_the_job_and_everything_it_started(tiny: Tiny) -> None:
     status = read_status(run_dir)
     assert status["status"] == "interrupted" and status["detail"].startswith("stopped on SIGTERM")
     assert not _alive(child)
+
+
+HYDRA_APP = """\
+import hydra
+
+
+@hydra.main(config_path={config!r}, config_name="tiny", version_base=None)
+def main(cfg):
+    print("hydra app: epochs", cfg.trainer.total_epochs, flush=True)
+
+
+main()
+"""
+
+
+def test_a_hydra_trainer_writes_its_record_in_the_run_not_the_callers_directory(
+    tiny: Tiny, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real Hydra app as the trainer (verl's main_ppo is one): Hydra writes `outputs/DATE/TIME/` under the
+    working directory unless told otherwise; a local run tells it `<run dir>/hydra`."""
+    app = tiny.tmp / "hydra_app.py"
+    app.write_text(HYDRA_APP.format(config=str(tiny.config)), encoding="utf-8")
+    caller = tiny.tmp / "caller"
+    caller.mkdir()
+    monkeypatch.chdir(caller)
+    outcome = execute_run(prepare_run(tiny.request(entry_point=(sys.executable, str(app)))))
+    assert outcome.status == "succeeded", (outcome.run_dir / "output.log").read_text()
+    assert "hydra app: epochs 2" in (outcome.run_dir / "output.log").read_text()
+    assert list(caller.iterdir()) == []  # nothing of Hydra's in the caller's directory
+    assert (outcome.run_dir / "hydra" / ".hydra" / "overrides.yaml").is_file()

@@ -13,7 +13,7 @@ import pytest
 
 from envbuild.cli import main
 from envbuild.lock import read_lock
-from tests.lib.gitrepos import Served
+from tests.lib.gitrepos import Served, make_repo
 from tests.lib.pyindex import PyIndex, make_wheel
 
 pytestmark = pytest.mark.gitdaemon
@@ -69,3 +69,24 @@ def test_init_then_add_a_branch_and_a_tag_then_the_advice_then_verify_passes(
         ("source", "beta"): "ok",
     }
     assert [p.name for p in read_lock(lock).lock.packages] == ["setuptools"]
+
+
+def test_add_takes_a_local_repository_as_git_does_and_calls_a_tag_a_ref(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo = make_repo(tmp_path / "work" / "gamma")
+    tagged = repo.commit(files={"pyproject.toml": '[project]\nname = "gamma"\nversion = "1.0"\n'})
+    repo.tag("v1.0", tagged, annotated=True)
+    lock = tmp_path / "local.lock.yaml"
+    assert main(["lock", "init", str(lock), "--name", "local"]) == 0
+    capsys.readouterr()
+    relative = Path("..") / tmp_path.name / "work" / "gamma"  # as a user types it, relative to where they are
+    monkeypatch.chdir(tmp_path)
+    code = main(["lock", "add", str(lock), "gamma", str(relative), "v1.0", "--cache-dir", str(tmp_path / "c")])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    (source,) = read_lock(lock).lock.sources
+    assert (source.repo, source.ref_type, source.commit) == (repo.path.resolve().as_uri(), "tag", tagged)
+    assert f"{relative} is recorded as {repo.path.resolve().as_uri()}" in err
+    assert "resolving gamma v1.0" in err and "branch" not in err  # a tag is not called a branch
+    assert f"added gamma: tag v1.0 at {tagged}" in out

@@ -28,4 +28,5 @@ def test_the_wheel_carries_its_data_files(tmp_path: Path) -> None:
     assert {"envbuild/lock/lock-v1.schema.json", "envbuild/lock/lock-v2.schema.json"} <= names
     assert "envbuild/image/inimage_probe.py" in names
     assert "envrun/recipes/grpo-glm5.yaml" in names
+    assert "envrun/recipes/lockfiles/glm5_2-ascend.lock.yaml" in names  # the recipe's lock, for an installed envrun
     assert not any(name.startswith(("tests/", "benchmarks/")) for name in names)

@@ -40,6 +40,7 @@ def test_dry_run_plan_is_the_full_command(tiny: Tiny) -> None:
         'trainer.logger=["console"]',
         "trainer.total_epochs=2",
         "ckpt.strict=False",
+        f"hydra.run.dir={plan.run_dir / 'hydra'}",  # local: Hydra's own record in the run, not in the caller's cwd
         f"model.path={tiny.model}",
         f"data.train_files={tiny.data}",
         f"data.val_files={tiny.data}",

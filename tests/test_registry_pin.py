@@ -110,7 +110,7 @@ def test_update_pins_the_index_digest_with_the_docker_configs_credentials_and_ve
     assert row["status"] == "unpinned"
     advice = re.search(r"`envbuild ([^`]+)` pins the digest its registry serves", row["detail"])
     assert advice is not None, row
-    assert advice.group(1) == shlex.join(["lock", "update", str(lock), *cache])
+    assert advice.group(1) == shlex.join(["lock", "update", str(lock), "--base", *cache])
     assert main(shlex.split(advice.group(1))) == 0  # the advice, as printed
     assert f"base image {registry.host}/{REPOSITORY}:multi is {digests['multi']}" in capsys.readouterr().err
     assert read_lock(lock).lock.base_image == BaseImage(f"{registry.host}/{REPOSITORY}:multi", digests["multi"])

@@ -15,7 +15,7 @@ import pytest
 from envbuild.cli import main
 from envbuild.config import SourceOptions
 from envbuild.git.mirrors import Mirrors
-from envbuild.lock import Lock, read_lock
+from envbuild.lock import Lock, read_lock, write_lock
 from envbuild.lock.model import Submodule
 from envbuild.verify.pins import VerifyOptions, verify_lock
 from tests.lib.gitrepos import Served
@@ -261,3 +261,29 @@ def test_a_skip_without_a_reason_is_bad_input(
     assert err.strip() == (
         f"envbuild: error: {path}:17: sources[1].submodules[0].skip: a reason is required: say why the lock accepts this"
     )
+
+
+def test_a_skip_written_as_the_docs_show_verifies_before_an_update_completes_it(
+    up: SubmoduleUpstreams, updated: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`{path, skip: REASON}` as docs/lockfile.md shows it, without the commit `lock update` fills in: verify
+    passes it as `skipped` and names the parent's commit and the command that records it."""
+    path, cache = updated
+    lock = read_lock(path).lock
+    bridge = lock.source("bridge")
+    written = dataclasses.replace(bridge, submodules=(Submodule(path=MEGATRON_PATH, skip=SKIP_REASON),))
+    hand = tmp_path / "hand.lock.yaml"
+    write_lock(
+        hand, dataclasses.replace(lock, sources=tuple(written if s.name == "bridge" else s for s in lock.sources))
+    )
+    code, out, _ = run(capsys, "lock", "verify", str(hand), "--cache-dir", str(cache), *up.mirror_args(), "--json")
+    (result,) = [r for r in json.loads(out)["results"] if r["name"] == f"bridge/{MEGATRON_PATH}"]
+    assert code == 0 and result["status"] == "skipped", result
+    assert result["detail"] == (
+        f"skipped: {SKIP_REASON}; the parent pins {up.commits['megatron-gitlink']} at {MEGATRON_PATH}, which the "
+        "lock does not record yet (`envbuild lock update` records it)"
+    )
+    code, _, err = run(capsys, "lock", "update", str(hand), "--cache-dir", str(cache), *up.mirror_args())
+    assert code == 0, err
+    (completed,) = read_lock(hand).lock.source("bridge").submodules
+    assert (completed.skip, completed.commit) == (SKIP_REASON, up.commits["megatron-gitlink"])

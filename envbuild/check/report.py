@@ -1,5 +1,6 @@
-"""The check's typed result and its three renderings: JSON (scripts), Markdown (CI job summary) and an
-HTML page with a per-pin x per-night status grid drawn from the history. All pure."""
+"""The check's typed result and its renderings: JSON (scripts), Markdown (the full report: every pin's
+row; the CI job summary), an HTML page with a per-pin x per-night status grid drawn from the history, and
+the short summary a person reads in a terminal. All pure."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from typing import Any, Literal
 
 from envbuild.check.history import HistoryEntry
 from envbuild.data.urls import redact_urls
-from envbuild.escape import for_html, for_markdown
+from envbuild.escape import for_html, for_markdown, for_terminal
+from envbuild.terminal import render_table, wrap
+from envbuild.verify.render import summarise, table_row
 from envbuild.verify.results import VerifyReport
 
 
@@ -120,6 +123,49 @@ def render_markdown(report: CheckReport) -> str:
         if diff.omitted:
             lines.append(f"- … and {diff.omitted} more")
     return "\n".join(lines) + "\n"
+
+
+# Files named per differing part in the summary; check.md names up to explain's limit.
+SUMMARY_FILES = 10
+
+
+def render_summary(report: CheckReport, report_file: str, width: int | None = None) -> str:
+    """What `envbuild check` prints for people, laid out to ``width``: the verdict, the counts per kind
+    and status, the pins that fail, what stopped the check or how the image compared (the files of each
+    difference, up to :data:`SUMMARY_FILES`), and where the full report is (``report_file``)."""
+    verify = report.verify
+    lock = for_terminal(verify.lock_path)
+    failing = [r for r in verify.results if not r.passes(verify.strict)]
+    lines = []
+    if report.ok:
+        lines.append(f"OK: {lock}: every pin holds and the image reproduced")
+    elif report.failure is None:
+        lines.append(f"FAILED: {lock}: the image did not reproduce")
+    elif report.failure.stage == "verify" and failing:  # the reason lists the rows shown below
+        lines.append(f"FAILED: {lock}: stopped at verify: the lock fails verify, so no image was built")
+    else:
+        first, *rest = [for_terminal(line) for line in report.failure.reason.split("\n")]
+        lines += [f"FAILED: {lock}: stopped at {report.failure.stage}: {first}", *rest]
+    if verify.results:
+        lines.append(f"pins: {summarise(verify)}")
+    sections = ["".join(wrap(line, width) + "\n" for line in lines)]
+    if failing:
+        sections.append(render_table(("KIND", "NAME", "STATUS", "DETAIL"), [table_row(r) for r in failing], width))
+    lines = []
+    if report.image_ids:
+        state = "reproduced" if report.reproducible else "did not reproduce"
+        compared = report.compared_with or "a second build"
+        lines.append(f"image {state} (compared with {compared}): {' vs '.join(report.image_ids)}")
+    for diff in report.differences:
+        lines.append(f"  {for_terminal(diff.where)} differs")
+        for f in diff.files[:SUMMARY_FILES]:
+            aspects = f" ({', '.join(f.aspects)})" if f.aspects else ""
+            lines.append(f"    {f.change}: {for_terminal(f.path)}{aspects}")
+        if len(diff.files) + diff.omitted > SUMMARY_FILES:
+            lines.append(f"    … and {len(diff.files) + diff.omitted - SUMMARY_FILES} more")
+    lines.append(f"full report: {for_terminal(report_file)} (check.json and check.html beside it)")
+    sections.append("".join(wrap(line, width) + "\n" for line in lines))
+    return "\n".join(sections)  # a blank line between the sections
 
 
 _COLOURS = {

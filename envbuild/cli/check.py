@@ -1,4 +1,5 @@
-"""`envbuild check LOCKFILE [--json] [--report DIR] [--history FILE]`: the nightly reproducibility check."""
+"""`envbuild check LOCKFILE [--json] [--report DIR] [--history FILE]`: the nightly reproducibility check.
+A person reads a short summary on stdout; the full table is the report's (check.md), always written."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from envbuild.cli.common import StderrProgress, add_source_options, render_json, verify_options
+from envbuild.cli.width import output_width
 from envbuild.errors import EnvbuildError, InputError
 from envbuild.fileio import write_atomic
 
@@ -24,7 +26,8 @@ def add_check_command(subparsers: argparse._SubParsersAction) -> None:
         "--report",
         type=Path,
         metavar="DIR",
-        help="write check.json, check.md (a CI job summary) and check.html (status grid) here",
+        help="write check.json, check.md (every pin's row; a CI job summary) and check.html (status grid) here "
+        "(default: CACHE_DIR/check/LOCK_NAME)",
     )
     check.add_argument(
         "--history",
@@ -38,17 +41,30 @@ def add_check_command(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from envbuild.check.report import render_markdown
+    from envbuild.check.report import render_summary
     from envbuild.check.run import CheckOptions, run_check
     from envbuild.lock.io import read_lock
 
     check_outputs(args.report, args.history)  # a bad path fails now, not after an hour of building
     options = CheckOptions(verify_options(args), history=args.history)
-    report = run_check(read_lock(args.lockfile), options, StderrProgress("envbuild", args.quiet))
-    if args.report:
-        write_reports(args.report, report, args.history, str(args.lockfile))
-    sys.stdout.write(render_json(report.to_json()) if args.json else render_markdown(report))
+    read = read_lock(args.lockfile)
+    directory = args.report or default_report_dir(options.verify.source.cache_dir, read.lock.name)
+    if args.report is None:
+        check_outputs(directory, None)
+    report = run_check(read, options, StderrProgress("envbuild", args.quiet))
+    write_reports(directory, report, args.history, str(args.lockfile))
+    sys.stdout.write(
+        render_json(report.to_json())
+        if args.json
+        else render_summary(report, str(directory / "check.md"), output_width())
+    )
     return 0 if report.ok else 1
+
+
+def default_report_dir(cache_dir: Path, lock_name: str) -> Path:
+    """Where the report goes without ``--report``: beside the check's work in the cache, one directory per
+    lock, each night's replacing the last (the history keeps the nights)."""
+    return cache_dir / "check" / lock_name
 
 
 def check_outputs(report: Path | None, history: Path | None) -> None:

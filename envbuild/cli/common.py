@@ -25,7 +25,9 @@ class ArgumentParser(argparse.ArgumentParser):
     """argparse, but a usage error is an :class:`InputError` (exit 2, one line) rather than SystemExit."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise InputError(f"{self.prog}: {message}")
+        # The program's name is said once, by :func:`run` (`envrun: error: …`); a subcommand's words stay.
+        command = self.prog.partition(" ")[2]
+        raise InputError(f"{command}: {message}" if command else message)
 
 
 def run(prog: str, parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
@@ -90,10 +92,14 @@ def add_global_options(parser: argparse.ArgumentParser, default: object = False)
 
 def _offer_global_options(parser: argparse.ArgumentParser) -> None:
     """Accept --debug and -q after any subcommand too (`envbuild lock verify X -q`). SUPPRESS as the
-    default, so a subcommand that was not given them keeps the top-level values."""
+    default, so a subcommand that was not given them keeps the top-level values. A subcommand's help page
+    opens with the line its parent's list shows for it."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            for sub in action.choices.values():
+            said = {choice.dest: choice.help for choice in action._choices_actions}
+            for name, sub in action.choices.items():
+                if sub.description is None and said.get(name):
+                    sub.description = said[name]
                 known = {opt for a in sub._actions for opt in a.option_strings}
                 if not {"--debug", "-q", "--quiet"} & known:
                     add_global_options(sub, default=argparse.SUPPRESS)
@@ -119,7 +125,7 @@ def add_source_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cache-dir",
         type=Path,
-        help="cache of bare repositories and files (default: config cache_dir, $ENVBUILD_CACHE or ~/.cache/envbuild)",
+        help="cache of bare repositories and files (default: $ENVBUILD_CACHE, config cache_dir or ~/.cache/envbuild)",
     )
     parser.add_argument("--offline", action="store_true", help="check against the cache alone; no network")
     parser.add_argument(

@@ -45,8 +45,14 @@ def cmd_image(args: argparse.Namespace) -> int:
     progress = StderrProgress("envbuild", args.quiet)
     lock = read_lock(args.lockfile)
     if args.dry_run:
-        plan, dockerfile = dry_run(lock, options, progress)
-        sys.stdout.write(render_json(plan_json(plan)) if args.json else dockerfile)
+        dry = dry_run(lock, options, progress)
+        sys.stdout.write(render_json(plan_json(dry)) if args.json else dry.dockerfile)
+        if dry.refusals:  # the rendering is shown, but the lock is not one a build takes: as the build says
+            print(
+                f"envbuild: dry run: a build refuses {args.lockfile}: {len(dry.refusals)} reason(s) above",
+                file=sys.stderr,
+            )
+            return 1
         return 0
     result = build_image(lock, options, progress=progress)
     if args.json:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from envbuild.cli.common import StderrProgress, add_source_options, render_json, source_settings, verify_options
 from envbuild.cli.lock_start import add_start_commands
+from envbuild.cli.width import output_width
 from envbuild.errors import InputError
 from envbuild.fileio import write_atomic
 from envbuild.git.cache import GitCache
@@ -31,14 +32,43 @@ def add_lock_commands(subparsers: argparse._SubParsersAction) -> None:
     add_source_options(verify)
     verify.set_defaults(handler=cmd_verify)
 
-    update = commands.add_parser("update", help="move pins to their refs' current commits; re-resolve packages")
+    update = commands.add_parser(
+        "update", help="move pins to their refs' current commits, the packages and the base image; or only those named"
+    )
     update.add_argument("lockfile", type=Path)
-    update.add_argument("names", nargs="*", metavar="NAME", help="sources to update (default: all, and packages)")
+    update.add_argument(
+        "names",
+        nargs="*",
+        metavar="NAME",
+        help="sources to move (default, when nothing is named: every source, the packages and the base image)",
+    )
+    update.add_argument(
+        "--package",
+        action="append",
+        default=[],
+        metavar="PACKAGE",
+        dest="package_names",
+        help="move this package (repeatable); every other keeps its locked version where that still satisfies",
+    )
+    update.add_argument(
+        "--upgrade",
+        action="store_true",
+        help="let every package move (default: the resolver prefers the locked versions)",
+    )
+    update.add_argument(
+        "--base", action="store_true", help="re-pin the base image by the digest its registry serves for its tag"
+    )
+    update.add_argument(
+        "--base-image",
+        metavar="IMAGE",
+        help="set the base image to IMAGE[:TAG] (registry/repository), pinned by the digest its registry serves",
+    )
     update.add_argument(
         "--packages",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="re-resolve the package closure (default: only when no NAME is given)",
+        help="re-resolve the package closure; alone, move only that (default: when nothing is named, with --package "
+        "or --upgrade)",
     )
     update.add_argument("--dry-run", action="store_true", help="print what would change; write nothing")
     update.add_argument("--json", action="store_true", help="one JSON object on stdout")
@@ -60,6 +90,15 @@ def add_lock_commands(subparsers: argparse._SubParsersAction) -> None:
         "--offline",
         action="store_true",
         help="pylock: do not ask the index for file URLs; files are referred to as files/<name>",
+    )
+    export.add_argument(
+        "--cache-dir",
+        type=Path,
+        help="pylock: the cache whose package files give sizes (default: config cache_dir, $ENVBUILD_CACHE "
+        "or ~/.cache/envbuild)",
+    )
+    export.add_argument(
+        "--config", type=Path, help="config file (default: $ENVBUILD_CONFIG or ~/.config/envbuild/config.yaml)"
     )
     export.set_defaults(handler=cmd_export)
 
@@ -94,16 +133,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from envbuild.verify.pins import verify_lock
 
     report = verify_lock(lock, str(args.lockfile), verify_options(args), StderrProgress("envbuild", args.quiet))
-    sys.stdout.write(render_json(report.to_json()) if args.json else render_verify(report))
+    sys.stdout.write(render_json(report.to_json()) if args.json else render_verify(report, output_width()))
     return 0 if report.ok else 1
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
     """Verify online (the ref listings and commits `--offline` verifies against), then fetch every source's
-    tree and package file (what `envbuild image --offline` builds from). A lock that fails verify is
-    reported and nothing is fetched (a build would refuse it): exit 1; but an unpinned base image alone
-    does not stop it (the base is not an input fetched here): everything else is fetched, and the base is
-    said to be left."""
+    tree and package file (what `envbuild image --offline` builds from) whose pin verifies. A pin that
+    fails verify is not fetched (a build would refuse it): each is named, and the exit status is 1; the
+    rest is fetched all the same, so that the advice `lock verify --offline` gives ends here. The base
+    image is not an input fetched here (a build pulls it by digest): an unpinned one is said."""
     read = read_lock(args.lockfile)
     from envbuild.fetch import fetch_inputs
     from envbuild.verify.pins import verify_lock
@@ -113,29 +152,35 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     options = verify_options(args)
     progress = StderrProgress("envbuild", args.quiet)
     report = verify_lock(read.lock, str(args.lockfile), options, progress)
-    # The base image is not an input this command fetches (a build pulls it by digest): an unpinned one
-    # is said, and everything else is fetched all the same.
-    unpinned = [r for r in report.results if r.kind == "base_image" and r.status == "unpinned"]
-    if [r for r in report.results if not r.passes(report.strict)] != unpinned:
-        sys.stdout.write(
-            render_json({"lock": str(args.lockfile), "verify": report.to_json(), "inputs": []})
-            if args.json
-            else render_verify(report) + "nothing fetched: the lock fails verify\n"
+    failing = [r for r in report.results if not r.passes(report.strict)]
+    left = [r for r in failing if r.kind in ("source", "submodule", "package")]
+    inputs = fetch_inputs(read, options.source, progress=progress, leave=frozenset(f"{r.kind} {r.name}" for r in left))
+    for row in failing:
+        what = "base image" if row.kind == "base_image" else row.kind
+        print(
+            f"envbuild: {args.lockfile}: {what} {row.name} "
+            f"{'left unfetched' if row in left or row.kind == 'base_image' else 'fails verify'} ({row.status}): "
+            f"{row.detail}",
+            file=sys.stderr,
         )
-        return 1
-    inputs = fetch_inputs(read, options.source, progress=progress)
-    for row in unpinned:
-        print(f"envbuild: {args.lockfile}: base image {row.name} left unfetched: {row.detail}", file=sys.stderr)
+    whole = not [r for r in failing if r.kind != "base_image"]
     if args.json:
-        sys.stdout.write(render_json({"lock": str(args.lockfile), "verify": report.to_json(), **inputs.to_json()}))
+        sys.stdout.write(
+            render_json({"lock": str(args.lockfile), "complete": whole, "verify": report.to_json(), **inputs.to_json()})
+        )
     else:
         fetched = sum(i.fetched for i in inputs.inputs)
         print(
             f"{args.lockfile}: {len(inputs.inputs)} inputs in {options.source.cache_dir} "
-            f"({fetched} fetched now, {len(inputs.inputs) - fetched} cached before); `envbuild image --offline` "
-            "can build from them"
+            f"({fetched} fetched now, {len(inputs.inputs) - fetched} cached before); "
+            + (
+                "`envbuild image --offline` can build from them"
+                if whole
+                else f"{len(failing)} pins fail verify, {len(left)} of them left unfetched (named above): "
+                "`envbuild image` refuses the lock until they verify"
+            )
         )
-    return 0
+    return 0 if whole else 1
 
 
 def cmd_update(args: argparse.Namespace) -> int:
@@ -152,6 +197,10 @@ def cmd_update(args: argparse.Namespace) -> int:
         cache,
         mirrors=mirrors,
         packages=args.packages,
+        package_names=args.package_names,
+        upgrade=args.upgrade,
+        base=args.base,
+        base_image=args.base_image,
         progress=StderrProgress("envbuild", args.quiet),
     )
     changes = diff_locks(lock, new, _commit_counter(cache, mirrors))
@@ -179,7 +228,7 @@ def cmd_update(args: argparse.Namespace) -> int:
             }
         )
         if args.json
-        else render_changes(changes)
+        else render_changes(changes, output_width())
     )
     if args.dry_run:
         print(f"envbuild: dry run: {args.lockfile} not written", file=sys.stderr)
@@ -195,7 +244,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     sys.stdout.write(
         render_json({"old": str(args.old), "new": str(args.new), "changes": [c.to_json() for c in changes]})
         if args.json
-        else render_changes(changes)
+        else render_changes(changes, output_width())
     )
     return 1 if changes else 0  # as diff(1) and `git diff --exit-code`: scripts can test for changes
 
@@ -212,10 +261,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     lock = read_lock(args.lockfile).lock
     if args.output is not None and args.output.is_dir():
         raise InputError(f"-o {args.output}: is a directory; name the file to write")
-    if args.format == "pylock" and not args.offline:
-        from envbuild.fetch import package_file_urls
+    if args.format == "pylock":
+        from envbuild.config import load_config
+        from envbuild.fetch import package_file_locations
 
-        text = export.export_pylock(lock, urls=package_file_urls(lock))  # PEP 751 wants a url per file
+        cache_dir = args.cache_dir or load_config(args.config).cache_dir
+        text = export.export_pylock(lock, files=package_file_locations(lock, cache_dir=cache_dir, offline=args.offline))
     else:
         text = export.export_lock(lock, args.format)
     if args.output:

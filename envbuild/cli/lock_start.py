@@ -25,7 +25,9 @@ def add_start_commands(commands: argparse._SubParsersAction) -> None:
     add = commands.add_parser("add", help="add a source by its repository and ref, pinned as `lock update` pins")
     add.add_argument("lockfile", metavar="LOCK")
     add.add_argument("name", metavar="NAME", help="the source's name in the lock")
-    add.add_argument("repo", metavar="REPO", help="its git repository URL, as the lock records it")
+    add.add_argument(
+        "repo", metavar="REPO", help="its git repository: a URL, as the lock records it, or a local directory (file://)"
+    )
     add.add_argument("ref", metavar="REF", help="a branch or a tag (which one is asked upstream)")
     add.add_argument(
         "--install", choices=("editable", "wheel", "none"), default="editable", help="how the image installs it"
@@ -51,6 +53,8 @@ def cmd_init(args: argparse.Namespace) -> int:
         path, new_lock(args.name, platform=platform, base_image=args.base_image, index=args.index, file=str(path))
     )
     print(f"{path}: a new lock {args.name!r}; add its sources: envbuild lock add {path} NAME REPO REF")
+    if args.base_image is None:
+        print(f"and its base image: envbuild lock update {path} --base-image IMAGE[:TAG]")
     return 0
 
 
@@ -67,10 +71,15 @@ def cmd_add(args: argparse.Namespace) -> int:
     read = read_lock(path)
     old_text = path.read_text(encoding="utf-8")
     cache_dir, mirrors = source_settings(args)
+    repo = args.repo
+    if "://" not in repo and ":" not in repo.split("/", 1)[0] and Path(repo).is_dir():
+        # A local repository, as git clone and vcstool take one: the lock records URLs, so a file:// one.
+        repo = Path(repo).resolve().as_uri()
+        print(f"envbuild: {args.repo} is recorded as {repo}", file=sys.stderr)
     new = add_source(
         read.lock,
         args.name,
-        args.repo,
+        repo,
         args.ref,
         GitCache(cache_dir / "git"),
         install=Install(mode=args.install),
@@ -83,5 +92,5 @@ def cmd_add(args: argparse.Namespace) -> int:
     source = next(s for s in new.sources if s.name == args.name)
     print(f"{path}: added {source.name}: {source.ref_type} {source.ref} at {source.commit}")
     if new.packages or new.requirements or source.requires or source.build_requires:
-        print(f"resolve the packages it needs with `envbuild lock update {path}`", file=sys.stderr)
+        print(f"resolve the packages it needs with `envbuild lock update {path} --packages`", file=sys.stderr)
     return 0

@@ -340,7 +340,7 @@ def gitlink_problems(gitlinks: dict[str, str], recorded: tuple[Submodule, ...]) 
                 f"gitlink {path} (commit {commit}) is not recorded in the lock; `envbuild lock update` records it "
                 "(a version 1 lock records no submodules), or skip it by path with a reason"
             )
-        elif sub.commit != commit:
+        elif sub.commit != commit and not (sub.skipped and sub.commit is None):  # a skip not yet completed
             problems.append(f"the tree pins {commit} at {path}, the lock records {sub.commit}")
     for path, sub in sorted(records.items()):
         if path not in gitlinks and sub.commit is not None:

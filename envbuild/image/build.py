@@ -137,21 +137,34 @@ def check_tags(tags: tuple[str, ...]) -> None:
         raise InputError("\n".join(problems))
 
 
-def dry_run(read: LockFile, options: ImageOptions, progress: Progress = silent) -> tuple[ContextPlan, str]:
+@dataclass(frozen=True)
+class DryRun:
+    """What ``envbuild image --dry-run`` shows: the plan, its Dockerfile, and each reason a real build of
+    this lock would be refused (the dry run renders it anyway, with what can be rendered)."""
+
+    plan: ContextPlan
+    dockerfile: str
+    refusals: tuple[str, ...]
+
+
+def dry_run(read: LockFile, options: ImageOptions, progress: Progress = silent) -> DryRun:
     """The plan and the Dockerfile a build of this lock would use: a rendering of the lock alone, with no
-    network, no verify and no engine. What would stop a real build is said through ``progress``."""
+    network, no verify and no engine. What would stop a real build is said through ``progress`` and
+    returned."""
     say = progress
     lock = read.lock
     check_tags(options.tags)
-    for package in (p for p in lock.packages if not p.files):
-        say(
-            f"warning: {package.name} {package.version} has no files in the lock: a build refuses it "
-            "(run `envbuild lock update` where its index is reachable); left out below"
-        )
+    refusals = [
+        f"{package.name} {package.version} has no files in the lock (run `envbuild lock update` where its "
+        "index is reachable); left out below"
+        for package in lock.packages
+        if not package.files
+    ]
     if lock.base_image is not None and lock.base_image.digest is None:
-        say(f"warning: base image {lock.base_image.name} is not pinned by digest: a build refuses it")
-    for problem in build_requirement_problems(lock):
-        say(f"warning: {problem}: a build refuses it before the engine starts")
+        refusals.append(f"base image {lock.base_image.name} is not pinned by digest")
+    refusals += build_requirement_problems(lock)
+    for refusal in refusals:
+        say(f"warning: {refusal}: a build refuses it")
     epoch = lock.source_date_epoch
     if epoch is None:
         try:
@@ -165,12 +178,12 @@ def dry_run(read: LockFile, options: ImageOptions, progress: Progress = silent) 
             epoch = 0
     renderable = dataclasses.replace(lock, packages=tuple(p for p in lock.packages if p.files))
     plan = plan_context(renderable, lock_sha256=read.sha256, epoch=epoch, allow_unpinned=True)
-    return plan, render_dockerfile(plan)
+    return DryRun(plan, render_dockerfile(plan), tuple(refusals))
 
 
-def plan_json(plan: ContextPlan) -> dict[str, Any]:
-    """``envbuild image --dry-run --json``: the plan and the Dockerfile it renders to."""
-    return {**plan.to_json(), "dockerfile": render_dockerfile(plan)}
+def plan_json(dry: DryRun) -> dict[str, Any]:
+    """``envbuild image --dry-run --json``: the plan, the Dockerfile it renders to, and what a build refuses."""
+    return {**dry.plan.to_json(), "dockerfile": dry.dockerfile, "refusals": list(dry.refusals)}
 
 
 # --- the build -----------------------------------------------------------------------------------

@@ -165,19 +165,23 @@ def plan_context(
     (the caller computes the newest pinned commit's date from git)."""
     problems = []
     if lock.base_image is None:
-        problems.append("the lock has no base_image: add base_image.name and base_image.digest")
+        problems.append(
+            "the lock has no base image: `envbuild lock update LOCK --base-image IMAGE[:TAG]` sets and pins one"
+        )
     elif lock.base_image.digest is None and not allow_unpinned:
         problems.append(
-            f"base_image {lock.base_image.name} is not pinned: add base_image.digest "
-            "(`envbuild lock update` records it)"
+            f"base image {lock.base_image.name} is not pinned by digest: `envbuild lock update LOCK --base` pins it"
         )
     chosen = lock.source_date_epoch if lock.source_date_epoch is not None else epoch
+    if chosen is None and not lock.sources:
+        chosen = 0  # no commit to date the build by: the epoch itself, the same on every machine
     if chosen is None:
         problems.append("no build epoch: set source_date_epoch in the lock or pass the newest commit's date")
     packages_without_files = [p.name for p in lock.packages if not p.files]
     if packages_without_files:
         problems.append(
-            f"packages without files (run `envbuild lock update`): {', '.join(sorted(packages_without_files))}"
+            f"packages without files (run `envbuild lock update LOCK --packages` where their index is reachable): "
+            f"{', '.join(sorted(packages_without_files))}"
         )
     if problems:
         raise InputError("cannot plan the image: " + "; ".join(problems))

@@ -25,6 +25,7 @@ from urllib3.util.retry import Retry
 
 from envbuild.deadline import Deadline, current, deadline_adapter, deadline_from_env
 from envbuild.errors import RemoteError
+from envbuild.httpreason import reason  # noqa: F401 (the index's callers take it from here)
 from envbuild.index.pages import show, show_url
 
 RETRIES = 3
@@ -112,30 +113,6 @@ def decode_text(body: bytes, content_type: str) -> str:
         return body.decode(charset(content_type) or "utf-8", "replace")
     except (LookupError, UnicodeError):
         return body.decode("utf-8", "replace")
-
-
-def reason(exc: BaseException) -> str:
-    """A plain reason ("connection refused") instead of urllib3's nested repr."""
-    text = repr(exc)
-    for needle, said in (
-        ("Connection refused", "connection refused"),
-        ("NameResolutionError", "host name does not resolve"),
-        ("Name or service not known", "host name does not resolve"),
-        ("No route to host", "no route to host"),
-        ("Network is unreachable", "network is unreachable"),
-        ("CERTIFICATE_VERIFY_FAILED", "TLS certificate verification failed"),
-        ("Connection reset", "connection reset by peer"),
-    ):
-        if needle in text:
-            return said
-    if isinstance(exc, requests.Timeout):
-        return "timed out"
-    # show() hides the user part of every URL the text quotes (a redirect's target is the server's word)
-    if isinstance(exc, requests.exceptions.InvalidSchema):  # requests follows redirects only to http(s)
-        return f"redirected to a URL that is not http(s): {show(str(exc).rsplit(' for ', 1)[-1])}"
-    if isinstance(exc, RemoteError):
-        return str(exc)
-    return show(str(exc).splitlines()[0]) if str(exc) else type(exc).__name__
 
 
 class RangeFile(io.RawIOBase):

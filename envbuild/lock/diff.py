@@ -9,6 +9,7 @@ from typing import Any
 from packaging.utils import canonicalize_name
 
 from envbuild.lock.model import BaseImage, Lock, Package, Source, Submodule
+from envbuild.terminal import wrap
 
 CommitCounter = Callable[[Source, Source], "int | None"]
 
@@ -148,8 +149,9 @@ def diff_locks(old: Lock, new: Lock, count_commits: CommitCounter | None = None)
     return changes
 
 
-def render_changes(changes: list[Change]) -> str:
-    """Readable, one block per pin: `~ source megatron-lm: commit dc0ee41ada17… → ba7b5ebce12a… (12 commits)`."""
+def render_changes(changes: list[Change], width: int | None = None) -> str:
+    """Readable, one block per pin: `~ source megatron-lm: commit dc0ee41ada17… → ba7b5ebce12a… (12 commits)`;
+    a line longer than ``width`` wraps, indented under itself (None: no wrapping)."""
     if not changes:
         return "no changes\n"
     mark = {"added": "+", "removed": "-", "changed": "~"}
@@ -176,4 +178,4 @@ def render_changes(changes: list[Change]) -> str:
                 lines += [f"    {field}: + {item}" for item in after if item not in before]
                 continue
             lines.append(f"    {field}: {old or '(none)'} -> {new or '(none)'}{suffix}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(wrap(line, width, indent="    ") for line in lines) + "\n"

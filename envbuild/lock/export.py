@@ -1,21 +1,30 @@
 """A lock in other tools' formats: pip requirements with hashes, PEP 751 pylock.toml, vcstool .repos.
 
-Pure functions of a :class:`Lock` (plus, for pylock, optional download URLs): no network, and the same
-lock always gives the same text.
+Pure functions of a :class:`Lock` (plus, for pylock, a :class:`FileLocation` per file: its URL and size):
+no network, and the same lock always gives the same text.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import yaml
-from packaging.utils import canonicalize_name
+from packaging.utils import InvalidName, canonicalize_name
 
 from envbuild.lock.io import canonical
-from envbuild.lock.model import PYPI_SIMPLE, Lock, Package, Source, Submodule
+from envbuild.lock.model import PYPI_SIMPLE, Lock, Package, PackageFile, Source, Submodule
 
 EXPORT_FORMATS = ("requirements", "pylock", "repos")
+
+
+@dataclass(frozen=True)
+class FileLocation:
+    """Where a locked file is downloaded from and its size in bytes, each None when not known."""
+
+    url: str | None = None
+    size: int | None = None
 
 
 def _about(lock: Lock) -> str:
@@ -70,20 +79,54 @@ def _toml_str(value: str) -> str:
 def _inline(table: Mapping[str, object]) -> str:
     parts = []
     for key, value in table.items():
-        rendered = _inline(value) if isinstance(value, Mapping) else _toml_str(str(value))
+        if isinstance(value, Mapping):
+            rendered = _inline(value)
+        elif isinstance(value, int) and not isinstance(value, bool):
+            rendered = str(value)
+        else:
+            rendered = _toml_str(str(value))
         parts.append(f"{key} = {rendered}")
     return "{" + ", ".join(parts) + "}"
 
 
-def export_pylock(lock: Lock, *, urls: Mapping[str, str] | None = None, files_dir: str = "files") -> str:
-    """PEP 751 ``pylock.toml`` text.
+def _left_out(source: Source) -> str | None:
+    """Why a source gets no ``[[packages]]`` entry, or None when it gets one."""
+    if not source.installed:
+        return "install: none; the image copies its files and installs nothing"
+    try:
+        canonicalize_name(source.distribution, validate=True)
+    except InvalidName:
+        return f"{source.distribution!r} is not a distribution name; give the source provides.name"
+    return None
 
-    PEP 751 wants a ``url`` or a ``path`` for each file, and a lock records neither: pass ``urls``
-    (filename -> URL, e.g. from :func:`envbuild.verify.packages.package_file_urls`) to get URLs; files without
-    one get ``path = "<files_dir>/<filename>"``, the layout of a downloaded wheelhouse next to the lock.
+
+def _source_entry(source: Source) -> list[str]:
+    """A source as PEP 751 spells a git checkout: its ref as ``requested-revision``, pinned by ``commit-id``.
+    The version only when the tree declares it statically, as PEP 751 allows only a version that cannot
+    differ from the code's. PEP 751 has no build environment: the lock's is kept under the entry's tool
+    table, where an installer does not read it (vllm built without ``VLLM_TARGET_DEVICE`` is another build)."""
+    lines = ["[[packages]]", f"name = {_toml_str(canonicalize_name(source.distribution))}"]
+    if source.provides is not None and source.provides.version is not None:
+        lines.append(f"version = {_toml_str(source.provides.version)}")
+    vcs = {"type": "git", "url": source.repo, "requested-revision": source.ref, "commit-id": source.commit}
+    lines.append(f"vcs = {_inline(vcs)}")
+    if source.install is not None and source.install.env:
+        lines.append(f"tool = {_inline({'envbuild': {'build-env': dict(sorted(source.install.env.items()))}})}")
+    return lines
+
+
+def export_pylock(lock: Lock, *, files: Mapping[str, FileLocation] | None = None, files_dir: str = "files") -> str:
+    """PEP 751 ``pylock.toml`` text: every locked file by sha256, every installed source as a git checkout.
+
+    PEP 751 wants a ``url`` or a ``path`` for each file, and a lock records neither: pass ``files``
+    (filename -> :class:`FileLocation`, e.g. from :func:`envbuild.fetch.package_file_locations`) to get
+    URLs and sizes; a file without a URL gets ``path = "<files_dir>/<filename>"``, the layout of a
+    downloaded wheelhouse next to the lock, and a file of unknown size no ``size`` (optional in PEP 751).
+    What cannot be installed from the file (a package without files, a source that is not installed) is
+    named under ``[tool.envbuild]``.
     """
     lock = canonical(lock)
-    urls = urls or {}
+    files = files or {}
     out = [f"# {_about(lock)}", 'lock-version = "1.0"']
     if lock.platform:
         marker = f'sys_platform == "{lock.platform.os}" and platform_machine == "{lock.platform.arch}"'
@@ -93,46 +136,47 @@ def export_pylock(lock: Lock, *, urls: Mapping[str, str] | None = None, files_di
         ]
     out.append('created-by = "envbuild"')
 
-    def where(filename: str) -> dict[str, object]:
-        if filename in urls:
-            return {"url": urls[filename]}
-        return {"path": f"{files_dir}/{filename}"}
+    def entry(file: PackageFile) -> str:
+        at = files.get(file.filename, FileLocation())
+        table: dict[str, object] = {"name": file.filename}
+        table |= {"url": at.url} if at.url is not None else {"path": f"{files_dir}/{file.filename}"}
+        table |= {"size": at.size} if at.size is not None else {}
+        return _inline({**table, "hashes": {"sha256": file.sha256}})
 
-    if not any(p.files for p in lock.packages):
-        out.append("packages = []")  # required by PEP 751 even when empty
+    entries: list[tuple[str, list[str]]] = []
     for package in lock.packages:
         if not package.files:
             continue
+        name = canonicalize_name(package.name)
         wheels = [f for f in package.files if f.filename.endswith(".whl")]
         sdists = [f for f in package.files if not f.filename.endswith(".whl")]
-        out += [
-            "",
+        lines = [
             "[[packages]]",
-            f"name = {_toml_str(canonicalize_name(package.name))}",
+            f"name = {_toml_str(name)}",
             f"version = {_toml_str(package.version)}",
             f"index = {_toml_str(lock.index_for(package))}",
         ]
         if sdists:
             # PEP 751 has room for one sdist; files are sorted, so this is the same one every time.
-            first = sdists[0]
-            out.append(
-                "sdist = "
-                + _inline({"name": first.filename, **where(first.filename), "hashes": {"sha256": first.sha256}})
-            )
+            lines.append(f"sdist = {entry(sdists[0])}")
         if wheels:
-            out.append("wheels = [")
-            out += [
-                "    " + _inline({"name": f.filename, **where(f.filename), "hashes": {"sha256": f.sha256}}) + ","
-                for f in wheels
-            ]
-            out.append("]")
-    if unresolved := _unresolved(lock):
-        # PEP 751 needs a file (or a VCS/directory/archive) per package; record the gap under our tool table.
-        out += [
-            "",
-            "[tool.envbuild]",
-            "unresolved = [" + ", ".join(_toml_str(f"{p.name}=={p.version}") for p in unresolved) + "]",
-        ]
+            lines += ["wheels = [", *(f"    {entry(f)}," for f in wheels), "]"]
+        entries.append((name, lines))
+    left_out = {s.name: why for s in lock.sources if (why := _left_out(s)) is not None}
+    entries += [(canonicalize_name(s.distribution), _source_entry(s)) for s in lock.sources if s.name not in left_out]
+    if not entries:
+        out.append("packages = []")  # required by PEP 751 even when empty
+    for _, lines in sorted(entries, key=lambda e: e[0]):
+        out += ["", *lines]
+    unresolved = _unresolved(lock)
+    if unresolved or left_out:
+        # PEP 751 needs a file (or a VCS/directory/archive) per package; record the gaps under our tool table.
+        out += ["", "[tool.envbuild]"]
+    if unresolved:
+        out.append("unresolved = [" + ", ".join(_toml_str(f"{p.name}=={p.version}") for p in unresolved) + "]")
+    if left_out:
+        pairs = ", ".join(f"{_toml_str(name)} = {_toml_str(why)}" for name, why in sorted(left_out.items()))
+        out.append(f"sources-left-out = {{{pairs}}}")
     return "\n".join(out) + "\n"
 
 

@@ -34,6 +34,7 @@ from envbuild.data.tokens import bearer_problem
 from envbuild.data.urls import redact_url
 from envbuild.deadline import Deadline, deadline_adapter, deadline_from_env
 from envbuild.errors import RemoteError
+from envbuild.httpreason import TLS_ADVICE, TLS_UNTRUSTED, reason
 from envbuild.registry.auth import DOCKER_HUB, Challenge, find_credentials, parse_challenge
 
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -233,8 +234,10 @@ class _Client:
         try:
             return self.session.get(url, timeout=TIMEOUT, stream=True, **kwargs)
         except requests.RequestException as exc:
-            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise RegistryError(f"{self.reference}: cannot reach {self.host}: {reason[:300]}") from None
+            said = reason(exc)
+            if said == TLS_UNTRUSTED:
+                said += f" ({TLS_ADVICE})"
+            raise RegistryError(f"{self.reference}: cannot reach {self.host}: {said}") from None
 
     def _bounded(self, response: requests.Response, what: str) -> bytes:
         body = b""
@@ -244,7 +247,7 @@ class _Client:
                 if len(body) > MAX_BYTES:
                     raise RegistryError(f"{self.reference}: {self.host} sends more than 4 MiB for {what}")
         except requests.RequestException as exc:
-            raise RegistryError(f"{self.reference}: {self.host}: reading {what}: {exc}") from None
+            raise RegistryError(f"{self.reference}: {self.host}: reading {what}: {reason(exc)}") from None
         return body
 
     def _authenticate(self, challenge: Challenge | None) -> str:

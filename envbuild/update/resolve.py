@@ -12,7 +12,7 @@ import dataclasses
 import re
 import subprocess
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -73,9 +73,23 @@ def parse_pins(text: str) -> list[tuple[str, str]]:
     return pins
 
 
-def run_uv_compile(requirements: Sequence[str], platform: Platform, index: str, excludes: Sequence[str] = ()) -> str:
+def run_uv_compile(
+    requirements: Sequence[str],
+    platform: Platform,
+    index: str,
+    excludes: Sequence[str] = (),
+    *,
+    preferences: Sequence[str] = (),
+    upgrade: bool = False,
+    upgrade_packages: Sequence[str] = (),
+) -> str:
     """Run ``uv pip compile`` for another platform, isolated from any project or user uv config;
-    ``excludes`` are distribution names left out of the resolution (the lock waives them)."""
+    ``excludes`` are distribution names left out of the resolution (the lock waives them).
+
+    ``preferences`` (``name==version`` pins) are the versions uv keeps wherever they still satisfy: given
+    as the content of the output file, which is how uv and pip-tools read the pins of the last run; uv
+    lets every package move with ``upgrade`` and those of ``upgrade_packages`` with theirs, as its own
+    ``--upgrade`` and ``--upgrade-package`` (which also refresh uv's cache of their index pages)."""
     from uv import find_uv_bin  # imported late: only `lock update` needs the binary
 
     with tempfile.TemporaryDirectory(prefix="envbuild-resolve-") as tmp:
@@ -83,11 +97,15 @@ def run_uv_compile(requirements: Sequence[str], platform: Platform, index: str, 
         req_in.write_text("".join(f"{r}\n" for r in requirements), encoding="utf-8")
         excluded = Path(tmp) / "excludes.txt"
         excluded.write_text("".join(f"{name}\n" for name in excludes), encoding="utf-8")
+        output = Path(tmp) / "requirements.txt"
+        output.write_text("".join(f"{pin}\n" for pin in preferences), encoding="utf-8")
         cmd = [
             find_uv_bin(),
             "pip",
             "compile",
             str(req_in),
+            "--output-file",
+            str(output),
             "--python-platform",
             uv_platform(platform),
             "--python-version",
@@ -102,6 +120,8 @@ def run_uv_compile(requirements: Sequence[str], platform: Platform, index: str, 
             "never",
             "--quiet",
             *(["--excludes", str(excluded)] if excludes else []),
+            *(["--upgrade"] if upgrade else []),
+            *(arg for name in upgrade_packages for arg in ("--upgrade-package", name)),
         ]
         try:
             proc = subprocess.run(
@@ -109,25 +129,40 @@ def run_uv_compile(requirements: Sequence[str], platform: Platform, index: str, 
             )
         except subprocess.TimeoutExpired:
             raise ResolutionError(f"uv pip compile against {index} did not finish in {UV_TIMEOUT} s") from None
+        compiled = output.read_text(encoding="utf-8") if proc.returncode == 0 else ""
     if proc.returncode != 0:
         tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
         shown = ", ".join(requirements[:12]) + (f" and {len(requirements) - 12} more" if len(requirements) > 12 else "")
         raise ResolutionError(
             f"uv could not resolve {shown} for {uv_platform(platform)} CPython {platform.python} against {index}:\n{tail}"
         )
-    return proc.stdout
+    return compiled
 
 
 def resolve_packages(
-    lock: Lock, *, progress: Progress = silent, client: IndexClient | None = None, jobs: int = 8
+    lock: Lock,
+    *,
+    upgrade: bool = False,
+    upgrade_packages: Collection[str] = (),
+    keep_unmoved: bool = False,
+    progress: Progress = silent,
+    client: IndexClient | None = None,
+    jobs: int = 8,
 ) -> tuple[Package, ...]:
     """The full closure of ``lock.requirements`` and of what the sources declare (:func:`source_roots`) for
     ``lock.platform``, every installable file hashed.
 
+    The lock's packages are uv's preferences: each stays at its locked version while that still satisfies
+    (as uv and pip-tools keep the pins of their last run), except with ``upgrade`` (every package may
+    move) and those named in ``upgrade_packages``. With ``keep_unmoved``, a package left at its locked
+    version keeps its entry as locked, its files not listed again (an update that moves only what it
+    names); without, every package's files are listed anew.
+
     Packages the lock ties to their own ``index`` are not given to uv (that index may not speak to uv,
-    or be out of reach); they are kept, their files re-listed when their index answers. A package keeps
-    its ``waive``, and what packages waive is left out of the resolution (for everyone: a requirement of
-    another package on it is then unmet, and verify says so).
+    or be out of reach); they are kept, their files re-listed when their index answers (with
+    ``keep_unmoved``, only those named). A package keeps its ``waive``, and what packages waive is left
+    out of the resolution (for everyone: a requirement of another package on it is then unmet, and
+    verify says so).
     """
     if lock.platform is None:
         raise InputError(f"lock {lock.name!r} has no platform; add `platform: {{os: linux, arch: ..., python: ...}}`")
@@ -145,14 +180,26 @@ def resolve_packages(
     waivers = {canonicalize_name(p.name): p.waive for p in lock.packages if p.waive}
     known = {(f.filename, f.sha256): f.metadata_sha256 for p in lock.packages for f in p.files if f.metadata_sha256}
     excludes = sorted({canonicalize_name(w.name) for waive in waivers.values() for w in waive})
+    moving = {canonicalize_name(n) for n in upgrade_packages}
+    locked = {canonicalize_name(p.name): p for p in lock.packages}
     pins: list[tuple[str, str]] = []
     if roots:
         also = f" ({len(added)} from the sources)" if added else ""
         say(
             f"resolving {len(roots)} requirement(s){also} with uv for {uv_platform(platform)} CPython {platform.python}"
+            + ("" if upgrade or not locked else ", preferring the locked versions")
         )
         try:
-            pins = parse_pins(run_uv_compile(roots, platform, default_index, excludes))
+            compiled = run_uv_compile(
+                roots,
+                platform,
+                default_index,
+                excludes,
+                preferences=[] if upgrade else [f"{p.name}=={p.version}" for p in lock.packages],
+                upgrade=upgrade,
+                upgrade_packages=sorted(moving),
+            )
+            pins = parse_pins(compiled)
         except ResolutionError as exc:
             raise ResolutionError(_with_sources(str(exc), from_sources)) from None
         say(f"uv pinned {len(pins)} package(s); listing their files")
@@ -182,13 +229,24 @@ def resolve_packages(
             return package
         return dataclasses.replace(package, files=pin_files(chosen, client, index, known, say))
 
-    todo = [p for p in pins if canonicalize_name(p[0]) not in pinned]
+    def unmoved(name: str, version: str | None = None) -> Package | None:
+        """The locked entry kept as it is, where an update keeps what it does not name."""
+        key = canonicalize_name(name)
+        entry = locked.get(key)
+        if not keep_unmoved or key in moving or entry is None or not entry.files:
+            return None
+        return entry if version is None or Version(entry.version) == Version(version) else None
+
+    kept = [k for p in pins if canonicalize_name(p[0]) not in pinned and (k := unmoved(*p)) is not None]
+    todo = [p for p in pins if canonicalize_name(p[0]) not in pinned and unmoved(*p) is None]
+    kept += [k for p in pinned.values() if (k := unmoved(p.name)) is not None]
+    relisted = [p for p in pinned.values() if unmoved(p.name) is None]
     try:
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            resolved = list(pool.map(from_index, todo)) + list(pool.map(refresh, pinned.values()))
+            resolved = list(pool.map(from_index, todo)) + list(pool.map(refresh, relisted))
     except RemoteError as exc:
         raise RemoteError(f"cannot list files after resolving: {exc}") from None
-    return tuple(sorted(resolved, key=lambda p: canonicalize_name(p.name)))
+    return tuple(sorted(kept + resolved, key=lambda p: canonicalize_name(p.name)))
 
 
 def _with_sources(message: str, roots: list[Root]) -> str:

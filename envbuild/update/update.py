@@ -7,6 +7,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from packaging.utils import canonicalize_name
+
+from envbuild.data.reference import check_name_and_tag
 from envbuild.errors import InputError, RemoteError
 from envbuild.git.cache import GitCache
 from envbuild.git.mirrors import Mirrors
@@ -26,21 +29,93 @@ def update_lock(
     *,
     mirrors: Mirrors = Mirrors(),
     packages: bool | None = None,
+    package_names: Sequence[str] = (),
+    upgrade: bool = False,
+    base: bool = False,
+    base_image: str | None = None,
     progress: Progress = silent,
 ) -> Lock:
-    """A new lock, at the current lock version: the named sources (all when none are named) moved to their
-    ref's current commit and tree; every source's requirements and submodules read from its pinned tree;
-    when no source was named, the package closure re-resolved with them (or as ``packages`` says) and the
-    base image pinned to the digest its registry serves now. Submodules the lock cannot record refuse the
-    update (:class:`SubmodulesRefused`), every source's at once, before anything is resolved."""
+    """A new lock, at the current lock version, moved as far as asked and no further.
+
+    Nothing named (no ``names``, ``package_names``, ``base``, ``base_image``, nor ``packages=True``) moves
+    everything: every source to its ref's current commit and tree, the package closure re-resolved, the
+    base image re-pinned to the digest its registry serves now. Otherwise only what is named moves: the
+    sources ``names``; the closure with ``packages=True``, or only the packages ``package_names`` (every
+    other package kept at its locked version where that still satisfies); the base image with ``base``,
+    or ``base_image``, a new reference pinned by digest (a base asked for by name that cannot be pinned
+    is an error, not a warning). ``packages=False`` never re-resolves; by default the closure is
+    re-resolved when everything moves, packages are named, or with ``upgrade``. The resolver prefers the
+    locked versions unless ``upgrade``, which lets every package move.
+
+    Whenever a source moves, every source's requirements and submodules are read from its pinned tree;
+    submodules the lock cannot record refuse the update (:class:`SubmodulesRefused`), every source's at
+    once, before anything is resolved."""
     known = {s.name for s in lock.sources}
     unknown = [n for n in names if n not in known]
     if unknown:
         raise InputError(f"{unknown[0]}: no such source in lock {lock.name!r} (sources: {', '.join(sorted(known))})")
-    selected = set(names) or known
+    _check_package_names(lock, package_names)
+    everything = not (names or package_names or base or base_image or packages)
+    resolve = packages if packages is not None else everything or bool(package_names) or upgrade
+    if not resolve and (package_names or upgrade):
+        option = "--package" if package_names else "--upgrade"
+        raise InputError(f"--no-packages with {option}: moving packages re-resolves them; give one or the other")
+    if base and base_image is None and lock.base_image is None:
+        raise InputError(f"--base: lock {lock.name!r} has no base image; set one with --base-image IMAGE[:TAG]")
+    new_base = _new_base(base_image)
+    selected = set(names) or (known if everything else set())
+    updated = dataclasses.replace(lock, version=LOCK_VERSION)
+    if selected or lock.version < LOCK_VERSION:  # a lock of an older version gets what the current one records
+        updated = dataclasses.replace(updated, sources=_moved_sources(lock, selected, cache, mirrors, progress))
+    if resolve:
+        declared = any(s.requires or s.build_requires for s in updated.sources)
+        if lock.requirements or lock.packages or (declared and lock.platform is not None):
+            resolved = resolve_packages(
+                updated,
+                upgrade=upgrade,
+                upgrade_packages=package_names,
+                keep_unmoved=not everything,
+                progress=progress,
+            )
+            updated = dataclasses.replace(updated, packages=resolved)
+        elif declared:
+            progress("warning: the lock has no platform: the sources' requirements are recorded, not resolved")
+    arch = lock.platform.arch if lock.platform else None
+    if new_base is not None:
+        updated = dataclasses.replace(updated, base_image=pin_base_image(new_base, arch, progress, required=True))
+    elif (everything or base) and lock.base_image is not None:
+        updated = dataclasses.replace(
+            updated, base_image=pin_base_image(lock.base_image, arch, progress, required=base)
+        )
+    return updated
+
+
+def _check_package_names(lock: Lock, names: Sequence[str]) -> None:
+    locked = {canonicalize_name(p.name) for p in lock.packages}
+    unknown = [n for n in names if canonicalize_name(n) not in locked]
+    if unknown:
+        shown = f"{len(locked)} packages" if locked else "none"
+        raise InputError(f"--package {unknown[0]}: no such package in lock {lock.name!r} ({shown})")
+
+
+def _new_base(reference: str | None) -> BaseImage | None:
+    """The base image ``--base-image`` names, checked as docker reads a reference (no digest: the
+    registry's answer pins it)."""
+    if reference is None:
+        return None
+    if problem := check_name_and_tag(reference):
+        raise InputError(f"--base-image: {problem}")
+    return BaseImage(name=reference)
+
+
+def _moved_sources(
+    lock: Lock, selected: set[str], cache: GitCache, mirrors: Mirrors, progress: Progress
+) -> tuple[Source, ...]:
+    """The ``selected`` sources moved to their refs' current commits; every source's requirements and
+    submodules read from its (new) pinned tree."""
     sources = tuple(_update_source(s, cache, mirrors, progress) if s.name in selected else s for s in lock.sources)
-    # Every source's requirements are read from its (new) pinned tree: a moved pin brings new ones, and an
-    # unmoved one is re-read from the cache, where its objects stay once fetched.
+    # A moved pin brings new requirements, and an unmoved one is re-read from the cache, where its objects
+    # stay once fetched.
     sources = tuple(
         read_source_requirements(new, cache, mirrors=mirrors, previous=old, progress=progress)
         for old, new in zip(lock.sources, sources)
@@ -55,55 +130,47 @@ def update_lock(
     )
     if refused:
         raise SubmodulesRefused(refused)
-    updated = dataclasses.replace(lock, version=LOCK_VERSION, sources=sources)
-    everything = not names
-    if packages if packages is not None else everything:
-        declared = any(s.requires or s.build_requires for s in sources)
-        if lock.requirements or lock.packages or (declared and lock.platform is not None):
-            updated = dataclasses.replace(updated, packages=resolve_packages(updated, progress=progress))
-        elif declared:
-            progress("warning: the lock has no platform: the sources' requirements are recorded, not resolved")
-    if everything and lock.base_image is not None:
-        arch = lock.platform.arch if lock.platform else None
-        updated = dataclasses.replace(updated, base_image=pin_base_image(lock.base_image, arch, progress))
-    return updated
+    return sources
 
 
-def pin_base_image(image: BaseImage, arch: str | None = None, progress: Progress = silent) -> BaseImage:
+def pin_base_image(
+    image: BaseImage, arch: str | None = None, progress: Progress = silent, *, required: bool = False
+) -> BaseImage:
     """The base image pinned to the manifest digest its registry serves for the tag now, asked over the
     registry's HTTP API with the docker config's credentials (:mod:`envbuild.registry`: no container
     engine needed). Without a registry answer, or when what it serves has no image for the lock's
-    platform (``arch``: a build would refuse it), the recorded pin stays and a warning says why."""
+    platform (``arch``: a build would refuse it), the recorded pin stays and a warning says why; or, when
+    the pin is ``required`` (asked for by name), :class:`BaseImageNotPinned` says it."""
     from envbuild.lock.platform import oci_platform
     from envbuild.registry.client import RegistryError, served_manifest
 
-    say = progress
+    def refused(reason: str) -> BaseImage:
+        if required:
+            raise BaseImageNotPinned(f"base image {image.name} not pinned: {reason}")
+        progress(f"warning: base image {image.name} not re-pinned: {reason}")
+        return image
+
     try:
         served = served_manifest(image.name)
     except RegistryError as exc:
-        say(f"warning: base image {image.name} not re-pinned: {exc}")
-        return image
+        return refused(str(exc))
     digest, platforms = served.digest, served.platforms
     if not platforms:  # an index without manifests, a config without os and architecture
-        say(
-            f"warning: base image {image.name} not re-pinned: its registry serves {digest}, which names no "
-            "platform (an index without manifests, or an image config without os and architecture); "
-            "a build would refuse it"
+        return refused(
+            f"its registry serves {digest}, which names no platform (an index without manifests, or an image "
+            "config without os and architecture); a build would refuse it"
         )
-        return image
     if arch is not None and oci_platform(arch) not in platforms:
-        say(
-            f"warning: base image {image.name} not re-pinned: its registry serves {digest} with images for "
-            f"{', '.join(platforms)}, none for the lock's platform linux/{arch} ({oci_platform(arch)}); "
-            "a build would refuse it"
+        return refused(
+            f"its registry serves {digest} with images for {', '.join(platforms)}, none for the lock's platform "
+            f"linux/{arch} ({oci_platform(arch)}); a build would refuse it"
         )
-        return image
-    say(f"base image {image.name} is {digest}")
+    progress(f"base image {image.name} is {digest}")
     return BaseImage(name=image.name, digest=digest)
 
 
 def _update_source(source: Source, cache: GitCache, mirrors: Mirrors, progress: Progress) -> Source:
-    progress(f"resolving {source.name} {source.ref_type} {source.ref}")
+    progress(f"resolving {source.name} {source.ref}")  # a branch or a tag: which one, upstream says
     resolved = resolve_ref(source, cache, mirrors=mirrors)
     return dataclasses.replace(source, ref_type=resolved.ref_type, commit=resolved.commit, tree=resolved.tree)
 
@@ -119,6 +186,10 @@ class ResolvedRef:
 
 class MissingRefError(RemoteError):
     """The ref is neither a branch nor a tag upstream."""
+
+
+class BaseImageNotPinned(RemoteError):
+    """A base image asked for by name (``--base``, ``--base-image``) that its registry did not pin."""
 
 
 def resolve_ref(

@@ -32,7 +32,7 @@ class VerifyOptions:
     strict: bool = False
 
 
-def verify_base_image(lock: Lock, advice: str = "envbuild lock update LOCK") -> list[PinResult]:
+def verify_base_image(lock: Lock, advice: str = "envbuild lock update LOCK --base") -> list[PinResult]:
     """The base image's pin; ``advice`` is the `lock update` command that pins an unpinned one."""
     image = lock.base_image
     if image is None:
@@ -178,7 +178,11 @@ def _report(lock: Lock, lock_path: str, options: VerifyOptions, results: list[Pi
         advice = fetch_command(lock_path, options.source)
         results = [_advise_fetch(r, advice) for r in results]
     return VerifyReport(
-        lock_path, tuple(results), strict=options.strict, offline_command=_offline_command(lock, lock_path, options)
+        lock_path,
+        tuple(results),
+        strict=options.strict,
+        offline_command=_offline_command(lock, lock_path, options),
+        mirrors=tuple(f"{rule}={target}" for rule, target in options.source.mirrors.rules),
     )
 
 

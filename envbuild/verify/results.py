@@ -80,6 +80,8 @@ class VerifyReport:
     # The `lock verify --offline` command that answers from the cache, when some source was out of reach
     # and the cache holds what every such source's upstream last said (None: offline would not help).
     offline_command: str | None = None
+    # The mirror rules in force (FROM=TO), from --mirror and the config file: hints read them.
+    mirrors: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:

@@ -192,6 +192,15 @@ class _Checker:
         record, path = pin.record, pin.record.path
         entry, parent_root = self.parent_entry(pin.parent, path)
         found = entry.oid if entry is not None and entry.kind == "commit" else None
+        if record.skipped and record.commit is None and found is not None:
+            # Written by hand as docs/lockfile.md shows ({path, skip}), not yet completed by `lock update`:
+            # the image does without it whatever the parent pins there, so the skip stands, and says so.
+            return _result(
+                pin,
+                "skipped",
+                f"skipped: {record.skip}; the parent pins {found} at {path}, which the lock does not record yet "
+                "(`envbuild lock update` records it)",
+            )
         if found != record.commit:
             return _result(pin, "gitlink-mismatch", _gitlink_mismatch(path, found, record.commit))
         held = (

@@ -43,10 +43,13 @@ def add_cluster_command(subparsers: argparse._SubParsersAction) -> None:
         parser.add_argument("--json", action="store_true", help="print the cluster as JSON")
     for parser in (up, status, down):
         parser.add_argument("--cache-dir", type=Path, help="where cluster state lives (default: the config's)")
+        parser.add_argument(
+            "--config", type=Path, help="config file (default: $ENVBUILD_CONFIG or ~/.config/envbuild/config.yaml)"
+        )
 
 
 def _cache_dir(args: argparse.Namespace) -> Path:
-    return args.cache_dir or load_config(None).cache_dir
+    return args.cache_dir or load_config(args.config).cache_dir
 
 
 def _up(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from envbuild import __version__
 from envbuild.cli.common import ArgumentParser, add_global_options, run
 from envrun.cli.checkpoint import add_checkpoint_command
 from envrun.cli.cluster import add_cluster_command
@@ -19,6 +20,7 @@ from envrun.cli.run import add_run_commands
 
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="envrun", description="Run training jobs from locked images.")
+    parser.add_argument("--version", action="version", version=f"envrun {__version__}")
     add_global_options(parser)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_checkpoint_command(commands)

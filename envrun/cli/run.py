@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 
 from envbuild.cli.common import StderrProgress
+from envbuild.cli.width import output_width
+from envbuild.config import load_config
 from envbuild.errors import InputError
 from envbuild.escape import for_terminal
 from envrun.cluster.spec import check_ray_start_args
@@ -136,7 +138,7 @@ def _add_options(p: argparse.ArgumentParser) -> None:
         "--verl-config", type=Path, metavar="DIR", help="an extracted verl/trainer/config to validate against"
     )
     p.add_argument(
-        "--cache-dir", type=Path, help="cache (default: config cache_dir, $ENVBUILD_CACHE or ~/.cache/envbuild)"
+        "--cache-dir", type=Path, help="cache (default: $ENVBUILD_CACHE, config cache_dir or ~/.cache/envbuild)"
     )
     p.add_argument("--offline", action="store_true", help="use only the cache for verl's config")
     p.add_argument(
@@ -144,7 +146,10 @@ def _add_options(p: argparse.ArgumentParser) -> None:
     )
     # SUPPRESS: do not reset a top-level `envrun --debug` (subparser defaults overwrite the parent's).
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help="no progress on stderr")
+    p.add_argument(
+        "--config", type=Path, help="config file (default: $ENVBUILD_CONFIG or ~/.config/envbuild/config.yaml)"
+    )
 
 
 def _env_pairs(pairs: list[str]) -> dict[str, str]:
@@ -203,7 +208,7 @@ def run_recipe_command(args: argparse.Namespace) -> int:
         ),
         lock=args.lock,
         verl_config=args.verl_config,
-        cache_dir=args.cache_dir,
+        cache_dir=args.cache_dir or load_config(args.config).cache_dir,
         offline=args.offline,
         dry_run=args.dry_run or bool(args.emit),
         skip_checks=tuple(args.skip_check),
@@ -224,7 +229,9 @@ def run_recipe_command(args: argparse.Namespace) -> int:
             print("\n".join(str(path) for path in written))
         return 0
     if args.dry_run:
-        sys.stdout.write(render_plan_json(prepared.plan) if args.json else render_plan_text(prepared.plan))
+        sys.stdout.write(
+            render_plan_json(prepared.plan) if args.json else render_plan_text(prepared.plan, output_width())
+        )
         prepared.refuse_if_failed()
         return 0
     outcome = execute_run(prepared, progress)

@@ -14,6 +14,7 @@ import io
 import json
 import shutil
 import socket
+import ssl
 import tarfile
 import threading
 import time
@@ -151,8 +152,17 @@ class PyIndex:
     put in a lock.
     """
 
-    def __init__(self, root: Path, *, html_only: bool = False, ranges: bool = True, metadata: bool = False) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        html_only: bool = False,
+        ranges: bool = True,
+        metadata: bool = False,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self.root = root
+        self.tls = tls  # serve https with this server context (tests/lib/tlscert.py)
         self.html_only = html_only
         self.serve_ranges = ranges
         self.serve_metadata = metadata
@@ -253,7 +263,7 @@ class PyIndex:
     @property
     def url(self) -> str:
         assert self._server is not None, "start the index first (use it as a context manager)"
-        return f"http://127.0.0.1:{self._server.server_address[1]}/simple"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self._server.server_address[1]}/simple"
 
     def __enter__(self) -> PyIndex:
         index = self
@@ -329,6 +339,8 @@ class PyIndex:
                 pass
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        if self.tls is not None:
+            self._server.socket = self.tls.wrap_socket(self._server.socket, server_side=True)
         threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         return self
 

@@ -1,0 +1,47 @@
+"""Why an HTTP request got no answer, in a few plain words, for the index and the registry alike: a
+reason such as "connection refused" instead of urllib3's nested repr, the user part of every URL it
+quotes hidden."""
+
+from __future__ import annotations
+
+import requests
+
+from envbuild.data.urls import redact_urls
+from envbuild.errors import RemoteError
+from envbuild.escape import for_terminal
+
+TLS_UNTRUSTED = "TLS certificate verification failed"
+# What to do about it, where a proxy that intercepts TLS re-signs every answer (docs/configuration.md).
+TLS_ADVICE = (
+    "where a proxy intercepts TLS, give its CA certificate to envbuild's requests with REQUESTS_CA_BUNDLE=FILE "
+    "and to git with GIT_SSL_CAINFO=FILE (or `git config --global http.sslCAInfo FILE`)"
+)
+
+
+def _show(text: str, limit: int = 200) -> str:
+    text = redact_urls(text)
+    return for_terminal(text[:limit]) + ("…" if len(text) > limit else "")
+
+
+def reason(exc: BaseException) -> str:
+    """A plain reason ("connection refused") instead of urllib3's nested repr."""
+    text = repr(exc)
+    for needle, said in (
+        ("Connection refused", "connection refused"),
+        ("NameResolutionError", "host name does not resolve"),
+        ("Name or service not known", "host name does not resolve"),
+        ("No route to host", "no route to host"),
+        ("Network is unreachable", "network is unreachable"),
+        ("CERTIFICATE_VERIFY_FAILED", TLS_UNTRUSTED),
+        ("Connection reset", "connection reset by peer"),
+    ):
+        if needle in text:
+            return said
+    if isinstance(exc, requests.Timeout):
+        return "timed out"
+    # _show() hides the user part of every URL the text quotes (a redirect's target is the server's word)
+    if isinstance(exc, requests.exceptions.InvalidSchema):  # requests follows redirects only to http(s)
+        return f"redirected to a URL that is not http(s): {_show(str(exc).rsplit(' for ', 1)[-1])}"
+    if isinstance(exc, RemoteError):
+        return str(exc)
+    return _show(str(exc).splitlines()[0]) if str(exc) else type(exc).__name__
