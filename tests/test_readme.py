@@ -385,14 +385,22 @@ PARSE_ERROR = re.compile(r"error: (?:[\w -]+: )?(?:unrecognized arguments|argume
                          r"required|invalid choice)")  # fmt: skip
 
 
+def shell_state(command: str) -> str:
+    """What of a command list stays with the shell that ran it (`.`/`source`, `cd`, `export`): the state the
+    README leaves a user's shell in; the files it made stay in the clone."""
+    kept = [part.strip() for part in command.split("&&") if part.split()[0] in (".", "source", "cd", "export")]
+    return " && ".join(kept) or "true"
+
+
 def run_as_printed(lines: list[CommandLine], clone: Path, env: dict[str, str]) -> list[str]:
-    """Each line run in the clone in a shell where the quick start's venv is active, one document's lines in
-    their order (an `init` before its `add`); the problems: not found, a traceback, a parse error, a status
-    that is no envbuild status."""
+    """Each line run in the clone in a shell in the state the quick start leaves (its venv activated, if the
+    README activates it), one document's lines in their order (an `init` before its `add`); the problems:
+    not found, a traceback, a parse error, a status that is no envbuild status."""
     problems = []
+    state = shell_state(code_block("Quick start"))
     for line in lines:
         command = shlex.join([line.prog, *line.argv])
-        done = sh(f". .venv/bin/activate && {command}", clone, 300, **env)
+        done = sh(f"{state} && {command}", clone, 300, **env)
         said = done.stderr.strip().splitlines()[-1:] or ["(nothing on stderr)"]
         if done.returncode not in (0, 1, 2) or "Traceback" in done.stderr or PARSE_ERROR.search(done.stderr):
             problems.append(f"{line}: exit {done.returncode}: {said[0]}")
