@@ -177,7 +177,7 @@ def test_update_moves_the_branch_pin_and_diff_counts_commits(upstream, tmp_path:
     assert f"envbuild: dry run: {new} not written" in err
 
     code, out, _ = run(capsys, "lock", "update", str(new), "--cache-dir", cache)
-    assert code == 0 and f"commit: {commits[0]} -> {commits[-1]} (3 commits)" in out
+    assert code == 0 and f"commit: {commits[0]} -> {commits[-1]} (3 commits, first-parent 3)" in out
     updated = read_lock(new).lock.sources[0]
     assert updated.commit == commits[-1] and updated.tree == repo.tree(commits[-1])
     first = new.read_bytes()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from envbuild.lock import BaseImage, Lock, Package, PackageFile, Source
-from envbuild.lock.diff import diff_locks, render_changes
+from envbuild.lock.diff import diff_locks, render_changes, render_markdown
 
 OLD = "dc0ee41ada177d4c74ba46bb501bba5967264815"
 NEW = "ba7b5ebce12af60627a80985792a1449ce45f46c"
@@ -85,3 +85,25 @@ def test_requirement_changes_show_what_was_added_and_removed() -> None:
     assert render_changes([change]) == "~ source vllm:\n    requires: - blake3\n    requires: + gguf\n"
     [read] = diff_locks(old, before)
     assert ("requires", "(not read)", "msgspec\nblake3") in read.fields
+
+
+def test_the_markdown_report_says_every_kind_of_change_once() -> None:
+    old = lock(base_image=BaseImage("reg/cann:9.1.0", "sha256:" + "b" * 64))
+    added = Source(name="mindspeed", repo="https://example.org/ms.git", ref="master", ref_type="branch", commit=OLD)
+    new = lock(
+        sources=(old.sources[0], added),
+        packages=(Package(name="six", version="1.17.0"), Package(name="packaging", version="24.0")),
+        base_image=BaseImage("reg/cann:9.1.0", "sha256:" + "c" * 64),
+        requirements=("verl",),
+    )
+    text = render_markdown(diff_locks(old, new), "envbuild lock diff: a → b")
+    assert text.startswith(
+        "## envbuild lock diff: a → b\n\n"
+        "1 source added, 1 source removed, 2 packages changed, 1 base image changed.\n\n"
+        "### Sources added and removed\n\n"
+        f"- added `mindspeed` (`master` at `{OLD[:12]}`)\n- removed `vllm` (`main`)\n\n"
+        "### Packages\n\n| package | change |\n| --- | --- |\n| packaging | added `24.0` |\n| six | `1.16.0` → `1.17.0` |\n"
+    )
+    assert f"### Base image\n\n- `reg/cann:9.1.0@sha256:{'b' * 64}` → `reg/cann:9.1.0@sha256:{'c' * 64}`\n" in text
+    assert text.endswith("### Other changes\n\n- requirements: (none) → `verl`\n")
+    assert render_markdown([], "t") == "## t\n\nNo changes.\n"

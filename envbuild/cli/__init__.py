@@ -1,10 +1,11 @@
-"""The `envbuild` command: `lock init|add|verify|update|diff|fetch|export|schema`, `image` and `check`."""
+"""The `envbuild` command: `lock init|add|verify|update|diff|fetch|export|schema`, `image`, `check` and `bisect`."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from envbuild import __version__
+from envbuild.cli.bisect import add_bisect_command
 from envbuild.cli.check import add_check_command
 from envbuild.cli.common import ArgumentParser, add_global_options, run
 from envbuild.cli.image import add_image_command
@@ -19,6 +20,7 @@ def build_parser() -> ArgumentParser:
     add_lock_commands(commands)
     add_check_command(commands)
     add_image_command(commands)
+    add_bisect_command(commands)
     return parser
 
 

@@ -11,13 +11,13 @@ from envbuild.cli.lock_start import add_start_commands
 from envbuild.cli.width import output_width
 from envbuild.errors import InputError
 from envbuild.fileio import write_atomic
-from envbuild.git.cache import GitCache
-from envbuild.git.mirrors import Mirrors
 from envbuild.lock import checked_lock_text, read_lock
-from envbuild.lock.diff import CommitCounter, diff_locks, render_changes
+from envbuild.lock.diff import Change, render_changes, render_markdown
 from envbuild.lock.io import canonical
 from envbuild.lock.model import LOCK_VERSION, LOCK_VERSIONS
 from envbuild.verify.render import render_verify
+
+REPORT_HELP = "also write the change report to FILE in Markdown (a pull request's body)"
 
 
 def add_lock_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -72,6 +72,7 @@ def add_lock_commands(subparsers: argparse._SubParsersAction) -> None:
     )
     update.add_argument("--dry-run", action="store_true", help="print what would change; write nothing")
     update.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    update.add_argument("--report", type=Path, metavar="FILE", help=REPORT_HELP + " (on --dry-run too)")
     add_source_options(update)
     update.set_defaults(handler=cmd_update)
 
@@ -79,6 +80,7 @@ def add_lock_commands(subparsers: argparse._SubParsersAction) -> None:
     diff.add_argument("old", type=Path)
     diff.add_argument("new", type=Path)
     diff.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    diff.add_argument("--report", type=Path, metavar="FILE", help=REPORT_HELP)
     add_source_options(diff)
     diff.set_defaults(handler=cmd_diff)
 
@@ -185,8 +187,10 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 def cmd_update(args: argparse.Namespace) -> int:
     from envbuild.git.cache import GitCache
+    from envbuild.update.report import change_report
     from envbuild.update.update import update_lock
 
+    _check_report(args.report)
     lock = read_lock(args.lockfile).lock
     old_text = args.lockfile.read_text(encoding="utf-8")
     cache_dir, mirrors = source_settings(args)
@@ -203,7 +207,7 @@ def cmd_update(args: argparse.Namespace) -> int:
         base_image=args.base_image,
         progress=StderrProgress("envbuild", args.quiet),
     )
-    changes = diff_locks(lock, new, _commit_counter(cache, mirrors))
+    changes = change_report(lock, new, cache, mirrors=mirrors)
     # Nothing at all changed: the file stays byte for byte, however it was written.
     from envbuild.lock.roundtrip import updated_text  # ruamel.yaml: only a command that rewrites a lock needs it
 
@@ -217,6 +221,8 @@ def cmd_update(args: argparse.Namespace) -> int:
             "written in canonical form",
             file=sys.stderr,
         )
+    # Before the lock: a failed report leaves the lock as it was, never a lock moved with no report.
+    _write_report(args.report, changes, f"envbuild lock update: {args.lockfile}")
     if not args.dry_run and text != old_text:
         write_atomic(args.lockfile, text)
     sys.stdout.write(
@@ -237,10 +243,13 @@ def cmd_update(args: argparse.Namespace) -> int:
 
 def cmd_diff(args: argparse.Namespace) -> int:
     from envbuild.git.cache import GitCache
+    from envbuild.update.report import change_report
 
+    _check_report(args.report)
     old, new = read_lock(args.old).lock, read_lock(args.new).lock
     cache_dir, mirrors = source_settings(args)
-    changes = diff_locks(old, new, _commit_counter(GitCache(cache_dir / "git"), mirrors))
+    changes = change_report(old, new, GitCache(cache_dir / "git"), mirrors=mirrors)
+    _write_report(args.report, changes, f"envbuild lock diff: {args.old} → {args.new}")
     sys.stdout.write(
         render_json({"old": str(args.old), "new": str(args.new), "changes": [c.to_json() for c in changes]})
         if args.json
@@ -249,10 +258,17 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return 1 if changes else 0  # as diff(1) and `git diff --exit-code`: scripts can test for changes
 
 
-def _commit_counter(cache: GitCache, mirrors: Mirrors) -> CommitCounter:
-    from envbuild.git.upstream import count_commits
+def _check_report(path: Path | None) -> None:
+    """Refused before anything is asked of an upstream: a report that could not be written."""
+    if path is not None and path.is_dir():
+        raise InputError(f"--report {path}: is a directory; name the file to write")
+    if path is not None and not path.parent.is_dir():
+        raise InputError(f"--report {path}: {path.parent} is not a directory; create it first")
 
-    return lambda old, new: count_commits(new.repo, old.commit, new.commit, cache, mirrors=mirrors)
+
+def _write_report(path: Path | None, changes: list[Change], title: str) -> None:
+    if path is not None:
+        write_atomic(path, render_markdown(changes, title))
 
 
 def cmd_export(args: argparse.Namespace) -> int:

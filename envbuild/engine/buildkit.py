@@ -30,6 +30,16 @@ IMAGE_ID = "moby.image.id"
 DONE_AFTER = 5.0  # seconds: a step that ran this long says when it is done too (its start was said)
 
 
+class StepFailed(EngineError):
+    """A step of the Dockerfile failed (its command exited non-zero, or BuildKit could not run it): what
+    the build was given does not build, where a plain :class:`EngineError` is the engine's own failure.
+    ``step``: the instruction as BuildKit names it (``[stage-2 3/7] RUN …``); ``log``: the last lines it printed."""
+
+    def __init__(self, message: str, step: str, log: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.step, self.log = step, log
+
+
 @dataclass(frozen=True)
 class Vertex:
     digest: str
@@ -256,6 +266,17 @@ class BuildKitProgress:
                 tail.append(self._partial[digest])
         shown = "".join(f"\n    | {line}" for line in tail[-LOG_TAIL:] if line.strip())
         return f"build failed at step {_short(self._names[digest], 200)}: {message}{shown}"
+
+    def failed(self, message: str) -> EngineError:
+        """:meth:`failure` as the error to raise: a :class:`StepFailed` when a Dockerfile step failed."""
+        with self._lock:
+            digest = self._failed
+            step = self._names.get(digest) if digest is not None else None
+            log = [*self._logs.get(digest, ()), self._partial.get(digest, "")] if digest is not None else []
+        text = self.failure(message)
+        if step is None or not _numbered(step):
+            return EngineError(text)
+        return StepFailed(text, step, tuple(line for line in log if line.strip())[-LOG_TAIL:])
 
 
 def _numbered(name: str) -> bool:

@@ -165,7 +165,7 @@ class Builds(EngineBase):
                         continue
                     event = json.loads(line)
                     if (message := event_error(event)) is not None:
-                        raise EngineError(build.failure(message.strip()))
+                        raise build.failed(message.strip())
                     build.event(event)
             finally:
                 response.close()  # an interrupted client closes the stream: the daemon cancels the build

@@ -158,7 +158,7 @@ def cli_build(
     env = {**os.environ, "DOCKER_HOST": address, "DOCKER_BUILDKIT": "1", "BUILDKIT_PROGRESS": "plain"}
     code = _run(command, env, trace)
     if code != 0:
-        raise EngineError(build.failure(_last_error(trace.tail, code)))
+        raise build.failed(_last_error(trace.tail, code))
     try:
         image_id = iidfile.read_text().strip()
     except OSError:

@@ -46,6 +46,7 @@ from envbuild.errors import CacheError
 from envbuild.fileio import write_atomic
 from envbuild.git.process import IncomingTooLarge
 from envbuild.git.remote import GitError, GitRunner, RefListing, TreeEntry
+from envbuild.lock.moves import LoggedCommit, Moved
 from envbuild.locking import cache_fault, file_lock, held_lock, is_no_space
 
 LISTING_FILE = "envbuild-ls-remote"
@@ -257,6 +258,27 @@ class GitCache:
         except GitError:
             return None
 
+    def commit_range(self, url: str, old: str, new: str) -> Moved | None:
+        """What ``new`` brings over ``old``, from the cache alone, in four gits however long the range: the
+        commits (all, first-parent, and those of ``old``'s history ``new`` lacks: none exactly when ``old``
+        is an ancestor of ``new``), and the oldest and newest of the first-parent line with their subjects
+        and author dates. An ``old`` the cache lacks is no ancestor of ``new``, whose history the cache holds
+        whole (commits are never filtered out): only that and ``new`` are said. None without ``new``."""
+        held = self.commit_trees(url, [old, new])
+        if new not in held:
+            return None
+        path = self.repo(url).path
+        try:
+            if old not in held:
+                return Moved(ancestor=False, last=_logged(self.git.logged_commits(path, [new]), new))
+            dropped, count = self.git.left_right(path, old, new)
+            line = self.git.ancestry(path, old, new)  # first-parent, oldest first
+            logged = self.git.logged_commits(path, [line[0], line[-1]]) if line else {}
+        except GitError:
+            return None
+        first, last = (_logged(logged, line[0]), _logged(logged, line[-1])) if line else (None, None)
+        return Moved(dropped == 0, count, len(line), dropped, first, last)
+
     def _remove_stale_tmp(self) -> None:
         now = time.time()
         for entry in self.root.glob(".tmp-*"):
@@ -265,6 +287,13 @@ class GitCache:
                     shutil.rmtree(entry, ignore_errors=True)
             except OSError:
                 pass
+
+
+def _logged(logged: dict[str, tuple[str, str]], commit: str) -> LoggedCommit | None:
+    if commit not in logged:
+        return None
+    date, subject = logged[commit]
+    return LoggedCommit(commit, subject, date)
 
 
 def remove_stale_files(repo: Path) -> list[Path]:

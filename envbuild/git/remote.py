@@ -21,6 +21,7 @@ from pathlib import Path
 
 from envbuild.data.urls import redact_url
 from envbuild.git.process import SHA256_UNSUPPORTED, GitError, git_environment, last_error_line, run_git, run_git_bytes
+from envbuild.lock.moves import SUBJECT_CHARS
 
 __all__ = ["GitError", "GitRunner", "RefListing", "UnsupportedRepository", "last_error_line"]
 
@@ -41,6 +42,9 @@ MAX_LISTING = 64 << 20
 # ~3 bytes per byte sent. Real listings and fetches stay far below (index-pack, the heavy part, is a
 # child and not counted).
 MAX_MEMORY = 2 << 30
+# Where git cuts a commit subject it prints (display columns): past SUBJECT_CHARS, so the cut that shows is
+# ours, and short enough that the output of a few commits stays small whatever their messages hold.
+SUBJECT_COLUMNS = 1024
 
 # Written by GitCache on creation; the url is never the real one (see the module docstring).
 CACHE_REPO_CONFIG = f"""\
@@ -308,6 +312,28 @@ class GitRunner:
         out = self.run(["rev-list", "--missing=allow-any", "--count", "--stdin"], repo=repo, stdin=stdin)
         return int(out.strip()) == 0
 
+    def ancestry(self, repo: Path, old: str, new: str, *, first_parent: bool = True) -> list[str]:
+        """The commits of ``new``'s history that ``old``'s does not hold, oldest first: its first-parent line
+        (the branch's own commits and merges), or every one, parents before children. Bounded as a ref
+        listing is (40 hex a commit)."""
+        order = "--first-parent" if first_parent else "--topo-order"
+        out = self.run_full(
+            ["rev-list", "--missing=allow-any", "--reverse", order, f"{old}..{new}", "--"],
+            repo=repo,
+            max_output=self.max_listing,
+        )[0]
+        return out.split()
+
+    def merge_base(self, repo: Path, one: str, other: str) -> str | None:
+        """The best common ancestor of two present commits; None when their histories share none."""
+        try:
+            out = self.run(["merge-base", one, other, "--"], repo=repo)
+        except GitError as exc:
+            if exc.returncode == 1 and not exc.stderr.strip():  # git's answer for unrelated histories
+                return None
+            raise
+        return out.strip() or None
+
     def namespace_refs(self, repo: Path) -> dict[str, str]:
         """{'heads/x' | 'tags/x': sha} under the cache's upstream namespace (tags as stored, unpeeled)."""
         out = self.run(["for-each-ref", "--format=%(objectname) %(refname)", "--", UPSTREAM_NS], repo=repo)
@@ -379,6 +405,41 @@ class GitRunner:
 
     def count_range(self, repo: Path, old: str, new: str) -> int:
         return int(self.run(["rev-list", "--missing=allow-any", "--count", f"{old}..{new}", "--"], repo=repo))
+
+    def logged_commits(self, repo: Path, shas: Iterable[str]) -> dict[str, tuple[str, str]]:
+        """{commit: (author date in ISO 8601, subject)} of present commits (40 hex each). git cuts a subject
+        at :data:`SUBJECT_COLUMNS` columns, so what it prints is bounded whatever an upstream wrote; the
+        subject is then held to :data:`~envbuild.lock.moves.SUBJECT_CHARS` characters, bytes that are not
+        UTF-8 replaced (it is shown, never matched)."""
+        shas = sorted(set(shas))
+        if not shas:
+            return {}
+        out = self.run_full(
+            [
+                "rev-list",
+                "--missing=allow-any",
+                "--no-walk",
+                f"--format=%H %aI %<({SUBJECT_COLUMNS},trunc)%s",
+                *shas,
+                "--",
+            ],
+            repo=repo,
+            max_output=len(shas) * (SUBJECT_COLUMNS * 4 + 200),
+        )[0]
+        logged: dict[str, tuple[str, str]] = {}
+        for line in out.split("\n"):  # not splitlines(): a subject may hold \r, \f or U+2028
+            commit, _, rest = line.partition(" ")
+            if commit in shas and line.count(" ") >= 2:
+                date, _, subject = rest.partition(" ")
+                logged[commit] = (date, _subject(subject))
+        return logged
+
+
+def _subject(text: str) -> str:
+    """A subject as a report shows it: git's padding gone, no stray surrogate (JSON and terminals take only
+    text), at most SUBJECT_CHARS characters."""
+    text = text.encode("utf-8", "surrogateescape").decode("utf-8", "replace").rstrip(" ")
+    return text if len(text) <= SUBJECT_CHARS else text[: SUBJECT_CHARS - 1] + "…"
 
 
 def _filtered_fetch(*rest: str, filter: str = FILTER) -> list[str]:

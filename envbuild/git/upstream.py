@@ -16,6 +16,7 @@ from envbuild.git.cache import GitCache
 from envbuild.git.mirrors import Mirrors
 from envbuild.git.remote import GitError, RefListing
 from envbuild.lock.model import HEX40, REF_NAME, Source, check_repo_url
+from envbuild.lock.moves import Moved, Relation
 from envbuild.progress import Progress
 
 ALL_REFS = ("+refs/heads/*:refs/upstream/heads/*", "+refs/tags/*:refs/upstream/tags/*")
@@ -150,3 +151,18 @@ def count_commits(source_url: str, old: str, new: str, cache: GitCache, *, mirro
         return cache.count_range(mirrors.rewrite(source_url), old, new)
     except GitError:
         return None
+
+
+def read_move(source_url: str, old: str, new: str, cache: GitCache, *, mirrors: Mirrors = Mirrors()) -> Moved | None:
+    """What ``new`` brings over ``old`` (:meth:`GitCache.commit_range`), from the cache alone; None when the
+    cache does not hold both."""
+    return cache.commit_range(mirrors.rewrite(source_url), old, new)
+
+
+def relation_in_cache(cache: GitCache, url: str, commit: str, source_commit: str) -> Relation | None:
+    """How a submodule's ``commit`` relates to a source's pin of the same repository (``url``, after mirrors),
+    from the cache alone: one ``rev-list --left-right --count``; None when the cache does not hold both."""
+    if not {commit, source_commit} <= set(cache.commit_trees(url, [commit, source_commit])):
+        return None
+    behind, ahead = cache.left_right(url, commit, source_commit)
+    return Relation(ahead=ahead, behind=behind)

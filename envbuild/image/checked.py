@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import tarfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +34,12 @@ STEP_START_WAIT = 2.0  # seconds the normalising waits for the check's step to s
 
 
 class InImageMismatch(EngineError):
-    """The built image does not hold what the lock pins (no image was made of it, no tag set)."""
+    """The built image does not hold what the lock pins (no image was made of it, no tag set); ``problems``:
+    each one line (``source beta: import beta failed: …``)."""
+
+    def __init__(self, message: str, problems: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.problems = tuple(problems)
 
 
 @dataclass(frozen=True)
@@ -121,7 +126,9 @@ def judged(output: RunOutput, context: BuildContext) -> dict[str, Any]:
     if report is not None:
         problems = compare_inimage(report, context.manifest)
     if problems or report is None:
-        raise InImageMismatch("the built image does not hold what the lock pins (not tagged): " + "; ".join(problems))
+        raise InImageMismatch(
+            "the built image does not hold what the lock pins (not tagged): " + "; ".join(problems), problems
+        )
     return report
 
 

@@ -39,7 +39,7 @@ from envbuild.git.files import OFFLINE_MISS, READ_NS, PinnedTree
 from envbuild.git.gitmodules import repository_key, too_many_records
 from envbuild.git.mirrors import Mirrors
 from envbuild.git.remote import GitError, TreeEntry
-from envbuild.git.upstream import Offline, Upstream
+from envbuild.git.upstream import Offline, Upstream, relation_in_cache
 from envbuild.lock.model import Lock, Source, Submodule, check_repo_url
 from envbuild.progress import Progress, silent
 from envbuild.verify.results import PinResult, SubmoduleStatus
@@ -257,25 +257,10 @@ class _Checker:
                 self.cache.fetch(url, [f"+{sha}:{READ_NS}{sha}"], wanted=[sha])
             except GitError as exc:
                 return {"relation": "unknown"}, f"how it relates to source {source.name}'s pin is unknown: {exc.reason}"
-        if not set(wanted) <= set(self.cache.commit_trees(url, wanted)):
+        relation = relation_in_cache(self.cache, url, commit, source.commit)  # the words `lock diff` says too
+        if relation is None:
             return {"relation": "unknown"}, f"how it relates to source {source.name}'s pin is unknown: not fetched"
-        mine, theirs = self.cache.left_right(url, commit, source.commit)
-        pin = f"source {source.name}'s pin"
-        if mine == theirs == 0:
-            return {"relation": "same"}, f"the same commit as {pin}"
-        if mine == 0:
-            return {"relation": "contained", "ahead": theirs}, f"contained in {pin}, {_n(theirs)} ahead"
-        if theirs == 0:
-            return {"relation": "behind", "behind": mine}, f"{pin} is behind it, by {_n(mine)}"
-        return (
-            {"relation": "diverged", "ahead": theirs, "behind": mine},
-            f"diverged from {pin}: {_n(mine)} of its own, {_n(theirs)} only the source has (upstream tested the "
-            "parent with this commit, not with the source's)",
-        )
-
-
-def _n(count: int) -> str:
-    return f"{count} commit{'s' * (count != 1)}"
+        return relation.to_json(), relation.words(source.name)
 
 
 def _gitlink_mismatch(path: str, found: str | None, recorded: str | None) -> str:

@@ -1,0 +1,164 @@
+"""What a bisect hands back: every build's result, the change found, and the lock that goes forward."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from envbuild.bisect.steps import Fields, Unit, Verdict
+from envbuild.lock.model import Lock, Source
+from envbuild.lock.moves import LoggedCommit
+
+# found: one first bad state; ambiguous: skips leave several; bad-passes: BAD built and passed;
+# bad-unbuildable: BAD cannot be built; good-fails: GOOD (or what stands for it) does not pass;
+# deadline, stopped: the search ended before it was done (the deadline; an error of the engine, the
+# network, the cache).
+Outcome = Literal["found", "ambiguous", "bad-passes", "bad-unbuildable", "good-fails", "deadline", "stopped"]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One build of the search, in the order run."""
+
+    number: int
+    state: int
+    what: str  # the candidate in words: GOOD, BAD, "source beta at <commit> (23 of 40)", "packages"
+    verdict: Verdict
+    reason: str  # one line: what failed, or why it could not be built; "" for good
+    seconds: float
+    lock_sha256: str
+    image_id: str | None = None
+    answered: bool = False  # answered from the record of this lock built and checked before: nothing built
+    commit: LoggedCommit | None = None  # for a commit of a source: its subject and author date
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "number": self.number,
+            "state": self.state,
+            "what": self.what,
+            "verdict": self.verdict,
+            "reason": self.reason,
+            "seconds": round(self.seconds, 3),
+            "lock_sha256": self.lock_sha256,
+            "image_id": self.image_id,
+            "answered_from_record": self.answered,
+            "commit": None if self.commit is None else self.commit.to_json(),
+        }
+
+
+@dataclass(frozen=True)
+class Culprit:
+    """The change that breaks: a unit, and for a source bisected by commit, the first bad commit."""
+
+    unit: Unit
+    reason: str  # the failing check's one line
+    commit: LoggedCommit | None = None  # the first bad commit
+    position: int = 0  # its place among the unit's commits, 1-based
+    last_good: str | None = None  # the source's last good commit
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.unit.kind,
+            "name": self.unit.name,
+            "reason": self.reason,
+            "commit": None if self.commit is None else self.commit.to_json(),
+            "position": self.position or None,
+            "commits": len(self.unit.commits) or None,
+            "last_good_commit": self.last_good,
+        }
+
+
+@dataclass(frozen=True)
+class BisectResult:
+    good: str  # the lockfiles, as given
+    bad: str
+    units: tuple[Unit, ...]
+    states: int  # the last state's index: BAD
+    planned: int  # builds at most, logged before the first (skips add to it)
+    first_parent: bool
+    steps: tuple[Step, ...]
+    outcome: Outcome
+    seconds: float
+    culprit: Culprit | None = None
+    candidates: tuple[str, ...] = ()  # ambiguous: the states the first bad may be, in words
+    forward: Lock | None = None  # BAD with the culprit at its last good value
+    forward_step: int | None = None  # the step that built exactly the forward lock, when one did
+    stopped: str = ""  # why the search ended without an answer (deadline, stopped, the endpoints)
+
+    @property
+    def exit_code(self) -> int:
+        """0: the change and (for a source bisected by commit) the commit found; 1: nothing conclusive."""
+        return 0 if self.outcome == "found" else 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.outcome == "found",
+            "outcome": self.outcome,
+            "good": self.good,
+            "bad": self.bad,
+            "first_parent": self.first_parent,
+            "changes": [unit_json(u) for u in self.units],
+            "states": self.states,
+            "planned_builds": self.planned,
+            "builds": len(self.steps),
+            "seconds": round(self.seconds, 3),
+            "culprit": None if self.culprit is None else self.culprit.to_json(),
+            "candidates": list(self.candidates),
+            "forward_lock": {"differs_from_bad": forward_difference(self), "built_in_step": self.forward_step}
+            if self.forward is not None
+            else None,
+            "stopped": self.stopped or None,
+            "steps": [s.to_json() for s in self.steps],
+        }
+
+
+def unit_json(unit: Unit) -> dict[str, Any]:
+    old, new = describe(unit.before), describe(unit.after)
+    return {
+        "kind": unit.kind,
+        "name": unit.name,
+        "old": old,
+        "new": new,
+        "commits": len(unit.commits) or None,
+        "note": unit.note,
+        "rewritten": None if unit.rewrite is None else unit.rewrite.to_json(),
+    }
+
+
+def describe(value: Source | Fields | None) -> str:
+    """A unit's value in one line: a source's ref and commit, the base image, counts of a closure."""
+    if value is None:
+        return "(none)"
+    if isinstance(value, Source):
+        return f"{value.ref_type} {value.ref} {value.commit}"
+    said = []
+    for name, field_value in value:
+        if name == "base_image":
+            said.append("(none)" if field_value is None else f"{field_value.name}@{field_value.digest or '(unpinned)'}")
+        elif name == "platform":
+            if field_value is not None:
+                said.append(f"{field_value.os}/{field_value.arch} python {field_value.python}")
+        elif name in ("packages", "requirements"):
+            said.append(f"{len(field_value)} {name}")
+        else:
+            said.append(f"{name} {field_value}")
+    return ", ".join(said)
+
+
+def forward_difference(result: BisectResult) -> list[str]:
+    """How the forward lock differs from BAD, a line per field."""
+    if result.forward is None or result.culprit is None:
+        return []
+    unit = result.culprit.unit
+    if unit.kind == "source":
+        forward = next((s for s in result.forward.sources if s.name == unit.name), None)
+        if forward is None:
+            return [f"source {unit.name}: left out (GOOD has none)"]
+        if unit.after is None:
+            return [f"source {unit.name}: kept at GOOD's {describe(forward)}"]
+        assert isinstance(unit.after, Source)
+        return [f"source {unit.name}: commit {unit.after.commit} → {forward.commit}"] + (
+            [f"source {unit.name}: tree {unit.after.tree} → {forward.tree}"] if forward.tree != unit.after.tree else []
+        )
+    assert isinstance(unit.before, tuple)
+    return [f"{unit.label}: {describe(unit.after)} → {describe(unit.before)}"]

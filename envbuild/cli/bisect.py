@@ -1,0 +1,83 @@
+"""`envbuild bisect GOOD BAD`: a thin wrapper over :func:`envbuild.bisect.run.run_bisect`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from envbuild.cli.common import StderrProgress, add_source_options, render_json, verify_options
+from envbuild.cli.width import output_width
+from envbuild.errors import InputError
+from envbuild.fileio import write_atomic
+
+
+def add_bisect_command(subparsers: argparse._SubParsersAction) -> None:
+    bisect = subparsers.add_parser(
+        "bisect",
+        help="find the change from a lock that passed to one that fails: the pin, then a source's first bad commit",
+    )
+    bisect.add_argument("good", type=Path, metavar="GOOD_LOCK", help="a lock whose image was built and passed")
+    bisect.add_argument("bad", type=Path, metavar="BAD_LOCK", help="a later lock whose image fails")
+    bisect.add_argument(
+        "--assume-good", action="store_true", help="do not build GOOD again: it passed (the nightly says so)"
+    )
+    bisect.add_argument(
+        "--all-parents",
+        action="store_true",
+        help="try every commit of a source's range, not only its branch's first-parent line",
+    )
+    bisect.add_argument(
+        "--run",
+        metavar="CMD",
+        help="a test after each build, as `git bisect run` runs one (the image in $ENVBUILD_IMAGE): "
+        "exit 0 good, 125 cannot test, 1-127 bad, 128 or more stops",
+    )
+    bisect.add_argument(
+        "--deadline", type=float, metavar="SECONDS", help="start no build once this many seconds have passed"
+    )
+    bisect.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    bisect.add_argument("--report", type=Path, metavar="FILE", help="write the report, every build, as Markdown")
+    bisect.add_argument(
+        "--write-lock",
+        type=Path,
+        metavar="FILE",
+        help="write BAD with the breaking change at its last good value: the lock that goes forward",
+    )
+    add_source_options(bisect)
+    bisect.set_defaults(handler=cmd_bisect)
+
+
+def cmd_bisect(args: argparse.Namespace) -> int:
+    from envbuild.bisect.report import render_markdown, render_text
+    from envbuild.bisect.run import BisectOptions, run_bisect
+    from envbuild.lock.io import checked_lock_text, read_lock
+
+    if args.deadline is not None and not args.deadline > 0:
+        raise InputError(f"--deadline: expected a positive number of seconds, got {args.deadline:g}")
+    for option, path in (("--report", args.report), ("--write-lock", args.write_lock)):
+        if path is not None and (path.is_dir() or not path.parent.is_dir()):
+            raise InputError(f"{option} {path}: not a file in an existing directory")
+    options = BisectOptions(
+        verify_options(args),
+        assume_good=args.assume_good,
+        first_parent=not args.all_parents,
+        run=args.run,
+        deadline=args.deadline,
+    )
+    good, bad = read_lock(args.good), read_lock(args.bad)
+    result = run_bisect(good, bad, options, progress=StderrProgress("envbuild", args.quiet))
+    written = None
+    if args.write_lock is not None and result.forward is not None:
+        from envbuild.lock.roundtrip import updated_text  # BAD's comments and layout kept where they can be
+
+        text, _ = updated_text(args.bad.read_text(encoding="utf-8"), bad.lock, result.forward)
+        write_atomic(args.write_lock, checked_lock_text(result.forward, args.write_lock, text))
+        written = str(args.write_lock)
+    if args.report is not None:
+        write_atomic(args.report, render_markdown(result, written))
+    if args.json:
+        sys.stdout.write(render_json({**result.to_json(), "forward_lock_written": written}))
+    else:
+        sys.stdout.write(render_text(result, output_width(), written))
+    return result.exit_code
