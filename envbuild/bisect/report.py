@@ -33,6 +33,18 @@ def headline(result: BisectResult) -> str:
     return f"{head}: {what}"
 
 
+def title(result: BisectResult) -> str:
+    """One line naming what broke (an issue's title): ``source beta commit 684ed0665217 'subject'``."""
+    culprit = result.culprit
+    if culprit is None:
+        return HEADLINES[result.outcome].lower()
+    what = culprit.unit.label
+    if culprit.commit is not None:
+        said = f" {culprit.commit.subject!r}" if culprit.commit.subject else ""
+        what += f" commit {culprit.commit.commit[:12]}{said}"
+    return f"{what} breaks it"
+
+
 def _unit_row(unit: Unit) -> list[str]:
     counted = f" ({len(unit.commits)} commits)" if unit.commits else ""
     return [unit.label, f"{describe(unit.before)} → {describe(unit.after)}{counted}"]
@@ -102,7 +114,7 @@ def render_markdown(result: BisectResult, written: str | None = None) -> str:
     def cell(text: str) -> str:
         return for_markdown(text) or " "
 
-    lines = [f"# envbuild bisect: {cell(HEADLINES[result.outcome].lower())}", "", cell(headline(result)), ""]
+    lines = [f"# envbuild bisect: {cell(title(result))}", "", cell(headline(result)), ""]
     culprit = result.culprit
     if culprit is not None:
         lines.append(f"- fails: {cell(culprit.reason)}")
