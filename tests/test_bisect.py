@@ -140,6 +140,14 @@ def test_a_unit_is_applied_whole_when_its_commits_are_not_known() -> None:
     assert plan_states(units) == [State(0, None), State(1, 0)]
 
 
+def test_a_change_whose_pin_is_the_same_says_which_fields_changed() -> None:
+    from envbuild.bisect.report import unit_row
+
+    before = _source("a", "1" * 40)
+    unit = Unit("source", "a", before, dataclasses.replace(before, requires=("tinyone>=1",)))
+    assert unit_row(unit)[1].endswith(f"{'1' * 40}; changed: requires")
+
+
 class Built:
     """What the fake build below returns for a lock that passes."""
 

@@ -3,7 +3,7 @@ each listing every build. Pure. Subjects and reasons come from upstreams and bui
 
 from __future__ import annotations
 
-from envbuild.bisect.result import BisectResult, Step, describe, forward_difference
+from envbuild.bisect.result import BisectResult, Step, describe, differing, forward_difference
 from envbuild.bisect.steps import Unit
 from envbuild.escape import for_markdown, for_terminal
 from envbuild.terminal import render_table, wrap
@@ -45,9 +45,12 @@ def title(result: BisectResult) -> str:
     return f"{what} breaks it"
 
 
-def _unit_row(unit: Unit) -> list[str]:
+def unit_row(unit: Unit) -> list[str]:
     counted = f" ({len(unit.commits)} commits)" if unit.commits else ""
-    return [unit.label, f"{describe(unit.before)} → {describe(unit.after)}{counted}"]
+    before, after = describe(unit.before), describe(unit.after)
+    if before == after:  # the same pin, other recorded fields: say which
+        return [unit.label, f"{before}; changed: {', '.join(differing(unit.before, unit.after)) or 'nothing shown'}"]
+    return [unit.label, f"{before} → {after}{counted}"]
 
 
 def _step_row(step: Step) -> list[str]:
@@ -97,7 +100,7 @@ def render_text(result: BisectResult, width: int | None = None, written: str | N
         lines.append(wrap(for_terminal(f"  {result.stopped}"), width))
     lines.append(f"  {_counts(result)}")
     lines += ["", "changes, in the order tried:"]
-    lines.append(render_table(["CHANGE", "GOOD → BAD"], [_unit_row(u) for u in result.units], width).rstrip("\n"))
+    lines.append(render_table(["CHANGE", "GOOD → BAD"], [unit_row(u) for u in result.units], width).rstrip("\n"))
     lines += [wrap(for_terminal(f"note: {u.label}: {u.note}"), width) for u in result.units if u.note]
     lines += ["", "builds:"]
     rows = [[for_terminal(cell) for cell in _step_row(s)] for s in result.steps]
@@ -128,7 +131,7 @@ def render_markdown(result: BisectResult, written: str | None = None) -> str:
         lines.append(f"- {cell(result.stopped)}")
     lines += [f"- {cell(_counts(result))}", "", "## Changes, in the order tried", ""]
     lines += ["| change | GOOD → BAD | note |", "| --- | --- | --- |"]
-    lines += [f"| {cell(u.label)} | {cell(_unit_row(u)[1])} | {cell(u.note or '')} |" for u in result.units]
+    lines += [f"| {cell(u.label)} | {cell(unit_row(u)[1])} | {cell(u.note or '')} |" for u in result.units]
     lines += ["", "## Builds", "", "| # | candidate | verdict | seconds | reason |", "| --- | --- | --- | --- | --- |"]
     lines += ["| " + " | ".join(cell(text) for text in _step_row(s)) + " |" for s in result.steps]
     forward = _forward_lines(result, written)

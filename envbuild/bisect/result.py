@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -143,6 +144,19 @@ def describe(value: Source | Fields | None) -> str:
         else:
             said.append(f"{name} {field_value}")
     return ", ".join(said)
+
+
+def differing(before: Source | Fields | None, after: Source | Fields | None) -> list[str]:
+    """The fields that differ between a unit's two values: what a change is when its one-line description
+    is the same on both sides (a lock update that records a source's requirements, a file's metadata pin)."""
+    if before is None or after is None:
+        return []
+    if isinstance(before, Source) and isinstance(after, Source):
+        return [f.name for f in dataclasses.fields(Source) if getattr(before, f.name) != getattr(after, f.name)]
+    if isinstance(before, Source) or isinstance(after, Source):
+        return []
+    old, new = dict(before), dict(after)
+    return [name for name in dict.fromkeys([*old, *new]) if old.get(name) != new.get(name)]
 
 
 def forward_difference(result: BisectResult) -> list[str]:
