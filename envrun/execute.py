@@ -16,19 +16,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from envbuild.errors import EnvbuildError
 from envbuild.interrupts import stop_signals
 from envbuild.progress import Progress, silent
 from envrun.exports import ExportVerdict, export_verdict
-from envrun.launch import launcher_for
 from envrun.launch.base import Launcher, LaunchResult
-from envrun.plan import PreflightLine, RunPlan
+from envrun.plan import RunPlan
 from envrun.preflight import TARGET_CHECK, failed
-from envrun.prepare import PreparedRun
+from envrun.preflightline import PreflightLine
+from envrun.prepare import PreparedRun, launcher_for
 from envrun.probe.report import layout_of
 from envrun.rundir import RunDir, Status
+
+if TYPE_CHECKING:
+    from envrun.cluster.state import ClusterState
 
 
 @dataclass(frozen=True)
@@ -65,13 +68,21 @@ def execute_run(prepared: PreparedRun, progress: Progress = silent) -> RunOutcom
     """Launch ``prepared`` and record it under its plan's run directory."""
     prepared.refuse_if_failed()
     lenient = prepared.recipe.lenient_checkpoint is not None
-    return execute_plan(prepared.plan, prepared.skip_checks, lenient, progress)
+    return execute_plan(prepared.plan, prepared.skip_checks, lenient, progress, cluster=prepared.cluster)
 
 
-def execute_plan(plan: RunPlan, skip_checks: tuple[str, ...], lenient: bool, progress: Progress = silent) -> RunOutcome:
+def execute_plan(
+    plan: RunPlan,
+    skip_checks: tuple[str, ...],
+    lenient: bool,
+    progress: Progress = silent,
+    *,
+    cluster: ClusterState | None = None,
+) -> RunOutcome:
     """Launch a checked ``plan`` (its preflight passed) and record it: what a scheduler's job runs too
-    (:mod:`envrun.injob`), with the plan envrun prepared on the submitting host."""
-    launcher = launcher_for(plan)
+    (:mod:`envrun.injob`), with the plan envrun prepared on the submitting host. ``cluster``: the state of
+    the cluster `envrun cluster up` started, when the run names it."""
+    launcher = launcher_for(plan, cluster)
     record = RunDir(plan.run_dir)
     digest = _image_digest(plan)
     record.record_plan(plan, image_digest=digest)
@@ -140,7 +151,7 @@ def _status(result: LaunchResult, signals: list[str]) -> tuple[Status, str]:
 
 def _image_digest(plan: RunPlan) -> str | None:
     if plan.image and plan.backend == "docker":
-        from envrun.launch.docker_backend import image_digest
+        from envrun.dockerhost import image_digest
 
         return image_digest(plan.image)
     return None

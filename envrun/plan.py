@@ -18,8 +18,8 @@ from envbuild.escape import for_terminal
 from envbuild.image.plan import IMAGE_ROOT
 from envbuild.lock.model import ENV_NAME
 from envbuild.terminal import wrap
-from envrun.cluster.state import ClusterState
 from envrun.overrides import merge_overrides
+from envrun.preflightline import PreflightLine
 from envrun.probe.request import ProbeRequest
 from envrun.recipe import REQUIRED_PARAMETERS, Recipe, override_key
 
@@ -29,25 +29,6 @@ BACKENDS: tuple[Backend, ...] = ("docker", "ray", "local", "slurm")
 ON_NODES: tuple[Backend, ...] = ("ray", "slurm")
 # What Hydra takes unquoted and reads as the same string; anything else is quoted.
 _PLAIN = re.compile(r"[A-Za-z0-9_/.+:@%-]+")
-
-
-PreflightStatus = Literal["ok", "fail", "skip"]
-
-
-@dataclass(frozen=True)
-class PreflightLine:
-    """One line of the preflight report: a check's name, its verdict and why."""
-
-    name: str
-    status: PreflightStatus
-    detail: str
-    facts: Mapping[str, Any] | None = None  # what the check was told (a node's own answer), for the record
-
-    def to_json(self) -> dict[str, Any]:
-        document: dict[str, Any] = {"name": self.name, "status": self.status, "detail": self.detail}
-        if self.facts is not None:
-            document["facts"] = dict(self.facts)
-        return document
 
 
 def _absolute(path: str) -> str | None:
@@ -174,7 +155,6 @@ class RunPlan:
     python: str = "python3"  # the job's interpreter (the recipe's entry point), which runs the probe
     transformers: str | None = None  # the version the lock pins: checkpoint audits ask that model for its names
     launch: Mapping[str, Any] | None = None  # what the launcher would start (Launcher.describe), once prepared
-    cluster: ClusterState | None = None  # the cluster `envrun cluster up` started, when the run names it
     scheduled: Scheduled | None = None  # a scheduler's job (--backend slurm): how its nodes start
 
     @property

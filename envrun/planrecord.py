@@ -10,14 +10,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from envrun.plan import PreflightLine, RunPlan, Volume
+from envrun.plan import RunPlan, Volume
+from envrun.preflightline import PreflightLine
 from envrun.probe.request import ProbeRequest
 
 RECORD_VERSION = 1
 
 
 def plan_record(plan: RunPlan) -> dict[str, Any]:
-    """Every field of ``plan`` but the cluster state (a scheduler's job runs on no cluster `up` started)."""
+    """Every field of ``plan``."""
     return {
         "version": RECORD_VERSION,
         "recipe": plan.recipe,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,8 @@ from envbuild.image.plan import LOCK_LABEL
 from envbuild.lock.platform import OCI_ARCH
 from envrun.checkpoint.names import shown_name
 from envrun.datafiles import parquet_problem
-from envrun.plan import PreflightLine, RunPlan
+from envrun.plan import RunPlan
+from envrun.preflightline import PreflightLine
 
 # The last is not run here: it asks where the job runs (a Ray cluster's nodes), when it is launched.
 TARGET_CHECK = "ray-node"
@@ -108,7 +109,7 @@ def default_job_probe(plan: RunPlan) -> tuple[PreflightLine, ...]:
 
     assert plan.probe is not None
     if plan.backend == "docker" and plan.image:
-        from envrun.launch.docker_backend import job_volumes
+        from envrun.dockerhost import job_volumes
 
         report = probe_in_image(plan.probe, plan.image, plan.python, plan.env, job_volumes(plan))
     else:
@@ -217,31 +218,79 @@ def check_model(plan: RunPlan, audit: Audit | None) -> PreflightLine:
     try:
         report = audit(model) if audit is not None else default_audit(model, plan)
     except ModelNamesError as exc:
-        return PreflightLine(
-            "model",
-            "fail",
+        error = (
             f"{model}: the expected names could not be had from the model the lock's transformers "
-            f"{plan.transformers} builds (no fallback to envrun's description): {exc}",
+            f"{plan.transformers} builds (no fallback to envrun's description): {exc}"
         )
+        return model_verdict(ModelAudit(str(model), False, error=error))
     except EnvbuildError as exc:
-        return PreflightLine("model", "fail", f"{model}: checkpoint unreadable: {exc}")
-    names = getattr(report, "expected_from", "") or "-"
-    facts = {"check": getattr(report, "check", None), "expected_from": names}
-    if not report.ok:
+        return model_verdict(ModelAudit(str(model), False, error=f"{model}: checkpoint unreadable: {exc}"))
+    return model_verdict(ModelAudit.of_report(str(model), report))
+
+
+@dataclass(frozen=True)
+class ModelAudit:
+    """What the model check judges, wherever the audit ran: the checkpoint audit of the model directory at
+    the path the job reads, on this host (an :class:`~envrun.checkpoint.audit.AuditReport`) or on a Ray
+    node (its answer, :func:`envrun.cluster.onnode.audit`), or what stopped it."""
+
+    path: str
+    ok: bool
+    missing: tuple[str, ...] = ()
+    unexpected: tuple[str, ...] = ()
+    check: str | None = None  # what the expected names came from ("architecture", "model", …)
+    expected_from: str = ""  # the same, for people
+    error: str | None = None  # what stopped the audit, naming the path: no names were compared
+
+    @classmethod
+    def of_report(cls, path: str, report: Any) -> ModelAudit:
+        return cls(
+            path,
+            bool(report.ok),
+            tuple(getattr(report, "missing", ())),
+            tuple(getattr(report, "unexpected", ())),
+            getattr(report, "check", None),
+            getattr(report, "expected_from", "") or "",
+        )
+
+    @classmethod
+    def of_answer(cls, answer: Mapping[str, Any]) -> ModelAudit:
+        """A node's answer (JSON from the node: each field taken for what it says, nothing trusted more)."""
+        error = answer.get("error")
+        return cls(
+            str(answer.get("path")),
+            bool(answer.get("ok")),
+            tuple(str(name) for name in answer.get("missing") or ()),
+            tuple(str(name) for name in answer.get("unexpected") or ()),
+            str(answer["check"]) if answer.get("check") is not None else None,
+            str(answer.get("expected_from") or ""),
+            str(error) if error else None,
+        )
+
+
+def model_verdict(audit: ModelAudit, where: str = "") -> PreflightLine:
+    """The model check's one verdict (pure), on this host's audit and on each node's
+    (:mod:`envrun.cluster.nodecheck`); ``where`` names the node."""
+    who = f"{where}: " if where else ""
+    if audit.error is not None:
+        return PreflightLine("model", "fail", who + audit.error)
+    names = audit.expected_from or "-"
+    facts = {"check": audit.check, "expected_from": names}
+    if not audit.ok:
         # Names come from the checkpoint: escaped and shortened as the audit's own report does.
-        missing = [shown_name(n) for n in getattr(report, "missing", ())]
+        missing = [shown_name(n) for n in audit.missing]
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-        unexpected = [shown_name(n) for n in getattr(report, "unexpected", ())]
+        unexpected = [shown_name(n) for n in audit.unexpected]
         more = f"; unexpected: {', '.join(unexpected[:5])}" if unexpected else ""
         return PreflightLine(
             "model",
             "fail",
-            f"{model}: checkpoint audit failed (checkpoint.strict=False "
+            f"{who}{audit.path}: checkpoint audit failed (checkpoint.strict=False "
             f"tolerates only the MTP layers): missing: {shown or '-'}{more}; names: {names}",
             facts,
         )
     return PreflightLine(
-        "model", "ok", f"{model}: checkpoint audit ok (only MTP layers may be absent); names: {names}", facts
+        "model", "ok", f"{who}{audit.path}: checkpoint audit ok (only MTP layers may be absent); names: {names}", facts
     )
 
 

@@ -19,8 +19,10 @@ from envbuild.lock.io import LockFile, read_lock
 from envbuild.progress import Progress, silent
 from envrun.auditnames import locked_transformers
 from envrun.cluster.state import ClusterState
-from envrun.plan import PreflightLine, RunParameters, RunPlan, build_plan
+from envrun.launch.base import Launcher
+from envrun.plan import RunParameters, RunPlan, build_plan
 from envrun.preflight import TARGET_CHECK, PreflightEnv, PreflightError, failed, run_preflight
+from envrun.preflightline import PreflightLine
 from envrun.recipe import RECIPES_DIR, Recipe, load_recipe, recipe_path
 from envrun.rundir import default_run_dir
 
@@ -49,6 +51,7 @@ class PreparedRun:
     lock: LockFile
     plan: RunPlan
     skip_checks: tuple[str, ...] = ()  # the user's --skip-check, for the checks made at launch
+    cluster: ClusterState | None = None  # the cluster `envrun cluster up` started, when the run names it
 
     @property
     def failed_checks(self) -> list[PreflightLine]:
@@ -107,9 +110,7 @@ def prepare_run(request: RunRequest, progress: Progress = silent) -> PreparedRun
         params, cluster = _on_cluster(params, request.cluster, _cache_dir(request))
     run_dir = request.run_dir or default_run_dir(recipe.name)
     transformers = locked_transformers(lock.lock)
-    plan = replace(
-        build_plan(recipe, params, str(lock.path), lock.sha256, run_dir, transformers=transformers), cluster=cluster
-    )
+    plan = build_plan(recipe, params, str(lock.path), lock.sha256, run_dir, transformers=transformers)
 
     from envrun.overrides import validate_overrides  # Hydra costs a second to import
 
@@ -124,16 +125,33 @@ def prepare_run(request: RunRequest, progress: Progress = silent) -> PreparedRun
 
     env = PreflightEnv()
     if plan.image and plan.backend != "slurm":  # a slurm job's nodes read the image they pull
-        from envrun.launch.docker_backend import image_labels, image_platform
+        from envrun.dockerhost import image_labels, image_platform
 
         env = PreflightEnv(image_labels=image_labels, image_platform=image_platform)
     if plan.probe is not None and not plan.on_nodes:
         progress(f"probing the job where it will run ({plan.image or plan.python})")
     lines = run_preflight(plan, env, dry_run=request.dry_run, skip=request.skip_checks)
-    from envrun.launch import launcher_for
-
-    launcher = launcher_for(plan)
+    launcher = launcher_for(plan, cluster)
     if request.dry_run and plan.backend == "ray" and TARGET_CHECK not in request.skip_checks:
         lines += launcher.check_target(plan, frozenset(request.skip_checks), progress)
     plan = replace(plan.with_preflight(lines), launch=launcher.describe(plan))
-    return PreparedRun(recipe, lock, plan, request.skip_checks)
+    return PreparedRun(recipe, lock, plan, request.skip_checks, cluster)
+
+
+def launcher_for(plan: RunPlan, cluster: ClusterState | None = None) -> Launcher:
+    """The launcher of the plan's backend; ``cluster`` is the state of the cluster a Ray run names."""
+    if plan.backend == "local":
+        from envrun.launch.local import LocalLauncher
+
+        return LocalLauncher()
+    if plan.backend == "slurm":
+        from envrun.schedule.slurm import SlurmLauncher
+
+        return SlurmLauncher()
+    if plan.backend == "ray":
+        from envrun.launch.ray_backend import RayLauncher
+
+        return RayLauncher(plan.ray_address or "", cluster)  # build_plan gives every Ray plan an address
+    from envrun.launch.docker_backend import DockerLauncher
+
+    return DockerLauncher()

@@ -16,6 +16,7 @@ from envrun.cluster.nodecheck import capacity_line, data_lines, job_address_line
 from envrun.cluster.nodes import HostFacts, host_facts, host_slots, node_container, probe_command, ray_start_command
 from envrun.cluster.spec import ClusterFileError, parse_cluster_file
 from envrun.cluster.state import ClusterState, load_state, save_state, state_path
+from envrun.preflight import ModelAudit, model_verdict
 
 GOOD = """\
 name: glm5
@@ -257,11 +258,22 @@ def test_each_node_reports_the_model_and_the_data_it_sees() -> None:
                 data=["/data/t.parquet: no such file"]),
     ]  # fmt: skip
     assert [(line.status, line.detail.split(": ", 1)[1]) for line in model_lines(answers)] == [
-        ("ok", "/data/m: checkpoint audit ok; names: M of transformers 5.10.4 on n1"),
+        ("ok", "/data/m: checkpoint audit ok (only MTP layers may be absent); names: M of transformers 5.10.4 on n1"),
         ("fail", "/data/m: not a directory on this node"),
     ]
     assert [line.status for line in data_lines(answers, 1)] == ["ok", "fail"]
     assert "node n2 (ip 10.0.0.1" in data_lines(answers, 1)[1].detail
+
+
+def test_a_nodes_model_audit_is_judged_by_the_local_verdict() -> None:
+    """One judge: a node's answer, read into the typed audit, gets this host's words and facts, after its name."""
+    lost = ["model.layers.3.mlp.gate.weight", "lm_head.weight"]
+    audit = {"path": "/data/m", "ok": False, "missing": lost, "check": "architecture", "expected_from": "M"}
+    (line,) = model_lines([_answer("1", "a", model=audit)])
+    here = model_verdict(ModelAudit("/data/m", False, tuple(lost), check="architecture", expected_from="M"))
+    assert line.status == here.status == "fail" and line.facts == here.facts
+    assert line.detail == f"node n1 (ip 10.0.0.1, Ray node {'1' * 56}): {here.detail}"
+    assert "missing: model.layers.3.mlp.gate.weight, lm_head.weight; names: M" in line.detail
 
 
 def test_the_node_verdict_names_each_node_and_what_it_runs() -> None:

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from envbuild.errors import CacheError
-from envrun.plan import PreflightLine, RunParameters, build_plan
+from envrun.plan import RunParameters, build_plan
+from envrun.preflightline import PreflightLine
 from envrun.recipe import load_recipe, recipe_path
 from envrun.rundir import RunDir, read_status
 

@@ -27,7 +27,7 @@ from typing import Any
 from envrun.cluster.netifs import carrier, shown_interfaces
 from envrun.cluster.onnet import NET_VARS, NOSET, host_ports, parse_ports
 from envrun.cluster.spec import HCCL_PORTS_PER_NODE, same_address
-from envrun.plan import PreflightLine
+from envrun.preflightline import PreflightLine
 
 CHECK = "network"
 PORT_BLOCK = HCCL_PORTS_PER_NODE // 2  # each of a node's two HCCL ranges (HCCL takes 16 host ports by default)

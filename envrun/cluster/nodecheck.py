@@ -6,7 +6,9 @@ job will read there, checks the data files there, and runs the job probe with it
 node on another lock, on an image envbuild did not build (no manifest), or that does not answer refuses
 the job; so do fewer alive nodes with enough NPUs than ``nnodes × npus-per-node``, a model or data file
 a node cannot read, and a probe problem on any node — each one line naming the node. The verdicts are
-pure functions of the answers.
+pure functions of the answers; the model's and the probe's are this host's own
+(:func:`envrun.preflight.model_verdict`, :func:`envrun.probe.report.probe_lines`), on each node's answer
+read into the same typed report.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from envrun import ray_api
 from envrun.cluster.onnode import MANIFEST, MARKER, TASK_TIMEOUT_SECONDS
 from envrun.cluster.spec import same_address
 from envrun.cluster.state import ClusterState, container_name
-from envrun.plan import PreflightLine
+from envrun.preflightline import PreflightLine
 from envrun.probe.report import RAY_RESOURCES, cpu_ask
 
 if TYPE_CHECKING:  # the check runs inside the image too (envrun.injob), where no docker package is
@@ -231,39 +233,14 @@ def cluster_cpu_line(answers: list[dict[str, Any]]) -> PreflightLine | None:
 
 
 def model_lines(answers: list[dict[str, Any]]) -> tuple[PreflightLine, ...]:
-    """The model audited on each node, at the path the job reads there."""
-    from envrun.checkpoint.names import shown_name
+    """The model audited on each node, at the path the job reads there, judged as this host's is."""
+    from envrun.preflight import ModelAudit, model_verdict
 
-    lines = []
-    for answer in answers:
-        model = answer.get("model")
-        if not isinstance(model, dict):
-            continue
-        who = node_label(answer)
-        if model.get("error"):
-            lines.append(PreflightLine("model", "fail", f"{who}: {model['error']}", model))
-        elif not model.get("ok"):
-            missing = [shown_name(n) for n in model.get("missing") or ()]
-            unexpected = [shown_name(n) for n in model.get("unexpected") or ()]
-            lines.append(
-                PreflightLine(
-                    "model",
-                    "fail",
-                    f"{who}: {model.get('path')}: checkpoint audit failed (checkpoint.strict=False tolerates only "
-                    f"the MTP layers): missing: {', '.join(missing[:5]) or '-'}"
-                    + (f"; unexpected: {', '.join(unexpected[:5])}" if unexpected else "")
-                    + f"; names: {model.get('expected_from') or '-'}",
-                )
-            )
-        else:
-            lines.append(
-                PreflightLine(
-                    "model",
-                    "ok",
-                    f"{who}: {model.get('path')}: checkpoint audit ok; names: {model.get('expected_from') or '-'}",
-                )
-            )
-    return tuple(lines)
+    return tuple(
+        model_verdict(ModelAudit.of_answer(answer["model"]), node_label(answer))
+        for answer in answers
+        if isinstance(answer.get("model"), dict)
+    )
 
 
 def data_lines(answers: list[dict[str, Any]], files: int) -> tuple[PreflightLine, ...]:

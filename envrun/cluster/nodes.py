@@ -24,7 +24,7 @@ from envrun.cluster.netifs import carrier
 from envrun.cluster.network import node_network_env
 from envrun.cluster.spec import ClusterSpec
 from envrun.cluster.state import CLUSTER_LABEL, NODE_LABEL, NODE_ROLE_LABEL, container_name
-from envrun.launch.docker_backend import DEVICE_PATTERNS, DRIVER_MOUNTS, devices_and_mounts
+from envrun.dockerhost import DEVICE_PATTERNS, DRIVER_MOUNTS, devices_and_mounts
 
 # Where a host's paths are seen inside the probe container (read-only binds of what always exists).
 PROBE_ROOT = "/host"

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from envrun.plan import PreflightLine
+from envrun.preflightline import PreflightLine
 
 CHECK = "storage"
 SHOWN = 5

@@ -1,5 +1,5 @@
 """What every launcher is (:class:`Launcher`) and returns (:class:`LaunchResult`): the leaf the backends
-import, so that choosing one (:func:`envrun.launch.launcher_for`) and being one are apart."""
+import, so that choosing one (:func:`envrun.prepare.launcher_for`) and being one are apart."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from envbuild.progress import Progress
-from envrun.plan import PreflightLine, RunPlan
+from envrun.plan import RunPlan
+from envrun.preflightline import PreflightLine
 
 if TYPE_CHECKING:
     from envrun.exports import ExportSearch

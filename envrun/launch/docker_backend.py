@@ -1,11 +1,10 @@
 """The docker backend: run the locked image through the docker SDK with the host's Ascend devices.
 
-The devices and driver mounts are Ascend's own explicit list with what verl's guide mounts besides
-(the firmware, ``/usr/local/sbin`` where some hosts keep ``npu-smi``), each passed only where it exists
-on the host, instead of ``--privileged``. The job's files are mounted at the same path inside: the model
-and data read-only, the run's output directory read-write — a host directory under the run directory
-by default, so checkpoints outlive the container and are audited on the host that holds them. The
-engine itself is only ever reached through :mod:`envbuild.engine.client`.
+The devices and driver mounts are the host's (:mod:`envrun.dockerhost`: Ascend's explicit list, each
+passed only where it exists, never ``--privileged``). The job's files are mounted at the same path
+inside: the model and data read-only, the run's output directory read-write — a host directory under
+the run directory by default, so checkpoints outlive the container and are audited on the host that
+holds them. The engine itself is only ever reached through :mod:`envbuild.engine.client`.
 """
 
 from __future__ import annotations
@@ -20,86 +19,16 @@ from envbuild.errors import EngineError, InputError
 from envbuild.image.plan import LOCK_LABEL
 from envbuild.progress import Progress
 from envrun.bytecode import Bytecode, bytecode_of, prepare_image, with_bytecode
+from envrun.dockerhost import ascend_paths, devices_and_mounts, job_volumes
 from envrun.launch.base import LaunchResult, LogSink
-from envrun.plan import PreflightLine, RunPlan
+from envrun.plan import RunPlan
+from envrun.preflightline import PreflightLine
 
 if TYPE_CHECKING:
     from envrun.exports import ExportSearch
     from envrun.probe.report import ExportLayout
 
-DEVICE_PATTERNS = ("/dev/davinci[0-9]*", "/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc")
-DRIVER_MOUNTS = (
-    "/usr/local/dcmi",
-    "/usr/local/bin/npu-smi",
-    "/usr/local/Ascend/driver/lib64",
-    "/usr/local/Ascend/driver/version.info",
-    "/etc/ascend_install.info",
-    "/usr/local/Ascend/firmware",  # verl's guide
-    "/usr/local/sbin",  # verl's guide: npu-smi lives here on some hosts
-)
 STOP_TIMEOUT_SECONDS = 20
-
-
-def ascend_paths(root: str = "/") -> tuple[str, ...]:
-    """The Ascend devices and driver files present under ``root``, as paths on that host."""
-    found: list[Path] = []
-    for pattern in (*DEVICE_PATTERNS, *DRIVER_MOUNTS):
-        found += sorted(Path(root).glob(pattern.lstrip("/")))
-    return tuple("/" + p.relative_to(root).as_posix() for p in found)
-
-
-def devices_and_mounts(paths: tuple[str, ...]) -> tuple[list[str], dict[str, dict[str, str]]]:
-    """``host:container:rwm`` device specs and read-only driver mounts for the Ascend ``paths`` a host has
-    (from :func:`ascend_paths` here, or from a probe on another host)."""
-    devices = [f"{p}:{p}:rwm" for p in paths if p.startswith("/dev/")]
-    mounts = {p: {"bind": p, "mode": "ro"} for p in paths if p in DRIVER_MOUNTS}
-    return devices, mounts
-
-
-def image_labels(ref: str) -> dict[str, str]:
-    """The labels of a local image (for the preflight lock-label check)."""
-    with Engine.connect() as engine:
-        attrs = engine.inspect(ref)
-    if attrs is None:
-        raise InputError(f"image {ref} not found in the local engine; build or load it first")
-    return dict((attrs.get("Config") or {}).get("Labels") or {})
-
-
-def image_platform(ref: str) -> tuple[str, str]:
-    """The architecture a local image is built for (OCI's name) and the engine host's machine (uname's)."""
-    with Engine.connect() as engine:
-        attrs = engine.inspect(ref)
-        if attrs is None:
-            raise InputError(f"image {ref} not found in the local engine; build or load it first")
-        return str(attrs.get("Architecture") or ""), engine.machine()
-
-
-def image_digest(ref: str) -> str | None:
-    """The image ID (config digest) and, if pushed, its repository digest; for the run record."""
-    try:
-        with Engine.connect() as engine:
-            attrs = engine.inspect(ref)
-    except EngineError:
-        return None
-    if attrs is None:
-        return None
-    repo = (attrs.get("RepoDigests") or [None])[0]
-    return f"{attrs['Id']} {repo}" if repo else attrs["Id"]
-
-
-def job_volumes(plan: RunPlan, *, outputs: bool = False) -> dict[str, dict[str, str]]:
-    """The job's own mounts: model and data read-only at the same path (so the overrides mean the same
-    files), the output directory read-write when ``outputs``, then ``--volume``s."""
-    volumes: dict[str, dict[str, str]] = {}
-    for path in (plan.model, *plan.data_files):
-        if path is not None:
-            host = str(path.resolve())
-            volumes.setdefault(host, {"bind": host, "mode": "ro"})
-    if outputs and plan.output_dir is not None:
-        volumes[str(plan.output_dir)] = {"bind": str(plan.output_dir), "mode": "rw"}
-    for volume in plan.volumes:
-        volumes[volume.host] = volume.bind()
-    return volumes
 
 
 class DockerLauncher:

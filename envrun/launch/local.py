@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 from envbuild.errors import InputError
 from envbuild.progress import Progress
 from envrun.launch.base import LaunchResult, LogSink
-from envrun.plan import PreflightLine, RunPlan
+from envrun.plan import RunPlan
+from envrun.preflightline import PreflightLine
 
 if TYPE_CHECKING:
     from envrun.exports import ExportSearch

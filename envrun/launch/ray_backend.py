@@ -19,9 +19,11 @@ from envbuild.errors import EngineError
 from envbuild.progress import Progress
 from envrun import ray_api
 from envrun.launch.base import LaunchResult, LogSink
-from envrun.plan import PreflightLine, RunPlan
+from envrun.plan import RunPlan
+from envrun.preflightline import PreflightLine
 
 if TYPE_CHECKING:
+    from envrun.cluster.state import ClusterState
     from envrun.exports import ExportSearch
     from envrun.probe.report import ExportLayout
 
@@ -41,8 +43,10 @@ def metadata(plan: RunPlan) -> dict[str, str]:
 
 
 class RayLauncher:
-    def __init__(self, address: str) -> None:
-        self.address = address
+    def __init__(self, address: str, cluster: ClusterState | None = None) -> None:
+        """``cluster``: the state of the cluster `envrun cluster up` started, when the run names it (its
+        hosts' engines are asked too)."""
+        self.address, self.cluster = address, cluster
         self.job_id: str | None = None
 
     def check_target(self, plan: RunPlan, skip: frozenset[str], progress: Progress) -> tuple[PreflightLine, ...]:
@@ -76,19 +80,20 @@ class RayLauncher:
             storage=storage,
         )
         progress(f"asking every node of {self.address} which lock it runs and what the job would meet there")
+        cluster = self.cluster
         with ThreadPoolExecutor(max_workers=1) as beside:
             # A cluster envrun started: its hosts' engines say what each node runs, asked over ssh while
             # the nodes answer (at 8 nodes on one machine: 1.4 s that no longer adds to the node job's).
-            engines = beside.submit(engine_image_lines, plan.cluster) if plan.cluster is not None else None
+            engines = beside.submit(engine_image_lines, cluster) if cluster is not None else None
             try:
                 answers = ask_nodes(self.address, ask)
             except EngineError as exc:  # unverified is refused: a job never starts on nodes nobody checked
                 return (PreflightLine(CHECK, "fail", f"the nodes could not be asked which lock they run: {exc}"),)
             engine_lines = engines.result() if engines is not None else ()
-        ips = plan.cluster.expected_ips() if plan.cluster is not None else {}
+        ips = cluster.expected_ips() if cluster is not None else {}
         lines = node_lines(answers, plan.lock_sha256, plan.lock_file, ips) + engine_lines
-        if plan.cluster is not None:
-            address = job_address_line(answers, plan.cluster.ips[0] if plan.cluster.ips else None)
+        if cluster is not None:
+            address = job_address_line(answers, cluster.ips[0] if cluster.ips else None)
             lines += (address,) if address is not None else ()
         lines += (capacity_line(answers, plan.nnodes, plan.npus_per_node),)
         lines += model_lines(answers) + data_lines(answers, len(plan.data_files)) + probe_lines_of(answers)

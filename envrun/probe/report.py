@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from envrun.checkpoint.untrusted import load_json
-from envrun.plan import PreflightLine
+from envrun.preflightline import PreflightLine
 from envrun.probe.job_script import MARKER
 
 CHECK = "job-probe"

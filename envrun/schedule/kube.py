@@ -66,8 +66,7 @@ import yaml
 from envbuild.data.reference import SHA256_DIGEST, check_name, split_reference
 from envbuild.errors import InputError
 from envrun.cluster.onnet import NOSET
-from envrun.injob.node import JOB_DIR
-from envrun.injob.spec import HEAD_VAR, INDEX_VAR, IP_VAR, NAME_VAR
+from envrun.injob.spec import HEAD_VAR, INDEX_VAR, IP_VAR, JOB_DIR, NAME_VAR
 from envrun.plan import Volume
 
 NAME_MAX = 40  # Volcano's pods (and hostnames) <name>-worker-<i>, KubeRay's <name>-<5>-npu-worker-<5>: 63 at most

@@ -26,8 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from envrun.bytecode import DONT_WRITE_ENV, MOUNT, PREFIX_ENV, VOLUME_PREFIX
+from envrun.dockerhost import DEVICE_PATTERNS, DRIVER_MOUNTS
 from envrun.injob.spec import HEAD_VAR, INDEX_VAR, IP_VAR, JOB_DIR, MACHINES_VAR, NAME_VAR
-from envrun.launch.docker_backend import DEVICE_PATTERNS, DRIVER_MOUNTS
 from envrun.plan import Volume
 
 JOB_LABEL = "io.envrun.slurm.job"  # every container of a batch job carries its job id

@@ -24,8 +24,9 @@ from envbuild.progress import Progress
 from envrun.exports import ExportAudit, ExportSearch
 from envrun.injob.spec import JOB_DIR as IN_CONTAINER
 from envrun.launch.base import LaunchResult, LogSink
-from envrun.plan import PreflightLine, RunPlan
+from envrun.plan import RunPlan
 from envrun.preflight import TARGET_CHECK
+from envrun.preflightline import PreflightLine
 from envrun.schedule.jobdir import CODE_DIR, RECORD_DIR, SPEC_FILE, in_job, write_code, write_spec
 from envrun.schedule.sbatch import SlurmJob, render_batch, render_node
 
