@@ -171,3 +171,50 @@ def test_the_import_reader_sees_every_kind_of_import(tmp_path: Path, source: str
         "envbuild.verify.pins": path,
     }
     assert imports("envbuild.image.probe", path, known) == expected
+
+
+# ---- programs run by another interpreter ------------------------------------------------------------------
+
+
+def elsewhere_table() -> dict[str, set[str]]:
+    """{program path: what it may import beyond the standard library}, from the page's table."""
+    text = PAGE.read_text(encoding="utf-8")
+    section = text.split("## Programs run by another interpreter", 1)[1].split("\n## ", 1)[0]
+    table = {}
+    for row in re.findall(r"^\| `([^`]+\.py)` \|[^|]*\| (.*) \|$", section, re.M):
+        path, allowed = row
+        table[path] = set(re.findall(r"`([\w.]+)`", allowed))
+    return table
+
+
+def test_each_program_run_elsewhere_imports_only_what_its_row_allows() -> None:
+    import sys
+
+    table = elsewhere_table()
+    assert len(table) >= 10, table
+    problems = []
+    for path, allowed in table.items():
+        tree = ast.parse((REPO / path).read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue  # relative imports: none of these programs use them (a package may not be there)
+            for name in names:
+                top = name.split(".")[0]
+                if top in sys.stdlib_module_names or top == "__future__":
+                    continue
+                if not any(name == a or name.startswith(a + ".") for a in allowed):
+                    problems.append(f"{path}: imports {name}, which its row of docs/architecture.md does not allow")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_lint_group_of_programs_run_elsewhere_is_the_pages() -> None:
+    pyproject = (REPO / "pyproject.toml").read_text(encoding="utf-8")
+    group = pyproject.split("# Programs run by another interpreter", 1)[1].split("\n#", 1)[0]
+    linted = set(re.findall(r'^"([^"]+\.py)"', group, re.M))
+    for path in linted:
+        assert (REPO / path).is_file(), f"pyproject.toml ignores lint for {path}, which does not exist"
+    assert linted <= set(elsewhere_table()), linted - set(elsewhere_table())
