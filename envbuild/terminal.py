@@ -58,34 +58,30 @@ def wrap(line: str, width: int | None, indent: str = "  ") -> str:
 def _row_lines(row: list[str], widths: list[int], width: int | None) -> list[str]:
     starts = [sum(w + len(GAP) for w in widths[:i]) for i in range(len(widths) + 1)]
     lines: list[str] = []
-    line = ""
-    for cell, start in zip(row[:-1], starts):
-        if not cell:
-            continue
+
+    def put(line: str, piece: str, start: int) -> str | None:
+        """``line`` with ``piece`` at column ``start``; the line before goes out first when it ran into that
+        column, and a piece that does not fit even from its column goes out on a line of its own (None)."""
         if len(line) > start - len(GAP) and line.strip():  # the cell before ran into this column
             lines.append(line)
             line = ""
-        if width is not None and start + len(cell) > width:  # does not fit even from its column
+        if width is not None and start + len(piece) > width:  # does not fit even from its column
             if line.strip():
                 lines.append(line)
-            lines.append(_place(cell, start, width, starts))
-            line = ""
-            continue
-        line = line.ljust(start) + cell
+            lines.append(_place(piece, start, width, starts))
+            return None
+        return line.ljust(start) + piece
+
+    line = ""
+    for cell, start in zip(row[:-1], starts):
+        if cell:
+            line = put(line, cell, start) or ""
     last = starts[-1]
     room = None if width is None else width - last
     for piece in [row[-1]] if room is None else _fill(words(row[-1]), room, room):
-        if len(line) > last - len(GAP) and line.strip():
-            lines.append(line)
-            line = ""
-        if width is not None and last + len(piece) > width:  # one word longer than the column
-            if line.strip():
-                lines.append(line)
-            lines.append(_place(piece, last, width, starts))
-            line = ""
-            continue
-        line = line.ljust(last) + piece
-        lines.append(line)
+        placed = put(line, piece, last)
+        if placed is not None:
+            lines.append(placed)
         line = ""
     if line.strip() or not lines:
         lines.append(line)
