@@ -246,11 +246,3 @@ def package_file_locations(
             size = at.size  # a size stated for other bytes than the lock's would be wrong in the export
         locations[file.filename] = FileLocation(at.url if at is not None else None, size)
     return locations
-
-
-def package_file_urls(
-    lock: Lock, *, jobs: int = 8, session: requests.Session | None = None, client: IndexClient | None = None
-) -> dict[str, str]:
-    """Download URLs of the lock's files, as the index lists them now."""
-    found = package_file_locations(lock, jobs=jobs, session=session, client=client)
-    return {name: at.url for name, at in found.items() if at.url is not None}

@@ -6,6 +6,7 @@ import dataclasses
 
 from envbuild.lock import BaseImage, Lock, Package, PackageFile, Source
 from envbuild.lock.diff import diff_locks, render_changes, render_markdown
+from envbuild.lock.moves import Moved
 
 OLD = "dc0ee41ada177d4c74ba46bb501bba5967264815"
 NEW = "ba7b5ebce12af60627a80985792a1449ce45f46c"
@@ -39,7 +40,7 @@ def test_moved_pin_reports_ref_type_commit_and_count() -> None:
         sources=(dataclasses.replace(old.sources[0], ref="core_v0.18.0", ref_type="tag", commit=NEW), old.sources[1])
     )
     calls = []
-    changes = diff_locks(old, new, lambda a, b: calls.append((a.commit, b.commit)) or 12)
+    changes = diff_locks(old, new, read_move=lambda a, b: calls.append((a.commit, b.commit)) or Moved(True, 12))
     assert calls == [(OLD, NEW)]
     (change,) = changes
     assert (change.kind, change.name, change.action, change.commits) == ("source", "megatron-lm", "changed", 12)

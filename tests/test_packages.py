@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from envbuild.fetch import package_file_urls
+from envbuild.fetch import package_file_locations
 from envbuild.index.client import IndexClient
 from envbuild.lock import Lock, Package, PackageFile, parse_lock
 from envbuild.verify.packages import verify_packages
@@ -155,9 +155,9 @@ def test_one_request_per_package_in_parallel(dists: Path) -> None:
         )
         client = IndexClient()
         verify_packages(lock, client=client)
-        urls = package_file_urls(lock, client=client)  # served from the same run's cache
+        found = package_file_locations(lock, client=client)  # served from the same run's cache
     assert sorted(index.requests) == ["/simple/alpha/", "/simple/beta/"]
-    assert urls[WHEEL] == f"{index.url.rsplit('/simple', 1)[0]}/files/{WHEEL}"
+    assert found[WHEEL].url == f"{index.url.rsplit('/simple', 1)[0]}/files/{WHEEL}"
 
 
 SIX_WHEEL = "six-1.16.0-py2.py3-none-any.whl"

@@ -14,7 +14,7 @@ from envbuild.errors import InputError
 from envbuild.git.cache import GitCache
 from envbuild.git.mirrors import Mirrors
 from envbuild.git.remote import GitRunner
-from envbuild.git.upstream import count_commits
+from envbuild.git.upstream import read_move
 from envbuild.lock.model import Source
 from envbuild.update.update import MissingRefError, ResolvedRef, resolve_ref
 from envbuild.verify.sources import verify_source, verify_sources
@@ -258,6 +258,12 @@ def test_a_hung_remote_times_out(silent_server: int, tmp_path: Path) -> None:
     assert (result.status, result.detail) == ("unreachable", "timed out after 1 s")
 
 
+def counted(url: str, old: str, new: str, cache: GitCache, mirrors: Mirrors = Mirrors()) -> int | None:
+    """How many commits ``new`` brings over ``old``, as the change report reads them from the cache."""
+    moved = read_move(url, old, new, cache, mirrors=mirrors)
+    return None if moved is None else moved.commits
+
+
 @pytest.mark.gitdaemon
 def test_resolve_ref_and_count_commits(served: Served, cache: GitCache) -> None:
     project = build_project(served)
@@ -272,16 +278,16 @@ def test_resolve_ref_and_count_commits(served: Served, cache: GitCache) -> None:
     with pytest.raises(MissingRefError, match="gone"):
         resolve_ref(project.source(url, ref="gone"), cache)
 
-    assert count_commits(url, m[1], m[4], cache) == 3
-    assert count_commits(url, m[4], m[1], cache) == 0
-    assert count_commits(url, m[1], "cd" * 20, cache) is None
-    assert count_commits("git://127.0.0.1:1/never-cached", m[1], m[4], cache) is None
+    assert counted(url, m[1], m[4], cache) == 3
+    assert counted(url, m[4], m[1], cache) == 0
+    assert read_move(url, m[1], "cd" * 20, cache) is None
+    assert read_move("git://127.0.0.1:1/never-cached", m[1], m[4], cache) is None
     mirrored = Mirrors.parse([f"https://example.invalid/={served.filtering.url('')}"])
     invalid = project.source(f"https://example.invalid/{project.name}", commit=m[0])
-    assert count_commits(invalid.repo, m[0], m[4], cache, mirrors=mirrored) is None  # its own entry: empty yet
+    assert read_move(invalid.repo, m[0], m[4], cache, mirrors=mirrored) is None  # its own entry: empty yet
     resolve_ref(invalid, cache, mirrors=mirrored)
-    assert count_commits(invalid.repo, m[0], m[4], cache, mirrors=mirrored) == 4
-    assert count_commits(invalid.repo, m[0], m[4], cache) == 4  # the cache is keyed by the lock's URL
+    assert counted(invalid.repo, m[0], m[4], cache, mirrored) == 4
+    assert counted(invalid.repo, m[0], m[4], cache) == 4  # the cache is keyed by the lock's URL
 
 
 def test_hostile_inputs_are_refused_before_git_runs(tmp_path: Path, calls: Calls) -> None:

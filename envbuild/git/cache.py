@@ -249,15 +249,6 @@ class GitCache:
     def reachable_from_any(self, url: str, commit: str, tips: Iterable[str]) -> bool:
         return self.git.reachable_from_any(self.repo(url).path, commit, tips)
 
-    def count_range(self, url: str, old: str, new: str) -> int | None:
-        """Commits in ``new``'s history but not ``old``'s, when the cache holds both; else None."""
-        if not {old, new} <= set(self.commit_trees(url, [old, new])):
-            return None
-        try:
-            return self.git.count_range(self.repo(url).path, old, new)
-        except GitError:
-            return None
-
     def commit_range(self, url: str, old: str, new: str) -> Moved | None:
         """What ``new`` brings over ``old``, from the cache alone, in four gits however long the range: the
         commits (all, first-parent, and those of ``old``'s history ``new`` lacks: none exactly when ``old``

@@ -403,9 +403,6 @@ class GitRunner:
         """The bytes of one blob present in ``repo``."""
         return self.run_bytes(["cat-file", "blob", oid], repo=repo)
 
-    def count_range(self, repo: Path, old: str, new: str) -> int:
-        return int(self.run(["rev-list", "--missing=allow-any", "--count", f"{old}..{new}", "--"], repo=repo))
-
     def logged_commits(self, repo: Path, shas: Iterable[str]) -> dict[str, tuple[str, str]]:
         """{commit: (author date in ISO 8601, subject)} of present commits (40 hex each). git cuts a subject
         at :data:`SUBJECT_COLUMNS` columns, so what it prints is bounded whatever an upstream wrote; the

@@ -144,15 +144,6 @@ def check_inputs(sources: Sequence[Source], mirrors: Mirrors) -> None:
         raise InputError("\n".join(problems))
 
 
-def count_commits(source_url: str, old: str, new: str, cache: GitCache, *, mirrors: Mirrors = Mirrors()) -> int | None:
-    """Commits in ``new``'s history that are not in ``old``'s (``git rev-list --count old..new``), from
-    the cache alone; None when the cache does not hold both."""
-    try:
-        return cache.count_range(mirrors.rewrite(source_url), old, new)
-    except GitError:
-        return None
-
-
 def read_move(source_url: str, old: str, new: str, cache: GitCache, *, mirrors: Mirrors = Mirrors()) -> Moved | None:
     """What ``new`` brings over ``old`` (:meth:`GitCache.commit_range`), from the cache alone; None when the
     cache does not hold both."""

@@ -15,7 +15,6 @@ from envbuild.lock.model import BaseImage, Lock, Package, Source, Submodule
 from envbuild.lock.moves import LoggedCommit, Moved, PairingChange, commits
 from envbuild.terminal import wrap
 
-CommitCounter = Callable[[Source, Source], "int | None"]
 MoveReader = Callable[[Source, Source], "Moved | None"]
 
 
@@ -25,11 +24,15 @@ class Change:
     name: str
     action: str  # "added" | "removed" | "changed"
     fields: tuple[tuple[str, str, str], ...] = ()  # (field, old, new)
-    commits: int | None = None  # for a moved source: commits from old to new, when the cache knows
-    moved: Moved | None = None  # for a moved source: what those commits are, when the cache knows
+    moved: Moved | None = None  # for a moved source: its commits from old to new, when the cache knows
     pairings: tuple[PairingChange, ...] = ()  # submodule pairings made differently, said under this change
     ref: str = ""  # for a source: its ref and ref_type in the new lock (the old one's, when removed)
     ref_type: str = ""
+
+    @property
+    def commits(self) -> int | None:
+        """For a moved source: how many commits the new pin brings, when the cache knows."""
+        return None if self.moved is None else self.moved.commits
 
     @property
     def commit_moved(self) -> bool:
@@ -42,8 +45,6 @@ class Change:
             "action": self.action,
             "fields": [{"field": f, "old": o, "new": n} for f, o, n in self.fields],
         }
-        if self.commits is not None:
-            data["commits"] = self.commits
         if self.moved is not None:
             data.update(self.moved.to_json())
         elif self.commit_moved:
@@ -117,12 +118,11 @@ def _describe_image(image: BaseImage | None) -> str:
 def diff_locks(
     old: Lock,
     new: Lock,
-    count_commits: CommitCounter | None = None,
     *,
     read_move: MoveReader | None = None,
     pairings: Sequence[PairingChange] = (),
 ) -> list[Change]:
-    """The changes from ``old`` to ``new``, sources first; ``read_move`` (or only ``count_commits``) says
+    """The changes from ``old`` to ``new``, sources first; ``read_move`` says
     what a moved source's commits are, and each of ``pairings`` is said under the change of the source its
     submodule belongs to (else of the source it pairs with)."""
     changes: list[Change] = []
@@ -138,11 +138,7 @@ def diff_locks(
             changes.append(Change("source", name, "removed", ref=before.ref, ref_type=before.ref_type))
         elif fields := _changed(_source_fields(before), _source_fields(after)):
             moved = read_move(before, after) if read_move and before.commit != after.commit else None
-            count = count_commits(before, after) if count_commits and before.commit != after.commit else None
-            commits = moved.commits if moved is not None else count
-            changes.append(
-                Change("source", name, "changed", fields, commits, moved, ref=after.ref, ref_type=after.ref_type)
-            )
+            changes.append(Change("source", name, "changed", fields, moved, ref=after.ref, ref_type=after.ref_type))
     old_packages = {canonicalize_name(p.name): p for p in old.packages}
     new_packages = {canonicalize_name(p.name): p for p in new.packages}
     for key in sorted(old_packages.keys() | new_packages.keys()):
@@ -209,12 +205,8 @@ def render_changes(changes: list[Change], width: int | None = None) -> str:
             continue
         lines.append(f"{head}:")
         for field, old, new in change.fields:
-            suffix = ""
-            if field == "commit" and change.commits is not None:
-                suffix = f" ({commits(change.commits)})"
             if field == "commit" and change.moved is not None:
-                if change.moved.commits is not None:
-                    suffix = f" ({commits(change.moved.commits)}, first-parent {change.moved.first_parent})"
+                suffix = f" ({_counted(change.moved)})" if change.moved.commits is not None else ""
                 lines.append(f"    {field}: {old} -> {new}{suffix}")
                 lines += [f"    {line}" for line in _move_lines(change, change.moved, old, new)]
                 continue
@@ -226,7 +218,7 @@ def render_changes(changes: list[Change], width: int | None = None) -> str:
                 lines += [f"    {field}: - {item}" for item in before if item not in after]
                 lines += [f"    {field}: + {item}" for item in after if item not in before]
                 continue
-            lines.append(f"    {field}: {old or '(none)'} -> {new or '(none)'}{suffix}")
+            lines.append(f"    {field}: {old or '(none)'} -> {new or '(none)'}")
         for pairing in change.pairings:
             was, now = pairing.words()
             lines.append(f"    pairing: {pairing.submodule}: {was} -> {now}")
@@ -235,6 +227,16 @@ def render_changes(changes: list[Change], width: int | None = None) -> str:
 
 def _logged(commit: LoggedCommit) -> str:
     return f"{for_terminal(commit.subject)} ({for_terminal(commit.day)})"
+
+
+def _counted(moved: Moved, plain: bool = False) -> str:
+    """``12 commits, first-parent 9`` (``plain``: ``12 (first-parent 9)``); the first-parent count only where
+    it was read."""
+    assert moved.commits is not None
+    count = str(moved.commits) if plain else commits(moved.commits)
+    if moved.first_parent is None:
+        return count
+    return f"{count} (first-parent {moved.first_parent})" if plain else f"{count}, first-parent {moved.first_parent}"
 
 
 def _move_lines(change: Change, moved: Moved, old: str, new: str) -> list[str]:
@@ -355,10 +357,7 @@ def _moved_row(change: Change) -> str:
         ref_type = fields.get("ref_type", (change.ref_type, change.ref_type))
         ref = f"{for_markdown(before)} ({ref_type[0]}) → {ref} ({ref_type[1]})"
     moved = change.moved
-    if moved is not None and moved.commits is not None:
-        count = f"{moved.commits} (first-parent {moved.first_parent})"
-    else:
-        count = "not in the cache" if change.commits is None else str(change.commits)
+    count = "not in the cache" if moved is None or moved.commits is None else _counted(moved, plain=True)
     warning = "" if moved is None or moved.ancestor else f"⚠️ {for_markdown(_rewritten(change, moved))}"
     first, last = (_logged_markdown(c) for c in ((None, None) if moved is None else (moved.first, moved.last)))
     cells = [for_markdown(change.name), ref, f"{_code(old[:12])} → {_code(new[:12])}", count, first, last, warning]
