@@ -66,10 +66,11 @@ def verify_command(lock_path: str | os.PathLike[str], source: SourceOptions) -> 
     return _command(["lock", "verify", str(lock_path), *(["--offline"] if source.offline else [])], source)
 
 
-def update_command(lock_path: str | os.PathLike[str], source: SourceOptions) -> str:
+def update_command(lock_path: str | os.PathLike[str], source: SourceOptions, what: str = "--base") -> str:
     """The `envbuild lock update --base` command for this lock, cache and mirrors: what pins an unpinned
-    base, and moves nothing else."""
-    return _command(["lock", "update", str(lock_path), "--base"], source)
+    base, and moves nothing else (``what="--packages"``: what lists the packages' files again, and moves no
+    source)."""
+    return _command(["lock", "update", str(lock_path), what], source)
 
 
 def _command(words: list[str], source: SourceOptions) -> str:

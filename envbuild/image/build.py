@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envbuild.config import SourceOptions, fetch_command, verify_command
+from envbuild.config import SourceOptions, fetch_command, update_command, verify_command
 from envbuild.data.reference import check_name_and_tag
 from envbuild.engine.client import Engine
 from envbuild.errors import EnvbuildError, InputError
@@ -155,13 +155,16 @@ def dry_run(read: LockFile, options: ImageOptions, progress: Progress = silent) 
     lock = read.lock
     check_tags(options.tags)
     refusals = [
-        f"{package.name} {package.version} has no files in the lock (run `envbuild lock update` where its "
-        "index is reachable); left out below"
+        f"{package.name} {package.version} has no files in the lock (run "
+        f"`{update_command(read.path, options.source, '--packages')}` where its index is reachable); left out below"
         for package in lock.packages
         if not package.files
     ]
     if lock.base_image is not None and lock.base_image.digest is None:
-        refusals.append(f"base image {lock.base_image.name} is not pinned by digest")
+        refusals.append(
+            f"base image {lock.base_image.name} is not pinned by digest "
+            f"(`{update_command(read.path, options.source)}` pins it)"
+        )
     refusals += build_requirement_problems(lock)
     for refusal in refusals:
         say(f"warning: {refusal}: a build refuses it")
