@@ -97,13 +97,16 @@ def fetch_inputs(
     if leave:
         kept = tuple(s for s in lock.sources if f"source {s.name}" not in leave)
         lock = dataclasses.replace(
-            lock, sources=kept, packages=tuple(p for p in lock.packages if f"package {p.name}" not in leave)
+            lock,
+            sources=kept,
+            packages=tuple(p for p in lock.packages if f"package {p.name}" not in leave),
+            installer=lock.installer if lock.installer and f"package {lock.installer.name}" not in leave else None,
         )
     pins = [pin for pin in tree_pins(lock) if not _left(pin, leave)]
     if exporter.offline:
         missing += [f"{pin.what} (commit {pin.commit})" for pin in pins if not has_commit(exporter, pin)]
         missing += [
-            f"package {p.name} {p.version} ({f.filename})" for p, f in _package_files(lock) if not files.get(f.sha256)
+            f"package {p.name} {p.version} ({f.filename})" for p, f in lock.package_files if not files.get(f.sha256)
         ]
         if missing:
             raise InputsMissing(
@@ -166,10 +169,6 @@ def _fetch_trees(pins: list[TreePin], exporter: TreeExporter, jobs: int, say: Pr
     return results
 
 
-def _package_files(lock: Lock) -> list[tuple[Package, PackageFile]]:
-    return [(p, f) for p in lock.packages for f in sorted(p.files, key=lambda f: f.filename)]
-
-
 def _fetch_files(
     lock: Lock, files: FileCache, client: IndexClient, say: Progress, cache_dir: Path
 ) -> list[FetchedInput]:
@@ -178,7 +177,7 @@ def _fetch_files(
     was updated, and the metadata cached under that pin is dropped)."""
     results: list[FetchedInput] = []
     problems: list[str] = []
-    for package, file in _package_files(lock):
+    for package, file in lock.package_files:
         try:
             if path := files.get(file.sha256):
                 check_metadata_pin(path, file, cache_dir)
@@ -238,7 +237,7 @@ def package_file_locations(
                 listed |= {f.filename: f for f in found.files} if found else {}
     cache = FileCache(cache_dir) if cache_dir is not None else None
     locations: dict[str, FileLocation] = {}
-    for _, file in sorted(_package_files(lock), key=lambda pf: pf[1].filename):
+    for _, file in sorted(lock.package_files, key=lambda pf: pf[1].filename):
         at = listed.get(file.filename)
         cached = cache.get(file.sha256) if cache is not None else None
         size = cached.stat().st_size if cached is not None else None

@@ -24,6 +24,7 @@ from tests.lib.imagelock import served_env
 from tests.lib.registryapi import manifest_of, platform_variant, put_index
 from tests.lib.services import PUSHED_REPOSITORY, PushedImage
 from tests.lib.tinylock import LOCK_SHA, tiny_lock
+from tests.lib.uvwheel import serve_uv
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry]
 
@@ -100,6 +101,7 @@ def test_envbuild_image_refuses_a_base_of_another_platform_before_installing_any
     base_name = f"{pushed_base_image.repository}:{pushed_base_image.tag}"
     with served_env(served, "platform", base_name, pushed_base_image.digest, tmp_path / "wheels") as env:
         env = dataclasses.replace(env, arch=OTHER)
+        serve_uv(env.index.root, OTHER)  # the lock's installer is for its own platform, as `lock update` pins it
         lock = env.write(tmp_path / "other.lock.yaml", dataclasses.replace(env.lock(), name="otherplatform"))
         before = {image.id for image in docker_client.images.list(all=True)}
         code = main(["image", str(lock), "--cache-dir", str(tmp_path / "cache")])

@@ -95,7 +95,15 @@ def engine(docker_client: docker.DockerClient) -> Iterator[Engine]:
     yield Engine(docker_client)
     # The images this module made, raw (tagged or superseded) and normalised: the engine outlives the run.
     remove_lock_images(
-        docker_client, "imagetest", "mismatch", "samepkga", "samepkgb", "otherpkgs", "keptedit", "nopackages"
+        docker_client,
+        "imagetest",
+        "mismatch",
+        "samepkga",
+        "samepkgb",
+        "otherpkgs",
+        "keptedit",
+        "nopackages",
+        "pipinstalled",
     )
 
 
@@ -270,10 +278,19 @@ def _layer_digests(archive: Path) -> set[str]:
 def test_the_image_holds_no_package_file_and_the_packages_one_layer(
     reference: BuildResult, env: ImageLockEnv, engine: Engine, pushed_base_image: PushedImage
 ) -> None:
-    wheels = [f.filename for p in env.lock().packages for f in p.files]
+    lock = env.lock()
+    assert lock.installer is not None
+    wheels = [f.filename for p in lock.pinned_packages for f in p.files]
     names = " -o ".join(f"-name {name}" for name in wheels)
+    # Neither a package file nor the installer (its wheel, its binary, its stage) is in any layer.
     found = engine.run(
-        reference.image_id, ["sh", "-c", f"find / -xdev \\( {names} -o -name 'envbuild-packages*' \\) -print"]
+        reference.image_id,
+        [
+            "sh",
+            "-c",
+            f"find / -xdev \\( {names} -o -name 'envbuild-packages*' -o -name uv -o -name 'uv-*' "
+            "-o -path /opt/envbuild/stage\\* \\) -print",
+        ],
     )
     assert (found.exit_code, found.stdout) == (0, ""), found.stderr
     installed = engine.run(reference.image_id, ["sh", "-c", "ls /usr/local/lib/python3.11/dist-packages"])
@@ -288,8 +305,22 @@ def test_the_image_holds_no_package_file_and_the_packages_one_layer(
     assert len(packages["RootFS"]["Layers"]) == len(base_layers) + 2
     assert reference.diff_ids[: len(packages["RootFS"]["Layers"])] == tuple(packages["RootFS"]["Layers"])
     assert engine.history(reference.packages.reference)[0]["CreatedBy"] == (
-        "envbuild: install the lock's 2 package files (pip, no index)"
+        f"envbuild: install the lock's 2 package files (uv {lock.installer.version}, no index)"
     )
+    # Each distribution's RECORD is true where uv's stage was moved to: every file there, every hash right.
+    check = (
+        "import base64, csv, hashlib, os, sys\n"
+        "site = '/usr/local/lib/python3.11/dist-packages'\n"
+        "for info in sorted(d for d in os.listdir(site) if d.endswith('.dist-info')):\n"
+        "    for row in csv.reader(open(os.path.join(site, info, 'RECORD'))):\n"
+        "        if row[1]:\n"
+        "            data = open(os.path.normpath(os.path.join(site, row[0])), 'rb').read()\n"
+        "            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()\n"
+        "            assert row[1] == 'sha256=' + digest, row\n"
+        "        print(row[0])\n"
+    )
+    records = engine.run(reference.image_id, ["python3", "-c", check])
+    assert records.exit_code == 0 and "tinyone/__init__.py" in records.stdout.split(), records.stderr
     assert engine.containers({"io.envbuild.lock.name": "imagetest", "io.envbuild.role": "packages"}) == []
 
 
@@ -328,6 +359,7 @@ def test_labels_tags_and_record(reference: BuildResult, lock_path: Path, env: Im
     assert {("source", n) for n in env.pins()} | {
         ("package_file", "tinyone"),
         ("package_file", "tinytwo"),
+        ("installer", "uv"),
         ("base_image", env.base_name),
     } <= inputs
     assert all(i.get("sha256") or i.get("commit") or i.get("digest") for i in build["inputs"])
@@ -750,3 +782,24 @@ def test_a_lock_without_packages_builds_one_image_id_with_its_parents_kept(
     for name in ("/opt", "/opt/envbuild"):
         got, raw = headers[name], below[name]
         assert (got.mode, got.uid, got.gid, got.mtime) == (raw.mode, raw.uid, raw.gid, raw.mtime), name
+
+
+@needs_engine
+def test_a_lock_without_an_installer_installs_with_the_base_pip_and_reproduces(
+    env: ImageLockEnv, work: Path, engine: Engine, reference: BuildResult
+) -> None:
+    """A lock written before ``installer`` (or whose index serves no uv): the base's pip installs the same
+    package files, the same image ID on every ``--no-cache`` build, and what it installed is the lock's."""
+    path = env.write(work / "locks" / "pipinstalled.lock.yaml", env.lock(name="pipinstalled", installer=False))
+    first = build_image(read_lock(path), options(work, no_cache=True), engine=engine)
+    second = build_image(read_lock(path), options(work, no_cache=True), engine=engine)
+    assert first.image_id == second.image_id and first.packages is not None
+    assert engine.history(first.packages.reference)[0]["CreatedBy"] == (
+        "envbuild: install the lock's 2 package files (pip, no index)"
+    )
+    # The files pip and uv install are the wheels' own: only their installer metadata differs.
+    script = "import tinyone, tinytwo; print(tinyone.__version__, tinytwo.__version__)"
+    assert engine.run(first.image_id, ["python3", "-c", script]).stdout.split() == ["1.0", "2.0"]
+    listing = "cd /usr/local/lib/python3.11/dist-packages && ls tinyone-1.0.dist-info"
+    assert "INSTALLER" in engine.run(first.image_id, ["sh", "-c", listing]).stdout.split()
+    assert "INSTALLER" not in engine.run(reference.image_id, ["sh", "-c", listing]).stdout.split()

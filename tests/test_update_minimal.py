@@ -5,6 +5,7 @@ local index that publishes newer versions, and the local registry, whose tag is 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import secrets
@@ -21,6 +22,7 @@ from envbuild.lock.model import BaseImage, Install, Platform
 from tests.lib.gitrepos import Repo, Served
 from tests.lib.pyindex import PyIndex, make_wheel
 from tests.lib.registryapi import MANIFEST, put_blob, put_manifest
+from tests.lib.uvwheel import UV_VERSION, serve_uv, uv_wheel
 
 pytestmark = pytest.mark.gitdaemon
 
@@ -141,6 +143,35 @@ def test_packages_alone_re_resolves_the_closure_and_moves_no_source(world: World
     after = world.pins()
     assert moved(before, after) == {"package pure", "package other"}
     assert (after["package pure"].split()[0], after["package other"].split()[0]) == ("0.5", "2.0")
+
+
+def test_installer_pins_the_uv_envbuild_runs_for_the_lock_platform_and_moves_nothing_else(
+    world: World, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The fixture's first update ran against an index without uv: it said so and kept pip.
+    assert read_lock(world.lock).lock.installer is None
+    for arch in ("x86_64", "aarch64"):  # the index serves both; the lock's platform is aarch64
+        serve_uv(world.index.root, arch)
+    before = world.pins()
+    assert world.update("--installer") == 0
+    lock = read_lock(world.lock).lock
+    assert moved(before, world.pins()) == set()  # no source, package or base moved
+    assert lock.installer is not None and (lock.installer.name, lock.installer.version) == ("uv", UV_VERSION)
+    wheel = uv_wheel("aarch64")
+    assert [(f.filename, f.sha256) for f in lock.installer.files] == [
+        (wheel.name, hashlib.sha256(wheel.read_bytes()).hexdigest())
+    ]
+    assert lock.installer.files[0].metadata_sha256 is not None  # its METADATA pinned, as any wheel's
+    # A plain update keeps it, and verify checks it against the index like every package file.
+    assert world.update() == 0 and read_lock(world.lock).lock.installer == lock.installer
+    capsys.readouterr()
+    assert main(["lock", "verify", str(world.lock), "--json", *world.cache]) == 0
+    uv = [r for r in json.loads(capsys.readouterr().out)["results"] if r["kind"] == "package" and r["name"] == "uv"]
+    assert [r["status"] for r in uv] == ["ok"]
+    world.index.rehash(wheel.name, "0" * 64)
+    assert main(["lock", "verify", str(world.lock), "--json", *world.cache]) == 1
+    uv = [r for r in json.loads(capsys.readouterr().out)["results"] if r["kind"] == "package" and r["name"] == "uv"]
+    assert [r["status"] for r in uv] == ["hash-mismatch"]
 
 
 def test_what_cannot_be_moved_is_refused_before_anything_is_asked(

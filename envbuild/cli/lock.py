@@ -64,6 +64,12 @@ def add_lock_commands(subparsers: argparse._SubParsersAction) -> None:
         help="set the base image to IMAGE[:TAG] (registry/repository), pinned by the digest its registry serves",
     )
     update.add_argument(
+        "--installer",
+        action="store_true",
+        help="pin uv, the image's installer, at the version envbuild runs (a re-resolve pins it where the lock has "
+        "none)",
+    )
+    update.add_argument(
         "--packages",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -205,6 +211,7 @@ def cmd_update(args: argparse.Namespace) -> int:
         upgrade=args.upgrade,
         base=args.base,
         base_image=args.base_image,
+        installer=args.installer,
         progress=StderrProgress("envbuild", args.quiet),
     )
     changes = change_report(lock, new, cache, mirrors=mirrors)

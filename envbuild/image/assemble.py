@@ -4,6 +4,7 @@ Layout of an assembled context (everything the Dockerfile COPYs, nothing else)::
 
     Dockerfile
     wheels/<filename>                 every package file of the lock, checked against its sha256
+    installer/<filename>              the lock's uv wheel, when it pins an installer (the packages step runs it)
     envbuild/requirements.txt         name==version --hash=sha256:... for pip --require-hashes
     envbuild/manifest.json            what the in-image check compares against
     envbuild/inimage_probe.py         the in-image check itself
@@ -148,7 +149,7 @@ def assemble_context(
     problems: list[str] = []
 
     cached: dict[str, Path] = {}
-    for item in plan.files:
+    for item in (*plan.files, *((plan.installer,) if plan.installer else ())):
         try:
             path = Path(file_for(*item.entry))
             if rehash:
@@ -186,6 +187,9 @@ def assemble_context(
     wheels.mkdir()
     for item in plan.files:
         link_or_copy(cached[item.filename], dest / item.context_path)
+    if plan.installer is not None:
+        (dest / "installer").mkdir()
+        link_or_copy(cached[plan.installer.filename], dest / plan.installer.context_path)
     meta = dest / "envbuild"
     meta.mkdir()
     file_lists = {name: list(tree.files) for name, tree in kept.items()}
@@ -246,5 +250,5 @@ def _fix_metadata(root: Path, epoch: int) -> None:
         root,
         dir_ns=epoch_ns,
         file_ns=lambda path: epoch_ns,
-        read_only=lambda path: path.parent == root / "wheels",  # the cache's inode (stream.write_entries)
+        read_only=lambda path: path.parent in (root / "wheels", root / "installer"),  # the cache's inodes
     )

@@ -132,10 +132,11 @@ def load_packages_image(
     tag: str,
     say: Progress,
     tools_layers: tuple[str, ...] = (),
+    installer: str = "pip",
 ) -> str:
     """The packages image: the base's canonical config with the layers of ``built`` (the packages step's
     image, by its tag or ID) on top (``tools_layers`` names each layer below the install's: BuildKit's
-    tools layer; none for an image built without one) and,
+    tools layer; none for an image built without one; ``installer`` what installed them, as history says) and,
     when the base holds distributions the lock replaces, a layer removing their files (whiteouts at the
     packages epoch, written here: a removal the engine makes carries the clock's time); tagged ``tag``.
     Its ID depends only on the base, what pip wrote and what was removed."""
@@ -147,7 +148,7 @@ def load_packages_image(
     if report.get("distro"):  # what of the distro's own Python the lock replaced: shown by inspect, in the record
         config["config"]["Labels"][DISTRO_REMOVED_LABEL] = json.dumps(report["distro"], sort_keys=True)
     layers = _inspect(engine, built)["RootFS"]["Layers"]
-    install = f"envbuild: install the lock's {packages} package files (pip, no index)"
+    install = f"envbuild: install the lock's {packages} package files ({installer}, no index)"
     added = (*tools_layers, install)
     below = config["rootfs"]["diff_ids"]
     if layers[: len(below)] != below or len(layers) != len(below) + len(added):

@@ -2,10 +2,10 @@
 
 Two builds by the engine's BuildKit. ``images/Dockerfile.tools.in`` makes the tools image (the base and
 the tools layer), tagged while the second reads it; ``images/Dockerfile.packages.in`` runs on it one
-``RUN`` that bind-mounts the package files from the build context and installs them (pip, no index,
-hashes checked); ``stage_packages.py`` names what of the base the lock replaces and writes its report
-into the layer, read back through a container that is never started. Nothing is committed from a
-container.
+``RUN`` that bind-mounts the package files from the build context and installs them (the lock's uv,
+bind-mounted too, or the base's pip where the lock pins no installer; no index, hashes checked);
+``stage_packages.py`` names what of the base the lock replaces and writes its report into the layer,
+read back through a container that is never started. Nothing is committed from a container.
 
 Why two builds: the engine writes a step's layer by walking what the step changed (depth first) only
 when the step ran on the layer the engine registered as its parent. In one build, the install step's
@@ -96,7 +96,7 @@ def ensure_packages_image(
         stream = packages_context(context)
         say(
             f"packages: installing {len(plan.files)} package files ({human_bytes(stream.payload)}; "
-            "BuildKit, no network)"
+            f"{f'uv {plan.installer.version}' if plan.installer else 'pip'}, BuildKit, no network)"
         )
         outcome = engine.buildkit_build(
             stream,
@@ -126,6 +126,7 @@ def ensure_packages_image(
             reference,
             say,
             tools_layers=("envbuild: the tools layer (mount points, clamp-mtimes, /etc/hosts, /etc/resolv.conf)",),
+            installer=f"uv {plan.installer.version}" if plan.installer else "pip",
         )
     finally:
         _untag(engine, raw)

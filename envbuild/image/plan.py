@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-from packaging.utils import canonicalize_name
+from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from envbuild.errors import InputError
 from envbuild.lock.model import Lock, Package, PackageFile, Source, walk_submodules
+from envbuild.lock.platform import supported_tags
 
 MANIFEST_VERSION = 2
 IMAGE_ROOT = "/opt/envbuild"
@@ -126,6 +127,9 @@ class ContextPlan:
     sources: tuple[SourcePlan, ...]
     files: tuple[FilePlan, ...]
     requirements: str  # the text of envbuild/requirements.txt
+    # The lock's installer: the uv wheel for its platform, whose binary the packages step runs from a bind
+    # mount (``installer/<filename>`` in the context); None: pip, the base's own, installs.
+    installer: FilePlan | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -138,7 +142,7 @@ class ContextPlan:
             "arch": self.arch,
             "sources": [s.to_json() for s in self.sources],
             "files": [f.to_json() for f in self.files],
-        }
+        } | ({"installer": self.installer.to_json()} if self.installer else {})
 
 
 def layer_order(sources: tuple[Source, ...]) -> tuple[Source, ...]:
@@ -151,7 +155,8 @@ def layer_order(sources: tuple[Source, ...]) -> tuple[Source, ...]:
 
 
 def requirements_text(lock: Lock) -> str:
-    lines = ["# envbuild: installed with pip --no-index --require-hashes --no-deps; do not edit"]
+    installer = "uv pip" if lock.installer else "pip"
+    lines = [f"# envbuild: installed with {installer} --no-index --require-hashes --no-deps; do not edit"]
     for package in sorted(lock.packages, key=lambda p: canonicalize_name(p.name)):
         hashes = " ".join(f"--hash=sha256:{f.sha256}" for f in sorted(package.files, key=lambda f: f.sha256))
         lines.append(f"{canonicalize_name(package.name)}=={package.version} {hashes}".rstrip())
@@ -182,6 +187,12 @@ def plan_context(
         problems.append(
             f"packages without files (run `envbuild lock update LOCK --packages` where their index is reachable): "
             f"{', '.join(sorted(packages_without_files))}"
+        )
+    installer = _installer_file(lock)
+    if lock.installer is not None and installer is None:
+        problems.append(
+            f"installer {lock.installer.name} {lock.installer.version} has no wheel for the lock's platform "
+            f"(`envbuild lock update LOCK --installer` pins one)"
         )
     if problems:
         raise InputError("cannot plan the image: " + "; ".join(problems))
@@ -227,4 +238,26 @@ def plan_context(
         sources=sources,
         files=files,
         requirements=requirements_text(lock),
+        installer=installer,
     )
+
+
+def _installer_file(lock: Lock) -> FilePlan | None:
+    """The installer's wheel the build runs: the first (by name) whose tags the lock's platform takes, or
+    without a platform the first; None without an installer or a wheel for the platform."""
+    if lock.installer is None:
+        return None
+    tags = supported_tags(lock.platform) if lock.platform else None
+    for file in sorted(lock.installer.files, key=lambda f: f.filename):
+        if file.filename.endswith(".whl") and (
+            tags is None or not parse_wheel_filename(file.filename)[3].isdisjoint(tags)
+        ):
+            return FilePlan(
+                lock.installer.name,
+                lock.installer.version,
+                file.filename,
+                file.sha256,
+                f"installer/{file.filename}",
+                (lock.installer, file),
+            )
+    return None

@@ -95,6 +95,15 @@ def resolved_dependencies(plan: ContextPlan, trees: dict[str, str]) -> list[dict
         deps.append(
             {"name": file.filename, "uri": package_purl(file.package, file.version), "digest": {"sha256": file.sha256}}
         )
+    if (uv := plan.installer) is not None:  # what installed the packages: a build tool, in no layer
+        deps.append(
+            {
+                "name": uv.filename,
+                "uri": package_purl(uv.package, uv.version),
+                "digest": {"sha256": uv.sha256},
+                "annotations": {"role": "installer"},
+            }
+        )
     return deps
 
 
@@ -279,6 +288,10 @@ def build_summary(
         {"kind": "package_file", "name": f.package, "version": f.version, "filename": f.filename, "sha256": f.sha256}
         for f in plan.files
     ]
+    if (i := plan.installer) is not None:
+        inputs.append(
+            {"kind": "installer", "name": i.package, "version": i.version, "filename": i.filename, "sha256": i.sha256}
+        )
     inputs.append({"kind": "dockerfile", "name": "Dockerfile", "sha256": dockerfile_sha256})
     return {
         "lock": {"path": lock_path, "sha256": plan.lock_sha256, "name": plan.lock_name},

@@ -44,6 +44,7 @@ CLAMP = f"{IMAGE_ROOT}/bin/clamp-mtimes"
 # No RUN writes bytecode (PYTHONDONTWRITEBYTECODE, as the image's ENV sets it): Python reads the image's own
 # (the base's pip, say) and compiles the rest in memory, so no bytecode cache is mounted, none can be
 # another build's, and none reaches a layer.
+UV_STAGE = f"{IMAGE_ROOT}/stage"  # where the lock's uv installs before the files move into the site (none left)
 PACKAGES_REPORT = f"{IMAGE_META}/packages-report.json"  # BuildKit: what the packages step says it replaced
 # The mtime of every file the packages layer holds (1980-01-01, the earliest a wheel's zip can record).
 # Fixed rather than the build's epoch: with the default epoch (the newest pinned commit's date), moving
@@ -118,6 +119,7 @@ def packages_key(plan: ContextPlan) -> str:
         load_template("stage_packages.py.in"),
         load_template("clamp-mtimes.sh.in"),
         plan.requirements,
+        *((plan.installer.sha256,) if plan.installer else ()),  # the uv that installs (its script says how)
     ):
         digest.update(hashlib.sha256(part.encode()).digest())
     return digest.hexdigest()
@@ -172,7 +174,8 @@ def render_dockerfile(plan: ContextPlan) -> str:
             render_tools_dockerfile(plan).rstrip("\n"),
             f"# ---- 2 of 3: the packages image, {packages_reference(plan)} ----",
             render_packages_dockerfile(plan).rstrip("\n"),
-            f"# {MOUNT_POINT}/packages.sh (the package files beside it: requirements.txt, wheels/):",
+            f"# {MOUNT_POINT}/packages.sh (the package files beside it: requirements.txt, wheels/"
+            f"{', uv' if plan.installer else ''}):",
             "\n".join(f"#     {line}" if line else "#" for line in script.splitlines()),
             "# ---- 3 of 3: the image ----",
             render_buildkit_image_dockerfile(plan),
@@ -299,8 +302,17 @@ def render_buildkit_packages_script(plan: ContextPlan) -> str:
         "clamp": CLAMP,
         "packages_epoch": str(PACKAGES_EPOCH),
         "platform_check": platform_check_shell(plan),
+        "install": render_install(plan),
     }
     return fill(load_template("packages.buildkit.sh.in"), values)
+
+
+def render_install(plan: ContextPlan) -> str:
+    """The install itself: the lock's uv (``images/install.uv.sh.in``) when it pins one, else the base's pip
+    (``images/install.pip.sh.in``)."""
+    if plan.installer is None:
+        return load_template("install.pip.sh.in").rstrip("\n")
+    return fill(load_template("install.uv.sh.in"), {"stage": UV_STAGE}).rstrip("\n")
 
 
 def render_tools_dockerfile(plan: ContextPlan) -> str:

@@ -27,6 +27,7 @@ from pathlib import Path, PurePosixPath
 from envbuild.engine.transfer import ContextStream, TarSink
 from envbuild.fileio import content_mtime_ns, link_or_copy
 from envbuild.image.assemble import BuildContext
+from envbuild.image.installer import uv_binary
 from envbuild.image.plan import ContextPlan
 from envbuild.image.render import (
     PACKAGES_EPOCH,
@@ -229,4 +230,7 @@ def packages_context(context: BuildContext) -> ContextStream:
         _data(f"{top}/stage_packages.py", load_template("stage_packages.py.in").encode(), 0o644, epoch),
         _data(f"{top}/packages.sh", render_buildkit_packages_script(plan).encode(), 0o644, epoch),
     ]
+    if plan.installer is not None:
+        binary = uv_binary(context.path / plan.installer.context_path, plan.installer)
+        entries.append(_data(f"{top}/uv", binary, 0o755, epoch))
     return stream(entries)

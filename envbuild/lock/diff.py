@@ -20,7 +20,7 @@ MoveReader = Callable[[Source, Source], "Moved | None"]
 
 @dataclass(frozen=True)
 class Change:
-    kind: str  # "source" | "package" | "base_image" | "platform" | "requirements"
+    kind: str  # "source" | "package" | "base_image" | "installer" | "platform" | "requirements"
     name: str
     action: str  # "added" | "removed" | "changed"
     fields: tuple[tuple[str, str, str], ...] = ()  # (field, old, new)
@@ -161,6 +161,14 @@ def diff_locks(
                 (("image", _describe_image(old.base_image), _describe_image(new.base_image)),),
             )
         )
+    if old.installer != new.installer:
+        before_fields, after_fields = (_package_fields(p) if p else {} for p in (old.installer, new.installer))
+        keys = before_fields.keys() | after_fields.keys()
+        fields = _changed({k: before_fields.get(k, "") for k in keys}, {k: after_fields.get(k, "") for k in keys})
+        action = "added" if old.installer is None else "removed" if new.installer is None else "changed"
+        installer = new.installer or old.installer
+        assert installer is not None
+        changes.append(Change("installer", installer.name, action, tuple(sorted(fields))))
     if old.platform != new.platform:
         changes.append(Change("platform", "platform", "changed", (("platform", str(old.platform), str(new.platform)),)))
     if old.requirements != new.requirements:

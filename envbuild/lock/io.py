@@ -23,7 +23,7 @@ from envbuild.data.typed import DECIMAL_INT, MAX_INT_DIGITS, Decoder
 from envbuild.data.yamlfile import LIMIT_TEXT, MAX_BYTES, compose_yaml, read_capped
 from envbuild.errors import EnvbuildError, LockfileError, Problem
 from envbuild.fileio import write_atomic
-from envbuild.lock.model import LOCK_VERSION, LOCK_VERSIONS, Lock, Source, Submodule
+from envbuild.lock.model import LOCK_VERSION, LOCK_VERSIONS, Lock, Package, Source, Submodule
 
 HEADER = "# envbuild lockfile: written by `envbuild lock`; every pin is checked by `envbuild lock verify`.\n"
 
@@ -154,6 +154,27 @@ def _cross_checks(lock: Lock, root: yaml.Node, file: str) -> list[Problem]:
             names.add(dist.filename)
             if message := _filename_mismatch(package.name, package.version, dist.filename):
                 problems.append(Problem(file, line, where, message))
+    return problems + _installer_problems(lock.installer, root, file)
+
+
+def _installer_problems(installer: Package | None, root: yaml.Node, file: str) -> list[Problem]:
+    """The installer is uv (the only one a build knows how to run from a wheel it never installs), its
+    files are wheels of that version."""
+    if installer is None:
+        return []
+    if canonicalize_name(installer.name) != "uv":
+        line = _line_of(root, "installer", "name")
+        return [Problem(file, line, "installer.name", f"{installer.name!r}: the only installer envbuild runs is uv")]
+    problems = []
+    for j, dist in enumerate(installer.files):
+        if dist is None:
+            continue
+        where, line = f"installer.files[{j}].filename", _line_of(root, "installer", "files", j, "filename")
+        message = _filename_mismatch(installer.name, installer.version, dist.filename)
+        if message is None and not dist.filename.endswith(".whl"):
+            message = f"{dist.filename}: the installer is run from its wheel; an sdist cannot be"
+        if message:
+            problems.append(Problem(file, line, where, message))
     return problems
 
 
@@ -258,6 +279,7 @@ _LOCK_KEY_ORDER = (
     "sources",
     "requirements",
     "packages",
+    "installer",
 )
 
 
@@ -267,14 +289,17 @@ def canonical(lock: Lock) -> Lock:
         dataclasses.replace(p, files=tuple(sorted(p.files, key=lambda f: f.filename)))
         for p in sorted(lock.packages, key=lambda p: canonicalize_name(p.name))
     )
-    return dataclasses.replace(lock, packages=packages)
+    installer = lock.installer and dataclasses.replace(
+        lock.installer, files=tuple(sorted(lock.installer.files, key=lambda f: f.filename))
+    )
+    return dataclasses.replace(lock, packages=packages, installer=installer)
 
 
 def dump_lock(lock: Lock) -> str:
     """Canonical text of a lock: the same lock always gives the same bytes."""
     plain = _plain(canonical(lock))
     data = {key: plain[key] for key in _LOCK_KEY_ORDER if key in plain}
-    for package in data.get("packages", []):
+    for package in [*data.get("packages", []), *([data["installer"]] if "installer" in data else [])]:
         for key in ("files", "waive"):
             if key in package:
                 package[key] = [_FlowMap(entry) for entry in package[key]]

@@ -4,7 +4,8 @@ The field metadata (patterns, checks, descriptions) is the single source of trut
 validation (:mod:`envbuild.lock.io`) and the committed JSON schemas (:mod:`envbuild.lock.schema`).
 
 Versions. Version 2 adds what version 1 cannot say: a source's git submodules (``submodules``,
-``submodules_unknown``) and a wheel's METADATA digest (``metadata_sha256``). A field's ``since`` is the version that introduced it: a version 1 lock may
+``submodules_unknown``), a wheel's METADATA digest (``metadata_sha256``) and the image's installer
+(``installer``). A field's ``since`` is the version that introduced it: a version 1 lock may
 not use it (its reader names the version the field needs), and the version 1 schema leaves it out, so
 one model describes both formats exactly. A version 1 lock reads as a version 2 lock that records no
 submodules, which is what it meant: a tree holding a gitlink was refused at export then, and is still.
@@ -397,12 +398,28 @@ class Lock:
         (), item_check=check_requirement, description="PEP 508 roots the package closure is resolved from"
     )
     packages: tuple[Package, ...] = ()
+    installer: Package | None = mfield(
+        None,
+        since=2,
+        description="uv, pinned like a package: it installs the packages into the image (bind-mounted, in no "
+        "layer); pip when absent",
+    )
 
     def source(self, name: str) -> Source:
         for source in self.sources:
             if source.name == name:
                 return source
         raise KeyError(name)
+
+    @property
+    def pinned_packages(self) -> tuple[Package, ...]:
+        """Every package whose files a build fetches and verify checks: the packages, then the installer
+        (pinned and checked like them, installed never)."""
+        return (*self.packages, *((self.installer,) if self.installer else ()))
+
+    @property
+    def package_files(self) -> tuple[tuple[Package, PackageFile], ...]:
+        return tuple((p, f) for p in self.pinned_packages for f in sorted(p.files, key=lambda f: f.filename))
 
     def index_for(self, package: Package) -> str:
         return (package.index or self.index or PYPI_SIMPLE).rstrip("/")

@@ -17,6 +17,7 @@ from envbuild.git.remote import GitError, UnsupportedRepository
 from envbuild.git.upstream import Upstream, check_inputs
 from envbuild.lock.model import LOCK_VERSION, BaseImage, Lock, Source
 from envbuild.progress import Progress, silent
+from envbuild.update.installer import pin_installer
 from envbuild.update.read_requirements import read_source_requirements
 from envbuild.update.read_submodules import SubmodulesRefused, Walked, read_source_submodules
 from envbuild.update.resolve import resolve_packages
@@ -33,6 +34,7 @@ def update_lock(
     upgrade: bool = False,
     base: bool = False,
     base_image: str | None = None,
+    installer: bool = False,
     progress: Progress = silent,
 ) -> Lock:
     """A new lock, at the current lock version, moved as far as asked and no further.
@@ -43,7 +45,9 @@ def update_lock(
     sources ``names``; the closure with ``packages=True``, or only the packages ``package_names`` (every
     other package kept at its locked version where that still satisfies); the base image with ``base``,
     or ``base_image``, a new reference pinned by digest (a base asked for by name that cannot be pinned
-    is an error, not a warning). ``packages=False`` never re-resolves; by default the closure is
+    is an error, not a warning); the installer with ``installer`` (uv at the version envbuild runs, its
+    wheel for the platform), which a re-resolve also pins where the lock has none (and ``upgrade``
+    moves). ``packages=False`` never re-resolves; by default the closure is
     re-resolved when everything moves, packages are named, or with ``upgrade``. The resolver prefers the
     locked versions unless ``upgrade``, which lets every package move.
 
@@ -55,7 +59,7 @@ def update_lock(
     if unknown:
         raise InputError(f"{unknown[0]}: no such source in lock {lock.name!r} (sources: {', '.join(sorted(known))})")
     _check_package_names(lock, package_names)
-    everything = not (names or package_names or base or base_image or packages)
+    everything = not (names or package_names or base or base_image or packages or installer)
     resolve = packages if packages is not None else everything or bool(package_names) or upgrade
     if not resolve and (package_names or upgrade):
         option = "--package" if package_names else "--upgrade"
@@ -80,6 +84,14 @@ def update_lock(
             updated = dataclasses.replace(updated, packages=resolved)
         elif declared:
             progress("warning: the lock has no platform: the sources' requirements are recorded, not resolved")
+    if installer:
+        updated = dataclasses.replace(updated, installer=pin_installer(updated, progress=progress))
+    elif resolve and updated.packages and lock.platform and (lock.installer is None or upgrade):
+        try:
+            updated = dataclasses.replace(updated, installer=pin_installer(updated, progress=progress))
+        except RemoteError as exc:  # not asked for by name: the lock keeps what installs it now
+            kept = f"uv {lock.installer.version}" if lock.installer else "the base's pip"
+            progress(f"warning: the installer is not pinned: {exc}; {kept} installs the packages")
     arch = lock.platform.arch if lock.platform else None
     if new_base is not None:
         updated = dataclasses.replace(updated, base_image=pin_base_image(new_base, arch, progress, required=True))

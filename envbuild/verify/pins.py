@@ -146,7 +146,7 @@ def verify_build_inputs(
     hold or the lock's pins vouch for."""
     source = options.source
     files, client = FileCache(source.cache_dir), IndexClient()
-    absent = tuple(p for p in lock.packages if not p.files or any(files.get(f.sha256) is None for f in p.files))
+    absent = tuple(p for p in lock.pinned_packages if not p.files or any(files.get(f.sha256) is None for f in p.files))
     results: list[PinResult] = []
     if absent and source.offline:
         results += [verify_package_offline(p, files, fetch_command(lock_path, source)) for p in absent]
@@ -162,12 +162,13 @@ def verify_lock(lock: Lock, lock_path: str, options: VerifyOptions, progress: Pr
     # commit a build fetched whole verifies offline as well.
     results = verify_refs(lock, options, progress, whole=_fetched_whole(source, progress, fetch=False))
     client = IndexClient()  # one page per package for both checks
-    if lock.packages:
+    if pinned := lock.pinned_packages:
         if source.offline:
             files = FileCache(source.cache_dir)
-            results += [verify_package_offline(p, files, fetch_command(lock_path, source)) for p in lock.packages]
+            results += [verify_package_offline(p, files, fetch_command(lock_path, source)) for p in pinned]
         else:
-            results += verify_packages(lock, jobs=source.jobs, progress=progress, lock_path=lock_path, client=client)
+            pins = dataclasses.replace(lock, packages=pinned)
+            results += verify_packages(pins, jobs=source.jobs, progress=progress, lock_path=lock_path, client=client)
     results += verify_requirements(lock, options, client, progress)
     results += verify_base_image(lock, update_command(lock_path, source))
     return _report(lock, lock_path, options, results)

@@ -4,7 +4,8 @@ wheels on a local PEP 691 index, and the test base image pinned by digest in the
 - ``alpha``: a setuptools project (pyproject.toml), pinned by the tag ``v1.0``, installed editable;
 - ``beta``: a setuptools project on branch ``main``, installed as a wheel built in the image;
 - ``gamma``: plain files on branch ``main``, copied only (``install: none``);
-- packages ``tinyone`` 1.0 and ``tinytwo`` 2.0 (wheels built by :func:`tests.lib.pyindex.make_wheel`).
+- packages ``tinyone`` 1.0 and ``tinytwo`` 2.0 (wheels built by :func:`tests.lib.pyindex.make_wheel`),
+  installed by the real uv wheel (the lock's ``installer``, :mod:`tests.lib.uvwheel`).
 
 Everything builds offline: the base image has python3-setuptools, wheel and pip, the Dockerfile runs
 pip with ``--no-index --no-build-isolation``. Used by ``tests/test_image_build.py`` (through fixtures)
@@ -27,6 +28,7 @@ from envbuild.lock import Lock, Package, PackageFile, Source, write_lock
 from envbuild.lock.model import BaseImage, Install, Platform
 from tests.lib.gitrepos import Repo, Served, make_repo
 from tests.lib.pyindex import PyIndex, make_wheel
+from tests.lib.uvwheel import serve_uv, uv_installer
 
 LOCK_NAME = "imagetest"
 # Fixed by the lock, so a moved pin changes only its own layers (the default epoch, the newest
@@ -57,11 +59,13 @@ def make_sources(base: Path) -> dict[str, Repo]:
 
 
 def make_wheels(directory: Path, owner: str) -> list[Path]:
-    """The two tiny wheels, their METADATA naming ``owner`` (the test module): each module's packages
+    """The two tiny wheels, their METADATA naming ``owner`` (the test module), and the real uv wheel beside
+    them (:mod:`tests.lib.uvwheel`): each module's packages
     layer is its own. BuildKit runs a step once for every build that has the identical step in flight,
     ``--no-cache`` or not; two modules building one packages step at once would share one run, which
     then proves nothing about reproducing it, and one of them would see none of its steps."""
     directory.mkdir(parents=True, exist_ok=True)
+    serve_uv(directory)  # the lock's installer (ImageLockEnv.lock), served beside them
     return [make_wheel(directory, name, version, summary=f"a tiny wheel of {owner}") for name, version in WHEELS]
 
 
@@ -85,9 +89,17 @@ class ImageLockEnv:
         }
 
     def lock(
-        self, *, name: str = LOCK_NAME, pins: dict[str, str] | None = None, packages: tuple[Package, ...] | None = None
+        self,
+        *,
+        name: str = LOCK_NAME,
+        pins: dict[str, str] | None = None,
+        packages: tuple[Package, ...] | None = None,
+        installer: bool = True,
     ) -> Lock:
-        """The lock of these upstreams; ``packages`` replaces the two tiny wheels (see :func:`served_packages`)."""
+        """The lock of these upstreams; ``packages`` replaces the two tiny wheels (see :func:`served_packages`).
+        Its installer is the real uv wheel for its arch where the index serves one (:func:`make_wheels` serves
+        this machine's), unless
+        ``installer=False``: then the base's pip installs."""
         pins = {**self.pins(), **(pins or {})}
         refs = {
             "alpha": ("v1.0", "tag", "editable"),
@@ -112,8 +124,10 @@ class ImageLockEnv:
                 for n, v in WHEELS
                 for f in [next(self.index.root.glob(f"{n}-{v}-*.whl"))]
             )
+        wheels = sorted(self.index.root.glob(f"uv-*_{self.arch}*.whl")) if installer else []
+        uv = uv_installer(wheels[0]) if wheels else None
         return Lock(
-            version=1,
+            version=1 if uv is None else 2,  # installer: a version 2 field
             name=name,
             sources=sources,
             platform=Platform(os="linux", arch=self.arch, python=self.python, cann="9.1.0"),  # type: ignore[arg-type]
@@ -122,6 +136,7 @@ class ImageLockEnv:
             source_date_epoch=EPOCH,
             requirements=tuple(f"{p.name}=={p.version}" for p in packages),
             packages=packages,
+            installer=uv,
         )
 
     def write(self, path: Path, lock: Lock | None = None) -> Path:
@@ -138,6 +153,8 @@ def served_packages(index: PyIndex) -> tuple[Package, ...]:
     packages = []
     for path in sorted(index.root.glob("*.whl")):
         name, version, _, _ = parse_wheel_filename(path.name)
+        if name == "uv":
+            continue  # the installer (ImageLockEnv.lock), not a package
         sha256 = index.hashes.get(path.name) or index.sha256(path.name)
         packages.append(Package(name=str(name), version=str(version), files=(PackageFile(path.name, sha256),)))
     return tuple(packages)
