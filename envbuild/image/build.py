@@ -60,6 +60,7 @@ from envbuild.image.checked import InImageMismatch, checked_and_normalised, last
 from envbuild.image.packages_image import ensure_packages_image
 from envbuild.image.plan import ContextPlan, plan_context
 from envbuild.image.rebuild import answer_from_record, built_before
+from envbuild.image.record import RecordedBuild
 from envbuild.image.render import (
     RAW_REPOSITORY,
     base_reference,
@@ -386,16 +387,18 @@ def _build(build: _Assembled) -> BuildResult:
     dockerfile_sha256 = hashlib.sha256(context.dockerfile.encode()).hexdigest()
     distro_removed = packages.distro_removed if packages else ()
     record_dir = write_record(
-        build.lock.path,
-        plan,
-        dict(context.trees),
-        dockerfile_sha256,
-        image_id,
-        build.tags,
-        diff_ids,
-        pushed,
+        RecordedBuild(
+            lock_path=build.lock.path,
+            plan=plan,
+            trees=dict(context.trees),
+            dockerfile_sha256=dockerfile_sha256,
+            image_id=image_id,
+            tags=build.tags,
+            diff_ids=diff_ids,
+            pushed=pushed,
+            distro_removed=distro_removed,
+        ),
         options.record_dir,
-        distro_removed,
     )
     # Only now, the image checked and tagged: the next build of these lock bytes is answered from it.
     write_built(
