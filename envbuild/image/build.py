@@ -152,7 +152,6 @@ def dry_run(read: LockFile, options: ImageOptions, progress: Progress = silent) 
     """The plan and the Dockerfile a build of this lock would use: a rendering of the lock alone, with no
     network, no verify and no engine. What would stop a real build is said through ``progress`` and
     returned."""
-    say = progress
     lock = read.lock
     check_tags(options.tags)
     refusals = [
@@ -168,13 +167,13 @@ def dry_run(read: LockFile, options: ImageOptions, progress: Progress = silent) 
         )
     refusals += build_requirement_problems(lock)
     for refusal in refusals:
-        say(f"warning: {refusal}: a build refuses it")
+        progress(f"warning: {refusal}: a build refuses it")
     epoch = lock.source_date_epoch
     if epoch is None:
         try:
             epoch = newest_commit_date(lock, exporter_for(options.source))
         except EnvbuildError:
-            say(
+            progress(
                 "note: the pinned commits are not in the cache yet, so this dry run shows SOURCE_DATE_EPOCH as 0 "
                 "where a build writes the newest pinned commit's date; `envbuild lock fetch` (or the build) "
                 "fetches them"
@@ -205,7 +204,6 @@ def build_image(
     """Build the lock's image; see the module docstring for the stages. ``verified`` skips verifying
     again and ``inputs`` fetching again (`envbuild check` verifies and fetches once, then builds twice
     from the same value: one lock verified, fetched and built)."""
-    say = progress
     check_tags(options.tags)
     before = None if options.no_cache else built_before(read, options.cache_dir)
     exporter = exporter_for(options.source)  # one for the whole build: it remembers what it found
@@ -227,7 +225,7 @@ def build_image(
                     push=options.push,
                     cache_dir=options.cache_dir,
                     record_dir=options.record_dir,
-                    say=say,
+                    say=progress,
                 )
                 if answered is not None:
                     return answered
@@ -247,7 +245,7 @@ def build_image(
                 lock_name_held(options.cache_dir, plan.lock_name),
                 store.in_use(),
             ):
-                say(f"assembling the build context: {len(plan.sources)} sources, {len(plan.files)} package files")
+                progress(f"assembling the build context: {len(plan.sources)} sources, {len(plan.files)} package files")
                 context = assemble_context(
                     plan,
                     render_dockerfile(plan),
@@ -258,7 +256,7 @@ def build_image(
                     rehash=False,  # the file cache is content-addressed; pip --require-hashes checks what it installs
                 )
                 try:
-                    built = _build(_Assembled(read, plan, context, tags, options, connected, work, say))
+                    built = _build(_Assembled(read, plan, context, tags, options, connected, work, progress))
                 except InImageMismatch:  # a kept tree changed on disk would fail it: the next build exports again
                     for source in plan.sources:
                         store.forget(source)
