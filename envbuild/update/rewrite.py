@@ -49,7 +49,7 @@ def update_lock_file(
 ) -> LockUpdate:
     """:func:`update_lock` on the lock at ``read.path``, the change report written to ``report`` (Markdown,
     on a dry run too), and the new text written over the file unless ``dry_run``. Raises
-    :class:`~envbuild.lock.io.UnreadableLockError` when the lock's reader would refuse the new text: then
+    :class:`~envbuild.lock.io.LockWriteRefused` when the lock's reader would refuse the new text: then
     nothing is written, the report neither."""
     old_text = read.path.read_text(encoding="utf-8")
     new = update_lock(
