@@ -91,7 +91,7 @@ def fetch_inputs(
     there), through ``source.mirrors``; ``exporter``: the build's own (:func:`exporter_for` ``source``),
     which remembers what it found already. ``leave``: pins not to fetch, as verify names them (``source
     NAME``, ``submodule SOURCE/PATH``, ``package NAME``), with every submodule under a left tree."""
-    lock, lock_path, say = lock_file.lock, lock_file.path, progress
+    lock, lock_path = lock_file.lock, lock_file.path
     exporter, files, jobs = exporter or exporter_for(source), FileCache(source.cache_dir), source.jobs
     missing: list[str] = []
     if leave:
@@ -113,8 +113,8 @@ def fetch_inputs(
                 f"{lock_path}: --offline, and the cache ({exporter.cache_dir}) lacks {'; '.join(missing)}; run "
                 f"`{fetch_command(lock_path, source)}` where the upstreams are reachable"
             )
-    fetched_sources = _fetch_trees(pins, exporter, jobs, say)
-    fetched_files = _fetch_files(lock, files, client or IndexClient(), say, source.cache_dir)
+    fetched_sources = _fetch_trees(pins, exporter, jobs, progress)
+    fetched_files = _fetch_files(lock, files, client or IndexClient(), progress, source.cache_dir)
     return Inputs((*fetched_sources, *fetched_files), newest_commit_date(lock, exporter))
 
 

@@ -92,7 +92,6 @@ def run_bisect(
     engine: Engine | None = None,
 ) -> BisectResult:
     """Find the change from ``good`` to ``bad`` that breaks the build's checks; see the module docstring."""
-    say = progress
     started = time.monotonic()
     source = options.verify.source
     units = plan_units(good.lock, bad.lock)
@@ -101,23 +100,28 @@ def run_bisect(
     cache = GitCache(source.cache_dir / "git")
     units = [
         with_history(
-            u, cache, mirrors=source.mirrors, offline=source.offline, first_parent=options.first_parent, progress=say
+            u,
+            cache,
+            mirrors=source.mirrors,
+            offline=source.offline,
+            first_parent=options.first_parent,
+            progress=progress,
         )
         for u in units
     ]
     for unit in units:
         counted = f": {len(unit.commits)} commits" if unit.commits else ""
-        say(f"change: {unit.label}{counted}{f' ({unit.note})' if unit.note else ''}")
+        progress(f"change: {unit.label}{counted}{f' ({unit.note})' if unit.note else ''}")
     states = plan_states(units)
     last = len(states) - 1
     good_is_good = all(u.rewrite is None or u.rewrite.merge_base is None for u in units)
     test_good = not (options.assume_good and good_is_good)
     planned = 1 + test_good + search_builds(last)
-    say(
+    progress(
         f"{last} states from GOOD to BAD; at most {planned} builds: BAD, {'GOOD, ' if test_good else ''}"
         f"then {search_builds(last)} to halve them (each commit that cannot be built adds one)"
     )
-    bisect = _Bisect(good, bad, units, states, options, say, cache, started)
+    bisect = _Bisect(good, bad, units, states, options, progress, cache, started)
     owned = engine is None
     connected = engine or Engine.connect()
     try:

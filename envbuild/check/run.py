@@ -66,21 +66,20 @@ def run_check(
     """The check of the lock ``read`` (read once, by the caller: an invalid lockfile is the one thing that
     stops the check, exit 2); the same value is verified, fetched and built, twice when the history has
     no earlier build of it."""
-    say = progress
     lock_path = read.path
     verified = VerifyReport(str(lock_path), (), strict=options.verify.strict)
     history: list[HistoryEntry] = []
     history_ok = True
     try:
         with _stage("history"):
-            history = read_history(options.history, say) if options.history else []
-        say(f"verifying {lock_path}")
+            history = read_history(options.history, progress) if options.history else []
+        progress(f"verifying {lock_path}")
         with _stage("verify"):
             verified = verify_lock(read.lock, str(lock_path), options.verify, progress)
         if not verified.ok:
             failing = [f"{r.kind} {r.name}: {r.status}" for r in verified.results if not r.passes(verified.strict)]
             raise _StageFailed("verify", "the lock fails verify (" + "; ".join(failing) + "), so no image was built")
-        report = _rebuild_and_compare(read, options, verified, history, engine, say, progress)
+        report = _rebuild_and_compare(read, options, verified, history, engine, progress)
     except _StageFailed as failed:
         history_ok = failed.failure.stage != "history"
         report = CheckReport(verified, False, failure=failed.failure)
@@ -95,7 +94,6 @@ def _rebuild_and_compare(
     verified: VerifyReport,
     history: list[HistoryEntry],
     engine: Engine | None,
-    say: Progress,
     progress: Progress,
 ) -> CheckReport:
     source = options.verify.source
@@ -105,7 +103,7 @@ def _rebuild_and_compare(
         with _stage("fetch"):
             # Once, here rather than inside the builds, so a fetch failure is named as one; both builds
             # start from these inputs.
-            inputs = fetch_inputs(read, source, progress=say)
+            inputs = fetch_inputs(read, source, progress=progress)
         source.cache_dir.mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix="check-", dir=source.cache_dir))
         try:
@@ -118,15 +116,15 @@ def _rebuild_and_compare(
             previous = last_image_id(history, read.sha256)
             hold = _holding(live, previous, previous_reference(read.lock.name)) if previous else nullcontext()
             with hold:
-                say("rebuilding without cache")
+                progress("rebuilding without cache")
                 with _stage("build"):
                     first = build_image(
                         read, image_options, progress=progress, engine=live, verified=verified, inputs=inputs
                     )
                 if previous is not None:
                     with _stage("compare"):
-                        return _against_history(verified, first, previous, live, work, say)
-            say("no earlier build of this lock in the history: building a second time to compare")
+                        return _against_history(verified, first, previous, live, work, progress)
+            progress("no earlier build of this lock in the history: building a second time to compare")
             second_options = replace(
                 image_options, record_dir=work / "record-2", tags=(f"envbuild-check/{read.lock.name}:second",)
             )
@@ -136,7 +134,7 @@ def _rebuild_and_compare(
                 )
             with _stage("compare"):
                 same = first.image_id == second.image_id
-                differences = () if same else _explain(live, first.image_id, second.image_id, work, say)
+                differences = () if same else _explain(live, first.image_id, second.image_id, work, progress)
             return CheckReport(
                 verified, same, (first.image_id, second.image_id), differences, compared_with="second build"
             )

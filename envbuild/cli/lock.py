@@ -11,9 +11,8 @@ from envbuild.cli.lock_start import add_start_commands
 from envbuild.cli.width import output_width
 from envbuild.errors import InputError
 from envbuild.fileio import write_atomic
-from envbuild.lock import checked_lock_text, read_lock
-from envbuild.lock.diff import Change, render_changes, render_markdown
-from envbuild.lock.io import canonical
+from envbuild.lock import read_lock
+from envbuild.lock.diff import render_changes, render_markdown
 from envbuild.lock.model import LOCK_VERSION, LOCK_VERSIONS
 from envbuild.verify.render import render_verify
 
@@ -193,18 +192,15 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 def cmd_update(args: argparse.Namespace) -> int:
     from envbuild.git.cache import GitCache
-    from envbuild.update.report import change_report
-    from envbuild.update.update import update_lock
+    from envbuild.update.rewrite import update_lock_file
 
     _check_report(args.report)
-    lock = read_lock(args.lockfile).lock
-    old_text = args.lockfile.read_text(encoding="utf-8")
+    read = read_lock(args.lockfile)
     cache_dir, mirrors = source_settings(args)
-    cache = GitCache(cache_dir / "git")
-    new = update_lock(
-        lock,
+    update = update_lock_file(
+        read,
         args.names,
-        cache,
+        GitCache(cache_dir / "git"),
         mirrors=mirrors,
         packages=args.packages,
         package_names=args.package_names,
@@ -212,36 +208,27 @@ def cmd_update(args: argparse.Namespace) -> int:
         base=args.base,
         base_image=args.base_image,
         installer=args.installer,
+        report=args.report,
+        dry_run=args.dry_run,
         progress=StderrProgress("envbuild", args.quiet),
     )
-    changes = change_report(lock, new, cache, mirrors=mirrors)
-    # Nothing at all changed: the file stays byte for byte, however it was written.
-    from envbuild.lock.roundtrip import updated_text  # ruamel.yaml: only a command that rewrites a lock needs it
-
-    text, kept = (old_text, True) if canonical(new) == canonical(lock) else updated_text(old_text, lock, new)
-    # Checked before anything is replaced, and on a dry run too: it shows what a real run would write.
-    text = checked_lock_text(new, args.lockfile, text)
-    if not kept:
+    if not update.layout_kept:
         print(
             f"envbuild: warning: {args.lockfile}: its comments and layout could not be kept "
             "(a value YAML 1.1 and 1.2 read differently, or a layout ruamel.yaml cannot reproduce); "
             "written in canonical form",
             file=sys.stderr,
         )
-    # Before the lock: a failed report leaves the lock as it was, never a lock moved with no report.
-    _write_report(args.report, changes, f"envbuild lock update: {args.lockfile}")
-    if not args.dry_run and text != old_text:
-        write_atomic(args.lockfile, text)
     sys.stdout.write(
         render_json(
             {
                 "lock": str(args.lockfile),
-                "written": not args.dry_run and bool(changes),
-                "changes": [c.to_json() for c in changes],
+                "written": not args.dry_run and bool(update.changes),
+                "changes": [c.to_json() for c in update.changes],
             }
         )
         if args.json
-        else render_changes(changes, output_width())
+        else render_changes(update.changes, output_width())
     )
     if args.dry_run:
         print(f"envbuild: dry run: {args.lockfile} not written", file=sys.stderr)
@@ -256,7 +243,8 @@ def cmd_diff(args: argparse.Namespace) -> int:
     old, new = read_lock(args.old).lock, read_lock(args.new).lock
     cache_dir, mirrors = source_settings(args)
     changes = change_report(old, new, GitCache(cache_dir / "git"), mirrors=mirrors)
-    _write_report(args.report, changes, f"envbuild lock diff: {args.old} → {args.new}")
+    if args.report is not None:
+        write_atomic(args.report, render_markdown(changes, f"envbuild lock diff: {args.old} → {args.new}"))
     sys.stdout.write(
         render_json({"old": str(args.old), "new": str(args.new), "changes": [c.to_json() for c in changes]})
         if args.json
@@ -271,11 +259,6 @@ def _check_report(path: Path | None) -> None:
         raise InputError(f"--report {path}: is a directory; name the file to write")
     if path is not None and not path.parent.is_dir():
         raise InputError(f"--report {path}: {path.parent} is not a directory; create it first")
-
-
-def _write_report(path: Path | None, changes: list[Change], title: str) -> None:
-    if path is not None:
-        write_atomic(path, render_markdown(changes, title))
 
 
 def cmd_export(args: argparse.Namespace) -> int:

@@ -108,10 +108,9 @@ class Images(EngineBase):
         """Push ``repository:tag`` with the docker config's credentials; returns the manifest digest.
         Progress: each layer once when it is done (sent, already in the registry, or mounted from another
         repository) and, while layers are sent, the bytes sent of their total."""
-        say = progress
         repository, tag = split_tag(name)
         digest = None
-        push = LayerProgress(say, "push", name)
+        push = LayerProgress(progress, "push", name)
         with engine_errors(f"push {name}", self.address):
             for event in self.api.push(repository, tag, stream=True, decode=True):
                 if (message := event_error(event)) is not None:
@@ -120,7 +119,7 @@ class Images(EngineBase):
                 digest = (event.get("aux") or {}).get("Digest", digest)
         if digest is None:
             raise EngineError(f"push {name}: the registry reported no manifest digest")
-        say(f"pushed {name} ({digest}): {push.summary()}")
+        progress(f"pushed {name} ({digest}): {push.summary()}")
         return digest
 
     def registry_digest(self, name: str) -> str:
@@ -143,8 +142,7 @@ class Images(EngineBase):
         layer said when it is fetched and the bytes while they come; returns the image ID and what was
         fetched. ``platform`` (``linux/arm64``) picks that variant of a multi-platform index, instead of
         the engine's own."""
-        say = progress
-        pull = LayerProgress(say, "pull", reference)
+        pull = LayerProgress(progress, "pull", reference)
         name, tag, digest = split_reference(reference)
         repository, tag = name, digest or tag or "latest"
         with engine_errors(f"pull {reference}", self.address):
@@ -153,7 +151,7 @@ class Images(EngineBase):
                     raise EngineError(f"pull {reference} on {self.address}: {message}")
                 pull.event(event)
             image_id = self.api.inspect_image(reference)["Id"]
-        say(f"pulled {reference} on {self.address}: {pull.summary()}")
+        progress(f"pulled {reference} on {self.address}: {pull.summary()}")
         fetched, fetched_bytes = pull.fetched()
         return Pulled(str(image_id), len(pull.layers), fetched, fetched_bytes)
 

@@ -60,6 +60,7 @@ from envbuild.image.checked import InImageMismatch, checked_and_normalised, last
 from envbuild.image.packages_image import ensure_packages_image
 from envbuild.image.plan import ContextPlan, plan_context
 from envbuild.image.rebuild import answer_from_record, built_before
+from envbuild.image.record import RecordedBuild
 from envbuild.image.render import (
     RAW_REPOSITORY,
     base_reference,
@@ -151,7 +152,6 @@ def dry_run(read: LockFile, options: ImageOptions, progress: Progress = silent) 
     """The plan and the Dockerfile a build of this lock would use: a rendering of the lock alone, with no
     network, no verify and no engine. What would stop a real build is said through ``progress`` and
     returned."""
-    say = progress
     lock = read.lock
     check_tags(options.tags)
     refusals = [
@@ -167,13 +167,13 @@ def dry_run(read: LockFile, options: ImageOptions, progress: Progress = silent) 
         )
     refusals += build_requirement_problems(lock)
     for refusal in refusals:
-        say(f"warning: {refusal}: a build refuses it")
+        progress(f"warning: {refusal}: a build refuses it")
     epoch = lock.source_date_epoch
     if epoch is None:
         try:
             epoch = newest_commit_date(lock, exporter_for(options.source))
         except EnvbuildError:
-            say(
+            progress(
                 "note: the pinned commits are not in the cache yet, so this dry run shows SOURCE_DATE_EPOCH as 0 "
                 "where a build writes the newest pinned commit's date; `envbuild lock fetch` (or the build) "
                 "fetches them"
@@ -204,7 +204,6 @@ def build_image(
     """Build the lock's image; see the module docstring for the stages. ``verified`` skips verifying
     again and ``inputs`` fetching again (`envbuild check` verifies and fetches once, then builds twice
     from the same value: one lock verified, fetched and built)."""
-    say = progress
     check_tags(options.tags)
     before = None if options.no_cache else built_before(read, options.cache_dir)
     exporter = exporter_for(options.source)  # one for the whole build: it remembers what it found
@@ -226,7 +225,7 @@ def build_image(
                     push=options.push,
                     cache_dir=options.cache_dir,
                     record_dir=options.record_dir,
-                    say=say,
+                    say=progress,
                 )
                 if answered is not None:
                     return answered
@@ -246,7 +245,7 @@ def build_image(
                 lock_name_held(options.cache_dir, plan.lock_name),
                 store.in_use(),
             ):
-                say(f"assembling the build context: {len(plan.sources)} sources, {len(plan.files)} package files")
+                progress(f"assembling the build context: {len(plan.sources)} sources, {len(plan.files)} package files")
                 context = assemble_context(
                     plan,
                     render_dockerfile(plan),
@@ -257,7 +256,7 @@ def build_image(
                     rehash=False,  # the file cache is content-addressed; pip --require-hashes checks what it installs
                 )
                 try:
-                    built = _build(_Assembled(read, plan, context, tags, options, connected, work, say))
+                    built = _build(_Assembled(read, plan, context, tags, options, connected, work, progress))
                 except InImageMismatch:  # a kept tree changed on disk would fail it: the next build exports again
                     for source in plan.sources:
                         store.forget(source)
@@ -386,16 +385,18 @@ def _build(build: _Assembled) -> BuildResult:
     dockerfile_sha256 = hashlib.sha256(context.dockerfile.encode()).hexdigest()
     distro_removed = packages.distro_removed if packages else ()
     record_dir = write_record(
-        build.lock.path,
-        plan,
-        dict(context.trees),
-        dockerfile_sha256,
-        image_id,
-        build.tags,
-        diff_ids,
-        pushed,
+        RecordedBuild(
+            lock_path=build.lock.path,
+            plan=plan,
+            trees=dict(context.trees),
+            dockerfile_sha256=dockerfile_sha256,
+            image_id=image_id,
+            tags=build.tags,
+            diff_ids=diff_ids,
+            pushed=pushed,
+            distro_removed=distro_removed,
+        ),
         options.record_dir,
-        distro_removed,
     )
     # Only now, the image checked and tagged: the next build of these lock bytes is answered from it.
     write_built(

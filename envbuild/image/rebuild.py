@@ -16,6 +16,7 @@ from envbuild.errors import EnvbuildError
 from envbuild.image.buildcache import lock_name_held, remove_abandoned
 from envbuild.image.built import BUILDER, BuiltImage, read_built
 from envbuild.image.plan import ContextPlan, plan_context
+from envbuild.image.record import RecordedBuild
 from envbuild.image.render import render_dockerfile
 from envbuild.image.result import BuildResult, default_tag, write_record
 from envbuild.lock.io import LockFile
@@ -68,16 +69,18 @@ def answer_from_record(
         pushed = tuple((tag, engine.push(tag, say)) for tag in tags) if push else ()
         diff_ids = tuple(image["RootFS"]["Layers"])
         record_dir = write_record(
-            read.path,
-            plan,
-            dict(built.trees),
-            built.dockerfile_sha256,
-            built.image_id,
-            tags,
-            diff_ids,
-            pushed,
+            RecordedBuild(
+                lock_path=read.path,
+                plan=plan,
+                trees=dict(built.trees),
+                dockerfile_sha256=built.dockerfile_sha256,
+                image_id=built.image_id,
+                tags=tags,
+                diff_ids=diff_ids,
+                pushed=pushed,
+                distro_removed=built.distro_removed,
+            ),
             record_dir,
-            built.distro_removed,
         )
     return BuildResult(
         image_id=built.image_id,

@@ -6,6 +6,7 @@ import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -20,6 +21,22 @@ BUILD_TYPE = "https://github.com/envbuild/envbuild/image/v1"
 DEFAULT_BUILDER = "https://github.com/envbuild/envbuild/image@v1"
 # uuid5 namespace for SBOM serial numbers: the same image always gets the same serial.
 _SBOM_NAMESPACE = uuid.UUID("6f1d8a3e-3c55-5b8e-9d5a-0e6b2f9c7a41")
+
+
+@dataclass(frozen=True)
+class RecordedBuild:
+    """What a build's record beside the lock is made of: the lock it was built from, its plan, the trees
+    its sources were exported at, its Dockerfile, and the image as tagged (and pushed)."""
+
+    lock_path: Path
+    plan: ContextPlan
+    trees: dict[str, str]  # source name -> git tree SHA of what was exported
+    dockerfile_sha256: str
+    image_id: str
+    tags: tuple[str, ...]
+    diff_ids: tuple[str, ...]  # the image's layers, base layers first
+    pushed: tuple[tuple[str, str], ...]  # (tag, manifest digest)
+    distro_removed: tuple[dict[str, Any], ...] = ()  # the base's distro distributions the lock's replace
 
 
 @dataclass(frozen=True)
@@ -254,17 +271,9 @@ def build_record(
     )
 
 
-def build_summary(
-    lock_path: str,
-    plan: ContextPlan,
-    trees: dict[str, str],
-    image_id: str,
-    tags: tuple[str, ...],
-    diff_ids: tuple[str, ...],
-    pushed: tuple[tuple[str, str], ...],
-    dockerfile_sha256: str,
-    distro_removed: tuple[dict[str, Any], ...] = (),
-) -> dict:
+def build_summary(build: RecordedBuild) -> dict:
+    """build.json: the lock, the image and every input it was built from."""
+    plan, trees = build.plan, build.trees
     inputs: list[dict[str, Any]] = [{"kind": "base_image", "name": plan.base_name, "digest": plan.base_digest}]
     inputs += [
         {
@@ -292,16 +301,16 @@ def build_summary(
         inputs.append(
             {"kind": "installer", "name": i.package, "version": i.version, "filename": i.filename, "sha256": i.sha256}
         )
-    inputs.append({"kind": "dockerfile", "name": "Dockerfile", "sha256": dockerfile_sha256})
+    inputs.append({"kind": "dockerfile", "name": "Dockerfile", "sha256": build.dockerfile_sha256})
     return {
-        "lock": {"path": lock_path, "sha256": plan.lock_sha256, "name": plan.lock_name},
-        "image_id": image_id,
-        "tags": sorted(tags),
-        "diff_ids": list(diff_ids),
+        "lock": {"path": str(build.lock_path), "sha256": plan.lock_sha256, "name": plan.lock_name},
+        "image_id": build.image_id,
+        "tags": sorted(build.tags),
+        "diff_ids": list(build.diff_ids),
         "source_date_epoch": plan.epoch,
         "inputs": inputs,
-        "pushed": [{"tag": tag, "digest": digest} for tag, digest in sorted(pushed)],
+        "pushed": [{"tag": tag, "digest": digest} for tag, digest in sorted(build.pushed)],
         # The base's distro-managed distributions (a Debian-family /usr/lib/python3/dist-packages) that the
         # lock pins too: removed by envbuild's layer, so that Python finds one copy, the lock's.
-        "base_distributions_removed": [dict(d) for d in distro_removed],
+        "base_distributions_removed": [dict(d) for d in build.distro_removed],
     }

@@ -11,7 +11,7 @@ from envbuild.engine.transfer import BuildStep
 from envbuild.fileio import write_atomic
 from envbuild.image.packages_image import PackagesImage
 from envbuild.image.plan import ContextPlan
-from envbuild.image.record import build_record, build_summary, render_record_json
+from envbuild.image.record import RecordedBuild, build_record, build_summary, render_record_json
 
 
 @dataclass(frozen=True)
@@ -44,27 +44,21 @@ def default_tag(plan: ContextPlan) -> str:
     return f"envbuild/{plan.lock_name}:{plan.lock_sha256[:12]}"
 
 
-def write_record(
-    lock_path: Path,
-    plan: ContextPlan,
-    trees: dict[str, str],
-    dockerfile_sha256: str,
-    image_id: str,
-    tags: tuple[str, ...],
-    diff_ids: tuple[str, ...],
-    pushed: tuple[tuple[str, str], ...],
-    record_dir: Path | None,
-    distro_removed: tuple[dict[str, Any], ...] = (),
-) -> Path:
-    """provenance.intoto.json, sbom.cdx.json and build.json, each written atomically."""
-    directory = Path(record_dir) if record_dir else lock_path.parent / "build" / plan.lock_name
+def write_record(build: RecordedBuild, record_dir: Path | None) -> Path:
+    """provenance.intoto.json, sbom.cdx.json and build.json, each written atomically into ``record_dir``
+    (default: ``build/LOCK_NAME`` beside the lock)."""
+    plan = build.plan
+    directory = Path(record_dir) if record_dir else build.lock_path.parent / "build" / plan.lock_name
     directory.mkdir(parents=True, exist_ok=True)
     files = build_record(
-        plan, image_id=image_id, lock_path=str(lock_path), tags=tags, trees=trees, dockerfile_sha256=dockerfile_sha256
+        plan,
+        image_id=build.image_id,
+        lock_path=str(build.lock_path),
+        tags=build.tags,
+        trees=build.trees,
+        dockerfile_sha256=build.dockerfile_sha256,
     ).files()
-    files["build.json"] = render_record_json(
-        build_summary(str(lock_path), plan, trees, image_id, tags, diff_ids, pushed, dockerfile_sha256, distro_removed)
-    )
+    files["build.json"] = render_record_json(build_summary(build))
     for name, data in sorted(files.items()):
         write_atomic(directory / name, data)
     return directory

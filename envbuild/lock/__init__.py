@@ -2,7 +2,7 @@
 
 from envbuild.lock.io import (
     LockFile,
-    UnreadableLockError,
+    LockWriteRefused,
     checked_lock_text,
     dump_lock,
     parse_lock,
@@ -32,7 +32,7 @@ __all__ = [
     "Platform",
     "Source",
     "LockFile",
-    "UnreadableLockError",
+    "LockWriteRefused",
     "checked_lock_text",
     "dump_lock",
     "read_lock",

@@ -315,11 +315,11 @@ def dump_lock(lock: Lock) -> str:
     return HEADER + body
 
 
-class UnreadableLockError(EnvbuildError):
-    """What envbuild was about to write as a lock would fail its own reader (too large, or a value the
-    reader refuses, such as a name read from a tree that is not a distribution name): nothing is
-    written, the lock on disk stays as it was. Exit 1: the lock a user wrote is fine; what upstream
-    trees or the index gave is not, and the message names where."""
+class LockWriteRefused(EnvbuildError):
+    """A lock was not written: what envbuild was about to write would fail its own reader (too large, or a
+    value the reader refuses, such as a name read from a tree that is not a distribution name), and the
+    lock on disk stays as it was. Exit 1: the lock a user wrote is fine; what upstream trees or the index
+    gave is not, and the message names where."""
 
     def __init__(self, path: str | os.PathLike[str], reason: str) -> None:
         self.path, self.reason = str(path), reason
@@ -329,14 +329,14 @@ class UnreadableLockError(EnvbuildError):
 def checked_lock_text(lock: Lock, path: str | os.PathLike[str], text: str | None = None) -> str:
     """The text of ``lock`` (``text``, or its canonical text), once it has passed :func:`read_lock`'s
     checks (size cap and strict parsing) as the file at ``path`` would; raise
-    :class:`UnreadableLockError` naming the first problem (and the source it sits in) otherwise. Every
+    :class:`LockWriteRefused` naming the first problem (and the source it sits in) otherwise. Every
     lock envbuild writes goes through here, so it never writes one it then refuses."""
     text = dump_lock(lock) if text is None else text
     size = len(text.encode("utf-8"))
     if size > MAX_BYTES:
         sizes = sorted((_source_size(lock, s), s.name) for s in lock.sources)
         where = f"; the largest source is {sizes[-1][1]!r} ({sizes[-1][0]:,} bytes)" if sizes else ""
-        raise UnreadableLockError(
+        raise LockWriteRefused(
             path,
             f"the new lock is {size:,} bytes, over the reader's limit of {LIMIT_TEXT} ({MAX_BYTES:,} bytes){where}",
         )
@@ -345,7 +345,7 @@ def checked_lock_text(lock: Lock, path: str | os.PathLike[str], text: str | None
     except LockfileError as exc:
         first = exc.problems[0]
         more = f" (and {len(exc.problems) - 1} more problems)" if len(exc.problems) > 1 else ""
-        raise UnreadableLockError(
+        raise LockWriteRefused(
             path, f"the new lock would fail the lock's reader: {_in_source(lock, first.field)}{first.message}{more}"
         ) from None
     return text

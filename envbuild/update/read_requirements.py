@@ -30,7 +30,6 @@ def read_source_requirements(
     """``source`` with ``provides``, ``build_requires``, ``requires`` and ``requires_unknown`` read from
     its pinned tree. ``previous`` is the entry before the update (kept when the tree cannot be read and
     the commit did not move). A source the build does not install (``install: none``) is left as it is."""
-    say = progress
     if not source.installed:
         return source
     url = mirrors.rewrite(source.repo)
@@ -42,7 +41,7 @@ def read_source_requirements(
         declared = read_declared(tree.read, source.requires_files)
     except RemoteError as exc:
         if previous is not None and previous.commit == source.commit and _recorded(previous):
-            say(
+            progress(
                 f"warning: {source.name}: requirements kept as recorded for {source.commit[:12]}; cannot re-read: {exc}"
             )
             return dataclasses.replace(
@@ -54,17 +53,17 @@ def read_source_requirements(
             )
         declared = Declared(None, None, None, f"the pinned tree cannot be read: {exc}")
     for note in declared.notes:
-        say(f"{source.name}: {note}")
+        progress(f"{source.name}: {note}")
     declared = _checked(declared)
     if declared.unknown:
-        say(f"warning: {source.name}: {declared.unknown}")
+        progress(f"warning: {source.name}: {declared.unknown}")
     counts = [
         f"{len(v)} {k}"
         for k, v in (("build", declared.build_requires), ("runtime", declared.requires))
         if v is not None
     ]
     if counts:
-        say(f"{source.name}: read {' and '.join(counts)} requirement(s) from {source.commit[:12]}")
+        progress(f"{source.name}: read {' and '.join(counts)} requirement(s) from {source.commit[:12]}")
     return dataclasses.replace(
         source,
         provides=declared.provides or (previous.provides if previous is not None else source.provides),

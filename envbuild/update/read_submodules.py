@@ -108,11 +108,10 @@ def read_source_submodules(
     read and the commit did not move. Refusals are appended to ``problems`` when given (so every source's
     are reported together), else raised as :class:`SubmodulesRefused`. ``walked``: what the other sources
     of the same lock read and counted (each source its own when not given)."""
-    say = progress
     before = previous if previous is not None else source
     found: list[str] = []
     unknown: list[str] = []
-    reader = _Reader(cache, mirrors, say, found, unknown, walked if walked is not None else Walked(), source.name)
+    reader = _Reader(cache, mirrors, progress, found, unknown, walked if walked is not None else Walked(), source.name)
     try:
         tree = reader.tree(source.repo, source.commit, source.name, source_tree(source, cache, mirrors))
         records = reader.level(tree, source.repo, before.submodules, source.name, depth=1)
@@ -126,7 +125,9 @@ def read_source_submodules(
             return dataclasses.replace(source, submodules=(), submodules_unknown=_cut(reason))
         if reader.count(previous.submodules):
             # What the lock says of this very commit stays true, its reason for not knowing included.
-            say(f"warning: {source.name}: submodules kept as recorded for {source.commit[:12]}; cannot re-read: {exc}")
+            progress(
+                f"warning: {source.name}: submodules kept as recorded for {source.commit[:12]}; cannot re-read: {exc}"
+            )
             return dataclasses.replace(
                 source, submodules=previous.submodules, submodules_unknown=previous.submodules_unknown
             )
@@ -137,7 +138,7 @@ def read_source_submodules(
         problems += found
         return source
     if unknown:
-        say(f"warning: {source.name}: {'; '.join(unknown)}")
+        progress(f"warning: {source.name}: {'; '.join(unknown)}")
     return dataclasses.replace(
         source, submodules=records, submodules_unknown=_cut("; ".join(unknown)) if unknown else None
     )

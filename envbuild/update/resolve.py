@@ -166,7 +166,6 @@ def resolve_packages(
     """
     if lock.platform is None:
         raise InputError(f"lock {lock.name!r} has no platform; add `platform: {{os: linux, arch: ..., python: ...}}`")
-    say = progress
     client = client or IndexClient()
     platform = lock.platform
     default_index = (lock.index or PYPI_SIMPLE).rstrip("/")
@@ -185,7 +184,7 @@ def resolve_packages(
     pins: list[tuple[str, str]] = []
     if roots:
         also = f" ({len(added)} from the sources)" if added else ""
-        say(
+        progress(
             f"resolving {len(roots)} requirement(s){also} with uv for {uv_platform(platform)} CPython {platform.python}"
             + ("" if upgrade or not locked else ", preferring the locked versions")
         )
@@ -202,18 +201,20 @@ def resolve_packages(
             pins = parse_pins(compiled)
         except ResolutionError as exc:
             raise ResolutionError(_with_sources(str(exc), from_sources)) from None
-        say(f"uv pinned {len(pins)} package(s); listing their files")
+        progress(f"uv pinned {len(pins)} package(s); listing their files")
     for name, version in pins:
         if (own := pinned.get(canonicalize_name(name))) and own.version != version:
-            say(f"warning: uv wants {name}=={version}, the lock keeps {own.name}=={own.version} from {own.index}")
+            progress(f"warning: uv wants {name}=={version}, the lock keeps {own.name}=={own.version} from {own.index}")
 
     def from_index(pin: tuple[str, str]) -> Package:
         name, version = pin
         page = client.project(default_index, name)
         chosen = select_files(page.files, name, version, platform)
         if not chosen:
-            say(f"warning: {default_index} lists no file of {name} {version} installable on {uv_platform(platform)}")
-        files = pin_files(chosen, client, default_index, known, say)
+            progress(
+                f"warning: {default_index} lists no file of {name} {version} installable on {uv_platform(platform)}"
+            )
+        files = pin_files(chosen, client, default_index, known, progress)
         return Package(name=name, version=version, files=files, waive=waivers.get(canonicalize_name(name), ()))
 
     def refresh(package: Package) -> Package:
@@ -221,13 +222,15 @@ def resolve_packages(
         try:
             page = client.project(index, package.name)
         except RemoteError as exc:
-            say(f"warning: keeping {package.name} {package.version} as locked: {exc}")
+            progress(f"warning: keeping {package.name} {package.version} as locked: {exc}")
             return package
         chosen = select_files(page.files, package.name, package.version, platform)
         if not chosen:
-            say(f"warning: keeping {package.name} {package.version} as locked: {index} lists no installable file of it")
+            progress(
+                f"warning: keeping {package.name} {package.version} as locked: {index} lists no installable file of it"
+            )
             return package
-        return dataclasses.replace(package, files=pin_files(chosen, client, index, known, say))
+        return dataclasses.replace(package, files=pin_files(chosen, client, index, known, progress))
 
     def unmoved(name: str, version: str | None = None) -> Package | None:
         """The locked entry kept as it is, where an update keeps what it does not name."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -27,14 +26,12 @@ def verify_packages(
     progress: Progress = silent,
     session: requests.Session | None = None,
     client: IndexClient | None = None,
-    lock_path: str = "LOCKFILE",
 ) -> list[PinResult]:
-    """One result per package, in lock order; packages are checked in parallel, one request each.
-    ``lock_path`` goes into the advice of an unresolved package."""
+    """One result per package, in lock order; packages are checked in parallel, one request each."""
     client = client or IndexClient(session)
 
     def check(package: Package) -> PinResult:
-        result = verify_package(package, lock.index_for(package), client, lock_path)
+        result = verify_package(package, lock.index_for(package), client)
         if result.status != "ok":  # one line per problem, not per package: locks hold hundreds
             progress(f"package {package.name} {package.version}: {result.status}")
         return result
@@ -47,17 +44,18 @@ def verify_packages(
         return list(pool.map(check, lock.packages))
 
 
-def verify_package(package: Package, index: str, client: IndexClient, lock_path: str = "LOCKFILE") -> PinResult:
+def verify_package(package: Package, index: str, client: IndexClient) -> PinResult:
     """The verdict on one package against the project page its index serves."""
     try:
         page = client.project(index, package.name)
     except RemoteError as exc:
         return PinResult("package", package.name, "unreachable", str(exc), {"index": index, "version": package.version})
-    return judge_package(package, page, lock_path)
+    return judge_package(package, page)
 
 
-def judge_package(package: Package, page: ProjectPage, lock_path: str = "LOCKFILE") -> PinResult:
-    """Pure comparison of the lock's files with what the index lists: no I/O, easy to test."""
+def judge_package(package: Package, page: ProjectPage) -> PinResult:
+    """Pure comparison of the lock's files with what the index lists: no I/O, easy to test. An unresolved
+    package's fix (`lock update` of the lock) is added where the lock's path is known."""
     facts: dict[str, Any] = {"index": page.index, "version": package.version}
     if not package.files:
         offered = [f.filename for f in page.files if _is_version_file(f.filename, package)]
@@ -72,8 +70,7 @@ def judge_package(package: Package, page: ProjectPage, lock_path: str = "LOCKFIL
             "package",
             package.name,
             "unresolved",
-            f"the lock records no files for {package.name} {package.version} ({listed}); "
-            f"run `envbuild lock update {shlex.quote(lock_path)}`",
+            f"the lock records no files for {package.name} {package.version} ({listed})",
             facts,
         )
     problems: list[dict[str, Any]] = []

@@ -4,6 +4,7 @@ checked whole (every requirement met or waived), as one typed report."""
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -147,12 +148,7 @@ def verify_build_inputs(
     source = options.source
     files, client = FileCache(source.cache_dir), IndexClient()
     absent = tuple(p for p in lock.pinned_packages if not p.files or any(files.get(f.sha256) is None for f in p.files))
-    results: list[PinResult] = []
-    if absent and source.offline:
-        results += [verify_package_offline(p, files, fetch_command(lock_path, source)) for p in absent]
-    elif absent:
-        missing = dataclasses.replace(lock, packages=absent)
-        results += verify_packages(missing, jobs=source.jobs, progress=progress, lock_path=lock_path, client=client)
+    results = _verify_packages(dataclasses.replace(lock, packages=absent), lock_path, source, client, progress)
     return results + verify_requirements(lock, options, client, progress)
 
 
@@ -162,28 +158,40 @@ def verify_lock(lock: Lock, lock_path: str, options: VerifyOptions, progress: Pr
     # commit a build fetched whole verifies offline as well.
     results = verify_refs(lock, options, progress, whole=_fetched_whole(source, progress, fetch=False))
     client = IndexClient()  # one page per package for both checks
-    if pinned := lock.pinned_packages:
-        if source.offline:
-            files = FileCache(source.cache_dir)
-            results += [verify_package_offline(p, files, fetch_command(lock_path, source)) for p in pinned]
-        else:
-            pins = dataclasses.replace(lock, packages=pinned)
-            results += verify_packages(pins, jobs=source.jobs, progress=progress, lock_path=lock_path, client=client)
+    results += _verify_packages(
+        dataclasses.replace(lock, packages=lock.pinned_packages), lock_path, source, client, progress
+    )
     results += verify_requirements(lock, options, client, progress)
     results += verify_base_image(lock, update_command(lock_path, source))
     return _report(lock, lock_path, options, results)
 
 
+def _verify_packages(
+    lock: Lock, lock_path: str, source: SourceOptions, client: IndexClient, progress: Progress
+) -> list[PinResult]:
+    """The lock's packages: offline, whether the cache holds their files; online, what the index serves.
+    The fix of each that needs one names this lock: `lock fetch` offline, `lock update` of an unresolved one."""
+    if source.offline:
+        files, fetch = FileCache(source.cache_dir), fetch_command(lock_path, source)
+        return [verify_package_offline(p, files, fetch) for p in lock.packages]
+    update = f"envbuild lock update {shlex.quote(lock_path)}"
+    return [
+        dataclasses.replace(r, detail=f"{r.detail}; run `{update}`") if r.status == "unresolved" else r
+        for r in verify_packages(lock, jobs=source.jobs, progress=progress, client=client)
+    ]
+
+
 def _report(lock: Lock, lock_path: str, options: VerifyOptions, results: list[PinResult]) -> VerifyReport:
-    if options.source.offline:
-        advice = fetch_command(lock_path, options.source)
+    source = options.source
+    if source.offline:
+        advice = fetch_command(lock_path, source)
         results = [_advise_fetch(r, advice) for r in results]
     return VerifyReport(
         lock_path,
         tuple(results),
         strict=options.strict,
-        offline_command=_offline_command(lock, lock_path, options),
-        mirrors=tuple(f"{rule}={target}" for rule, target in options.source.mirrors.rules),
+        offline_command=offline_verify_command(lock_path, source) if _offline_answers(lock, source) else None,
+        mirrors=tuple(f"{rule}={target}" for rule, target in source.mirrors.rules),
     )
 
 
@@ -194,13 +202,10 @@ def _advise_fetch(result: PinResult, advice: str) -> PinResult:
     return dataclasses.replace(result, detail=f"{result.detail}; run `{advice}`")
 
 
-def _offline_command(lock: Lock, lock_path: str, options: VerifyOptions) -> str | None:
-    """`lock verify --offline` with these options, when online some source could not be reached and the
-    cache holds a ref listing for every source: only then can offline answer what online could not."""
-    source = options.source
-    if source.offline:
-        return None
+def _offline_answers(lock: Lock, source: SourceOptions) -> bool:
+    """Whether `lock verify --offline` with these options can answer what online could not (a source out of
+    reach): only when the cache holds a ref listing for every source."""
+    if source.offline or not lock.sources:
+        return False
     cache = GitCache(source.cache_dir / "git")
-    if not lock.sources or any(cache.cached_listing(source.mirrors.rewrite(s.repo)) is None for s in lock.sources):
-        return None
-    return offline_verify_command(lock_path, source)
+    return all(cache.cached_listing(source.mirrors.rewrite(s.repo)) is not None for s in lock.sources)

@@ -1,0 +1,79 @@
+"""`lock update` on a lock file: the update, its change report, and the new text written over the old.
+
+The new text keeps the file's comments and layout where it can (:mod:`envbuild.lock.roundtrip`), and it is
+checked by the lock's own reader before anything is replaced (:func:`checked_lock_text`), on a dry run too:
+a dry run shows what a real run would write, refusal included."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from envbuild.fileio import write_atomic
+from envbuild.git.cache import GitCache
+from envbuild.git.mirrors import Mirrors
+from envbuild.lock.diff import Change, render_markdown
+from envbuild.lock.io import LockFile, canonical, checked_lock_text
+from envbuild.lock.model import Lock
+from envbuild.lock.roundtrip import updated_text
+from envbuild.progress import Progress, silent
+from envbuild.update.report import change_report
+from envbuild.update.update import update_lock
+
+
+@dataclass(frozen=True)
+class LockUpdate:
+    """What ``lock update`` made of a lock file: the new lock, its changes from the old one, and whether
+    the file's comments and layout were kept (False: its new text is the canonical form)."""
+
+    lock: Lock
+    changes: list[Change]
+    layout_kept: bool
+
+
+def update_lock_file(
+    read: LockFile,
+    names: Sequence[str],
+    cache: GitCache,
+    *,
+    mirrors: Mirrors = Mirrors(),
+    packages: bool | None = None,
+    package_names: Sequence[str] = (),
+    upgrade: bool = False,
+    base: bool = False,
+    base_image: str | None = None,
+    installer: bool = False,
+    report: Path | None = None,
+    dry_run: bool = False,
+    progress: Progress = silent,
+) -> LockUpdate:
+    """:func:`update_lock` on the lock at ``read.path``, the change report written to ``report`` (Markdown,
+    on a dry run too), and the new text written over the file unless ``dry_run``. Raises
+    :class:`~envbuild.lock.io.LockWriteRefused` when the lock's reader would refuse the new text: then
+    nothing is written, the report neither."""
+    old_text = read.path.read_text(encoding="utf-8")
+    new = update_lock(
+        read.lock,
+        names,
+        cache,
+        mirrors=mirrors,
+        packages=packages,
+        package_names=package_names,
+        upgrade=upgrade,
+        base=base,
+        base_image=base_image,
+        installer=installer,
+        progress=progress,
+    )
+    changes = change_report(read.lock, new, cache, mirrors=mirrors)
+    # Nothing at all changed: the file stays byte for byte, however it was written.
+    same = canonical(new) == canonical(read.lock)
+    text, kept = (old_text, True) if same else updated_text(old_text, read.lock, new)
+    text = checked_lock_text(new, read.path, text)
+    # Before the lock: a failed report leaves the lock as it was, never a lock moved with no report.
+    if report is not None:
+        write_atomic(report, render_markdown(changes, f"envbuild lock update: {read.path}"))
+    if not dry_run and text != old_text:
+        write_atomic(read.path, text)
+    return LockUpdate(new, changes, kept)
