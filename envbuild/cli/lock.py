@@ -9,6 +9,7 @@ from pathlib import Path
 from envbuild.cli.common import StderrProgress, add_source_options, render_json, source_settings, verify_options
 from envbuild.cli.lock_start import add_start_commands
 from envbuild.cli.width import output_width
+from envbuild.data.jsonout import to_jsonable
 from envbuild.errors import InputError
 from envbuild.fileio import write_atomic
 from envbuild.lock import checked_lock_text, read_lock
@@ -168,7 +169,9 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     whole = not [r for r in failing if r.kind != "base_image"]
     if args.json:
         sys.stdout.write(
-            render_json({"lock": str(args.lockfile), "complete": whole, "verify": report.to_json(), **inputs.to_json()})
+            render_json(
+                {"lock": str(args.lockfile), "complete": whole, "verify": report.to_json(), **to_jsonable(inputs)}
+            )
         )
     else:
         fetched = sum(i.fetched for i in inputs.inputs)
@@ -230,7 +233,7 @@ def cmd_update(args: argparse.Namespace) -> int:
             {
                 "lock": str(args.lockfile),
                 "written": not args.dry_run and bool(changes),
-                "changes": [c.to_json() for c in changes],
+                "changes": to_jsonable(changes),
             }
         )
         if args.json
@@ -251,7 +254,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     changes = change_report(old, new, GitCache(cache_dir / "git"), mirrors=mirrors)
     _write_report(args.report, changes, f"envbuild lock diff: {args.old} → {args.new}")
     sys.stdout.write(
-        render_json({"old": str(args.old), "new": str(args.new), "changes": [c.to_json() for c in changes]})
+        render_json({"old": str(args.old), "new": str(args.new), "changes": to_jsonable(changes)})
         if args.json
         else render_changes(changes, output_width())
     )
