@@ -17,11 +17,12 @@ import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import requests
 
 from envbuild.config import SourceOptions, fetch_command
+from envbuild.data.jsonout import json_meta
 from envbuild.errors import EnvbuildError, ProblemsError, RemoteError
 from envbuild.git.treeexport import (
     TreeExporter,
@@ -58,9 +59,6 @@ class FetchedInput:
     what: str  # the commit, or the file name
     fetched: bool  # False: it was in the cache already
 
-    def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "name": self.name, "what": self.what, "fetched": self.fetched}
-
 
 @dataclass(frozen=True)
 class Inputs:
@@ -68,10 +66,7 @@ class Inputs:
     committer date (None for a lock without sources)."""
 
     inputs: tuple[FetchedInput, ...]
-    epoch: int | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"inputs": [i.to_json() for i in self.inputs], "newest_commit_date": self.epoch}
+    epoch: int | None = dataclasses.field(metadata=json_meta(key="newest_commit_date"))
 
 
 def exporter_for(source: SourceOptions) -> TreeExporter:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
+from envbuild.data.jsonout import jfield, json_meta
 from envbuild.errors import EnvbuildError
 from envbuild.interrupts import stop_signals
 from envbuild.progress import Progress, silent
@@ -41,9 +42,10 @@ class RunOutcome:
     status: Status
     exit_code: int | None  # the job's; None when it never reported one
     run_dir: Path
-    detail: str = ""
-    export_failures: tuple[str, ...] = ()  # "PATH: what it lost", one per export that failed the audit
-    exports: ExportVerdict | None = field(default=None, compare=False)
+    detail: str = jfield("", skip=True)
+    # "PATH: what it lost", one per export that failed the audit.
+    export_failures: tuple[str, ...] = jfield((), skip=True)
+    exports: ExportVerdict | None = field(default=None, compare=False, metadata=json_meta(skip=True))
 
     @property
     def exit_status(self) -> int:
@@ -55,9 +57,6 @@ class RunOutcome:
         if self.status == "refused":
             return 1  # as a refusal before submitting is (TargetRefused), whatever the job's node exited with
         return self.exit_code if self.exit_code else 1
-
-    def to_json(self) -> dict[str, object]:
-        return {"status": self.status, "exit_code": self.exit_code, "run_dir": str(self.run_dir)}
 
 
 class TargetRefused(EnvbuildError):

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from envbuild.data.jsonout import jfield, to_jsonable
 from envbuild.errors import EnvbuildError
 from envrun.checkpoint.audit import audit_checkpoint
 from envrun.checkpoint.expected import NameSource, asked_once
@@ -32,21 +33,9 @@ class ExportAudit:
     missing: tuple[str, ...] = ()
     unexpected: tuple[str, ...] = ()
     error: str = ""
-    node: str = ""  # the Ray node that holds it ("" on this host)
     expected_from: str = ""  # where the audit took its expected names from (the report's expected_from)
-
-    def to_json(self) -> dict[str, Any]:
-        document: dict[str, Any] = {
-            "path": self.path,
-            "ok": self.ok,
-            "missing": list(self.missing),
-            "unexpected": list(self.unexpected),
-            "error": self.error,
-            "expected_from": self.expected_from,
-        }
-        if self.node:
-            document["node"] = self.node
-        return document
+    # The Ray node that holds it ("" on this host); last, as its JSON says it after the audit's own keys.
+    node: str = jfield("", omit="empty")
 
     @classmethod
     def from_json(cls, document: dict[str, Any], node: str = "") -> ExportAudit:
@@ -55,9 +44,9 @@ class ExportAudit:
             bool(document.get("ok")),
             tuple(document.get("missing") or ()),
             tuple(document.get("unexpected") or ()),
-            str(document.get("error") or ""),
-            node,
-            str(document.get("expected_from") or ""),
+            error=str(document.get("error") or ""),
+            expected_from=str(document.get("expected_from") or ""),
+            node=node,
         )
 
     @property
@@ -93,8 +82,8 @@ class ExportVerdict:
         return {
             "where": self.detail,
             "ok": self.ok,
-            "layout": None if self.layout is None else self.layout.to_json(),
-            "exports": [a.to_json() for a in self.audits],
+            "layout": to_jsonable(self.layout),
+            "exports": to_jsonable(self.audits),
             "failures": list(self.failures),
         }
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
+from envbuild.data.jsonout import to_jsonable
 from envbuild.data.typed import meta
 from envbuild.errors import InputError
 from envbuild.escape import for_terminal
@@ -81,9 +82,6 @@ class Volume:
     def bind(self) -> dict[str, str]:
         return {"bind": self.container, "mode": self.mode}
 
-    def to_json(self) -> dict[str, Any]:
-        return {"host": self.host, "container": self.container, "mode": self.mode}
-
 
 @dataclass(frozen=True)
 class Scheduled:
@@ -97,17 +95,6 @@ class Scheduled:
     join_timeout: float = 600.0  # seconds for every node to join the head
     scheduler_args: tuple[str, ...] = ()  # `sbatch` options (`--partition=npu`, `--time=2-00:00:00`)
     ray_start_args: tuple[str, ...] = ()  # appended to every node's `ray start`
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "head_port": self.head_port,
-            "dashboard_port": self.dashboard_port,
-            "hccl_ports": self.hccl_ports,
-            "node_ports": self.node_ports,
-            "join_timeout": self.join_timeout,
-            "scheduler_args": list(self.scheduler_args),
-            "ray_start_args": list(self.ray_start_args),
-        }
 
 
 @dataclass(frozen=True)
@@ -343,14 +330,14 @@ def plan_to_json(plan: RunPlan) -> dict[str, Any]:
         "argv": list(plan.argv),
         "env": dict(plan.env),
         "backend": plan.backend,
-        "preflight": [c.to_json() for c in plan.preflight],
+        "preflight": to_jsonable(plan.preflight),
         "image": plan.image,
         "lock": {"file": plan.lock_file, "sha256": plan.lock_sha256},
         "recipe": plan.recipe,
         "ray_address": plan.ray_address,
         "run_id": plan.run_id,
         "output_dir": None if plan.output_dir is None else str(plan.output_dir),
-        "volumes": [v.to_json() for v in plan.volumes],
+        "volumes": to_jsonable(plan.volumes),
         "launch": None if plan.launch is None else dict(plan.launch),
         "audit_names": plan.audit_names if plan.lenient_checkpoint else None,
     }

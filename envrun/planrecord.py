@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from envbuild.data.jsonout import to_jsonable
 from envrun.plan import RunPlan, Volume
 from envrun.preflightline import PreflightLine
 from envrun.probe.request import ProbeRequest
@@ -35,10 +36,10 @@ def plan_record(plan: RunPlan) -> dict[str, Any]:
         "lenient_checkpoint": plan.lenient_checkpoint,
         "run_dir": str(plan.run_dir),
         "ray_address": plan.ray_address,
-        "preflight": [line.to_json() for line in plan.preflight],
+        "preflight": to_jsonable(plan.preflight),
         "output_dir": None if plan.output_dir is None else str(plan.output_dir),
-        "volumes": [v.to_json() for v in plan.volumes],
-        "probe": None if plan.probe is None else plan.probe.to_json(),
+        "volumes": to_jsonable(plan.volumes),
+        "probe": to_jsonable(plan.probe),
         "nnodes": plan.nnodes,
         "npus_per_node": plan.npus_per_node,
         "python": plan.python,

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from envbuild.data.jsonout import jfield
+
 PreflightStatus = Literal["ok", "fail", "skip"]
 
 
@@ -17,10 +19,5 @@ class PreflightLine:
     name: str
     status: PreflightStatus
     detail: str
-    facts: Mapping[str, Any] | None = None  # what the check was told (a node's own answer), for the record
-
-    def to_json(self) -> dict[str, Any]:
-        document: dict[str, Any] = {"name": self.name, "status": self.status, "detail": self.detail}
-        if self.facts is not None:
-            document["facts"] = dict(self.facts)
-        return document
+    # What the check was told (a node's own answer), for the record.
+    facts: Mapping[str, Any] | None = jfield(None, omit="none")

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
+from envbuild.data.jsonout import to_jsonable
 from envbuild.errors import CacheError
 from envbuild.fileio import write_atomic
 from envrun.plan import RunPlan, plan_to_json
@@ -49,7 +50,7 @@ class RunDir:
         document["image_digest"] = image_digest
         _write_json(self.path / "plan.json", document)
         (self.path / "command.txt").write_text(plan.command_line + "\n", encoding="utf-8")
-        _write_json(self.path / "preflight.json", [c.to_json() for c in plan.preflight])
+        _write_json(self.path / "preflight.json", to_jsonable(plan.preflight))
 
     def log(self, text: str) -> None:
         """One chunk of output (a line with its newline, usually)."""

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from envbuild.data.jsonout import to_jsonable
 from envbuild.errors import CacheError
 from envrun.bytecode import MOUNT, Bytecode
 from envrun.cli.main import main
@@ -294,7 +295,7 @@ def test_the_node_verdict_names_each_node_and_what_it_runs() -> None:
     assert f"runs lock sha256 {other}, not x.lock.yaml (sha256 {want})" in lines[1].detail
     assert "runs no envbuild image" in lines[2].detail and "FileNotFoundError" in lines[2].detail
     assert "did not answer: GetTimeoutError" in lines[3].detail
-    assert lines[1].to_json()["facts"]["lock_sha256"] == other  # the node's own answer, recorded
+    assert to_jsonable(lines[1])["facts"]["lock_sha256"] == other  # the node's own answer, recorded
     assert [line.status for line in node_lines([], want, "x")] == ["fail"]
 
 

@@ -40,7 +40,9 @@ def test_moved_pin_reports_ref_type_commit_and_count() -> None:
         sources=(dataclasses.replace(old.sources[0], ref="core_v0.18.0", ref_type="tag", commit=NEW), old.sources[1])
     )
     calls = []
-    changes = diff_locks(old, new, read_move=lambda a, b: calls.append((a.commit, b.commit)) or Moved(True, 12))
+    changes = diff_locks(
+        old, new, read_move=lambda a, b: calls.append((a.commit, b.commit)) or Moved(commits=12, ancestor=True)
+    )
     assert calls == [(OLD, NEW)]
     (change,) = changes
     assert (change.kind, change.name, change.action, change.commits) == ("source", "megatron-lm", "changed", 12)

@@ -14,6 +14,7 @@ import pytest
 
 from envbuild.cli import main
 from envbuild.config import SourceOptions
+from envbuild.data.jsonout import to_jsonable
 from envbuild.git.mirrors import Mirrors
 from envbuild.lock import Lock, read_lock, write_lock
 from envbuild.lock.model import Submodule
@@ -58,7 +59,7 @@ def options(cache: Path, up: SubmoduleUpstreams, strict: bool = False) -> Verify
 
 
 def by_name(lock: Lock, path: Path, opts: VerifyOptions) -> dict[str, dict]:
-    return {r.name: r.to_json() for r in verify_lock(lock, str(path), opts).results if r.kind == "submodule"}
+    return {r.name: to_jsonable(r) for r in verify_lock(lock, str(path), opts).results if r.kind == "submodule"}
 
 
 def test_update_records_every_level_from_an_empty_cache(

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from envbuild.bisect.steps import Fields, Unit, Verdict
+from envbuild.data.jsonout import jfield, json_meta, to_jsonable
 from envbuild.lock.model import Lock, Source
 from envbuild.lock.moves import LoggedCommit
 
@@ -15,6 +16,10 @@ from envbuild.lock.moves import LoggedCommit
 # deadline, stopped: the search ended before it was done (the deadline; an error of the engine, the
 # network, the cache).
 Outcome = Literal["found", "ambiguous", "bad-passes", "bad-unbuildable", "good-fails", "deadline", "stopped"]
+
+
+def _milliseconds(seconds: float) -> float:
+    return round(seconds, 3)
 
 
 @dataclass(frozen=True)
@@ -26,25 +31,12 @@ class Step:
     what: str  # the candidate in words: GOOD, BAD, "source beta at <commit> (23 of 40)", "packages"
     verdict: Verdict
     reason: str  # one line: what failed, or why it could not be built; "" for good
-    seconds: float
+    seconds: float = field(metadata=json_meta(convert=_milliseconds))
     lock_sha256: str
     image_id: str | None = None
-    answered: bool = False  # answered from the record of this lock built and checked before: nothing built
+    # Answered from the record of this lock built and checked before: nothing built.
+    answered: bool = jfield(False, key="answered_from_record")
     commit: LoggedCommit | None = None  # for a commit of a source: its subject and author date
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "number": self.number,
-            "state": self.state,
-            "what": self.what,
-            "verdict": self.verdict,
-            "reason": self.reason,
-            "seconds": round(self.seconds, 3),
-            "lock_sha256": self.lock_sha256,
-            "image_id": self.image_id,
-            "answered_from_record": self.answered,
-            "commit": None if self.commit is None else self.commit.to_json(),
-        }
 
 
 @dataclass(frozen=True)
@@ -62,7 +54,7 @@ class Culprit:
             "kind": self.unit.kind,
             "name": self.unit.name,
             "reason": self.reason,
-            "commit": None if self.commit is None else self.commit.to_json(),
+            "commit": to_jsonable(self.commit),
             "position": self.position or None,
             "commits": len(self.unit.commits) or None,
             "last_good_commit": self.last_good,
@@ -102,14 +94,14 @@ class BisectResult:
             "states": self.states,
             "planned_builds": self.planned,
             "builds": len(self.steps),
-            "seconds": round(self.seconds, 3),
-            "culprit": None if self.culprit is None else self.culprit.to_json(),
+            "seconds": _milliseconds(self.seconds),
+            "culprit": to_jsonable(self.culprit),
             "candidates": list(self.candidates),
             "forward_lock": {"differs_from_bad": forward_difference(self), "built_in_step": self.forward_step}
             if self.forward is not None
             else None,
             "stopped": self.stopped or None,
-            "steps": [s.to_json() for s in self.steps],
+            "steps": to_jsonable(self.steps),
         }
 
 
@@ -122,7 +114,7 @@ def unit_json(unit: Unit) -> dict[str, Any]:
         "new": new,
         "commits": len(unit.commits) or None,
         "note": unit.note,
-        "rewritten": None if unit.rewrite is None else unit.rewrite.to_json(),
+        "rewritten": to_jsonable(unit.rewrite),
     }
 
 

@@ -46,9 +46,6 @@ class Rewrite:
     bad: str  # BAD's commit
     merge_base: str | None  # where the two histories meet; None: they share no commit the cache knows
 
-    def to_json(self) -> dict[str, Any]:
-        return {"good": self.good, "bad": self.bad, "merge_base": self.merge_base}
-
 
 @dataclass(frozen=True)
 class Unit:

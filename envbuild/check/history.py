@@ -13,10 +13,11 @@ import json
 import os
 import stat
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from envbuild.data.jsonout import to_jsonable
 from envbuild.errors import SHOWN_PROBLEMS, InputError
 from envbuild.fileio import NotRegularFileError, file_kind, open_regular
 
@@ -31,9 +32,6 @@ class HistoryEntry:
     image_id: str | None
     pins: dict[str, str] = field(default_factory=dict)  # "kind:name" -> status
     failed_stage: str | None = None  # where the check stopped, when it did (absent in older histories)
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 # What each key of a line must hold: a line is an entry only when every value has its type (a value of
@@ -153,7 +151,7 @@ def read_history(path: Path, warn: Callable[[str], None] | None = None) -> list[
 def append_history(path: Path, entry: HistoryEntry) -> None:
     """Append one entry as one line; whole lines only, even with concurrent writers."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    line = json.dumps(entry.to_json(), sort_keys=True, separators=(",", ":")) + "\n"
+    line = json.dumps(to_jsonable(entry), sort_keys=True, separators=(",", ":")) + "\n"
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
     try:
         if not stat.S_ISREG(mode := os.fstat(fd).st_mode):  # read_history refused it; here it was swapped in

@@ -4,10 +4,11 @@ the short summary a person reads in a terminal. All pure."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from envbuild.check.history import HistoryEntry
+from envbuild.data.jsonout import fields_json, jfield, json_meta
 from envbuild.data.urls import redact_urls
 from envbuild.escape import for_html, for_markdown, for_terminal
 from envbuild.terminal import render_table, wrap
@@ -22,14 +23,6 @@ class FileDifference:
     aspects: tuple[str, ...] = ()  # content, size, mode, owner, mtime, type, link
     first_difference: str | None = None  # for text files: where the bytes first differ, and both sides
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "change": self.change,
-            "aspects": list(self.aspects),
-            "first_difference": self.first_difference,
-        }
-
 
 @dataclass(frozen=True)
 class Difference:
@@ -41,25 +34,17 @@ class Difference:
     files: tuple[FileDifference, ...] = ()
     omitted: int = 0  # further file differences not listed
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "where": self.where,
-            "old": self.old,
-            "new": self.new,
-            "files": [f.to_json() for f in self.files],
-            "omitted": self.omitted,
-        }
-
 
 Stage = Literal["history", "verify", "engine", "fetch", "build", "compare"]
 
 
 @dataclass(frozen=True)
 class CheckFailure:
-    """The stage at which the check stopped, and why (one line a person can act on)."""
+    """The stage at which the check stopped, and why (one line a person can act on); in the report's JSON,
+    its keys sit beside the report's own."""
 
-    stage: Stage
-    reason: str
+    stage: Stage = field(metadata=json_meta(key="failed_stage"))
+    reason: str = field(metadata=json_meta(key="error"))
 
     def __post_init__(self) -> None:
         # The reason is an error's text (a fetch, a build), written into check.json and check.md: the user
@@ -73,27 +58,16 @@ class CheckReport:
     reproducible: bool
     image_ids: tuple[str, ...] = ()
     differences: tuple[Difference, ...] = ()
-    compared_with: str = ""  # "history" or "second build"
-    failure: CheckFailure | None = None  # the check stopped early: at which stage, and why
+    compared_with: str = jfield("", omit="empty")  # "history" or "second build"
+    # The check stopped early: at which stage, and why.
+    failure: CheckFailure | None = jfield(None, inline=True)
 
     @property
     def ok(self) -> bool:
         return self.failure is None and self.verify.ok and self.reproducible
 
     def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
-            "ok": self.ok,
-            "verify": self.verify.to_json(),
-            "reproducible": self.reproducible,
-            "image_ids": list(self.image_ids),
-            "differences": [d.to_json() for d in self.differences],
-        }
-        if self.compared_with:
-            data["compared_with"] = self.compared_with
-        if self.failure is not None:
-            data["failed_stage"] = self.failure.stage
-            data["error"] = self.failure.reason
-        return data
+        return {"ok": self.ok, **fields_json(self)}
 
 
 def render_markdown(report: CheckReport) -> str:

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from envbuild.cli.common import StderrProgress, add_source_options, render_json, verify_options
+from envbuild.data.jsonout import to_jsonable
 
 
 def add_image_command(subparsers: argparse._SubParsersAction) -> None:
@@ -56,7 +57,7 @@ def cmd_image(args: argparse.Namespace) -> int:
         return 0
     result = build_image(lock, options, progress=progress)
     if args.json:
-        sys.stdout.write(render_json(result.to_json()))
+        sys.stdout.write(render_json(to_jsonable(result)))
     else:
         print(f"{result.image_id} {' '.join(result.tags)}")
         print(f"record: {result.record_dir}")

@@ -9,6 +9,7 @@ from pathlib import Path
 from envbuild.cli.common import StderrProgress, add_source_options, render_json, source_settings, verify_options
 from envbuild.cli.lock_start import add_start_commands
 from envbuild.cli.width import output_width
+from envbuild.data.jsonout import to_jsonable
 from envbuild.errors import InputError
 from envbuild.fileio import write_atomic
 from envbuild.lock import read_lock
@@ -173,7 +174,9 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     whole = not [r for r in failing if r.kind != "base_image"]
     if args.json:
         sys.stdout.write(
-            render_json({"lock": str(args.lockfile), "complete": whole, "verify": report.to_json(), **inputs.to_json()})
+            render_json(
+                {"lock": str(args.lockfile), "complete": whole, "verify": report.to_json(), **to_jsonable(inputs)}
+            )
         )
     else:
         fetched = sum(i.fetched for i in inputs.inputs)
@@ -224,7 +227,7 @@ def cmd_update(args: argparse.Namespace) -> int:
             {
                 "lock": str(args.lockfile),
                 "written": not args.dry_run and bool(update.changes),
-                "changes": [c.to_json() for c in update.changes],
+                "changes": to_jsonable(update.changes),
             }
         )
         if args.json
@@ -246,7 +249,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     if args.report is not None:
         write_atomic(args.report, render_markdown(changes, f"envbuild lock diff: {args.old} → {args.new}"))
     sys.stdout.write(
-        render_json({"old": str(args.old), "new": str(args.new), "changes": [c.to_json() for c in changes]})
+        render_json({"old": str(args.old), "new": str(args.new), "changes": to_jsonable(changes)})
         if args.json
         else render_changes(changes, output_width())
     )

@@ -8,10 +8,11 @@ import stat
 import tarfile
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from envbuild.data.jsonout import json_meta
 from envbuild.progress import Progress
 
 REPORT_EVERY = 5.0  # seconds between two progress lines of one long transfer
@@ -119,10 +120,7 @@ class Pulled:
     image_id: str
     layers: int
     fetched: int
-    fetched_bytes: int
-
-    def to_json(self) -> dict[str, int | str]:
-        return {"image_id": self.image_id, "layers": self.layers, "fetched": self.fetched, "bytes": self.fetched_bytes}
+    fetched_bytes: int = field(metadata=json_meta(key="bytes"))
 
 
 class LayerProgress:

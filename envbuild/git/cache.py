@@ -268,7 +268,9 @@ class GitCache:
         except GitError:
             return None
         first, last = (_logged(logged, line[0]), _logged(logged, line[-1])) if line else (None, None)
-        return Moved(dropped == 0, count, len(line), dropped, first, last)
+        return Moved(
+            commits=count, first_parent=len(line), dropped=dropped, ancestor=dropped == 0, first=first, last=last
+        )
 
     def _remove_stale_tmp(self) -> None:
         now = time.time()

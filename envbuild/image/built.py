@@ -13,11 +13,12 @@ whole and writes it. Written atomically, after the image passed the in-image che
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from envbuild import __version__
+from envbuild.data.jsonout import fields_json, json_meta
 from envbuild.fileio import write_atomic
 
 FORMAT = 1
@@ -39,24 +40,13 @@ class BuiltImage:
     raw_image_id: str
     epoch: int
     dockerfile_sha256: str
-    trees: tuple[tuple[str, str], ...]  # (source name, tree SHA), as the context's
+    # (source name, tree SHA), as the context's.
+    trees: tuple[tuple[str, str], ...] = field(metadata=json_meta(convert=dict))
     distro_removed: tuple[dict[str, Any], ...] = ()
     build_version: str = BUILD_VERSION
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "format": FORMAT,
-            "build_version": self.build_version,
-            "lock_sha256": self.lock_sha256,
-            "builder": self.builder,
-            "base_digest": self.base_digest,
-            "image_id": self.image_id,
-            "raw_image_id": self.raw_image_id,
-            "epoch": self.epoch,
-            "dockerfile_sha256": self.dockerfile_sha256,
-            "trees": dict(self.trees),
-            "distro_removed": list(self.distro_removed),
-        }
+        return {"format": FORMAT, **fields_json(self)}  # written with sorted keys
 
     @classmethod
     def from_json(cls, data: Any) -> BuiltImage | None:

@@ -47,7 +47,8 @@ class HistoryEntry:
     size: int
     empty: bool | None  # None: the engine cannot tell (an image without its parent chain)
 
-    def to_json(self, created: str) -> dict[str, Any]:
+    def config_json(self, created: str) -> dict[str, Any]:
+        """The entry in the normalised config, at the time the caller gives (the base's own, or the epoch)."""
         out: dict[str, Any] = {"created": created, "created_by": self.created_by}
         if self.comment:
             out["comment"] = self.comment
@@ -100,7 +101,8 @@ def canonical_config(
         "config": {k: v for k, v in (inspect.get("Config") or {}).items() if k not in _DROPPED_CONFIG},
         "created": rfc3339(epoch),
         "history": [
-            e.to_json(rfc3339(e.created) if index < base_entries else rfc3339(epoch)) for index, e in enumerate(history)
+            e.config_json(rfc3339(e.created) if index < base_entries else rfc3339(epoch))
+            for index, e in enumerate(history)
         ],
         "rootfs": {"type": "layers", "diff_ids": layers},
     }

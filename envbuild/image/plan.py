@@ -8,12 +8,13 @@ and only the orchestrator (``build``) puts them together.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
+from envbuild.data.jsonout import fields_json, jfield, json_meta, records
 from envbuild.errors import InputError
 from envbuild.lock.model import Lock, Package, PackageFile, Source, walk_submodules
 from envbuild.lock.platform import supported_tags
@@ -57,9 +58,6 @@ class SubmodulePlan:
     tree: str | None  # the lock's pin; the exported tree is checked against the commit's in any case
     skip: str | None
 
-    def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "repo": self.repo, "commit": self.commit, "tree": self.tree, "skip": self.skip}
-
 
 @dataclass(frozen=True)
 class SourcePlan:
@@ -71,31 +69,18 @@ class SourcePlan:
     ref_type: str
     commit: str
     tree: str | None
-    mode: str  # editable | wheel | none
-    env: tuple[tuple[str, str], ...]
-    context_path: str  # src/<name>
-    image_path: str  # /opt/envbuild/src/<name>
-    source: Source  # what export_source is called with
-    distribution: str = ""  # what it installs as (the in-image check finds it by its origin, else by this)
-    waive: tuple[tuple[str, str], ...] = ()  # (requirement name, reason): the in-image check forgives these
-    skip_imports: tuple[tuple[str, str], ...] = ()  # (module, reason): not imported in the image
-    submodules: tuple[SubmodulePlan, ...] = ()  # every level, parents first
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "repo": self.repo,
-            "ref": self.ref,
-            "ref_type": self.ref_type,
-            "commit": self.commit,
-            "tree": self.tree,
-            "install": self.mode,
-            "env": dict(self.env),
-            "path": self.image_path,
-            "distribution": self.distribution,
-            "waive": [{"name": n, "reason": r} for n, r in self.waive],
-            "skip_imports": [{"name": n, "reason": r} for n, r in self.skip_imports],
-        } | ({"submodules": [s.to_json() for s in self.submodules]} if self.submodules else {})
+    mode: str = field(metadata=json_meta(key="install"))  # editable | wheel | none
+    env: tuple[tuple[str, str], ...] = field(metadata=json_meta(convert=dict))
+    context_path: str = field(metadata=json_meta(skip=True))  # src/<name>
+    image_path: str = field(metadata=json_meta(key="path"))  # /opt/envbuild/src/<name>
+    source: Source = field(metadata=json_meta(skip=True))  # what export_source is called with
+    # What it installs as (the in-image check finds it by its origin, else by this).
+    distribution: str = ""
+    # (requirement name, reason): the in-image check forgives these.
+    waive: tuple[tuple[str, str], ...] = jfield((), convert=records("name", "reason"))
+    # (module, reason): not imported in the image.
+    skip_imports: tuple[tuple[str, str], ...] = jfield((), convert=records("name", "reason"))
+    submodules: tuple[SubmodulePlan, ...] = jfield((), omit="empty")  # every level, parents first
 
 
 @dataclass(frozen=True)
@@ -104,11 +89,8 @@ class FilePlan:
     version: str
     filename: str
     sha256: str
-    context_path: str  # wheels/<filename>
-    entry: tuple[Package, PackageFile]  # what file_for is called with
-
-    def to_json(self) -> dict[str, Any]:
-        return {"package": self.package, "version": self.version, "filename": self.filename, "sha256": self.sha256}
+    context_path: str = field(metadata=json_meta(skip=True))  # wheels/<filename>
+    entry: tuple[Package, PackageFile] = field(metadata=json_meta(skip=True))  # what file_for is called with
 
 
 @dataclass(frozen=True)
@@ -118,31 +100,21 @@ class ContextPlan:
     lock_name: str
     lock_sha256: str
     epoch: int
-    base_name: str
-    base_digest: str | None
-    allow_unpinned: bool
+    base_name: str = field(metadata=json_meta(key="base_image"))  # shown as the lock has it: {name, digest}
+    base_digest: str | None = field(metadata=json_meta(skip=True))
+    allow_unpinned: bool = field(metadata=json_meta(skip=True))
     python: str | None
     cann: str | None
     arch: str | None  # the lock's platform.arch (aarch64, x86_64); None without a platform
     sources: tuple[SourcePlan, ...]
     files: tuple[FilePlan, ...]
-    requirements: str  # the text of envbuild/requirements.txt
+    requirements: str = field(metadata=json_meta(skip=True))  # the text of envbuild/requirements.txt
     # The lock's installer: the uv wheel for its platform, whose binary the packages step runs from a bind
     # mount (``installer/<filename>`` in the context); None: pip, the base's own, installs.
-    installer: FilePlan | None = None
+    installer: FilePlan | None = jfield(None, omit="none")
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "lock_name": self.lock_name,
-            "lock_sha256": self.lock_sha256,
-            "epoch": self.epoch,
-            "base_image": {"name": self.base_name, "digest": self.base_digest},
-            "python": self.python,
-            "cann": self.cann,
-            "arch": self.arch,
-            "sources": [s.to_json() for s in self.sources],
-            "files": [f.to_json() for f in self.files],
-        } | ({"installer": self.installer.to_json()} if self.installer else {})
+        return fields_json(self, base_name={"name": self.base_name, "digest": self.base_digest})
 
 
 def layer_order(sources: tuple[Source, ...]) -> tuple[Source, ...]:

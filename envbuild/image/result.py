@@ -3,10 +3,10 @@ provenance, SBOM and summary), whether the image was built or answered from the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from envbuild.data.jsonout import jfield, json_meta, records
 from envbuild.engine.transfer import BuildStep
 from envbuild.fileio import write_atomic
 from envbuild.image.packages_image import PackagesImage
@@ -19,25 +19,21 @@ class BuildResult:
     image_id: str
     tags: tuple[str, ...]
     lock_sha256: str
-    record_dir: Path
-    diff_ids: tuple[str, ...]  # the normalised image's layers, base layers first
-    raw_image_id: str
-    steps: tuple[BuildStep, ...]  # every step of every build this one ran (the packages' first)
-    reused: bool  # the engine's cache gave a raw image already normalised and checked
-    pushed: tuple[tuple[str, str], ...] = ()  # (tag, manifest digest)
-    packages: PackagesImage | None = None  # None: the lock has no packages, or nothing was built (``noop``)
-    sent: int = 0  # bytes of files sent to the engine as build contexts
-    noop: bool = False  # answered from the cache's record of this lock built and checked: nothing sent or built
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "image_id": self.image_id,
-            "tags": list(self.tags),
-            "lock_sha256": self.lock_sha256,
-            "record": str(self.record_dir),
-            # what `envrun cluster up --image` takes: REPOSITORY@DIGEST
-            "pushed": [{"tag": tag, "digest": digest} for tag, digest in self.pushed],
-        }
+    record_dir: Path = field(metadata=json_meta(key="record"))
+    # The normalised image's layers, base layers first.
+    diff_ids: tuple[str, ...] = field(metadata=json_meta(skip=True))
+    raw_image_id: str = field(metadata=json_meta(skip=True))
+    # Every step of every build this one ran (the packages' first).
+    steps: tuple[BuildStep, ...] = field(metadata=json_meta(skip=True))
+    # The engine's cache gave a raw image already normalised and checked.
+    reused: bool = field(metadata=json_meta(skip=True))
+    # (tag, manifest digest): what `envrun cluster up --image` takes is REPOSITORY@DIGEST.
+    pushed: tuple[tuple[str, str], ...] = jfield((), convert=records("tag", "digest"))
+    # None: the lock has no packages, or nothing was built (``noop``).
+    packages: PackagesImage | None = jfield(None, skip=True)
+    sent: int = jfield(0, skip=True)  # bytes of files sent to the engine as build contexts
+    # Answered from the cache's record of this lock built and checked: nothing sent or built.
+    noop: bool = jfield(False, skip=True)
 
 
 def default_tag(plan: ContextPlan) -> str:

@@ -10,6 +10,7 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
+from envbuild.data.jsonout import fields_json, jfield, records
 from envbuild.escape import for_markdown, for_terminal
 from envbuild.lock.model import BaseImage, Lock, Package, Source, Submodule
 from envbuild.lock.moves import LoggedCommit, Moved, PairingChange, commits
@@ -23,11 +24,14 @@ class Change:
     kind: str  # "source" | "package" | "base_image" | "installer" | "platform" | "requirements"
     name: str
     action: str  # "added" | "removed" | "changed"
-    fields: tuple[tuple[str, str, str], ...] = ()  # (field, old, new)
-    moved: Moved | None = None  # for a moved source: its commits from old to new, when the cache knows
-    pairings: tuple[PairingChange, ...] = ()  # submodule pairings made differently, said under this change
-    ref: str = ""  # for a source: its ref and ref_type in the new lock (the old one's, when removed)
-    ref_type: str = ""
+    fields: tuple[tuple[str, str, str], ...] = jfield((), convert=records("field", "old", "new"))  # (field, old, new)
+    # For a moved source: its commits from old to new, when the cache knows (shown as the move's keys).
+    moved: Moved | None = jfield(None, inline=True)
+    # Submodule pairings made differently, said under this change.
+    pairings: tuple[PairingChange, ...] = jfield((), omit="empty")
+    # For a source: its ref and ref_type in the new lock (the old one's, when removed).
+    ref: str = jfield("", skip=True)
+    ref_type: str = jfield("", skip=True)
 
     @property
     def commits(self) -> int | None:
@@ -39,19 +43,9 @@ class Change:
         return self.action == "changed" and any(field == "commit" for field, _, _ in self.fields)
 
     def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
-            "kind": self.kind,
-            "name": self.name,
-            "action": self.action,
-            "fields": [{"field": f, "old": o, "new": n} for f, o, n in self.fields],
-        }
-        if self.moved is not None:
-            data.update(self.moved.to_json())
-        elif self.commit_moved:
-            data["ancestor"] = None  # the cache cannot tell
-        if self.pairings:
-            data["pairings"] = [p.to_json() for p in self.pairings]
-        return data
+        if self.moved is None and self.commit_moved:
+            return fields_json(self, moved={"ancestor": None})  # the cache cannot tell
+        return fields_json(self)
 
 
 # Source fields that are lists: written one item per line, shown as the items added and removed.

@@ -9,8 +9,10 @@ Subjects are a commit's words, from an upstream: kept as git gives them (at most
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from envbuild.data.jsonout import fields_json, jfield, json_meta
 
 # The longest subject kept (a commit message is any size an upstream likes); longer ones end in '…'.
 SUBJECT_CHARS = 200
@@ -28,9 +30,6 @@ class LoggedCommit:
     def day(self) -> str:
         return self.author_date[:10]
 
-    def to_json(self) -> dict[str, str]:
-        return {"commit": self.commit, "subject": self.subject, "author_date": self.author_date}
-
 
 @dataclass(frozen=True)
 class Moved:
@@ -38,23 +37,17 @@ class Moved:
     new commit's whole history (commits are never filtered out of it), so an old commit it lacks is no
     ancestor of the new one; then only that, and the new commit, are known."""
 
+    commits: int | None = jfield(None, omit="none")  # in NEW's history and not OLD's (git rev-list --count OLD..NEW)
+    # Of those, on NEW's first-parent line: the branch's commits and merges.
+    first_parent: int | None = jfield(None, key="first_parent_commits", omit="none")
+    # In OLD's history and not NEW's: 0 exactly when OLD is an ancestor of NEW.
+    dropped: int | None = jfield(None, key="dropped_commits", omit="none")
     # Is OLD an ancestor of NEW? What `git merge-base --is-ancestor` answers, read from the same count as
     # `dropped` (none of OLD's history missing from NEW's). Not after a force-push or a rewritten branch.
-    ancestor: bool
-    commits: int | None = None  # in NEW's history and not OLD's (git rev-list --count OLD..NEW)
-    first_parent: int | None = None  # of those, on NEW's first-parent line: the branch's commits and merges
-    dropped: int | None = None  # in OLD's history and not NEW's: 0 exactly when OLD is an ancestor of NEW
+    # Keyword-only: declared after the counts for their JSON order, it is required all the same.
+    ancestor: bool = field(kw_only=True)
     first: LoggedCommit | None = None  # the oldest of the first-parent line
     last: LoggedCommit | None = None  # the newest: NEW itself
-
-    def to_json(self) -> dict[str, Any]:
-        counts = {"commits": self.commits, "first_parent_commits": self.first_parent, "dropped_commits": self.dropped}
-        return {
-            **{key: count for key, count in counts.items() if count is not None},
-            "ancestor": self.ancestor,
-            "first": None if self.first is None else self.first.to_json(),
-            "last": None if self.last is None else self.last.to_json(),
-        }
 
 
 def commits(count: int) -> str:
@@ -65,8 +58,8 @@ def commits(count: int) -> str:
 class Relation:
     """How a submodule's commit relates to the pin of a source of the same repository."""
 
-    ahead: int  # commits only the source's pin has
-    behind: int  # commits only the submodule's commit has
+    ahead: int = field(metadata=json_meta(omit="empty"))  # commits only the source's pin has
+    behind: int = field(metadata=json_meta(omit="empty"))  # commits only the submodule's commit has
 
     @property
     def kind(self) -> str:
@@ -81,12 +74,7 @@ class Relation:
     def to_json(self) -> dict[str, Any]:
         """``{"relation": KIND}`` with the counts that say it: ``ahead`` (contained, diverged), ``behind``
         (behind, diverged)."""
-        data: dict[str, Any] = {"relation": self.kind}
-        if self.ahead:
-            data["ahead"] = self.ahead
-        if self.behind:
-            data["behind"] = self.behind
-        return data
+        return {"relation": self.kind, **fields_json(self)}
 
     def words(self, source: str) -> str:
         pin = f"source {source}'s pin"
@@ -103,23 +91,24 @@ class Relation:
         )
 
 
+def _relation_or_unknown(relation: Relation | None) -> Relation | dict[str, str]:
+    return {"relation": "unknown"} if relation is None else relation
+
+
 @dataclass(frozen=True)
 class Pairing:
     """A recorded submodule whose repository is also a source of the lock, with how the two pins relate."""
 
     source: str  # the source's name
-    source_commit: str
-    commit: str  # the submodule's (its parent's gitlink)
-    relation: Relation | None  # None: the cache does not hold both commits
+    source_commit: str = field(metadata=json_meta(key="commit"))
+    commit: str = field(metadata=json_meta(key="submodule_commit"))  # the submodule's (its parent's gitlink)
+    # None: the cache does not hold both commits. Shown as the relation's keys, beside the pins.
+    relation: Relation | None = field(metadata=json_meta(inline=True, convert=_relation_or_unknown))
 
     def words(self) -> str:
         if self.relation is None:
             return f"how it relates to source {self.source}'s pin is not in the cache"
         return self.relation.words(self.source)
-
-    def to_json(self) -> dict[str, Any]:
-        relation = {"relation": "unknown"} if self.relation is None else self.relation.to_json()
-        return {"source": self.source, "commit": self.source_commit, "submodule_commit": self.commit, **relation}
 
 
 @dataclass(frozen=True)
@@ -139,10 +128,3 @@ class PairingChange:
         """What it was and what it is, in words."""
         before, after = (("not paired with a source" if p is None else p.words()) for p in (self.before, self.after))
         return before, after
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "submodule": self.submodule,
-            "before": None if self.before is None else self.before.to_json(),
-            "after": None if self.after is None else self.after.to_json(),
-        }

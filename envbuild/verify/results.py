@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
+from envbuild.data.jsonout import jfield, to_jsonable
 from envbuild.data.urls import redact_urls
 
 Kind = Literal["source", "submodule", "package", "requirement", "base_image"]
@@ -51,7 +52,8 @@ class PinResult:
     name: str
     status: Status
     detail: str = ""
-    facts: dict[str, Any] = field(default_factory=dict)
+    # Shown beside the verdict's own keys, sorted.
+    facts: dict[str, Any] = jfield(default_factory=dict, inline=True, convert=lambda facts: dict(sorted(facts.items())))
 
     def __post_init__(self) -> None:
         # A detail quotes what servers, indexes and trees said; it reaches the table, --json, check.json,
@@ -61,15 +63,6 @@ class PinResult:
 
     def passes(self, strict: bool = False) -> bool:
         return self.status in PASSING_STATUSES or (not strict and self.status in WARNING_STATUSES)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "name": self.name,
-            "status": self.status,
-            "detail": self.detail,
-            **dict(sorted(self.facts.items())),
-        }
 
 
 @dataclass(frozen=True)
@@ -88,4 +81,4 @@ class VerifyReport:
         return all(r.passes(self.strict) for r in self.results)
 
     def to_json(self) -> dict[str, Any]:
-        return {"lock": self.lock_path, "ok": self.ok, "results": [r.to_json() for r in self.results]}
+        return {"lock": self.lock_path, "ok": self.ok, "results": to_jsonable(self.results)}

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from envbuild.cli.common import StderrProgress, add_command_group
 from envbuild.config import load_config
+from envbuild.data.jsonout import to_jsonable
 
 
 def add_cluster_command(subparsers: argparse._SubParsersAction) -> None:
@@ -62,7 +63,7 @@ def _up(args: argparse.Namespace) -> int:
     lock = read_lock(args.lock) if args.lock else None
     options = UpOptions(image=args.image, cache_dir=_cache_dir(args), lock=lock, join_timeout=args.timeout)
     info = cluster_up(spec, options, StderrProgress("envrun", args.quiet))
-    sys.stdout.write(json.dumps(info.to_json(), indent=2) + "\n" if args.json else render_cluster(info))
+    sys.stdout.write(json.dumps(to_jsonable(info), indent=2) + "\n" if args.json else render_cluster(info))
     return 0
 
 
@@ -71,7 +72,7 @@ def _status(args: argparse.Namespace) -> int:
     from envrun.cluster.manage import cluster_status
 
     info = cluster_status(args.name, _cache_dir(args))
-    sys.stdout.write(json.dumps(info.to_json(), indent=2) + "\n" if args.json else render_cluster(info))
+    sys.stdout.write(json.dumps(to_jsonable(info), indent=2) + "\n" if args.json else render_cluster(info))
     return 0 if info.all_alive else 1
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from envbuild.cli.common import StderrProgress
 from envbuild.cli.width import output_width
 from envbuild.config import load_config
+from envbuild.data.jsonout import to_jsonable
 from envbuild.errors import InputError
 from envbuild.escape import for_terminal
 from envrun.cluster.spec import check_ray_start_args
@@ -238,5 +239,5 @@ def run_recipe_command(args: argparse.Namespace) -> int:
     for failure in outcome.export_failures:
         print(f"envrun: export audit FAILED: {for_terminal(failure)}", file=sys.stderr)  # a result, not progress
     if args.json:
-        print(json.dumps(outcome.to_json(), sort_keys=True))
+        print(json.dumps(to_jsonable(outcome), sort_keys=True))
     return outcome.exit_status

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from envbuild.data.jsonout import fields_json, jfield, to_jsonable
 from envbuild.engine.transfer import Pulled
 
 
@@ -18,26 +19,17 @@ class NodeInfo:
     ray_node_id: str | None
     head: bool
     npus: int
-    alive: bool | None = None  # status only: the container runs and Ray lists the node ALIVE
-    state: str | None = None  # status only: the container's state, "missing" or "unreachable: …"
-    pulled: Pulled | None = None  # up only: what the host fetched for the image (None: it had it)
+    # Status only: the container runs and Ray lists the node ALIVE.
+    alive: bool | None = jfield(None, skip=True)
+    # Status only: the container's state, "missing" or "unreachable: …".
+    state: str | None = jfield(None, skip=True)
+    # Up only: what the host fetched for the image (None: it had it).
+    pulled: Pulled | None = jfield(None, skip=True)
 
     def to_json(self) -> dict[str, Any]:
-        document: dict[str, Any] = {
-            "host": self.host,
-            "container": self.container,
-            "image_id": self.image_id,
-            "lock_sha256": self.lock_sha256,
-            "ray_node_id": self.ray_node_id,
-            "head": self.head,
-            "npus": self.npus,
-        }
-        if self.alive is not None:
-            document["alive"] = self.alive
-            document["state"] = self.state
-        if self.alive is None:
-            document["pulled"] = None if self.pulled is None else self.pulled.to_json()
-        return document
+        """What the command that made it knows: ``status`` says whether the node lives, ``up`` what it pulled."""
+        known = {"pulled": self.pulled} if self.alive is None else {"alive": self.alive, "state": self.state}
+        return {**fields_json(self), **to_jsonable(known)}
 
 
 @dataclass(frozen=True)
@@ -49,26 +41,17 @@ class OtherNode:
     name: str
     ip: str
 
-    def to_json(self) -> dict[str, str]:
-        return {"ray_node_id": self.ray_node_id, "name": self.name, "ip": self.ip}
-
 
 @dataclass(frozen=True)
 class ClusterInfo:
     name: str
     address: str | None  # the job API URL (what `envrun grpo-glm5 --ray-address` takes)
     nodes: tuple[NodeInfo, ...]
-    other_nodes: tuple[OtherNode, ...] = ()  # status only
+    other_nodes: tuple[OtherNode, ...] = jfield((), omit="empty")  # status only
 
     @property
     def all_alive(self) -> bool:
         return all(node.alive for node in self.nodes)
-
-    def to_json(self) -> dict[str, Any]:
-        document = {"name": self.name, "address": self.address, "nodes": [node.to_json() for node in self.nodes]}
-        if self.other_nodes:
-            document["other_nodes"] = [node.to_json() for node in self.other_nodes]
-        return document
 
 
 def render_cluster(info: ClusterInfo) -> str:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from envbuild.data.jsonout import fields_json
 from envbuild.errors import CacheError, InputError
 from envbuild.fileio import write_atomic
 
@@ -53,17 +54,7 @@ class ClusterState:
         return {container_name(self.name, i): ip for i, ip in enumerate(self.ips) if ip}
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "version": STATE_VERSION,
-            "name": self.name,
-            "phase": self.phase,
-            "image": self.image,
-            "lock_sha256": self.lock_sha256,
-            "engines": list(self.engines),
-            "address": self.address,
-            "connect_timeout": self.connect_timeout,
-            "ips": list(self.ips),
-        }
+        return {"version": STATE_VERSION, **fields_json(self)}
 
     @classmethod
     def from_json(cls, document: dict[str, Any]) -> ClusterState:

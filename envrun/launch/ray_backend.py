@@ -15,6 +15,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from envbuild.data.jsonout import to_jsonable
 from envbuild.errors import EngineError
 from envbuild.progress import Progress
 from envrun import ray_api
@@ -72,7 +73,7 @@ class RayLauncher:
         ask = NodeAsk(
             model=str(plan.model) if plan.model and "model" not in skip else None,
             data=tuple(str(p) for p in plan.data_files) if "data" not in skip else (),
-            probe=plan.probe.to_json() if plan.probe and PROBE_CHECK not in skip else None,
+            probe=to_jsonable(plan.probe) if plan.probe and PROBE_CHECK not in skip else None,
             python=plan.python,
             env=plan.env,
             transformers=plan.transformers,

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from envbuild.data.jsonout import json_meta
 from envrun.checkpoint.untrusted import load_json
 from envrun.preflightline import PreflightLine
 from envrun.probe.job_script import MARKER
@@ -31,10 +32,7 @@ class ExportLayout:
     pattern: str  # glob under root (verl 0.9.1, megatron: global_step_*/actor/model/huggingface)
     expected: bool  # the config saves HF weights (trainer.save_freq > 0 and save_contents holds them)
     why: str
-    strict: bool
-
-    def to_json(self) -> dict[str, Any]:
-        return {"root": self.root, "pattern": self.pattern, "expected": self.expected, "why": self.why}
+    strict: bool = field(metadata=json_meta(skip=True))
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+from envbuild.data.jsonout import to_jsonable
 
 SOURCE_FILE = Path(__file__).with_name("job_script.py")
 
@@ -21,15 +22,7 @@ class ProbeRequest:
     entry_module: str
     skip_imports: Mapping[str, str] = field(default_factory=dict)  # module -> the recipe's reason
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "config_name": self.config_name,
-            "overrides": list(self.overrides),
-            "entry_module": self.entry_module,
-            "skip_imports": dict(self.skip_imports),
-        }
-
     def argv(self, python: str) -> list[str]:
         """The command that runs the probe with ``python`` (the script travels as ``-c``: nothing of
         envrun needs to be where it runs)."""
-        return [python, "-c", SOURCE_FILE.read_text(encoding="utf-8"), json.dumps(self.to_json(), sort_keys=True)]
+        return [python, "-c", SOURCE_FILE.read_text(encoding="utf-8"), json.dumps(to_jsonable(self), sort_keys=True)]

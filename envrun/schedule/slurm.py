@@ -19,6 +19,7 @@ import time
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
+from envbuild.data.jsonout import to_jsonable
 from envbuild.errors import EngineError, InputError
 from envbuild.progress import Progress
 from envrun.exports import ExportAudit, ExportSearch
@@ -184,7 +185,7 @@ class SlurmLauncher:
         record = job_dir / RECORD_DIR
         recorded = _json(record / "status.json")
         recorded = recorded if isinstance(recorded, dict) else {}  # the job's own words, or none
-        known = [line.to_json() for line in plan.preflight]
+        known = to_jsonable(plan.preflight)
         lines = _json(record / "preflight.json")
         checked = tuple(  # the head's own checks of every node: what the job's record adds to this one
             PreflightLine(line["name"], line["status"], line["detail"], line.get("facts"))

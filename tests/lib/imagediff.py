@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from envbuild.check.explain import explain
+from envbuild.data.jsonout import to_jsonable
 from envbuild.engine.client import Engine
 from envbuild.image.normalise import save_added_layers
 from envbuild.progress import silent
@@ -18,4 +19,4 @@ def why_different(reference_archive: Path, engine: Engine, image_id: str, base: 
     work.mkdir(parents=True, exist_ok=True)
     skip = set(engine.inspect(base)["RootFS"]["Layers"])  # type: ignore[index]
     other = save_added_layers(engine, image_id, work / f"{image_id.removeprefix('sha256:')[:12]}.tar", skip, silent)
-    return "\n".join(json.dumps(d.to_json()) for d in explain(reference_archive, other))
+    return "\n".join(json.dumps(to_jsonable(d)) for d in explain(reference_archive, other))
