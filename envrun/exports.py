@@ -20,8 +20,7 @@ from typing import Any
 
 from envbuild.errors import EnvbuildError
 from envrun.checkpoint.audit import audit_checkpoint
-from envrun.checkpoint.expected import NameSource, asked_once
-from envrun.checkpoint.modelnames import ModelNamesError
+from envrun.checkpoint.modelnames import ModelNames, ModelNamesError
 from envrun.probe.report import ExportLayout
 
 
@@ -99,7 +98,7 @@ class ExportVerdict:
         }
 
 
-def audit_export(path: Path, names: NameSource | None = None, node: str = "") -> ExportAudit:
+def audit_export(path: Path, names: ModelNames | None = None, node: str = "") -> ExportAudit:
     """One export audited here, against ``names`` (the job's own transformers, :mod:`envrun.auditnames`;
     None: envrun's static description). A failure to get the names fails the export."""
     try:
@@ -118,14 +117,14 @@ def audit_export(path: Path, names: NameSource | None = None, node: str = "") ->
     )
 
 
-def search_here(layout: ExportLayout, names: NameSource | None = None) -> ExportSearch:
-    """The exports under the layout's directory on this host, each audited against ``names``."""
+def search_here(layout: ExportLayout, names: ModelNames | None = None) -> ExportSearch:
+    """The exports under the layout's directory on this host, each audited against ``names`` (one model
+    build for every step's export: ``names`` asks once per config.json)."""
     assert layout.root is not None
     root = Path(layout.root)
     if not root.is_dir():
         return ExportSearch("this host", False, ())
     found = sorted(p for p in root.glob(layout.pattern) if p.is_dir())  # the root's own name is no pattern
-    names = None if names is None else asked_once(names)  # one model build for every step's export
     return ExportSearch("this host", True, tuple(audit_export(p, names) for p in found))
 
 

@@ -18,7 +18,7 @@ from envrun.checkpoint import (
     audit_checkpoint,
     read_safetensors_header,
 )
-from envrun.checkpoint.expected import asked_once
+from envrun.checkpoint.modelnames import ModelNames, ModelNamesError
 from envrun.checkpoint.names import abbreviate_names
 from envrun.checkpoint.report import render_audit
 from tests.lib.ckptgen import CheckpointSpec, layer_names, tensor_names, write_checkpoint
@@ -440,16 +440,25 @@ def test_a_boolean_dimension_is_malformed_even_after_its_integer_twin(tmp_path: 
         read_safetensors_header(write("bad.safetensors", [2, True]))
 
 
-def test_a_source_asked_once_answers_each_config_once_within_the_limit() -> None:
+def answering(names: list[str], asked: list[tuple[bytes, int]], transformers: str = "5.10.4") -> ModelNames:
+    """ModelNames whose script "runs" here as a function: the answer a model of ``names`` gives."""
+
+    def run(command: list[str], config: bytes, _: ModelNames) -> tuple[int, bytes, str]:
+        asked.append((config, int(command[-1])))
+        doc = {"names": names, "config_sha256": hashlib.sha256(config).hexdigest(), "class": "M",
+               "transformers": transformers, "torch": "2.13.0"}  # fmt: skip
+        return 0, json.dumps(doc).encode(), ""
+
+    return ModelNames(("python3",), where="in a test", transformers="5.10.4", run=run)
+
+
+def test_model_names_answer_each_config_once_within_the_limit() -> None:
     asked: list[tuple[bytes, int]] = []
-
-    def source(config: bytes, max_names: int) -> ExpectedNames:
-        asked.append((config, max_names))
-        return ExpectedNames(frozenset({"a", "b", "c"}), "a model", hashlib.sha256(config).hexdigest())
-
-    names = asked_once(source)
+    names = answering(["a", "b", "c"], asked)
     first = names(b"{}", 10)
+    assert first.source == "M of transformers 5.10.4 on the meta device (torch 2.13.0) in a test"
     assert names(b"{}", 20) is first and names(b"{}", 3) is first  # the same config, within the limit
     assert names(b'{"x": 1}', 10) is not first  # another config: asked again
-    names(b"{}", 2)  # a limit under the answer's 3 names: asked again, so the source can refuse it
+    with pytest.raises(ModelNamesError, match="no list of at most 2 tensor names"):
+        names(b"{}", 2)  # a limit under the answer's 3 names: asked again, and the answer refused
     assert asked == [(b"{}", 10), (b'{"x": 1}', 10), (b"{}", 2)]

@@ -7,11 +7,11 @@ missing. It never reads tensor data, so it costs a few megabytes of headers even
 terabyte.
 
 What the checkpoint must hold comes from the architecture, never from the checkpoint itself
-(:mod:`envrun.checkpoint.expected`): the modelling code's own names when a python with transformers is
-at hand (``expected=``), else the static description of the locked transformers' code for the
-architectures it covers. Any other architecture, or a quantised checkpoint, is refused (exit 2): the
-audit cannot say it is complete. ``trust_uniform_layers=True`` asks by name for the weaker check of
-:mod:`envrun.checkpoint.uniform`, and the report says that is what ran.
+(:func:`envrun.checkpoint.expected.expectation`): the modelling code's own names when a python with
+transformers is at hand (``expected=``), else the static description of the locked transformers' code
+for the architectures it covers. Any other architecture, or a quantised checkpoint, is refused (exit 2):
+the audit cannot say it is complete. ``trust_uniform_layers=True`` asks by name for the weaker
+uniform-layers check, and the report says that is what ran.
 
 The checkpoint is hostile input (a hub download, an export of a job someone else configured), and the
 order of work keeps every cost bounded by what was read: config.json and the index are read within
@@ -24,7 +24,6 @@ Everything refused is an :class:`InputError` naming the file.
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,8 +36,9 @@ from envrun.checkpoint.expected import (
     Expectation,
     ExpectedNames,
     NameSource,
-    from_architecture,
-    from_model_names,
+    UnsupportedArchitectureError,
+    expectation,
+    weak_check,
 )
 from envrun.checkpoint.layout import (
     ModelConfigError,
@@ -51,7 +51,6 @@ from envrun.checkpoint.layout import (
 )
 from envrun.checkpoint.names import group_missing, natural_sorted, render_numbers
 from envrun.checkpoint.safetensors_header import SafetensorsHeaderError, read_safetensors_header
-from envrun.checkpoint.uniform import from_uniform_layers
 from envrun.checkpoint.untrusted import JSONLimitError, MiB, brief, load_json, locate, read_limited
 
 __all__ = ["AuditReport", "CheckpointIndexError", "UnsupportedArchitectureError", "audit_checkpoint"]
@@ -71,10 +70,6 @@ _NAME_MAX = 255  # bytes in a file name (Linux NAME_MAX)
 
 class CheckpointIndexError(InputError):
     """model.safetensors.index.json is not JSON or does not map tensor names to shard file names."""
-
-
-class UnsupportedArchitectureError(ModelConfigError):
-    """No description of the architecture: completeness cannot be checked (exit 2)."""
 
 
 @dataclass(frozen=True)
@@ -156,33 +151,10 @@ def audit_checkpoint(
     config_path = _locate(model_dir, "config.json", _config_error) or model_dir / "config.json"
     config, doc = read_config(config_path)
     layout = layout_from_config(doc, config_path)
-    weak = _weak_check_reason(layout, config_path, expected is not None, trust_uniform_layers)
+    weak = weak_check(layout, config_path, expected is not None, trust_uniform_layers)
     held = _read_held(model_dir, layout, config_path, len(config))
-
-    if weak:
-        expect = from_uniform_layers(layout, held.present, weak)
-    elif expected is not None:
-        names = expected if isinstance(expected, ExpectedNames) else expected(config, _limit(held))
-        if names.config_sha256 != hashlib.sha256(config).hexdigest():
-            raise InputError(f"{config_path}: the expected names were made from another config.json")
-        expect = from_model_names(layout, names)
-    else:
-        expect = from_architecture(layout)
+    expect = expectation(layout, config, config_path, expected, weak=weak, present=held.present, max_names=_limit(held))
     return _compare(model_dir, layout, held, expect)
-
-
-def _weak_check_reason(layout: ModelLayout, config_path: Path, have_names: bool, trust: bool) -> str:
-    """Why only the uniform-layers check can run ("" when a stronger one can); refused unless trusted."""
-    if not layout.unsupported or (have_names and layout.quantization is None):
-        return ""
-    if trust:
-        return layout.unsupported
-    fix = "" if have_names else "give it the model's own names (--model-python PYTHON) or "
-    raise UnsupportedArchitectureError(
-        f"{config_path}: {layout.unsupported}: the audit cannot check that the checkpoint is complete; "
-        f"{fix}ask for the weaker check by name (--trust-uniform-layers: layers alike, so a tensor lost "
-        "from every layer passes)"
-    )
 
 
 def _limit(held: _Held) -> int:
