@@ -18,9 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envbuild.errors import EnvbuildError
-from envrun.checkpoint.audit import audit_checkpoint
-from envrun.checkpoint.modelnames import ModelNames, ModelNamesError
+from envrun.checkpoint.audit import audit_model
+from envrun.checkpoint.modelnames import ModelNames
 from envrun.probe.report import ExportLayout
 
 
@@ -62,8 +61,10 @@ class ExportAudit:
     @property
     def failure(self) -> str:
         where = f"{self.node}: " if self.node else ""
-        lost = self.error or ", ".join([*self.missing[:3], *self.unexpected[:3]])
-        names = f" (names: {self.expected_from})" if self.expected_from and not self.error else ""
+        if self.error:  # it names the path (audit_model's words), or there is none (a node did not answer)
+            return f"{where}{self.error}"
+        lost = ", ".join([*self.missing[:3], *self.unexpected[:3]])
+        names = f" (names: {self.expected_from})" if self.expected_from else ""
         return f"{where}{self.path}: {lost}{names}"
 
 
@@ -98,22 +99,12 @@ class ExportVerdict:
         }
 
 
-def audit_export(path: Path, names: ModelNames | None = None, node: str = "") -> ExportAudit:
+def audit_export(path: Path, names: ModelNames | None = None) -> ExportAudit:
     """One export audited here, against ``names`` (the job's own transformers, :mod:`envrun.auditnames`;
     None: envrun's static description). A failure to get the names fails the export."""
-    try:
-        report = audit_checkpoint(path, expected=names)
-    except ModelNamesError as exc:
-        return ExportAudit(str(path), False, error=f"no expected names from the model: {exc}", node=node)
-    except EnvbuildError as exc:
-        return ExportAudit(str(path), False, error=str(exc).splitlines()[0], node=node)
+    found = audit_model(str(path), names)
     return ExportAudit(
-        str(path),
-        bool(report.ok),
-        tuple(report.missing),
-        tuple(report.unexpected),
-        node=node,
-        expected_from=report.expected_from,
+        found.path, found.ok, found.missing, found.unexpected, found.error or "", expected_from=found.expected_from
     )
 
 

@@ -155,7 +155,8 @@ def test_a_node_asks_the_job_s_interpreter_there(checkpoint: Path, tmp_path: Pat
     spec["env"] = {"PATH": str(tmp_path / "nowhere")}
     failed = onnode.audit(str(checkpoint), onnode.names_for(spec))
     assert not failed["ok"] and failed["error"] == (
-        f"no expected names from the model: python3: not found on the job's PATH on node {socket.gethostname()} "
+        f"{checkpoint}: the expected names could not be had from the model the lock's transformers 5.10.4 builds "
+        f"(no fallback to envrun's description): python3: not found on the job's PATH on node {socket.gethostname()} "
         "(the job's interpreter)"
     )
     assert onnode.audit(str(checkpoint), onnode.names_for({}))["check"] == "architecture"  # no pin: static

@@ -18,7 +18,8 @@ from envrun.checkpoint import (
     audit_checkpoint,
     read_safetensors_header,
 )
-from envrun.checkpoint.modelnames import ModelNames, ModelNamesError
+from envrun.checkpoint.audit import ModelAudit, audit_model
+from envrun.checkpoint.modelnames import ModelNames, ModelNamesError, job_names
 from envrun.checkpoint.names import abbreviate_names
 from envrun.checkpoint.report import render_audit
 from tests.lib.ckptgen import CheckpointSpec, layer_names, tensor_names, write_checkpoint
@@ -462,3 +463,31 @@ def test_model_names_answer_each_config_once_within_the_limit() -> None:
     with pytest.raises(ModelNamesError, match="no list of at most 2 tensor names"):
         names(b"{}", 2)  # a limit under the answer's 3 names: asked again, and the answer refused
     assert asked == [(b"{}", 10), (b'{"x": 1}', 10), (b"{}", 2)]
+
+
+def test_a_run_audits_with_the_model_s_names_or_fails_in_one_wording(tmp_path: Path) -> None:
+    """audit_model words each failure once, for this host and every node: no fallback to the description."""
+    write_checkpoint(tmp_path, CheckpointSpec(include_mtp=False))
+    names = sorted(n for n in tensor_names(SPEC) if not n.startswith("model.layers.4."))
+    audit = audit_model(str(tmp_path), answering(names, []))
+    assert audit == ModelAudit(str(tmp_path), True, check="model", expected_from=audit.expected_from)
+    assert ModelAudit.of_answer(audit.to_json()) == audit  # what a node sends is what the host judges
+    other = audit_model(str(tmp_path), answering(names, [], transformers="5.9.0"))
+    assert other.error == (
+        f"{tmp_path}: the expected names could not be had from the model the lock's transformers 5.10.4 builds "
+        "(no fallback to envrun's description): python3 in a test: M of transformers 5.9.0 on the meta device "
+        "(torch 2.13.0), but the lock pins transformers 5.10.4"
+    )
+    absent = job_names("5.10.4", "python3", {"PATH": str(tmp_path / "nowhere")}, "on node n1")
+    assert audit_model(str(tmp_path), absent).error == (
+        f"{tmp_path}: the expected names could not be had from the model the lock's transformers 5.10.4 builds "
+        "(no fallback to envrun's description): python3: not found on the job's PATH on node n1 (the job's interpreter)"
+    )
+    assert job_names(None, "python3", {}, "on this host") is None  # no pin: the static description
+    assert audit_model(str(tmp_path), None).check == "architecture"
+    assert audit_model(str(tmp_path / "none"), None).error == (
+        f"{tmp_path / 'none'}: not a directory; pass the model directory holding config.json"
+    )
+    (tmp_path / "config.json").write_text("{")
+    unreadable = audit_model(str(tmp_path), None).error or ""
+    assert unreadable.startswith(f"{tmp_path}: checkpoint unreadable: {tmp_path / 'config.json'}: not readable JSON")

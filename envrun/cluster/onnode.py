@@ -65,28 +65,11 @@ def names_for(spec: dict[str, Any]) -> Any:
 
 
 def audit(path: str, names: Any = None) -> dict[str, Any]:
-    """The checkpoint audit of ``path`` on this node: ok, missing, unexpected, where the names came from,
-    or the error that stopped it (a failure to get names from the model is one: no fallback)."""
-    from envbuild.errors import EnvbuildError
-    from envrun.checkpoint.audit import audit_checkpoint
-    from envrun.checkpoint.modelnames import ModelNamesError
+    """The checkpoint audit of ``path`` on this node, worded as on the host
+    (:func:`envrun.checkpoint.audit.audit_model`)."""
+    from envrun.checkpoint.audit import audit_model
 
-    if not os.path.isdir(path):
-        return {"path": path, "ok": False, "error": f"{path}: not a directory on this node"}
-    try:
-        report = audit_checkpoint(Path(path), expected=names)
-    except ModelNamesError as exc:
-        return {"path": path, "ok": False, "error": f"no expected names from the model: {exc}"}
-    except EnvbuildError as exc:
-        return {"path": path, "ok": False, "error": str(exc).splitlines()[0]}
-    return {
-        "path": path,
-        "ok": bool(report.ok),
-        "missing": list(report.missing),
-        "unexpected": list(report.unexpected),
-        "check": report.check,
-        "expected_from": report.expected_from,
-    }
+    return audit_model(path, names).to_json()
 
 
 def data(paths: list[str]) -> list[str]:
