@@ -1,40 +1,25 @@
-"""Where a run's checkpoint audits take their expected names from, on each backend.
-
-When the lock pins transformers, the names come from the model itself, built from config.json on the
-meta device by the transformers the job will run (:mod:`envrun.checkpoint.modelnames`):
+"""Where a run's checkpoint audits on this host take their expected names: the model the lock's
+transformers builds with the job's interpreter (:func:`envrun.checkpoint.modelnames.job_names`, the one
+choice, which a Ray node makes for itself in :mod:`envrun.cluster.onnode`), here where the job runs:
 
 - local: the job's interpreter (the recipe's entry point, found on the job's ``PATH``) on this host;
 - docker: a container of the locked image, no network and no devices, run through
-  :mod:`envbuild.engine.client` (config.json is mounted read-only: an engine's container has no stdin);
-- ray: each node's job interpreter, from the task pinned to that node (:mod:`envrun.cluster.onnode`).
+  :mod:`envbuild.engine.client` (config.json is mounted read-only: an engine's container has no stdin).
 
-Names made by another transformers than the lock's are refused, and a failure to get names from the
-model fails the audit with its reason: there is no silent fallback to the static description. Without a
-transformers pin in the lock there is no model to ask, and envrun's static description of the
-transformers it describes is used; every result says which source it was.
+Without a transformers pin in the lock there is no model to ask, and envrun's static description is
+used; every result says which source it was.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from envbuild.errors import EngineError
 from envbuild.lock.model import Lock
-from envrun.checkpoint.expected import ExpectedNames, NameSource
-from envrun.checkpoint.modelnames import (
-    DEFAULT_TIMEOUT,
-    ModelNames,
-    ModelNamesError,
-    interpret_answer,
-    last_line,
-    placed,
-    script_argv,
-)
+from envrun.checkpoint.modelnames import ModelNames, ModelNamesError, job_names, last_line
 from envrun.plan import RunPlan
 
 TRANSFORMERS = "transformers"
@@ -46,58 +31,32 @@ def locked_transformers(lock: Lock) -> str | None:
     return next((p.version for p in lock.packages if p.name.lower() == TRANSFORMERS), None)
 
 
-def job_python(python: str, env: Mapping[str, str]) -> str | None:
-    """``python`` as the job's own command finds it: on the job's ``PATH`` over this environment's."""
-    return shutil.which(python, path={**os.environ, **env}.get("PATH"))
-
-
 @dataclass(frozen=True)
-class ImageModelNames:
-    """A :data:`NameSource`: the names from the model built by the transformers inside ``image``."""
+class InImage:
+    """A :data:`envrun.checkpoint.modelnames.Runner`: the script in a container of ``image``."""
 
     image: str
-    python: str = "python3"
-    env: Mapping[str, str] | None = None
-    transformers: str | None = None
 
-    def __call__(self, config: bytes, max_names: int) -> ExpectedNames:
+    def __call__(self, command: list[str], config: bytes, names: ModelNames) -> tuple[int, bytes | str, str]:
         from envbuild.engine.client import Engine  # the engine's client costs an import: only when asked
         from envrun.bytecode import prepare_for, with_bytecode
 
-        shown = f"{self.python} in image {self.image}"
         with tempfile.TemporaryDirectory(prefix="envrun-names-") as tmp:
             (Path(tmp) / "config.json").write_bytes(config)
             os.chmod(tmp, 0o755)  # noqa: PTH101 (the container's user reads it)
-            command = script_argv([self.python], max_names, f"{_MOUNT}/config.json")
             try:
                 with Engine.connect() as engine:
                     bytecode = prepare_for(engine, self.image)  # transformers and torch, compiled once
-                    env, volumes = with_bytecode(bytecode, self.env or {}, {tmp: {"bind": _MOUNT, "mode": "ro"}})
-                    done = engine.run(self.image, command, volumes=volumes, environment=env)
+                    env, volumes = with_bytecode(bytecode, names.env or {}, {tmp: {"bind": _MOUNT, "mode": "ro"}})
+                    done = engine.run(self.image, [*command, f"{_MOUNT}/config.json"], volumes=volumes, environment=env)
             except EngineError as exc:
-                raise ModelNamesError(f"{shown}: cannot run a container: {exc}") from None
-        names = interpret_answer(done.exit_code, done.stdout, last_line(done.stderr), config, shown, max_names)
-        return placed(names, f"in image {self.image}", self.transformers, shown)
+                raise ModelNamesError(f"{names.shown}: cannot run a container: {exc}") from None
+        return done.exit_code, done.stdout, last_line(done.stderr)
 
 
-def name_source(plan: RunPlan) -> NameSource | None:
+def name_source(plan: RunPlan) -> ModelNames | None:
     """The source of names for an audit on this host (preflight, and the local and docker exports);
-    None: envrun's static description (the lock pins no transformers). A Ray cluster's nodes choose
-    their own (:func:`envrun.cluster.onnode.names_for`)."""
-    if plan.transformers is None:
-        return None
+    None: envrun's static description (the lock pins no transformers)."""
     if plan.backend == "docker" and plan.image:
-        return ImageModelNames(plan.image, plan.python, plan.env, plan.transformers)
-    found = job_python(plan.python, plan.env)
-    if found is None:
-        return _missing(f"{plan.python}: not found on the job's PATH (the job's interpreter)")
-    where = f"with the job's {plan.python} ({found}) on this host"
-    env = {**os.environ, **plan.env}
-    return ModelNames((found,), DEFAULT_TIMEOUT, where, env, plan.transformers)
-
-
-def _missing(reason: str) -> NameSource:
-    def fail(config: bytes, max_names: int) -> ExpectedNames:
-        raise ModelNamesError(reason)
-
-    return fail
+        return job_names(plan.transformers, plan.python, plan.env, f"in image {plan.image}", InImage(plan.image))
+    return job_names(plan.transformers, plan.python, plan.env, "on this host")

@@ -19,10 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from envbuild.data.jsonout import jfield, to_jsonable
-from envbuild.errors import EnvbuildError
-from envrun.checkpoint.audit import audit_checkpoint
-from envrun.checkpoint.expected import NameSource, asked_once
-from envrun.checkpoint.modelnames import ModelNamesError
+from envrun.checkpoint.audit import audit_model
+from envrun.checkpoint.modelnames import ModelNames
 from envrun.probe.report import ExportLayout
 
 
@@ -52,8 +50,10 @@ class ExportAudit:
     @property
     def failure(self) -> str:
         where = f"{self.node}: " if self.node else ""
-        lost = self.error or ", ".join([*self.missing[:3], *self.unexpected[:3]])
-        names = f" (names: {self.expected_from})" if self.expected_from and not self.error else ""
+        if self.error:  # it names the path (audit_model's words), or there is none (a node did not answer)
+            return f"{where}{self.error}"
+        lost = ", ".join([*self.missing[:3], *self.unexpected[:3]])
+        names = f" (names: {self.expected_from})" if self.expected_from else ""
         return f"{where}{self.path}: {lost}{names}"
 
 
@@ -88,33 +88,23 @@ class ExportVerdict:
         }
 
 
-def audit_export(path: Path, names: NameSource | None = None, node: str = "") -> ExportAudit:
+def audit_export(path: Path, names: ModelNames | None = None) -> ExportAudit:
     """One export audited here, against ``names`` (the job's own transformers, :mod:`envrun.auditnames`;
     None: envrun's static description). A failure to get the names fails the export."""
-    try:
-        report = audit_checkpoint(path, expected=names)
-    except ModelNamesError as exc:
-        return ExportAudit(str(path), False, error=f"no expected names from the model: {exc}", node=node)
-    except EnvbuildError as exc:
-        return ExportAudit(str(path), False, error=str(exc).splitlines()[0], node=node)
+    found = audit_model(str(path), names)
     return ExportAudit(
-        str(path),
-        bool(report.ok),
-        tuple(report.missing),
-        tuple(report.unexpected),
-        node=node,
-        expected_from=report.expected_from,
+        found.path, found.ok, found.missing, found.unexpected, found.error or "", expected_from=found.expected_from
     )
 
 
-def search_here(layout: ExportLayout, names: NameSource | None = None) -> ExportSearch:
-    """The exports under the layout's directory on this host, each audited against ``names``."""
+def search_here(layout: ExportLayout, names: ModelNames | None = None) -> ExportSearch:
+    """The exports under the layout's directory on this host, each audited against ``names`` (one model
+    build for every step's export: ``names`` asks once per config.json)."""
     assert layout.root is not None
     root = Path(layout.root)
     if not root.is_dir():
         return ExportSearch("this host", False, ())
     found = sorted(p for p in root.glob(layout.pattern) if p.is_dir())  # the root's own name is no pattern
-    names = None if names is None else asked_once(names)  # one model build for every step's export
     return ExportSearch("this host", True, tuple(audit_export(p, names) for p in found))
 
 

@@ -1,21 +1,22 @@
 """Preflight: the checks that must pass before a job starts, each a typed line of a report.
 
-The outside world comes in through injected callables (image labels, the checkpoint audit, the NPU
-probe), so the checks run the same in tests with small fakes and in production with the real thing.
+The outside world comes in through injected callables (image labels and platform, the NPU and job
+probes), so the checks run the same in tests with small fakes and in production with the real thing.
 """
 
 from __future__ import annotations
 
 import shutil
 import subprocess
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from envbuild.errors import EnvbuildError, InputError
 from envbuild.image.plan import LOCK_LABEL
 from envbuild.lock.platform import OCI_ARCH
+from envrun.auditnames import name_source
+from envrun.checkpoint.audit import NOT_A_MODEL_DIR, ModelAudit, audit_model
 from envrun.checkpoint.names import shown_name
 from envrun.datafiles import parquet_problem
 from envrun.plan import RunPlan
@@ -42,7 +43,6 @@ CHECKS = (
 
 ImageLabels = Callable[[str], "dict[str, str]"]  # image ref -> labels; raises EnvbuildError if absent
 ImagePlatform = Callable[[str], "tuple[str, str]"]  # image ref -> (the image's architecture, the engine host's)
-Audit = Callable[[Path], Any]  # model dir -> report with .ok, .missing, .to_json()
 NpuProbe = Callable[[], PreflightLine]
 JobProbe = Callable[[RunPlan], "tuple[PreflightLine, ...]"]  # the job probe's lines for a plan
 
@@ -55,7 +55,6 @@ class PreflightError(InputError):
 class PreflightEnv:
     image_labels: ImageLabels | None = None
     image_platform: ImagePlatform | None = None  # the docker backend's: the image must run on the engine's host
-    audit: Audit | None = None
     npu_probe: NpuProbe | None = None
     job_probe: JobProbe | None = None  # None: the probe as the plan's backend runs it (envrun.probe.run)
 
@@ -72,7 +71,7 @@ def run_preflight(
         ("image-lock-label", lambda: (check_image_label(plan, env.image_labels),)),
         ("image-platform", lambda: (check_image_platform(plan, env.image_platform),)),
         ("npus", lambda: (check_npus(plan, env.npu_probe, dry_run),)),
-        ("model", lambda: (_on_nodes("model", plan) or check_model(plan, env.audit),)),
+        ("model", lambda: (_on_nodes("model", plan) or check_model(plan),)),
         ("data", lambda: (_on_nodes("data", plan) or check_data(plan.data_files),)),
         (PROBE_CHECK, lambda: check_job(plan, env.job_probe, results)),
     ):
@@ -196,81 +195,24 @@ def probe_npus() -> PreflightLine:
     return PreflightLine("npus", "ok", f"{len(devices)} devices ({', '.join(devices)}); npu-smi info ok")
 
 
-def default_audit(model_dir: Path, plan: RunPlan) -> Any:
-    """The audit with the names the job's own transformers gives, where the lock pins one
-    (:mod:`envrun.auditnames`), else envrun's static description."""
-    from envrun.auditnames import name_source  # the audit's cost: only when checking
-    from envrun.checkpoint.audit import audit_checkpoint
-
-    return audit_checkpoint(model_dir, expected=name_source(plan))
-
-
-def check_model(plan: RunPlan, audit: Audit | None) -> PreflightLine:
-    from envrun.checkpoint.modelnames import ModelNamesError
-
+def check_model(plan: RunPlan) -> PreflightLine:
+    """The model directory, audited where the plan's lenient save needs its guard, with the names the
+    job's own transformers gives where the lock pins one (:mod:`envrun.auditnames`), else envrun's
+    static description."""
     model = plan.model
     if model is None:
         return PreflightLine("model", "skip", "the model path is set by an override, not --model")
+    if plan.lenient_checkpoint:
+        return model_verdict(audit_model(str(model), name_source(plan)))
     if not model.is_dir():
-        return PreflightLine("model", "fail", f"{model}: not a directory; pass the model directory holding config.json")
-    if not plan.lenient_checkpoint:
-        return PreflightLine("model", "ok", f"{model}: a directory")
-    try:
-        report = audit(model) if audit is not None else default_audit(model, plan)
-    except ModelNamesError as exc:
-        error = (
-            f"{model}: the expected names could not be had from the model the lock's transformers "
-            f"{plan.transformers} builds (no fallback to envrun's description): {exc}"
-        )
-        return model_verdict(ModelAudit(str(model), False, error=error))
-    except EnvbuildError as exc:
-        return model_verdict(ModelAudit(str(model), False, error=f"{model}: checkpoint unreadable: {exc}"))
-    return model_verdict(ModelAudit.of_report(str(model), report))
-
-
-@dataclass(frozen=True)
-class ModelAudit:
-    """What the model check judges, wherever the audit ran: the checkpoint audit of the model directory at
-    the path the job reads, on this host (an :class:`~envrun.checkpoint.audit.AuditReport`) or on a Ray
-    node (its answer, :func:`envrun.cluster.onnode.audit`), or what stopped it."""
-
-    path: str
-    ok: bool
-    missing: tuple[str, ...] = ()
-    unexpected: tuple[str, ...] = ()
-    check: str | None = None  # what the expected names came from ("architecture", "model", …)
-    expected_from: str = ""  # the same, for people
-    error: str | None = None  # what stopped the audit, naming the path: no names were compared
-
-    @classmethod
-    def of_report(cls, path: str, report: Any) -> ModelAudit:
-        return cls(
-            path,
-            bool(report.ok),
-            tuple(getattr(report, "missing", ())),
-            tuple(getattr(report, "unexpected", ())),
-            getattr(report, "check", None),
-            getattr(report, "expected_from", "") or "",
-        )
-
-    @classmethod
-    def of_answer(cls, answer: Mapping[str, Any]) -> ModelAudit:
-        """A node's answer (JSON from the node: each field taken for what it says, nothing trusted more)."""
-        error = answer.get("error")
-        return cls(
-            str(answer.get("path")),
-            bool(answer.get("ok")),
-            tuple(str(name) for name in answer.get("missing") or ()),
-            tuple(str(name) for name in answer.get("unexpected") or ()),
-            str(answer["check"]) if answer.get("check") is not None else None,
-            str(answer.get("expected_from") or ""),
-            str(error) if error else None,
-        )
+        return PreflightLine("model", "fail", f"{model}: {NOT_A_MODEL_DIR}")
+    return PreflightLine("model", "ok", f"{model}: a directory")
 
 
 def model_verdict(audit: ModelAudit, where: str = "") -> PreflightLine:
     """The model check's one verdict (pure), on this host's audit and on each node's
-    (:mod:`envrun.cluster.nodecheck`); ``where`` names the node."""
+    (:mod:`envrun.cluster.nodecheck`), both worded by :func:`envrun.checkpoint.audit.audit_model`;
+    ``where`` names the node."""
     who = f"{where}: " if where else ""
     if audit.error is not None:
         return PreflightLine("model", "fail", who + audit.error)

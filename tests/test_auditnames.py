@@ -1,5 +1,6 @@
 """The run's checkpoint audits take their names from the model the lock's transformers builds, where the
-job runs (envrun/auditnames.py; envrun/cluster/onnode.py on a node), and every result says so.
+job runs (envrun/auditnames.py; envrun/cluster/onnode.py on a node, both through
+envrun.checkpoint.modelnames.job_names), and every result says so, in the same words on host and node.
 
 Against the real transformers 5.10.4 (tests/lib/pyenvs.py HF_STACK) and checkpoints its own
 save_pretrained wrote (tests/lib/hfckpt.py); the docker case in an image that really has it
@@ -21,8 +22,9 @@ import pytest
 from envbuild.image.plan import LOCK_LABEL
 from envbuild.lock.io import read_lock
 from envbuild.progress import silent
-from envrun.auditnames import ImageModelNames, locked_transformers, name_source
+from envrun.auditnames import InImage, locked_transformers, name_source
 from envrun.checkpoint import ModelNames, ModelNamesError, audit_checkpoint
+from envrun.checkpoint.modelnames import job_names
 from envrun.cluster import onnode
 from envrun.exports import export_verdict, search_here
 from envrun.launch.docker_backend import DockerLauncher
@@ -152,9 +154,10 @@ def test_a_node_asks_the_job_s_interpreter_there(checkpoint: Path, tmp_path: Pat
     assert MODEL in answer["expected_from"] and f"on node {socket.gethostname()}" in answer["expected_from"]
     spec["env"] = {"PATH": str(tmp_path / "nowhere")}
     failed = onnode.audit(str(checkpoint), onnode.names_for(spec))
-    assert (
-        not failed["ok"]
-        and "no expected names from the model: python3: not found on this node's PATH" in failed["error"]
+    assert not failed["ok"] and failed["error"] == (
+        f"{checkpoint}: the expected names could not be had from the model the lock's transformers 5.10.4 builds "
+        f"(no fallback to envrun's description): python3: not found on the job's PATH on node {socket.gethostname()} "
+        "(the job's interpreter)"
     )
     assert onnode.audit(str(checkpoint), onnode.names_for({}))["check"] == "architecture"  # no pin: static
 
@@ -186,6 +189,6 @@ def test_docker_preflight_and_exports_ask_the_image_s_transformers(
 
 @pytest.mark.docker
 def test_an_image_without_transformers_fails_the_check(base_image: BaseImage, checkpoint: Path) -> None:
-    names = ImageModelNames(base_image.tag, transformers="5.10.4")
+    names = job_names("5.10.4", "python3", {}, f"in image {base_image.tag}", InImage(base_image.tag))
     with pytest.raises(ModelNamesError, match=r"python3 in image .* exited 1: .*cannot import torch and transformers"):
         audit_checkpoint(checkpoint, expected=names)

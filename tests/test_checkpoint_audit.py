@@ -18,7 +18,8 @@ from envrun.checkpoint import (
     audit_checkpoint,
     read_safetensors_header,
 )
-from envrun.checkpoint.expected import asked_once
+from envrun.checkpoint.audit import ModelAudit, audit_model
+from envrun.checkpoint.modelnames import ModelNames, ModelNamesError, job_names
 from envrun.checkpoint.names import abbreviate_names
 from envrun.checkpoint.report import render_audit
 from tests.lib.ckptgen import CheckpointSpec, layer_names, tensor_names, write_checkpoint
@@ -440,16 +441,53 @@ def test_a_boolean_dimension_is_malformed_even_after_its_integer_twin(tmp_path: 
         read_safetensors_header(write("bad.safetensors", [2, True]))
 
 
-def test_a_source_asked_once_answers_each_config_once_within_the_limit() -> None:
+def answering(names: list[str], asked: list[tuple[bytes, int]], transformers: str = "5.10.4") -> ModelNames:
+    """ModelNames whose script "runs" here as a function: the answer a model of ``names`` gives."""
+
+    def run(command: list[str], config: bytes, _: ModelNames) -> tuple[int, bytes, str]:
+        asked.append((config, int(command[-1])))
+        doc = {"names": names, "config_sha256": hashlib.sha256(config).hexdigest(), "class": "M",
+               "transformers": transformers, "torch": "2.13.0"}  # fmt: skip
+        return 0, json.dumps(doc).encode(), ""
+
+    return ModelNames(("python3",), where="in a test", transformers="5.10.4", run=run)
+
+
+def test_model_names_answer_each_config_once_within_the_limit() -> None:
     asked: list[tuple[bytes, int]] = []
-
-    def source(config: bytes, max_names: int) -> ExpectedNames:
-        asked.append((config, max_names))
-        return ExpectedNames(frozenset({"a", "b", "c"}), "a model", hashlib.sha256(config).hexdigest())
-
-    names = asked_once(source)
+    names = answering(["a", "b", "c"], asked)
     first = names(b"{}", 10)
+    assert first.source == "M of transformers 5.10.4 on the meta device (torch 2.13.0) in a test"
     assert names(b"{}", 20) is first and names(b"{}", 3) is first  # the same config, within the limit
     assert names(b'{"x": 1}', 10) is not first  # another config: asked again
-    names(b"{}", 2)  # a limit under the answer's 3 names: asked again, so the source can refuse it
+    with pytest.raises(ModelNamesError, match="no list of at most 2 tensor names"):
+        names(b"{}", 2)  # a limit under the answer's 3 names: asked again, and the answer refused
     assert asked == [(b"{}", 10), (b'{"x": 1}', 10), (b"{}", 2)]
+
+
+def test_a_run_audits_with_the_model_s_names_or_fails_in_one_wording(tmp_path: Path) -> None:
+    """audit_model words each failure once, for this host and every node: no fallback to the description."""
+    write_checkpoint(tmp_path, CheckpointSpec(include_mtp=False))
+    names = sorted(n for n in tensor_names(SPEC) if not n.startswith("model.layers.4."))
+    audit = audit_model(str(tmp_path), answering(names, []))
+    assert audit == ModelAudit(str(tmp_path), True, check="model", expected_from=audit.expected_from)
+    assert ModelAudit.of_answer(audit.to_json()) == audit  # what a node sends is what the host judges
+    other = audit_model(str(tmp_path), answering(names, [], transformers="5.9.0"))
+    assert other.error == (
+        f"{tmp_path}: the expected names could not be had from the model the lock's transformers 5.10.4 builds "
+        "(no fallback to envrun's description): python3 in a test: M of transformers 5.9.0 on the meta device "
+        "(torch 2.13.0), but the lock pins transformers 5.10.4"
+    )
+    absent = job_names("5.10.4", "python3", {"PATH": str(tmp_path / "nowhere")}, "on node n1")
+    assert audit_model(str(tmp_path), absent).error == (
+        f"{tmp_path}: the expected names could not be had from the model the lock's transformers 5.10.4 builds "
+        "(no fallback to envrun's description): python3: not found on the job's PATH on node n1 (the job's interpreter)"
+    )
+    assert job_names(None, "python3", {}, "on this host") is None  # no pin: the static description
+    assert audit_model(str(tmp_path), None).check == "architecture"
+    assert audit_model(str(tmp_path / "none"), None).error == (
+        f"{tmp_path / 'none'}: not a directory; pass the model directory holding config.json"
+    )
+    (tmp_path / "config.json").write_text("{")
+    unreadable = audit_model(str(tmp_path), None).error or ""
+    assert unreadable.startswith(f"{tmp_path}: checkpoint unreadable: {tmp_path / 'config.json'}: not readable JSON")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from envrun.checkpoint.architectures import ARCHITECTURES
-from envrun.checkpoint.expected import from_architecture
+from envrun.checkpoint.expected import from_architecture, from_uniform_layers
 from envrun.checkpoint.layout import (
     MAX_EXPECTED_TENSORS,
     PLAUSIBLE_FACTOR,
@@ -27,7 +27,6 @@ from envrun.checkpoint.layout import (
     load_layout,
     split_layer_name,
 )
-from envrun.checkpoint.uniform import from_uniform_layers
 
 GLM5 = ARCHITECTURES["glm_moe_dsa"]
 

@@ -23,10 +23,9 @@ from envrun.checkpoint import (
     ModelRefusedConfigError,
     UnsupportedArchitectureError,
     audit_checkpoint,
-    expected_names_from_model,
     render_audit,
 )
-from envrun.checkpoint.layout import MTP_OPTIONAL, MTP_REQUIRED, split_layer_name
+from envrun.checkpoint.layout import MAX_EXPECTED_TENSORS, MTP_OPTIONAL, MTP_REQUIRED, read_config, split_layer_name
 from envrun.cli.main import main
 from tests.lib.ckptgen import CheckpointSpec, write_checkpoint
 from tests.lib.hfckpt import HFSpec, alter_checkpoint, hf_venv, tensor_names, write_hf_checkpoints
@@ -249,9 +248,14 @@ def python() -> tuple[str, ...]:
     return (str(hf_venv().python),)
 
 
+def names_of(config_path: Path, python: tuple[str, ...]) -> ExpectedNames:
+    """The model's names for the config.json at ``config_path``, read as the audit reads it."""
+    return ModelNames(python)(read_config(config_path)[0], MAX_EXPECTED_TENSORS)
+
+
 @pytest.fixture(scope="module")
 def glm5_names(written: dict[str, Path], python: tuple[str, ...]) -> ExpectedNames:
-    return expected_names_from_model(written["glm5"] / "config.json", python)
+    return names_of(written["glm5"] / "config.json", python)
 
 
 def test_the_model_s_own_names_check_the_checkpoint(
@@ -290,7 +294,7 @@ def test_what_the_model_cannot_be_built_from_is_exit_2(tmp_path: Path, python: t
     with pytest.raises(
         ModelRefusedConfigError, match="config.json: transformers 5.10.4 refuses this config.json"
     ) as info:
-        expected_names_from_model(tmp_path / "config.json", python)
+        names_of(tmp_path / "config.json", python)
     assert info.value.exit_code == 2
     (tmp_path / "config.json").write_text('{"model_type": "glm_moe_dsa", "num_hidden_layers": 1000000000}')
     with pytest.raises(ModelRefusedConfigError, match="num_hidden_layers 1,000,000,000: more than the 1,000"):
@@ -301,10 +305,10 @@ def test_a_python_without_transformers_says_so(written: dict[str, Path]) -> None
     import sys
 
     with pytest.raises(ModelNamesError, match="cannot import torch and transformers") as info:
-        expected_names_from_model(written["glm5"] / "config.json", [sys.executable])
+        names_of(written["glm5"] / "config.json", (sys.executable,))
     assert info.value.exit_code == 1
     with pytest.raises(ModelNamesError, match="no-such-python: no such command"):
-        expected_names_from_model(written["glm5"] / "config.json", ["no-such-python"])
+        names_of(written["glm5"] / "config.json", ("no-such-python",))
 
 
 # --- the fast writer the other tests use, against the real one ---------------------------------------

@@ -255,12 +255,13 @@ def test_each_node_reports_the_model_and_the_data_it_sees() -> None:
     answers = [
         _answer("1", "a", model={"path": "/data/m", "ok": True, "expected_from": "M of transformers 5.10.4 on n1"},
                 data=[]),
-        _answer("2", "a", model={"path": "/data/m", "ok": False, "error": "/data/m: not a directory on this node"},
+        _answer("2", "a", model={"path": "/data/m", "ok": False, "error": "/data/m: not a directory; pass the model "
+                                 "directory holding config.json"},
                 data=["/data/t.parquet: no such file"]),
     ]  # fmt: skip
     assert [(line.status, line.detail.split(": ", 1)[1]) for line in model_lines(answers)] == [
         ("ok", "/data/m: checkpoint audit ok (only MTP layers may be absent); names: M of transformers 5.10.4 on n1"),
-        ("fail", "/data/m: not a directory on this node"),
+        ("fail", "/data/m: not a directory; pass the model directory holding config.json"),
     ]
     assert [line.status for line in data_lines(answers, 1)] == ["ok", "fail"]
     assert "node n2 (ip 10.0.0.1" in data_lines(answers, 1)[1].detail

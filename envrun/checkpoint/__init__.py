@@ -1,20 +1,9 @@
 """Checkpoint audit: check a Hugging Face safetensors checkpoint from its headers, never its data."""
 
-from envrun.checkpoint.audit import (
-    AuditReport,
-    CheckpointIndexError,
-    UnsupportedArchitectureError,
-    audit_checkpoint,
-)
-from envrun.checkpoint.expected import ExpectedNames, NameSource
+from envrun.checkpoint.audit import AuditReport, CheckpointIndexError, audit_checkpoint
+from envrun.checkpoint.expected import ExpectedNames, NameSource, UnsupportedArchitectureError
 from envrun.checkpoint.layout import ModelConfigError, ModelLayout, load_layout
-from envrun.checkpoint.modelnames import (
-    ModelNames,
-    ModelNamesError,
-    ModelRefusedConfigError,
-    expected_names_from_model,
-    script_text,
-)
+from envrun.checkpoint.modelnames import ModelNames, ModelNamesError, ModelRefusedConfigError, script_text
 from envrun.checkpoint.report import render_audit
 from envrun.checkpoint.safetensors_header import (
     SafetensorsHeader,
@@ -38,7 +27,6 @@ __all__ = [
     "TensorInfo",
     "UnsupportedArchitectureError",
     "audit_checkpoint",
-    "expected_names_from_model",
     "load_layout",
     "read_safetensors_header",
     "render_audit",

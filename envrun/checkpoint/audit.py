@@ -7,11 +7,14 @@ missing. It never reads tensor data, so it costs a few megabytes of headers even
 terabyte.
 
 What the checkpoint must hold comes from the architecture, never from the checkpoint itself
-(:mod:`envrun.checkpoint.expected`): the modelling code's own names when a python with transformers is
-at hand (``expected=``), else the static description of the locked transformers' code for the
-architectures it covers. Any other architecture, or a quantised checkpoint, is refused (exit 2): the
-audit cannot say it is complete. ``trust_uniform_layers=True`` asks by name for the weaker check of
-:mod:`envrun.checkpoint.uniform`, and the report says that is what ran.
+(:func:`envrun.checkpoint.expected.expectation`): the modelling code's own names when a python with
+transformers is at hand (``expected=``), else the static description of the locked transformers' code
+for the architectures it covers. Any other architecture, or a quantised checkpoint, is refused (exit 2):
+the audit cannot say it is complete. ``trust_uniform_layers=True`` asks by name for the weaker
+uniform-layers check, and the report says that is what ran.
+
+A run audits a model directory through :func:`audit_model`, wherever it runs (this host, a Ray node):
+its :class:`ModelAudit` words every failure one way, and preflight's one verdict judges it.
 
 The checkpoint is hostile input (a hub download, an export of a job someone else configured), and the
 order of work keeps every cost bounded by what was read: config.json and the index are read within
@@ -24,21 +27,21 @@ Everything refused is an :class:`InputError` naming the file.
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envbuild.errors import InputError
+from envbuild.errors import EnvbuildError, InputError
 from envrun.checkpoint.expected import (
     Check,
     Expectation,
     ExpectedNames,
     NameSource,
-    from_architecture,
-    from_model_names,
+    UnsupportedArchitectureError,
+    expectation,
+    weak_check,
 )
 from envrun.checkpoint.layout import (
     ModelConfigError,
@@ -49,12 +52,19 @@ from envrun.checkpoint.layout import (
     read_config,
     split_layer_name,
 )
+from envrun.checkpoint.modelnames import ModelNames, ModelNamesError
 from envrun.checkpoint.names import group_missing, natural_sorted, render_numbers
 from envrun.checkpoint.safetensors_header import SafetensorsHeaderError, read_safetensors_header
-from envrun.checkpoint.uniform import from_uniform_layers
 from envrun.checkpoint.untrusted import JSONLimitError, MiB, brief, load_json, locate, read_limited
 
-__all__ = ["AuditReport", "CheckpointIndexError", "UnsupportedArchitectureError", "audit_checkpoint"]
+__all__ = [
+    "AuditReport",
+    "CheckpointIndexError",
+    "ModelAudit",
+    "UnsupportedArchitectureError",
+    "audit_checkpoint",
+    "audit_model",
+]
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -67,14 +77,11 @@ MAX_INDEX_CONTAINERS = 10_000
 # has 100 shard files, and 10,000 shards of 10 GB would be 100 TB.
 MAX_SHARD_FILES = 10_000
 _NAME_MAX = 255  # bytes in a file name (Linux NAME_MAX)
+NOT_A_MODEL_DIR = "not a directory; pass the model directory holding config.json"
 
 
 class CheckpointIndexError(InputError):
     """model.safetensors.index.json is not JSON or does not map tensor names to shard file names."""
-
-
-class UnsupportedArchitectureError(ModelConfigError):
-    """No description of the architecture: completeness cannot be checked (exit 2)."""
 
 
 @dataclass(frozen=True)
@@ -151,38 +158,72 @@ def audit_checkpoint(
     them such as :class:`envrun.checkpoint.modelnames.ModelNames`) or ``trust_uniform_layers`` is given."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
-        raise InputError(f"{model_dir}: not a directory; pass the model directory holding config.json")
+        raise InputError(f"{model_dir}: {NOT_A_MODEL_DIR}")
     # When config.json is absent, read_config says so in its own words.
     config_path = _locate(model_dir, "config.json", _config_error) or model_dir / "config.json"
     config, doc = read_config(config_path)
     layout = layout_from_config(doc, config_path)
-    weak = _weak_check_reason(layout, config_path, expected is not None, trust_uniform_layers)
+    weak = weak_check(layout, config_path, expected is not None, trust_uniform_layers)
     held = _read_held(model_dir, layout, config_path, len(config))
-
-    if weak:
-        expect = from_uniform_layers(layout, held.present, weak)
-    elif expected is not None:
-        names = expected if isinstance(expected, ExpectedNames) else expected(config, _limit(held))
-        if names.config_sha256 != hashlib.sha256(config).hexdigest():
-            raise InputError(f"{config_path}: the expected names were made from another config.json")
-        expect = from_model_names(layout, names)
-    else:
-        expect = from_architecture(layout)
+    expect = expectation(layout, config, config_path, expected, weak=weak, present=held.present, max_names=_limit(held))
     return _compare(model_dir, layout, held, expect)
 
 
-def _weak_check_reason(layout: ModelLayout, config_path: Path, have_names: bool, trust: bool) -> str:
-    """Why only the uniform-layers check can run ("" when a stronger one can); refused unless trusted."""
-    if not layout.unsupported or (have_names and layout.quantization is None):
-        return ""
-    if trust:
-        return layout.unsupported
-    fix = "" if have_names else "give it the model's own names (--model-python PYTHON) or "
-    raise UnsupportedArchitectureError(
-        f"{config_path}: {layout.unsupported}: the audit cannot check that the checkpoint is complete; "
-        f"{fix}ask for the weaker check by name (--trust-uniform-layers: layers alike, so a tensor lost "
-        "from every layer passes)"
-    )
+@dataclass(frozen=True)
+class ModelAudit:
+    """A run's audit of the model directory at the path the job reads, wherever it ran (this host, a Ray
+    node, whose answer is its :meth:`to_json`), or what stopped it: what preflight's one verdict judges."""
+
+    path: str
+    ok: bool
+    missing: tuple[str, ...] = ()
+    unexpected: tuple[str, ...] = ()
+    check: str | None = None  # what the expected names came from ("architecture", "model", …)
+    expected_from: str = ""  # the same, for people
+    error: str | None = None  # what stopped the audit, naming the path: no names were compared
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "ok": self.ok,
+            "missing": list(self.missing),
+            "unexpected": list(self.unexpected),
+            "check": self.check,
+            "expected_from": self.expected_from,
+            "error": self.error,
+        }
+
+    @classmethod
+    def of_answer(cls, answer: Mapping[str, Any]) -> ModelAudit:
+        """A node's answer (JSON from the node: each field taken for what it says, nothing trusted more)."""
+        error = answer.get("error")
+        return cls(
+            str(answer.get("path")),
+            bool(answer.get("ok")),
+            tuple(str(name) for name in answer.get("missing") or ()),
+            tuple(str(name) for name in answer.get("unexpected") or ()),
+            str(answer["check"]) if answer.get("check") is not None else None,
+            str(answer.get("expected_from") or ""),
+            str(error) if error else None,
+        )
+
+
+def audit_model(path: str, names: ModelNames | None) -> ModelAudit:
+    """The audit of the model directory ``path`` against ``names`` (the job's model, from
+    :func:`envrun.checkpoint.modelnames.job_names`; None: envrun's static description), or the failure
+    that stopped it, in the same words on this host and on every node. A failure to get the model's
+    names is one: there is no fallback to the description."""
+    if not Path(path).is_dir():
+        return ModelAudit(path, False, error=f"{path}: {NOT_A_MODEL_DIR}")
+    try:
+        report = audit_checkpoint(Path(path), expected=names)
+    except ModelNamesError as exc:
+        made = f" the lock's transformers {names.transformers} builds" if names and names.transformers else ""
+        error = f"the expected names could not be had from the model{made} (no fallback to envrun's description)"
+        return ModelAudit(path, False, error=f"{path}: {error}: {exc}")
+    except EnvbuildError as exc:
+        return ModelAudit(path, False, error=f"{path}: checkpoint unreadable: {str(exc).splitlines()[0]}")
+    return ModelAudit(path, report.ok, report.missing, report.unexpected, report.check, report.expected_from)
 
 
 def _limit(held: _Held) -> int:

@@ -1,12 +1,13 @@
-"""The names a checkpoint must hold, from the architecture and never from the checkpoint itself.
+"""The names a checkpoint must hold, from the architecture and never from the checkpoint itself, and the
+one place that chooses where they come from (:func:`expectation`):
 
-Two sources, one result (:class:`Expectation`):
-
-- :func:`from_architecture`: the static description of :mod:`envrun.checkpoint.architectures`, for
-  the host, where there is no torch;
-- :func:`from_model_names`: the names the modelling code itself gives, built on the meta device by a
-  python that has transformers (:mod:`envrun.checkpoint.modelnames`), so no table here can drift from
-  the code it describes.
+- the model's own names (:class:`ExpectedNames`, or a :data:`NameSource` such as
+  :class:`envrun.checkpoint.modelnames.ModelNames`): what the modelling code gives, built on the meta
+  device by a python that has transformers, so no table here can drift from the code it describes;
+- else, where no interpreter is at hand, envrun's static description
+  (:mod:`envrun.checkpoint.architectures`, :func:`from_architecture`);
+- the weaker check of :func:`from_uniform_layers` only for an architecture neither covers, and only when
+  asked for by name (:func:`weak_check`).
 
 Neither source has MTP layers (transformers builds none). They follow the checkpoints' convention
 (upstream-facts §4): layers ``N..N+M-1``, each a decoder block like the last decoder layer's (or of
@@ -17,12 +18,16 @@ the kind ``mlp_layer_types`` gives it, where the list reaches that far) plus ``e
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import hashlib
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
-from envrun.checkpoint.architectures import DENSE_MLP, LAYER_NORMS, TRANSFORMERS_VERSION, moe_suffixes
-from envrun.checkpoint.layout import MTP_OPTIONAL, MTP_REQUIRED, ModelLayout, split_layer_name
+from envbuild.errors import InputError
+from envrun.checkpoint.architectures import DENSE_MLP, LAYER_NORMS, PROJ, TRANSFORMERS_VERSION, moe_suffixes
+from envrun.checkpoint.layout import MTP_OPTIONAL, MTP_REQUIRED, ModelConfigError, ModelLayout, split_layer_name
 
 Check = Literal["architecture", "model", "uniform-layers"]
 
@@ -45,23 +50,6 @@ class ExpectedNames:
 NameSource = Callable[[bytes, int], ExpectedNames]
 
 
-def asked_once(source: NameSource) -> NameSource:
-    """``source``, asked once per config.json: the exports of one run (``global_step_*``) share their
-    model's config, and each answer costs seconds (an interpreter importing torch, in a container for an
-    image). An answer is reused only within the limit a later question sets, so the limit still refuses
-    a model larger than that checkpoint makes plausible."""
-    answers: dict[bytes, ExpectedNames] = {}
-
-    def ask(config: bytes, max_names: int) -> ExpectedNames:
-        known = answers.get(config)
-        if known is not None and len(known.names) <= max_names:
-            return known
-        answers[config] = names = source(config, max_names)
-        return names
-
-    return ask
-
-
 @dataclass(frozen=True)
 class Expectation:
     """What must, may and may not be present, and where that knowledge came from."""
@@ -75,6 +63,48 @@ class Expectation:
     # tensor and layers ("self_attn.indexer.* in all 78 layers") rather than name by name.
     layer_suffixes: Mapping[int, frozenset[str]] = field(default_factory=dict)
     moe_layers: frozenset[int] = frozenset()
+
+
+class UnsupportedArchitectureError(ModelConfigError):
+    """No description of the architecture: completeness cannot be checked (exit 2)."""
+
+
+def weak_check(layout: ModelLayout, config_path: Path, have_names: bool, trust: bool) -> str:
+    """Why only the uniform-layers check can run ("" when a stronger one can); refused unless trusted.
+    Decided from config.json alone, before a shard is read."""
+    if not layout.unsupported or (have_names and layout.quantization is None):
+        return ""
+    if trust:
+        return layout.unsupported
+    fix = "" if have_names else "give it the model's own names (--model-python PYTHON) or "
+    raise UnsupportedArchitectureError(
+        f"{config_path}: {layout.unsupported}: the audit cannot check that the checkpoint is complete; "
+        f"{fix}ask for the weaker check by name (--trust-uniform-layers: layers alike, so a tensor lost "
+        "from every layer passes)"
+    )
+
+
+def expectation(
+    layout: ModelLayout,
+    config: bytes,
+    config_path: Path,
+    names: ExpectedNames | NameSource | None,
+    *,
+    weak: str,
+    present: frozenset[str],
+    max_names: int,
+) -> Expectation:
+    """What an audit checks the checkpoint against: the model's own ``names`` when given (a source is asked
+    for at most ``max_names``), else the static description; the uniform layers of ``present`` when
+    :func:`weak_check` gave a reason."""
+    if weak:
+        return from_uniform_layers(layout, present, weak)
+    if names is None:
+        return from_architecture(layout)
+    given = names if isinstance(names, ExpectedNames) else names(config, max_names)
+    if given.config_sha256 != hashlib.sha256(config).hexdigest():
+        raise InputError(f"{config_path}: the expected names were made from another config.json")
+    return from_model_names(layout, given)
 
 
 def from_architecture(layout: ModelLayout) -> Expectation:
@@ -152,3 +182,62 @@ def build_expectation(
 
 def _is_moe(suffixes: frozenset[str]) -> bool:
     return "mlp.gate.weight" in suffixes
+
+
+# The weaker check, for an architecture no description covers, and only when asked for by name
+# (--trust-uniform-layers): layers of a kind are alike. Only the essentials are hard-coded (embedding,
+# final norm, lm_head, per-layer norms, o_proj, the dense MLP or the router, every routed expert and the
+# shared experts, the MTP head); everything else a layer holds is learned from the checkpoint itself: a
+# suffix that at least half the layers of a kind carry is expected in every layer of that kind. One
+# layer that lost a tensor is then missing it, and one layer with a stray tensor has an unexpected one,
+# but a tensor lost from *every* layer (the typical failure of a lenient save with one missing mapping)
+# looks normal, and passes. That is why the report names this check, and why the audit never falls
+# back to it on its own.
+
+WEAKNESS = "learned from the checkpoint's own layers: a tensor lost from every layer of a kind is not caught"
+
+
+def essential_suffixes(layout: ModelLayout, layer: int) -> frozenset[str]:
+    """Tensors a decoder layer cannot do without, whatever the model family."""
+    names = set(LAYER_NORMS) | {"self_attn.o_proj.weight"}
+    if layout.is_moe(layer):
+        names.add("mlp.gate.weight")
+        names.update(f"mlp.experts.{e}.{p}.weight" for e in range(layout.n_routed_experts) for p in PROJ)
+        if layout.n_shared_experts:
+            names.update(f"mlp.shared_experts.{p}.weight" for p in PROJ)
+    else:
+        names.update(DENSE_MLP)
+    return frozenset(names)
+
+
+def from_uniform_layers(layout: ModelLayout, present: Iterable[str], reason: str) -> Expectation:
+    """Expected names for ``layout``, learning the non-essential suffixes from ``present``."""
+    n = layout.num_hidden_layers
+    by_layer: dict[int, set[str]] = defaultdict(set)
+    for name in present:
+        split = split_layer_name(name)
+        if split is not None and split[0] < n:
+            by_layer[split[0]].add(split[1])
+
+    # Attention and norms are compared across all main layers, the MLP within its kind: a single
+    # dense layer still has its attention checked against the other 77.
+    shared_ref = _majority([{s for s in by_layer[i] if not s.startswith("mlp.")} for i in range(n)])
+    mlp_ref = {
+        moe: _majority([{s for s in by_layer[i] if s.startswith("mlp.")} for i in range(n) if layout.is_moe(i) == moe])
+        for moe in (False, True)
+    }
+
+    def block(layer: int) -> frozenset[str]:
+        return shared_ref | mlp_ref[layout.is_moe(layer)] | essential_suffixes(layout, layer)
+
+    per_layer = {i: block(i) for i in range(n)}
+    mtp = {i: block(i) | frozenset(MTP_REQUIRED) for i in layout.mtp_layers}
+    source = f"uniform layers (--trust-uniform-layers; {reason}): {WEAKNESS}"
+    return build_expectation(layout, per_layer, mtp, None, "uniform-layers", source)
+
+
+def _majority(suffix_sets: list[set[str]]) -> frozenset[str]:
+    # "At least half" rather than "more than half": on a tie (two layers, one lacking a tensor)
+    # reporting the tensor missing is the safer mistake for a guard against lost weights.
+    counts = Counter(s for suffixes in suffix_sets for s in suffixes)
+    return frozenset(s for s, c in counts.items() if 2 * c >= len(suffix_sets))

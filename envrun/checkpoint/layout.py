@@ -9,7 +9,7 @@ cover every layer) is refused here too, all problems at once, naming the file an
 
 Any other ``model_type`` (or a quantised checkpoint, whose scales no table here describes) gets the
 generic DeepSeek-style plan, marked ``unsupported``: only the weaker check of
-:mod:`envrun.checkpoint.uniform` can use it, and only when asked for by name.
+:func:`envrun.checkpoint.expected.from_uniform_layers` can use it, and only when asked for by name.
 
 config.json is hostile input like the rest of a checkpoint: it is read through
 :mod:`envrun.checkpoint.untrusted`, and what it declares is checked against what the checkpoint holds
@@ -136,7 +136,7 @@ class ModelLayout:
         if self.architecture is not None:
             block = len(LAYER_NORMS) + len(self.attention_suffixes())
             dense, moe = block + len(DENSE_MLP), block + moe_suffix_count(self.n_routed_experts)
-        else:  # uniform.essential_suffixes
+        else:  # expected.essential_suffixes
             dense = len(LAYER_NORMS) + 1 + len(PROJ)
             moe = len(LAYER_NORMS) + 2 + len(PROJ) * self.n_routed_experts + (len(PROJ) if self.n_shared_experts else 0)
         return top + (n + m - moe_layers) * dense + moe_layers * moe + m * len(MTP_REQUIRED)

@@ -1,31 +1,30 @@
 """Expected names from the model itself: run :mod:`envrun.checkpoint.saved_names` with a python that has
-transformers (the locked image's own, where preflight and the post-run audit run) and read its answer.
+transformers (the locked image's own, the job's) and read its answer. :class:`ModelNames` is the one
+source of such names, wherever that python runs; :func:`job_names` is the one place a run chooses it.
 
 ``python`` is the command that starts that interpreter, as a list: ``["/usr/bin/python3"]``, or
 ``["docker", "run", "--rm", "-i", "--network", "none", IMAGE, "python3"]`` for the one in an image. The
-script travels as ``-c`` text and config.json on stdin, so the interpreter needs neither envrun nor
-access to the checkpoint's directory.
+script travels as ``-c`` text and config.json on stdin (a :data:`Runner` elsewhere may mount it
+instead), so the interpreter needs neither envrun nor access to the checkpoint's directory.
 
-    names = expected_names_from_model(model_dir / "config.json", ["python3"])
-    report = audit_checkpoint(model_dir, expected=names)
-    # or, bounded by what the checkpoint holds before the model is built:
     report = audit_checkpoint(model_dir, expected=ModelNames(("python3",)))
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import shutil
 import subprocess
 import tempfile
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO
 
 from envbuild.errors import EnvbuildError, InputError
 from envrun.checkpoint.expected import ExpectedNames
-from envrun.checkpoint.layout import MAX_EXPECTED_TENSORS, read_config
 from envrun.checkpoint.untrusted import MiB, load_json
 
 SCRIPT_PATH = Path(__file__).with_name("saved_names.py")
@@ -48,83 +47,98 @@ def script_text() -> str:
     return SCRIPT_PATH.read_text(encoding="utf-8")
 
 
+# How the script runs somewhere else than a process here (a container of an image): given its command
+# line, config.json's bytes and the asking ModelNames, the exit status, stdout and stderr's last line.
+Runner = Callable[[list[str], bytes, "ModelNames"], "tuple[int, bytes | str, str]"]
+
+
 @dataclass(frozen=True)
 class ModelNames:
     """A :data:`envrun.checkpoint.expected.NameSource`: the audit calls it with the config.json bytes it
     read and the most names it accepts for the checkpoint at hand.
 
-    ``where`` says where ``python`` is ("the job's python3 on this host"), for the report;
+    ``where`` says where ``python`` is ("with the job's python3 (PATH) on this host"), for the report;
     ``env`` is the environment it runs in (None: this one); ``transformers`` is the version the lock
-    pins: names made by another transformers are refused, never taken."""
+    pins: names made by another transformers are refused, never taken; ``run`` runs it elsewhere (None:
+    a process here). Each config.json is asked once (the exports of one run share their model's config,
+    and each answer costs seconds), and an answer is reused only within the limit a later question sets,
+    so the limit still refuses a model larger than that checkpoint makes plausible."""
 
     python: tuple[str, ...]
     timeout: float = DEFAULT_TIMEOUT
     where: str = ""
     env: Mapping[str, str] | None = None
     transformers: str | None = None
+    run: Runner | None = None
+    _answers: dict[bytes, ExpectedNames] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    @property
+    def shown(self) -> str:
+        """The interpreter as errors name it: the command, and where it ran when not here."""
+        command = " ".join(self.python)
+        return f"{command} {self.where}" if self.run is not None and self.where else command
 
     def __call__(self, config: bytes, max_names: int) -> ExpectedNames:
-        names = names_for_config(config, self.python, max_names=max_names, timeout=self.timeout, env=self.env)
-        return placed(names, self.where, self.transformers, " ".join(self.python))
+        known = self._answers.get(config)
+        if known is not None and len(known.names) <= max_names:
+            return known
+        if not self.python:
+            raise InputError("no python command to build the model with")
+        command = [*self.python, "-c", script_text(), str(max_names)]
+        code, answer, stderr = (self.run or _run_here)(command, config, self)
+        names = interpret_answer(code, answer, stderr, config, self.shown, max_names)
+        if self.transformers is not None and names.transformers != self.transformers:
+            raise ModelNamesError(f"{self.shown}: {names.source}, but the lock pins transformers {self.transformers}")
+        if self.where:
+            names = replace(names, source=f"{names.source} {self.where}")
+        self._answers[config] = names
+        return names
 
 
-def placed(names: ExpectedNames, where: str, transformers: str | None, shown: str) -> ExpectedNames:
-    """``names`` with where they were made in their source; refused when made by another transformers
-    than ``transformers`` (the lock's), since the audit would then check against code the job does not run."""
-    if transformers is not None and names.transformers != transformers:
-        raise ModelNamesError(f"{shown}: {names.source}, but the lock pins transformers {transformers}")
-    source = f"{names.source} {where}" if where else names.source
-    return replace(names, source=source)
+def job_names(
+    transformers: str | None, python: str, env: Mapping[str, str], place: str, run: Runner | None = None
+) -> ModelNames | None:
+    """Where a run's checkpoint audits take their names, on this host and on every node alike: None —
+    envrun's static description — when the lock pins no ``transformers`` (no model to ask); else the
+    model that transformers builds with the job's interpreter ``python``, which ``run`` runs (in an
+    image) or else is found as the job's own command finds it: on the job's PATH over this environment's.
+    ``place`` says where ("on this host", "in image REF"). A failure to get the names fails the audit
+    that asks: there is no fallback to the description."""
+    if transformers is None:
+        return None
+    if run is not None:
+        return ModelNames((python,), DEFAULT_TIMEOUT, place, env, transformers, run)
+    job_env = {**os.environ, **env}
+    found = shutil.which(python, path=job_env.get("PATH"))
+    if found is None:
+        return ModelNames((python,), where=place, transformers=transformers, run=_absent(python, place))
+    return ModelNames((found,), DEFAULT_TIMEOUT, f"with the job's {python} ({found}) {place}", job_env, transformers)
 
 
-def expected_names_from_model(
-    config_path: Path, python: Sequence[str], *, max_names: int = MAX_EXPECTED_TENSORS, timeout: float = DEFAULT_TIMEOUT
-) -> ExpectedNames:
-    """The names ``save_pretrained`` writes for the model of ``config_path``, as ``python`` builds it."""
-    raw, _ = read_config(Path(config_path))  # the bounded, hostile-input read, and a JSON object
-    return names_for_config(raw, python, max_names=max_names, timeout=timeout)
+def _absent(python: str, place: str) -> Runner:
+    def fail(command: list[str], config: bytes, names: ModelNames) -> tuple[int, bytes | str, str]:
+        raise ModelNamesError(f"{python}: not found on the job's PATH {place} (the job's interpreter)")
+
+    return fail
 
 
-def script_argv(python: Sequence[str], max_names: int, config_file: str | None = None) -> list[str]:
-    """The command that runs the script with ``python``: config.json on stdin, or read from ``config_file``
-    (a path the interpreter sees, for a container that has no stdin)."""
-    return [*python, "-c", script_text(), str(max_names), *([config_file] if config_file else [])]
-
-
-def names_for_config(
-    config: bytes,
-    python: Sequence[str],
-    *,
-    max_names: int = MAX_EXPECTED_TENSORS,
-    timeout: float = DEFAULT_TIMEOUT,
-    env: Mapping[str, str] | None = None,
-) -> ExpectedNames:
-    if not python:
-        raise InputError("no python command to build the model with")
-    command = script_argv(python, max_names)
-    shown = " ".join(python)
+def _run_here(command: list[str], config: bytes, names: ModelNames) -> tuple[int, bytes | str, str]:
+    env = None if names.env is None else dict(names.env)
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         try:
             done = subprocess.run(
-                command,
-                input=config,
-                stdout=out,
-                stderr=err,
-                timeout=timeout,
-                check=False,
-                env=None if env is None else dict(env),
+                command, input=config, stdout=out, stderr=err, timeout=names.timeout, check=False, env=env
             )
         except FileNotFoundError:
-            raise ModelNamesError(f"{shown}: no such command") from None
+            raise ModelNamesError(f"{names.shown}: no such command") from None
         except subprocess.TimeoutExpired:
-            raise ModelNamesError(f"{shown}: building the model on the meta device took over {timeout:g} s") from None
-        stderr = _tail(err)
+            took = f"building the model on the meta device took over {names.timeout:g} s"
+            raise ModelNamesError(f"{names.shown}: {took}") from None
         size = out.seek(0, 2)
         if size > MAX_ANSWER_BYTES:
-            raise ModelNamesError(f"{shown}: an answer of {size:,} bytes, more than {MAX_ANSWER_BYTES // MiB} MiB")
+            raise ModelNamesError(f"{names.shown}: {_too_large(size)}")
         out.seek(0)
-        answer = out.read()
-    return interpret_answer(done.returncode, answer, stderr, config, shown, max_names)
+        return done.returncode, out.read(), _tail(err)
 
 
 def interpret_answer(
@@ -136,8 +150,12 @@ def interpret_answer(
     if code != 0:
         raise ModelNamesError(f"{shown} exited {code}: {stderr or 'no message'}")
     if len(answer) > MAX_ANSWER_BYTES:
-        raise ModelNamesError(f"{shown}: an answer of {len(answer):,} bytes, more than {MAX_ANSWER_BYTES // MiB} MiB")
+        raise ModelNamesError(f"{shown}: {_too_large(len(answer))}")
     return _parse_answer(answer, config, shown, max_names)
+
+
+def _too_large(size: int) -> str:
+    return f"an answer of {size:,} bytes, more than {MAX_ANSWER_BYTES // MiB} MiB"
 
 
 def _parse_answer(answer: bytes | str, config: bytes, shown: str, max_names: int) -> ExpectedNames:

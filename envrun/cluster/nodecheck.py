@@ -234,7 +234,8 @@ def cluster_cpu_line(answers: list[dict[str, Any]]) -> PreflightLine | None:
 
 def model_lines(answers: list[dict[str, Any]]) -> tuple[PreflightLine, ...]:
     """The model audited on each node, at the path the job reads there, judged as this host's is."""
-    from envrun.preflight import ModelAudit, model_verdict
+    from envrun.checkpoint.audit import ModelAudit
+    from envrun.preflight import model_verdict
 
     return tuple(
         model_verdict(ModelAudit.of_answer(answer["model"]), node_label(answer))

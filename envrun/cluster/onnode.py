@@ -55,49 +55,21 @@ def lock_facts() -> dict[str, Any]:
 
 
 def names_for(spec: dict[str, Any]) -> Any:
-    """The source of expected names on this node: the model built by the job's interpreter here when the
-    lock pins transformers (``spec["transformers"]``), else None (envrun's static description)."""
-    from envrun.checkpoint.modelnames import DEFAULT_TIMEOUT, ModelNames, ModelNamesError
+    """The source of expected names on this node, chosen as on the host
+    (:func:`envrun.checkpoint.modelnames.job_names`): the model built by the job's interpreter here when
+    the lock pins transformers (``spec["transformers"]``), else None (envrun's static description)."""
+    from envrun.checkpoint.modelnames import job_names
 
-    version = spec.get("transformers")
-    if not version:
-        return None
-    python = spec.get("python") or "python3"
-    job_env = {**os.environ, **dict(spec.get("env") or {})}
-    found = shutil.which(python, path=job_env.get("PATH"))
-    if found is None:
-
-        def missing(config: bytes, max_names: int) -> Any:
-            raise ModelNamesError(f"{python}: not found on this node's PATH (the job's interpreter)")
-
-        return missing
-    where = f"with the job's {python} ({found}) on node {socket.gethostname()}"
-    return ModelNames((found,), DEFAULT_TIMEOUT, where, job_env, str(version))
+    python, env = spec.get("python") or "python3", dict(spec.get("env") or {})
+    return job_names(spec.get("transformers") or None, python, env, f"on node {socket.gethostname()}")
 
 
 def audit(path: str, names: Any = None) -> dict[str, Any]:
-    """The checkpoint audit of ``path`` on this node: ok, missing, unexpected, where the names came from,
-    or the error that stopped it (a failure to get names from the model is one: no fallback)."""
-    from envbuild.errors import EnvbuildError
-    from envrun.checkpoint.audit import audit_checkpoint
-    from envrun.checkpoint.modelnames import ModelNamesError
+    """The checkpoint audit of ``path`` on this node, worded as on the host
+    (:func:`envrun.checkpoint.audit.audit_model`)."""
+    from envrun.checkpoint.audit import audit_model
 
-    if not os.path.isdir(path):
-        return {"path": path, "ok": False, "error": f"{path}: not a directory on this node"}
-    try:
-        report = audit_checkpoint(Path(path), expected=names)
-    except ModelNamesError as exc:
-        return {"path": path, "ok": False, "error": f"no expected names from the model: {exc}"}
-    except EnvbuildError as exc:
-        return {"path": path, "ok": False, "error": str(exc).splitlines()[0]}
-    return {
-        "path": path,
-        "ok": bool(report.ok),
-        "missing": list(report.missing),
-        "unexpected": list(report.unexpected),
-        "check": report.check,
-        "expected_from": report.expected_from,
-    }
+    return audit_model(path, names).to_json()
 
 
 def data(paths: list[str]) -> list[str]:
@@ -137,14 +109,11 @@ def probe(request: dict[str, Any], python: str, env: dict[str, str]) -> dict[str
 
 
 def exports(root: str, pattern: str, names: Any = None) -> dict[str, Any]:
-    """Every export under ``root`` on this node, audited here; whether ``root`` exists here at all."""
+    """Every export under ``root`` on this node, audited here (one model build for every step's export:
+    ``names`` asks once per config.json); whether ``root`` exists here at all."""
     if not os.path.isdir(root):
         return {"root": root, "present": False, "audits": []}
     found = sorted(p for p in glob.glob(os.path.join(glob.escape(root), pattern)) if os.path.isdir(p))
-    if names is not None:
-        from envrun.checkpoint.expected import asked_once
-
-        names = asked_once(names)  # one model build for every step's export
     return {"root": root, "present": True, "audits": [audit(p, names) for p in found]}
 
 
