@@ -164,6 +164,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--legacy-hand", action="store_true", help="--scale: also the hand build on the legacy builder")
     parser.add_argument("--only", choices=("small", "large"), default="", help="--scale: one base only")
     parser.add_argument("--full-repeat", type=int, default=3, help="--scale: full builds a side (median reported)")
+    parser.add_argument(
+        "--closure",
+        type=Path,
+        metavar="FILE",
+        help="--scale: install this closure (name==version lines, e.g. benchmarks/closure-226.txt) instead of "
+        "the 27 wheels",
+    )
     args = parser.parse_args(argv)
     if args.scale:
         return scale(
@@ -174,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             only=args.only,
             repeat=args.repeat,
             full_repeat=args.full_repeat,
+            work=closure_workload(args.closure) if args.closure else WHEELS_27,
         )
     start = time.perf_counter()
 
@@ -361,6 +369,35 @@ SCALE_WHEELS = (
     "urllib3==2.8.0",
 )
 IMPORT_CHECK = "import numpy, pyarrow, ray, sympy, jinja2; print('imports ok')"
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """The wheels a scale run installs: ``pins`` (``name==version``), downloaded once into the test cache's
+    ``cache`` directory; the imports checked in each image; whether torch's CUDA requirements are waived
+    (the 27-wheel set leaves them out; a whole closure has them)."""
+
+    label: str
+    pins: tuple[str, ...]
+    cache: str = "wheels"
+    import_check: str = IMPORT_CHECK
+    waive_cuda: bool = True
+
+
+WHEELS_27 = Workload("27 wheels", SCALE_WHEELS)
+
+
+def closure_workload(path: Path) -> Workload:
+    """A whole closure as ``uv pip compile`` writes it (benchmarks/closure-226.txt: vllm, transformers,
+    ray[default], datasets, accelerate, peft, pandas, scikit-learn and matplotlib for CPython 3.11 on
+    x86_64 manylinux_2_28, wheels only): the real lock's size."""
+    pins = tuple(
+        line.split(";")[0].split()[0] for line in path.read_text().splitlines() if line.strip() and line[0] != "#"
+    )
+    check = "import torch, transformers, ray, datasets, accelerate, peft, pandas, sklearn; print('imports ok')"
+    return Workload(f"{len(pins)}-package closure", pins, "closure", check, waive_cuda=False)
+
+
 CUDA_ONLY = "the CUDA build's libraries: the benchmark never runs torch on a GPU (installed --no-deps)"
 
 
@@ -381,13 +418,13 @@ def waive_cuda(packages: tuple[Package, ...], wheels: list[Path]) -> tuple[Packa
     return tuple(dataclasses.replace(p, waive=waive) if p.name == "torch" else p for p in packages)
 
 
-def scale_wheels(into: Path) -> list[Path]:
+def scale_wheels(into: Path, work: Workload = WHEELS_27) -> list[Path]:
     """The pinned wheels, downloaded once (pip download, no dependencies) and hard-linked into ``into``."""
     from packaging.utils import canonicalize_name, parse_wheel_filename
 
     from tests.lib.baseimage import CACHE_DIR
 
-    cache = CACHE_DIR / "wheels"
+    cache = CACHE_DIR / work.cache
     cache.mkdir(parents=True, exist_ok=True)
 
     def present() -> dict[str, Path]:
@@ -397,17 +434,11 @@ def scale_wheels(into: Path) -> list[Path]:
             found[f"{name}=={version}"] = path
         return found
 
-    wanted = [f"{canonicalize_name(r.split('==')[0])}=={r.split('==')[1]}" for r in SCALE_WHEELS]
+    wanted = [f"{canonicalize_name(r.split('==')[0])}=={r.split('==')[1]}" for r in work.pins]
     missing = [r for r in wanted if r not in present()]
     if missing:
         print(f"downloading {len(missing)} wheels into {cache} (once)", file=sys.stderr)
-        platforms = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", str(cache)]
-            + [f"--platform={p}" for p in platforms]
-            + ["--python-version=3.11", "--implementation=cp", "--abi=cp311", "--abi=abi3", "--abi=none", *missing],
-            check=True,
-        )
+        _download(missing, cache)
     into.mkdir(parents=True, exist_ok=True)
     links = []
     for requirement in wanted:
@@ -415,6 +446,36 @@ def scale_wheels(into: Path) -> list[Path]:
         os.link(source, into / source.name)
         links.append(into / source.name)
     return links
+
+
+def _download(pins: list[str], into: Path) -> None:
+    """Each ``name==version``'s wheel for CPython 3.11 on x86_64 (glibc 2.28), as envbuild picks a lock's
+    files (the index's PEP 691 page, the platform's tags), downloaded from PyPI and checked by sha256."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from envbuild.index.client import IndexClient
+    from envbuild.lock.model import PYPI_SIMPLE, Platform
+    from envbuild.update.resolve import select_files
+
+    client, platform = IndexClient(), Platform(os="linux", arch="x86_64", python="3.11")
+
+    def one(pin: str) -> None:
+        name, version = pin.split("==")
+        chosen = [f for f in select_files(client.project(PYPI_SIMPLE, name).files, name, version, platform)]
+        wheel = next(f for f in chosen if f.filename.endswith(".whl"))
+        part = into / f".{wheel.filename}.part"
+        digest = hashlib.sha256()
+        with open(part, "wb") as out:
+            client.download(wheel.url, out)
+        with open(part, "rb") as done:
+            for chunk in iter(lambda: done.read(1 << 20), b""):
+                digest.update(chunk)
+        if digest.hexdigest() != wheel.sha256:
+            raise SystemExit(f"{wheel.filename}: sha256 {digest.hexdigest()}, the index lists {wheel.sha256}")
+        part.rename(into / wheel.filename)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(one, pins))
 
 
 def export_tree(repo: Path, commit: str, dest: Path) -> None:
@@ -491,6 +552,10 @@ def cli_build(context: Path, *extra: str) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
+def _drop_image(image_id: str) -> None:
+    subprocess.run([DOCKER_CLI, "image", "rm", "-f", image_id], check=False, capture_output=True)
+
+
 def empty_build_cache() -> None:
     """Before each full build, outside its timing: BuildKit's cache emptied (``docker builder prune -af``),
     so each peer sends its context and runs every step from nothing, and envbuild's own bound on that
@@ -505,6 +570,8 @@ def cli_peer(bk: Path, out: dict[str, float], prefix: str = "cli", full_repeat: 
     print(f"  hand BuildKit, {prefix} (DOCKER_BUILDKIT=1 docker build; wheels bind-mounted):", file=sys.stderr)
     runs = []
     for _ in range(full_repeat):
+        if runs:  # the last full build's image is not kept (at the closure's size, each is several GB)
+            _drop_image(HAND_IMAGES.pop())
         empty_build_cache()
         start = time.perf_counter()
         HAND_IMAGES.append(cli_build(bk, "--no-cache"))
@@ -627,6 +694,7 @@ def scale_one(
     legacy_hand: bool = False,
     repeat: int = 1,
     full_repeat: int = 3,
+    work: Workload = WHEELS_27,
 ) -> dict[str, float]:
     """Every measurement on one base; returns the figures by name. ``repeat``: runs of the one-source
     rebuild on each side (each moves beta to a commit of its own; the median is the figure)."""
@@ -668,13 +736,15 @@ def scale_one(
     daemon = GitDaemon(upstream, allow_filter=True).start()
     try:
         repos = make_sources(upstream)
-        wheels = scale_wheels(root / "wheels")
+        wheels = scale_wheels(root / "wheels", work)
         uv = serve_uv(root / "wheels")  # the lock's installer (ImageLockEnv.lock pins it)
         with PyIndex(root / "wheels") as index:
             for wheel in [*wheels, uv]:  # once: the test index would hash every file it lists on each request
                 index.hashes[wheel.name] = hashlib.sha256(wheel.read_bytes()).hexdigest()
             index.sha256 = index.hashes.__getitem__  # type: ignore[method-assign]
-            packages = waive_cuda(served_packages(index), wheels)
+            packages = served_packages(index)
+            if work.waive_cuda:
+                packages = waive_cuda(packages, wheels)
             env = ImageLockEnv(repos, {n: daemon.url(n) for n in repos}, index, f"{repository}:{tag}", digest)
             lock = env.write(root / "scale.lock.yaml", env.lock(name=SCALE_LOCK, packages=packages))
             pins = env.pins()
@@ -736,6 +806,7 @@ def scale_one(
             binary = uv_binary(uv, FilePlan("uv", installer.version, uv.name, "", "", (installer, installer.files[0])))
             (bkuv / "uv" / "uv").write_bytes(binary)
             (bkuv / "uv" / "uv").chmod(0o755)
+            (bkuv / "Dockerfile").unlink()  # a link to the pip peer's: written anew, not through the link
             (bkuv / "Dockerfile").write_text(scale_hand_buildkit_dockerfile(f"{repository}@{digest}", "uv"))
             cli_peer(bkuv, out, "uv", full_repeat)
             cli_peer(bk, out, "cli", full_repeat)
@@ -754,7 +825,7 @@ def scale_one(
             image = engine.inspect(moved_id)
             assert image is not None
             out["size"] = image["Size"]
-            checked = engine.run(moved_id, ["python3", "-c", IMPORT_CHECK])
+            checked = engine.run(moved_id, ["python3", "-c", work.import_check])
             print(
                 f"    import check (envbuild): {checked.stdout.strip() or checked.stderr.strip()[-200:]}",
                 file=sys.stderr,
@@ -762,7 +833,7 @@ def scale_one(
             hand_image = engine.inspect(HAND_IMAGES[-1])
             assert hand_image is not None
             out["base_plus_installed"] = hand_image["Size"]  # nothing but what the installs wrote
-            checked = engine.run(HAND_IMAGES[-1], ["python3", "-c", IMPORT_CHECK])
+            checked = engine.run(HAND_IMAGES[-1], ["python3", "-c", work.import_check])
             print(f"    import check: {checked.stdout.strip() or checked.stderr.strip()[-200:]}", file=sys.stderr)
             out["floor_pip"], out["floor_copy"] = host_floor(wheels, root)
             print(
@@ -803,7 +874,7 @@ def scale_one(
             hand_image = engine.inspect(hand_moved)
             assert hand_image is not None
             out["hand_size"] = hand_image["Size"]
-            checked = engine.run(hand_moved, ["python3", "-c", IMPORT_CHECK])
+            checked = engine.run(hand_moved, ["python3", "-c", work.import_check])
             print(f"    import check: {checked.stdout.strip() or checked.stderr.strip()[-200:]}", file=sys.stderr)
             out["engine_layers"] = engine.disk_usage().get("LayersSize", 0)
     finally:
@@ -820,6 +891,7 @@ def scale(
     only: str = "",
     repeat: int = 1,
     full_repeat: int = 3,
+    work: Workload = WHEELS_27,
 ) -> int:
     from tests.lib.baseimage import ensure_filler_base
 
@@ -840,12 +912,14 @@ def scale(
         root = Path(tempfile.mkdtemp(prefix=f"bench-scale-{label}-"))
         try:
             figures[label] = scale_one(
-                client, engine, registry, root, base, stages, save_load, legacy_hand, repeat, full_repeat
+                client, engine, registry, root, base, stages, save_load, legacy_hand, repeat, full_repeat, work
             )
         finally:
             shutil.rmtree(root, ignore_errors=True)
             _remove_scale_images(client)
-    print("\nsummary, against the hand BuildKit peers in the same run (goal in brackets)", file=sys.stderr)
+    print(
+        f"\nsummary ({work.label}), against the hand BuildKit peers in the same run (goal in brackets)", file=sys.stderr
+    )
     print(f"  load average at the end: {os.getloadavg()[0]:.1f} (2 cores)", file=sys.stderr)
 
     def runs(values: list[float]) -> str:
