@@ -78,6 +78,26 @@ def test_base_image_digest_change() -> None:
     assert change.kind == "base_image" and "(unpinned)" in change.fields[0][1] and "c" * 64 in change.fields[0][2]
 
 
+def test_the_installer_added_and_moved_is_one_change_each() -> None:
+    uv = Package(
+        name="uv", version="0.13.8", files=(PackageFile("uv-0.13.8-py3-none-manylinux_2_28_aarch64.whl", "d" * 64),)
+    )
+    moved = Package(
+        name="uv", version="0.13.9", files=(PackageFile("uv-0.13.9-py3-none-manylinux_2_28_aarch64.whl", "e" * 64),)
+    )
+    (added,) = diff_locks(lock(), lock(installer=uv))
+    assert (added.kind, added.name, added.action) == ("installer", "uv", "added")
+    assert ("version", "", "0.13.8") in added.fields
+    (change,) = diff_locks(lock(installer=uv), lock(installer=moved))
+    assert (change.action, dict((f, (o, n)) for f, o, n in change.fields)["version"]) == (
+        "changed",
+        ("0.13.8", "0.13.9"),
+    )
+    assert render_changes([change]).splitlines()[:2] == ["~ installer uv:", "    files changed"]
+    (removed,) = diff_locks(lock(installer=uv), lock())
+    assert removed.action == "removed" and ("version", "0.13.8", "") in removed.fields
+
+
 def test_requirement_changes_show_what_was_added_and_removed() -> None:
     old = lock()
     source = dataclasses.replace(old.sources[1], requires=("msgspec", "blake3"), build_requires=("setuptools",))

@@ -24,17 +24,20 @@ def uv_binary(wheel: Path, installer: FilePlan) -> bytes:
     """The ``uv`` executable inside ``wheel`` (the lock's ``installer`` file), checked against RECORD."""
     member = f"uv-{installer.version}.data/scripts/uv"
     where = f"installer {installer.package} {installer.version}: {installer.filename}"
+    record_name = f"uv-{installer.version}.dist-info/RECORD"
     try:
         with zipfile.ZipFile(wheel) as archive:
-            record = archive.read(f"uv-{installer.version}.dist-info/RECORD").decode("utf-8")
+            names = set(archive.namelist())
+            missing = [name for name in (member, record_name) if name not in names]
+            if missing:
+                raise InputError(f"{where}: the wheel has no {missing[0]}: not a uv wheel envbuild can run")
+            record = archive.read(record_name).decode("utf-8", "replace")
             expected = next((row for row in csv.reader(io.StringIO(record)) if row and row[0] == member), None)
             info = archive.getinfo(member)
             if info.file_size > MAX_BINARY:
                 raise InputError(f"{where}: {member} claims {info.file_size} bytes")
             data = archive.read(member)
-    except KeyError as exc:
-        raise InputError(f"{where}: the wheel has no {exc.args[0]}: not a uv wheel envbuild can run") from None
-    except (OSError, zipfile.BadZipFile) as exc:
+    except (OSError, zipfile.BadZipFile, EOFError) as exc:
         raise InputError(f"{where}: cannot read the wheel: {exc}") from None
     if expected is None or len(expected) < 2 or not expected[1].startswith("sha256="):
         raise InputError(f"{where}: its RECORD gives no sha256 for {member}")
