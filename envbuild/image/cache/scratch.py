@@ -8,10 +8,10 @@ from raw built images to the normalised, checked images made from them, and one 
 - ``normalized.json``: ``{raw image ID: {"image_id": normalised ID, "lock_sha256": …, "lock_name": …,
   "parents": …}}`` for the newest raw image of each lock name that passed the in-image check, so a rebuild
   the engine answers from its layer cache skips normalising and checking, and the next build of the lock
-  knows the meta layer's parents the check reported (:func:`.checked.last_parents`). Written under a
+  knows the meta layer's parents the check reported (:func:`envbuild.image.checked.last_parents`). Written under a
   lock, atomically; a damaged map only costs a normalisation.
 - ``built/<lock sha256>.json``: the record of a lock built and checked, a rebuild's answer
-  (:mod:`envbuild.image.built`).
+  (:mod:`envbuild.image.cache.ledger`).
 - ``locks/<lock name>.lock``: held while a build of that lock uses the engine, so that two builds of one
   lock do not remove each other's images when they tidy the engine (:mod:`.retention`).
 """
@@ -99,10 +99,3 @@ def lock_name_held(cache_dir: Path, lock_name: str) -> Iterator[None]:
     directory.mkdir(parents=True, exist_ok=True)
     with file_lock(directory / f"{lock_name}.lock", blocking=True):
         yield
-
-
-def sync_dir(cache_dir: Path, lock_name: str, build: str) -> Path:
-    """Where the docker CLI's transport writes one build's context (``build``: tools, packages, image),
-    while ``lock_name_held``: one path per lock and build, by which the CLI names BuildKit's synced copy
-    of the context, so that a rebuild sends only what changed (``stream.write_entries``)."""
-    return cache_dir / "image" / "sync" / lock_name / build
