@@ -36,7 +36,7 @@ from envbuild.image.build import (
     dry_run,
 )
 from envbuild.image.cache.ledger import forget_built
-from envbuild.image.cache.scratch import read_map
+from envbuild.image.cache.normalised_map import read_map
 from envbuild.image.inimage_verdict import compare_inimage
 from envbuild.image.normalise import save_added_layers
 from envbuild.image.plan import plan_context

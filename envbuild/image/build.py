@@ -28,8 +28,8 @@ the engine (``noop``; not with ``--no-cache``).
 
 The layer cache: the raw built image keeps a private tag ``envbuild-raw/<lock name>:<sha12>`` so the
 engine keeps its layers (shared with the normalised image) for the next build, and
-``<cache_dir>/image/normalized.json`` (:mod:`envbuild.image.cache.scratch`) maps the raw image ID that
-passed the in-image check to its normalised ID, so a rebuild that the engine answers from its cache
+``<cache_dir>/image/normalized.json`` (:mod:`envbuild.image.cache.normalised_map`) maps the raw image ID
+that passed the in-image check to its normalised ID, so a rebuild that the engine answers from its cache
 skips normalising and checking; BuildKit may give a cached rebuild a new raw ID, so a normalised ID
 already in the map skips the check as well (not with ``--no-cache``). Scratch (the context directory) is removed when the build ends, however
 it ends; SIGTERM is taken as an interrupt while a build runs, so that it unwinds the same way.
@@ -56,8 +56,9 @@ from envbuild.image.assemble import BuildContext, assemble_context, meta_files
 from envbuild.image.base import ensure_base
 from envbuild.image.cache.answer import answer_from_record, built_before
 from envbuild.image.cache.ledger import BUILDER, BuiltImage, write_built
+from envbuild.image.cache.normalised_map import kept_parents, read_map, remember
 from envbuild.image.cache.retention import tidy
-from envbuild.image.cache.scratch import context_dir, kept_parents, lock_name_held, read_map, remember
+from envbuild.image.cache.scratch import context_dir, lock_name_held
 from envbuild.image.checked import InImageMismatch, checked_and_normalised, last_parents, parents_entry
 from envbuild.image.packages_image import ensure_packages_image
 from envbuild.image.plan import ContextPlan, plan_context
