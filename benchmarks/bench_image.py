@@ -47,7 +47,7 @@ import docker  # noqa: E402
 from envbuild.config import SourceOptions  # noqa: E402
 from envbuild.engine.client import Engine  # noqa: E402
 from envbuild.image.build import BuildResult, ImageOptions, build_image  # noqa: E402
-from envbuild.image.built import forget_built  # noqa: E402
+from envbuild.image.cache.ledger import forget_built  # noqa: E402
 from envbuild.lock.io import read_lock  # noqa: E402
 from envbuild.lock.model import Package, Waiver  # noqa: E402
 from envbuild.progress import silent  # noqa: E402

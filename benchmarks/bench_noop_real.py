@@ -4,7 +4,7 @@
 
 The real lock's base and half its sources cannot be had here, so no image of it can be built: this times
 what a no-op does before it asks the engine for the recorded image, on the real lock's bytes. The cache's
-record of the lock built and checked (:mod:`envbuild.image.built`) is written by this script for an
+record of the lock built and checked (:mod:`envbuild.image.cache.ledger`) is written by this script for an
 image ID that no engine holds (the record is read and checked against the lock and the rendered
 Dockerfile, as a no-op does). The refs are re-checked for real, through ``--mirror`` rules to a ``git
 daemon`` on 127.0.0.1 serving the snapshots under ``/work/.mirror/*/repo`` (read-only): Megatron-LM,
@@ -32,9 +32,9 @@ from envbuild.config import SourceOptions  # noqa: E402
 from envbuild.errors import EnvbuildError  # noqa: E402
 from envbuild.git.mirrors import Mirrors  # noqa: E402
 from envbuild.image.build import ImageOptions  # noqa: E402
-from envbuild.image.built import BUILDER, BuiltImage, write_built  # noqa: E402
+from envbuild.image.cache.answer import built_before  # noqa: E402
+from envbuild.image.cache.ledger import BUILDER, BuiltImage, write_built  # noqa: E402
 from envbuild.image.plan import plan_context  # noqa: E402
-from envbuild.image.rebuild import built_before  # noqa: E402
 from envbuild.image.render import render_dockerfile  # noqa: E402
 from envbuild.lock.io import read_lock, write_lock  # noqa: E402
 from envbuild.verify.buildcheck import require_buildable  # noqa: E402

@@ -35,8 +35,8 @@ from envbuild.image.build import (
     build_image,
     dry_run,
 )
-from envbuild.image.buildcache import read_map
-from envbuild.image.built import forget_built
+from envbuild.image.cache.ledger import forget_built
+from envbuild.image.cache.normalised_map import read_map
 from envbuild.image.inimage_verdict import compare_inimage
 from envbuild.image.normalise import save_added_layers
 from envbuild.image.plan import plan_context

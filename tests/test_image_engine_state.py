@@ -19,8 +19,8 @@ import pytest
 from envbuild.config import SourceOptions
 from envbuild.engine.client import Engine
 from envbuild.image.build import ImageOptions, build_image
-from envbuild.image.built import forget_built
-from envbuild.image.retention import BUILD_CACHE_FLOOR, bound_build_cache, build_cache_bound
+from envbuild.image.cache.ledger import forget_built
+from envbuild.image.cache.retention import BUILD_CACHE_FLOOR, bound_build_cache, build_cache_bound
 from envbuild.lock.io import read_lock
 from envbuild.verify.pins import VerifyOptions
 from tests.lib.baseimage import DISTRO_PYTHON

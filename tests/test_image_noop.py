@@ -15,7 +15,7 @@ import pytest
 from envbuild.config import SourceOptions
 from envbuild.engine.client import Engine
 from envbuild.image.build import BuildRefused, BuildResult, ImageOptions, build_image
-from envbuild.image.built import BUILD_VERSION, BuiltImage, built_path, read_built
+from envbuild.image.cache.ledger import BUILD_VERSION, BuiltImage, built_path, read_built
 from envbuild.lock.io import read_lock
 from envbuild.verify.pins import VerifyOptions
 from tests.lib.gitrepos import Served, git

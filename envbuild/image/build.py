@@ -15,21 +15,21 @@ network, sending the sources alone (:mod:`.stream`) → the in-image check (a Bu
 loaded, with the in-image check's files as one small layer envbuild writes, its parents as the check
 reports them; the ID must be the computed one; begun once the check's step starts, with the parents the
 lock's last check reported, :mod:`.checked`) → tag, push → write the record → tidy the engine
-(:mod:`.retention`).
+(:mod:`.cache.retention`).
 
 The build fetches what it needs itself, whatever ``lock verify`` fetched: a cold cache and a warm one
 give the same image. ``--offline`` fetches nothing and names what is missing and the command that
 fetches it (``envbuild lock fetch``).
 
-A rebuild of a lock built and checked before (:mod:`envbuild.image.built`: the same lock bytes, envbuild,
+A rebuild of a lock built and checked before (:mod:`envbuild.image.cache.ledger`: the same lock bytes, envbuild,
 builder, Dockerfile and base digest, the image still in the engine under that ID) is answered after the
 refs are re-checked: its tags applied again and its record written, no context assembled, nothing sent to
 the engine (``noop``; not with ``--no-cache``).
 
 The layer cache: the raw built image keeps a private tag ``envbuild-raw/<lock name>:<sha12>`` so the
 engine keeps its layers (shared with the normalised image) for the next build, and
-``<cache_dir>/image/normalized.json`` (:mod:`envbuild.image.buildcache`) maps the raw image ID that
-passed the in-image check to its normalised ID, so a rebuild that the engine answers from its cache
+``<cache_dir>/image/normalized.json`` (:mod:`envbuild.image.cache.normalised_map`) maps the raw image ID
+that passed the in-image check to its normalised ID, so a rebuild that the engine answers from its cache
 skips normalising and checking; BuildKit may give a cached rebuild a new raw ID, so a normalised ID
 already in the map skips the check as well (not with ``--no-cache``). Scratch (the context directory) is removed when the build ends, however
 it ends; SIGTERM is taken as an interrupt while a build runs, so that it unwinds the same way.
@@ -54,12 +54,14 @@ from envbuild.errors import EnvbuildError, InputError
 from envbuild.fetch import Inputs, exporter_for, fetch_inputs, newest_commit_date
 from envbuild.image.assemble import BuildContext, assemble_context, meta_files
 from envbuild.image.base import ensure_base
-from envbuild.image.buildcache import context_dir, kept_parents, lock_name_held, read_map, remember, sync_dir
-from envbuild.image.built import BUILDER, BuiltImage, write_built
+from envbuild.image.cache.answer import answer_from_record, built_before
+from envbuild.image.cache.ledger import BUILDER, BuiltImage, write_built
+from envbuild.image.cache.normalised_map import kept_parents, read_map, remember
+from envbuild.image.cache.retention import tidy
+from envbuild.image.cache.scratch import context_dir, lock_name_held
 from envbuild.image.checked import InImageMismatch, checked_and_normalised, last_parents, parents_entry
 from envbuild.image.packages_image import ensure_packages_image
 from envbuild.image.plan import ContextPlan, plan_context
-from envbuild.image.rebuild import answer_from_record, built_before
 from envbuild.image.record import RecordedBuild
 from envbuild.image.render import (
     RAW_REPOSITORY,
@@ -69,8 +71,7 @@ from envbuild.image.render import (
     render_dockerfile,
 )
 from envbuild.image.result import BuildResult, default_tag, write_record
-from envbuild.image.retention import tidy
-from envbuild.image.stream import buildkit_context
+from envbuild.image.stream import buildkit_context, sync_dir
 from envbuild.image.treestore import TreeStore, tree_key
 from envbuild.index.filecache import FileCache
 from envbuild.interrupts import sigterm_interrupts

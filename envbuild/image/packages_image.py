@@ -32,7 +32,6 @@ from envbuild.engine.client import Engine
 from envbuild.engine.transfer import BuildStep, human_bytes
 from envbuild.errors import EngineError
 from envbuild.image.assemble import BuildContext
-from envbuild.image.buildcache import sync_dir
 from envbuild.image.normalise import load_packages_image
 from envbuild.image.plan import DISTRO_REMOVED_LABEL
 from envbuild.image.render import (
@@ -42,7 +41,7 @@ from envbuild.image.render import (
     raw_packages_reference,
     tools_reference,
 )
-from envbuild.image.stream import packages_context, tools_context
+from envbuild.image.stream import packages_context, sync_dir, tools_context
 from envbuild.progress import Progress
 
 

@@ -1,7 +1,7 @@
 """The image plan: where everything goes in an image, decided from the lock alone (pure).
 
 A leaf of ``envbuild.image``: the plan types, the image's paths and labels, and :func:`plan_context`.
-Rendering (``render``), assembling the context on disk (``context``), the build record (``record``)
+Rendering (``render``), assembling the context on disk (``assemble``), the build record (``record``)
 and judging the in-image report (``inimage_verdict``) import from here; none of them imports another,
 and only the orchestrator (``build``) puts them together.
 """

@@ -180,6 +180,13 @@ def write_entries(entries: list[Entry], root: Path) -> None:
         os.utime(root / entry.name, (entry.mtime, entry.mtime))
 
 
+def sync_dir(cache_dir: Path, lock_name: str, build: str) -> Path:
+    """Where the docker CLI's transport writes one build's context (``build``: tools, packages, image),
+    while ``lock_name_held``: one path per lock and build, by which the CLI names BuildKit's synced copy
+    of the context, so that a rebuild sends only what changed (:func:`write_entries`)."""
+    return cache_dir / "image" / "sync" / lock_name / build
+
+
 def _content(entry: Entry) -> Iterator[bytes]:
     if entry.data is not None:
         yield entry.data

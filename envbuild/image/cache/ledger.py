@@ -1,5 +1,5 @@
-"""What a rebuild answers from: ``<cache_dir>/image/built/<lock sha256>.json``, the small record of a lock
-whose image was built and passed the in-image check.
+"""The ledger of locks built and checked, what a rebuild answers from: the small record of a lock whose
+image was built and passed the in-image check, ``<cache_dir>/image/built/<lock sha256>.json``.
 
 A rebuild of the same lock bytes (its sha256), by the same envbuild (:data:`BUILD_VERSION`) and builder,
 rendering the same Dockerfile, on the same base digest, whose image the engine still holds under the

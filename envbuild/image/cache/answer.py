@@ -1,5 +1,5 @@
 """A rebuild of a lock built and checked before, answered from the cache's record of it
-(:mod:`envbuild.image.built`) when that record still describes what this build would make.
+(:mod:`envbuild.image.cache.ledger`) when that record still describes what this build would make.
 
 The refs are re-checked by the caller first (:func:`envbuild.verify.pins.verify_for_build`); here the
 record is matched against the lock (its bytes, the base digest, the Dockerfile this envbuild renders) and
@@ -13,8 +13,8 @@ from pathlib import Path
 
 from envbuild.engine.client import Engine
 from envbuild.errors import EnvbuildError
-from envbuild.image.buildcache import lock_name_held, remove_abandoned
-from envbuild.image.built import BUILDER, BuiltImage, read_built
+from envbuild.image.cache.ledger import BUILDER, BuiltImage, read_built
+from envbuild.image.cache.scratch import lock_name_held, remove_abandoned
 from envbuild.image.plan import ContextPlan, plan_context
 from envbuild.image.record import RecordedBuild
 from envbuild.image.render import render_dockerfile

@@ -1,0 +1,54 @@
+"""What a running ``envbuild image`` holds under ``<cache_dir>/image``, and what a killed one left there.
+
+- ``work/build-*``: one scratch directory per running build (the context; an archive kept for
+  ``envbuild check``), held by an ``flock`` on ``work/build-*.lock``; removed when the build ends,
+  however it ends (an exception or Ctrl-C unwinds through it); the ones a killed build left behind
+  (their lock no longer held) are removed by the next build on its way in.
+- ``locks/<lock name>.lock``: held while a build of that lock uses the engine, so that two builds of one
+  lock do not remove each other's images when they tidy the engine (:mod:`.retention`).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from envbuild.locking import file_lock
+
+
+@contextmanager
+def context_dir(cache_dir: Path) -> Iterator[Path]:
+    """A scratch directory under ``<cache_dir>/image/work``, held by an flock while in use; the ones a
+    killed build left behind (their lock no longer held) are removed on the way in."""
+    root = cache_dir / "image" / "work"
+    root.mkdir(parents=True, exist_ok=True)
+    remove_abandoned(cache_dir)
+    work = Path(tempfile.mkdtemp(prefix="build-", dir=root))
+    lock_file = work.with_name(work.name + ".lock")
+    try:
+        with file_lock(lock_file, blocking=True):
+            yield work
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        lock_file.unlink(missing_ok=True)
+
+
+def remove_abandoned(cache_dir: Path) -> None:
+    """The scratch directories killed builds left behind (their lock no longer held)."""
+    for lock_file in (cache_dir / "image" / "work").glob("*.lock"):
+        with file_lock(lock_file, blocking=False) as held:
+            if held:
+                shutil.rmtree(lock_file.with_suffix(""), ignore_errors=True)
+                lock_file.unlink(missing_ok=True)
+
+
+@contextmanager
+def lock_name_held(cache_dir: Path, lock_name: str) -> Iterator[None]:
+    """Hold ``<cache_dir>/image/locks/<lock name>.lock`` (waiting for another build of the lock)."""
+    directory = cache_dir / "image" / "locks"
+    directory.mkdir(parents=True, exist_ok=True)
+    with file_lock(directory / f"{lock_name}.lock", blocking=True):
+        yield
