@@ -14,7 +14,7 @@ from envbuild.git.files import PinnedTree
 from envbuild.lock import Lock, Source
 from envbuild.lock.model import Install, Provides, Waiver
 from envbuild.update.read_requirements import read_source_requirements
-from envbuild.update.update import update_lock
+from envbuild.update.update import Moves, update_lock
 from tests.lib.gitrepos import Served, free_port, git
 
 pytestmark = pytest.mark.gitdaemon
@@ -81,7 +81,7 @@ def test_update_records_static_dynamic_and_unreadable_requirements(
 ) -> None:
     lock = Lock(version=1, name="reqs", sources=tuple(source(n, *upstream[n]) for n in upstream))
     said: list[str] = []
-    updated = update_lock(lock, [], GitCache(tmp_path / "git"), packages=False, progress=said.append)
+    updated = update_lock(lock, Moves(packages=False), GitCache(tmp_path / "git"), progress=said.append)
     static, dynamic, setuppy = updated.sources
 
     assert static.provides == Provides(name="req-static", version="1.0")
@@ -101,7 +101,7 @@ def test_update_records_static_dynamic_and_unreadable_requirements(
     named = dataclasses.replace(
         lock, sources=(source("req-setuppy", *upstream["req-setuppy"], requires_files=("deps.txt",)),)
     )
-    [known] = update_lock(named, [], GitCache(tmp_path / "git"), packages=False).sources
+    [known] = update_lock(named, Moves(packages=False), GitCache(tmp_path / "git")).sources
     assert known.requires == ("tinyone",) and known.requires_unknown is None
 
 

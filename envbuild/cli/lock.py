@@ -196,21 +196,25 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 def cmd_update(args: argparse.Namespace) -> int:
     from envbuild.git.cache import GitCache
     from envbuild.update.rewrite import update_lock_file
+    from envbuild.update.update import Moves
 
     _check_report(args.report)
     read = read_lock(args.lockfile)
     cache_dir, mirrors = source_settings(args)
-    update = update_lock_file(
-        read,
-        args.names,
-        GitCache(cache_dir / "git"),
-        mirrors=mirrors,
+    moves = Moves(
+        names=tuple(args.names),
         packages=args.packages,
-        package_names=args.package_names,
+        package_names=tuple(args.package_names),
         upgrade=args.upgrade,
         base=args.base,
         base_image=args.base_image,
         installer=args.installer,
+    )
+    update = update_lock_file(
+        read,
+        moves,
+        GitCache(cache_dir / "git"),
+        mirrors=mirrors,
         report=args.report,
         dry_run=args.dry_run,
         progress=StderrProgress("envbuild", args.quiet),

@@ -6,7 +6,6 @@ a dry run shows what a real run would write, refusal included."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from envbuild.lock.model import Lock
 from envbuild.lock.roundtrip import updated_text
 from envbuild.progress import Progress, silent
 from envbuild.update.report import change_report
-from envbuild.update.update import update_lock
+from envbuild.update.update import Moves, update_lock
 
 
 @dataclass(frozen=True)
@@ -34,16 +33,10 @@ class LockUpdate:
 
 def update_lock_file(
     read: LockFile,
-    names: Sequence[str],
+    moves: Moves,
     cache: GitCache,
     *,
     mirrors: Mirrors = Mirrors(),
-    packages: bool | None = None,
-    package_names: Sequence[str] = (),
-    upgrade: bool = False,
-    base: bool = False,
-    base_image: str | None = None,
-    installer: bool = False,
     report: Path | None = None,
     dry_run: bool = False,
     progress: Progress = silent,
@@ -53,19 +46,7 @@ def update_lock_file(
     :class:`~envbuild.lock.io.LockWriteRefused` when the lock's reader would refuse the new text: then
     nothing is written, the report neither."""
     old_text = read.path.read_text(encoding="utf-8")
-    new = update_lock(
-        read.lock,
-        names,
-        cache,
-        mirrors=mirrors,
-        packages=packages,
-        package_names=package_names,
-        upgrade=upgrade,
-        base=base,
-        base_image=base_image,
-        installer=installer,
-        progress=progress,
-    )
+    new = update_lock(read.lock, moves, cache, mirrors=mirrors, progress=progress)
     changes = change_report(read.lock, new, cache, mirrors=mirrors)
     # Nothing at all changed: the file stays byte for byte, however it was written.
     same = canonical(new) == canonical(read.lock)

@@ -12,7 +12,7 @@ from envbuild.git.mirrors import Mirrors
 from envbuild.lock.io import dump_lock, parse_lock
 from envbuild.lock.model import LOCK_VERSION, BaseImage, Install, Lock, Platform, Source
 from envbuild.progress import Progress, silent
-from envbuild.update.update import update_lock
+from envbuild.update.update import Moves, update_lock
 
 UNPINNED = "0" * 40  # what a source's commit is until it is pinned: `lock update` accepts it too
 
@@ -60,4 +60,4 @@ def add_source(
         parse_lock(dump_lock(candidate), file)
     except LockfileError as exc:
         raise InputError("\n".join(f"{file}: {p.field}: {p.message}" for p in exc.problems)) from None
-    return update_lock(candidate, [name], cache, mirrors=mirrors, packages=False, progress=progress)
+    return update_lock(candidate, Moves(names=(name,), packages=False), cache, mirrors=mirrors, progress=progress)

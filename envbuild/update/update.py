@@ -23,23 +23,35 @@ from envbuild.update.read_submodules import SubmodulesRefused, Walked, read_sour
 from envbuild.update.resolve import resolve_packages
 
 
+@dataclass(frozen=True)
+class Moves:
+    """What ``lock update`` is asked to move (see :func:`update_lock`); nothing named moves everything."""
+
+    names: tuple[str, ...] = ()  # sources
+    packages: bool | None = None  # re-resolve the closure (None: when everything moves, or packages are named)
+    package_names: tuple[str, ...] = ()
+    upgrade: bool = False
+    base: bool = False
+    base_image: str | None = None
+    installer: bool = False
+
+    @property
+    def everything(self) -> bool:
+        return not (self.names or self.package_names or self.base or self.base_image or self.packages or self.installer)
+
+
 def update_lock(
     lock: Lock,
-    names: Sequence[str],
+    moves: Moves,
     cache: GitCache,
     *,
     mirrors: Mirrors = Mirrors(),
-    packages: bool | None = None,
-    package_names: Sequence[str] = (),
-    upgrade: bool = False,
-    base: bool = False,
-    base_image: str | None = None,
-    installer: bool = False,
     progress: Progress = silent,
 ) -> Lock:
     """A new lock, at the current lock version, moved as far as asked and no further.
 
-    Nothing named (no ``names``, ``package_names``, ``base``, ``base_image``, nor ``packages=True``) moves
+    ``moves`` names what moves. Nothing named (no ``names``, ``package_names``, ``base``, ``base_image``,
+    ``installer``, nor ``packages=True``) moves
     everything: every source to its ref's current commit and tree, the package closure re-resolved, the
     base image re-pinned to the digest its registry serves now. Otherwise only what is named moves: the
     sources ``names``; the closure with ``packages=True``, or only the packages ``package_names`` (every
@@ -54,13 +66,20 @@ def update_lock(
     Whenever a source moves, every source's requirements and submodules are read from its pinned tree;
     submodules the lock cannot record refuse the update (:class:`SubmodulesRefused`), every source's at
     once, before anything is resolved."""
+    names, package_names, upgrade, base, base_image = (
+        moves.names,
+        moves.package_names,
+        moves.upgrade,
+        moves.base,
+        moves.base_image,
+    )
     known = {s.name for s in lock.sources}
     unknown = [n for n in names if n not in known]
     if unknown:
         raise InputError(f"{unknown[0]}: no such source in lock {lock.name!r} (sources: {', '.join(sorted(known))})")
     _check_package_names(lock, package_names)
-    everything = not (names or package_names or base or base_image or packages or installer)
-    resolve = packages if packages is not None else everything or bool(package_names) or upgrade
+    everything = moves.everything
+    resolve = moves.packages if moves.packages is not None else everything or bool(package_names) or upgrade
     if not resolve and (package_names or upgrade):
         option = "--package" if package_names else "--upgrade"
         raise InputError(f"--no-packages with {option}: moving packages re-resolves them; give one or the other")
@@ -84,7 +103,7 @@ def update_lock(
             updated = dataclasses.replace(updated, packages=resolved)
         elif declared:
             progress("warning: the lock has no platform: the sources' requirements are recorded, not resolved")
-    if installer:
+    if moves.installer:
         updated = dataclasses.replace(updated, installer=pin_installer(updated, progress=progress))
     elif resolve and updated.packages and lock.platform and (lock.installer is None or upgrade):
         try:
