@@ -4,6 +4,7 @@ each is refused with the reason, exit 1, the old lock byte for byte as it was.""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -70,3 +71,20 @@ def test_update_refuses_a_lock_its_reader_would_refuse_and_leaves_the_old_one(
         assert "\x07" not in line  # the control character is shown escaped, never sent to the terminal
     assert read_lock(path).lock.sources[0].commit == first
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "w.lock.yaml"]  # no temporary file left
+
+
+def test_json_says_written_when_the_file_was_replaced(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A version 1 lock with nothing to move is rewritten as version 2: `written` says so (it once said
+    whether pins changed); a dry run writes nothing and says so; a second update has nothing to write."""
+    lock = tmp_path / "old.lock.yaml"
+    lock.write_text("version: 1\nname: old\nsources: []\n", encoding="utf-8")
+    cache = ["--cache-dir", str(tmp_path / "cache"), "-q"]
+
+    def update(*args: str) -> dict:  # type: ignore[type-arg]
+        assert main(["lock", "update", str(lock), "--json", *args, *cache]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    assert (update("--dry-run")["written"], read_lock(lock).lock.version) == (False, 1)
+    first = update()
+    assert (first["written"], first["changes"], read_lock(lock).lock.version) == (True, [], 2)
+    assert update()["written"] is False

@@ -230,7 +230,7 @@ def cmd_update(args: argparse.Namespace) -> int:
         render_json(
             {
                 "lock": str(args.lockfile),
-                "written": not args.dry_run and bool(update.changes),
+                "written": update.written,
                 "changes": to_jsonable(update.changes),
             }
         )

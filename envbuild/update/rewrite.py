@@ -23,12 +23,14 @@ from envbuild.update.update import Moves, update_lock
 
 @dataclass(frozen=True)
 class LockUpdate:
-    """What ``lock update`` made of a lock file: the new lock, its changes from the old one, and whether
-    the file's comments and layout were kept (False: its new text is the canonical form)."""
+    """What ``lock update`` made of a lock file: the new lock, its changes from the old one, whether the
+    file's comments and layout were kept (False: its new text is the canonical form), and whether it was
+    written."""
 
     lock: Lock
     changes: list[Change]
     layout_kept: bool
+    written: bool  # the file was replaced: its text changed (pins moved, or an older version rewritten)
 
 
 def update_lock_file(
@@ -55,6 +57,7 @@ def update_lock_file(
     # Before the lock: a failed report leaves the lock as it was, never a lock moved with no report.
     if report is not None:
         write_atomic(report, render_markdown(changes, f"envbuild lock update: {read.path}"))
-    if not dry_run and text != old_text:
+    written = not dry_run and text != old_text
+    if written:
         write_atomic(read.path, text)
-    return LockUpdate(new, changes, kept)
+    return LockUpdate(new, changes, kept, written)
