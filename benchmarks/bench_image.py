@@ -990,6 +990,10 @@ def _remove_scale_images(client: docker.DockerClient) -> None:
             pass
     _remove_hand_images(client)
     client.images.prune(filters={"dangling": True})
+    # BuildKit's cache keeps records of those builds' steps (the tools step on the base among them, which the
+    # test suite's locks share): removed images can take a recorded step's layer with them, and a later build
+    # answered from that record fails ("failed to prepare …: committed: no such file or directory").
+    empty_build_cache()
 
 
 def _remove_hand_images(client: docker.DockerClient) -> None:
