@@ -24,8 +24,7 @@ from envbuild.engine.client import Engine
 from envbuild.lock.io import read_lock
 from envbuild.verify.pins import VerifyOptions, verify_lock
 from tests.lib.gitrepos import GitDaemon, git, make_repo
-from tests.lib.imagelock import ImageLockEnv, make_sources, make_wheels, with_source
-from tests.lib.pyindex import PyIndex
+from tests.lib.imagelock import ImageLockEnv, lock_env, with_source
 from tests.lib.services import PushedImage, remove_lock_images
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.gitdaemon, pytest.mark.slow]
@@ -59,17 +58,10 @@ def env(
     upstream: tuple[Path, GitDaemon], pushed_base_image: PushedImage, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ImageLockEnv]:
     base, daemon = upstream
-    repos = make_sources(base)
     wheels = tmp_path_factory.mktemp("check-wheels")
-    make_wheels(wheels, "test_check")
-    with PyIndex(wheels) as index:
-        yield ImageLockEnv(
-            repos,
-            {n: daemon.url(n) for n in repos},
-            index,
-            f"{pushed_base_image.repository}:{pushed_base_image.tag}",
-            pushed_base_image.digest,
-        )
+    name = f"{pushed_base_image.repository}:{pushed_base_image.tag}"
+    with lock_env(base, daemon.url, wheels, "test_check", name, pushed_base_image.digest) as env:
+        yield env
 
 
 @pytest.fixture(scope="module")

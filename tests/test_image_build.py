@@ -51,12 +51,10 @@ from tests.lib.gitrepos import Served
 from tests.lib.imagediff import why_different
 from tests.lib.imagelock import (
     ImageLockEnv,
-    make_sources,
-    make_wheels,
+    lock_env,
     with_file_hash,
     with_source,
 )
-from tests.lib.pyindex import PyIndex
 from tests.lib.services import PushedImage, remove_lock_images
 from tests.lib.signals import restore_sigint
 
@@ -72,17 +70,11 @@ def needs_engine(test):  # type: ignore[no-untyped-def]
 def env(
     served: Served, pushed_base_image: PushedImage, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ImageLockEnv]:
-    repos = make_sources(served.base)
     wheels = tmp_path_factory.mktemp("wheels")
-    make_wheels(wheels, "test_image_build")
-    with PyIndex(wheels) as index:
-        yield ImageLockEnv(
-            repos,
-            {n: served.url(n, "daemon-filter") for n in repos},
-            index,
-            f"{pushed_base_image.repository}:{pushed_base_image.tag}",
-            pushed_base_image.digest,
-        )
+    name = f"{pushed_base_image.repository}:{pushed_base_image.tag}"
+    url = lambda n: served.url(n, "daemon-filter")  # noqa: E731
+    with lock_env(served.base, url, wheels, "test_image_build", name, pushed_base_image.digest) as env:
+        yield env
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,7 @@ import pytest
 from envbuild.lock.io import read_lock
 from envbuild.lock.model import Waiver
 from tests.lib.gitrepos import GitDaemon
-from tests.lib.imagelock import ImageLockEnv, make_sources, make_wheels
-from tests.lib.pyindex import PyIndex
+from tests.lib.imagelock import ImageLockEnv, lock_env
 from tests.lib.services import PushedImage, remove_lock_images
 from tests.test_nightly_workflow import REPO, workflow
 
@@ -98,18 +97,11 @@ def run_job(clone: Path, env: dict[str, str]) -> tuple[dict[str, str], dict[str,
 def upstream(tmp_path_factory: pytest.TempPathFactory, pushed_base_image: PushedImage) -> Iterator[ImageLockEnv]:
     base = tmp_path_factory.mktemp("bump-upstream")
     daemon = GitDaemon(base, allow_filter=True).start()
-    repos = make_sources(base)
     wheels = tmp_path_factory.mktemp("bump-wheels")
-    make_wheels(wheels, "test_nightly_bump")
+    name = f"{pushed_base_image.repository}:{pushed_base_image.tag}"
     try:
-        with PyIndex(wheels) as index:
-            yield ImageLockEnv(
-                repos,
-                {n: daemon.url(n) for n in repos},
-                index,
-                f"{pushed_base_image.repository}:{pushed_base_image.tag}",
-                pushed_base_image.digest,
-            )
+        with lock_env(base, daemon.url, wheels, "test_nightly_bump", name, pushed_base_image.digest) as env:
+            yield env
     finally:
         daemon.stop()
 

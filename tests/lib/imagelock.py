@@ -19,7 +19,7 @@ import dataclasses
 import hashlib
 import platform
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -180,14 +180,24 @@ def with_file_hash(lock: Lock, package: str, sha256: str) -> Lock:
 
 
 @contextmanager
-def served_env(served: Served, under: str, base_name: str, base_digest: str, wheels: Path) -> Iterator[ImageLockEnv]:
-    """The three sources, made under ``<served.base>/<under>`` and served by the session's git daemon,
-    and the two tiny wheels made in ``wheels`` and served by a local index, on the given base."""
-    repos = make_sources(served.base / under)
-    make_wheels(wheels, under)
+def lock_env(
+    base: Path, url: Callable[[str], str], wheels: Path, owner: str, base_name: str, base_digest: str
+) -> Iterator[ImageLockEnv]:
+    """The three sources made under ``base`` (a directory a git daemon serves; ``url`` names a source's URL
+    there), the two tiny wheels of ``owner`` (and uv) made in ``wheels`` and served by a local index, on the
+    given base image."""
+    repos = make_sources(base)
+    make_wheels(wheels, owner)
     with PyIndex(wheels) as index:
-        urls = {name: served.url(f"{under}/{name}", "daemon-filter") for name in repos}
-        yield ImageLockEnv(repos, urls, index, base_name, base_digest)
+        yield ImageLockEnv(repos, {name: url(name) for name in repos}, index, base_name, base_digest)
+
+
+@contextmanager
+def served_env(served: Served, under: str, base_name: str, base_digest: str, wheels: Path) -> Iterator[ImageLockEnv]:
+    """:func:`lock_env` under ``<served.base>/<under>``, served by the session's git daemon."""
+    url = lambda name: served.url(f"{under}/{name}", "daemon-filter")  # noqa: E731
+    with lock_env(served.base / under, url, wheels, under, base_name, base_digest) as env:
+        yield env
 
 
 def old_tinyone_wheel(directory: Path) -> Path:
