@@ -232,7 +232,8 @@ def package_file_locations(
                 listed |= {f.filename: f for f in found.files} if found else {}
     cache = FileCache(cache_dir) if cache_dir is not None else None
     locations: dict[str, FileLocation] = {}
-    for _, file in sorted(lock.package_files, key=lambda pf: pf[1].filename):
+    # The packages' files (an export lists the installer nowhere: it installs, it is not installed).
+    for file in sorted((f for p in lock.packages for f in p.files), key=lambda f: f.filename):
         at = listed.get(file.filename)
         cached = cache.get(file.sha256) if cache is not None else None
         size = cached.stat().st_size if cached is not None else None

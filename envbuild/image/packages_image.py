@@ -95,7 +95,7 @@ def ensure_packages_image(
         stream = packages_context(context)
         say(
             f"packages: installing {len(plan.files)} package files ({human_bytes(stream.payload)}; "
-            f"{f'uv {plan.installer.version}' if plan.installer else 'pip'}, BuildKit, no network)"
+            f"{plan.installed_by}, BuildKit, no network)"
         )
         outcome = engine.buildkit_build(
             stream,
@@ -125,7 +125,7 @@ def ensure_packages_image(
             reference,
             say,
             tools_layers=("envbuild: the tools layer (mount points, clamp-mtimes, /etc/hosts, /etc/resolv.conf)",),
-            installer=f"uv {plan.installer.version}" if plan.installer else "pip",
+            installer=plan.installed_by,
         )
     finally:
         _untag(engine, raw)

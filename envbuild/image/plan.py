@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
-from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.utils import canonicalize_name
 
 from envbuild.data.jsonout import fields_json, jfield, json_meta, records
 from envbuild.errors import InputError
 from envbuild.lock.model import Lock, Package, PackageFile, Source, walk_submodules
-from envbuild.lock.platform import supported_tags
+from envbuild.lock.platform import wheel_fits
 
 MANIFEST_VERSION = 2
 IMAGE_ROOT = "/opt/envbuild"
@@ -112,6 +112,11 @@ class ContextPlan:
     # The lock's installer: the uv wheel for its platform, whose binary the packages step runs from a bind
     # mount (``installer/<filename>`` in the context); None: pip, the base's own, installs.
     installer: FilePlan | None = jfield(None, omit="none")
+
+    @property
+    def installed_by(self) -> str:
+        """What installs the packages, as progress and the layer's history say it: ``uv 0.13.9``, or ``pip``."""
+        return f"uv {self.installer.version}" if self.installer else "pip"
 
     def to_json(self) -> dict[str, Any]:
         return fields_json(self, base_name={"name": self.base_name, "digest": self.base_digest})
@@ -219,11 +224,8 @@ def _installer_file(lock: Lock) -> FilePlan | None:
     without a platform the first; None without an installer or a wheel for the platform."""
     if lock.installer is None:
         return None
-    tags = supported_tags(lock.platform) if lock.platform else None
     for file in sorted(lock.installer.files, key=lambda f: f.filename):
-        if file.filename.endswith(".whl") and (
-            tags is None or not parse_wheel_filename(file.filename)[3].isdisjoint(tags)
-        ):
+        if file.filename.endswith(".whl") and (lock.platform is None or wheel_fits(file.filename, lock.platform)):
             return FilePlan(
                 lock.installer.name,
                 lock.installer.version,

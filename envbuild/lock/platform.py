@@ -134,6 +134,11 @@ def supported_tags(platform: Platform) -> frozenset[Tag]:
     return frozenset(tags)
 
 
+def wheel_fits(filename: str, platform: Platform) -> bool:
+    """Whether the wheel ``filename`` installs on ``platform`` (one of its tags is one CPython there takes)."""
+    return not parse_wheel_filename(filename)[3].isdisjoint(supported_tags(platform))
+
+
 def file_version(filename: str, name: str) -> Version | None:
     """The version a distribution file carries, or None if it is not a wheel/sdist of ``name``."""
     try:

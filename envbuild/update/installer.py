@@ -40,7 +40,8 @@ def pin_installer(lock: Lock, *, client: IndexClient | None = None, progress: Pr
             f"{index} serves no wheel of uv {wanted} for {lock.platform.arch} (the image's installer is run "
             "from its wheel)"
         )
-    known = {(f.filename, f.sha256): f.metadata_sha256 for f in (lock.installer.files if lock.installer else ())}
-    files = pin_files(wheels, client, index, {k: v for k, v in known.items() if v}, progress)
+    pinned = lock.installer.files if lock.installer else ()
+    known = {(f.filename, f.sha256): f.metadata_sha256 for f in pinned if f.metadata_sha256}
+    files = pin_files(wheels, client, index, known, progress)
     progress(f"installer: uv {wanted} ({', '.join(f.filename for f in files)})")
     return Package(name=INSTALLER, version=wanted, files=files)

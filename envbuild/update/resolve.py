@@ -17,14 +17,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from envbuild.errors import EnvbuildError, InputError, RemoteError
 from envbuild.index.client import MAX_RANGE_BYTES, IndexClient, IndexFile
 from envbuild.index.wheelmeta import MetadataError, metadata_sha256, read_wheel_metadata
 from envbuild.lock.model import PYPI_SIMPLE, Lock, Package, PackageFile, Platform
-from envbuild.lock.platform import file_version, parsed, supported_tags, uv_platform
+from envbuild.lock.platform import file_version, parsed, uv_platform, wheel_fits
 from envbuild.progress import Progress, silent
 from envbuild.update.roots import Root, explain, source_roots
 
@@ -38,14 +38,13 @@ class ResolutionError(EnvbuildError):
 def select_files(files: Iterable[IndexFile], name: str, version: str, platform: Platform) -> list[IndexFile]:
     """The files of ``name==version`` installable on ``platform``: its compatible wheels, else its sdists."""
     wanted = Version(version)
-    tags = supported_tags(platform)
     wheels: list[IndexFile] = []
     sdists: list[IndexFile] = []
     for f in files:
         if file_version(f.filename, name) != wanted or not f.sha256:
             continue  # a file without a sha256 cannot be locked
         if f.filename.endswith(".whl"):
-            if not parse_wheel_filename(f.filename)[3].isdisjoint(tags):
+            if wheel_fits(f.filename, platform):
                 wheels.append(f)
         else:
             sdists.append(f)
