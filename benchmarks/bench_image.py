@@ -487,12 +487,22 @@ def export_tree(repo: Path, commit: str, dest: Path) -> None:
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
 
 
-# Both hand peers install the same 3 sources the same way after the wheels: one step per source.
+# Both hand peers install the same 3 sources after the wheels, one step per source, each by its installer:
+# one pip builds and installs a source; uv, bind-mounted, as a user who knows uv writes it.
 SCALE_HAND_SOURCE_STEPS = (
     "COPY src/alpha /src/alpha",
     "RUN pip install --no-build-isolation --no-deps --no-index -e /src/alpha",
     "COPY src/beta /src/beta",
-    "RUN pip install --no-build-isolation --no-deps --no-index /src/beta",  # one pip builds and installs it
+    "RUN pip install --no-build-isolation --no-deps --no-index /src/beta",
+    "COPY src/gamma /src/gamma",
+    "",
+)
+HAND_UV = "/uv/uv pip install --system --break-system-packages --offline --no-index --no-deps"
+SCALE_HAND_UV_SOURCE_STEPS = (
+    "COPY src/alpha /src/alpha",
+    f"RUN --mount=type=bind,source=uv,target=/uv {HAND_UV} --no-build-isolation --no-cache -e /src/alpha",
+    "COPY src/beta /src/beta",
+    f"RUN --mount=type=bind,source=uv,target=/uv {HAND_UV} --no-build-isolation --no-cache /src/beta",
     "COPY src/gamma /src/gamma",
     "",
 )
@@ -513,12 +523,11 @@ def scale_hand_dockerfile(base: str, requirements: list[str]) -> str:
 def scale_hand_buildkit_dockerfile(base: str, installer: str = "pip") -> str:
     """The strongest hand peers: BuildKit, the wheels bind-mounted (never in a layer), hashes checked; installed
     by pip, or (``installer="uv"``) by uv bind-mounted from the context as a user who knows uv writes it
-    (``--system``, no cache, straight into the site). The sources as envbuild installs them: pip, one each."""
+    (``--system``, no cache, straight into the site). The sources by the same installer, one step each."""
     if installer == "uv":
         install = (
             "RUN --mount=type=bind,source=wheels,target=/wheels --mount=type=bind,source=uv,target=/uv"
-            " /uv/uv pip install --system --break-system-packages --offline --no-index --require-hashes --no-deps"
-            " --no-cache --find-links /wheels -r /wheels/requirements.txt"
+            f" {HAND_UV} --require-hashes --no-cache --find-links /wheels -r /wheels/requirements.txt"
         )
     else:
         install = (
@@ -531,7 +540,7 @@ def scale_hand_buildkit_dockerfile(base: str, installer: str = "pip") -> str:
             f"FROM {base}",
             "ENV PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1",
             install,
-            *SCALE_HAND_SOURCE_STEPS,
+            *(SCALE_HAND_UV_SOURCE_STEPS if installer == "uv" else SCALE_HAND_SOURCE_STEPS),
         ]
     )
 
@@ -614,28 +623,33 @@ def moved_rounds(
     beta: Repo,
     beta_url: str,
     root: Path,
-    bk: Path,
+    peers: dict[str, Path],
     cache_dir: Path,
     out: dict[str, float],
     repeat: int,
     stages: bool,
 ) -> str:
     """The one-source rebuild, side by side in alternation (each round moves beta to a commit of its own;
-    the median is the figure): ``envbuild image`` of the moved lock, from its CLI; the peer's user brings
-    its copy of beta to the commit (a fetch into a clone kept from the start, ``git archive | tar -x``:
-    "update", timed on its own), then ``docker build``. The image ID of envbuild's last run."""
+    the median is the figure): ``envbuild image`` of the moved lock, from its CLI; each peer's user (``peers``:
+    its prefix, ``cli`` for hand pip, ``uv``, → its context) brings its copy of beta to the commit (a fetch
+    into a clone kept from the start, ``git archive | tar -x``: "update", timed on its own), then ``docker
+    build``. The image ID of envbuild's last run."""
     print(
-        "  one source moved (beta), alternating: envbuild image (its CLI) | hand: update beta + docker build",
+        "  one source moved (beta), alternating: envbuild image (its CLI) | each hand peer: update beta + docker build",
         file=sys.stderr,
     )
     clone = root / "hand-clone" / "beta"
     subprocess.run(["git", "clone", "-q", beta_url, str(clone)], check=True)
-    # The peer's full build began by emptying BuildKit's cache (envbuild's steps with it): one untimed
-    # build of the lock as it was (not answered from its record) brings envbuild's back, as a user's
-    # cache would be.
+    # Each peer's full build began by emptying BuildKit's cache (envbuild's steps and the other peer's with
+    # it): one untimed build of each as it was (envbuild's not answered from its record) brings its steps
+    # back, as a user's cache would be.
     forget_built(cache_dir, read_lock(root / "scale.lock.yaml").sha256)
     envbuild_cli(root / "scale.lock.yaml", cache_dir, stages=False)
-    runs, updates, builds = [], [], []
+    for context in peers.values():
+        cli_build(context)
+    runs: list[float] = []
+    updates: list[float] = []
+    builds: dict[str, list[float]] = {prefix: [] for prefix in peers}
     image_id = ""
     for i in range(repeat):
         commit = beta.commit(f"beta moves {i}", files={"beta/extra.py": f"X = {i + 1}\n"})
@@ -646,17 +660,23 @@ def moved_rounds(
         runs.append(seconds)
         start = time.perf_counter()
         subprocess.run(["git", "-C", str(clone), "fetch", "-q", "origin"], check=True)
-        export_tree(clone, commit, bk / "src" / "beta")
+        export_tree(clone, commit, peers["cli"] / "src" / "beta")
         updates.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        HAND_IMAGES.append(cli_build(bk))
-        builds.append(time.perf_counter() - start)
+        said = []
+        for prefix, context in peers.items():
+            if prefix != "cli":
+                export_tree(clone, commit, context / "src" / "beta")
+            start = time.perf_counter()
+            HAND_IMAGES.append(cli_build(context))
+            builds[prefix].append(time.perf_counter() - start)
+            said.append(f"{'pip' if prefix == 'cli' else prefix} {builds[prefix][-1]:4.2f} s")
         print(
-            f"    round {i + 1}: envbuild {runs[-1]:5.2f} s | hand {updates[-1]:4.2f} + {builds[-1]:4.2f} s",
+            f"    round {i + 1}: envbuild {runs[-1]:5.2f} s | hand: update {updates[-1]:4.2f} s, " + ", ".join(said),
             file=sys.stderr,
         )
     out["moved"], out["moved_runs"] = statistics.median(runs), runs  # type: ignore[assignment]
-    out["cli_moved"], out["cli_moved_runs"] = statistics.median(builds), builds  # type: ignore[assignment]
+    for prefix, times in builds.items():
+        out[f"{prefix}_moved"], out[f"{prefix}_moved_runs"] = statistics.median(times), times  # type: ignore[assignment]
     out["cli_update"] = statistics.median(updates)
     return image_id
 
@@ -817,7 +837,7 @@ def scale_one(
                 repos["beta"],
                 daemon.url("beta"),
                 root,
-                bk,
+                {"cli": bk, "uv": bkuv},
                 options.source.cache_dir,
                 out,
                 repeat,
@@ -954,8 +974,13 @@ def scale(
             else ""
         )
         print(
-            f"    one source moved, envbuild / hand:     {f['moved'] / f['cli_moved']:6.2f}x  [<= 1.2x]  "
+            f"    one source moved, envbuild / hand pip: {f['moved'] / f['cli_moved']:6.2f}x  [<= 1.2x]  "
             f"{f['moved']:.2f} s / {f['cli_moved']:.2f} s{spread}",
+            file=sys.stderr,
+        )
+        print(
+            f"    one source moved, envbuild / hand uv:  {f['moved'] / f['uv_moved']:6.2f}x  "
+            f"{f['moved']:.2f} s / {f['uv_moved']:.2f} s (runs {', '.join(f'{t:.2f}' for t in f['uv_moved_runs'])})",
             file=sys.stderr,
         )
         with_update = f["cli_update"] + f["cli_moved"]

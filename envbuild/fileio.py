@@ -139,7 +139,8 @@ def settle_tree(
 ) -> None:
     """Fixed modes and mtimes for everything below ``root`` and ``root`` itself: directories 0755 at
     ``dir_ns``, links at ``dir_ns`` (never followed), files 0755 when executable and 0644 otherwise at
-    ``file_ns(path)``; a ``read_only`` file 0444 with its times as they are (a hard link into a cache).
+    ``file_ns(path)``; a ``read_only`` file 0444 (0555 when executable) with its times as they are (a hard
+    link into a cache).
     Children first: writing into a directory moves its mtime."""
     for dirpath, dirnames, filenames in os.walk(root, topdown=False):
         for name in filenames + dirnames:
@@ -151,7 +152,7 @@ def settle_tree(
                 path.chmod(0o755)
                 os.utime(path, ns=(dir_ns, dir_ns))
             elif read_only(path):
-                path.chmod(0o444)
+                path.chmod(0o555 if info.st_mode & stat.S_IXUSR else 0o444)
             else:
                 path.chmod(0o755 if info.st_mode & stat.S_IXUSR else 0o644)
                 stamp = file_ns(path)

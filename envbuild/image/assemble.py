@@ -33,10 +33,11 @@ from typing import Any
 from packaging.utils import canonicalize_name
 
 from envbuild.errors import InputError, ProblemsError
-from envbuild.fileio import link_or_copy, settle_tree, sha256_file
+from envbuild.fileio import link_or_copy, settle_tree, sha256_file, write_atomic
 from envbuild.git import treehash
 from envbuild.image import inimage_probe
-from envbuild.image.plan import MANIFEST_VERSION, ContextPlan, SourcePlan
+from envbuild.image.installer import uv_binary
+from envbuild.image.plan import MANIFEST_VERSION, UV_BINARY, ContextPlan, SourcePlan
 from envbuild.image.treestore import COMMIT_MARKER, ExportSource, KeptTree, StoreError, TreeStore
 from envbuild.lock.model import Package, PackageFile
 
@@ -136,13 +137,16 @@ def assemble_context(
     *,
     store: TreeStore,
     rehash: bool = True,
+    installer_binary: Callable[[Path], Path] | None = None,
 ) -> BuildContext:
     """Write the context into *dest* (absent or empty): ``dockerfile`` (rendered from ``plan``) and the
     package files, and take each source's tree from ``store`` (exported there first where it has none).
     Every package file is re-hashed (unless ``rehash=False``: files from the content-addressed cache,
     checked when they entered it, and checked again by ``pip --require-hashes`` where they are installed)
     and every source tree compared with the lock's ``tree`` before anything is written; all problems are
-    reported at once, naming the package file or source."""
+    reported at once, naming the package file or source. The lock's installer: its wheel and its binary
+    (``installer/uv``), linked from ``installer_binary(wheel)`` (the kept one,
+    :func:`.installer.uv_binary_file`), or read out of the wheel into the context."""
     dest = Path(dest)
     if dest.exists() and any(dest.iterdir()):
         raise InputError(f"{dest}: the build context directory must be empty")
@@ -189,7 +193,12 @@ def assemble_context(
         link_or_copy(cached[item.filename], dest / item.context_path)
     if plan.installer is not None:
         (dest / "installer").mkdir()
-        link_or_copy(cached[plan.installer.filename], dest / plan.installer.context_path)
+        wheel = cached[plan.installer.filename]
+        link_or_copy(wheel, dest / plan.installer.context_path)
+        if installer_binary is not None:
+            link_or_copy(installer_binary(wheel), dest / UV_BINARY)
+        else:
+            write_atomic(dest / UV_BINARY, uv_binary(wheel, plan.installer), mode=0o555)
     meta = dest / "envbuild"
     meta.mkdir()
     file_lists = {name: list(tree.files) for name, tree in kept.items()}
@@ -243,8 +252,9 @@ def meta_files(context: BuildContext) -> dict[str, bytes]:
 
 def _fix_metadata(root: Path, epoch: int) -> None:
     """Fixed modes and mtimes: 0755 for directories and executables, 0644 for other files, the epoch;
-    wheels 0444 and their own mtimes (they may be hard links into the cache, which stays read-only, and
-    whose times say when a file came: the stream gives each wheel the epoch)."""
+    wheels 0444 and the installer's files 0444 or 0555 (its binary), with their own mtimes (they may be
+    hard links into the cache, which stays read-only, and whose times say when a file came: the stream
+    gives each the epoch)."""
     epoch_ns = epoch * 10**9
     settle_tree(
         root,

@@ -60,6 +60,7 @@ from envbuild.image.cache.normalised_map import kept_parents, read_map, remember
 from envbuild.image.cache.retention import tidy
 from envbuild.image.cache.scratch import context_dir, lock_name_held
 from envbuild.image.checked import InImageMismatch, checked_and_normalised, last_parents, parents_entry
+from envbuild.image.installer import binaries_dir, uv_binary_file
 from envbuild.image.packages_image import ensure_packages_image
 from envbuild.image.plan import ContextPlan, plan_context
 from envbuild.image.record import RecordedBuild
@@ -255,6 +256,7 @@ def build_image(
                     file_for=lambda package, file: _cached(files, file.sha256),
                     store=store,
                     rehash=False,  # the file cache is content-addressed; pip --require-hashes checks what it installs
+                    installer_binary=_kept_binary(plan, options.cache_dir),
                 )
                 try:
                     built = _build(_Assembled(read, plan, context, tags, options, connected, work, progress))
@@ -298,6 +300,14 @@ def _connecting(engine: Engine | None) -> Iterator[Callable[[], Engine]]:
         yield connected.result
     finally:
         connected.add_done_callback(close)
+
+
+def _kept_binary(plan: ContextPlan, cache_dir: Path) -> Callable[[Path], Path] | None:
+    """The lock's uv binary, read out of its wheel once and kept (:func:`.installer.uv_binary_file`)."""
+    installer = plan.installer
+    if installer is None:
+        return None
+    return lambda wheel: uv_binary_file(wheel, installer, binaries_dir(cache_dir))
 
 
 def _cached(files: FileCache, sha256: str) -> Path:

@@ -31,6 +31,12 @@ META_PARENTS = tuple(str(p) for p in reversed(PurePosixPath(IMAGE_META).parents)
 # empty by the tools layer in every image, so that no RUN leaves a mount stub in its layer, and no mount
 # there moves the mtime of a directory above it).
 MOUNT_POINT = f"{IMAGE_ROOT}/mnt"
+# The lock's uv in a build context (read out of its wheel), with stage_packages.py in the image's, and where
+# a source's step mounts that directory: below the step's /tmp, a tmpfs, so its mount point is made there
+# and not in the layer.
+INSTALLER_DIR = "installer"
+UV_BINARY = f"{INSTALLER_DIR}/uv"
+INSTALLER_IN_STEP = "/tmp/envbuild-installer"
 
 # Image labels. LOCK_LABEL is what every consumer (the runner's preflight, the docker backend, the
 # cluster) checks: the sha256 of exactly the lockfile's bytes the image was built from.

@@ -27,8 +27,7 @@ from pathlib import Path, PurePosixPath
 from envbuild.engine.transfer import ContextStream, TarSink
 from envbuild.fileio import content_mtime_ns, link_or_copy
 from envbuild.image.assemble import BuildContext
-from envbuild.image.installer import uv_binary
-from envbuild.image.plan import ContextPlan
+from envbuild.image.plan import INSTALLER_DIR, UV_BINARY, ContextPlan
 from envbuild.image.render import (
     PACKAGES_EPOCH,
     load_template,
@@ -204,6 +203,10 @@ def buildkit_context(context: BuildContext, dockerfile: str) -> ContextStream:
     them out too)."""
     plan, epoch = context.plan, context.plan.epoch
     entries = [_data("Dockerfile", dockerfile.encode(), 0o644, epoch), *_tools_entries()]
+    if plan.installer is not None and any(source.mode != "none" for source in plan.sources):
+        entries.append(_file(UV_BINARY, context.path / UV_BINARY, 0o555, epoch, linkable=True))
+        script = load_template("stage_packages.py.in").encode()
+        entries.append(_data(f"{INSTALLER_DIR}/stage_packages.py", script, 0o644, epoch))
     for source in plan.sources:
         entries += _tree(context.source_dir(source.name), source.context_path)
     return stream(entries)
@@ -238,6 +241,5 @@ def packages_context(context: BuildContext) -> ContextStream:
         _data(f"{top}/packages.sh", render_buildkit_packages_script(plan).encode(), 0o644, epoch),
     ]
     if plan.installer is not None:
-        binary = uv_binary(context.path / plan.installer.context_path, plan.installer)
-        entries.append(_data(f"{top}/uv", binary, 0o755, epoch))
+        entries.append(_file(f"{top}/uv", context.path / UV_BINARY, 0o555, epoch, linkable=True))
     return stream(entries)

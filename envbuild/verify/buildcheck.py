@@ -1,12 +1,12 @@
 """What a build needs before it starts: every recorded build requirement of every source it installs,
 met by the lock or waived (pure; the lock alone decides).
 
-The image installs each source with ``pip install --no-build-isolation --no-index``: its build backend
-and everything ``[build-system].requires`` names must already be in the image, from the lock. A missing or
-conflicting one would fail that ``RUN`` step after the packages layer was built — on the real stack, after
-a long build; here it is refused before the engine starts, naming each. Build requirements that were not
-recorded (``build_requires`` absent) cannot be checked and are not refused; ``lock verify`` reports them as
-``unknown``.
+The image installs each source without build isolation and without an index (by the lock's uv, or pip):
+its build backend and everything ``[build-system].requires`` names must already be in the image, from the
+lock. A missing or conflicting one would fail that ``RUN`` step after the packages layer was built — on
+the real stack, after a long build; here it is refused before the engine starts, naming each. Build
+requirements that were not recorded (``build_requires`` absent) cannot be checked and are not refused;
+``lock verify`` reports them as ``unknown``.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ wheels on a local PEP 691 index, and the test base image pinned by digest in the
   installed by the real uv wheel (the lock's ``installer``, :mod:`tests.lib.uvwheel`).
 
 Everything builds offline: the base image has python3-setuptools, wheel and pip, the Dockerfile runs
-pip with ``--no-index --no-build-isolation``. Used by ``tests/test_image_build.py`` (through fixtures)
-and by ``benchmarks/bench_image.py`` (directly).
+the lock's uv with ``--no-index --no-build-isolation``. Used by ``tests/test_image_build.py`` (through
+fixtures) and by ``benchmarks/bench_image.py`` (directly).
 """
 
 from __future__ import annotations
