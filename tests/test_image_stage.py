@@ -109,3 +109,36 @@ def test_nothing_to_replace_is_an_empty_report(tmp_path: Path) -> None:
         "replaced": [],
         "targets": [str(site)],
     }
+
+
+def test_unstamp_removes_uv_s_clock_file_and_its_record_row_only(tmp_path: Path) -> None:
+    """What a source's step runs after uv installed the source (``-I -S -B``, as the step runs it), here on a
+    virtual environment's Python, whose site is under tmp_path."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True, timeout=120)
+    python = tmp_path / "venv" / "bin" / "python"
+    site = Path(
+        subprocess.run(
+            [str(python), "-I", "-S", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
+    rows = (
+        "beta/__init__.py,sha256=abc,14\r\n"
+        "beta-0.1.dist-info/direct_url.json,sha256=def,37\r\n"
+        "beta-0.1.dist-info/uv_cache.json,sha256=ghi,137\r\n"
+        "beta-0.1.dist-info/RECORD,,\r\n"
+    )
+    record = write(site / "beta-0.1.dist-info" / "RECORD", "")
+    record.write_bytes(rows.encode())  # csv's line ends, as an installer writes them: kept as they are
+    write(site / "beta-0.1.dist-info" / "uv_cache.json", '{"timestamp":{"secs_since_epoch":1796465907}}')
+    untouched = write(site / "other-1.0.dist-info" / "RECORD", "other-1.0.dist-info/uv_cache.json,,\n")
+    script = tmp_path / "stage_packages.py"
+    script.write_text(load_template("stage_packages.py.in"))
+    done = subprocess.run([str(python), "-I", "-S", "-B", str(script), "unstamp"], capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert not (site / "beta-0.1.dist-info" / "uv_cache.json").exists()
+    assert record.read_bytes() == rows.replace("beta-0.1.dist-info/uv_cache.json,sha256=ghi,137\r\n", "").encode()
+    assert untouched.read_text() == "other-1.0.dist-info/uv_cache.json,,\n"  # a RECORD without the file: left
+    assert not list(tmp_path.rglob("__pycache__"))  # -B: no bytecode written
