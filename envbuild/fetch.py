@@ -42,6 +42,8 @@ from envbuild.lock.io import LockFile
 from envbuild.lock.model import Lock, Package, PackageFile
 from envbuild.progress import Progress, silent
 from envbuild.verify.metadata import MetadataMismatch, forget_metadata
+from envbuild.verify.pins import VerifyOptions, verify_lock
+from envbuild.verify.results import PinResult, VerifyReport
 
 
 class InputsMissing(EnvbuildError):
@@ -111,6 +113,37 @@ def fetch_inputs(
     fetched_sources = _fetch_trees(pins, exporter, jobs, progress)
     fetched_files = _fetch_files(lock, files, client or IndexClient(), progress, source.cache_dir)
     return Inputs((*fetched_sources, *fetched_files), newest_commit_date(lock, exporter))
+
+
+@dataclass(frozen=True)
+class VerifiedInputs:
+    """``lock fetch``: the lock verified online, then every input whose pin verifies fetched. ``failing``:
+    the pins that fail verify; ``left``: those of them not fetched (a source, submodule or package: a build
+    would refuse them)."""
+
+    report: VerifyReport
+    inputs: Inputs
+    failing: tuple[PinResult, ...]
+    left: tuple[PinResult, ...]
+
+    @property
+    def complete(self) -> bool:
+        """Every pin verifies, but an unpinned base image (not an input fetched here: a build pulls it by
+        digest): ``envbuild image --offline`` can build from the caches."""
+        return all(row.kind == "base_image" for row in self.failing)
+
+
+def verify_and_fetch(lock_file: LockFile, options: VerifyOptions, progress: Progress = silent) -> VerifiedInputs:
+    """Verify online (the ref listings and commits ``--offline`` verifies against), then fetch every
+    source's tree and package file whose pin verifies; the rest is fetched all the same, so that the advice
+    ``lock verify --offline`` gives ends here."""
+    report = verify_lock(lock_file.lock, str(lock_file.path), options, progress)
+    failing = tuple(row for row in report.results if not row.passes(report.strict))
+    left = tuple(row for row in failing if row.kind in ("source", "submodule", "package"))
+    leave = frozenset(f"{row.kind} {row.name}" for row in left)
+    return VerifiedInputs(
+        report, fetch_inputs(lock_file, options.source, progress=progress, leave=leave), failing, left
+    )
 
 
 def _left(pin: TreePin, leave: frozenset[str]) -> bool:

@@ -313,6 +313,24 @@ def test_the_image_holds_no_package_file_and_the_packages_one_layer(
     )
     records = engine.run(reference.image_id, ["python3", "-c", check])
     assert records.exit_code == 0 and "tinyone/__init__.py" in records.stdout.split(), records.stderr
+    # The sources, built and installed by the lock's uv: each direct_url.json names the source's directory,
+    # as pip's does (the in-image check finds a source's distribution by it), and uv's uv_cache.json, which
+    # holds the clock, is gone (its RECORD row too: the check above read every row).
+    urls = (
+        "import glob, json, os\n"
+        "site = '/usr/local/lib/python3.11/dist-packages'\n"
+        "print(json.dumps({os.path.basename(os.path.dirname(p)): json.load(open(p))"
+        " for p in glob.glob(site + '/*.dist-info/direct_url.json')}))\n"
+        "print(json.dumps(glob.glob(site + '/*.dist-info/uv_cache.json')))\n"
+    )
+    found = engine.run(reference.image_id, ["python3", "-c", urls])
+    assert found.exit_code == 0, found.stderr
+    origins, stamps = (json.loads(line) for line in found.stdout.splitlines())
+    assert origins == {
+        "alpha-1.0.dist-info": {"url": "file:///opt/envbuild/src/alpha", "dir_info": {"editable": True}},
+        "beta-0.1.dist-info": {"url": "file:///opt/envbuild/src/beta", "dir_info": {}},
+    }
+    assert stamps == []
     assert engine.containers({"io.envbuild.lock.name": "imagetest", "io.envbuild.role": "packages"}) == []
 
 

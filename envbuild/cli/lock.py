@@ -146,51 +146,50 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
-    """Verify online (the ref listings and commits `--offline` verifies against), then fetch every source's
-    tree and package file (what `envbuild image --offline` builds from) whose pin verifies. A pin that
-    fails verify is not fetched (a build would refuse it): each is named, and the exit status is 1; the
-    rest is fetched all the same, so that the advice `lock verify --offline` gives ends here. The base
-    image is not an input fetched here (a build pulls it by digest): an unpinned one is said."""
+    """Verify online, then fetch every source's tree and package file (what `envbuild image --offline`
+    builds from) whose pin verifies (:func:`envbuild.fetch.verify_and_fetch`). A pin that fails verify is
+    not fetched (a build would refuse it): each is named, and the exit status is 1. The base image is not
+    an input fetched here (a build pulls it by digest): an unpinned one is said."""
     read = read_lock(args.lockfile)
-    from envbuild.fetch import fetch_inputs
-    from envbuild.verify.pins import verify_lock
+    from envbuild.fetch import verify_and_fetch
 
     if args.offline:
         raise InputError("lock fetch: --offline makes no sense here; this command is what fills the cache")
     options = verify_options(args)
-    progress = StderrProgress("envbuild", args.quiet)
-    report = verify_lock(read.lock, str(args.lockfile), options, progress)
-    failing = [r for r in report.results if not r.passes(report.strict)]
-    left = [r for r in failing if r.kind in ("source", "submodule", "package")]
-    inputs = fetch_inputs(read, options.source, progress=progress, leave=frozenset(f"{r.kind} {r.name}" for r in left))
-    for row in failing:
+    done = verify_and_fetch(read, options, StderrProgress("envbuild", args.quiet))
+    for row in done.failing:
         what = "base image" if row.kind == "base_image" else row.kind
+        unfetched = row in done.left or row.kind == "base_image"
         print(
-            f"envbuild: {args.lockfile}: {what} {row.name} "
-            f"{'left unfetched' if row in left or row.kind == 'base_image' else 'fails verify'} ({row.status}): "
-            f"{row.detail}",
+            f"envbuild: {args.lockfile}: {what} {row.name} {'left unfetched' if unfetched else 'fails verify'} "
+            f"({row.status}): {row.detail}",
             file=sys.stderr,
         )
-    whole = not [r for r in failing if r.kind != "base_image"]
     if args.json:
         sys.stdout.write(
             render_json(
-                {"lock": str(args.lockfile), "complete": whole, "verify": report.to_json(), **to_jsonable(inputs)}
+                {
+                    "lock": str(args.lockfile),
+                    "complete": done.complete,
+                    "verify": done.report.to_json(),
+                    **to_jsonable(done.inputs),
+                }
             )
         )
     else:
-        fetched = sum(i.fetched for i in inputs.inputs)
+        inputs = done.inputs.inputs
+        fetched = sum(i.fetched for i in inputs)
         print(
-            f"{args.lockfile}: {len(inputs.inputs)} inputs in {options.source.cache_dir} "
-            f"({fetched} fetched now, {len(inputs.inputs) - fetched} cached before); "
+            f"{args.lockfile}: {len(inputs)} inputs in {options.source.cache_dir} "
+            f"({fetched} fetched now, {len(inputs) - fetched} cached before); "
             + (
                 "`envbuild image --offline` can build from them"
-                if whole
-                else f"{len(failing)} pins fail verify, {len(left)} of them left unfetched (named above): "
+                if done.complete
+                else f"{len(done.failing)} pins fail verify, {len(done.left)} of them left unfetched (named above): "
                 "`envbuild image` refuses the lock until they verify"
             )
         )
-    return 0 if whole else 1
+    return 0 if done.complete else 1
 
 
 def cmd_update(args: argparse.Namespace) -> int:

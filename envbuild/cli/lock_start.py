@@ -7,8 +7,7 @@ import sys
 
 from envbuild.cli.common import StderrProgress, add_source_options, source_settings
 from envbuild.errors import InputError
-from envbuild.fileio import write_atomic
-from envbuild.lock.io import checked_lock_text, read_lock, write_lock
+from envbuild.lock.io import read_lock, write_lock
 from envbuild.lock.model import Install, Platform
 
 
@@ -59,37 +58,28 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_add(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from envbuild.git.cache import GitCache
-    from envbuild.lock.roundtrip import updated_text
-    from envbuild.update.start import add_source
+    from envbuild.update.start import add_source_to_file, repo_url
 
-    path = Path(args.lockfile)
     if args.offline:
         raise InputError("lock add: --offline makes no sense here; the ref is looked up upstream")
-    read = read_lock(path)
-    old_text = path.read_text(encoding="utf-8")
+    read = read_lock(args.lockfile)
     cache_dir, mirrors = source_settings(args)
-    repo = args.repo
-    if "://" not in repo and ":" not in repo.split("/", 1)[0] and Path(repo).is_dir():
-        # A local repository, as git clone and vcstool take one: the lock records URLs, so a file:// one.
-        repo = Path(repo).resolve().as_uri()
+    repo = repo_url(args.repo)
+    if repo != args.repo:
         print(f"envbuild: {args.repo} is recorded as {repo}", file=sys.stderr)
-    new = add_source(
-        read.lock,
+    new = add_source_to_file(
+        read,
         args.name,
         repo,
         args.ref,
         GitCache(cache_dir / "git"),
         install=Install(mode=args.install),
         mirrors=mirrors,
-        file=str(path),
         progress=StderrProgress("envbuild", args.quiet),
     )
-    text, _ = updated_text(old_text, read.lock, new)
-    write_atomic(path, checked_lock_text(new, path, text))
     source = next(s for s in new.sources if s.name == args.name)
+    path = read.path
     print(f"{path}: added {source.name}: {source.ref_type} {source.ref} at {source.commit}")
     if new.packages or new.requirements or source.requires or source.build_requires:
         print(f"resolve the packages it needs with `envbuild lock update {path} --packages`", file=sys.stderr)
