@@ -115,8 +115,9 @@ def main(argv: list[str] | None = None) -> int:
                 cwd=Path(str(path)),
             )
 
+        files = len(git("ls-tree", "-r", "--name-only", "main", cwd=upstream).splitlines())
         print(
-            f"repository: {commits} commits, {args.files} files, {du(upstream) / 1e6:.1f} MB packed; served at {url}",
+            f"repository: {commits} commits, {files} files, {du(upstream) / 1e6:.1f} MB packed; served at {url}",
             file=sys.stderr,
         )
         times = {

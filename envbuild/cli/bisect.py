@@ -51,7 +51,7 @@ def add_bisect_command(subparsers: argparse._SubParsersAction) -> None:
 def cmd_bisect(args: argparse.Namespace) -> int:
     from envbuild.bisect.report import render_markdown, render_text
     from envbuild.bisect.run import BisectOptions, run_bisect
-    from envbuild.lock.io import checked_lock_text, read_lock
+    from envbuild.lock.io import read_lock
 
     if args.deadline is not None and not args.deadline > 0:
         raise InputError(f"--deadline: expected a positive number of seconds, got {args.deadline:g}")
@@ -69,10 +69,10 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     result = run_bisect(good, bad, options, progress=StderrProgress("envbuild", args.quiet))
     written = None
     if args.write_lock is not None and result.forward is not None:
-        from envbuild.lock.roundtrip import updated_text  # BAD's comments and layout kept where they can be
+        from envbuild.lock.roundtrip import text_over  # BAD's comments and layout kept where they can be
 
-        text, _ = updated_text(args.bad.read_text(encoding="utf-8"), bad.lock, result.forward)
-        write_atomic(args.write_lock, checked_lock_text(result.forward, args.write_lock, text))
+        text, _ = text_over(bad, result.forward, args.write_lock)
+        write_atomic(args.write_lock, text)
         written = str(args.write_lock)
     if args.report is not None:
         write_atomic(args.report, render_markdown(result, written))

@@ -58,8 +58,10 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_add(args: argparse.Namespace) -> int:
+    from envbuild.fileio import write_atomic
     from envbuild.git.cache import GitCache
-    from envbuild.update.start import add_source_to_file, repo_url
+    from envbuild.lock.roundtrip import text_over
+    from envbuild.update.start import add_source, repo_url
 
     if args.offline:
         raise InputError("lock add: --offline makes no sense here; the ref is looked up upstream")
@@ -68,16 +70,19 @@ def cmd_add(args: argparse.Namespace) -> int:
     repo = repo_url(args.repo)
     if repo != args.repo:
         print(f"envbuild: {args.repo} is recorded as {repo}", file=sys.stderr)
-    new = add_source_to_file(
-        read,
+    new = add_source(
+        read.lock,
         args.name,
         repo,
         args.ref,
         GitCache(cache_dir / "git"),
         install=Install(mode=args.install),
         mirrors=mirrors,
+        file=str(read.path),
         progress=StderrProgress("envbuild", args.quiet),
     )
+    text, _ = text_over(read, new)  # its comments and layout kept
+    write_atomic(read.path, text)
     source = next(s for s in new.sources if s.name == args.name)
     path = read.path
     print(f"{path}: added {source.name}: {source.ref_type} {source.ref} at {source.commit}")

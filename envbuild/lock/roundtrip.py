@@ -15,6 +15,7 @@ YAML 1.2, and a value the two read differently (``yes``, ``0o17``) must not chan
 from __future__ import annotations
 
 import io
+import os
 from typing import Any
 
 from packaging.utils import canonicalize_name
@@ -22,7 +23,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
 from envbuild.errors import LockfileError
-from envbuild.lock.io import canonical, dump_lock, parse_lock
+from envbuild.lock.io import LockFile, canonical, checked_lock_text, dump_lock, parse_lock
 from envbuild.lock.model import Lock
 
 _IDENTITY = ("name", "path", "filename")  # what names an entry of a list: a source, a submodule, a file
@@ -44,6 +45,16 @@ def updated_text(old_text: str, old: Lock, new: Lock) -> tuple[str, bool]:
         return dump_lock(new), True
     kept = round_trip_text(old_text, new)
     return (kept, True) if kept is not None else (dump_lock(new), False)
+
+
+def text_over(read: LockFile, new: Lock, path: str | os.PathLike[str] | None = None) -> tuple[str, bool]:
+    """The text of ``new`` to write over the file ``read`` came from: its comments and layout kept where they
+    can be (the flag), the file's own bytes when nothing changed; checked to read back as ``new`` where it
+    is written (``path``, default ``read.path``), else :class:`~envbuild.lock.io.LockWriteRefused`."""
+    old_text = read.path.read_text(encoding="utf-8")
+    same = canonical(new) == canonical(read.lock)
+    text, kept = (old_text, True) if same else updated_text(old_text, read.lock, new)
+    return checked_lock_text(new, path if path is not None else read.path, text), kept
 
 
 def round_trip_text(old_text: str, new: Lock) -> str | None:

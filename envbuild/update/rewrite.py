@@ -1,7 +1,7 @@
 """`lock update` on a lock file: the update, its change report, and the new text written over the old.
 
 The new text keeps the file's comments and layout where it can (:mod:`envbuild.lock.roundtrip`), and it is
-checked by the lock's own reader before anything is replaced (:func:`checked_lock_text`), on a dry run too:
+checked by the lock's own reader before anything is replaced (:func:`.roundtrip.text_over`), on a dry run too:
 a dry run shows what a real run would write, refusal included."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from envbuild.fileio import write_atomic
 from envbuild.git.cache import GitCache
 from envbuild.git.mirrors import Mirrors
 from envbuild.lock.diff import Change, render_markdown
-from envbuild.lock.io import LockFile, canonical, checked_lock_text
+from envbuild.lock.io import LockFile
 from envbuild.lock.model import Lock
-from envbuild.lock.roundtrip import updated_text
+from envbuild.lock.roundtrip import text_over
 from envbuild.progress import Progress, silent
 from envbuild.update.report import change_report
 from envbuild.update.update import Moves, update_lock
@@ -50,10 +50,7 @@ def update_lock_file(
     old_text = read.path.read_text(encoding="utf-8")
     new = update_lock(read.lock, moves, cache, mirrors=mirrors, progress=progress)
     changes = change_report(read.lock, new, cache, mirrors=mirrors)
-    # Nothing at all changed: the file stays byte for byte, however it was written.
-    same = canonical(new) == canonical(read.lock)
-    text, kept = (old_text, True) if same else updated_text(old_text, read.lock, new)
-    text = checked_lock_text(new, read.path, text)
+    text, kept = text_over(read, new)  # nothing at all changed: the file's own bytes, however it was written
     # Before the lock: a failed report leaves the lock as it was, never a lock moved with no report.
     if report is not None:
         write_atomic(report, render_markdown(changes, f"envbuild lock update: {read.path}"))

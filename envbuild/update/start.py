@@ -8,12 +8,10 @@ import dataclasses
 from pathlib import Path
 
 from envbuild.errors import InputError, LockfileError
-from envbuild.fileio import write_atomic
 from envbuild.git.cache import GitCache
 from envbuild.git.mirrors import Mirrors
-from envbuild.lock.io import LockFile, checked_lock_text, dump_lock, parse_lock
+from envbuild.lock.io import dump_lock, parse_lock
 from envbuild.lock.model import LOCK_VERSION, BaseImage, Install, Lock, Platform, Source
-from envbuild.lock.roundtrip import updated_text
 from envbuild.progress import Progress, silent
 from envbuild.update.update import Moves, update_lock
 
@@ -72,25 +70,3 @@ def repo_url(repo: str) -> str:
     if "://" not in repo and ":" not in repo.split("/", 1)[0] and Path(repo).is_dir():
         return Path(repo).resolve().as_uri()
     return repo
-
-
-def add_source_to_file(
-    read: LockFile,
-    name: str,
-    repo: str,
-    ref: str,
-    cache: GitCache,
-    *,
-    install: Install | None = None,
-    mirrors: Mirrors = Mirrors(),
-    progress: Progress = silent,
-) -> Lock:
-    """`lock add`: :func:`add_source` to the lock ``read`` was read from, written over it with its comments
-    and layout kept, after the written text is checked to read back as the new lock; the new lock."""
-    old_text = read.path.read_text(encoding="utf-8")
-    new = add_source(
-        read.lock, name, repo, ref, cache, install=install, mirrors=mirrors, file=str(read.path), progress=progress
-    )
-    text, _ = updated_text(old_text, read.lock, new)
-    write_atomic(read.path, checked_lock_text(new, read.path, text))
-    return new
