@@ -23,6 +23,7 @@ import requests
 
 from envbuild.cli import main
 from envbuild.config import SourceOptions
+from envbuild.engine.cli_build import TRANSPORT_ENV
 from envbuild.engine.client import Engine
 from envbuild.errors import EngineError
 from envbuild.fetch import InputFetchError, exporter_for
@@ -264,6 +265,21 @@ def _layer_digests(archive: Path) -> set[str]:
             for m in tar.getmembers()
             if m.isfile() and m.name.endswith("layer.tar")
         }
+
+
+@needs_engine
+def test_the_engine_api_transport_gives_the_same_image_id(
+    reference: BuildResult, lock_path: Path, work: Path, docker_client: docker.DockerClient
+) -> None:
+    """docs/image.md's promise: the Engine API transport (the context sent whole as a tar, the lock's uv and
+    the installer's directory in it for the sources' steps) gives the image the docker CLI's gives."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(TRANSPORT_ENV, "api")
+        engine = Engine(docker_client)
+        assert engine.build_cli is None
+        again = build_image(read_lock(lock_path), options(work, no_cache=True), engine=engine)
+    assert again.image_id == reference.image_id
+    assert again.diff_ids == reference.diff_ids
 
 
 @needs_engine
