@@ -31,6 +31,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -155,6 +156,10 @@ def timed(label: str, repeat: int, run: Callable[[int], object]) -> tuple[float,
 
 
 def main(argv: list[str] | None = None) -> int:
+    # A watchdog's or a user's SIGTERM unwinds like Ctrl-C, so every `finally` runs: the git daemon stopped,
+    # the scratch directory and the run's images removed (killed outright, two closure runs left their git
+    # daemons serving and their images on the engine).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=1, help="runs of each measurement (median reported)")
     parser.add_argument("--stages", action="store_true", help="print envbuild's progress with elapsed times")
