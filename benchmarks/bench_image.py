@@ -321,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
                     except docker.errors.APIError:
                         pass
         _remove_hand_images(client)
+        empty_build_cache()  # as _remove_scale_images does, and why: the removed images' steps are recorded there
     return 0
 
 
