@@ -26,10 +26,11 @@ from envbuild.image.render import (
     render_tools_script,
     tools_reference,
 )
-from envbuild.lock import Lock
+from envbuild.lock import Lock, Package, PackageFile
 from tests.lib.tinylock import BRANCH_COMMIT, DIGEST, LOCK_SHA, NONE_COMMIT, TAG_COMMIT, WHEEL_COMMIT, tiny_lock
 
 BASE = f"127.0.0.1:5000/envbuild-test/base@{DIGEST}"
+UV_WHEEL = "uv-0.13.9-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl"  # the tiny lock is x86_64
 
 
 def plan_of(lock: Lock | None = None, **plan_args: object) -> ContextPlan:
@@ -150,6 +151,25 @@ def test_each_source_installed_as_its_mode_with_only_its_env_and_clamped() -> No
     for run in runs.values():
         assert "rm -rf /root/.cache/pip" in run and "__pycache__" in run
         assert run.endswith(f'&& {CLAMP} 1700000000 "$since"')  # the last thing the step does
+
+
+def test_with_an_installer_each_source_is_built_and_installed_by_uv_mounted_below_the_step_s_tmp() -> None:
+    installer = Package(name="uv", version="0.13.9", files=(PackageFile(UV_WHEEL, "c" * 64),))
+    lines = instructions(render_buildkit_image_dockerfile(plan_of(tiny_lock(installer=installer))))
+    installs = [line for line in lines if "source=src/" in line and "pip install" in line]
+    assert len(installs) == 3, lines  # the tiny lock's three sources that are built (one is copied only)
+    for run in (" ".join(line.split()) for line in installs):
+        mounts = run.split(" since=")[0].split()
+        # the installer's directory after the tmpfs at /tmp, below it: no mount point is made in the layer
+        assert mounts[2:] == [
+            "--mount=type=tmpfs,target=/tmp",
+            "--mount=type=bind,source=installer,target=/tmp/envbuild-installer",
+        ], mounts
+        assert '/tmp/envbuild-installer/uv pip install --python "$(command -v python3)" --offline --no-index' in run
+        assert "--no-deps --no-build-isolation --no-cache" in run and "-m pip" not in run
+        assert "&& python3 -I -S -B /tmp/envbuild-installer/stage_packages.py unstamp &&" in run
+        assert "UV_NO_INSTALLER_METADATA" not in run  # direct_url.json: how the in-image check finds a source
+    assert any(" -e /opt/envbuild/src/" in run for run in installs)
 
 
 def test_env_and_labels() -> None:

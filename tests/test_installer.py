@@ -1,7 +1,7 @@
-"""The lock's installer: what the lock accepts as one, the uv binary read out of its wheel, checked
-against the wheel's own RECORD (hostile and broken wheels refused, naming the file) and kept, and the
-sources' steps that run it. The build with the
-real uv wheel is tests/test_image_build.py's; pinning it, tests/test_update_minimal.py's."""
+"""The lock's installer: what the lock accepts as one, and the uv binary read out of its wheel, checked
+against the wheel's own RECORD (hostile and broken wheels refused, naming the file) and kept. The sources'
+steps that run it are tests/test_image_render.py's; the build with the real uv wheel is
+tests/test_image_build.py's; pinning it, tests/test_update_minimal.py's."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ import pytest
 from envbuild.errors import InputError, LockfileError
 from envbuild.image.installer import uv_binary, uv_binary_file
 from envbuild.image.plan import FilePlan, plan_context
-from envbuild.image.render import render_buildkit_image_dockerfile
 from envbuild.lock import Package, PackageFile, parse_lock
 from tests.lib.tinylock import MINIMAL_SHA, tiny_lock
 
@@ -134,27 +133,3 @@ def test_the_binary_is_kept_by_the_wheel_s_sha256_read_only_and_read_once(tmp_pa
     with pytest.raises(InputError, match="does not match the wheel's RECORD"):
         uv_binary_file(broken, dataclasses.replace(plan_file(broken), sha256="1" * 64), tmp_path / "kept")
     assert not (tmp_path / "kept" / ("1" * 64)).exists()  # nothing kept of a wheel that failed its check
-
-
-def test_with_an_installer_each_source_is_built_and_installed_by_uv_mounted_below_the_step_s_tmp() -> None:
-    installer = Package(name="uv", version=VERSION, files=(PackageFile(WHEEL, "c" * 64),))
-    text = render_buildkit_image_dockerfile(plan_context(tiny_lock(installer=installer), lock_sha256="0" * 64))
-    runs = [
-        " ".join(run.split("\n#")[0].replace("\\\n", " ").split())
-        for run in text.split("\nRUN ")[1:]
-        if "source=src/" in run.split("\n")[0]
-    ]
-    installs = [run for run in runs if "pip install" in run]
-    assert len(installs) == 3, runs  # the tiny lock's three sources that are built (one is copied only)
-    for run in installs:
-        mounts = run.split(" since=")[0].split()
-        # the installer's directory after the tmpfs at /tmp, below it: no mount point is made in the layer
-        assert mounts[1:] == [
-            "--mount=type=tmpfs,target=/tmp",
-            "--mount=type=bind,source=installer,target=/tmp/envbuild-installer",
-        ], mounts
-        assert '/tmp/envbuild-installer/uv pip install --python "$(command -v python3)" --offline --no-index' in run
-        assert "--no-deps --no-build-isolation --no-cache" in run and "-m pip" not in run
-        assert "&& python3 -I -S -B /tmp/envbuild-installer/stage_packages.py unstamp &&" in run
-        assert "UV_NO_INSTALLER_METADATA" not in run  # direct_url.json: how the in-image check finds a source
-    assert any(" -e /opt/envbuild/src/" in run for run in installs)
