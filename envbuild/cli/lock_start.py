@@ -84,8 +84,7 @@ def cmd_add(args: argparse.Namespace) -> int:
     text, _ = text_over(read, new)  # its comments and layout kept
     write_atomic(read.path, text)
     source = next(s for s in new.sources if s.name == args.name)
-    path = read.path
-    print(f"{path}: added {source.name}: {source.ref_type} {source.ref} at {source.commit}")
+    print(f"{read.path}: added {source.name}: {source.ref_type} {source.ref} at {source.commit}")
     if new.packages or new.requirements or source.requires or source.build_requires:
-        print(f"resolve the packages it needs with `envbuild lock update {path} --packages`", file=sys.stderr)
+        print(f"resolve the packages it needs with `envbuild lock update {read.path} --packages`", file=sys.stderr)
     return 0
