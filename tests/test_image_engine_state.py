@@ -17,6 +17,7 @@ import docker
 import pytest
 
 from envbuild.config import SourceOptions
+from envbuild.engine.claim import EngineClaim
 from envbuild.engine.client import Engine
 from envbuild.image.build import ImageOptions, build_image
 from envbuild.image.cache.ledger import forget_built
@@ -85,6 +86,27 @@ def test_repeated_builds_of_a_lock_leave_the_engine_as_the_first_build_left_it(
     # The size is the one BuildKit prunes by: one byte less to keep reclaims something (counting the
     # records shared with images too, it reclaimed nothing, and the bound held only on paper).
     assert engine.prune_build_cache(engine.build_cache_size() - 1) > 0
+
+
+@pytest.mark.engine_wide  # whether another build holds the engine is what it asserts
+def test_a_build_beside_another_leaves_the_prune_of_buildkits_cache_to_it(
+    env: ImageLockEnv, engine: Engine, tmp_path: Path
+) -> None:
+    """A build that ends while another holds the engine does not prune BuildKit's cache (docker 20.10's
+    prune broke the other's next steps: envbuild.engine.claim), but still tidies its lock's images."""
+    lock = env.write(tmp_path / "enginestate.lock.yaml", env.lock(name="enginestate"))
+    options = ImageOptions(VerifyOptions(SourceOptions(tmp_path / "cache")), no_cache=True)
+    said: list[str] = []
+    with EngineClaim(engine.address).shared():  # another build, using the engine
+        build_image(read_lock(lock), options, engine=engine, progress=said.append)
+        build_image(read_lock(lock), options, engine=engine, progress=said.append)
+    left = [line for line in said if line.startswith("BuildKit's cache left as it is: another build")]
+    assert len(left) == 2
+    # tidied all the same: the first build's raw image, superseded by the second's, went
+    assert engine.images(filters={"dangling": True, "label": "io.envbuild.lock.name=enginestate"}) == []
+    said.clear()
+    build_image(read_lock(lock), options, engine=engine, progress=said.append)
+    assert not [line for line in said if line.startswith("BuildKit's cache left")]
 
 
 def test_a_container_running_the_locks_image_survives_a_rebuild(

@@ -49,6 +49,7 @@ from typing import Any
 
 from envbuild.config import SourceOptions, fetch_command, update_command, verify_command
 from envbuild.data.reference import check_name_and_tag
+from envbuild.engine.claim import EngineClaim
 from envbuild.engine.client import Engine
 from envbuild.errors import EnvbuildError, InputError
 from envbuild.fetch import Inputs, exporter_for, fetch_inputs, newest_commit_date
@@ -258,12 +259,16 @@ def build_image(
                     rehash=False,  # the file cache is content-addressed; pip --require-hashes checks what it installs
                     installer_binary=_kept_binary(plan, options.cache_dir),
                 )
+                claim = EngineClaim(connected.address)
                 try:
-                    built = _build(_Assembled(read, plan, context, tags, options, connected, work, progress))
+                    with claim.shared():  # beside other builds, never beside a prune of BuildKit's cache
+                        built = _build(_Assembled(read, plan, context, tags, options, connected, work, progress))
                 except InImageMismatch:  # a kept tree changed on disk would fail it: the next build exports again
                     for source in plan.sources:
                         store.forget(source)
                     raise
+                kept = {raw_reference(plan)} | ({built.packages.reference} if built.packages else set())
+                tidy(connected, plan.lock_name, kept, built.image_id, base_reference(plan), claim, progress)
             store.prune({tree_key(source) for source in plan.sources})
             return built
 
@@ -424,8 +429,6 @@ def _build(build: _Assembled) -> BuildResult:
             distro_removed=distro_removed,
         ),
     )
-    keep = {raw_tag} | ({packages.reference} if packages else set())
-    tidy(engine, plan.lock_name, keep, image_id, base_reference(plan), say)
     return BuildResult(
         image_id=image_id,
         tags=build.tags,

@@ -15,7 +15,8 @@ Per lock name, after a build:
   lock's image, a job or a cluster node, is never touched).
 
 BuildKit's own cache is a second store: removing images does not shrink it, and every ``--no-cache``
-build adds to it. After a BuildKit build it is pruned, least recently used first, down to
+build adds to it. After a BuildKit build, if no other build is using the engine
+(:mod:`envbuild.engine.claim`), it is pruned, least recently used first, down to
 :func:`build_cache_bound`: twice what the image adds to its base (so the next build of the lock, and one
 of another lock of that size, still finds its steps), and at least :data:`BUILD_CACHE_FLOOR`. The bound is
 engine-wide: BuildKit keeps no owner per record, so other builds' records count too, oldest going first.
@@ -27,8 +28,7 @@ the engine a few kilobytes. Images under the tags you asked for (``--tag``, the 
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
+from envbuild.engine.claim import EngineClaim
 from envbuild.engine.client import Engine
 from envbuild.errors import EngineError
 from envbuild.image.plan import LOCK_NAME_LABEL, ROLE_LABEL
@@ -101,18 +101,19 @@ def bound_build_cache(engine: Engine, keep: int, say: Progress) -> int:
     return reclaimed
 
 
-def tidy(engine: Engine, lock_name: str, keep: set[str], image_id: str, base: str, say: Progress) -> None:
-    """After a build of ``image_id`` on ``base``: :func:`keep_only` ``keep`` of the lock's images, and
-    BuildKit's cache bounded beside it (each is a few calls the engine answers on its own). Never while a
-    step runs: tried beside the in-image check's step, the superseded raw image's removal left BuildKit's
-    cache a record whose layer was gone, and the next build of the lock failed (``failed to prepare …:
-    committed: no such file or directory``, docker 20.10)."""
-
-    def bounded() -> None:
-        built, under = engine.inspect(image_id) or {}, engine.inspect(base) or {}
-        bound_build_cache(engine, build_cache_bound(int(built.get("Size") or 0), int(under.get("Size") or 0)), say)
-
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        bounding = pool.submit(bounded)
+def tidy(
+    engine: Engine, lock_name: str, keep: set[str], image_id: str, base: str, claim: EngineClaim, say: Progress
+) -> None:
+    """After a build of ``image_id`` on ``base``: :func:`keep_only` ``keep`` of the lock's images, then
+    BuildKit's cache bounded, if no other build holds the engine's ``claim``; while one does, only
+    :func:`keep_only` (:mod:`envbuild.engine.claim` says why). The prune runs beside nothing: not a step of
+    this build, not its removals, not another build."""
+    with claim.alone() as alone:
+        if alone:
+            keep_only(engine, lock_name, keep, say)
+            built, under = engine.inspect(image_id) or {}, engine.inspect(base) or {}
+            bound_build_cache(engine, build_cache_bound(int(built.get("Size") or 0), int(under.get("Size") or 0)), say)
+            return
+    say("BuildKit's cache left as it is: another build is using the engine (the next build to find it free prunes)")
+    with claim.shared():
         keep_only(engine, lock_name, keep, say)
-        bounding.result()

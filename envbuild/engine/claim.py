@@ -1,0 +1,87 @@
+"""Who is using an engine, among envbuild's processes on this machine: a prune of BuildKit's cache never
+runs beside another build.
+
+Docker 20.10's BuildKit, pruning while other work uses its cache, can leave a record in its metadata
+whose layer's directory is gone: from then on every build that reaches that step fails (``failed to
+prepare …: open …/overlay2/…/committed: no such file or directory``) until BuildKit's cache is emptied.
+This project's own suite met it: two workers building other locks side by side, each pruning after its
+build beside removing its superseded images, broke the shared engine in CI and here (docs/image.md has
+the runs); with the prune after the removals and beside no other build, no run did.
+
+So each build holds its engine's claim *shared* while it uses the engine (its steps, its in-image check,
+its removals), and prunes only if it can take the claim *alone* without waiting. One that cannot leaves
+the prune to the next build that finds the engine free (it says so): no build ever waits for another's
+end.
+
+The claim is a ``flock`` on a file named by the engine's address, in a private directory of this user's
+(``$TMPDIR/envbuild-<uid>/``): it keeps apart the builds of one user on one machine. Builds by another
+user, by another machine through ``tcp://`` or ``ssh://``, or by ``docker build`` itself are not seen."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import stat
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from envbuild.errors import EnvbuildError
+
+
+def claims_dir() -> Path:
+    """This user's directory of engine claims, made 0700 if missing; one that is not a directory of this
+    user's (a link, another user's) is refused rather than used."""
+    directory = Path(tempfile.gettempdir()) / f"envbuild-{os.getuid()}"
+    try:
+        directory.mkdir(mode=0o700, exist_ok=True)
+        found = os.lstat(directory)
+    except OSError as exc:
+        raise EnvbuildError(f"{directory}: cannot make the directory of engine claims: {exc.strerror}") from None
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid() or found.st_mode & 0o022:
+        raise EnvbuildError(
+            f"{directory}: not a private directory of this user's (mode {stat.filemode(found.st_mode)}, "
+            f"owner {found.st_uid}): remove it, or set TMPDIR elsewhere"
+        )
+    return directory
+
+
+class EngineClaim:
+    """The claim on the engine at ``address`` (its ``DOCKER_HOST``), held shared or alone."""
+
+    def __init__(self, address: str, directory: Path | None = None) -> None:
+        key = hashlib.sha256(address.encode()).hexdigest()[:16]
+        self.address = address
+        self.path = (directory or claims_dir()) / f"engine-{key}.lock"
+
+    def _open(self) -> int:
+        try:
+            return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise EnvbuildError(f"{self.path}: cannot open the claim on {self.address}: {exc.strerror}") from None
+
+    @contextmanager
+    def shared(self) -> Iterator[None]:
+        """Held beside other builds; waits only while one prunes (seconds at most)."""
+        fd = self._open()
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            yield
+        finally:
+            os.close(fd)  # the lock goes with it
+
+    @contextmanager
+    def alone(self) -> Iterator[bool]:
+        """True, and held alone, if no other build holds the claim now; False (nothing held) if one does."""
+        fd = self._open()
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+            else:
+                yield True
+        finally:
+            os.close(fd)
