@@ -18,43 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envbuild.data.jsonout import jfield, to_jsonable
-from envrun.checkpoint.audit import audit_model
+from envbuild.data.jsonout import to_jsonable
+from envrun.checkpoint.audit import ModelAudit, audit_model
 from envrun.checkpoint.modelnames import ModelNames
 from envrun.probe.report import ExportLayout
-
-
-@dataclass(frozen=True)
-class ExportAudit:
-    path: str
-    ok: bool
-    missing: tuple[str, ...] = ()
-    unexpected: tuple[str, ...] = ()
-    error: str = ""
-    expected_from: str = ""  # where the audit took its expected names from (the report's expected_from)
-    # The Ray node that holds it ("" on this host); last, as its JSON says it after the audit's own keys.
-    node: str = jfield("", omit="empty")
-
-    @classmethod
-    def from_json(cls, document: dict[str, Any], node: str = "") -> ExportAudit:
-        return cls(
-            str(document.get("path", "")),
-            bool(document.get("ok")),
-            tuple(document.get("missing") or ()),
-            tuple(document.get("unexpected") or ()),
-            error=str(document.get("error") or ""),
-            expected_from=str(document.get("expected_from") or ""),
-            node=node,
-        )
-
-    @property
-    def failure(self) -> str:
-        where = f"{self.node}: " if self.node else ""
-        if self.error:  # it names the path (audit_model's words), or there is none (a node did not answer)
-            return f"{where}{self.error}"
-        lost = ", ".join([*self.missing[:3], *self.unexpected[:3]])
-        names = f" (names: {self.expected_from})" if self.expected_from else ""
-        return f"{where}{self.path}: {lost}{names}"
 
 
 @dataclass(frozen=True)
@@ -63,14 +30,14 @@ class ExportSearch:
 
     where: str  # "this host", "2 node(s)"
     present: bool  # the checkpoint directory exists there (on at least one node)
-    audits: tuple[ExportAudit, ...]
+    audits: tuple[ModelAudit, ...]
     unseen: tuple[str, ...] = ()  # per node, the checkpoint files another node holds and it cannot see
 
 
 @dataclass(frozen=True)
 class ExportVerdict:
     detail: str  # what was found, in one line
-    audits: tuple[ExportAudit, ...] = ()
+    audits: tuple[ModelAudit, ...] = ()
     failures: tuple[str, ...] = ()  # one per lost export, or the missing export itself
     layout: ExportLayout | None = None
 
@@ -88,15 +55,6 @@ class ExportVerdict:
         }
 
 
-def audit_export(path: Path, names: ModelNames | None = None) -> ExportAudit:
-    """One export audited here, against ``names`` (the job's own transformers, :mod:`envrun.auditnames`;
-    None: envrun's static description). A failure to get the names fails the export."""
-    found = audit_model(str(path), names)
-    return ExportAudit(
-        found.path, found.ok, found.missing, found.unexpected, found.error or "", expected_from=found.expected_from
-    )
-
-
 def search_here(layout: ExportLayout, names: ModelNames | None = None) -> ExportSearch:
     """The exports under the layout's directory on this host, each audited against ``names`` (one model
     build for every step's export: ``names`` asks once per config.json)."""
@@ -105,7 +63,7 @@ def search_here(layout: ExportLayout, names: ModelNames | None = None) -> Export
     if not root.is_dir():
         return ExportSearch("this host", False, ())
     found = sorted(p for p in root.glob(layout.pattern) if p.is_dir())  # the root's own name is no pattern
-    return ExportSearch("this host", True, tuple(audit_export(p, names) for p in found))
+    return ExportSearch("this host", True, tuple(audit_model(str(p), names) for p in found))
 
 
 def search_from_answers(answers: Iterable[dict[str, Any]], root: str | None = None) -> ExportSearch:
@@ -114,7 +72,7 @@ def search_from_answers(answers: Iterable[dict[str, Any]], root: str | None = No
     from envrun.cluster.storage import unseen_files
 
     answers = list(answers)
-    audits: list[ExportAudit] = []
+    audits: list[ModelAudit] = []
     present, count = False, 0
     for answer in answers:
         count += 1
@@ -122,8 +80,8 @@ def search_from_answers(answers: Iterable[dict[str, Any]], root: str | None = No
         present = present or bool(found.get("present"))
         node = str(answer.get("name") or answer.get("node_id") or "")
         if answer.get("error"):
-            audits.append(ExportAudit("", False, error=f"did not answer: {answer['error']}", node=node))
-        audits += [ExportAudit.from_json(a, node) for a in found.get("audits") or ()]
+            audits.append(ModelAudit("", False, error=f"did not answer: {answer['error']}", node=node))
+        audits += [ModelAudit.of_answer(a, node) for a in found.get("audits") or ()]
     unseen = unseen_files(answers, root) if root else ()
     return ExportSearch(f"{count} node(s)", present, tuple(audits), unseen)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from envbuild.data.jsonout import to_jsonable
 from envbuild.errors import InputError
 from envrun.checkpoint import (
     CheckpointIndexError,
@@ -471,7 +472,7 @@ def test_a_run_audits_with_the_model_s_names_or_fails_in_one_wording(tmp_path: P
     names = sorted(n for n in tensor_names(SPEC) if not n.startswith("model.layers.4."))
     audit = audit_model(str(tmp_path), answering(names, []))
     assert audit == ModelAudit(str(tmp_path), True, check="model", expected_from=audit.expected_from)
-    assert ModelAudit.of_answer(audit.to_json()) == audit  # what a node sends is what the host judges
+    assert ModelAudit.of_answer(to_jsonable(audit)) == audit  # what a node sends is what the host judges
     other = audit_model(str(tmp_path), answering(names, [], transformers="5.9.0"))
     assert other.error == (
         f"{tmp_path}: the expected names could not be had from the model the lock's transformers 5.10.4 builds "

@@ -17,8 +17,8 @@ from envbuild.data.jsonout import fields_json, jfield, json_meta, records, to_js
 from envbuild.lock.diff import Change
 from envbuild.lock.moves import LoggedCommit, Moved, Pairing, Relation
 from envbuild.verify.results import PinResult, VerifyReport
+from envrun.checkpoint.audit import ModelAudit
 from envrun.cluster.info import ClusterInfo, NodeInfo
-from envrun.exports import ExportAudit
 
 
 class Colour(enum.Enum):
@@ -198,20 +198,21 @@ CASES = [
         },
     ),
     (
-        ExportAudit("/p", False, ("m",), error="e", expected_from="model", node="n1"),
+        ModelAudit("/p", False, ("m",), check="model", expected_from="the model", error="e", node="n1"),
         {
             "path": "/p",
             "ok": False,
             "missing": ["m"],
             "unexpected": [],
+            "check": "model",
+            "expected_from": "the model",
             "error": "e",
-            "expected_from": "model",
             "node": "n1",
         },
     ),
     (
-        ExportAudit("/p", True),
-        {"path": "/p", "ok": True, "missing": [], "unexpected": [], "error": "", "expected_from": ""},
+        ModelAudit("/p", True),
+        {"path": "/p", "ok": True, "missing": [], "unexpected": [], "check": None, "expected_from": "", "error": None},
     ),
     (
         ClusterInfo("c", None, (NodeInfo("h", "", "i", None, None, True, 0, alive=False, state="missing"),)),

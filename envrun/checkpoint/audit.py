@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from envbuild.data.jsonout import jfield
 from envbuild.errors import EnvbuildError, InputError
 from envrun.checkpoint.expected import (
     Check,
@@ -171,8 +172,9 @@ def audit_checkpoint(
 
 @dataclass(frozen=True)
 class ModelAudit:
-    """A run's audit of the model directory at the path the job reads, wherever it ran (this host, a Ray
-    node, whose answer is its :meth:`to_json`), or what stopped it: what preflight's one verdict judges."""
+    """An audit of a model directory (the one the job reads, or an export a run wrote), wherever it ran
+    (this host, a Ray node or a Slurm task, whose answer is its JSON), or what stopped it: what preflight's
+    one verdict and the export guard judge."""
 
     path: str
     ok: bool
@@ -181,31 +183,32 @@ class ModelAudit:
     check: str | None = None  # what the expected names came from ("architecture", "model", …)
     expected_from: str = ""  # the same, for people
     error: str | None = None  # what stopped the audit, naming the path: no names were compared
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "ok": self.ok,
-            "missing": list(self.missing),
-            "unexpected": list(self.unexpected),
-            "check": self.check,
-            "expected_from": self.expected_from,
-            "error": self.error,
-        }
+    node: str = jfield("", omit="empty")  # the node that holds it ("" on this host)
 
     @classmethod
-    def of_answer(cls, answer: Mapping[str, Any]) -> ModelAudit:
+    def of_answer(cls, answer: Mapping[str, Any], node: str = "") -> ModelAudit:
         """A node's answer (JSON from the node: each field taken for what it says, nothing trusted more)."""
         error = answer.get("error")
         return cls(
-            str(answer.get("path")),
+            str(answer.get("path") or ""),
             bool(answer.get("ok")),
             tuple(str(name) for name in answer.get("missing") or ()),
             tuple(str(name) for name in answer.get("unexpected") or ()),
             str(answer["check"]) if answer.get("check") is not None else None,
             str(answer.get("expected_from") or ""),
             str(error) if error else None,
+            node,
         )
+
+    @property
+    def failure(self) -> str:
+        """Why it is not ok, in one line: the error (it names the path), or the first names lost."""
+        where = f"{self.node}: " if self.node else ""
+        if self.error:
+            return f"{where}{self.error}"
+        lost = ", ".join([*self.missing[:3], *self.unexpected[:3]])
+        names = f" (names: {self.expected_from})" if self.expected_from else ""
+        return f"{where}{self.path}: {lost}{names}"
 
 
 def audit_model(path: str, names: ModelNames | None) -> ModelAudit:

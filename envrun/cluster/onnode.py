@@ -67,9 +67,11 @@ def names_for(spec: dict[str, Any]) -> Any:
 def audit(path: str, names: Any = None) -> dict[str, Any]:
     """The checkpoint audit of ``path`` on this node, worded as on the host
     (:func:`envrun.checkpoint.audit.audit_model`)."""
+    from envbuild.data.jsonout import to_jsonable
     from envrun.checkpoint.audit import audit_model
 
-    return audit_model(path, names).to_json()
+    answer: dict[str, Any] = to_jsonable(audit_model(path, names))
+    return answer
 
 
 def data(paths: list[str]) -> list[str]:

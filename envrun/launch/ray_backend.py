@@ -110,8 +110,9 @@ class RayLauncher:
 
     def find_exports(self, plan: RunPlan, layout: ExportLayout, progress: Progress) -> ExportSearch:
         """Each node searches its own files and audits what it holds (the client sees none of them)."""
+        from envrun.checkpoint.audit import ModelAudit
         from envrun.cluster.nodecheck import NodeAsk, ask_nodes
-        from envrun.exports import ExportAudit, ExportSearch, search_from_answers
+        from envrun.exports import ExportSearch, search_from_answers
 
         assert layout.root is not None
         progress(f"asking every node of {self.address} for the exports under {layout.root}")
@@ -128,7 +129,7 @@ class RayLauncher:
             answers = ask_nodes(self.address, ask)
         except EngineError as exc:
             return ExportSearch(
-                "the cluster", False, (ExportAudit("", False, error=f"the nodes could not be asked: {exc}"),)
+                "the cluster", False, (ModelAudit("", False, error=f"the nodes could not be asked: {exc}"),)
             )
         return search_from_answers(answers, layout.root)
 

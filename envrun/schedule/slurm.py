@@ -22,7 +22,8 @@ from typing import IO, Any
 from envbuild.data.jsonout import to_jsonable
 from envbuild.errors import EngineError, InputError
 from envbuild.progress import Progress
-from envrun.exports import ExportAudit, ExportSearch
+from envrun.checkpoint.audit import ModelAudit
+from envrun.exports import ExportSearch
 from envrun.injob.spec import JOB_DIR as IN_CONTAINER
 from envrun.launch.base import LaunchResult, LogSink
 from envrun.plan import RunPlan
@@ -217,8 +218,8 @@ class SlurmLauncher:
         """What the head's audit found on the nodes (the job's ``record/exports.json``)."""
         found = _json(Path(plan.run_dir).absolute() / SUBDIR / RECORD_DIR / "exports.json")
         if not isinstance(found, dict):
-            return ExportSearch("the Slurm job", False, (ExportAudit("", False, error="the job recorded no audit"),))
-        audits = tuple(ExportAudit.from_json(a, str(a.get("node") or "")) for a in found.get("exports") or ())
+            return ExportSearch("the Slurm job", False, (ModelAudit("", False, error="the job recorded no audit"),))
+        audits = tuple(ModelAudit.of_answer(a, str(a.get("node") or "")) for a in found.get("exports") or ())
         return ExportSearch(
             str(found.get("where") or "the Slurm job's nodes"), bool(audits) or found.get("ok", False), audits
         )
