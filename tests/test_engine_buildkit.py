@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import os
+import shutil
 import time
 import uuid
 from collections.abc import Iterator
@@ -15,13 +16,15 @@ from pathlib import Path
 import docker
 import pytest
 
-from envbuild.engine.buildkit import BuildKitProgress, decode_status, fields
+from envbuild.engine.buildkit import LOST_LAYER_HINT, BuildKitProgress, LostLayer, StepFailed, decode_status, fields
+from envbuild.engine.claim import EngineClaim
 from envbuild.engine.cli_build import CLI_ENV, TRANSPORT_ENV, choose_transport
 from envbuild.engine.client import Engine
 from envbuild.engine.transfer import directory_context
 from envbuild.errors import EngineError
 from envbuild.git import treehash
 from envbuild.image import inimage_probe
+from envbuild.image.cache.retention import empty_build_cache
 from tests.lib.baseimage import BaseImage
 
 
@@ -84,6 +87,28 @@ def test_progress_counts_steps_and_keeps_the_failed_steps_log_tail() -> None:
     assert progress.image_id == "sha256:feed"
 
 
+def test_a_step_on_a_layer_the_engine_lost_is_the_engines_failure_not_the_steps() -> None:
+    """Docker 20.10's message (CI's run, verbatim but the IDs) when BuildKit's cache kept a step whose layer
+    went: an EngineError that says how to recover, so a bisect does not blame the candidate; any other
+    failure of a step stays the step's."""
+    lost = (
+        "failed to prepare 36cbtrugoonewa5egfqglf8h9: open "
+        "/var/lib/envbuild-test/docker/overlay2/ue82woh247swqpe8h011s9oqw/committed: no such file or directory"
+    )
+    for message, kind in ((lost, LostLayer), ("exit code: 2", StepFailed)):
+        with BuildKitProgress(lambda _: None) as progress:
+            progress.event(_event(_vertex("sha256:r", "[envbuild-src-gamma 1/1] RUN cp")))
+            progress.event(_event(_vertex("sha256:r", "[envbuild-src-gamma 1/1] RUN cp", error=message)))
+        error = progress.failed(message)
+        assert type(error) is kind
+    assert str(error).startswith("build failed at step [envbuild-src-gamma 1/1] RUN cp: exit code: 2")
+    with BuildKitProgress(lambda _: None) as progress:
+        progress.event(_event(_vertex("sha256:r", "[envbuild-src-gamma 1/1] RUN cp", error=lost)))
+    said = str(progress.failed(lost))
+    assert said.startswith(f"build failed at step [envbuild-src-gamma 1/1] RUN cp: {lost} (")
+    assert said.endswith(f"({LOST_LAYER_HINT})") and "`docker builder prune -af`" in LOST_LAYER_HINT
+
+
 def test_a_long_silent_step_still_says_it_runs() -> None:
     """A step installing GBs prints nothing for minutes: a timer says it runs, with its last output."""
     lines: list[str] = []
@@ -137,6 +162,36 @@ def test_a_buildkit_build_runs_steps_without_network_and_from_the_cache(
     assert not any(s.cached for s in fresh.steps if "] RUN " in s.instruction)
     for image in {first.image_id, again.image_id, fresh.image_id}:
         engine.remove(image, force=True)
+
+
+@pytest.mark.docker
+@pytest.mark.engine_wide  # it takes a layer from under BuildKit's cache, then empties that cache
+def test_a_step_on_a_lost_layer_fails_as_lost_and_builds_once_the_cache_is_emptied(
+    tmp_path: Path, engine: Engine, base_image: BaseImage
+) -> None:
+    """The engine's own words for a step whose layer is gone, through each transport, made here as docker
+    20.10 was seen to leave it: the step's image removed (its layer then BuildKit's alone), the layer's
+    directory gone. A step prepared on it fails as LostLayer; emptied, the cache builds it again."""
+    one = f"FROM {base_image.tag}\nRUN echo {uuid.uuid4().hex} > /one\n"
+    (tmp_path / "Dockerfile").write_text(one)
+    first = engine.buildkit_build(directory_context(tmp_path))
+    found = engine.inspect(first.image_id)
+    assert found is not None
+    upper = found["GraphDriver"]["Data"].get("UpperDir")
+    assert upper, f"the test engine's storage is {found['GraphDriver']['Name']}, not overlay2"
+    engine.remove(first.image_id, force=True)
+    shutil.rmtree(Path(upper).parent)
+    (tmp_path / "Dockerfile").write_text(one + "RUN echo two > /two\n")
+    with pytest.raises(LostLayer) as caught:
+        engine.buildkit_build(directory_context(tmp_path))
+    assert f"/committed: no such file or directory ({LOST_LAYER_HINT})" in str(caught.value)
+    said: list[str] = []
+    empty_build_cache(engine, EngineClaim(engine.address), caught.value, said.append)
+    assert said[0] == f"warning: {str(caught.value).splitlines()[0]}"
+    assert said[-1].startswith("emptied BuildKit's cache (") and said[-1].endswith("; building again")
+    again = engine.buildkit_build(directory_context(tmp_path))
+    assert engine.run(again.image_id, ["cat", "/two"]).stdout == "two\n"
+    engine.remove(again.image_id, force=True)
 
 
 @pytest.mark.docker

@@ -17,8 +17,10 @@ import docker
 import pytest
 
 from envbuild.config import SourceOptions
+from envbuild.engine.buildkit import LOST_LAYER_HINT, LostLayer
 from envbuild.engine.claim import EngineClaim
 from envbuild.engine.client import Engine
+from envbuild.image import build as build_module
 from envbuild.image.build import ImageOptions, build_image
 from envbuild.image.cache.ledger import forget_built
 from envbuild.image.cache.retention import BUILD_CACHE_FLOOR, bound_build_cache, build_cache_bound
@@ -107,6 +109,35 @@ def test_a_build_beside_another_leaves_the_prune_of_buildkits_cache_to_it(
     said.clear()
     build_image(read_lock(lock), options, engine=engine, progress=said.append)
     assert not [line for line in said if line.startswith("BuildKit's cache left")]
+
+
+@pytest.mark.engine_wide  # BuildKit's cache is emptied
+def test_a_build_that_meets_a_lost_layer_empties_buildkits_cache_and_builds_once_more(
+    env: ImageLockEnv, engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine's fault met by a build (test_engine_buildkit makes it for real, through each transport):
+    the build says so, empties BuildKit's cache and builds again, to the image a build without it gives."""
+    lock = env.write(tmp_path / "enginestate.lock.yaml", env.lock(name="enginestate"))
+    options = ImageOptions(VerifyOptions(SourceOptions(tmp_path / "cache")))
+    reference = build_image(read_lock(lock), options, engine=engine)
+    forget_built(options.cache_dir, reference.lock_sha256)
+    real, calls = build_module._build, []
+
+    def meets_the_fault_once(assembled: object) -> object:
+        calls.append(engine.build_cache_size())
+        if len(calls) == 1:
+            raise LostLayer(f"build failed at step [stage-2 1/3] RUN …: failed to prepare x: … ({LOST_LAYER_HINT})")
+        return real(assembled)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(build_module, "_build", meets_the_fault_once)
+    said: list[str] = []
+    again = build_image(read_lock(lock), options, engine=engine, progress=said.append)
+    assert again.image_id == reference.image_id and len(calls) == 2
+    assert calls[0] > 0 and calls[1] == 0  # emptied in between
+    assert any(
+        line.startswith("warning: build failed at step [stage-2 1/3] RUN …: failed to prepare x") for line in said
+    )
+    assert any(line.startswith("emptied BuildKit's cache (") for line in said)
 
 
 def test_a_container_running_the_locks_image_survives_a_rebuild(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 import threading
 import time
 from collections import deque
@@ -274,9 +275,24 @@ class BuildKitProgress:
             step = self._names.get(digest) if digest is not None else None
             log = [*self._logs.get(digest, ()), self._partial.get(digest, "")] if digest is not None else []
         text = self.failure(message)
+        if _LOST_LAYER.search(message):  # the engine's fault, not the step's: a bisect must not blame it
+            return LostLayer(f"{text} ({LOST_LAYER_HINT})")
         if step is None or not _numbered(step):
             return EngineError(text)
         return StepFailed(text, step, tuple(line for line in log if line.strip())[-LOG_TAIL:])
+
+
+class LostLayer(EngineError):
+    """Docker 20.10's BuildKit kept a step in its cache whose layer's directory is gone: every build that
+    prepares a step on it fails so, whatever it builds, until that cache is emptied
+    (:func:`envbuild.image.cache.retention.empty_build_cache`)."""
+
+
+_LOST_LAYER = re.compile(r"failed to prepare \S+: open \S*/committed: no such file or directory")
+LOST_LAYER_HINT = (
+    "the engine's BuildKit cache holds a step whose layer is gone, a fault of docker 20.10's BuildKit: "
+    "`docker builder prune -af` empties that cache, then build again"
+)
 
 
 def _numbered(name: str) -> bool:

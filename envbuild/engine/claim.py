@@ -1,17 +1,16 @@
 """Who is using an engine, among envbuild's processes on this machine: a prune of BuildKit's cache never
 runs beside another build.
 
-Docker 20.10's BuildKit, pruning while other work uses its cache, can leave a record in its metadata
-whose layer's directory is gone: from then on every build that reaches that step fails (``failed to
-prepare …: open …/overlay2/…/committed: no such file or directory``) until BuildKit's cache is emptied.
-This project's own suite met it: two workers building other locks side by side, each pruning after its
-build beside removing its superseded images, broke the shared engine in CI and here (docs/image.md has
-the runs); with the prune after the removals and beside no other build, no run did.
-
-So each build holds its engine's claim *shared* while it uses the engine (its steps, its in-image check,
-its removals), and prunes only if it can take the claim *alone* without waiting. One that cannot leaves
-the prune to the next build that finds the engine free (it says so): no build ever waits for another's
-end.
+Docker 20.10's BuildKit can keep a step in its cache whose layer's directory is gone; every build that
+prepares a step on it then fails (:class:`~envbuild.engine.buildkit.LostLayer`) until that cache is
+emptied. It was seen with a prune running beside a step of the same build (why the tidying comes after
+the build), and in test runs that build from two workers on one engine, each pruning after its builds
+(docs/image.md has the runs). What leaves it is not known for sure; a prune beside other work on the
+cache is the one suspect seen. So each build holds its engine's claim *shared* while it uses the engine
+(its steps, its in-image check, its removals), and prunes only if it can take the claim *alone* without
+waiting. One that cannot leaves the prune to the next build that finds the engine free (it says so): no
+build waits for another's end. A build that meets the fault anyway empties the cache, alone, and builds
+again (:func:`envbuild.image.cache.retention.empty_build_cache`).
 
 The claim is a ``flock`` on a file named by the engine's address, in a private directory of this user's
 (``$TMPDIR/envbuild-<uid>/``): it keeps apart the builds of one user on one machine. Builds by another

@@ -169,13 +169,13 @@ class Images(EngineBase):
         with engine_errors("info", self.address):
             return dict(self.api.info())
 
-    def prune_build_cache(self, keep_storage: int) -> int:
-        """Prune BuildKit's cache down to ``keep_storage`` bytes (what it reports it reclaimed). The
+    def prune_build_cache(self, keep_storage: int, *, everything: bool = False) -> int:
+        """Prune BuildKit's cache down to ``keep_storage`` bytes (what it reports it reclaimed); with
+        ``everything``, every record not in use, BuildKit's own too (``docker builder prune -af``). The
         cache is a store of its own: removing images does not shrink it."""
+        params = {"keep-storage": str(keep_storage), **({"all": "1"} if everything else {})}
         with engine_errors("prune the build cache", self.address):
-            answer = self.api._result(
-                self.api._post(self.api._url("/build/prune"), params={"keep-storage": str(keep_storage)}), True
-            )
+            answer = self.api._result(self.api._post(self.api._url("/build/prune"), params=params), True)
         return int(answer.get("SpaceReclaimed") or 0)
 
     def build_cache_size(self) -> int:

@@ -49,6 +49,7 @@ from typing import Any
 
 from envbuild.config import SourceOptions, fetch_command, update_command, verify_command
 from envbuild.data.reference import check_name_and_tag
+from envbuild.engine.buildkit import LostLayer
 from envbuild.engine.claim import EngineClaim
 from envbuild.engine.client import Engine
 from envbuild.errors import EnvbuildError, InputError
@@ -58,7 +59,7 @@ from envbuild.image.base import ensure_base
 from envbuild.image.cache.answer import answer_from_record, built_before
 from envbuild.image.cache.ledger import BUILDER, BuiltImage, write_built
 from envbuild.image.cache.normalised_map import kept_parents, read_map, remember
-from envbuild.image.cache.retention import tidy
+from envbuild.image.cache.retention import empty_build_cache, tidy
 from envbuild.image.cache.scratch import context_dir, lock_name_held
 from envbuild.image.checked import InImageMismatch, checked_and_normalised, last_parents, parents_entry
 from envbuild.image.installer import binaries_dir, uv_binary_file
@@ -260,9 +261,15 @@ def build_image(
                     installer_binary=_kept_binary(plan, options.cache_dir),
                 )
                 claim = EngineClaim(connected.address)
+                assembled = _Assembled(read, plan, context, tags, options, connected, work, progress)
                 try:
-                    with claim.shared():  # beside other builds, never beside a prune of BuildKit's cache
-                        built = _build(_Assembled(read, plan, context, tags, options, connected, work, progress))
+                    try:
+                        with claim.shared():  # beside other builds, never beside a prune of BuildKit's cache
+                            built = _build(assembled)
+                    except LostLayer as fault:  # the engine's cache, not the lock: emptied, then once more
+                        empty_build_cache(connected, claim, fault, progress)
+                        with claim.shared():
+                            built = _build(assembled)
                 except InImageMismatch:  # a kept tree changed on disk would fail it: the next build exports again
                     for source in plan.sources:
                         store.forget(source)

@@ -28,6 +28,9 @@ the engine a few kilobytes. Images under the tags you asked for (``--tag``, the 
 
 from __future__ import annotations
 
+import time
+
+from envbuild.engine.buildkit import LostLayer
 from envbuild.engine.claim import EngineClaim
 from envbuild.engine.client import Engine
 from envbuild.errors import EngineError
@@ -117,3 +120,28 @@ def tidy(
     say("BuildKit's cache left as it is: another build is using the engine (the next build to find it free prunes)")
     with claim.shared():
         keep_only(engine, lock_name, keep, say)
+
+
+LOST_LAYER_WAIT = 600.0  # seconds a build that met LostLayer waits for the engine's other builds to end
+
+
+def empty_build_cache(engine: Engine, claim: EngineClaim, fault: LostLayer, say: Progress) -> None:
+    """After ``fault``: BuildKit's cache emptied (every record not in use), once no other build holds the
+    engine's ``claim`` (an emptying beside a build is what the claim keeps out), so that the build can run
+    again; ``fault`` raised if the engine is not free within :data:`LOST_LAYER_WAIT`."""
+    say(f"warning: {str(fault).splitlines()[0]}")
+    deadline, told = time.monotonic() + LOST_LAYER_WAIT, False
+    while True:
+        with claim.alone() as alone:
+            if alone:
+                reclaimed = engine.prune_build_cache(0, everything=True)
+                say(
+                    f"emptied BuildKit's cache ({reclaimed / 1e6:.0f} MB) of the step whose layer was gone; building again"
+                )
+                return
+        if time.monotonic() > deadline:
+            raise fault
+        if not told:
+            say("waiting for the engine's other builds to end before emptying BuildKit's cache")
+            told = True
+        time.sleep(0.5)
