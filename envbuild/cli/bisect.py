@@ -71,8 +71,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     if args.write_lock is not None and result.forward is not None:
         from envbuild.lock.roundtrip import text_over  # BAD's comments and layout kept where they can be
 
-        text, _ = text_over(bad, result.forward, args.write_lock)
-        write_atomic(args.write_lock, text)
+        write_atomic(args.write_lock, text_over(bad, result.forward, args.write_lock).text)
         written = str(args.write_lock)
     if args.report is not None:
         write_atomic(args.report, render_markdown(result, written))

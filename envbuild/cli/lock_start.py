@@ -81,8 +81,7 @@ def cmd_add(args: argparse.Namespace) -> int:
         file=str(read.path),
         progress=StderrProgress("envbuild", args.quiet),
     )
-    text, _ = text_over(read, new)  # its comments and layout kept
-    write_atomic(read.path, text)
+    write_atomic(read.path, text_over(read, new).text)  # its comments and layout kept
     source = next(s for s in new.sources if s.name == args.name)
     print(f"{read.path}: added {source.name}: {source.ref_type} {source.ref} at {source.commit}")
     if new.packages or new.requirements or source.requires or source.build_requires:

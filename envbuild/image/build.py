@@ -261,15 +261,10 @@ def build_image(
                     installer_binary=_kept_binary(plan, options.cache_dir),
                 )
                 claim = EngineClaim(connected.address)
-                assembled = _Assembled(read, plan, context, tags, options, connected, work, progress)
                 try:
-                    try:
-                        with claim.shared():  # beside other builds, never beside a prune of BuildKit's cache
-                            built = _build(assembled)
-                    except LostLayer as fault:  # the engine's cache, not the lock: emptied, then once more
-                        empty_build_cache(connected, claim, fault, progress)
-                        with claim.shared():
-                            built = _build(assembled)
+                    built = _build_claimed(
+                        _Assembled(read, plan, context, tags, options, connected, work, progress), claim
+                    )
                 except InImageMismatch:  # a kept tree changed on disk would fail it: the next build exports again
                     for source in plan.sources:
                         store.forget(source)
@@ -341,6 +336,19 @@ class _Assembled:
     engine: Engine
     work: Path
     say: Progress
+
+
+def _build_claimed(build: _Assembled, claim: EngineClaim) -> BuildResult:
+    """:func:`_build` holding the engine's ``claim`` shared (beside other builds, never beside a prune of
+    BuildKit's cache); once more after emptying that cache if it met :class:`LostLayer` (the engine's
+    cache, not the lock)."""
+    try:
+        with claim.shared():
+            return _build(build)
+    except LostLayer as fault:
+        empty_build_cache(build.engine, claim, fault, build.say)
+    with claim.shared():
+        return _build(build)
 
 
 def _build(build: _Assembled) -> BuildResult:

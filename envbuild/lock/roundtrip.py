@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import io
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 from packaging.utils import canonicalize_name
 from ruamel.yaml import YAML
@@ -47,14 +47,23 @@ def updated_text(old_text: str, old: Lock, new: Lock) -> tuple[str, bool]:
     return (kept, True) if kept is not None else (dump_lock(new), False)
 
 
-def text_over(read: LockFile, new: Lock, path: str | os.PathLike[str] | None = None) -> tuple[str, bool]:
+class NewText(NamedTuple):
+    """:func:`text_over`'s answer."""
+
+    text: str
+    kept: bool  # the file's comments and layout kept (else the lock written afresh)
+    changed: bool  # the text differs from the file's
+
+
+def text_over(read: LockFile, new: Lock, path: str | os.PathLike[str] | None = None) -> NewText:
     """The text of ``new`` to write over the file ``read`` came from: its comments and layout kept where they
-    can be (the flag), the file's own bytes when nothing changed; checked to read back as ``new`` where it
-    is written (``path``, default ``read.path``), else :class:`~envbuild.lock.io.LockWriteRefused`."""
+    can be, the file's own text when nothing changed; checked to read back as ``new`` where it is written
+    (``path``, default ``read.path``), else :class:`~envbuild.lock.io.LockWriteRefused`."""
     old_text = read.path.read_text(encoding="utf-8")
     same = canonical(new) == canonical(read.lock)
     text, kept = (old_text, True) if same else updated_text(old_text, read.lock, new)
-    return checked_lock_text(new, path if path is not None else read.path, text), kept
+    text = checked_lock_text(new, path if path is not None else read.path, text)
+    return NewText(text, kept, text != old_text)
 
 
 def round_trip_text(old_text: str, new: Lock) -> str | None:

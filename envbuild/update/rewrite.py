@@ -47,14 +47,13 @@ def update_lock_file(
     on a dry run too), and the new text written over the file unless ``dry_run``. Raises
     :class:`~envbuild.lock.io.LockWriteRefused` when the lock's reader would refuse the new text: then
     nothing is written, the report neither."""
-    old_text = read.path.read_text(encoding="utf-8")
     new = update_lock(read.lock, moves, cache, mirrors=mirrors, progress=progress)
     changes = change_report(read.lock, new, cache, mirrors=mirrors)
-    text, kept = text_over(read, new)  # nothing at all changed: the file's own bytes, however it was written
+    text, kept, changed = text_over(read, new)  # nothing at all changed: the file's own text, however written
     # Before the lock: a failed report leaves the lock as it was, never a lock moved with no report.
     if report is not None:
         write_atomic(report, render_markdown(changes, f"envbuild lock update: {read.path}"))
-    written = not dry_run and text != old_text
+    written = not dry_run and changed
     if written:
         write_atomic(read.path, text)
     return LockUpdate(new, changes, kept, written)
