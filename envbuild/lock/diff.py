@@ -147,33 +147,22 @@ def diff_locks(
     if old.base_image != new.base_image:
         image = new.base_image or old.base_image
         assert image is not None
-        changes.append(
-            Change(
-                "base_image",
-                image.name,
-                "changed",
-                (("image", _describe_image(old.base_image), _describe_image(new.base_image)),),
-            )
-        )
+        fields = (("image", _describe_image(old.base_image), _describe_image(new.base_image)),)
+        changes.append(Change("base_image", image.name, "changed", fields))
     if old.installer != new.installer:
-        before_fields, after_fields = (_package_fields(p) if p else {} for p in (old.installer, new.installer))
-        keys = before_fields.keys() | after_fields.keys()
-        fields = _changed({k: before_fields.get(k, "") for k in keys}, {k: after_fields.get(k, "") for k in keys})
-        action = "added" if old.installer is None else "removed" if new.installer is None else "changed"
         installer = new.installer or old.installer
         assert installer is not None
-        changes.append(Change("installer", installer.name, action, tuple(sorted(fields))))
+        blank = dict.fromkeys(_package_fields(installer), "")  # the side without an installer
+        before_fields, after_fields = (_package_fields(p) if p else blank for p in (old.installer, new.installer))
+        action = "added" if old.installer is None else "removed" if new.installer is None else "changed"
+        changes.append(
+            Change("installer", installer.name, action, tuple(sorted(_changed(before_fields, after_fields))))
+        )
     if old.platform != new.platform:
         changes.append(Change("platform", "platform", "changed", (("platform", str(old.platform), str(new.platform)),)))
     if old.requirements != new.requirements:
-        changes.append(
-            Change(
-                "requirements",
-                "requirements",
-                "changed",
-                (("requirements", " ".join(old.requirements), " ".join(new.requirements)),),
-            )
-        )
+        fields = (("requirements", " ".join(old.requirements), " ".join(new.requirements)),)
+        changes.append(Change("requirements", "requirements", "changed", fields))
     return _with_pairings(changes, pairings)
 
 

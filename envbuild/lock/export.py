@@ -16,8 +16,6 @@ from packaging.utils import InvalidName, canonicalize_name
 from envbuild.lock.io import canonical
 from envbuild.lock.model import PYPI_SIMPLE, Lock, Package, PackageFile, Source, Submodule
 
-EXPORT_FORMATS = ("requirements", "pylock", "repos")
-
 
 @dataclass(frozen=True)
 class FileLocation:
@@ -213,12 +211,11 @@ def export_repos(lock: Lock) -> str:
     return f"# {_about(lock)}\n{comments}{body}"
 
 
+EXPORTERS = {"requirements": export_requirements, "pylock": export_pylock, "repos": export_repos}
+
+
 def export_lock(lock: Lock, fmt: str) -> str:
     """Dispatch by format name, for the CLI."""
-    if fmt == "requirements":
-        return export_requirements(lock)
-    if fmt == "pylock":
-        return export_pylock(lock)
-    if fmt == "repos":
-        return export_repos(lock)
-    raise ValueError(f"unknown export format {fmt!r}; choose one of {', '.join(EXPORT_FORMATS)}")
+    if fmt not in EXPORTERS:
+        raise ValueError(f"unknown export format {fmt!r}; choose one of {', '.join(EXPORTERS)}")
+    return EXPORTERS[fmt](lock)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,59 +91,47 @@ def _line_of(root: yaml.Node, *path: Any) -> int:
     return node.start_mark.line + 1
 
 
-def _duplicate_names(
-    entries: tuple[Any, ...], root: yaml.Node, file: str, path: tuple[Any, ...], distribution: bool
+def _field(*path: Any) -> str:
+    """``sources[3].submodules[0]``: the field a problem names, from the keys and indexes of its node."""
+    return "".join(f"[{step}]" if isinstance(step, int) else f".{step}" for step in path).lstrip(".")
+
+
+def _duplicates(
+    entries: tuple[Any, ...],
+    root: yaml.Node,
+    file: str,
+    path: tuple[Any, ...],
+    noun: str = "",
+    key: Callable[[str], str] = str,
 ) -> list[Problem]:
-    """Entries of one list (``waive``, ``skip_imports``) that name what an earlier one named."""
+    """Entries of one list (``sources``, ``packages``, ``waive``, ``skip_imports``) whose name, as ``key``
+    compares names, an earlier one has."""
     problems: list[Problem] = []
     first: dict[str, int] = {}
     for j, entry in enumerate(entries):
         if entry is None:
             continue
-        name = canonicalize_name(entry.name) if distribution else entry.name
+        name = key(entry.name)
         if name in first:
-            where = f"{path[0]}[{path[1]}].{path[2]}[{j}].name"
-            message = f"duplicate {entry.name!r} (first at {path[2]}[{first[name]}])"
-            problems.append(Problem(file, _line_of(root, *path, j, "name"), where, message))
+            message = f"duplicate {noun}{entry.name!r} (first at {path[-1]}[{first[name]}])"
+            problems.append(Problem(file, _line_of(root, *path, j, "name"), f"{_field(*path, j)}.name", message))
         first.setdefault(name, j)
     return problems
 
 
 def _cross_checks(lock: Lock, root: yaml.Node, file: str) -> list[Problem]:
-    problems: list[Problem] = []
-    seen: dict[str, int] = {}
+    problems = _duplicates(lock.sources, root, file, ("sources",), "source name ")
     for i, source in enumerate(lock.sources):
         if source is None:
             continue
-        if source.name in seen:
-            problems.append(
-                Problem(
-                    file,
-                    _line_of(root, "sources", i, "name"),
-                    f"sources[{i}].name",
-                    f"duplicate source name {source.name!r} (first at sources[{seen[source.name]}])",
-                )
-            )
-        seen.setdefault(source.name, i)
-        for key in ("waive", "skip_imports"):
-            problems += _duplicate_names(getattr(source, key), root, file, ("sources", i, key), key == "waive")
+        problems += _duplicates(source.waive, root, file, ("sources", i, "waive"), key=canonicalize_name)
+        problems += _duplicates(source.skip_imports, root, file, ("sources", i, "skip_imports"))
         problems += _submodule_problems(source.submodules, root, file, ("sources", i))
-    seen = {}
+    problems += _duplicates(lock.packages, root, file, ("packages",), "package ", canonicalize_name)
     for i, package in enumerate(lock.packages):
         if package is None:
             continue
-        key = canonicalize_name(package.name)
-        if key in seen:
-            problems.append(
-                Problem(
-                    file,
-                    _line_of(root, "packages", i, "name"),
-                    f"packages[{i}].name",
-                    f"duplicate package {package.name!r} (first at packages[{seen[key]}])",
-                )
-            )
-        seen.setdefault(key, i)
-        problems += _duplicate_names(package.waive, root, file, ("packages", i, "waive"), True)
+        problems += _duplicates(package.waive, root, file, ("packages", i, "waive"), key=canonicalize_name)
         names: set[str] = set()
         for j, dist in enumerate(package.files):
             if dist is None:
@@ -184,13 +173,12 @@ def _submodule_problems(
     """Each level of a source's submodules: what the image gets has a repository and a commit, a skipped
     one nothing below it, and no path is named twice or inside another's."""
     problems: list[Problem] = []
-    where = "".join(f"[{step}]" if isinstance(step, int) else f".{step}" for step in path).lstrip(".")
     seen: dict[str, int] = {}
     for j, sub in enumerate(submodules):
         if sub is None:
             continue
         here = (*path, "submodules", j)
-        name = f"{where}.submodules[{j}]"
+        name = _field(*here)
 
         def problem(key: str, message: str) -> None:  # called in this iteration only: the loop's names are its own
             problems.append(Problem(file, _line_of(root, *here, key), f"{name}.{key}", message))  # noqa: B023
@@ -283,16 +271,14 @@ _LOCK_KEY_ORDER = (
 )
 
 
+def _files_sorted(package: Package) -> Package:
+    return dataclasses.replace(package, files=tuple(sorted(package.files, key=lambda f: f.filename)))
+
+
 def canonical(lock: Lock) -> Lock:
-    """The same lock with packages and their files in canonical order."""
-    packages = tuple(
-        dataclasses.replace(p, files=tuple(sorted(p.files, key=lambda f: f.filename)))
-        for p in sorted(lock.packages, key=lambda p: canonicalize_name(p.name))
-    )
-    installer = lock.installer and dataclasses.replace(
-        lock.installer, files=tuple(sorted(lock.installer.files, key=lambda f: f.filename))
-    )
-    return dataclasses.replace(lock, packages=packages, installer=installer)
+    """The same lock with packages and their files (the installer's too) in canonical order."""
+    packages = tuple(_files_sorted(p) for p in sorted(lock.packages, key=lambda p: canonicalize_name(p.name)))
+    return dataclasses.replace(lock, packages=packages, installer=lock.installer and _files_sorted(lock.installer))
 
 
 def dump_lock(lock: Lock) -> str:

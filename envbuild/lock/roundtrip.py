@@ -22,19 +22,10 @@ from packaging.utils import canonicalize_name
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
-from envbuild.errors import LockfileError
 from envbuild.lock.io import LockFile, canonical, checked_lock_text, dump_lock, parse_lock
 from envbuild.lock.model import Lock
 
 _IDENTITY = ("name", "path", "filename")  # what names an entry of a list: a source, a submodule, a file
-
-
-def _yaml() -> YAML:
-    yaml = YAML()  # round-trip
-    yaml.width = 4096
-    yaml.preserve_quotes = True
-    yaml.allow_unicode = True
-    return yaml
 
 
 def updated_text(old_text: str, old: Lock, new: Lock) -> tuple[str, bool]:
@@ -68,7 +59,10 @@ def text_over(read: LockFile, new: Lock, path: str | os.PathLike[str] | None = N
 
 def round_trip_text(old_text: str, new: Lock) -> str | None:
     """``new`` written in the layout of ``old_text``; None when that cannot be done faithfully."""
-    yaml = _yaml()
+    yaml = YAML()  # round-trip
+    yaml.width = 4096
+    yaml.preserve_quotes = True
+    yaml.allow_unicode = True
     try:
         old = yaml.load(old_text)
         fresh = yaml.load(dump_lock(new))
@@ -82,7 +76,7 @@ def round_trip_text(old_text: str, new: Lock) -> str | None:
         yaml.dump(merged, out)
         text = out.getvalue()
         read = parse_lock(text)
-    except (LockfileError, Exception):
+    except Exception:  # ruamel.yaml's dumper raises many kinds, the lock's reader a LockfileError
         return None
     return text if canonical(read) == canonical(new) else None
 

@@ -14,7 +14,6 @@ from envbuild.data.typed import json_schema
 from envbuild.lock.model import LOCK_VERSION, LOCK_VERSIONS, Lock
 
 SCHEMA_PATHS = {version: Path(__file__).with_name(f"lock-v{version}.schema.json") for version in LOCK_VERSIONS}
-SCHEMA_PATH = SCHEMA_PATHS[LOCK_VERSION]
 
 
 def lock_schema(version: int = LOCK_VERSION) -> dict[str, Any]:

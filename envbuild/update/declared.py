@@ -34,7 +34,7 @@ from packaging.version import InvalidVersion, Version
 from envbuild.data.tomldepth import MAX_TOML_DEPTH, toml_too_deep
 from envbuild.git.files import TreeFile
 from envbuild.lock.model import Provides
-from envbuild.update.reqfile import RequirementFileError, normalized, parse_files, parse_requirement
+from envbuild.update.reqfile import RequirementFileError, parse_files, parse_requirement
 
 # tomllib from Python 3.11 on; tomli (the same code, a dependency on 3.10) before.
 tomllib = importlib.import_module("tomllib" if sys.version_info >= (3, 11) else "tomli")
@@ -129,7 +129,7 @@ def _build_requires(pyproject: dict[str, Any] | None, reading: _Reading) -> tupl
     if not isinstance(requires, list) or not all(isinstance(r, str) for r in requires):
         reading.notes.append("[build-system].requires is not a list of strings: pip would refuse it")
         return ()
-    return tuple(dict.fromkeys(normalized(parse_requirement(r, "[build-system].requires")) for r in requires))
+    return tuple(dict.fromkeys(str(parse_requirement(r, "[build-system].requires")) for r in requires))
 
 
 def _runtime(
@@ -254,7 +254,7 @@ def _cfg_requirements(value: str, extra: str | None, reading: _Reading) -> list[
             merged[-1] += line
         elif line and not line.startswith("#"):
             merged.append(line)
-    return [_with_extra(normalized(parse_requirement(line, where)), extra) for line in merged]
+    return [_with_extra(str(parse_requirement(line, where)), extra) for line in merged]
 
 
 def _with_extra(requirement: str, extra: str | None) -> str:
@@ -263,14 +263,14 @@ def _with_extra(requirement: str, extra: str | None) -> str:
     parsed = parse_requirement(requirement, "extra")
     condition = f'extra == "{canonicalize_name(extra)}"'
     parsed.marker = Marker(f"({parsed.marker}) and {condition}" if parsed.marker else condition)
-    return normalized(parsed)
+    return str(parsed)
 
 
 def _strings(value: Any, where: str) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise _Unreadable(f"{where} is not a list of strings")
     try:
-        return [normalized(parse_requirement(v, where)) for v in value]
+        return [str(parse_requirement(v, where)) for v in value]
     except RequirementFileError as exc:
         raise _Unreadable(str(exc)) from None
 

@@ -12,11 +12,13 @@ import dataclasses
 
 from envbuild.errors import RemoteError
 from envbuild.git.cache import GitCache
-from envbuild.git.files import PinnedTree
 from envbuild.git.mirrors import Mirrors
-from envbuild.lock.model import REASON_MAX, Source, check_source_requirement
+from envbuild.lock.model import Source, check_source_requirement
 from envbuild.progress import Progress, silent
 from envbuild.update.declared import Declared, read_declared
+from envbuild.update.read_submodules import reason_text, source_tree
+
+_READ = ("provides", "build_requires", "requires", "requires_unknown")  # what is read into a source's entry
 
 
 def read_source_requirements(
@@ -32,25 +34,14 @@ def read_source_requirements(
     the commit did not move). A source the build does not install (``install: none``) is left as it is."""
     if not source.installed:
         return source
-    url = mirrors.rewrite(source.repo)
-    space = "tags" if source.ref_type == "tag" else "heads"
-    tree = PinnedTree(
-        cache, url, source.commit, refspec=f"+refs/{space}/{source.ref}:refs/upstream/{space}/{source.ref}"
-    )
     try:
-        declared = read_declared(tree.read, source.requires_files)
+        declared = read_declared(source_tree(source, cache, mirrors).read, source.requires_files)
     except RemoteError as exc:
         if previous is not None and previous.commit == source.commit and _recorded(previous):
             progress(
                 f"warning: {source.name}: requirements kept as recorded for {source.commit[:12]}; cannot re-read: {exc}"
             )
-            return dataclasses.replace(
-                source,
-                provides=previous.provides,
-                build_requires=previous.build_requires,
-                requires=previous.requires,
-                requires_unknown=previous.requires_unknown,
-            )
+            return dataclasses.replace(source, **{key: getattr(previous, key) for key in _READ})
         declared = Declared(None, None, None, f"the pinned tree cannot be read: {exc}")
     for note in declared.notes:
         progress(f"{source.name}: {note}")
@@ -69,7 +60,7 @@ def read_source_requirements(
         provides=declared.provides or (previous.provides if previous is not None else source.provides),
         build_requires=declared.build_requires,
         requires=declared.requires,
-        requires_unknown=_cut(declared.unknown),
+        requires_unknown=None if declared.unknown is None else reason_text(declared.unknown),
     )
 
 
@@ -87,12 +78,3 @@ def _checked(declared: Declared) -> Declared:
 
 def _recorded(source: Source) -> bool:
     return source.requires is not None or source.build_requires is not None
-
-
-def _cut(text: str | None) -> str | None:
-    if text is None:
-        return None
-    text = " ".join(text.split())  # one line, as the lock's reader wants it
-    if len(text) <= REASON_MAX:
-        return text
-    return text[: REASON_MAX - 1] + "…"

@@ -46,11 +46,7 @@ class SubmodulesRefused(InputError):
 
 
 class _Unreadable(Exception):
-    """A tree below the source's own cannot be read; ``reason`` names it."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
+    """A tree below the source's own cannot be read; its message names it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,8 +117,8 @@ def read_source_submodules(
             or previous.commit != source.commit
             or not (previous.submodules or previous.submodules_unknown)
         ):
-            reason = exc.reason if isinstance(exc, _Unreadable) else f"the pinned tree cannot be read: {exc}"
-            return dataclasses.replace(source, submodules=(), submodules_unknown=_cut(reason))
+            reason = str(exc) if isinstance(exc, _Unreadable) else f"the pinned tree cannot be read: {exc}"
+            return dataclasses.replace(source, submodules=(), submodules_unknown=reason_text(reason))
         if reader.count(previous.submodules):
             # What the lock says of this very commit stays true, its reason for not knowing included.
             progress(
@@ -140,7 +136,7 @@ def read_source_submodules(
     if unknown:
         progress(f"warning: {source.name}: {'; '.join(unknown)}")
     return dataclasses.replace(
-        source, submodules=records, submodules_unknown=_cut("; ".join(unknown)) if unknown else None
+        source, submodules=records, submodules_unknown=reason_text("; ".join(unknown)) if unknown else None
     )
 
 
@@ -207,7 +203,7 @@ class _Reader:
 
     def one(self, record: Submodule, previous: Submodule | None, name: str, depth: int) -> Submodule:
         if record.skipped:
-            self.say(f"{name}: {_short(record.commit)} skipped: {record.skip}")
+            self.say(f"{name}: {record.commit[:12] if record.commit else '(no gitlink)'} skipped: {record.skip}")
             return record
         assert record.repo is not None and record.commit is not None
         if self.walked.over:
@@ -221,7 +217,7 @@ class _Reader:
             nested = self.level(tree, record.repo, previous.submodules if previous else (), name, depth + 1)
         except (RemoteError, _Unreadable) as exc:
             reason = (
-                exc.reason
+                str(exc)
                 if isinstance(exc, _Unreadable)
                 else f"{name}: cannot read {record.commit} of {record.repo}: {exc}"
             )
@@ -247,10 +243,7 @@ def _read(tree: PinnedTree) -> _Tree | RemoteError | _TreesFailed:
         return _TreesFailed(exc)
 
 
-def _short(commit: str | None) -> str:
-    return commit[:12] if commit else "(no gitlink)"
-
-
-def _cut(text: str) -> str:
+def reason_text(text: str) -> str:
+    """``text`` as the lock records a reason: one line, at most ``REASON_MAX`` characters."""
     text = " ".join(text.split())
     return text if len(text) <= REASON_MAX else text[: REASON_MAX - 1] + "…"

@@ -53,13 +53,9 @@ class ParsedFiles:
     read: list[str] = field(default_factory=list)  # every file read, includes too
 
 
-def normalized(requirement: Requirement) -> str:
-    """The one spelling a requirement is recorded in (packaging's), so the same tree gives the same lock."""
-    return str(requirement)
-
-
 def parse_requirement(text: str, where: str) -> Requirement:
-    """One PEP 508 requirement; a direct URL is kept by name only (the lock resolves by name from its index)."""
+    """One PEP 508 requirement; a direct URL is kept by name only (the lock resolves by name from its index).
+    It is recorded as packaging writes it (``str``), the one spelling, so the same tree gives the same lock."""
     try:
         requirement = Requirement(text)
     except InvalidRequirement as exc:
@@ -124,7 +120,7 @@ def _parse_file(path: str, load: Load, parsed: ParsedFiles) -> None:
         if requirement.url is not None:
             parsed.notes.append(f"{where}: {requirement.name} is a direct URL reference; recorded by name")
             requirement.url = None
-        parsed.requirements.append(normalized(requirement))
+        parsed.requirements.append(str(requirement))
 
 
 def _relative(path: str, target: str, where: str) -> str:

@@ -50,8 +50,7 @@ def select_files(files: Iterable[IndexFile], name: str, version: str, platform: 
             sdists.append(f)
     # An sdist next to a usable wheel would only invite a build on the image; keep it only when it is all
     # there is (vllm-ascend, for one, publishes no wheel).
-    chosen = wheels or sdists
-    return sorted(chosen, key=lambda f: f.filename)
+    return sorted(wheels or sdists, key=lambda f: f.filename)
 
 
 def parse_pins(text: str) -> list[tuple[str, str]]:

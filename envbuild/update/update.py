@@ -66,27 +66,20 @@ def update_lock(
     Whenever a source moves, every source's requirements and submodules are read from its pinned tree;
     submodules the lock cannot record refuse the update (:class:`SubmodulesRefused`), every source's at
     once, before anything is resolved."""
-    names, package_names, upgrade, base, base_image = (
-        moves.names,
-        moves.package_names,
-        moves.upgrade,
-        moves.base,
-        moves.base_image,
-    )
     known = {s.name for s in lock.sources}
-    unknown = [n for n in names if n not in known]
+    unknown = [n for n in moves.names if n not in known]
     if unknown:
         raise InputError(f"{unknown[0]}: no such source in lock {lock.name!r} (sources: {', '.join(sorted(known))})")
-    _check_package_names(lock, package_names)
+    _check_package_names(lock, moves.package_names)
     everything = moves.everything
-    resolve = moves.packages if moves.packages is not None else everything or bool(package_names) or upgrade
-    if not resolve and (package_names or upgrade):
-        option = "--package" if package_names else "--upgrade"
+    resolve = moves.packages if moves.packages is not None else everything or bool(moves.package_names) or moves.upgrade
+    if not resolve and (moves.package_names or moves.upgrade):
+        option = "--package" if moves.package_names else "--upgrade"
         raise InputError(f"--no-packages with {option}: moving packages re-resolves them; give one or the other")
-    if base and base_image is None and lock.base_image is None:
+    if moves.base and moves.base_image is None and lock.base_image is None:
         raise InputError(f"--base: lock {lock.name!r} has no base image; set one with --base-image IMAGE[:TAG]")
-    new_base = _new_base(base_image)
-    selected = set(names) or (known if everything else set())
+    new_base = _new_base(moves.base_image)
+    selected = set(moves.names) or (known if everything else set())
     updated = dataclasses.replace(lock, version=LOCK_VERSION)
     if selected or lock.version < LOCK_VERSION:  # a lock of an older version gets what the current one records
         updated = dataclasses.replace(updated, sources=_moved_sources(lock, selected, cache, mirrors, progress))
@@ -95,8 +88,8 @@ def update_lock(
         if lock.requirements or lock.packages or (declared and lock.platform is not None):
             resolved = resolve_packages(
                 updated,
-                upgrade=upgrade,
-                upgrade_packages=package_names,
+                upgrade=moves.upgrade,
+                upgrade_packages=moves.package_names,
                 keep_unmoved=not everything,
                 progress=progress,
             )
@@ -105,7 +98,7 @@ def update_lock(
             progress("warning: the lock has no platform: the sources' requirements are recorded, not resolved")
     if moves.installer:
         updated = dataclasses.replace(updated, installer=pin_installer(updated, progress=progress))
-    elif resolve and updated.packages and lock.platform and (lock.installer is None or upgrade):
+    elif resolve and updated.packages and lock.platform and (lock.installer is None or moves.upgrade):
         try:
             updated = dataclasses.replace(updated, installer=pin_installer(updated, progress=progress))
         except RemoteError as exc:  # not asked for by name: the lock keeps what installs it now
@@ -114,9 +107,9 @@ def update_lock(
     arch = lock.platform.arch if lock.platform else None
     if new_base is not None:
         updated = dataclasses.replace(updated, base_image=pin_base_image(new_base, arch, progress, required=True))
-    elif (everything or base) and lock.base_image is not None:
+    elif (everything or moves.base) and lock.base_image is not None:
         updated = dataclasses.replace(
-            updated, base_image=pin_base_image(lock.base_image, arch, progress, required=base)
+            updated, base_image=pin_base_image(lock.base_image, arch, progress, required=moves.base)
         )
     return updated
 
