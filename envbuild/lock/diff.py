@@ -12,7 +12,7 @@ from packaging.utils import canonicalize_name
 
 from envbuild.data.jsonout import fields_json, jfield, records
 from envbuild.escape import for_markdown, for_terminal
-from envbuild.lock.model import BaseImage, Lock, Package, Source, Submodule
+from envbuild.lock.model import BaseImage, Lock, Package, Source, Submodule, walk_submodules
 from envbuild.lock.moves import LoggedCommit, Moved, PairingChange, commits
 from envbuild.terminal import wrap
 
@@ -56,15 +56,13 @@ def _lines(items: tuple[str, ...] | None) -> str:
     return "(not read)" if items is None else "\n".join(items)
 
 
-def _submodule_lines(submodules: tuple[Submodule, ...], prefix: str = "") -> list[str]:
+def _submodule_lines(submodules: tuple[Submodule, ...]) -> list[str]:
     """One line per submodule at every level: its path from the source's root, commit, and what the
     image does with it."""
     lines = []
-    for sub in submodules:
-        path = f"{prefix}{sub.path}"
+    for path, sub in walk_submodules(submodules):
         what = f"skipped: {sub.skip}" if sub.skipped else f"{sub.repo} tree {sub.tree or '(not recorded)'}"
         lines.append(f"{path} {sub.commit or '(no commit)'} {what}")
-        lines += _submodule_lines(sub.submodules, f"{path}/")
     return lines
 
 

@@ -76,17 +76,12 @@ class Walked:
     over: bool = False  # past the bound: nothing more is read
 
 
-def source_tree(source: Source, cache: GitCache, mirrors: Mirrors, *, offline: bool = False) -> PinnedTree:
+def source_tree(source: Source, cache: GitCache, mirrors: Mirrors) -> PinnedTree:
     """The pinned tree of ``source`` in the verify cache (its ref fetched when the server will not send the
     commit by ID)."""
     space = "tags" if source.ref_type == "tag" else "heads"
-    return PinnedTree(
-        cache,
-        mirrors.rewrite(source.repo),
-        source.commit,
-        refspec=f"+refs/{space}/{source.ref}:refs/upstream/{space}/{source.ref}",
-        offline=offline,
-    )
+    refspec = f"+refs/{space}/{source.ref}:refs/upstream/{space}/{source.ref}"
+    return PinnedTree(cache, mirrors.rewrite(source.repo), source.commit, refspec=refspec)
 
 
 def read_source_submodules(

@@ -18,7 +18,7 @@ from envbuild.git.mirrors import Mirrors
 from envbuild.git.remote import GitError
 from envbuild.git.upstream import read_move, relation_in_cache
 from envbuild.lock.diff import Change, diff_locks
-from envbuild.lock.model import Lock, Source, Submodule
+from envbuild.lock.model import Lock, Source, walk_submodules
 from envbuild.lock.moves import Moved, Pairing, PairingChange, Relation
 
 RelationReader = Callable[[str, Source], "Relation | None"]
@@ -52,18 +52,11 @@ def paired_submodules(lock: Lock) -> dict[str, tuple[str, Source]]:
     the transport, as ``lock verify`` pairs them)."""
     by_repo = {repository_key(s.repo): s for s in lock.sources}
     found: dict[str, tuple[str, Source]] = {}
-
-    def walk(records: tuple[Submodule, ...], prefix: str) -> None:
-        for record in records:
-            name = f"{prefix}/{record.path}"
-            if record.repo is not None and record.commit is not None:
-                source = by_repo.get(repository_key(record.repo))
-                if source is not None:
-                    found[name] = (record.commit, source)
-            walk(record.submodules, name)
-
     for source in lock.sources:
-        walk(source.submodules, source.name)
+        for name, record in walk_submodules(source.submodules, f"{source.name}/"):
+            paired = by_repo.get(repository_key(record.repo)) if record.repo is not None else None
+            if paired is not None and record.commit is not None:
+                found[name] = (record.commit, paired)
     return found
 
 

@@ -238,12 +238,8 @@ def resolve_ref(
         if source.ref in refs:
             commit = refs[source.ref]
             space = "heads" if kind == "branch" else "tags"
-            trees = up.commits(
-                [],
-                need=[commit],
-                refspecs=[f"+refs/{space}/{source.ref}:refs/upstream/{space}/{source.ref}"],
-                name=source.name,
-            )
+            refspec = f"+refs/{space}/{source.ref}:refs/upstream/{space}/{source.ref}"
+            trees = up.commits([], need=[commit], refspecs=[refspec], name=source.name)
             if commit not in trees:
                 raise GitError("fetch", f"{source.ref} moved while fetching; try again")
             return ResolvedRef(kind, commit, trees[commit])
