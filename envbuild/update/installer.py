@@ -17,19 +17,15 @@ from envbuild.update.resolve import pin_files, select_files
 INSTALLER = "uv"
 
 
-def installer_version() -> str:
-    try:
-        return version(INSTALLER)
-    except PackageNotFoundError:
-        raise InputError("uv is not installed beside envbuild (it is a dependency: reinstall envbuild)") from None
-
-
 def pin_installer(lock: Lock, *, client: IndexClient | None = None, progress: Progress = silent) -> Package:
-    """uv at :func:`installer_version`, its wheel(s) for ``lock.platform`` from the lock's index; the pins
+    """uv at the version envbuild runs, its wheel(s) for ``lock.platform`` from the lock's index; the pins
     of a file the lock already records are kept as they are."""
     if lock.platform is None:
         raise InputError(f"lock {lock.name!r} has no platform: the installer's wheel is chosen for one")
-    wanted = installer_version()
+    try:
+        wanted = version(INSTALLER)
+    except PackageNotFoundError:
+        raise InputError("uv is not installed beside envbuild (it is a dependency: reinstall envbuild)") from None
     package = Package(name=INSTALLER, version=wanted)
     index = lock.index_for(package)
     client = client or IndexClient()
