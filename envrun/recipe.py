@@ -17,7 +17,6 @@ from envbuild.data.yamlfile import read_capped
 from envbuild.errors import DataFileError, Problem
 from envbuild.lock.model import ENV_NAME, SAFE_NAME, check_env
 
-RECIPE_VERSION = 1
 RECIPES_DIR = Path(__file__).parent / "recipes"
 # The parameters the command line offers; a recipe says which override key each one sets.
 PARAMETERS = ("model", "train_files", "val_files", "nnodes", "npus_per_node")

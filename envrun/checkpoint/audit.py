@@ -56,7 +56,7 @@ from envrun.checkpoint.layout import (
 from envrun.checkpoint.modelnames import ModelNames, ModelNamesError
 from envrun.checkpoint.names import group_missing, natural_sorted, render_numbers
 from envrun.checkpoint.safetensors_header import SafetensorsHeaderError, read_safetensors_header
-from envrun.checkpoint.untrusted import JSONLimitError, MiB, brief, load_json, locate, read_limited
+from envrun.checkpoint.untrusted import MiB, brief, locate, read_json
 
 __all__ = [
     "AuditReport",
@@ -338,13 +338,7 @@ def _read_index(path: Path) -> tuple[dict[str, str], Counter[str], int]:
     def fail(message: str) -> InputError:
         return _index_error(path, message)
 
-    raw = read_limited(path, MAX_INDEX_BYTES, "an index", fail)
-    try:
-        doc = load_json(raw, max_containers=MAX_INDEX_CONTAINERS)
-    except JSONLimitError as exc:
-        raise fail(str(exc)) from None
-    except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        raise fail(f"not readable JSON ({exc})") from None
+    raw, doc = read_json(path, MAX_INDEX_BYTES, "an index", fail, max_containers=MAX_INDEX_CONTAINERS)
     weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
         raise fail("weight_map must be a non-empty object of tensor name -> shard file")
