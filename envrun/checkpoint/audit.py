@@ -267,7 +267,7 @@ def _read_held(model_dir: Path, layout: ModelLayout, config_path: Path, bytes_re
     # transformers tries the single file before the index, so an audit must look where it looks.
     # Anything by either name that is not a regular file is refused, not skipped: a loader's
     # isfile() would skip a FIFO named model.safetensors, but a checkpoint holding one is hostile.
-    single = _locate(model_dir, SINGLE_FILE, _header_error)
+    single = _locate(model_dir, SINGLE_FILE, SafetensorsHeaderError)
     index_path = None if single else _locate(model_dir, INDEX_FILE, _index_error)
     if single is not None:
         header = read_safetensors_header(single)
@@ -289,7 +289,7 @@ def _read_held(model_dir: Path, layout: ModelLayout, config_path: Path, bytes_re
     held: dict[str, frozenset[str]] = {}
     shards_missing: list[str] = []
     for shard in sorted(placed):
-        path = _locate(model_dir, shard, _header_error)
+        path = _locate(model_dir, shard, SafetensorsHeaderError)
         if path is None:
             shards_missing.append(shard)
             continue
@@ -315,10 +315,6 @@ def _locate(model_dir: Path, name: str, error: Callable[[Path, str], InputError]
 
 def _config_error(path: Path, message: str) -> InputError:
     return ModelConfigError(f"{path}: {message}")
-
-
-def _header_error(path: Path, message: str) -> InputError:
-    return SafetensorsHeaderError(path, message)
 
 
 def _index_error(path: Path, message: str) -> InputError:
