@@ -250,7 +250,8 @@ def build_plan(
     given = {override_key(o) for o in params.overrides}
     for name in REQUIRED_PARAMETERS:
         key = recipe.parameters.get(name)
-        if key and key not in recipe_keys and key not in given and not _given(name, params):
+        by_flag = params.model if name == "model" else params.train_files
+        if key and key not in recipe_keys and key not in given and not by_flag:
             flag = "--data" if name == "train_files" else f"--{name.replace('_', '-')}"
             raise InputError(f"{flag} is required by recipe {recipe.name} (sets {key})")
     if params.backend == "docker" and not params.image:
@@ -316,10 +317,6 @@ def _int_override(overrides: tuple[str, ...], key: str | None) -> int | None:
         if key and sep and name == key:
             value = rest
     return int(value) if value is not None and value.isascii() and value.isdigit() else None
-
-
-def _given(name: str, params: RunParameters) -> bool:
-    return bool(params.model) if name == "model" else bool(params.train_files)
 
 
 def plan_to_json(plan: RunPlan) -> dict[str, Any]:

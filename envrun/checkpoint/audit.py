@@ -238,7 +238,7 @@ def _compare(model_dir: Path, layout: ModelLayout, held: _Held, expect: Expectat
     lost = (expect.required | expect.mtp_required | held.misplaced) - present
     # MTP tensors are tolerated however they went missing, even ones the index still lists: the
     # loaders skip MTP keys, and a lenient save may keep an index entry for a tensor it dropped.
-    lost_mtp = {name for name in lost if _layer_of(name) in mtp}
+    lost_mtp = {name for name in lost if (split := split_layer_name(name)) and split[0] in mtp}
     missing = lost - lost_mtp
     unexpected = (present - expect.required - expect.mtp_required - expect.allowed) | held.unindexed
     return AuditReport(
@@ -367,8 +367,3 @@ def _unindexed_files(model_dir: Path, named: frozenset[str]) -> tuple[str, ...]:
     # Reported, not failed: a stale shard left from an earlier save is ignored by every loader,
     # but a person looking at the directory should know it is not part of the checkpoint.
     return tuple(sorted(p.name for p in model_dir.glob("*.safetensors") if p.name not in named))
-
-
-def _layer_of(name: str) -> int | None:
-    split = split_layer_name(name)
-    return split[0] if split else None
