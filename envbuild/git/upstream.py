@@ -108,21 +108,18 @@ class Upstream:
         if fresh is not None and self.cache.namespace_refs(self.url) == fresh:
             return  # the cache already mirrors every advertised ref
         what = "all refs of " if prune else ""
-        self._say(f"fetching {what}{name} from {self.url}")
+        self.progress(f"fetching {what}{name} from {self.url}")
         start = time.perf_counter()
         try:
             filtered = self.cache.fetch(self.url, refspecs, wanted=wanted, prune=prune, fresh=fresh)
         except GitError as exc:
-            self._say(f"fetch of {name} failed: {exc.reason}")
+            self.progress(f"fetch of {name} failed: {exc.reason}")
             raise
         if filtered is None:
-            self._say(f"{name}: another verify fetched it meanwhile")
+            self.progress(f"{name}: another verify fetched it meanwhile")
             return
         note = "" if filtered else " (the server does not allow partial clone: full fetch)"
-        self._say(f"fetched {name} in {time.perf_counter() - start:.1f} s{note}")
-
-    def _say(self, message: str) -> None:
-        self.progress(message)
+        self.progress(f"fetched {name} in {time.perf_counter() - start:.1f} s{note}")
 
 
 def check_inputs(sources: Sequence[Source], mirrors: Mirrors) -> None:
