@@ -269,21 +269,14 @@ class GitRunner:
         """{commit: its tree} for those of ``shas`` that are commits present in ``repo``."""
         return {commit: tree for commit, tree in self.commit_fields(repo, shas, "%T").items() if len(tree) == 40}
 
-    def commit_fields(self, repo: Path, shas: Iterable[str], placeholder: str) -> dict[str, str]:
-        """{commit: what ``placeholder`` (``--format``'s, such as ``%T``) prints} for those of ``shas`` that
-        are commits present in ``repo``."""
+    def commit_fields(self, repo: Path, shas: Iterable[str], fmt: str) -> dict[str, str]:
+        """{commit: what ``fmt`` (``--format``'s placeholders, such as ``%T``) prints} for those of ``shas``
+        that are commits present in ``repo``."""
         shas = sorted(set(shas))
         if not shas:
             return {}
         out = self.run(
-            [
-                "rev-list",
-                "--missing=allow-any",
-                "--ignore-missing",
-                "--no-walk",
-                f"--format=%H {placeholder}",
-                "--stdin",
-            ],
+            ["rev-list", "--missing=allow-any", "--ignore-missing", "--no-walk", f"--format=%H {fmt}", "--stdin"],
             repo=repo,
             stdin="".join(f"{s}\n" for s in shas),
         )
@@ -415,15 +408,9 @@ class GitRunner:
         shas = sorted(set(shas))
         if not shas:
             return {}
+        placeholders = f"--format=%H %aI %<({SUBJECT_COLUMNS},trunc)%s"
         out = self.run_full(
-            [
-                "rev-list",
-                "--missing=allow-any",
-                "--no-walk",
-                f"--format=%H %aI %<({SUBJECT_COLUMNS},trunc)%s",
-                *shas,
-                "--",
-            ],
+            ["rev-list", "--missing=allow-any", "--no-walk", placeholders, *shas, "--"],
             repo=repo,
             max_output=len(shas) * (SUBJECT_COLUMNS * 4 + 200),
         )[0]

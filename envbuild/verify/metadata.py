@@ -27,6 +27,7 @@ reason; the metadata must name the package and version the lock pins, or it is n
 from __future__ import annotations
 
 import json
+import re
 import tarfile
 import threading
 import zipfile
@@ -369,16 +370,8 @@ def _parse(data: bytes) -> RawMetadata:
 def header_block(data: bytes) -> bytes:
     """A core metadata file's header lines: up to its first empty line, where the email format's body
     begins (torch's body is a README of some 30 kB; the email parser reads every line of it)."""
-    at = 0
-    while at < len(data):
-        end = data.find(b"\n", at)
-        line = data[at:] if end < 0 else data[at:end]
-        if line in (b"", b"\r"):
-            return data[:at]
-        if end < 0:
-            break
-        at = end + 1
-    return data
+    empty = re.search(rb"^\r?$", data, re.MULTILINE)  # a line with nothing but its line ending
+    return data if empty is None else data[: empty.start()]
 
 
 def _requires(data: bytes, package: Package, filename: str, *, settled: bool) -> list[str]:
