@@ -58,7 +58,7 @@ def judge_package(package: Package, page: ProjectPage) -> PinResult:
     package's fix (`lock update` of the lock) is added where the lock's path is known."""
     facts: dict[str, Any] = {"index": page.index, "version": package.version}
     if not package.files:
-        offered = [f.filename for f in page.files if _is_version_file(f.filename, package)]
+        offered = [f.filename for f in page.files if file_version(f.filename, package.name) == Version(package.version)]
         listed = (
             f"the index lists {len(offered)} file(s) for that version"
             if offered
@@ -92,7 +92,3 @@ def judge_package(package: Package, page: ProjectPage) -> PinResult:
     facts["problems"] = [{k: v for k, v in p.items() if k != "detail"} for p in problems]
     detail = "; ".join(p["detail"] for p in problems)
     return PinResult("package", package.name, status, detail, facts)
-
-
-def _is_version_file(filename: str, package: Package) -> bool:
-    return file_version(filename, package.name) == Version(package.version)
