@@ -50,13 +50,8 @@ class RunOutcome:
     @property
     def exit_status(self) -> int:
         """The exit status for envrun itself: the job's, 130 when interrupted, 1 for any other failure."""
-        if self.status == "interrupted":
-            return 130
-        if self.status == "succeeded":
-            return 0
-        if self.status == "refused":
-            return 1  # as a refusal before submitting is (TargetRefused), whatever the job's node exited with
-        return self.exit_code if self.exit_code else 1
+        # refused: 1 as a refusal before submitting is (TargetRefused), whatever the job's node exited with
+        return {"interrupted": 130, "succeeded": 0, "refused": 1}.get(self.status, self.exit_code or 1)
 
 
 class TargetRefused(EnvbuildError):
@@ -142,9 +137,8 @@ def _status(result: LaunchResult, signals: list[str]) -> tuple[Status, str]:
     if result.interrupted:
         cause = f"stopped on {signals[0] if signals else 'Ctrl-C'}"
         return "interrupted", f"{cause}: {result.detail}" if result.detail else cause
-    for recorded in ("refused", "error", "interrupted"):  # as the scheduler's job recorded it
-        if result.status == recorded:
-            return cast(Status, recorded), result.detail
+    if result.status in ("refused", "error", "interrupted"):  # as the scheduler's job recorded it
+        return cast(Status, result.status), result.detail
     return ("succeeded" if result.exit_code == 0 else "failed"), result.detail
 
 

@@ -73,9 +73,8 @@ def search_from_answers(answers: Iterable[dict[str, Any]], root: str | None = No
 
     answers = list(answers)
     audits: list[ModelAudit] = []
-    present, count = False, 0
+    present = False
     for answer in answers:
-        count += 1
         found = answer.get("exports") or {}
         present = present or bool(found.get("present"))
         node = str(answer.get("name") or answer.get("node_id") or "")
@@ -83,7 +82,7 @@ def search_from_answers(answers: Iterable[dict[str, Any]], root: str | None = No
             audits.append(ModelAudit("", False, error=f"did not answer: {answer['error']}", node=node))
         audits += [ModelAudit.of_answer(a, node) for a in found.get("audits") or ()]
     unseen = unseen_files(answers, root) if root else ()
-    return ExportSearch(f"{count} node(s)", present, tuple(audits), unseen)
+    return ExportSearch(f"{len(answers)} node(s)", present, tuple(audits), unseen)
 
 
 def export_verdict(layout: ExportLayout | None, search: ExportSearch | None, not_checked: str = "") -> ExportVerdict:

@@ -91,10 +91,10 @@ def load_schema(config_dir: Path, config_name: str) -> ConfigSchema:
 def validate_overrides(overrides: Iterable[str], config_dir: Path, config_name: str) -> None:
     """Raise :class:`OverrideError` naming every override the config will not take."""
     overrides = list(overrides)
-    problems = _syntax_problems(overrides)
+    problems, values = _parse(overrides)
     bad = {p.split(": ", 1)[0] for p in problems}
     schema = load_schema(config_dir, config_name)
-    problems += key_problems([o for o in overrides if o not in bad], schema)
+    problems += key_problems([o for o in overrides if o not in bad], schema, values)
     if problems:
         raise OverrideError(problems)
     try:
@@ -103,12 +103,12 @@ def validate_overrides(overrides: Iterable[str], config_dir: Path, config_name: 
         raise OverrideError([f"the verl config ({config_name}) rejects the overrides: {_first_line(exc)}"]) from None
 
 
-def key_problems(overrides: list[str], schema: ConfigSchema) -> list[str]:
+def key_problems(overrides: list[str], schema: ConfigSchema, parsed: dict[str, Any]) -> list[str]:
     """Keys that do not exist (``key=``, ``~key``) or already do (``+key=``), and values of the wrong
-    kind for a key whose default is a boolean or a number; each with a fix."""
+    kind for a key whose default is a boolean or a number (``parsed``: each override's value, from
+    :func:`_parse`); each with a fix."""
     problems: list[str] = []
     added: set[str] = set()
-    parsed = _parsed_values(overrides)
     for override in overrides:
         key, prefix = override_key(override), override_prefix(override)
         if key.split("@", 1)[0].replace(".", "/") in schema.groups or key in schema.groups:
@@ -165,24 +165,12 @@ def _type_mismatch(default: Any, value: Any) -> str | None:
     return None
 
 
-def _parsed_values(overrides: list[str]) -> dict[str, Any]:
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parser = OverridesParser.create()
-    values: dict[str, object] = {}
-    for override in overrides:
-        try:
-            values[override] = parser.parse_overrides([override])[0].value()
-        except Exception:  # reported by _syntax_problems
-            values[override] = _MISSING
-    return values
-
-
-def _syntax_problems(overrides: list[str]) -> list[str]:
+def _parse(overrides: list[str]) -> tuple[list[str], dict[str, Any]]:
+    """The overrides Hydra cannot parse or that are sweeps, each a problem; the value of each it parses."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
-    parser, problems = OverridesParser.create(), []
+    parser, problems, values = OverridesParser.create(), [], dict[str, Any]()
     for override in overrides:
         try:
             parsed = parser.parse_overrides([override])[0]
@@ -191,7 +179,11 @@ def _syntax_problems(overrides: list[str]) -> list[str]:
             continue
         if parsed.is_sweep_override():
             problems.append(f"{override}: a sweep (a,b or range) is not a single run; quote the value or pick one")
-    return problems
+        try:
+            values[override] = parsed.value()
+        except Exception:  # a value Hydra parses but cannot give: no type to compare
+            values[override] = _MISSING
+    return problems, values
 
 
 def _compose(config_dir: Path, config_name: str, overrides: list[str]) -> Any:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
-from envbuild.data.jsonout import to_jsonable
+from envbuild.data.jsonout import jfield, to_jsonable
 from envbuild.data.typed import meta
 from envbuild.errors import InputError
 from envbuild.escape import for_terminal
@@ -141,8 +141,8 @@ class RunPlan:
     npus_per_node: int | None = None
     python: str = "python3"  # the job's interpreter (the recipe's entry point), which runs the probe
     transformers: str | None = None  # the version the lock pins: checkpoint audits ask that model for its names
-    launch: Mapping[str, Any] | None = None  # what the launcher would start (Launcher.describe), once prepared
-    scheduled: Scheduled | None = None  # a scheduler's job (--backend slurm): how its nodes start
+    launch: Mapping[str, Any] | None = jfield(None, skip=True)  # what the launcher would start, once prepared
+    scheduled: Scheduled | None = jfield(None, skip=True)  # a scheduler's job: how its nodes start (in its spec)
 
     @property
     def on_nodes(self) -> bool:
@@ -165,12 +165,9 @@ class RunPlan:
         """Which names the run's checkpoint audits check against (envrun.auditnames chooses the source)."""
         if self.transformers is None:
             return "envrun's static description (the lock pins no transformers)"
-        where = {
-            "docker": f"in image {self.image}",
-            "ray": f"with the job's {self.python} on each node",
-            "local": f"with the job's {self.python} on this host",
-            "slurm": f"with the job's {self.python} on each node",
-        }[self.backend]
+        where = f"with the job's {self.python} {'on each node' if self.on_nodes else 'on this host'}"
+        if self.backend == "docker":
+            where = f"in image {self.image}"
         return f"the model built by the lock's transformers {self.transformers} {where}"
 
 
@@ -253,7 +250,8 @@ def build_plan(
     given = {override_key(o) for o in params.overrides}
     for name in REQUIRED_PARAMETERS:
         key = recipe.parameters.get(name)
-        if key and key not in recipe_keys and key not in given and not _given(name, params):
+        by_flag = params.model if name == "model" else params.train_files
+        if key and key not in recipe_keys and key not in given and not by_flag:
             flag = "--data" if name == "train_files" else f"--{name.replace('_', '-')}"
             raise InputError(f"{flag} is required by recipe {recipe.name} (sets {key})")
     if params.backend == "docker" and not params.image:
@@ -319,10 +317,6 @@ def _int_override(overrides: tuple[str, ...], key: str | None) -> int | None:
         if key and sep and name == key:
             value = rest
     return int(value) if value is not None and value.isascii() and value.isdigit() else None
-
-
-def _given(name: str, params: RunParameters) -> bool:
-    return bool(params.model) if name == "model" else bool(params.train_files)
 
 
 def plan_to_json(plan: RunPlan) -> dict[str, Any]:

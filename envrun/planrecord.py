@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from envbuild.data.jsonout import to_jsonable
+from envbuild.data.jsonout import fields_json
 from envrun.plan import RunPlan, Volume
 from envrun.preflightline import PreflightLine
 from envrun.probe.request import ProbeRequest
@@ -19,32 +19,9 @@ RECORD_VERSION = 1
 
 
 def plan_record(plan: RunPlan) -> dict[str, Any]:
-    """Every field of ``plan``."""
-    return {
-        "version": RECORD_VERSION,
-        "recipe": plan.recipe,
-        "argv": list(plan.argv),
-        "env": dict(plan.env),
-        "backend": plan.backend,
-        "image": plan.image,
-        "lock_file": plan.lock_file,
-        "lock_sha256": plan.lock_sha256,
-        "config_name": plan.config_name,
-        "overrides": list(plan.overrides),
-        "model": None if plan.model is None else str(plan.model),
-        "data_files": [str(p) for p in plan.data_files],
-        "lenient_checkpoint": plan.lenient_checkpoint,
-        "run_dir": str(plan.run_dir),
-        "ray_address": plan.ray_address,
-        "preflight": to_jsonable(plan.preflight),
-        "output_dir": None if plan.output_dir is None else str(plan.output_dir),
-        "volumes": to_jsonable(plan.volumes),
-        "probe": to_jsonable(plan.probe),
-        "nnodes": plan.nnodes,
-        "npus_per_node": plan.npus_per_node,
-        "python": plan.python,
-        "transformers": plan.transformers,
-    }
+    """Every field of ``plan`` (but what its launcher would start and how a scheduler's nodes start:
+    neither travels in the plan), in the order they are declared."""
+    return {"version": RECORD_VERSION, **fields_json(plan)}
 
 
 def plan_from_record(document: dict[str, Any]) -> RunPlan:

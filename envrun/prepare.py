@@ -22,7 +22,6 @@ from envrun.cluster.state import ClusterState
 from envrun.launch.base import Launcher
 from envrun.plan import RunParameters, RunPlan, build_plan
 from envrun.preflight import TARGET_CHECK, PreflightEnv, PreflightError, failed, run_preflight
-from envrun.preflightline import PreflightLine
 from envrun.recipe import RECIPES_DIR, Recipe, load_recipe, recipe_path
 from envrun.rundir import default_run_dir
 
@@ -53,13 +52,9 @@ class PreparedRun:
     skip_checks: tuple[str, ...] = ()  # the user's --skip-check, for the checks made at launch
     cluster: ClusterState | None = None  # the cluster `envrun cluster up` started, when the run names it
 
-    @property
-    def failed_checks(self) -> list[PreflightLine]:
-        return failed(self.plan.preflight)
-
     def refuse_if_failed(self) -> None:
         """Raise :class:`PreflightError` (exit 2, nothing started) when a preflight check failed."""
-        problems = self.failed_checks
+        problems = failed(self.plan.preflight)
         if problems:
             raise PreflightError(
                 "preflight failed, nothing started: " + "; ".join(f"{c.name}: {c.detail}" for c in problems)

@@ -17,7 +17,6 @@ from envbuild.data.yamlfile import read_capped
 from envbuild.errors import DataFileError, Problem
 from envbuild.lock.model import ENV_NAME, SAFE_NAME, check_env
 
-RECIPE_VERSION = 1
 RECIPES_DIR = Path(__file__).parent / "recipes"
 # The parameters the command line offers; a recipe says which override key each one sets.
 PARAMETERS = ("model", "train_files", "val_files", "nnodes", "npus_per_node")
@@ -124,13 +123,10 @@ class Recipe:
             return entry[2]
         return None
 
-    def runtime_env_overrides(self) -> tuple[str, ...]:
-        """The runtime env as Ray workers get it, through verl's ray_init (upstream's own spelling)."""
-        return tuple(f"++ray_kwargs.ray_init.runtime_env.env_vars.{k}='{v}'" for k, v in self.runtime_env.items())
-
     def overrides(self) -> tuple[str, ...]:
-        """Every override of the recipe, in order: runtime env, groups, then the lenient checkpoint."""
-        out = list(self.runtime_env_overrides())
+        """Every override of the recipe, in order: runtime env (as Ray workers get it, through verl's
+        ray_init, in upstream's own spelling), groups, then the lenient checkpoint."""
+        out = [f"++ray_kwargs.ray_init.runtime_env.env_vars.{k}='{v}'" for k, v in self.runtime_env.items()]
         for group in self.override_groups:
             out.extend(group.overrides)
         if self.lenient_checkpoint is not None:

@@ -45,7 +45,7 @@ from pathlib import Path
 from envbuild.errors import CacheError
 from envbuild.fileio import write_atomic
 from envbuild.git.process import IncomingTooLarge
-from envbuild.git.remote import GitError, GitRunner, RefListing, TreeEntry
+from envbuild.git.remote import GitError, GitRunner, RefListing
 from envbuild.lock.moves import LoggedCommit, Moved
 from envbuild.locking import cache_fault, file_lock, held_lock, is_no_space
 
@@ -228,21 +228,6 @@ class GitCache:
         repo = self.repo(url)
         return self.git.present_objects(repo.path, commit) if repo.exists() else set()
 
-    def object_sizes(self, url: str, oids: Iterable[str]) -> dict[str, int]:
-        return self.git.object_sizes(self.repo(url).path, oids)
-
-    def ls_tree(self, url: str, tree: str) -> list[TreeEntry]:
-        return self.git.ls_tree(self.repo(url).path, tree)
-
-    def gitlinks(self, url: str, tree: str) -> dict[str, str]:
-        return self.git.gitlinks(self.repo(url).path, tree)
-
-    def config_blob(self, url: str, oid: str) -> list[tuple[str, str | None]]:
-        return self.git.config_blob(self.repo(url).path, oid)
-
-    def read_blob(self, url: str, oid: str) -> bytes:
-        return self.git.read_blob(self.repo(url).path, oid)
-
     def left_right(self, url: str, commit: str, head: str) -> tuple[int, int]:
         return self.git.left_right(self.repo(url).path, commit, head)
 
@@ -273,13 +258,9 @@ class GitCache:
         )
 
     def _remove_stale_tmp(self) -> None:
-        now = time.time()
         for entry in self.root.glob(".tmp-*"):
-            try:
-                if now - entry.stat().st_mtime > STALE_TMP_SECONDS:
-                    shutil.rmtree(entry, ignore_errors=True)
-            except OSError:
-                pass
+            if _stale(entry):
+                shutil.rmtree(entry, ignore_errors=True)
 
 
 def _logged(logged: dict[str, tuple[str, str]], commit: str) -> LoggedCommit | None:
@@ -316,8 +297,11 @@ def remove_stale_files(repo: Path) -> list[Path]:
 def _old_listing_temporary(path: Path) -> bool:
     """A listing's temporary file that a killed write left. Listings are written without the lock, so
     only age tells a dead writer's file from a live one's (a write takes milliseconds)."""
-    if not (path.name.startswith(f".{LISTING_FILE}.") and path.name.endswith(".tmp")):
-        return False
+    return path.name.startswith(f".{LISTING_FILE}.") and path.name.endswith(".tmp") and _stale(path)
+
+
+def _stale(path: Path) -> bool:
+    """Older than :data:`STALE_TMP_SECONDS` (False when it is gone)."""
     try:
         return time.time() - path.stat().st_mtime > STALE_TMP_SECONDS
     except OSError:

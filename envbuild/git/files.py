@@ -68,6 +68,7 @@ class PinnedTree:
     ) -> None:
         self.cache, self.url, self.commit, self.refspec, self.max_size = cache, url, commit, refspec, max_size
         self.offline = offline
+        self._repo = cache.repo(url).path
         self._root: str | None = None
         self._listed: dict[str, list[TreeEntry]] = {}
 
@@ -114,18 +115,10 @@ class PinnedTree:
                 else:
                     blobs[path] = entry.oid
             frontier = deeper
-        for path in self._fetch_bounded(blobs):
-            results[path] = TreeFile(
-                path, None, f"more than the {self.max_size} bytes read (its fetch was stopped there)"
-            )
-            del blobs[path]
-        sizes = self.cache.object_sizes(self.url, blobs.values())
+        large = self._too_large(blobs)
         for path, oid in blobs.items():
-            size = sizes[oid]
-            if size > self.max_size:
-                results[path] = TreeFile(path, None, f"{size} bytes, more than the {self.max_size} read")
-            else:
-                results[path] = TreeFile(path, self.cache.read_blob(self.url, oid))
+            data = None if path in large else self.cache.git.read_blob(self._repo, oid)
+            results[path] = TreeFile(path, data, large.get(path))
         return {path: results[path] for path in dict.fromkeys(paths)}
 
     def entry(self, path: str) -> TreeEntry | None:
@@ -145,12 +138,12 @@ class PinnedTree:
         """{path: commit} of every gitlink in the commit's tree, fetching its trees (no blob) if needed."""
         root = self.root()
         try:
-            return self.cache.gitlinks(self.url, root)
+            return self.cache.git.gitlinks(self._repo, root)
         except GitError:
             if self.offline:
                 raise NotCached() from None
         self.cache.fetch_objects(self.url, self.commit, [root], trees=True)
-        return self.cache.gitlinks(self.url, root)
+        return self.cache.git.gitlinks(self._repo, root)
 
     def gitmodules(self) -> list[tuple[str, str | None]] | str:
         """``.gitmodules`` of the tree's root as ``git config --no-includes --blob`` reads it, as records;
@@ -160,13 +153,10 @@ class PinnedTree:
             return []
         if entry.kind != "blob" or entry.mode == "120000":
             return "is not a regular file (git does not read it then)"
-        if self._fetch_bounded({".gitmodules": entry.oid}):
-            return f"is more than the {self.max_size} bytes read (its fetch was stopped there)"
-        size = self.cache.object_sizes(self.url, [entry.oid])[entry.oid]
-        if size > self.max_size:
-            return f"is {size} bytes, more than the {self.max_size} read"
+        if large := self._too_large({".gitmodules": entry.oid}):
+            return f"is {large['.gitmodules']}"
         try:
-            return self.cache.config_blob(self.url, entry.oid)
+            return self.cache.git.config_blob(self._repo, entry.oid)
         except GitError as exc:
             return f"is not readable as git config: {exc.reason}"
 
@@ -174,7 +164,19 @@ class PinnedTree:
         wanted = set(trees) - self._listed.keys()
         self._ensure(wanted)
         for tree in sorted(wanted):
-            self._listed[tree] = self.cache.ls_tree(self.url, tree)
+            self._listed[tree] = self.cache.git.ls_tree(self._repo, tree)
+
+    def _too_large(self, blobs: dict[str, str]) -> dict[str, str]:
+        """{path: why} of the blobs of ``blobs`` ({path: oid}) over ``max_size``, the rest fetched."""
+        large = {
+            path: f"more than the {self.max_size} bytes read (its fetch was stopped there)"
+            for path in self._fetch_bounded(blobs)
+        }
+        sizes = self.cache.git.object_sizes(self._repo, [oid for path, oid in blobs.items() if path not in large])
+        for path, oid in blobs.items():
+            if path not in large and sizes[oid] > self.max_size:
+                large[path] = f"{sizes[oid]} bytes, more than the {self.max_size} read"
+        return large
 
     def _fetch_bounded(self, blobs: dict[str, str]) -> list[str]:
         """Fetch the blobs of ``blobs`` ({path: oid}) the cache lacks, none over ``max_size``: the server's

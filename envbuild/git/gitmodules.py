@@ -107,16 +107,12 @@ def _chop_last_dir(remote: str, relative: bool) -> tuple[str, bool]:
     return ".", False
 
 
-def is_relative(url: str) -> bool:
-    return url.startswith(("./", "../"))
-
-
 def resolve_url(parent: str, url: str) -> str:
     """A ``.gitmodules`` URL as git resolves it for a superproject whose remote is ``parent`` (git's
     ``relative_url`` in remote.c, POSIX separators): each leading ``../`` drops one component of the
     parent's URL (through the ':' of an scp-like one), ``./`` drops nothing. Anything else is returned
     as it is."""
-    if not is_relative(url):
+    if not url.startswith(("./", "../")):
         return url
     remote = parent[:-1] if parent.endswith("/") else parent
     relative = _local_not_ssh(remote) and not remote.startswith("/")
@@ -205,31 +201,21 @@ def pair_submodules(
     return Paired(tuple(records), tuple(problems), notes)
 
 
-_SKIP_IT = "; if the image does without it, skip it by path in the lock: {{path: {path}, skip: REASON}}"
-
-
 def _record(
     path: str, commit: str | None, entry: GitmodulesEntry | None, skip: str | None, parent_repo: str
 ) -> tuple[Submodule | None, str | None]:
     if (problem := check_submodule_path(path)) is not None:
         return None, problem
+    skip_it = f"; if the image does without it, skip it by path in the lock: {{path: {path}, skip: REASON}}"
     if commit is None and skip is None:
         assert entry is not None
-        return None, f".gitmodules names submodule {entry.name!r} here, but the tree has no gitlink" + _SKIP_IT.format(
-            path=path
-        )
-    if entry is None:
-        if skip is None:
-            return (
-                None,
-                f"a gitlink (commit {commit}) that .gitmodules does not name, so it has no URL"
-                + _SKIP_IT.format(path=path),
-            )
-        return Submodule(path=path, skip=skip, commit=commit), None
-    if entry.url is None:
-        if skip is None:
-            return None, f".gitmodules names no url for submodule {entry.name!r}"
-        return Submodule(path=path, skip=skip, commit=commit), None
+        return None, f".gitmodules names submodule {entry.name!r} here, but the tree has no gitlink{skip_it}"
+    if entry is None or entry.url is None:
+        if skip is not None:
+            return Submodule(path=path, skip=skip, commit=commit), None
+        if entry is None:
+            return None, f"a gitlink (commit {commit}) that .gitmodules does not name, so it has no URL{skip_it}"
+        return None, f".gitmodules names no url for submodule {entry.name!r}"
     try:
         repo = resolve_url(parent_repo, entry.url)
     except RelativeURLError as exc:

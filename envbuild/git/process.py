@@ -83,7 +83,8 @@ _MISMATCHED_ALGORITHMS = re.compile(r"mismatched algorithms: client sha1; server
 def last_error_line(stderr: str) -> str:
     """git's most telling line, safe to print: an object check's verdict, else the last ``fatal:`` or
     ``error:`` line with a trailing detail line if any; control characters a server sent are escaped."""
-    return _printable(_telling_line(stderr))
+    line = _telling_line(stderr)
+    return for_terminal(line[:300]) + ("…" if len(line) > 300 else "")
 
 
 def _telling_line(stderr: str) -> str:
@@ -137,35 +138,11 @@ def run_git(
     max_output: int | None = None,
     max_memory: int | None = None,
     max_incoming: tuple[Path, int] | None = None,
-) -> tuple[str, str]:
-    """Run ``argv`` (git and its arguments); (stdout, stderr), or :class:`GitError` naming ``command``
-    on failure, timeout or a passed bound. ``max_output`` and ``max_memory`` need ``stdin=None``;
-    ``max_incoming`` (a pack directory, a size): the temporary packs a fetch writes there may not pass
-    that many bytes (:class:`IncomingTooLarge`)."""
-    out, errors = _run(argv, command, env, timeout, stdin, network, hold, max_output, max_memory, max_incoming)
-    # A path in a hostile tree or a ref name need not be UTF-8: keep its bytes (os.fsencode gives them
-    # back) rather than fail to decode; what reaches a message is escaped by last_error_line.
-    return out.decode("utf-8", "surrogateescape"), errors
-
-
-def run_git_bytes(argv: Sequence[str], *, command: str, env: Mapping[str, str], timeout: float) -> bytes:
-    """Like :func:`run_git` for a local command without input, returning stdout's bytes as git wrote them
-    (a blob's content)."""
-    return _run(argv, command, env, timeout, None, False, (), None, None, None)[0]
-
-
-def _run(
-    argv: Sequence[str],
-    command: str,
-    env: Mapping[str, str],
-    timeout: float,
-    stdin: str | None,
-    network: bool,
-    hold: Sequence[int],
-    max_output: int | None,
-    max_memory: int | None,
-    max_incoming: tuple[Path, int] | None,
 ) -> tuple[bytes, str]:
+    """Run ``argv`` (git and its arguments); (stdout's bytes as git wrote them, stderr), or :class:`GitError`
+    naming ``command`` on failure, timeout or a passed bound. ``max_output`` and ``max_memory`` need
+    ``stdin=None``; ``max_incoming`` (a pack directory, a size): the temporary packs a fetch writes there may
+    not pass that many bytes (:class:`IncomingTooLarge`)."""
     prefix = _tied_to_parent() if network else ()
     try:
         proc = subprocess.Popen(
@@ -291,11 +268,6 @@ def _tied_to_parent() -> tuple[str, ...]:
     except (OSError, subprocess.TimeoutExpired):
         return ()
     return prefix if probe.returncode == 0 else ()
-
-
-def _printable(text: str, limit: int = 300) -> str:
-    shown = for_terminal(text[:limit])
-    return shown + ("…" if len(text) > limit else "")
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from envbuild.data.urls import redact_url
-from envbuild.git.process import SHA256_UNSUPPORTED, GitError, git_environment, last_error_line, run_git, run_git_bytes
+from envbuild.git.process import SHA256_UNSUPPORTED, GitError, git_environment, last_error_line, run_git
 from envbuild.lock.moves import SUBJECT_CHARS
 
 __all__ = ["GitError", "GitRunner", "RefListing", "UnsupportedRepository", "last_error_line"]
@@ -140,9 +140,6 @@ class GitRunner:
     max_listing: int = MAX_LISTING
     max_memory: int = MAX_MEMORY
 
-    def environment(self, config: Mapping[str, str] | None = None) -> dict[str, str]:
-        return git_environment(config)
-
     def run(
         self,
         args: Sequence[str],
@@ -177,11 +174,10 @@ class GitRunner:
         tied to our lifetime and bounded in memory (see the module docstring); ``hold``: descriptors
         git inherits (a cache lock); ``max_output``: stdout beyond this many bytes kills git and fails
         (no ``stdin`` then)."""
-        argv = [self.executable, *(["-C", str(repo)] if repo is not None else []), *args]
-        return run_git(
-            argv,
+        out, errors = run_git(
+            [self.executable, *(["-C", str(repo)] if repo is not None else []), *args],
             command=args[0],
-            env=self.environment(config),
+            env=git_environment(config),
             stdin=stdin,
             timeout=self.local_timeout if timeout is None else timeout,
             network=network,
@@ -190,14 +186,9 @@ class GitRunner:
             max_memory=self.max_memory if network else None,
             max_incoming=max_incoming,
         )
-
-    def run_bytes(self, args: Sequence[str], *, repo: Path | None = None, timeout: float | None = None) -> bytes:
-        """Like :meth:`run` (same environment, same process group), returning stdout's bytes exactly as git
-        wrote them: a blob's content, with no newline translation."""
-        argv = [self.executable, *(["-C", str(repo)] if repo is not None else []), *args]
-        return run_git_bytes(
-            argv, command=args[0], env=self.environment(), timeout=self.local_timeout if timeout is None else timeout
-        )
+        # A path in a hostile tree or a ref name need not be UTF-8: keep its bytes (os.fsencode gives them
+        # back) rather than fail to decode; what reaches a message is escaped by last_error_line.
+        return out.decode("utf-8", "surrogateescape"), errors
 
     # -- network -------------------------------------------------------------------------------
 
@@ -225,9 +216,9 @@ class GitRunner:
         stderr). ``hold``: the cache lock's descriptor, which git and its helpers keep while alive."""
         self._observe("fetch", url)
         _, err = self.run_full(
-            _filtered_fetch(*(["--prune"] if prune else []), "origin", "--", *refspecs),
+            fetch_args(*(["--prune"] if prune else []), "origin", "--", *refspecs),
             repo=repo,
-            config={**_real_url(url), **FSCK_CONFIG},
+            config=fetch_config(url),
             timeout=self.network_timeout,
             network=True,
             hold=() if hold is None else (hold,),
@@ -255,8 +246,8 @@ class GitRunner:
         (``fetch.unpackLimit=1``: never held in memory as loose objects are) and its size watched."""
         self._observe("fetch", url)
         wants = ("--refetch", "origin", "--", *sorted(set(oids))) if trees else ("origin", "--", *sorted(set(oids)))
-        args = _filtered_fetch(*wants, filter="blob:none" if trees else FILTER)
-        config = {**_real_url(url), **FSCK_CONFIG, "fetch.negotiationAlgorithm": "noop"}
+        args = fetch_args(*wants, filter="blob:none" if trees else FILTER)
+        config = {**fetch_config(url), "fetch.negotiationAlgorithm": "noop"}
         if max_bytes is not None:
             config["fetch.unpackLimit"] = "1"
         incoming = (repo / "objects" / "pack", max_bytes) if max_bytes is not None else None
@@ -276,20 +267,25 @@ class GitRunner:
 
     def commit_trees(self, repo: Path, shas: Iterable[str]) -> dict[str, str]:
         """{commit: its tree} for those of ``shas`` that are commits present in ``repo``."""
+        return {commit: tree for commit, tree in self.commit_fields(repo, shas, "%T").items() if len(tree) == 40}
+
+    def commit_fields(self, repo: Path, shas: Iterable[str], fmt: str) -> dict[str, str]:
+        """{commit: what ``fmt`` (``--format``'s placeholders, such as ``%T``) prints} for those of ``shas``
+        that are commits present in ``repo``."""
         shas = sorted(set(shas))
         if not shas:
             return {}
         out = self.run(
-            ["rev-list", "--missing=allow-any", "--ignore-missing", "--no-walk", "--format=%H %T", "--stdin"],
+            ["rev-list", "--missing=allow-any", "--ignore-missing", "--no-walk", f"--format=%H {fmt}", "--stdin"],
             repo=repo,
             stdin="".join(f"{s}\n" for s in shas),
         )
-        trees: dict[str, str] = {}
+        found: dict[str, str] = {}
         for line in out.splitlines():
-            commit, _, tree = line.partition(" ")
-            if commit != "commit" and len(commit) == 40 and len(tree) == 40:
-                trees[commit] = tree
-        return trees
+            commit, _, value = line.partition(" ")
+            if commit != "commit" and len(commit) == 40:
+                found[commit] = value
+        return found
 
     def left_right(self, repo: Path, commit: str, head: str) -> tuple[int, int]:
         """(commits only ``commit`` reaches, commits only ``head`` reaches); (0, n) means ``commit`` is
@@ -400,8 +396,9 @@ class GitRunner:
         return records
 
     def read_blob(self, repo: Path, oid: str) -> bytes:
-        """The bytes of one blob present in ``repo``."""
-        return self.run_bytes(["cat-file", "blob", oid], repo=repo)
+        """The bytes of one blob present in ``repo``, exactly as git wrote them (no newline translation)."""
+        argv = [self.executable, "-C", str(repo), "cat-file", "blob", oid]
+        return run_git(argv, command="cat-file", env=git_environment(), timeout=self.local_timeout)[0]
 
     def logged_commits(self, repo: Path, shas: Iterable[str]) -> dict[str, tuple[str, str]]:
         """{commit: (author date in ISO 8601, subject)} of present commits (40 hex each). git cuts a subject
@@ -411,15 +408,9 @@ class GitRunner:
         shas = sorted(set(shas))
         if not shas:
             return {}
+        placeholders = f"--format=%H %aI %<({SUBJECT_COLUMNS},trunc)%s"
         out = self.run_full(
-            [
-                "rev-list",
-                "--missing=allow-any",
-                "--no-walk",
-                f"--format=%H %aI %<({SUBJECT_COLUMNS},trunc)%s",
-                *shas,
-                "--",
-            ],
+            ["rev-list", "--missing=allow-any", "--no-walk", placeholders, *shas, "--"],
             repo=repo,
             max_output=len(shas) * (SUBJECT_COLUMNS * 4 + 200),
         )[0]
@@ -439,13 +430,13 @@ def _subject(text: str) -> str:
     return text if len(text) <= SUBJECT_CHARS else text[: SUBJECT_CHARS - 1] + "…"
 
 
-def _filtered_fetch(*rest: str, filter: str = FILTER) -> list[str]:
-    """``git fetch`` into a cache repository: commits only (``tree:0``, unless ``filter`` says otherwise),
-    nothing it was not asked for (no tags, no FETCH_HEAD, no gc, no submodules), quietly; ``rest`` is the
-    remote and what to fetch."""
+def fetch_args(*rest: str, filter: str | None = FILTER) -> list[str]:
+    """``git fetch`` into a cache repository: commits only (``tree:0``, unless ``filter`` says otherwise;
+    None: everything, ``--no-filter``), nothing it was not asked for (no tags, no FETCH_HEAD, no gc, no
+    submodules), quietly; ``rest`` is the remote and what to fetch."""
     return [
         "fetch",
-        f"--filter={filter}",
+        "--no-filter" if filter is None else f"--filter={filter}",
         "--no-tags",
         "--no-write-fetch-head",
         "--no-auto-gc",
@@ -453,6 +444,12 @@ def _filtered_fetch(*rest: str, filter: str = FILTER) -> list[str]:
         "--quiet",
         *rest,
     ]
+
+
+def fetch_config(url: str) -> dict[str, str]:
+    """The real URL for this one command (see the module docstring), and git's checks on the objects
+    it receives (:data:`FSCK_CONFIG`)."""
+    return {**_real_url(url), **FSCK_CONFIG}
 
 
 def _real_url(url: str) -> dict[str, str]:

@@ -40,7 +40,7 @@ from envbuild.git import treehash
 from envbuild.git.cache import CachedRepo, GitCache, remove_stale_files
 from envbuild.git.gitmodules import too_many_records
 from envbuild.git.mirrors import Mirrors
-from envbuild.git.remote import FSCK_CONFIG, NO_LAZY_FETCH_URL, GitError
+from envbuild.git.remote import GitError, fetch_args, fetch_config
 from envbuild.git.treewriter import TreeWriteError, write_tar_tree
 from envbuild.lock.model import Source, Submodule, walk_submodules
 from envbuild.progress import Progress
@@ -52,13 +52,6 @@ NEUTRAL_ATTRIBUTES = "* -export-subst -export-ignore -text -eol -filter -ident -
 
 class ExportError(EnvbuildError):
     """A source's pinned commit cannot be exported as its exact tree."""
-
-
-def _fetch_config(url: str) -> dict[str, str]:
-    """The real URL for this one command, and git's object checks on what it receives: a tree git
-    itself calls malformed (duplicate entries, ``.git`` names, ``.gitmodules`` tricks) is refused at the
-    fetch, before anything is written."""
-    return {f"url.{url}.insteadOf": NO_LAZY_FETCH_URL, **FSCK_CONFIG}
 
 
 @dataclass(frozen=True)
@@ -203,21 +196,12 @@ def fetch_commit(exporter: TreeExporter, pin: TreePin, *, absent: bool = False) 
         # nothing new).
         if (waited or not absent) and _complete(exporter, repo, pin.commit):
             return repo
-        base = [
-            "fetch",
-            "--no-filter",
-            "--no-tags",
-            "--no-write-fetch-head",
-            "--no-auto-gc",
-            "--no-recurse-submodules",
-            "--quiet",
-        ]
 
         def fetch(*args: str) -> None:
             git.run(
-                [*base, *args],
+                fetch_args(*args, filter=None),
                 repo=repo.path,
-                config=_fetch_config(url),
+                config=fetch_config(url),
                 timeout=git.network_timeout,
                 network=True,
                 hold=(lock_fd,),
@@ -351,17 +335,5 @@ def gitlink_problems(gitlinks: dict[str, str], recorded: tuple[Submodule, ...]) 
 def commit_dates(cache: GitCache, url: str, commits: Iterable[str]) -> dict[str, int]:
     """{commit: committer date (Unix seconds)} for the commits the verify cache holds (no network)."""
     repo = cache.repo(url)
-    shas = sorted(set(commits))
-    if not repo.exists() or not shas:
-        return {}
-    out = cache.git.run(
-        ["rev-list", "--missing=allow-any", "--ignore-missing", "--no-walk", "--format=%H %ct", "--stdin"],
-        repo=repo.path,
-        stdin="".join(f"{s}\n" for s in shas),
-    )
-    dates: dict[str, int] = {}
-    for line in out.splitlines():
-        commit, _, date = line.partition(" ")
-        if commit != "commit" and len(commit) == 40 and date.isdigit():
-            dates[commit] = int(date)
-    return dates
+    found = cache.git.commit_fields(repo.path, commits, "%ct") if repo.exists() else {}
+    return {commit: int(date) for commit, date in found.items() if date.isdigit()}

@@ -45,27 +45,22 @@ def git_tree_sha(root: str, paths: list[str], gitlinks: dict | None = None) -> t
     are left out of the tree, so the SHA then differs from the commit's.
     """
     gitlinks = gitlinks or {}
-    nested: dict = {}
+    entries = {path: ("160000", bytes.fromhex(commit)) for path, commit in gitlinks.items()}
     unreadable: list[str] = []
-    for path, commit in gitlinks.items():
-        node = nested
-        *dirs, name = path.split("/")
-        for part in dirs:
-            node = node.setdefault(part, {})
-        node[name] = ("160000", bytes.fromhex(commit))
     for rel in paths:
         if gitlinks and _below(rel, gitlinks):
             continue
         try:
-            mode, sha = _entry(root, rel)
+            entries[rel] = _entry(root, rel)
         except OSError:
             unreadable.append(rel)
-            continue
+    nested: dict = {}
+    for path, entry in entries.items():
         node = nested
-        *dirs, name = rel.split("/")
+        *dirs, name = path.split("/")
         for part in dirs:
             node = node.setdefault(part, {})
-        node[name] = (mode, sha)
+        node[name] = entry
 
     def tree(node: dict) -> bytes:
         entries = []

@@ -83,18 +83,15 @@ class Upstream:
         """The commit's tree when it is on some upstream branch or tag (the commits of every ref fetched,
         vanished refs pruned, so a commit force-pushed away is not taken for one that exists), else None.
         Asked once per commit: many submodule paths may pin one commit."""
-        if commit not in self._on_ref:
-            self._on_ref[commit] = self._on_any_ref(commit, name)
-        return self._on_ref[commit]
-
-    def _on_any_ref(self, commit: str, name: str) -> str | None:
+        if commit in self._on_ref:
+            return self._on_ref[commit]
         tips = self.all_refs(name)
         present = self.cache.commit_trees(self.url, [commit])
-        if commit in present and self.cache.reachable_from_any(self.url, commit, set(tips)):
-            return present[commit]
-        if self.offline and not self.listing().tips() <= set(tips):
+        on_ref = commit in present and self.cache.reachable_from_any(self.url, commit, set(tips))
+        if not on_ref and self.offline and not self.listing().tips() <= set(tips):
             raise Offline()  # some tip we never fetched might hold it
-        return None
+        self._on_ref[commit] = present[commit] if on_ref else None
+        return self._on_ref[commit]
 
     def _fetch(
         self,
@@ -108,21 +105,18 @@ class Upstream:
         if fresh is not None and self.cache.namespace_refs(self.url) == fresh:
             return  # the cache already mirrors every advertised ref
         what = "all refs of " if prune else ""
-        self._say(f"fetching {what}{name} from {self.url}")
+        self.progress(f"fetching {what}{name} from {self.url}")
         start = time.perf_counter()
         try:
             filtered = self.cache.fetch(self.url, refspecs, wanted=wanted, prune=prune, fresh=fresh)
         except GitError as exc:
-            self._say(f"fetch of {name} failed: {exc.reason}")
+            self.progress(f"fetch of {name} failed: {exc.reason}")
             raise
         if filtered is None:
-            self._say(f"{name}: another verify fetched it meanwhile")
+            self.progress(f"{name}: another verify fetched it meanwhile")
             return
         note = "" if filtered else " (the server does not allow partial clone: full fetch)"
-        self._say(f"fetched {name} in {time.perf_counter() - start:.1f} s{note}")
-
-    def _say(self, message: str) -> None:
-        self.progress(message)
+        self.progress(f"fetched {name} in {time.perf_counter() - start:.1f} s{note}")
 
 
 def check_inputs(sources: Sequence[Source], mirrors: Mirrors) -> None:

@@ -25,7 +25,6 @@ import threading
 from concurrent.futures import Future
 from typing import BinaryIO
 from urllib.parse import urlsplit
-from urllib.request import url2pathname
 
 import requests
 from packaging.utils import canonicalize_name
@@ -33,7 +32,7 @@ from packaging.utils import canonicalize_name
 from envbuild.deadline import GRACE, Deadline, current, deadline_from_env, min_rate_from_env
 from envbuild.errors import InputError, RemoteError
 from envbuild.index.http import RETRIES, RangeFile, bounded, decode_text, reason, retrying
-from envbuild.index.local import copy_local, read_file_index
+from envbuild.index.local import copy_local, inside, read_file_index
 from envbuild.index.pages import IndexFile, ProjectPage, parse_html, parse_json, scheme_of, show_url
 from envbuild.index.wheelmeta import MAX_METADATA
 
@@ -228,11 +227,8 @@ class IndexClient:
         A ``file://`` URL is opened directly, only when ``index`` is a ``file://`` index holding it."""
         scheme, shown = scheme_of(url), show_url(url)
         if scheme == "file":
-            root = url2pathname(urlsplit(index).path) if index and urlsplit(index).scheme == "file" else None
-            path = url2pathname(urlsplit(url).path)
-            if root is None or os.path.commonpath([os.path.realpath(root), os.path.realpath(path)]) != os.path.realpath(
-                root
-            ):
+            path = inside(index, url) if index and urlsplit(index).scheme == "file" else None
+            if path is None:
                 raise RemoteError(f"{shown}: a file URL is read only from the file:// index that lists it")
             try:
                 return open(path, "rb")

@@ -137,10 +137,10 @@ class RangeFile(io.RawIOBase):
         self.session, self.url, self.timeout, self.max_bytes = session, url, timeout, max_bytes
         self.deadline = deadline_from_env() if deadline is None else deadline
         self.fetched = 0
-        self.requests = 0
         self._blocks: dict[int, bytes] = {}  # offset -> bytes, from range answers
         self._pos = 0
-        self.size = self._fetch_tail()
+        self.size, tail = self._request(f"bytes=-{self.BLOCK}")
+        self._blocks[self.size - len(tail)] = tail
 
     def readable(self) -> bool:
         return True
@@ -176,15 +176,9 @@ class RangeFile(io.RawIOBase):
         self._blocks[first] = block
         return block[start - first : end - first]
 
-    def _fetch_tail(self) -> int:
-        total, block = self._request(f"bytes=-{self.BLOCK}")
-        self._blocks[total - len(block)] = block
-        return total
-
     def _request(self, ranges: str, start: int | None = None, expect: int | None = None) -> tuple[int, bytes]:
         """(the file's size, the bytes) of one range request: ``start`` and ``expect`` bytes from there, or
         (both None) the file's tail."""
-        self.requests += 1
         headers = {"Range": ranges, "Accept-Encoding": "identity"}
         shown = show_url(self.url)
         try:

@@ -15,12 +15,18 @@ from envbuild.index.http import CHUNK
 from envbuild.index.pages import ProjectPage, parse_html, parse_json, show_url
 
 
-def copy_local(index: str, url: str, out: BinaryIO, limit: int, bound: str) -> None:
-    """A file a ``file://`` index lists: only a regular file inside the index's directory."""
+def inside(index: str, url: str) -> str | None:
+    """The path ``url`` names, links resolved, when it lies inside the ``file://`` index's directory."""
     root = os.path.realpath(url2pathname(urlsplit(index).path))
     path = os.path.realpath(url2pathname(urlsplit(url).path))
+    return path if os.path.commonpath([root, path]) == root else None
+
+
+def copy_local(index: str, url: str, out: BinaryIO, limit: int, bound: str) -> None:
+    """A file a ``file://`` index lists: only a regular file inside the index's directory."""
+    path = inside(index, url)
     url = show_url(url)  # from here on, only quoted
-    if os.path.commonpath([root, path]) != root:
+    if path is None:
         raise RemoteError(f"{url}: refusing to read it: not inside the file:// index {index}")
     try:
         with open_regular(path) as handle:  # never waits on a FIFO the index directory holds

@@ -42,7 +42,6 @@ class IndexFile:
     sha256: str | None
     yanked: bool
     yanked_reason: str | None = None
-    requires_python: str | None = None
     size: int | None = None  # PEP 700: the size in bytes the index states, when it does
     # PEP 658/714: the index serves the file's core metadata at ``<url>.metadata``. None: not announced;
     # "": announced without a hash; else its sha256.
@@ -167,7 +166,7 @@ def parse_json(index: str, name: str, body: bytes, base: str) -> ProjectPage:
         yanked = item.get("yanked", False)
         if not isinstance(yanked, (bool, str)):
             raise _malformed(index, name, f"files[{i}]: yanked {show(repr(yanked), 80)} is neither a bool nor a reason")
-        requires = item.get("requires-python")
+        announced = item.get("core-metadata", item.get("dist-info-metadata", False))
         files.append(
             IndexFile(
                 filename=item["filename"],
@@ -175,9 +174,8 @@ def parse_json(index: str, name: str, body: bytes, base: str) -> ProjectPage:
                 sha256=sha.lower() if sha else None,
                 yanked=bool(yanked) if not isinstance(yanked, str) else True,
                 yanked_reason=show(yanked) if isinstance(yanked, str) and yanked else None,
-                requires_python=requires if isinstance(requires, str) else None,
                 size=size,
-                core_metadata=_announced_metadata(_json_announcement(item)),
+                core_metadata=_announced_metadata(False if announced is None else announced),
             )
         )
     return ProjectPage(index, name, tuple(files))
@@ -224,18 +222,12 @@ def parse_html(index: str, name: str, body: str, base: str) -> ProjectPage:
                 sha256=digest.lower() if algo == "sha256" else None,
                 yanked=yanked,
                 yanked_reason=(show(anchor.get("data-yanked") or "") or None) if yanked else None,
-                requires_python=anchor.get("data-requires-python"),
                 core_metadata=_announced_metadata(
                     anchor.get("data-core-metadata", anchor.get("data-dist-info-metadata", False))
                 ),
             )
         )
     return ProjectPage(index, name, tuple(files))
-
-
-def _json_announcement(item: dict[str, Any]) -> Any:
-    value = item.get("core-metadata", item.get("dist-info-metadata", False))
-    return False if value is None else value
 
 
 def _announced_metadata(value: Any) -> str | None:

@@ -164,11 +164,9 @@ def _requirers(lock: Lock, metadata: Mapping[str, PackageMetadata]) -> dict[str,
     }
     for package in sorted(lock.packages, key=lambda p: canonicalize_name(p.name)):
         key = canonicalize_name(package.name)
-        found = metadata.get(key)
-        if found is None or found.requires is None:
-            why = found.detail if found is not None else "its core metadata was not read"
-            status = found.status if found is not None else "unknown"
-            requirers[key] = _Requirer(package.name, (2, key), None, ((False, why),), package, status)
+        found = metadata.get(key) or PackageMetadata(package.name, None, "its core metadata was not read")
+        if found.requires is None:
+            requirers[key] = _Requirer(package.name, (2, key), None, ((False, found.detail),), package, found.status)
         else:
             requirers[key] = _Requirer(package.name, (2, key), tuple((r, False) for r in found.requires), (), package)
     for i, source in enumerate(lock.sources):

@@ -27,6 +27,7 @@ reason; the metadata must name the package and version the lock pins, or it is n
 from __future__ import annotations
 
 import json
+import re
 import tarfile
 import threading
 import zipfile
@@ -45,7 +46,7 @@ from packaging.version import InvalidVersion, Version
 from envbuild.errors import RemoteError
 from envbuild.fileio import write_atomic
 from envbuild.index.boundedzip import ZipBoundError, open_zip
-from envbuild.index.client import MAX_METADATA, MAX_RANGE_BYTES, IndexClient
+from envbuild.index.client import MAX_METADATA, MAX_RANGE_BYTES, IndexClient, IndexFile
 from envbuild.index.filecache import FileCache
 from envbuild.index.wheelmeta import MetadataError, metadata_sha256, read_wheel_metadata
 from envbuild.lock.model import Lock, Package, PackageFile
@@ -53,7 +54,6 @@ from envbuild.lock.platform import normalised
 from envbuild.progress import Progress, silent
 from envbuild.verify.closure import PackageMetadata
 
-MAX_MEMBER = 1 << 20  # an sdist's requires.txt
 # Members of an sdist read before its metadata must have settled its requirements: PKG-INFO and the
 # egg-info come early in the sdists setuptools, hatchling, flit and maturin write; torch's has ~15,000.
 MAX_MEMBERS = 50_000
@@ -172,10 +172,7 @@ class MetadataReader:
         elif self.offline:
             raise MetadataError("offline, and neither its metadata nor the file is in the cache")
         else:
-            self._counted()
-            listed = self.client.project(lock.index_for(package), package.name).file(file.filename)
-            if listed is None:
-                raise MetadataError(f"{lock.index_for(package)} no longer lists it")
+            listed = self._listed(lock, package, file)
             if listed.core_metadata is not None and listed.url.startswith(("https://", "http://")):
                 data = self.client.core_metadata(listed)
             else:
@@ -210,15 +207,17 @@ class MetadataReader:
             return local
         if self.offline:
             raise MetadataError("offline, and the sdist is not in the file cache")
-        self._counted()
+        listed = self._listed(lock, package, file)
+        return self.files.fetch(listed.url, file.sha256, file.filename, self.client.download)
+
+    def _listed(self, lock: Lock, package: Package, file: PackageFile) -> IndexFile:
+        """What the index lists for ``file``: a network read, counted."""
+        with self._count:
+            self.network_reads += 1
         listed = self.client.project(lock.index_for(package), package.name).file(file.filename)
         if listed is None:
             raise MetadataError(f"{lock.index_for(package)} no longer lists it")
-        return self.files.fetch(listed.url, file.sha256, file.filename, self.client.download)
-
-    def _counted(self) -> None:
-        with self._count:
-            self.network_reads += 1
+        return listed
 
 
 def read_metadata(
@@ -255,15 +254,14 @@ def sdist_requirements(path: Path, package: Package, filename: str) -> list[str]
     pkg_info = members.get("PKG-INFO")
     if pkg_info is None:
         raise MetadataError("the sdist has no PKG-INFO")
-    raw = _parse(pkg_info)
-    dynamic = {d.strip().lower() for d in raw.get("dynamic", [])}
-    if _metadata_version(raw) >= Version("2.2") and "requires-dist" not in dynamic:
+    if _settles(pkg_info):  # or it cannot be parsed, which _requires refuses
         return _requires(pkg_info, package, filename, settled=True)
     _requires(pkg_info, package, filename, settled=False)  # name and version still checked
     if "requires.txt" in members or "egg-info" in members:
         return egg_info_requirements(members.get("requires.txt", b"").decode("utf-8", "replace"))
+    version = _parse(pkg_info).get("metadata_version")
     raise Unsettled(
-        f"PKG-INFO (metadata {raw.get('metadata_version')}) does not settle its requirements and it has no "
+        f"PKG-INFO (metadata {version}) does not settle its requirements and it has no "
         "*.egg-info: they are decided when it is built"
     )
 
@@ -345,7 +343,11 @@ def _settles(pkg_info: bytes) -> bool:
     except MetadataError:
         return True  # nothing later can mend it: sdist_requirements refuses it
     dynamic = {d.strip().lower() for d in raw.get("dynamic", [])}
-    return _metadata_version(raw) >= Version("2.2") and "requires-dist" not in dynamic
+    try:
+        version = Version(raw.get("metadata_version", "1.0").strip())
+    except InvalidVersion:
+        return False  # read as 1.0
+    return version >= Version("2.2") and "requires-dist" not in dynamic
 
 
 def _bounded(size: int, read: Callable[[], bytes]) -> bytes:
@@ -368,23 +370,8 @@ def _parse(data: bytes) -> RawMetadata:
 def header_block(data: bytes) -> bytes:
     """A core metadata file's header lines: up to its first empty line, where the email format's body
     begins (torch's body is a README of some 30 kB; the email parser reads every line of it)."""
-    at = 0
-    while at < len(data):
-        end = data.find(b"\n", at)
-        line = data[at:] if end < 0 else data[at:end]
-        if line in (b"", b"\r"):
-            return data[:at]
-        if end < 0:
-            break
-        at = end + 1
-    return data
-
-
-def _metadata_version(raw: RawMetadata) -> Version:
-    try:
-        return Version(raw.get("metadata_version", "1.0").strip())
-    except InvalidVersion:
-        return Version("1.0")
+    empty = re.search(rb"^\r?$", data, re.MULTILINE)  # a line with nothing but its line ending
+    return data if empty is None else data[: empty.start()]
 
 
 def _requires(data: bytes, package: Package, filename: str, *, settled: bool) -> list[str]:

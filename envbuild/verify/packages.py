@@ -58,7 +58,7 @@ def judge_package(package: Package, page: ProjectPage) -> PinResult:
     package's fix (`lock update` of the lock) is added where the lock's path is known."""
     facts: dict[str, Any] = {"index": page.index, "version": package.version}
     if not package.files:
-        offered = [f.filename for f in page.files if _is_version_file(f.filename, package)]
+        offered = [f.filename for f in page.files if file_version(f.filename, package.name) == Version(package.version)]
         listed = (
             f"the index lists {len(offered)} file(s) for that version"
             if offered
@@ -66,60 +66,29 @@ def judge_package(package: Package, page: ProjectPage) -> PinResult:
             if page.found
             else f"the index does not know {package.name} at all"
         )
-        return PinResult(
-            "package",
-            package.name,
-            "unresolved",
-            f"the lock records no files for {package.name} {package.version} ({listed})",
-            facts,
-        )
+        detail = f"the lock records no files for {package.name} {package.version} ({listed})"
+        return PinResult("package", package.name, "unresolved", detail, facts)
     problems: list[dict[str, Any]] = []
     for recorded in package.files:
-        entry = page.file(recorded.filename)
+        entry, name = page.file(recorded.filename), recorded.filename
         if entry is None:
             where = "" if page.found else f" (the index does not know {package.name} at all)"
-            problems.append(
-                {
-                    "status": "missing-file",
-                    "filename": recorded.filename,
-                    "detail": f"{recorded.filename} is no longer listed by {page.index}{where}",
-                }
-            )
+            detail = f"{name} is no longer listed by {page.index}{where}"
+            problems.append({"status": "missing-file", "filename": name, "detail": detail})
         elif entry.sha256 != recorded.sha256:
-            got = entry.sha256 or "no sha256"
-            problems.append(
-                {
-                    "status": "hash-mismatch",
-                    "filename": recorded.filename,
-                    "expected": recorded.sha256,
-                    "upstream": entry.sha256,
-                    "detail": f"{recorded.filename}: lock has sha256 {recorded.sha256}, index lists {got}",
-                }
-            )
+            detail = f"{name}: lock has sha256 {recorded.sha256}, index lists {entry.sha256 or 'no sha256'}"
+            hashes = {"expected": recorded.sha256, "upstream": entry.sha256}
+            problems.append({"status": "hash-mismatch", "filename": name, **hashes, "detail": detail})
         elif entry.yanked:
-            reason = entry.yanked_reason or "no reason given"
-            problems.append(
-                {
-                    "status": "yanked",
-                    "filename": recorded.filename,
-                    "reason": entry.yanked_reason,
-                    "detail": f"{recorded.filename} is yanked: {reason}",
-                }
-            )
+            detail = f"{name} is yanked: {entry.yanked_reason or 'no reason given'}"
+            problems.append({"status": "yanked", "filename": name, "reason": entry.yanked_reason, "detail": detail})
     if not problems:
         return PinResult(
             "package", package.name, "ok", f"{package.version}: {len(package.files)} file(s) match {page.index}", facts
         )
     status = min((p["status"] for p in problems), key=_SEVERITY.index)
     first = next(p for p in problems if p["status"] == status)
-    if status == "hash-mismatch":
-        facts.update(expected=first["expected"], upstream=first["upstream"])
-    if status == "yanked":
-        facts["reason"] = first["reason"]
+    facts.update({k: v for k, v in first.items() if k not in ("status", "filename", "detail")})
     facts["problems"] = [{k: v for k, v in p.items() if k != "detail"} for p in problems]
     detail = "; ".join(p["detail"] for p in problems)
     return PinResult("package", package.name, status, detail, facts)
-
-
-def _is_version_file(filename: str, package: Package) -> bool:
-    return file_version(filename, package.name) == Version(package.version)

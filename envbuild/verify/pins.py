@@ -51,13 +51,8 @@ def verify_package_offline(package: Package, files: FileCache, advice: str) -> P
     facts: dict[str, Any] = {"version": package.version}
     absent = [f.filename for f in package.files if files.get(f.sha256) is None]
     if package.files and not absent:
-        return PinResult(
-            "package",
-            package.name,
-            "cached",
-            "offline: every file is in the cache by its sha256; the index was not asked",
-            facts,
-        )
+        detail = "offline: every file is in the cache by its sha256; the index was not asked"
+        return PinResult("package", package.name, "cached", detail, facts)
     what = f"{', '.join(absent)} not in the cache" if absent else "no files in the lock"
     return PinResult("package", package.name, "unreachable", f"offline, and {what}; run `{advice}`", facts)
 

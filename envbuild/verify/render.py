@@ -14,11 +14,6 @@ _OUT_OF_REACH = ("could not resolve host", "unable to connect", "connection refu
                  "network is unreachable", "no route to host", "timed out")  # fmt: skip
 
 
-def _out_of_reach(detail: str) -> bool:
-    lowered = detail.lower()
-    return any(words in lowered for words in _OUT_OF_REACH)
-
-
 # Kinds with hundreds of results (a real lock has 126 packages and several hundred requirements) are
 # grouped in the table: what fails first, then warnings, then waivers (deliberate, so always shown), then
 # one row counting the rest. Sources and the base image are few: every one is shown.
@@ -62,7 +57,10 @@ _UNTRUSTED = (TLS_UNTRUSTED.lower(), "ssl certificate problem", "certificate ver
 def hints(report: VerifyReport) -> list[str]:
     """What to do next, read from the results and from what the user already did (the mirrors in force)."""
     said = []
-    if any(r.kind == "source" and r.status == "unreachable" and _out_of_reach(r.detail) for r in report.results):
+    if any(
+        r.kind == "source" and r.status == "unreachable" and any(words in r.detail.lower() for words in _OUT_OF_REACH)
+        for r in report.results
+    ):
         if report.mirrors:
             hint = (
                 f"the git hosts are out of reach through the mirrors in force ({', '.join(report.mirrors)}): "

@@ -51,30 +51,28 @@ def verify_sources(
 
     Sources sharing a URL share one ref listing and run one after the other. ``progress`` is called
     from worker threads."""
-    groups: dict[str, list[int]] = {}
-    for index, source in enumerate(sources):
-        groups.setdefault(source.repo, []).append(index)
     check_inputs(sources, mirrors)
-    results: list[PinResult | None] = [None] * len(sources)
-    with (
-        ThreadPoolExecutor(max_workers=max(1, min(jobs, len(groups)))) as pool,
-        ThreadPoolExecutor(max_workers=max(1, min(jobs, len(sources)))) as early,
-    ):
+    with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(sources)))) as early:
         whole = _started(whole, sources, early) if whole is not None else None
-        futures = {
-            url: pool.submit(
-                _verify_group,
-                [sources[i] for i in indexes],
-                cache,
-                mirrors.rewrite(url),
-                offline,
-                progress,
-                whole,
-            )
-            for url, indexes in groups.items()
-        }
-        for url, future in futures.items():
-            for index, result in zip(groups[url], future.result()):
+
+        def group(indexes: list[int]) -> list[PinResult]:
+            url = mirrors.rewrite(sources[indexes[0]].repo)
+            return _verify_group([sources[i] for i in indexes], cache, url, offline, progress, whole)
+
+        return grouped([source.repo for source in sources], group, jobs)
+
+
+def grouped(keys: Sequence[str], check: Callable[[list[int]], list[PinResult]], jobs: int) -> list[PinResult]:
+    """``check`` of the indexes of each group of equal ``keys``: the groups in parallel (``jobs`` at most),
+    each one's in order; the results in the order of ``keys``."""
+    groups: dict[str, list[int]] = {}
+    for index, key in enumerate(keys):
+        groups.setdefault(key, []).append(index)
+    results: list[PinResult | None] = [None] * len(keys)
+    with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(groups)))) as pool:
+        futures = {key: pool.submit(check, indexes) for key, indexes in groups.items()}
+        for key, future in futures.items():
+            for index, result in zip(groups[key], future.result()):
                 results[index] = result
     return [r for r in results if r is not None]
 
@@ -126,31 +124,27 @@ def _verify_group(
 
 
 def _verify(source: Source, up: Upstream, whole: WholeCommit | None = None) -> PinResult:
+    def result(status: SourceStatus, detail: str, **facts: object) -> PinResult:
+        return _result(source, up.url, status, detail, **facts)
+
     listing = up.listing()
     ref, kind = source.ref, source.ref_type
     same, other = (listing.heads, listing.tags) if kind == "branch" else (listing.tags, listing.heads)
     if ref not in same:
         if ref in other:
             actual = "tag" if kind == "branch" else "branch"
-            return _result(
-                source,
-                up.url,
-                "ref-type-changed",
-                f"recorded as a {kind}, but upstream {ref} is a {actual}",
-                upstream_ref_type=actual,
-            )
-        return _result(source, up.url, "missing-ref", f"upstream has no {kind} named {ref}")
+            detail = f"recorded as a {kind}, but upstream {ref} is a {actual}"
+            return result("ref-type-changed", detail, upstream_ref_type=actual)
+        return result("missing-ref", f"upstream has no {kind} named {ref}")
     head = same[ref]
     if kind == "tag":
         if head != source.commit:
-            return _result(
-                source, up.url, "tag-moved", f"tag {ref} now points at {head}, not at the pinned commit", upstream=head
-            )
+            return result("tag-moved", f"tag {ref} now points at {head}, not at the pinned commit", upstream=head)
         if source.tree is None:
-            return _result(source, up.url, "ok", f"tag {ref} points at the pinned commit")
+            return result("ok", f"tag {ref} points at the pinned commit")
         trees = _pinned_tree(source, up, f"+refs/tags/{ref}:refs/upstream/tags/{ref}", whole)
-        return _tree_verdict(source, up.url, trees) or _result(
-            source, up.url, "ok", f"tag {ref} points at the pinned commit; tree matches"
+        return _tree_verdict(source, up.url, trees) or result(
+            "ok", f"tag {ref} points at the pinned commit; tree matches"
         )
 
     refspec = f"+refs/heads/{ref}:refs/upstream/heads/{ref}"
@@ -173,15 +167,11 @@ def _verify(source: Source, up: Upstream, whole: WholeCommit | None = None) -> P
     if mismatch:
         return mismatch
     if ahead:
-        return _result(
-            source,
-            up.url,
-            "behind",
-            f"branch {ref} has moved {ahead} commit{'s' * (ahead != 1)} past the pinned commit, which is still on it",
-            ahead=ahead,
-            upstream=head,
+        detail = (
+            f"branch {ref} has moved {ahead} commit{'s' * (ahead != 1)} past the pinned commit, which is still on it"
         )
-    return _result(source, up.url, "ok", f"the pinned commit is the head of branch {ref}")
+        return result("behind", detail, ahead=ahead, upstream=head)
+    return result("ok", f"the pinned commit is the head of branch {ref}")
 
 
 def _pinned_tree(source: Source, up: Upstream, refspec: str, whole: WholeCommit | None) -> dict[str, str]:
@@ -211,13 +201,8 @@ def _tree_verdict(source: Source, url: str, trees: dict[str, str]) -> PinResult 
         raise GitError("fetch", "the pinned commit was not fetched")
     if actual == source.tree:
         return None
-    return _result(
-        source,
-        url,
-        "tree-mismatch",
-        f"the pinned commit's tree is {actual}, the lock records {source.tree}",
-        tree=actual,
-    )
+    detail = f"the pinned commit's tree is {actual}, the lock records {source.tree}"
+    return _result(source, url, "tree-mismatch", detail, tree=actual)
 
 
 def _result(source: Source, url: str, status: SourceStatus, detail: str, **facts: object) -> PinResult:

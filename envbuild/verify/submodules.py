@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +42,7 @@ from envbuild.git.upstream import Offline, Upstream, relation_in_cache
 from envbuild.lock.model import Lock, Source, Submodule, check_repo_url
 from envbuild.progress import Progress, silent
 from envbuild.verify.results import PinResult, SubmoduleStatus
+from envbuild.verify.sources import grouped
 
 
 @dataclass(frozen=True)
@@ -123,18 +123,9 @@ def verify_submodules(
             results.append(PinResult("submodule", source.name, "unknown", source.submodules_unknown))
         pins += recorded_submodules(source, mirrors)
     by_repo = {repository_key(s.repo): s for s in lock.sources}
-    groups: dict[str, list[int]] = {}
-    for index, pin in enumerate(pins):
-        key = mirrors.rewrite(pin.record.repo) if pin.record.repo and not pin.record.skipped else pin.parent.url
-        groups.setdefault(key, []).append(index)
+    keys = [mirrors.rewrite(p.record.repo) if p.record.repo and not p.record.skipped else p.parent.url for p in pins]
     checker = _Checker(cache, mirrors, offline, progress, by_repo)
-    verdicts: list[PinResult | None] = [None] * len(pins)
-    with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(groups) or 1))) as pool:
-        futures = {key: pool.submit(checker.group, [pins[i] for i in indexes]) for key, indexes in groups.items()}
-        for key, future in futures.items():
-            for index, result in zip(groups[key], future.result()):
-                verdicts[index] = result
-    return results + [v for v in verdicts if v is not None]
+    return results + grouped(keys, lambda indexes: checker.group([pins[i] for i in indexes]), jobs)
 
 
 @dataclass

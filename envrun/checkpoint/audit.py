@@ -56,7 +56,7 @@ from envrun.checkpoint.layout import (
 from envrun.checkpoint.modelnames import ModelNames, ModelNamesError
 from envrun.checkpoint.names import group_missing, natural_sorted, render_numbers
 from envrun.checkpoint.safetensors_header import SafetensorsHeaderError, read_safetensors_header
-from envrun.checkpoint.untrusted import JSONLimitError, MiB, brief, load_json, locate, read_limited
+from envrun.checkpoint.untrusted import MiB, brief, locate, read_json
 
 __all__ = [
     "AuditReport",
@@ -238,7 +238,7 @@ def _compare(model_dir: Path, layout: ModelLayout, held: _Held, expect: Expectat
     lost = (expect.required | expect.mtp_required | held.misplaced) - present
     # MTP tensors are tolerated however they went missing, even ones the index still lists: the
     # loaders skip MTP keys, and a lenient save may keep an index entry for a tensor it dropped.
-    lost_mtp = {name for name in lost if _layer_of(name) in mtp}
+    lost_mtp = {name for name in lost if (split := split_layer_name(name)) and split[0] in mtp}
     missing = lost - lost_mtp
     unexpected = (present - expect.required - expect.mtp_required - expect.allowed) | held.unindexed
     return AuditReport(
@@ -267,7 +267,7 @@ def _read_held(model_dir: Path, layout: ModelLayout, config_path: Path, bytes_re
     # transformers tries the single file before the index, so an audit must look where it looks.
     # Anything by either name that is not a regular file is refused, not skipped: a loader's
     # isfile() would skip a FIFO named model.safetensors, but a checkpoint holding one is hostile.
-    single = _locate(model_dir, SINGLE_FILE, _header_error)
+    single = _locate(model_dir, SINGLE_FILE, SafetensorsHeaderError)
     index_path = None if single else _locate(model_dir, INDEX_FILE, _index_error)
     if single is not None:
         header = read_safetensors_header(single)
@@ -289,7 +289,7 @@ def _read_held(model_dir: Path, layout: ModelLayout, config_path: Path, bytes_re
     held: dict[str, frozenset[str]] = {}
     shards_missing: list[str] = []
     for shard in sorted(placed):
-        path = _locate(model_dir, shard, _header_error)
+        path = _locate(model_dir, shard, SafetensorsHeaderError)
         if path is None:
             shards_missing.append(shard)
             continue
@@ -317,10 +317,6 @@ def _config_error(path: Path, message: str) -> InputError:
     return ModelConfigError(f"{path}: {message}")
 
 
-def _header_error(path: Path, message: str) -> InputError:
-    return SafetensorsHeaderError(path, message)
-
-
 def _index_error(path: Path, message: str) -> InputError:
     return CheckpointIndexError(f"{path}: {message}")
 
@@ -338,13 +334,7 @@ def _read_index(path: Path) -> tuple[dict[str, str], Counter[str], int]:
     def fail(message: str) -> InputError:
         return _index_error(path, message)
 
-    raw = read_limited(path, MAX_INDEX_BYTES, "an index", fail)
-    try:
-        doc = load_json(raw, max_containers=MAX_INDEX_CONTAINERS)
-    except JSONLimitError as exc:
-        raise fail(str(exc)) from None
-    except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        raise fail(f"not readable JSON ({exc})") from None
+    raw, doc = read_json(path, MAX_INDEX_BYTES, "an index", fail, max_containers=MAX_INDEX_CONTAINERS)
     weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
         raise fail("weight_map must be a non-empty object of tensor name -> shard file")
@@ -377,8 +367,3 @@ def _unindexed_files(model_dir: Path, named: frozenset[str]) -> tuple[str, ...]:
     # Reported, not failed: a stale shard left from an earlier save is ignored by every loader,
     # but a person looking at the directory should know it is not part of the checkpoint.
     return tuple(sorted(p.name for p in model_dir.glob("*.safetensors") if p.name not in named))
-
-
-def _layer_of(name: str) -> int | None:
-    split = split_layer_name(name)
-    return split[0] if split else None

@@ -161,17 +161,11 @@ def build_expectation(
     top_required, allowed_top = layout.top_level()
     required = set(top_required if top is None else top)
     allowed = set(allowed_top) - required
-    for i, suffixes in per_layer.items():
-        prefix = f"model.layers.{i}."
-        required.update(prefix + s for s in suffixes)
-    mtp_required: set[str] = set()
-    for i, suffixes in mtp.items():
-        prefix = f"model.layers.{i}."
-        mtp_required.update(prefix + s for s in suffixes)
-        allowed.update(prefix + s for s in MTP_OPTIONAL)
+    required.update(f"model.layers.{i}.{s}" for i, suffixes in per_layer.items() for s in suffixes)
+    allowed.update(f"model.layers.{i}.{s}" for i in mtp for s in MTP_OPTIONAL)
     return Expectation(
         required=frozenset(required),
-        mtp_required=frozenset(mtp_required),
+        mtp_required=frozenset(f"model.layers.{i}.{s}" for i, suffixes in mtp.items() for s in suffixes),
         allowed=frozenset(allowed),
         check=check,
         source=source,

@@ -37,7 +37,7 @@ from envrun.checkpoint.architectures import (
     Architecture,
     moe_suffix_count,
 )
-from envrun.checkpoint.untrusted import JSONLimitError, MiB, brief, load_json, read_limited
+from envrun.checkpoint.untrusted import MiB, brief, read_json
 
 # The MTP head around the decoder block (upstream-facts §4). GLM-4.5 also stores its own
 # shared_head.head and embed_tokens there, GLM-4.6 and GLM-5 do not: allowed, never required.
@@ -156,13 +156,7 @@ def read_config(config_path: Path) -> tuple[bytes, dict[str, object]]:
 
     if not os.path.lexists(config_path):
         raise fail("not found; a Hugging Face model directory needs config.json")
-    raw = read_limited(config_path, MAX_CONFIG_BYTES, "a config.json", fail)
-    try:
-        doc = load_json(raw, max_containers=MAX_CONFIG_CONTAINERS)
-    except JSONLimitError as exc:
-        raise fail(str(exc)) from None
-    except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        raise fail(f"not readable JSON ({exc})") from None
+    raw, doc = read_json(config_path, MAX_CONFIG_BYTES, "a config.json", fail, max_containers=MAX_CONFIG_CONTAINERS)
     if not isinstance(doc, dict):
         raise fail(f"a JSON {type(doc).__name__}, expected an object")
     return raw, doc
@@ -282,11 +276,9 @@ class _Reader:
         """An integer >= 0, or null where the modelling code reads null as "none" (q_lora_rank)."""
         if key not in self.doc:
             return default
-        if self.doc[key] is None:
-            if not nullable:
-                self.problems.append(f"{key}: null, but the modelling code needs an integer")
+        if self.doc[key] is None and nullable:
             return None
-        return self._integer(key, 0)
+        return self._integer(key, 0)  # null where it is not nullable: a problem
 
     def optional_count(self, key: str) -> int | None:
         return None if self.doc.get(key) is None else self._integer(key, 0)

@@ -44,26 +44,11 @@ MAX_DIMS = 64
 # Bits per element. Sub-byte float types exist since safetensors 0.6 (F4, F6_*), so sizes are in
 # bits and a tensor's total must be a whole number of bytes.
 DTYPE_BITS: dict[str, int] = {
-    "BOOL": 8,
-    "U8": 8,
-    "I8": 8,
-    "F8_E5M2": 8,
-    "F8_E4M3": 8,
-    "F8_E8M0": 8,
-    "I16": 16,
-    "U16": 16,
-    "F16": 16,
-    "BF16": 16,
-    "I32": 32,
-    "U32": 32,
-    "F32": 32,
-    "I64": 64,
-    "U64": 64,
-    "F64": 64,
-    "C64": 64,
-    "F4": 4,
-    "F6_E2M3": 6,
-    "F6_E3M2": 6,
+    **dict.fromkeys(("BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0"), 8),
+    **dict.fromkeys(("I16", "U16", "F16", "BF16"), 16),
+    **dict.fromkeys(("I32", "U32", "F32"), 32),
+    **dict.fromkeys(("I64", "U64", "F64", "C64"), 64),
+    **{"F4": 4, "F6_E2M3": 6, "F6_E3M2": 6},
 }
 
 
@@ -107,7 +92,11 @@ def read_safetensors_header(path: Path, expected_tensors: int | None = None) -> 
 
     ``expected_tensors``: how many tensors the file should hold (what the index places in it); a
     header longer than those could need is refused before it is read."""
-    fd, _ = open_regular(path, lambda message: SafetensorsHeaderError(path, message))
+
+    def fail(message: str) -> SafetensorsHeaderError:
+        return SafetensorsHeaderError(path, message)
+
+    fd, _ = open_regular(path, fail)
     try:
         if hasattr(os, "posix_fadvise"):
             # No readahead: past the header lie gigabytes of tensor data that the audit never
@@ -115,31 +104,26 @@ def read_safetensors_header(path: Path, expected_tensors: int | None = None) -> 
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
         file_size = os.fstat(fd).st_size
         if file_size < 8:
-            raise SafetensorsHeaderError(path, f"truncated: {file_size} bytes, shorter than the 8-byte header length")
+            raise fail(f"truncated: {file_size} bytes, shorter than the 8-byte header length")
         (header_size,) = struct.unpack("<Q", _pread_exact(fd, 8, 0))
         if header_size == 0 or header_size > MAX_HEADER_SIZE:
-            raise SafetensorsHeaderError(
-                path, f"malformed header: length {header_size} is outside 1..{MAX_HEADER_SIZE}"
-            )
+            raise fail(f"malformed header: length {header_size} is outside 1..{MAX_HEADER_SIZE}")
         if 8 + header_size > file_size:
-            raise SafetensorsHeaderError(
-                path, f"truncated: header length {header_size} exceeds the {file_size - 8} bytes after it"
-            )
+            raise fail(f"truncated: header length {header_size} exceeds the {file_size - 8} bytes after it")
         if expected_tensors is not None:
             plausible = HEADER_SLACK + HEADER_BYTES_PER_TENSOR * expected_tensors
             if header_size > plausible:
-                raise SafetensorsHeaderError(
-                    path,
+                raise fail(
                     f"header of {header_size:,} bytes, implausible for the {expected_tensors:,} tensors "
                     f"the index places in this file (at most {plausible:,})",
                 )
         raw = _pread_exact(fd, header_size, 8)
     except OSError as exc:
-        raise SafetensorsHeaderError(path, f"cannot read: {exc.strerror or exc}") from exc
+        raise fail(f"cannot read: {exc.strerror or exc}") from exc
     finally:
         os.close(fd)
     if len(raw) != header_size:  # the file shrank between fstat and read
-        raise SafetensorsHeaderError(path, "truncated while reading the header")
+        raise fail("truncated while reading the header")
     data_size = file_size - 8 - header_size
     tensors, metadata = _parse_header(path, raw, data_size)
     _check_data_section(path, tensors, data_size)

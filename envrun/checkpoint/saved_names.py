@@ -148,12 +148,9 @@ def main(argv: list[str]) -> int:
         # Whatever transformers or torch print goes to stderr: stdout carries the one JSON document.
         with contextlib.redirect_stdout(sys.stderr):
             result = saved_names(config, int(argv[0]))
-    except Refused as exc:
+    except (Refused, Unable) as exc:
         print(f"saved_names: {exc}", file=sys.stderr)
-        return REFUSED
-    except Unable as exc:
-        print(f"saved_names: {exc}", file=sys.stderr)
-        return UNABLE
+        return REFUSED if isinstance(exc, Refused) else UNABLE
     json.dump(result, out)
     out.write("\n")
     return 0

@@ -123,6 +123,17 @@ class JSONLimitError(ValueError):
     """JSON that would cost too much to parse; a ValueError like every other unreadable JSON."""
 
 
+def read_json(path: Path, limit: int, what: str, fail: Fail, *, max_containers: int) -> tuple[bytes, object]:
+    """The bytes of ``path`` (:func:`read_limited`) and the JSON they hold (:func:`load_json`)."""
+    raw = read_limited(path, limit, what, fail)
+    try:
+        return raw, load_json(raw, max_containers=max_containers)
+    except JSONLimitError as exc:
+        raise fail(str(exc)) from None
+    except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise fail(f"not readable JSON ({exc})") from None
+
+
 _DEPTH_AFTER_COUNT = 1_000_000
 
 

@@ -103,13 +103,10 @@ class Probe:
 
     def record_failure(self, module: str, why: str, exc: BaseException) -> None:
         entry = skipped_by(exc, self.skip)
-        if entry is not None:
-            self.imports.append(
-                {"module": module, "why": why, "status": "skip", "detail": first_line(exc), "skip": entry}
-            )
-            return
-        self.imports.append({"module": module, "why": why, "status": "fail", "detail": first_line(exc)})
-        self.problem("import", f"{why}: {first_line(exc)}", module=module)
+        found = {"module": module, "why": why, "status": "fail", "detail": first_line(exc)}
+        self.imports.append(found if entry is None else {**found, "status": "skip", "skip": entry})
+        if entry is None:
+            self.problem("import", f"{why}: {first_line(exc)}", module=module)
 
     # -- 1. compose ------------------------------------------------------------------------------------
     def compose(self, entry: types.ModuleType) -> Any:
