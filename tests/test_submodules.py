@@ -189,6 +189,26 @@ def test_a_record_the_trees_do_not_hold_fails_verify(
     assert result["status"] == status and words.format(catlass=up.commits["catlass"]) in result["detail"]
 
 
+@pytest.mark.parametrize(
+    ("tree", "words"),
+    [
+        ("recorded", "it is the parent's gitlink, held by the parent's tree pin too"),
+        (None, "it is the parent's gitlink (the parent pins no tree)"),
+        ("4" * 40, "it is the parent's gitlink (the parent's tree pin is not its commit's tree)"),
+    ],
+)
+def test_a_submodule_says_whether_the_parents_tree_pin_holds_its_gitlink(
+    up: SubmoduleUpstreams, updated: tuple[Path, Path], tree: str | None, words: str
+) -> None:
+    path, cache = updated
+    lock = read_lock(path).lock
+    parent = lock.source("parent")
+    changed = parent if tree == "recorded" else dataclasses.replace(parent, tree=tree)
+    lock = dataclasses.replace(lock, sources=tuple(changed if s.name == "parent" else s for s in lock.sources))
+    result = by_name(lock, path, options(cache, up))[f"parent/{CATLASS_PATH}"]
+    assert result["status"] == "ok" and words in result["detail"]
+
+
 def refused_update(
     up: SubmoduleUpstreams, tmp_path: Path, capsys: pytest.CaptureFixture[str], shape: str, lock_extra: str = ""
 ) -> tuple[int, str, bytes, bytes]:

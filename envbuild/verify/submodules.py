@@ -194,11 +194,12 @@ class _Checker:
             )
         if found != record.commit:
             return _result(pin, "gitlink-mismatch", _gitlink_mismatch(path, found, record.commit))
-        held = (
-            "it is the parent's gitlink, held by the parent's tree pin too"
-            if pin.parent.tree is not None and parent_root == pin.parent.tree
-            else "it is the parent's gitlink (the parent pins no tree)"
-        )
+        if pin.parent.tree is None:
+            held = "it is the parent's gitlink (the parent pins no tree)"
+        elif parent_root == pin.parent.tree:
+            held = "it is the parent's gitlink, held by the parent's tree pin too"
+        else:  # the parent's own result says its tree pin is wrong; this gitlink is its commit's
+            held = "it is the parent's gitlink (the parent's tree pin is not its commit's tree)"
         if record.skipped:
             status: SubmoduleStatus = "skipped"
             parts = [f"skipped: {record.skip}"]
