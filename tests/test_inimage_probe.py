@@ -4,6 +4,7 @@ the same script in built images (tests/test_image_build.py, tests/test_closure_i
 
 from __future__ import annotations
 
+import email
 import json
 import sys
 from importlib import metadata
@@ -112,6 +113,22 @@ def test_headers_stop_at_the_body_and_join_folded_lines() -> None:
         "version": ["1"],
         "requires-dist": ["b;\n  python_version>'3'", "c"],
     }
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # setuptools folds a License field's text, its blank lines as white space only: headers go on after it
+        "Name: a\nVersion: 1\nLicense: MIT\n        \n        Permission is granted\n        \nRequires-Dist: b\n\nbody\n",
+        "Name: a\r\nLicense: x\r\n\t\r\nRequires-Dist: b\r\n\r\nRequires-Dist: not-a-header\r\n",
+        "Name: a\nLicense: page one\n  \x0c\n  page two\nRequires-Dist: b\n",  # a form feed ends no line
+        "Name: a\nRequires-Dist: b\nno header here\nRequires-Dist: c\n",  # the email package's body begins
+    ],
+)
+def test_headers_end_where_the_email_package_ends_them(text: str) -> None:
+    message = email.message_from_string(text)
+    assert probe.headers(text).get("requires-dist", []) == [v.strip() for v in message.get_all("Requires-Dist", [])]
+    assert probe.headers(text)["name"] == ["a"]
 
 
 def test_an_egg_info_s_requirements_come_from_its_requires_txt(tmp_path: Path) -> None:

@@ -58,6 +58,10 @@ EXTRA_ONLY = re.compile(r"""^[^;]*;\s*extra\s*==\s*(?:"[^"]*"|'[^']*')\s*$""")
 # Directories at a source's root that hold no importable part of it, when its metadata names none.
 NOT_PACKAGES = {"test", "tests", "doc", "docs", "example", "examples", "benchmark", "benchmarks", "tools", "scripts"}
 DEFAULT_MANIFEST = "/opt/envbuild/meta/manifest.json"
+# Where the email package ends a line (not str.splitlines: a form feed in a license is no line end), and
+# what it reads as a header line: a name of printable characters but ":", then ":".
+LINE_END = re.compile(r"\r\n|\r|\n")
+HEADER_LINE = re.compile(r"[\x21-\x39\x3b-\x7e]*:")
 # --encoded: the report as a build's log passes it on (:func:`write_encoded`)
 ENCODED_FLAG = "--encoded"
 STAT_FLAG = "--stat"
@@ -99,21 +103,24 @@ class Installed:
 
 
 def headers(text: str) -> dict:
-    """{lower-case name: [values]} of a core metadata file's headers: the lines before the first empty
-    one, a line starting with white space continuing the header before it (as the email package reads
-    them; the body, a long description, is never read)."""
+    """{lower-case name: [values]} of a core metadata file's headers, as the email package reads them: the
+    lines before the first empty one (nothing but its line ending) or the first that is no header, a line
+    starting with white space continuing the header before it, even with nothing else on it (a License
+    field's blank lines, as setuptools writes them); the body, a long description, is never read."""
     found: dict = {}
     last: list = []
-    for line in text.splitlines():
-        if not line.strip():
+    for line in LINE_END.split(text):
+        if not line:
             break
-        if line[0] in " \t" and last:
-            last[-1] += "\n" + line
+        if line[0] in " \t":
+            if last:
+                last[-1] += "\n" + line
             continue
-        name, colon, value = line.partition(":")
-        if colon:
-            last = found.setdefault(name.strip().lower(), [])
-            last.append(value.strip())
+        if not HEADER_LINE.match(line):
+            break
+        name, _, value = line.partition(":")
+        last = found.setdefault(name.strip().lower(), [])
+        last.append(value.strip())
     return found
 
 
