@@ -70,7 +70,9 @@ class Builds(EngineBase):
         cli = self.build_cli
         if cli is not None and (context.directory is not None or context.write_to is not None):
             return self._cli_build(cli, context, dockerfile, nocache, progress, tag, what, context_dir)
-        return self._api_build(context, dockerfile, nocache, progress, tag, what)
+        build = BuildKitProgress(progress)
+        meter = Meter(progress, f"sent {what}", context.payload)
+        return self._built(self._api_solve(context, build, meter, dockerfile, nocache, tag), build, progress)
 
     def _cli_build(
         self,
@@ -115,15 +117,6 @@ class Builds(EngineBase):
                     tag=tag,
                     iidfile=scratch / "iid",
                 )
-        return self._built(image_id, build, say)
-
-    def _api_build(
-        self, context: ContextStream, dockerfile: str, nocache: bool, say: Progress, tag: str | None, what: str
-    ) -> BuildOutcome:
-        build = BuildKitProgress(say)
-        image_id = self._api_solve(
-            context, build, Meter(say, f"sent {what}", context.payload), dockerfile, nocache, tag
-        )
         return self._built(image_id, build, say)
 
     def _api_solve(

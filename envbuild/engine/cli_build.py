@@ -130,8 +130,6 @@ class PlainTrace:
             self.build.vertex(Vertex(digest, name, False, True, False, rest.partition(":")[2].strip() or rest))
         elif rest.startswith("transferring ") and rest.endswith(" done"):
             self.build.say(f"sent {rest.removeprefix('transferring ').removesuffix(' done')} (what BuildKit lacked)")
-        elif rest == "CANCELED":
-            pass
         elif (log := _LOG.match(rest)) is not None:
             self.build.log(VertexLog(digest, (log.group(2) + "\n").encode()))
 

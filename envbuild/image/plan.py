@@ -23,8 +23,6 @@ MANIFEST_VERSION = 2
 IMAGE_ROOT = "/opt/envbuild"
 IMAGE_SRC = f"{IMAGE_ROOT}/src"
 IMAGE_META = f"{IMAGE_ROOT}/meta"
-IMAGE_WHEELS = f"{IMAGE_ROOT}/wheels"
-IMAGE_MANIFEST = f"{IMAGE_META}/manifest.json"
 # The directories above IMAGE_META, whose headers the meta layer keeps as the built layers left them.
 META_PARENTS = tuple(str(p) for p in reversed(PurePosixPath(IMAGE_META).parents) if str(p) != "/")
 # BuildKit builds: the one mount point every RUN mounts its input on, the in-image check's step too (made

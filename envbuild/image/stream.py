@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from envbuild.engine.calls import chunks_of
 from envbuild.engine.transfer import ContextStream, TarSink
 from envbuild.fileio import content_mtime_ns, link_or_copy
 from envbuild.image.assemble import BuildContext
@@ -88,17 +89,8 @@ def _tree(root: Path, prefix: str) -> list[Entry]:
     return entries
 
 
-def _file(name: str, path: Path, mode: int | None = None, mtime: int | None = None, *, linkable: bool = False) -> Entry:
-    info = path.stat()
-    return Entry(
-        name,
-        "file",
-        stat.S_IMODE(info.st_mode) if mode is None else mode,
-        int(info.st_mtime) if mtime is None else mtime,
-        path=path,
-        size=info.st_size,
-        linkable=linkable,
-    )
+def _file(name: str, path: Path, mode: int, mtime: int, *, linkable: bool = False) -> Entry:
+    return Entry(name, "file", mode, mtime, path=path, size=path.stat().st_size, linkable=linkable)
 
 
 def _data(name: str, data: bytes, mode: int, mtime: int) -> Entry:
@@ -117,15 +109,8 @@ def stream(entries: list[Entry]) -> ContextStream:
         sink = TarSink()
         with tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
             for entry in ordered:
-                info = tarfile.TarInfo(entry.name)
-                info.mode, info.mtime, info.uid, info.gid, info.uname, info.gname = (
-                    entry.mode,
-                    entry.mtime,
-                    0,
-                    0,
-                    "",
-                    "",
-                )
+                info = tarfile.TarInfo(entry.name)  # owner 0:0 and no owner names: a TarInfo's own
+                info.mode, info.mtime, info.size = entry.mode, entry.mtime, entry.size  # size: 0 but for a file
                 if entry.kind == "dir":
                     info.type = tarfile.DIRTYPE
                     tar.addfile(info)
@@ -133,11 +118,9 @@ def stream(entries: list[Entry]) -> ContextStream:
                     info.type, info.linkname = tarfile.SYMTYPE, entry.target
                     tar.addfile(info)
                 elif entry.data is not None:
-                    info.size = entry.size
                     tar.addfile(info, io.BytesIO(entry.data))
                 else:
                     assert entry.path is not None
-                    info.size = entry.size
                     with open(entry.path, "rb") as data:
                         tar.addfile(info, data)
                 yield from sink.drain()
@@ -166,9 +149,10 @@ def write_entries(entries: list[Entry], root: Path) -> None:
         elif entry.linkable and entry.path is not None:
             link_or_copy(entry.path, target)
         else:
-            digest = hashlib.sha256()
+            digest, content = hashlib.sha256(), entry.path if entry.data is None else (entry.data,)
+            assert content is not None
             with target.open("wb") as out:
-                for chunk in _content(entry):
+                for chunk in chunks_of(content):
                     digest.update(chunk)
                     out.write(chunk)
             target.chmod(entry.mode)
@@ -184,16 +168,6 @@ def sync_dir(cache_dir: Path, lock_name: str, build: str) -> Path:
     while ``lock_name_held``: one path per lock and build, by which the CLI names BuildKit's synced copy
     of the context, so that a rebuild sends only what changed (:func:`write_entries`)."""
     return cache_dir / "image" / "sync" / lock_name / build
-
-
-def _content(entry: Entry) -> Iterator[bytes]:
-    if entry.data is not None:
-        yield entry.data
-        return
-    assert entry.path is not None
-    with entry.path.open("rb") as data:
-        while chunk := data.read(1 << 20):
-            yield chunk
 
 
 def buildkit_context(context: BuildContext, dockerfile: str) -> ContextStream:
