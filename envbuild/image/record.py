@@ -60,11 +60,6 @@ def _hex(digest: str) -> str:
     return digest.split(":", 1)[1] if ":" in digest else digest
 
 
-def source_uri(source: SourcePlan) -> str:
-    kind = "tags" if source.ref_type == "tag" else "heads"
-    return f"git+{source.repo}@refs/{kind}/{source.ref}"
-
-
 def package_purl(name: str, version: str) -> str:
     return f"pkg:pypi/{canonicalize_name(name)}@{quote(version, safe='.+!')}"
 
@@ -86,7 +81,7 @@ def resolved_dependencies(plan: ContextPlan, trees: dict[str, str]) -> list[dict
         deps.append(
             {
                 "name": source.name,
-                "uri": source_uri(source),
+                "uri": f"git+{source.repo}@refs/{'tags' if source.ref_type == 'tag' else 'heads'}/{source.ref}",
                 "digest": {"gitCommit": source.commit},
                 "annotations": {"install": source.mode, "ref_type": source.ref_type}
                 | ({"gitTree": tree} if tree else {}),

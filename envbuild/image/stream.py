@@ -1,12 +1,7 @@
 """What the engine's BuildKit receives, streamed from an assembled context directory (:mod:`.assemble`);
-each build gets only what it reads (:mod:`.render`):
-
-- the tools image's build (:func:`tools_context`): ``Dockerfile`` and ``tools/``;
-- the packages image's build on it (:func:`packages_context`): ``Dockerfile`` and ``packages/``
-  (``wheels/<file>``, ``requirements.txt``, ``stage_packages.py``, ``packages.sh``), which its install
-  step bind-mounts: no package file reaches a layer;
-- the image's build (:func:`buildkit_context`): ``Dockerfile``, ``tools/`` and each source's tree as
-  ``src/<name>/`` (the in-image check's files are a layer envbuild writes at normalising: :mod:`.normalise`).
+each build gets only what it reads (:mod:`.render`): the tools image's (:func:`tools_context`), the
+packages image's on it (:func:`packages_context`: no package file reaches a layer), and the image's
+(:func:`buildkit_context`; the in-image check's files are a layer envbuild writes at normalising: :mod:`.normalise`).
 
 Headers carry a fixed mode and mtime, owner 0:0 and no owner names; every RUN that reads them sets the
 times of what it writes itself, so no mtime here reaches a layer (BuildKit's cache keys leave them out
@@ -172,9 +167,7 @@ def sync_dir(cache_dir: Path, lock_name: str, build: str) -> Path:
 
 def buildkit_context(context: BuildContext, dockerfile: str) -> ContextStream:
     """The image's build context on BuildKit: ``Dockerfile``, ``tools/`` (the tools stage's script and
-    clamp-mtimes) and each source's tree as ``src/<name>/``. Every RUN bind-mounts what it
-    reads and sets its times itself, so no mtime here reaches a layer (BuildKit's cache keys leave
-    them out too)."""
+    clamp-mtimes) and each source's tree as ``src/<name>/``, each bind-mounted by the RUN that reads it."""
     plan, epoch = context.plan, context.plan.epoch
     entries = [_data("Dockerfile", dockerfile.encode(), 0o644, epoch), *_tools_entries()]
     if plan.installer is not None and any(source.mode != "none" for source in plan.sources):
@@ -201,8 +194,9 @@ def tools_context(plan: ContextPlan) -> ContextStream:
 
 
 def packages_context(context: BuildContext) -> ContextStream:
-    """The packages image's build context on BuildKit: ``Dockerfile`` and ``packages/`` (the package
-    files, the requirements and the scripts), which its install step bind-mounts."""
+    """The packages image's build context on BuildKit: ``Dockerfile`` and ``packages/`` (``wheels/<file>``,
+    ``requirements.txt``, ``stage_packages.py``, ``packages.sh``, the lock's ``uv``), which its install step
+    bind-mounts."""
     plan, epoch, top = context.plan, PACKAGES_EPOCH, "packages"
     entries = [_data("Dockerfile", render_packages_dockerfile(plan).encode(), 0o644, epoch)]
     entries += [
