@@ -185,8 +185,7 @@ class Builds(EngineBase):
         to start a container (its network namespace, containerd's shim), measured on docker 20.10. The
         output comes back in BuildKit's trace, which clips a step printing more than some hundred kB a
         second: a command with more to say compresses it (a clipped output is an error here)."""
-        dockerfile = step_dockerfile(image, command, mount)
-        archive = step_context(dockerfile, files)
+        archive = step_context(step_dockerfile(image, command, mount), files)
         build = BuildKitProgress(silent, keep_output=STEP_OUTPUT, step_started=started)
         image_id = self._api_solve(
             ContextStream(lambda: iter((archive,)), len(archive)), build, None, "Dockerfile", True, None

@@ -52,12 +52,11 @@ def settled_history(engine: Engine, ref: str) -> tuple[dict[str, Any], list[Hist
     engine keeps the parent chain (each build step's image), by the layers each step added; below it (the
     base, or an image envbuild loaded), settled by :func:`settle_empty`."""
     top = _inspect(engine, ref)
-    raw = engine.history(ref)
     entries = [
         HistoryEntry(
             int(h.get("Created") or 0), h.get("CreatedBy") or "", h.get("Comment") or "", int(h.get("Size") or 0), None
         )
-        for h in reversed(raw)
+        for h in reversed(engine.history(ref))
     ]
     index, image = len(entries) - 1, top
     while image.get("Parent") and index >= 0:
