@@ -31,10 +31,6 @@ if TYPE_CHECKING:
 STOP_TIMEOUT_SECONDS = 60.0
 
 
-def submission_id(plan: RunPlan) -> str:
-    return f"envrun-{plan.recipe}-{uuid.uuid4().hex[:12]}"
-
-
 def runtime_env(plan: RunPlan) -> dict[str, Any]:
     return {"env_vars": dict(plan.env)}
 
@@ -151,7 +147,7 @@ class RayLauncher:
             self.address,
             plan.argv,
             runtime_env=runtime_env(plan),
-            submission_id=submission_id(plan),
+            submission_id=f"envrun-{plan.recipe}-{uuid.uuid4().hex[:12]}",
             metadata=metadata(plan),
         )
         log(f"envrun: submitted Ray job {self.job_id} to {self.address}\n")
