@@ -85,12 +85,6 @@ class NodeNet:
             {**own, **job},
         )
 
-    def device_ports(self) -> list[range] | None | str:
-        """The device ports (``"default"``: HCCL's own, the same for every process of a host)."""
-        if "HCCL_NPU_SOCKET_PORT_RANGE" in self.env:
-            return parse_ports(self.env["HCCL_NPU_SOCKET_PORT_RANGE"])
-        return "default"
-
 
 def _names(value: str) -> tuple[list[str], bool]:
     """An ``*_SOCKET_IFNAME`` value: its names, and whether they match exactly (``=eth0``) or as prefixes."""
@@ -171,7 +165,9 @@ def port_lines(nodes: Iterable[NodeNet]) -> list[PreflightLine]:
         ports: dict[str, tuple[Any, Any]] = {}
         for node in sharing:
             try:
-                ports[node.name] = (host_ports(node.env), node.device_ports())
+                # Device ports unset: HCCL's default ones, the same for every process of a host.
+                device = node.env.get("HCCL_NPU_SOCKET_PORT_RANGE")
+                ports[node.name] = (host_ports(node.env), "default" if device is None else parse_ports(device))
             except ValueError as exc:
                 problems.append(f"node {node.name}: an HCCL port variable is not HCCL's port syntax ({exc})")
         for first, second in combinations(sorted(ports), 2):

@@ -1,9 +1,8 @@
 """Every node checked before a job starts, and every node's exports audited after it: each node answers
 for itself (:mod:`envrun.cluster.onnode`, a short Ray job with a task pinned to each alive node).
 
-Before a job, each node says which lock it runs and which NPUs it sees, audits the model at the path the
-job will read there, checks the data files there, and runs the job probe with its own interpreter. A
-node on another lock, on an image envbuild did not build (no manifest), or that does not answer refuses
+Before a job, each node answers what :class:`NodeAsk` asks (its lock and NPUs, the model, the data and the
+job probe where the job runs, its network, the output directory's storage). A node on another lock, on an image envbuild did not build (no manifest), or that does not answer refuses
 the job; so do fewer alive nodes with enough NPUs than ``nnodes × npus-per-node``, a model or data file
 a node cannot read, and a probe problem on any node — each one line naming the node. The verdicts are
 pure functions of the answers; the model's and the probe's are this host's own

@@ -1,11 +1,9 @@
 """The Ray backend: submit the trainer to a Ray cluster through Ray's job submission API.
 
 The multi-node path: the submitted entry point is the trainer's driver, and verl itself places the
-workers on the cluster. Before anything is submitted, every node is asked what it runs and what it sees
-(:mod:`envrun.cluster.nodecheck`): its lock and NPUs, the model and data at the paths the job will read
-there, and the job probe with its own interpreter. The job carries the lock digest in its metadata and
-the recipe's environment in its runtime env; its logs stream back; Ctrl-C or SIGTERM stops it on the
-cluster.
+workers on the cluster. Before anything is submitted, every node answers for itself
+(:mod:`envrun.cluster.nodecheck`). The job carries the lock digest in its metadata and the recipe's
+environment in its runtime env; its logs stream back; Ctrl-C or SIGTERM stops it on the cluster.
 """
 
 from __future__ import annotations
@@ -113,10 +111,9 @@ class RayLauncher:
         assert layout.root is not None
         progress(f"asking every node of {self.address} for the exports under {layout.root}")
         try:
-            exports = {"root": layout.root, "pattern": layout.pattern}
             ask = NodeAsk(
                 lock=False,
-                exports=exports,
+                exports={"root": layout.root, "pattern": layout.pattern},
                 python=plan.python,
                 env=plan.env,
                 transformers=plan.transformers,
