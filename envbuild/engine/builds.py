@@ -70,7 +70,9 @@ class Builds(EngineBase):
         cli = self.build_cli
         if cli is not None and (context.directory is not None or context.write_to is not None):
             return self._cli_build(cli, context, dockerfile, nocache, progress, tag, what, context_dir)
-        return self._api_build(context, dockerfile, nocache, progress, tag, what)
+        build = BuildKitProgress(progress)
+        meter = Meter(progress, f"sent {what}", context.payload)
+        return self._built(self._api_solve(context, build, meter, dockerfile, nocache, tag), build, progress)
 
     def _cli_build(
         self,
@@ -115,15 +117,6 @@ class Builds(EngineBase):
                     tag=tag,
                     iidfile=scratch / "iid",
                 )
-        return self._built(image_id, build, say)
-
-    def _api_build(
-        self, context: ContextStream, dockerfile: str, nocache: bool, say: Progress, tag: str | None, what: str
-    ) -> BuildOutcome:
-        build = BuildKitProgress(say)
-        image_id = self._api_solve(
-            context, build, Meter(say, f"sent {what}", context.payload), dockerfile, nocache, tag
-        )
         return self._built(image_id, build, say)
 
     def _api_solve(
@@ -192,8 +185,7 @@ class Builds(EngineBase):
         to start a container (its network namespace, containerd's shim), measured on docker 20.10. The
         output comes back in BuildKit's trace, which clips a step printing more than some hundred kB a
         second: a command with more to say compresses it (a clipped output is an error here)."""
-        dockerfile = step_dockerfile(image, command, mount)
-        archive = step_context(dockerfile, files)
+        archive = step_context(step_dockerfile(image, command, mount), files)
         build = BuildKitProgress(silent, keep_output=STEP_OUTPUT, step_started=started)
         image_id = self._api_solve(
             ContextStream(lambda: iter((archive,)), len(archive)), build, None, "Dockerfile", True, None

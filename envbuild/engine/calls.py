@@ -78,8 +78,7 @@ def chunks_of(archive: Path | Iterable[bytes]) -> Iterator[bytes]:
         yield from archive
         return
     with open(archive, "rb") as data:
-        while chunk := data.read(CHUNK):
-            yield chunk
+        yield from iter(lambda: data.read(CHUNK), b"")
 
 
 def short(ref: str) -> str:

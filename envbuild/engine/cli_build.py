@@ -97,13 +97,11 @@ class PlainTrace:
         self.tail: deque[str] = deque(maxlen=TAIL)  # lines that belong to no vertex: the CLI's own errors
         self._pending: str | None = None  # a step whose name came, not yet said as started
 
-    def _flush(self, except_for: str | None) -> None:
+    def flush(self, except_for: str | None = None) -> None:
+        """Say the pending step started (unless it is ``except_for``): a step's next line, or the end."""
         pending, self._pending = self._pending, None
         if pending is not None and pending != except_for:
             self.build.vertex(Vertex(pending, self._names[pending], False, True, False, ""))
-
-    def finish(self) -> None:
-        self._flush(except_for=None)
 
     def line(self, text: str) -> None:
         text = text.rstrip("\r\n")
@@ -116,12 +114,12 @@ class PlainTrace:
         name = self._names.get(digest)
         if name is None:  # the step begins; said as started with its next line, unless that is CACHED
             self._names[digest] = rest
-            self._flush(except_for=None)
+            self.flush()
             self._pending = digest
             return
         if rest == name or rest.startswith("sha256:"):  # the name again, or the vertex's digest
             return
-        self._flush(except_for=digest if rest == "CACHED" else None)
+        self.flush(except_for=digest if rest == "CACHED" else None)
         if rest == "CACHED":
             self.build.vertex(Vertex(digest, name, True, True, False, ""))
         elif _DONE.match(rest):
@@ -130,8 +128,6 @@ class PlainTrace:
             self.build.vertex(Vertex(digest, name, False, True, False, rest.partition(":")[2].strip() or rest))
         elif rest.startswith("transferring ") and rest.endswith(" done"):
             self.build.say(f"sent {rest.removeprefix('transferring ').removesuffix(' done')} (what BuildKit lacked)")
-        elif rest == "CANCELED":
-            pass
         elif (log := _LOG.match(rest)) is not None:
             self.build.log(VertexLog(digest, (log.group(2) + "\n").encode()))
 
@@ -185,7 +181,7 @@ def _run(command: Sequence[str], env: dict[str, str], trace: PlainTrace) -> int:
         assert process.stdout is not None
         for text in process.stdout:
             trace.line(text)
-        trace.finish()
+        trace.flush()
         return process.wait()
     finally:
         if process.poll() is None:

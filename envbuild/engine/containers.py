@@ -39,7 +39,7 @@ class Containers(EngineBase):
     ) -> RunOutput:
         """Run ``command`` in a new container of ``image`` with no network (``network_mode="host"``: the
         host's, to read its interfaces) and no devices; always removed after."""
-        with engine_errors(f"run in {image[:19] if image.startswith('sha256:') else image}", self.address):
+        with engine_errors(f"run in {short(image)}", self.address):
             container = None
             try:
                 with deferred_interrupts():  # Ctrl-C while it is created: taken once it can be removed

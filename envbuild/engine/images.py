@@ -67,8 +67,7 @@ class Images(EngineBase):
 
     def save(self, ref: str, dest: Path, progress: Progress = silent) -> None:
         with open(dest, "wb") as out:
-            for chunk in self.save_stream(ref, progress):
-                out.write(chunk)
+            out.writelines(self.save_stream(ref, progress))
 
     def load(self, archive: Path | Iterable[bytes], progress: Progress = silent) -> list[str]:
         """Load a ``docker save`` archive (a file or chunks); the image IDs the engine reports. A layer

@@ -4,6 +4,7 @@ stopping it), containers found by label, inspected, exec'd into and removed, and
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass, field
 
 import docker.errors
@@ -73,11 +74,10 @@ class Jobs(EngineBase):
                     container.stop(timeout=spec.stop_timeout)
                     return int(container.wait(timeout=spec.stop_timeout + 10)["StatusCode"]), True
         finally:
-            try:
+            # the engine gone away: nothing more to clean here
+            with suppress(docker.errors.DockerException, requests.RequestException):
                 if container_id is not None:
                     self.api.remove_container(container_id, force=True)
-            except (docker.errors.DockerException, requests.RequestException):
-                pass  # the engine went away; nothing more to clean here
 
     def start(self, spec: JobSpec) -> str:
         """Create and start a detached, long-running container; its ID. A container that was created but

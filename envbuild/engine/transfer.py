@@ -176,7 +176,7 @@ class LayerProgress:
         return len(moved), sum(self.sizes.get(layer, 0) for layer in moved)
 
     def summary(self) -> str:
-        moved = sum(1 for status in self.layers.values() if status in self._MOVED[self.verb])
+        moved = self.fetched()[0]
         where = "in the registry" if self.verb == "push" else "in the engine"
         return (
             f"{len(self.layers)} layers, {moved} {'sent' if self.verb == 'push' else 'fetched'} "

@@ -65,15 +65,9 @@ class BuildContext:
         return dict(self.source_dirs)[name]
 
 
-def manifest_for(
-    plan: ContextPlan,
-    file_lists: dict[str, list[str]],
-    trees: dict[str, str],
-    submodule_trees: dict[str, dict[str, str]] | None = None,
-) -> dict:
-    """What the in-image check compares against; ``submodule_trees`` is {source: {path: tree}} of the
-    submodules written (their trees as exported and checked)."""
-    written = submodule_trees or {}
+def manifest_for(plan: ContextPlan, kept: dict[str, KeptTree]) -> dict:
+    """What the in-image check compares against: the plan, with each source's files and trees as ``kept``
+    (exported and checked)."""
     return {
         "manifest_version": MANIFEST_VERSION,
         "lock_name": plan.lock_name,
@@ -89,15 +83,15 @@ def manifest_for(
                 "ref": s.ref,
                 "ref_type": s.ref_type,
                 "commit": s.commit,
-                "tree": trees[s.name],
+                "tree": kept[s.name].tree,
                 "mode": s.mode,
                 "path": s.image_path,
-                "files": file_lists[s.name],
+                "files": list(kept[s.name].files),
                 "distribution": s.distribution,
                 "waive": [{"name": n, "reason": r} for n, r in s.waive],
                 "skip_imports": [{"name": n, "reason": r} for n, r in s.skip_imports],
             }
-            | ({"submodules": _submodule_entries(s, written.get(s.name, {}))} if s.submodules else {})
+            | ({"submodules": _submodule_entries(s, kept[s.name].submodule_trees)} if s.submodules else {})
             for s in plan.sources
         ],
     }
@@ -201,9 +195,7 @@ def assemble_context(
             write_atomic(dest / UV_BINARY, uv_binary(wheel, plan.installer), mode=0o555)
     meta = dest / "envbuild"
     meta.mkdir()
-    file_lists = {name: list(tree.files) for name, tree in kept.items()}
-    trees = {name: tree.tree for name, tree in kept.items()}
-    manifest = manifest_for(plan, file_lists, trees, {name: tree.submodule_trees for name, tree in kept.items()})
+    manifest = manifest_for(plan, kept)
     (meta / "manifest.json").write_bytes(_json_bytes(manifest))
     (meta / "requirements.txt").write_text(plan.requirements, encoding="utf-8")
     shutil.copyfile(inimage_probe.__file__, meta / "inimage_probe.py")
@@ -215,7 +207,7 @@ def assemble_context(
         plan,
         dockerfile,
         manifest,
-        tuple(sorted(trees.items())),
+        tuple(sorted((name, tree.tree) for name, tree in kept.items())),
         tuple((name, tree.path) for name, tree in kept.items()),
     )
 

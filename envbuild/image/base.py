@@ -34,17 +34,12 @@ class Base:
     pulled: bool
 
 
-def lock_platform(plan: ContextPlan) -> str | None:
-    """The platform of a lock whose platform is set (:func:`oci_platform`); None without one."""
-    return None if plan.arch is None else oci_platform(plan.arch)
-
-
 def ensure_base(engine: Engine, plan: ContextPlan, say: Progress) -> Base:
     """The lock's base image on ``engine``, pulled for the lock's platform when absent, and checked to be
     for that platform. Raises :class:`PlatformError` when it is not, :class:`EngineError` when it cannot
     be pulled."""
     reference = base_reference(plan)
-    want = lock_platform(plan)
+    want = None if plan.arch is None else oci_platform(plan.arch)  # None: the lock sets no platform
     image = engine.inspect(reference)
     pulled = False
     if image is not None and want is not None and _platform(image) != want:
@@ -55,7 +50,9 @@ def ensure_base(engine: Engine, plan: ContextPlan, say: Progress) -> Base:
         try:
             engine.remove(reference)
         except EngineError as exc:
-            raise PlatformError(_mismatch(reference, _platform(image), plan, engine, f"; it stays: {exc}")) from None
+            raise PlatformError(
+                _mismatch(reference, _platform(image), want, plan, engine, f"; it stays: {exc}")
+            ) from None
         image = None
     if image is None:  # what the builder does for a FROM it lacks, but for the lock's platform
         try:
@@ -68,7 +65,7 @@ def ensure_base(engine: Engine, plan: ContextPlan, say: Progress) -> Base:
             raise EngineError(f"build failed: {reference} is not on {engine.address} after it was pulled")
     have = _platform(image)
     if want is not None and have != want:
-        raise PlatformError(_mismatch(reference, have, plan, engine, ""))
+        raise PlatformError(_mismatch(reference, have, want, plan, engine, ""))
     machine = engine.machine()
     if plan.arch is not None and machine and machine != plan.arch:
         say(
@@ -83,8 +80,7 @@ def _platform(image: dict[str, Any]) -> str:
     return f"{image.get('Os') or '?'}/{image.get('Architecture') or '?'}"
 
 
-def _mismatch(reference: str, have: str, plan: ContextPlan, engine: Engine, why: str) -> str:
-    want = lock_platform(plan)
+def _mismatch(reference: str, have: str, want: str, plan: ContextPlan, engine: Engine, why: str) -> str:
     return (
         f"the base image {reference} is {have} on {engine.address}, but the lock's platform is "
         f"linux/{plan.arch} ({want}): pin the base image's {want} image, or a multi-platform index that has "

@@ -21,17 +21,12 @@ The build fetches what it needs itself, whatever ``lock verify`` fetched: a cold
 give the same image. ``--offline`` fetches nothing and names what is missing and the command that
 fetches it (``envbuild lock fetch``).
 
-A rebuild of a lock built and checked before (:mod:`envbuild.image.cache.ledger`: the same lock bytes, envbuild,
-builder, Dockerfile and base digest, the image still in the engine under that ID) is answered after the
-refs are re-checked: its tags applied again and its record written, no context assembled, nothing sent to
-the engine (``noop``; not with ``--no-cache``).
-
-The layer cache: the raw built image keeps a private tag ``envbuild-raw/<lock name>:<sha12>`` so the
-engine keeps its layers (shared with the normalised image) for the next build, and
-``<cache_dir>/image/normalized.json`` (:mod:`envbuild.image.cache.normalised_map`) maps the raw image ID
-that passed the in-image check to its normalised ID, so a rebuild that the engine answers from its cache
-skips normalising and checking; BuildKit may give a cached rebuild a new raw ID, so a normalised ID
-already in the map skips the check as well (not with ``--no-cache``). Scratch (the context directory) is removed when the build ends, however
+A rebuild of a lock built and checked before is answered from the cache's record of it once the refs are
+re-checked (:mod:`envbuild.image.cache.answer`: tagged, its record written, nothing assembled or sent;
+``noop``, not with ``--no-cache``), and a raw image the engine's layer cache gives again skips normalising
+and checking (:mod:`envbuild.image.cache.normalised_map`). The raw image keeps a private tag
+``envbuild-raw/<lock name>:<sha12>`` so that the engine keeps its layers (shared with the normalised image)
+for the next build. Scratch (the context directory) is removed when the build ends, however
 it ends; SIGTERM is taken as an interrupt while a build runs, so that it unwinds the same way.
 """
 
@@ -262,9 +257,7 @@ def build_image(
                 )
                 claim = EngineClaim(connected.address)
                 try:
-                    built = _build_claimed(
-                        _Assembled(read, plan, context, tags, options, connected, work, progress), claim
-                    )
+                    built = _build_claimed(_Assembled(read, plan, context, tags, options, connected, progress), claim)
                 except InImageMismatch:  # a kept tree changed on disk would fail it: the next build exports again
                     for source in plan.sources:
                         store.forget(source)
@@ -334,7 +327,6 @@ class _Assembled:
     tags: tuple[str, ...]
     options: ImageOptions
     engine: Engine
-    work: Path
     say: Progress
 
 

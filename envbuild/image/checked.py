@@ -84,21 +84,15 @@ def checked_and_normalised(
     step's start one after the other (a load begun with the step held it 0.05 s); while the step runs, the
     engine is idle."""
     plan = context.plan
-
-    def layer(parents: Parents) -> AddedLayer:
-        return meta_layer(parents, meta, plan.epoch)
+    started = threading.Event()
 
     def normalised(added: AddedLayer) -> CanonicalImage:
+        started.wait(STEP_START_WAIT)  # at once after the check's step: it sets ``started`` however it ends
         return normalise(engine, raw_id, base_reference(plan), plan.epoch, say, (added,))
 
-    def once_started(added: AddedLayer) -> CanonicalImage:
-        started.wait(STEP_START_WAIT)
-        return normalised(added)
-
-    guess = layer(predicted) if predicted is not None else None
-    started = threading.Event()
+    guess = meta_layer(predicted, meta, plan.epoch) if predicted is not None else None
     with ThreadPoolExecutor(max_workers=1) as pool:
-        early = pool.submit(once_started, guess) if guess is not None else None
+        early = pool.submit(normalised, guess) if guess is not None else None
         say("checking the image from inside (installed distributions, source trees)")
         try:  # in this thread: an interrupt stops the check at once
             try:
@@ -111,7 +105,7 @@ def checked_and_normalised(
                 _remove_untagged(engine, early.result().image_id)
             raise
         parents = reported_parents(report)
-        added = layer(parents)
+        added = meta_layer(parents, meta, plan.epoch)
         first = early.result() if early is not None and early.exception() is None else None
         if first is not None and guess is not None and guess.diff_id == added.diff_id:
             return Checked(first, parents)

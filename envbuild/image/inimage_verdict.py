@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import tarfile
-from pathlib import Path
 from typing import Any
 
 from packaging.markers import InvalidMarker, UndefinedComparison, UndefinedEnvironmentName
@@ -24,7 +23,6 @@ from envbuild.errors import EngineError
 from envbuild.image import inimage_probe
 from envbuild.image.plan import META_PARENTS, MOUNT_POINT
 
-SCRIPT = Path(inimage_probe.__file__)
 CHECK_SCRIPT = f"{MOUNT_POINT}/inimage_probe.py"  # where the check's step has the meta layer's files
 CHECK_MANIFEST = f"{MOUNT_POINT}/manifest.json"
 STAT_BOUNDS = (0o10000, 1 << 32, 1 << 32, 1 << 33)  # mode, uid, gid, mtime: what a layer's tar header holds

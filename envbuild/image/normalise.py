@@ -52,12 +52,11 @@ def settled_history(engine: Engine, ref: str) -> tuple[dict[str, Any], list[Hist
     engine keeps the parent chain (each build step's image), by the layers each step added; below it (the
     base, or an image envbuild loaded), settled by :func:`settle_empty`."""
     top = _inspect(engine, ref)
-    raw = engine.history(ref)
     entries = [
         HistoryEntry(
             int(h.get("Created") or 0), h.get("CreatedBy") or "", h.get("Comment") or "", int(h.get("Size") or 0), None
         )
-        for h in reversed(raw)
+        for h in reversed(engine.history(ref))
     ]
     index, image = len(entries) - 1, top
     while image.get("Parent") and index >= 0:
@@ -77,13 +76,19 @@ def _inspect(engine: Engine, ref: str) -> dict[str, Any]:
     return found
 
 
-def _load(engine: Engine, config: dict[str, Any], say: Progress, layers: dict[str, bytes] | None = None) -> str:
+def _load(
+    engine: Engine, config: dict[str, Any], say: Progress, added: tuple[AddedLayer, ...], epoch: int
+) -> tuple[str, dict[str, Any]]:
+    """Load ``config`` with the ``added`` layers on top (carried in the load: a few kilobytes): the image
+    ID, the computed one, and its config."""
+    for layer in added:
+        config = extend_config(config, layer.diff_id, layer.created_by, epoch)
     expected = image_id(config)
     if engine.inspect(expected) is None:
-        loaded = engine.load([load_archive(config, layers=layers)], say)
+        loaded = engine.load([load_archive(config, layers={layer.diff_id: layer.tar for layer in added})], say)
         if expected not in loaded and engine.inspect(expected) is None:
             raise EngineError(f"docker load gave {', '.join(loaded) or 'no image'}, not the computed {expected}")
-    return expected
+    return expected, config
 
 
 @dataclass(frozen=True)
@@ -105,9 +110,7 @@ def normalise(
     the ``added`` layers on top (carried in the load: a few kilobytes)."""
     inspect, history = settled_history(engine, raw_id)
     config = canonical_config(inspect, history, base_entries=len(engine.history(base)), epoch=epoch)
-    for layer in added:
-        config = extend_config(config, layer.diff_id, layer.created_by, epoch)
-    normalised = _load(engine, config, say, {layer.diff_id: layer.tar for layer in added})
+    normalised, config = _load(engine, config, say, added, epoch)
     written = f"the config and {len(added)} small layer{'s' * (len(added) > 1)}" if added else "the config"
     say(f"normalised {raw_id[:19]} → {normalised[:19]} ({written} only: every built layer is shared)")
     return CanonicalImage(normalised, tuple(config["rootfs"]["diff_ids"]))
@@ -157,14 +160,11 @@ def load_packages_image(
         )
     for diff_id, created_by in zip(layers[len(below) :], added, strict=True):
         config = extend_config(config, diff_id, created_by, PACKAGES_EPOCH)
-    carried: dict[str, bytes] = {}
+    removal: tuple[AddedLayer, ...] = ()
     if report["remove"]:
         layer = removal_layer(report["remove"], report["directories"], PACKAGES_EPOCH)
-        diff_id = "sha256:" + hashlib.sha256(layer).hexdigest()
-        replaced = ", ".join(report["replaced"])
-        config = extend_config(config, diff_id, f"envbuild: remove the base's own {replaced}", PACKAGES_EPOCH)
-        carried[diff_id] = layer
-    loaded = _load(engine, config, say, carried)
+        removal = (AddedLayer(layer, f"envbuild: remove the base's own {', '.join(report['replaced'])}"),)
+    loaded, _ = _load(engine, config, say, removal, PACKAGES_EPOCH)
     engine.tag(loaded, tag)
     return loaded
 

@@ -174,17 +174,10 @@ def files_layer(
     expected = {str(p).lstrip("/") for p in list(PurePosixPath(directory).parents)[:-1]}
     if set(entries) != expected:
         raise ValueError(f"{directory}: its parents are {sorted(expected)}, not {sorted(entries)}")
-    own, data = _directory_entries(directory, files, epoch)
-    return _sorted_tar({**entries, **own}, data)
-
-
-def _directory_entries(
-    directory: str, files: Mapping[str, bytes], epoch: int
-) -> tuple[dict[str, tarfile.TarInfo], dict[str, bytes]]:
     top = directory.strip("/")
     if not top:
         raise ValueError(f"{directory}: not a directory below /")
-    entries = {top: _info(top, tarfile.DIRTYPE, 0o755, 0, 0, epoch)}
+    entries[top] = _info(top, tarfile.DIRTYPE, 0o755, 0, 0, epoch)
     data: dict[str, bytes] = {}
     for filename, content in files.items():
         if "/" in filename or filename in ("", ".", ".."):
@@ -192,7 +185,7 @@ def _directory_entries(
         name = f"{top}/{filename}"
         entries[name] = _info(name, tarfile.REGTYPE, 0o644, 0, 0, epoch)
         entries[name].size, data[name] = len(content), content
-    return entries, data
+    return _sorted_tar(entries, data)
 
 
 def _sorted_tar(entries: Mapping[str, tarfile.TarInfo], data: Mapping[str, bytes]) -> bytes:

@@ -24,6 +24,7 @@ is the same (base, package files, scripts) reuses the packages image and sends n
 from __future__ import annotations
 
 import json
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,7 +131,11 @@ def ensure_packages_image(
     finally:
         _untag(engine, raw)
     say(f"packages: {reference} ({image_id[:19]})")
-    _say_kept(report, say)
+    for kept in report.get("kept", []):
+        say(
+            f"packages: warning: the base's {kept.get('name')} {kept.get('version')} at {kept.get('path')} lists no "
+            "files (no RECORD, installed-files.txt or dpkg file list), so it stays, shadowed by the lock's"
+        )
     distro = tuple(d for d in report.get("distro", []) if isinstance(d, dict))
     steps = made.steps + outcome.steps
     return PackagesImage(reference, image_id, True, steps, tuple(report["replaced"]), stream.payload, distro)
@@ -139,18 +144,8 @@ def ensure_packages_image(
 def _untag(engine: Engine, reference: str) -> None:
     """Drop a tag this build held (the tag, not the ID: another lock's build may hold the same raw image,
     raw_packages_reference); when it was the last, only the config goes, the layers are shared."""
-    try:
+    with suppress(EngineError):
         engine.remove(reference)
-    except EngineError:
-        pass
-
-
-def _say_kept(report: dict[str, Any], say: Progress) -> None:
-    for kept in report.get("kept", []):
-        say(
-            f"packages: warning: the base's {kept.get('name')} {kept.get('version')} at {kept.get('path')} lists no "
-            "files (no RECORD, installed-files.txt or dpkg file list), so it stays, shadowed by the lock's"
-        )
 
 
 def _report(stdout: str) -> dict[str, Any]:

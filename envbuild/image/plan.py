@@ -23,8 +23,6 @@ MANIFEST_VERSION = 2
 IMAGE_ROOT = "/opt/envbuild"
 IMAGE_SRC = f"{IMAGE_ROOT}/src"
 IMAGE_META = f"{IMAGE_ROOT}/meta"
-IMAGE_WHEELS = f"{IMAGE_ROOT}/wheels"
-IMAGE_MANIFEST = f"{IMAGE_META}/manifest.json"
 # The directories above IMAGE_META, whose headers the meta layer keeps as the built layers left them.
 META_PARENTS = tuple(str(p) for p in reversed(PurePosixPath(IMAGE_META).parents) if str(p) != "/")
 # BuildKit builds: the one mount point every RUN mounts its input on, the in-image check's step too (made
@@ -97,6 +95,12 @@ class FilePlan:
     sha256: str
     context_path: str = field(metadata=json_meta(skip=True))  # wheels/<filename>
     entry: tuple[Package, PackageFile] = field(metadata=json_meta(skip=True))  # what file_for is called with
+
+    @classmethod
+    def of(cls, package: Package, file: PackageFile, directory: str) -> FilePlan:
+        return cls(
+            package.name, package.version, file.filename, file.sha256, f"{directory}/{file.filename}", (package, file)
+        )
 
 
 @dataclass(frozen=True)
@@ -204,7 +208,7 @@ def plan_context(
         for s in layer_order(lock.sources)
     )
     files = tuple(
-        FilePlan(p.name, p.version, f.filename, f.sha256, f"wheels/{f.filename}", (p, f))
+        FilePlan.of(p, f, "wheels")
         for p in sorted(lock.packages, key=lambda p: canonicalize_name(p.name))
         for f in sorted(p.files, key=lambda f: f.filename)
     )
@@ -232,12 +236,5 @@ def _installer_file(lock: Lock) -> FilePlan | None:
         return None
     for file in sorted(lock.installer.files, key=lambda f: f.filename):
         if file.filename.endswith(".whl") and (lock.platform is None or wheel_fits(file.filename, lock.platform)):
-            return FilePlan(
-                lock.installer.name,
-                lock.installer.version,
-                file.filename,
-                file.sha256,
-                f"installer/{file.filename}",
-                (lock.installer, file),
-            )
+            return FilePlan.of(lock.installer, file, INSTALLER_DIR)
     return None

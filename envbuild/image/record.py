@@ -18,7 +18,7 @@ from envbuild.image.plan import ContextPlan, SourcePlan, SubmodulePlan
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 SLSA_PROVENANCE = "https://slsa.dev/provenance/v1"
 BUILD_TYPE = "https://github.com/envbuild/envbuild/image/v1"
-DEFAULT_BUILDER = "https://github.com/envbuild/envbuild/image@v1"
+BUILDER_ID = "https://github.com/envbuild/envbuild/image@v1"
 # uuid5 namespace for SBOM serial numbers: the same image always gets the same serial.
 _SBOM_NAMESPACE = uuid.UUID("6f1d8a3e-3c55-5b8e-9d5a-0e6b2f9c7a41")
 
@@ -60,11 +60,6 @@ def _hex(digest: str) -> str:
     return digest.split(":", 1)[1] if ":" in digest else digest
 
 
-def source_uri(source: SourcePlan) -> str:
-    kind = "tags" if source.ref_type == "tag" else "heads"
-    return f"git+{source.repo}@refs/{kind}/{source.ref}"
-
-
 def package_purl(name: str, version: str) -> str:
     return f"pkg:pypi/{canonicalize_name(name)}@{quote(version, safe='.+!')}"
 
@@ -79,24 +74,19 @@ def source_purl(source: SourcePlan) -> str:
 
 
 def resolved_dependencies(plan: ContextPlan, trees: dict[str, str]) -> list[dict]:
-    deps: list[dict] = []
-    if plan.base_digest:
-        deps.append(
-            {"name": "base_image", "uri": f"docker://{plan.base_name}", "digest": {"sha256": _hex(plan.base_digest)}}
-        )
-    else:
-        deps.append({"name": "base_image", "uri": f"docker://{plan.base_name}", "annotations": {"unpinned": True}})
+    pin = {"digest": {"sha256": _hex(plan.base_digest)}} if plan.base_digest else {"annotations": {"unpinned": True}}
+    deps: list[dict] = [{"name": "base_image", "uri": f"docker://{plan.base_name}", **pin}]
     for source in plan.sources:
-        item: dict[str, Any] = {
-            "name": source.name,
-            "uri": source_uri(source),
-            "digest": {"gitCommit": source.commit},
-            "annotations": {"install": source.mode, "ref_type": source.ref_type},
-        }
-        annotations: dict[str, str] = item["annotations"]
-        if tree := trees.get(source.name) or source.tree:
-            annotations["gitTree"] = tree
-        deps.append(item)
+        tree = trees.get(source.name) or source.tree
+        deps.append(
+            {
+                "name": source.name,
+                "uri": f"git+{source.repo}@refs/{'tags' if source.ref_type == 'tag' else 'heads'}/{source.ref}",
+                "digest": {"gitCommit": source.commit},
+                "annotations": {"install": source.mode, "ref_type": source.ref_type}
+                | ({"gitTree": tree} if tree else {}),
+            }
+        )
         for sub in written_submodules(source):
             assert sub.repo is not None and sub.commit is not None
             deps.append(
@@ -108,18 +98,11 @@ def resolved_dependencies(plan: ContextPlan, trees: dict[str, str]) -> list[dict
                     | ({"gitTree": sub.tree} if sub.tree else {}),
                 }
             )
-    for file in plan.files:
+    for file in (*plan.files, *((plan.installer,) if plan.installer else ())):
         deps.append(
             {"name": file.filename, "uri": package_purl(file.package, file.version), "digest": {"sha256": file.sha256}}
-        )
-    if (uv := plan.installer) is not None:  # what installed the packages: a build tool, in no layer
-        deps.append(
-            {
-                "name": uv.filename,
-                "uri": package_purl(uv.package, uv.version),
-                "digest": {"sha256": uv.sha256},
-                "annotations": {"role": "installer"},
-            }
+            # the installer: what installed the packages, a build tool, in no layer
+            | ({"annotations": {"role": "installer"}} if file is plan.installer else {})
         )
     return deps
 
@@ -132,9 +115,6 @@ def provenance(
     tags: Sequence[str] = (),
     trees: dict[str, str] | None = None,
     dockerfile_sha256: str | None = None,
-    builder_id: str = DEFAULT_BUILDER,
-    started_on: str | None = None,
-    finished_on: str | None = None,
 ) -> dict:
     """An in-toto Statement v1 with a SLSA provenance v1 predicate for the image *image_id*."""
     subject_name = (
@@ -145,11 +125,6 @@ def provenance(
     internal: dict = {"source_date_epoch": plan.epoch, "layer_order": [s.name for s in plan.sources]}
     if dockerfile_sha256:
         internal["dockerfile_sha256"] = dockerfile_sha256
-    metadata: dict = {"invocationId": f"{plan.lock_sha256}:{_hex(image_id)}"}
-    if started_on:
-        metadata["startedOn"] = started_on
-    if finished_on:
-        metadata["finishedOn"] = finished_on
     return {
         "_type": STATEMENT_TYPE,
         "subject": [
@@ -168,8 +143,8 @@ def provenance(
                 "resolvedDependencies": resolved_dependencies(plan, trees or {}),
             },
             "runDetails": {
-                "builder": {"id": builder_id, "version": {"envbuild": __version__}},
-                "metadata": metadata,
+                "builder": {"id": BUILDER_ID, "version": {"envbuild": __version__}},
+                "metadata": {"invocationId": f"{plan.lock_sha256}:{_hex(image_id)}"},
             },
         },
     }
@@ -177,59 +152,39 @@ def provenance(
 
 def sbom(plan: ContextPlan, *, image_id: str, image_name: str | None = None, timestamp: str | None = None) -> dict:
     """A CycloneDX 1.5 SBOM of the image: the lock's packages and sources."""
-    components: list[dict] = []
     by_package: dict[tuple[str, str], list[str]] = {}
     for file in plan.files:
         by_package.setdefault((canonicalize_name(file.package), file.version), []).append(file.sha256)
-    for (name, version), hashes in sorted(by_package.items()):
-        purl = package_purl(name, version)
-        components.append(
-            {
-                "type": "library",
-                "bom-ref": purl,
-                "name": name,
-                "version": version,
-                "purl": purl,
-                "hashes": [{"alg": "SHA-256", "content": h} for h in sorted(hashes)],
-            }
-        )
+    components = [
+        _component(package_purl(name, version), name, version, "SHA-256", *sorted(hashes))
+        for (name, version), hashes in sorted(by_package.items())
+    ]
     for source in sorted(plan.sources, key=lambda s: s.name):
-        purl = source_purl(source)
         components.append(
-            {
-                "type": "library",
-                "bom-ref": purl,
-                "name": source.name,
-                "version": source.commit,
-                "purl": purl,
-                "hashes": [{"alg": "SHA-1", "content": source.commit}],
-                "externalReferences": [
-                    {
-                        "type": "vcs",
-                        "url": f"git+{source.repo}@{source.commit}",
-                        "comment": f"{source.ref_type} {source.ref}",
-                    }
-                ],
-                "properties": [{"name": "envbuild:install", "value": source.mode}],
-            }
+            _component(
+                source_purl(source),
+                source.name,
+                source.commit,
+                "SHA-1",
+                source.commit,
+                externalReferences=[_vcs(source.repo, source.commit, f"{source.ref_type} {source.ref}")],
+                properties=[{"name": "envbuild:install", "value": source.mode}],
+            )
         )
         for sub in written_submodules(source):
             assert sub.repo is not None and sub.commit is not None
             name = f"{source.name}/{sub.path}"
             purl = f"pkg:generic/{quote(name, safe='')}@{sub.commit}?vcs_url={quote('git+' + sub.repo + '@' + sub.commit, safe='')}"
             components.append(
-                {
-                    "type": "library",
-                    "bom-ref": purl,
-                    "name": name,
-                    "version": sub.commit,
-                    "purl": purl,
-                    "hashes": [{"alg": "SHA-1", "content": sub.commit}],
-                    "externalReferences": [
-                        {"type": "vcs", "url": f"git+{sub.repo}@{sub.commit}", "comment": "submodule"}
-                    ],
-                    "properties": [{"name": "envbuild:submodule-of", "value": source.name}],
-                }
+                _component(
+                    purl,
+                    name,
+                    sub.commit,
+                    "SHA-1",
+                    sub.commit,
+                    externalReferences=[_vcs(sub.repo, sub.commit, "submodule")],
+                    properties=[{"name": "envbuild:submodule-of", "value": source.name}],
+                )
             )
     metadata: dict = {
         "component": {
@@ -252,6 +207,24 @@ def sbom(plan: ContextPlan, *, image_id: str, image_name: str | None = None, tim
         "components": components,
         "dependencies": [{"ref": image_id, "dependsOn": [c["bom-ref"] for c in components]}],
     }
+
+
+def _component(purl: str, name: str, version: str, alg: str, *hashes: str, **more: Any) -> dict[str, Any]:
+    """A library of the SBOM, referred to by its purl; ``more``: its other fields."""
+    hashed = [{"alg": alg, "content": content} for content in hashes]
+    return {
+        "type": "library",
+        "bom-ref": purl,
+        "name": name,
+        "version": version,
+        "purl": purl,
+        "hashes": hashed,
+        **more,
+    }
+
+
+def _vcs(repo: str, commit: str, comment: str) -> dict[str, str]:
+    return {"type": "vcs", "url": f"git+{repo}@{commit}", "comment": comment}
 
 
 def build_record(

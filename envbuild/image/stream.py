@@ -1,12 +1,7 @@
 """What the engine's BuildKit receives, streamed from an assembled context directory (:mod:`.assemble`);
-each build gets only what it reads (:mod:`.render`):
-
-- the tools image's build (:func:`tools_context`): ``Dockerfile`` and ``tools/``;
-- the packages image's build on it (:func:`packages_context`): ``Dockerfile`` and ``packages/``
-  (``wheels/<file>``, ``requirements.txt``, ``stage_packages.py``, ``packages.sh``), which its install
-  step bind-mounts: no package file reaches a layer;
-- the image's build (:func:`buildkit_context`): ``Dockerfile``, ``tools/`` and each source's tree as
-  ``src/<name>/`` (the in-image check's files are a layer envbuild writes at normalising: :mod:`.normalise`).
+each build gets only what it reads (:mod:`.render`): the tools image's (:func:`tools_context`), the
+packages image's on it (:func:`packages_context`: no package file reaches a layer), and the image's
+(:func:`buildkit_context`; the in-image check's files are a layer envbuild writes at normalising: :mod:`.normalise`).
 
 Headers carry a fixed mode and mtime, owner 0:0 and no owner names; every RUN that reads them sets the
 times of what it writes itself, so no mtime here reaches a layer (BuildKit's cache keys leave them out
@@ -24,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from envbuild.engine.calls import chunks_of
 from envbuild.engine.transfer import ContextStream, TarSink
 from envbuild.fileio import content_mtime_ns, link_or_copy
 from envbuild.image.assemble import BuildContext
@@ -88,17 +84,8 @@ def _tree(root: Path, prefix: str) -> list[Entry]:
     return entries
 
 
-def _file(name: str, path: Path, mode: int | None = None, mtime: int | None = None, *, linkable: bool = False) -> Entry:
-    info = path.stat()
-    return Entry(
-        name,
-        "file",
-        stat.S_IMODE(info.st_mode) if mode is None else mode,
-        int(info.st_mtime) if mtime is None else mtime,
-        path=path,
-        size=info.st_size,
-        linkable=linkable,
-    )
+def _file(name: str, path: Path, mode: int, mtime: int, *, linkable: bool = False) -> Entry:
+    return Entry(name, "file", mode, mtime, path=path, size=path.stat().st_size, linkable=linkable)
 
 
 def _data(name: str, data: bytes, mode: int, mtime: int) -> Entry:
@@ -117,15 +104,8 @@ def stream(entries: list[Entry]) -> ContextStream:
         sink = TarSink()
         with tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
             for entry in ordered:
-                info = tarfile.TarInfo(entry.name)
-                info.mode, info.mtime, info.uid, info.gid, info.uname, info.gname = (
-                    entry.mode,
-                    entry.mtime,
-                    0,
-                    0,
-                    "",
-                    "",
-                )
+                info = tarfile.TarInfo(entry.name)  # owner 0:0 and no owner names: a TarInfo's own
+                info.mode, info.mtime, info.size = entry.mode, entry.mtime, entry.size  # size: 0 but for a file
                 if entry.kind == "dir":
                     info.type = tarfile.DIRTYPE
                     tar.addfile(info)
@@ -133,11 +113,9 @@ def stream(entries: list[Entry]) -> ContextStream:
                     info.type, info.linkname = tarfile.SYMTYPE, entry.target
                     tar.addfile(info)
                 elif entry.data is not None:
-                    info.size = entry.size
                     tar.addfile(info, io.BytesIO(entry.data))
                 else:
                     assert entry.path is not None
-                    info.size = entry.size
                     with open(entry.path, "rb") as data:
                         tar.addfile(info, data)
                 yield from sink.drain()
@@ -166,9 +144,10 @@ def write_entries(entries: list[Entry], root: Path) -> None:
         elif entry.linkable and entry.path is not None:
             link_or_copy(entry.path, target)
         else:
-            digest = hashlib.sha256()
+            digest, content = hashlib.sha256(), entry.path if entry.data is None else (entry.data,)
+            assert content is not None
             with target.open("wb") as out:
-                for chunk in _content(entry):
+                for chunk in chunks_of(content):
                     digest.update(chunk)
                     out.write(chunk)
             target.chmod(entry.mode)
@@ -186,21 +165,9 @@ def sync_dir(cache_dir: Path, lock_name: str, build: str) -> Path:
     return cache_dir / "image" / "sync" / lock_name / build
 
 
-def _content(entry: Entry) -> Iterator[bytes]:
-    if entry.data is not None:
-        yield entry.data
-        return
-    assert entry.path is not None
-    with entry.path.open("rb") as data:
-        while chunk := data.read(1 << 20):
-            yield chunk
-
-
 def buildkit_context(context: BuildContext, dockerfile: str) -> ContextStream:
     """The image's build context on BuildKit: ``Dockerfile``, ``tools/`` (the tools stage's script and
-    clamp-mtimes) and each source's tree as ``src/<name>/``. Every RUN bind-mounts what it
-    reads and sets its times itself, so no mtime here reaches a layer (BuildKit's cache keys leave
-    them out too)."""
+    clamp-mtimes) and each source's tree as ``src/<name>/``, each bind-mounted by the RUN that reads it."""
     plan, epoch = context.plan, context.plan.epoch
     entries = [_data("Dockerfile", dockerfile.encode(), 0o644, epoch), *_tools_entries()]
     if plan.installer is not None and any(source.mode != "none" for source in plan.sources):
@@ -227,8 +194,9 @@ def tools_context(plan: ContextPlan) -> ContextStream:
 
 
 def packages_context(context: BuildContext) -> ContextStream:
-    """The packages image's build context on BuildKit: ``Dockerfile`` and ``packages/`` (the package
-    files, the requirements and the scripts), which its install step bind-mounts."""
+    """The packages image's build context on BuildKit: ``Dockerfile`` and ``packages/`` (``wheels/<file>``,
+    ``requirements.txt``, ``stage_packages.py``, ``packages.sh``, the lock's ``uv``), which its install step
+    bind-mounts."""
     plan, epoch, top = context.plan, PACKAGES_EPOCH, "packages"
     entries = [_data("Dockerfile", render_packages_dockerfile(plan).encode(), 0o644, epoch)]
     entries += [

@@ -1,2 +1,1 @@
-"""The envrun command line: :mod:`.main` builds the parser from one module per command group
-(:mod:`.run`, :mod:`.cluster`, :mod:`.checkpoint`): parse, call one library function, print."""
+"""The envrun command line: :mod:`.main` and a module per command group (:mod:`.run`, :mod:`.cluster`, :mod:`.checkpoint`)."""

@@ -27,21 +27,15 @@ def _attempt(url: str, connect_timeout: float) -> Engine | EnvbuildError:
         return exc
 
 
-def _connect_each(urls: Iterable[str], connect_timeout: float) -> dict[str, Engine | EnvbuildError]:
-    unique = list(dict.fromkeys(urls))
-    if not unique:
-        return {}
-    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(unique))) as pool:
-        futures = {url: pool.submit(_attempt, url, connect_timeout) for url in unique}
-        return {url: future.result() for url, future in futures.items()}
-
-
 @contextmanager
 def each_connected(
     urls: Iterable[str], connect_timeout: float = CONNECT_TIMEOUT
 ) -> Iterator[dict[str, Engine | EnvbuildError]]:
     """Each host's engine (or the error that kept it out of reach), all closed on exit."""
-    answers = _connect_each(urls, connect_timeout)
+    unique = list(dict.fromkeys(urls))
+    with ThreadPoolExecutor(max_workers=max(1, min(MAX_PARALLEL, len(unique)))) as pool:
+        futures = {url: pool.submit(_attempt, url, connect_timeout) for url in unique}
+    answers = {url: future.result() for url, future in futures.items()}
     try:
         yield answers
     finally:
@@ -54,7 +48,11 @@ def each_connected(
 def connected(urls: Iterable[str], connect_timeout: float = CONNECT_TIMEOUT) -> Iterator[dict[str, Engine]]:
     """Every host's engine; the first host (in order) that could not be reached raises, after all tried."""
     with each_connected(urls, connect_timeout) as answers:
-        for answer in answers.values():
-            if isinstance(answer, EnvbuildError):
-                raise answer
-        yield {url: answer for url, answer in answers.items() if isinstance(answer, Engine)}
+        yield {url: reached(answer) for url, answer in answers.items()}
+
+
+def reached(answer: Engine | EnvbuildError) -> Engine:
+    """The host's engine, or the error that kept it out of reach, raised."""
+    if isinstance(answer, EnvbuildError):
+        raise answer
+    return answer

@@ -19,7 +19,7 @@ from envbuild.errors import CacheError, EngineError, EnvbuildError
 from envbuild.image.plan import LOCK_LABEL
 from envbuild.progress import Progress, silent
 from envrun import ray_api
-from envrun.cluster.engines import MAX_PARALLEL, each_connected
+from envrun.cluster.engines import MAX_PARALLEL, each_connected, reached
 from envrun.cluster.info import ClusterInfo, NodeInfo, OtherNode
 from envrun.cluster.nodes import container_name
 from envrun.cluster.state import CLUSTER_LABEL, NODE_ROLE_LABEL, load_state, remove_state, require_state
@@ -48,9 +48,7 @@ def cluster_status(name: str, cache_dir: Path) -> ClusterInfo:
     with each_connected(state.engines, state.connect_timeout) as engines:
         for url, engine in engines.items():
             try:
-                if isinstance(engine, EnvbuildError):
-                    raise engine
-                containers[url] = {c.name: c for c in engine.containers({CLUSTER_LABEL: name})}
+                containers[url] = {c.name: c for c in reached(engine).containers({CLUSTER_LABEL: name})}
             except EnvbuildError as exc:
                 containers[url] = f"unreachable: {exc}"
     nodes = []
@@ -125,13 +123,12 @@ def cluster_down(
 
 
 def _down_on(
-    url: str, engine: Engine | EnvbuildError, name: str, progress: Progress
+    url: str, answer: Engine | EnvbuildError, name: str, progress: Progress
 ) -> tuple[list[Removed], str | None]:
     """Remove cluster ``name``'s containers on one host, its head last; what was removed, or why not all."""
     removed: list[Removed] = []
     try:
-        if isinstance(engine, EnvbuildError):
-            raise engine
+        engine = reached(answer)
         for container in sorted(engine.containers({CLUSTER_LABEL: name}), key=_head_last):
             if engine.remove_container(container.id):
                 removed.append(Removed(url, container.name, container.id))

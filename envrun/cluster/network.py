@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import combinations
 from typing import Any
 
 from envrun.cluster.netifs import carrier, shown_interfaces
@@ -84,19 +85,6 @@ class NodeNet:
             {**own, **job},
         )
 
-    def listing(self) -> str:
-        return shown_interfaces(self.interfaces) or "none"
-
-    def host_ports(self) -> list[range] | None:
-        """The host ports HCCL binds here (None: the OS picks them); ValueError if the variable is unreadable."""
-        return host_ports(self.env)
-
-    def device_ports(self) -> list[range] | None | str:
-        """The device ports (``"default"``: HCCL's own, the same for every process of a host)."""
-        if "HCCL_NPU_SOCKET_PORT_RANGE" in self.env:
-            return parse_ports(self.env["HCCL_NPU_SOCKET_PORT_RANGE"])
-        return "default"
-
 
 def _names(value: str) -> tuple[list[str], bool]:
     """An ``*_SOCKET_IFNAME`` value: its names, and whether they match exactly (``=eth0``) or as prefixes."""
@@ -126,7 +114,9 @@ def interface_line(node: NodeNet, nodes: int) -> PreflightLine:
         exact = exact or variable == "GLOO_SOCKET_IFNAME"  # Gloo takes names, never prefixes
         matching = [i for i in node.interfaces if any(i == n if exact else i.startswith(n) for n in names)]
         if not matching:
-            problems.append(f"{variable}={value} names no interface of this node (it has: {node.listing()})")
+            problems.append(
+                f"{variable}={value} names no interface of this node (it has: {shown_interfaces(node.interfaces) or 'none'})"
+            )
         elif home not in matching and not (variable == "HCCL_SOCKET_IFNAME" and if_ip is not None):
             where = f"is on {home}" if home else "is on none of its interfaces"
             problems.append(f"{variable}={value}, but the address Ray advertises ({node.ip}) {where}")
@@ -175,16 +165,16 @@ def port_lines(nodes: Iterable[NodeNet]) -> list[PreflightLine]:
         ports: dict[str, tuple[Any, Any]] = {}
         for node in sharing:
             try:
-                ports[node.name] = (node.host_ports(), node.device_ports())
+                # Device ports unset: HCCL's default ones, the same for every process of a host.
+                device = node.env.get("HCCL_NPU_SOCKET_PORT_RANGE")
+                ports[node.name] = (host_ports(node.env), "default" if device is None else parse_ports(device))
             except ValueError as exc:
                 problems.append(f"node {node.name}: an HCCL port variable is not HCCL's port syntax ({exc})")
-        named = sorted(ports)
-        for i, first in enumerate(named):
-            for second in named[i + 1 :]:
-                for kind, index in (("host", 0), ("device", 1)):
-                    clash = _overlap(ports[first][index], ports[second][index])
-                    if clash:
-                        problems.append(f"nodes {first} and {second} share HCCL {kind} ports {clash}")
+        for first, second in combinations(sorted(ports), 2):
+            for kind, index in (("host", 0), ("device", 1)):
+                clash = _overlap(ports[first][index], ports[second][index])
+                if clash:
+                    problems.append(f"nodes {first} and {second} share HCCL {kind} ports {clash}")
         names = ", ".join(n.name for n in sharing)
         if problems:
             lines.append(

@@ -1,9 +1,8 @@
 """Every node checked before a job starts, and every node's exports audited after it: each node answers
 for itself (:mod:`envrun.cluster.onnode`, a short Ray job with a task pinned to each alive node).
 
-Before a job, each node says which lock it runs and which NPUs it sees, audits the model at the path the
-job will read there, checks the data files there, and runs the job probe with its own interpreter. A
-node on another lock, on an image envbuild did not build (no manifest), or that does not answer refuses
+Before a job, each node answers what :class:`NodeAsk` asks (its lock and NPUs, the model, the data and the
+job probe where the job runs, its network, the output directory's storage). A node on another lock, on an image envbuild did not build (no manifest), or that does not answer refuses
 the job; so do fewer alive nodes with enough NPUs than ``nnodes × npus-per-node``, a model or data file
 a node cannot read, and a probe problem on any node — each one line naming the node. The verdicts are
 pure functions of the answers; the model's and the probe's are this host's own
@@ -58,25 +57,20 @@ class NodeAsk:
     transformers: str | None = None  # the lock's: audits take their names from the model it builds
 
     def to_json(self) -> dict[str, Any]:
-        spec: dict[str, Any] = {"lock": self.lock}
+        asked = {
+            "model": self.model,
+            "data": list(self.data),
+            "probe": dict(self.probe or {}),
+            "exports": dict(self.exports or {}),
+            "storage": self.storage,
+            "checkpoints": self.checkpoints,
+        }
+        spec: dict[str, Any] = {"lock": self.lock, **{key: value for key, value in asked.items() if value}}
         if self.transformers and (self.model or self.exports):
             spec["transformers"] = self.transformers
+        if "transformers" in spec or "probe" in spec:  # who runs the model's build or the probe, and with what
             spec["python"] = self.python
             spec["env"] = dict(self.env or {})
-        if self.model:
-            spec["model"] = self.model
-        if self.data:
-            spec["data"] = list(self.data)
-        if self.probe:
-            spec["probe"] = dict(self.probe)
-            spec["python"] = self.python
-            spec["env"] = dict(self.env or {})
-        if self.exports:
-            spec["exports"] = dict(self.exports)
-        if self.storage:
-            spec["storage"] = self.storage
-        if self.checkpoints:
-            spec["checkpoints"] = self.checkpoints
         if self.network:
             from envrun.cluster.onnet import NET_VARS, NOSET
 
@@ -123,33 +117,24 @@ def node_lines(
         npus += f", Ray NPU resource {answer.get('npu_resource', 0):g}"
         facts = {k: v for k, v in answer.items() if k not in ("probe", "model", "data", "exports")}
         if answer.get("error"):
-            line = PreflightLine(CHECK, "fail", f"{who} did not answer: {answer['error']}", facts)
+            failure = f"{who} did not answer: {answer['error']}"
         elif answer.get("answered_from") != answer.get("node_id"):
             # The task was pinned to the node asked (soft=False): another node's answer is not this node's.
-            line = PreflightLine(
-                CHECK,
-                "fail",
-                f"{who}: the answer came from Ray node {answer.get('answered_from')}, not this node",
-                facts,
-            )
+            failure = f"{who}: the answer came from Ray node {answer.get('answered_from')}, not this node"
         elif (wanted := (ips or {}).get(str(answer.get("name")))) and not same_address(str(answer.get("ip")), wanted):
-            line = PreflightLine(
-                CHECK,
-                "fail",
+            failure = (
                 f"{who} advertises {answer.get('ip')}, not {wanted} (the cluster file's ip): the other nodes and the "
-                "job's HCCL and Gloo would reach it at another address",
-                facts,
+                "job's HCCL and Gloo would reach it at another address"
             )
         elif found is None:
             reason = answer.get("manifest_problem") or "no lock digest"
-            line = PreflightLine(CHECK, "fail", f"{who} runs no envbuild image ({MANIFEST}: {reason})", facts)
+            failure = f"{who} runs no envbuild image ({MANIFEST}: {reason})"
         elif found != lock_sha256:
-            line = PreflightLine(
-                CHECK, "fail", f"{who} runs lock sha256 {found}, not {lock_file} (sha256 {lock_sha256})", facts
-            )
+            failure = f"{who} runs lock sha256 {found}, not {lock_file} (sha256 {lock_sha256})"
         else:
-            line = PreflightLine(CHECK, "ok", f"{who} runs lock sha256 {found}; {npus}", facts)
-        lines.append(line)
+            lines.append(PreflightLine(CHECK, "ok", f"{who} runs lock sha256 {found}; {npus}", facts))
+            continue
+        lines.append(PreflightLine(CHECK, "fail", failure, facts))
     return tuple(lines)
 
 
@@ -245,17 +230,13 @@ def model_lines(answers: list[dict[str, Any]]) -> tuple[PreflightLine, ...]:
 
 
 def data_lines(answers: list[dict[str, Any]], files: int) -> tuple[PreflightLine, ...]:
-    lines = []
-    for answer in answers:
-        if "data" not in answer:
-            continue
-        problems = answer["data"] or []
-        who = node_label(answer)
-        if problems:
-            lines.append(PreflightLine("data", "fail", f"{who}: " + "; ".join(problems)))
-        else:
-            lines.append(PreflightLine("data", "ok", f"{who}: {files} parquet file(s)"))
-    return tuple(lines)
+    return tuple(
+        PreflightLine("data", "fail", f"{node_label(answer)}: " + "; ".join(answer["data"]))
+        if answer["data"]
+        else PreflightLine("data", "ok", f"{node_label(answer)}: {files} parquet file(s)")
+        for answer in answers
+        if "data" in answer
+    )
 
 
 def probe_lines_of(answers: list[dict[str, Any]]) -> tuple[PreflightLine, ...]:
@@ -271,16 +252,14 @@ def probe_lines_of(answers: list[dict[str, Any]]) -> tuple[PreflightLine, ...]:
 def engine_image_lines(state: ClusterState) -> tuple[PreflightLine, ...]:
     """For a cluster ``envrun cluster up`` started: each node's container as its host's engine sees it
     (not as the node reports itself) runs the image the cluster was pinned to, by image ID."""
-    from envrun.cluster.engines import each_connected
+    from envrun.cluster.engines import each_connected, reached
 
     lines = []
     with each_connected(state.engines, state.connect_timeout) as engines:
         for index, url in enumerate(state.engines):
             name = container_name(state.name, index)
             try:
-                engine = engines[url]
-                if isinstance(engine, EnvbuildError):
-                    raise engine
+                engine = reached(engines[url])
                 container = engine.container(name)
                 pinned = engine.inspect(state.image)
             except EnvbuildError as exc:

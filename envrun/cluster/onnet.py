@@ -176,7 +176,6 @@ def reach(
     if gcs and ":" in gcs:
         host, port_text = gcs.rsplit(":", 1)
         gcs_address = (host.strip("[]"), int(port_text)) if port_text.isascii() and port_text.isdigit() else None
-    hccl_peers = {n["NodeID"]: sum(1 for m in nodes if m["NodeID"] != n["NodeID"]) for n in nodes}
     return on_each(
         nodes,
         meet,
@@ -184,7 +183,7 @@ def reach(
             n["NodeManagerAddress"],
             ports.get(n["NodeID"]),
             _targets(nodes, n["NodeID"], ports, gcs_address),
-            hccl_peers[n["NodeID"]] if n["NodeID"] in ports else 0,
+            len(nodes) - 1 if n["NodeID"] in ports else 0,  # every other node connects to its HCCL port
         ),
     )
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,20 +40,7 @@ class InJob:
     ray_start_args: tuple[str, ...] = ()  # appended to every node's `ray start`
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "version": SPEC_VERSION,
-            "plan": dict(self.plan),
-            "lenient": self.lenient,
-            "nnodes": self.nnodes,
-            "npus_per_node": self.npus_per_node,
-            "skip_checks": list(self.skip_checks),
-            "head_port": self.head_port,
-            "dashboard_port": self.dashboard_port,
-            "hccl_ports": self.hccl_ports,
-            "node_ports": self.node_ports,
-            "join_timeout": self.join_timeout,
-            "ray_start_args": list(self.ray_start_args),
-        }
+        return {"version": SPEC_VERSION, **asdict(self)}
 
     @classmethod
     def from_json(cls, document: Mapping[str, Any]) -> InJob:

@@ -44,3 +44,17 @@ class Launcher(Protocol):
     def launch(self, plan: RunPlan, log: LogSink) -> LaunchResult:
         """Run the job to its end; on KeyboardInterrupt (Ctrl-C, or SIGTERM while a run executes) stop it
         and return ``interrupted=True``."""
+
+
+class OnThisHost:
+    """What a launcher whose job runs on this host has to say: the preflight has checked this host (and the
+    image), and the exports lie here (a container's output directory is a host directory)."""
+
+    def check_target(self, plan: RunPlan, skip: frozenset[str], progress: Progress) -> tuple[PreflightLine, ...]:
+        return ()
+
+    def find_exports(self, plan: RunPlan, layout: ExportLayout, progress: Progress) -> ExportSearch:
+        from envrun.auditnames import name_source
+        from envrun.exports import search_here
+
+        return search_here(layout, name_source(plan))

@@ -11,38 +11,23 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from envbuild.engine.client import Engine
 from envbuild.engine.jobs import JobSpec
 from envbuild.errors import EngineError, InputError
 from envbuild.image.plan import LOCK_LABEL
-from envbuild.progress import Progress
 from envrun.bytecode import Bytecode, bytecode_of, prepare_image, with_bytecode
 from envrun.dockerhost import ascend_paths, devices_and_mounts, job_volumes
-from envrun.launch.base import LaunchResult, LogSink
+from envrun.launch.base import LaunchResult, LogSink, OnThisHost
 from envrun.plan import RunPlan
-from envrun.preflightline import PreflightLine
-
-if TYPE_CHECKING:
-    from envrun.exports import ExportSearch
-    from envrun.probe.report import ExportLayout
 
 STOP_TIMEOUT_SECONDS = 20
 
 
-class DockerLauncher:
+class DockerLauncher(OnThisHost):
     def __init__(self, network_mode: str = "host", workdir: Path | None = None) -> None:
         self.network_mode, self.workdir = network_mode, workdir
-
-    def check_target(self, plan: RunPlan, skip: frozenset[str], progress: Progress) -> tuple[PreflightLine, ...]:
-        return ()  # this host and its image: the preflight has checked both
-
-    def find_exports(self, plan: RunPlan, layout: ExportLayout, progress: Progress) -> ExportSearch:
-        from envrun.auditnames import name_source
-        from envrun.exports import search_here
-
-        return search_here(layout, name_source(plan))  # this host holds them (the output directory is a host directory)
 
     def describe(self, plan: RunPlan) -> dict[str, Any]:
         """The container :meth:`launch` would start, from this host's Ascend paths (for the dry run): its

@@ -7,31 +7,16 @@ import signal
 import subprocess
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from envbuild.errors import InputError
-from envbuild.progress import Progress
-from envrun.launch.base import LaunchResult, LogSink
+from envrun.launch.base import LaunchResult, LogSink, OnThisHost
 from envrun.plan import RunPlan
-from envrun.preflightline import PreflightLine
-
-if TYPE_CHECKING:
-    from envrun.exports import ExportSearch
-    from envrun.probe.report import ExportLayout
 
 STOP_GRACE_SECONDS = 20.0
 
 
-class LocalLauncher:
-    def check_target(self, plan: RunPlan, skip: frozenset[str], progress: Progress) -> tuple[PreflightLine, ...]:
-        return ()  # this host: the preflight has checked it
-
-    def find_exports(self, plan: RunPlan, layout: ExportLayout, progress: Progress) -> ExportSearch:
-        from envrun.auditnames import name_source
-        from envrun.exports import search_here
-
-        return search_here(layout, name_source(plan))  # this host holds them
-
+class LocalLauncher(OnThisHost):
     def describe(self, plan: RunPlan) -> dict[str, Any]:
         """The process :meth:`launch` would start (for the dry run)."""
         return {

@@ -1,11 +1,9 @@
 """The Ray backend: submit the trainer to a Ray cluster through Ray's job submission API.
 
 The multi-node path: the submitted entry point is the trainer's driver, and verl itself places the
-workers on the cluster. Before anything is submitted, every node is asked what it runs and what it sees
-(:mod:`envrun.cluster.nodecheck`): its lock and NPUs, the model and data at the paths the job will read
-there, and the job probe with its own interpreter. The job carries the lock digest in its metadata and
-the recipe's environment in its runtime env; its logs stream back; Ctrl-C or SIGTERM stops it on the
-cluster.
+workers on the cluster. Before anything is submitted, every node answers for itself
+(:mod:`envrun.cluster.nodecheck`). The job carries the lock digest in its metadata and the recipe's
+environment in its runtime env; its logs stream back; Ctrl-C or SIGTERM stops it on the cluster.
 """
 
 from __future__ import annotations
@@ -29,10 +27,6 @@ if TYPE_CHECKING:
     from envrun.probe.report import ExportLayout
 
 STOP_TIMEOUT_SECONDS = 60.0
-
-
-def submission_id(plan: RunPlan) -> str:
-    return f"envrun-{plan.recipe}-{uuid.uuid4().hex[:12]}"
 
 
 def runtime_env(plan: RunPlan) -> dict[str, Any]:
@@ -117,10 +111,9 @@ class RayLauncher:
         assert layout.root is not None
         progress(f"asking every node of {self.address} for the exports under {layout.root}")
         try:
-            exports = {"root": layout.root, "pattern": layout.pattern}
             ask = NodeAsk(
                 lock=False,
-                exports=exports,
+                exports={"root": layout.root, "pattern": layout.pattern},
                 python=plan.python,
                 env=plan.env,
                 transformers=plan.transformers,
@@ -151,7 +144,7 @@ class RayLauncher:
             self.address,
             plan.argv,
             runtime_env=runtime_env(plan),
-            submission_id=submission_id(plan),
+            submission_id=f"envrun-{plan.recipe}-{uuid.uuid4().hex[:12]}",
             metadata=metadata(plan),
         )
         log(f"envrun: submitted Ray job {self.job_id} to {self.address}\n")

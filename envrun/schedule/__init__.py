@@ -2,6 +2,5 @@
 written: ``--emit sbatch``) and for Kubernetes (written: ``--emit volcano|rayjob``).
 
 What runs inside the job is the same for every scheduler (:mod:`envrun.injob`, shipped beside the job by
-:mod:`.jobdir`): each node checks itself and starts Ray, the head checks every node, runs the trainer and
-audits the exports. What differs is only how the nodes are started, here.
+:mod:`.jobdir`); what differs is only how the nodes are started, here.
 """

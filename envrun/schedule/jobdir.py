@@ -23,12 +23,12 @@ RECORD_DIR = "record"  # the job's own run record, under the job's directory
 def in_job(plan: RunPlan, record_dir: PurePosixPath, skip_checks: tuple[str, ...] = ()) -> InJob:
     """The spec a scheduler's job runs: ``plan`` with its record where the job writes it."""
     assert plan.nnodes and plan.scheduled is not None  # build_plan's promise for a scheduled run
-    scheduled, nnodes = plan.scheduled, plan.nnodes
+    scheduled = plan.scheduled
     aimed = replace(plan, run_dir=Path(str(record_dir)), launch=None)
     return InJob(
         plan=plan_record(aimed),
         lenient=plan.lenient_checkpoint,
-        nnodes=nnodes,
+        nnodes=plan.nnodes,
         npus_per_node=plan.npus_per_node,
         skip_checks=skip_checks,
         head_port=scheduled.head_port,

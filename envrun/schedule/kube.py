@@ -167,18 +167,13 @@ def _problem(job: KubeJob) -> str | None:
             return f"Kubernetes job {job.name}: the job's environment sets {key}={value!r}; envrun's nodes need 1"
         if key == "PYTHONPATH" and not _SAFE_PATH.fullmatch(value):
             return f"Kubernetes job {job.name}: the job's PYTHONPATH {value!r} has characters a RayJob's entrypoint cannot carry"
-    size = configmap_size(job)
+    size = len(job.spec_json.encode()) + len(job.code_zip)  # what counts: the values' bytes (binaryData decoded)
     if size > CONFIGMAP_MAX:
         return (
             f"Kubernetes job {job.name}: its ConfigMap would hold {size} bytes (job.json {len(job.spec_json.encode())}, "
             f"code.zip {len(job.code_zip)}); Kubernetes allows {CONFIGMAP_MAX}"
         )
     return None
-
-
-def configmap_size(job: KubeJob) -> int:
-    """What Kubernetes counts against a ConfigMap's limit: its values' bytes (``binaryData`` decoded)."""
-    return len(job.spec_json.encode()) + len(job.code_zip)
 
 
 def bundle_name(job: KubeJob) -> str:
@@ -291,15 +286,18 @@ def _from_task_index(verb: str) -> list[str]:
     return ["sh", "-c", f"export {INDEX_VAR}=$(({index} + 1)); exec {' '.join(_injob(verb))}"]
 
 
+def _container(
+    job: KubeJob, name: str, command: list[str] | None, env: list[dict[str, Any]], mounts: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """A container of the image that runs the job (``command`` None: the image's, or KubeRay's)."""
+    container: dict[str, Any] = {"name": name, "image": job.image}
+    if command is not None:
+        container["command"] = command
+    return {**container, "env": env, **_resources(job), "volumeMounts": mounts}
+
+
 def _check(job: KubeJob, command: list[str], env: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "name": "envrun-check",
-        "image": job.image,
-        "command": command,
-        "env": env,
-        **_resources(job),
-        "volumeMounts": _job_mounts(job),
-    }
+    return _container(job, "envrun-check", command, env, _job_mounts(job))
 
 
 def _head_ports(job: KubeJob, names: tuple[str, str, str]) -> list[dict[str, Any]]:
@@ -317,14 +315,9 @@ def _volcano_task(job: KubeJob, head: bool) -> dict[str, Any]:
         env, check, node = _env(job, 0, None), _injob("check"), _injob("node")
     else:
         env, check, node = _env(job, None, head_dns(job)), _from_task_index("check"), _from_task_index("node")
-    main: dict[str, Any] = {
-        "name": MAIN_CONTAINER,
-        "image": job.image,
-        "command": node,
-        "env": env,
-        **_resources(job),
-        "volumeMounts": [*_job_mounts(job), {"name": SHM_VOLUME, "mountPath": "/dev/shm"}],
-    }
+    main = _container(
+        job, MAIN_CONTAINER, node, env, [*_job_mounts(job), {"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
+    )
     if head:
         main["ports"] = _head_ports(job, VOLCANO_PORT_NAMES)
     task: dict[str, Any] = {
@@ -413,13 +406,7 @@ def _ray_template(job: KubeJob, head: bool) -> dict[str, Any]:
     # KubeRay gives its workers no ordinal: each is node 1 to its own check (the index names it there,
     # and only a worker needs the head's name); the pod's name tells them apart.
     env = _env(job, 0 if head else 1, None if head else head_service(job))
-    ray: dict[str, Any] = {
-        "name": "ray-head" if head else "ray-worker",
-        "image": job.image,
-        "env": env,
-        **_resources(job),
-        "volumeMounts": _job_mounts(job),
-    }
+    ray = _container(job, "ray-head" if head else "ray-worker", None, env, _job_mounts(job))
     if head:
         ray["ports"] = _head_ports(job, KUBERAY_PORT_NAMES)
     return {

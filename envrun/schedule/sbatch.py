@@ -21,9 +21,9 @@ job's directory is there); the submitting host needs Slurm's commands.
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
+from shlex import quote as _q
 
 from envrun.bytecode import DONT_WRITE_ENV, MOUNT, PREFIX_ENV, VOLUME_PREFIX
 from envrun.dockerhost import DEVICE_PATTERNS, DRIVER_MOUNTS
@@ -44,10 +44,6 @@ class SlurmJob:
     volumes: tuple[Volume, ...] = ()
     sbatch_args: tuple[str, ...] = ()  # --partition=…, --time=…, --account=…
     env: Mapping[str, str] | None = None  # the containers' environment beyond the node's (bytecode choice)
-
-
-def _q(text: str) -> str:
-    return shlex.quote(text)
 
 
 def sbatch_header(job: SlurmJob) -> list[str]:

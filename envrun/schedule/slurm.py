@@ -195,7 +195,8 @@ class SlurmLauncher:
             and all(isinstance(line.get(key), str) for key in ("name", "status", "detail"))
             and line not in known
         )
-        refusals = [str(c.get("line")) for c in _checks(job_dir) if not c.get("ok")]
+        checks = [_json(path) for path in sorted((job_dir / "checks").glob("node-*.json"))]  # each node's own
+        refusals = [str(c.get("line")) for c in checks if isinstance(c, dict) and not c.get("ok")]
         ended = (job_dir / "ended.txt").read_text(encoding="utf-8").strip() if (job_dir / "ended.txt").exists() else ""
         where = f"Slurm job {self.job_id} {state}"
         if refusals:
@@ -230,8 +231,3 @@ def _json(path: Path) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-
-
-def _checks(job_dir: Path) -> list[dict[str, Any]]:
-    found = [_json(p) for p in sorted((job_dir / "checks").glob("node-*.json"))]
-    return [c for c in found if isinstance(c, dict)]

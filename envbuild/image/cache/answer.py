@@ -92,6 +92,5 @@ def answer_from_record(
         steps=(),
         reused=True,
         pushed=pushed,
-        sent=0,
         noop=True,
     )

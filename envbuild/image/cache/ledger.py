@@ -54,7 +54,6 @@ class BuiltImage:
         if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("build_version") != BUILD_VERSION:
             return None
         try:
-            trees, removed = data["trees"], data["distro_removed"]
             record = cls(
                 lock_sha256=str(data["lock_sha256"]),
                 builder=str(data["builder"]),
@@ -63,8 +62,8 @@ class BuiltImage:
                 raw_image_id=str(data["raw_image_id"]),
                 epoch=int(data["epoch"]),
                 dockerfile_sha256=str(data["dockerfile_sha256"]),
-                trees=tuple(sorted((str(k), str(v)) for k, v in trees.items())),
-                distro_removed=tuple(dict(d) for d in removed),
+                trees=tuple(sorted((str(k), str(v)) for k, v in data["trees"].items())),
+                distro_removed=tuple(dict(d) for d in data["distro_removed"]),
             )
         except (KeyError, TypeError, ValueError, AttributeError):
             return None

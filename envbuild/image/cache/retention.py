@@ -29,6 +29,7 @@ the engine a few kilobytes. Images under the tags you asked for (``--tag``, the 
 from __future__ import annotations
 
 import time
+from contextlib import suppress
 
 from envbuild.engine.buildkit import LostLayer
 from envbuild.engine.claim import EngineClaim
@@ -52,10 +53,8 @@ def prune_dangling(engine: Engine, lock_name: str) -> int:
         if not leaves:
             break
         for image in leaves:
-            try:
+            with suppress(EngineError):  # in use by a container (a job still running on it): it stays
                 removed += engine.remove(image["Id"])
-            except EngineError:
-                pass  # in use by a container (a job still running on it): it stays
     return removed
 
 
