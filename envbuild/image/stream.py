@@ -5,7 +5,8 @@ packages image's on it (:func:`packages_context`: no package file reaches a laye
 
 Headers carry a fixed mode and mtime, owner 0:0 and no owner names; every RUN that reads them sets the
 times of what it writes itself, so no mtime here reaches a layer (BuildKit's cache keys leave them out
-too). Nothing is written to disk: the tar is made as the engine reads it.
+too). Through the Engine API nothing is written to disk: the tar is made as the engine reads it; the
+docker CLI's transport reads a directory instead (:func:`write_entries`).
 """
 
 from __future__ import annotations
