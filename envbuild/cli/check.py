@@ -48,7 +48,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     check_outputs(args.report, args.history)  # a bad path fails now, not after an hour of building
     options = CheckOptions(verify_options(args), history=args.history)
     read = read_lock(args.lockfile)
-    directory = args.report or default_report_dir(options.verify.source.cache_dir, read.lock.name)
+    # Without --report: beside the check's work in the cache, one directory per lock, each night's
+    # replacing the last (the history keeps the nights).
+    directory = args.report or options.verify.source.cache_dir / "check" / read.lock.name
     if args.report is None:
         check_outputs(directory, None)
     report = run_check(read, options, StderrProgress("envbuild", args.quiet))
@@ -59,12 +61,6 @@ def cmd_check(args: argparse.Namespace) -> int:
         else render_summary(report, str(directory / "check.md"), output_width())
     )
     return 0 if report.ok else 1
-
-
-def default_report_dir(cache_dir: Path, lock_name: str) -> Path:
-    """Where the report goes without ``--report``: beside the check's work in the cache, one directory per
-    lock, each night's replacing the last (the history keeps the nights)."""
-    return cache_dir / "check" / lock_name
 
 
 def check_outputs(report: Path | None, history: Path | None) -> None:

@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 import requests
 from urllib3.util.retry import Retry
 
-from envbuild.data.reference import split_tag
+from envbuild.data.reference import split_domain, split_tag
 from envbuild.data.tokens import bearer_problem
 from envbuild.data.urls import redact_url
 from envbuild.deadline import Deadline, deadline_adapter, deadline_from_env
@@ -63,10 +63,8 @@ class ServedManifest:
 def registry_and_repository(name: str) -> tuple[str, str]:
     """docker's reading of an image name: ``host[:port]/path`` → (host[:port], path); a name without a
     registry is on Docker Hub, a one-component one under ``library/``."""
-    first, sep, rest = name.partition("/")
-    if sep and (any(c in first for c in ".:[") or first == "localhost" or first.lower() != first):
-        return first, rest
-    return DOCKER_HUB, name if "/" in name else f"library/{name}"
+    domain, path = split_domain(name)
+    return (domain, path) if domain is not None else (DOCKER_HUB, path if "/" in path else f"library/{path}")
 
 
 def served_manifest(
