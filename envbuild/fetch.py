@@ -91,10 +91,9 @@ def fetch_inputs(
     lock, lock_path = lock_file.lock, lock_file.path
     exporter, files, jobs = exporter or exporter_for(source), FileCache(source.cache_dir), source.jobs
     if leave:
-        kept = tuple(s for s in lock.sources if f"source {s.name}" not in leave)
         lock = dataclasses.replace(
             lock,
-            sources=kept,
+            sources=tuple(s for s in lock.sources if f"source {s.name}" not in leave),
             packages=tuple(p for p in lock.packages if f"package {p.name}" not in leave),
             installer=lock.installer if lock.installer and f"package {lock.installer.name}" not in leave else None,
         )

@@ -26,6 +26,7 @@ from envbuild.errors import Problem
 _STR = "tag:yaml.org,2002:str"
 _INT = "tag:yaml.org,2002:int"
 _NULL = "tag:yaml.org,2002:null"
+_SCALARS = {str: (_STR, "string"), int: (_INT, "integer")}  # a field's type: its YAML tag, its JSON type
 _TYPE_NAMES = {
     _STR: "a string",
     _INT: "an integer",
@@ -106,10 +107,8 @@ class Decoder:
             return self._sequence(typing.get_args(hint)[0], node, path)
         if origin is dict:
             return self._mapping_of_str(node, path)
-        if hint is str:
-            return self._scalar(node, path, _STR)
-        if hint is int:
-            return self._scalar(node, path, _INT)
+        if hint in _SCALARS:
+            return self._scalar(node, path, _SCALARS[hint][0])
         raise TypeError(f"typed: no decoder for {hint!r}")  # a programming error, not user input
 
     def _scalar(self, node: yaml.Node, path: str, tag: str) -> Any:
@@ -327,8 +326,6 @@ def _schema(hint: Any, defs: dict[str, Any], version: int | None = None) -> dict
         return {"type": "array", "items": _schema(typing.get_args(hint)[0], defs, version)}
     if origin is dict:
         return {"type": "object", "additionalProperties": {"type": "string"}}
-    if hint is str:
-        return {"type": "string"}
-    if hint is int:
-        return {"type": "integer"}
+    if hint in _SCALARS:
+        return {"type": _SCALARS[hint][1]}
     raise TypeError(f"typed: no schema for {hint!r}")
