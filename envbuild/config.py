@@ -111,13 +111,10 @@ def load_config(path: Path | None = None) -> Config:
     named = path is not None or bool(os.environ.get("ENVBUILD_CONFIG"))
     path = path or _default("ENVBUILD_CONFIG", "XDG_CONFIG_HOME", ".config", "envbuild", "config.yaml")
     parsed = parse_config(read_capped(path, ConfigError), str(path)) if named or path.exists() else ConfigFile()
-    from_file = Path(parsed.cache_dir).expanduser() if parsed.cache_dir else None
-    return Config(
-        cache_dir=from_file
-        if from_file is not None and not os.environ.get("ENVBUILD_CACHE")
-        else _default("ENVBUILD_CACHE", "XDG_CACHE_HOME", ".cache", "envbuild"),
-        mirrors=Mirrors(tuple(parsed.mirrors.items())),
-    )
+    cache_dir = Path(parsed.cache_dir).expanduser() if parsed.cache_dir else None
+    if cache_dir is None or os.environ.get("ENVBUILD_CACHE"):
+        cache_dir = _default("ENVBUILD_CACHE", "XDG_CACHE_HOME", ".cache", "envbuild")
+    return Config(cache_dir=cache_dir, mirrors=Mirrors(tuple(parsed.mirrors.items())))
 
 
 def parse_config(data: bytes | str, file: str = "<config>") -> ConfigFile:

@@ -25,7 +25,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from envbuild.bisect.history import with_history
@@ -125,22 +125,19 @@ def run_bisect(
         return bisect.run(connected, planned, test_good)
 
 
+@dataclass
 class _Bisect:
-    def __init__(
-        self,
-        good: LockFile,
-        bad: LockFile,
-        units: list[Unit],
-        states: list[State],
-        options: BisectOptions,
-        say: Progress,
-        cache: GitCache,
-        started: float,
-    ) -> None:
-        self.good, self.bad, self.units, self.states = good, bad, units, states
-        self.options, self.say, self.cache, self.started = options, say, cache, started
-        self.steps: list[Step] = []
-        self.sources: dict[tuple[str, str], Source] = {}  # (source, commit) → its record, submodules read
+    good: LockFile
+    bad: LockFile
+    units: list[Unit]
+    states: list[State]
+    options: BisectOptions
+    say: Progress
+    cache: GitCache
+    started: float
+    steps: list[Step] = field(default_factory=list)
+    # (source, commit) → its record, submodules read
+    sources: dict[tuple[str, str], Source] = field(default_factory=dict)
 
     def run(self, engine: Engine, planned: int, test_good: bool) -> BisectResult:
         last = len(self.states) - 1
@@ -206,8 +203,7 @@ class _Bisect:
     def _lockfile(self, state: State, work: Path) -> LockFile:
         """The file of a state: GOOD's and BAD's own (a lock built before is answered from its record), any
         other written canonically; a commit state's submodules read again when BAD's record has any."""
-        last = len(self.states) - 1
-        if state.index == last:
+        if state.index == len(self.states) - 1:
             return self.bad
         lock = self._candidate(state)
         if state.index == 0 and lock == self._as_read(self.good.lock):

@@ -102,9 +102,8 @@ class _Image:
                 if info.isfile():
                     data = layer.extractfile(info)
                     assert data is not None
-                    sha = hashlib.sha256()
                     head = data.read(_HEAD)
-                    sha.update(head)
+                    sha = hashlib.sha256(head)
                     while chunk := data.read(1 << 20):
                         sha.update(chunk)
                     digest = sha.hexdigest()

@@ -190,7 +190,6 @@ def _explain(engine: Engine, old: str, new: str, work: Path, say: Progress) -> t
 
 def _record(history: Path, read: LockFile, report: CheckReport, now: datetime | None) -> None:
     when = (now or datetime.now(timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    pins: dict[str, str] = {f"{r.kind}:{r.name}": r.status for r in report.verify.results}
     built = bool(report.image_ids)
     append_history(
         history,
@@ -201,7 +200,7 @@ def _record(history: Path, read: LockFile, report: CheckReport, now: datetime | 
             report.ok,
             report.reproducible if built else None,
             report.image_ids[-1] if built else None,
-            pins,
+            {f"{r.kind}:{r.name}": r.status for r in report.verify.results},
             failed_stage=report.failure.stage if report.failure else None,
         ),
     )
