@@ -66,16 +66,13 @@ def cmd_check(args: argparse.Namespace) -> int:
 def check_outputs(report: Path | None, history: Path | None) -> None:
     """``--report`` must be a directory (or creatable as one) and ``--history`` a regular file (or
     creatable as one in an existing directory); checked before anything runs."""
+    outputs = (("--report", report, Path.is_dir, "a directory"), ("--history", history, Path.is_file, "a regular file"))
     problems = []
-    if report is not None and report.exists() and not report.is_dir():
-        problems.append(f"--report {report}: exists and is not a directory")
-    elif report is not None and not report.exists() and not _creatable(report):
-        problems.append(f"--report {report}: cannot be created (its parent is not a writable directory)")
-    if history is not None:
-        if history.exists() and not history.is_file():
-            problems.append(f"--history {history}: exists and is not a regular file")
-        elif not history.exists() and not _creatable(history):
-            problems.append(f"--history {history}: cannot be created (its parent is not a writable directory)")
+    for option, path, fits, kind in outputs:
+        if path is not None and path.exists() and not fits(path):
+            problems.append(f"{option} {path}: exists and is not {kind}")
+        elif path is not None and not path.exists() and not _creatable(path):
+            problems.append(f"{option} {path}: cannot be created (its parent is not a writable directory)")
     if problems:
         raise InputError("\n".join(problems))
 
