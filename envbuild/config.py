@@ -20,8 +20,9 @@ from pathlib import Path
 
 import yaml
 
-from envbuild.data.typed import Decoder, mfield, shown
-from envbuild.data.yamlfile import compose_yaml, read_capped
+from envbuild.data.decode import decode_yaml
+from envbuild.data.typed import mfield, shown
+from envbuild.data.yamlfile import read_capped
 from envbuild.errors import DataFileError, Problem
 from envbuild.git.mirrors import Mirrors, check_rule
 
@@ -95,18 +96,11 @@ class ConfigFile:
     mirrors: dict[str, str] = field(default_factory=dict)
 
 
-def default_config_path() -> Path:
-    if env := os.environ.get("ENVBUILD_CONFIG"):
+def _default(variable: str, xdg: str, home: str, *tail: str) -> Path:
+    """``$variable``, else ``tail`` under ``$xdg`` (default ``~/home``)."""
+    if env := os.environ.get(variable):
         return Path(env)
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "envbuild" / "config.yaml"
-
-
-def default_cache_dir() -> Path:
-    if env := os.environ.get("ENVBUILD_CACHE"):
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "envbuild"
+    return Path(os.environ.get(xdg) or Path.home() / home, *tail)
 
 
 def load_config(path: Path | None = None) -> Config:
@@ -115,25 +109,17 @@ def load_config(path: Path | None = None) -> Config:
     over the file's ``cache_dir`` over the default, as pip and uv let the environment win over their files
     (a command line's ``--cache-dir`` wins over all three, in the command)."""
     named = path is not None or bool(os.environ.get("ENVBUILD_CONFIG"))
-    path = path or default_config_path()
+    path = path or _default("ENVBUILD_CONFIG", "XDG_CONFIG_HOME", ".config", "envbuild", "config.yaml")
     parsed = parse_config(read_capped(path, ConfigError), str(path)) if named or path.exists() else ConfigFile()
-    from_file = Path(parsed.cache_dir).expanduser() if parsed.cache_dir else None
-    return Config(
-        cache_dir=default_cache_dir() if os.environ.get("ENVBUILD_CACHE") or from_file is None else from_file,
-        mirrors=Mirrors(tuple(parsed.mirrors.items())),
-    )
+    cache_dir = Path(parsed.cache_dir).expanduser() if parsed.cache_dir else None
+    if cache_dir is None or os.environ.get("ENVBUILD_CACHE"):
+        cache_dir = _default("ENVBUILD_CACHE", "XDG_CACHE_HOME", ".cache", "envbuild")
+    return Config(cache_dir=cache_dir, mirrors=Mirrors(tuple(parsed.mirrors.items())))
 
 
 def parse_config(data: bytes | str, file: str = "<config>") -> ConfigFile:
-    root = compose_yaml(data, file, ConfigError)
-    if root is None:
-        return ConfigFile()
-    decoder = Decoder(file)
-    parsed = decoder.decode(ConfigFile, root, "")
-    decoder.problems.extend(_mirror_problems(root, file))
-    if decoder.problems or parsed is None:
-        raise ConfigError(decoder.problems)
-    return parsed
+    mirror_problems = lambda parsed, root: _mirror_problems(root, file)  # noqa: E731
+    return decode_yaml(data, file, ConfigFile, ConfigError, default=ConfigFile(), checks=mirror_problems)
 
 
 def _mirror_problems(root: yaml.Node, file: str) -> list[Problem]:

@@ -20,20 +20,12 @@ __all__ = ["for_html", "for_markdown", "for_terminal"]
 _MARKDOWN = re.compile(r"([\\`*_\[\]|~#])")
 
 
-def _escape_char(char: str) -> str:
-    if char == "\n":
-        return "\\n"
-    if char == "\t":
-        return "\\t"
-    return char.encode("unicode_escape").decode("ascii") if ord(char) < 0x10000 else f"\\U{ord(char):08x}"
-
-
 def for_terminal(text: str) -> str:
     """``text`` as one line of a terminal: every character that is not printable (C0 and C1 controls,
     ESC, BEL, newlines, bidirectional overrides, unassigned code points) shown as its Python escape."""
     if text.isprintable():
         return text
-    return "".join(c if c.isprintable() else _escape_char(c) for c in text)
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def for_markdown(text: str, *, code: bool = False) -> str:

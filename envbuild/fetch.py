@@ -90,18 +90,16 @@ def fetch_inputs(
     NAME``, ``submodule SOURCE/PATH``, ``package NAME``), with every submodule under a left tree."""
     lock, lock_path = lock_file.lock, lock_file.path
     exporter, files, jobs = exporter or exporter_for(source), FileCache(source.cache_dir), source.jobs
-    missing: list[str] = []
     if leave:
-        kept = tuple(s for s in lock.sources if f"source {s.name}" not in leave)
         lock = dataclasses.replace(
             lock,
-            sources=kept,
+            sources=tuple(s for s in lock.sources if f"source {s.name}" not in leave),
             packages=tuple(p for p in lock.packages if f"package {p.name}" not in leave),
             installer=lock.installer if lock.installer and f"package {lock.installer.name}" not in leave else None,
         )
     pins = [pin for pin in tree_pins(lock) if not _left(pin, leave)]
     if exporter.offline:
-        missing += [f"{pin.what} (commit {pin.commit})" for pin in pins if not has_commit(exporter, pin)]
+        missing = [f"{pin.what} (commit {pin.commit})" for pin in pins if not has_commit(exporter, pin)]
         missing += [
             f"package {p.name} {p.version} ({f.filename})" for p, f in lock.package_files if not files.get(f.sha256)
         ]

@@ -16,71 +16,60 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def _main_thread() -> bool:
-    return threading.current_thread() is threading.main_thread()
+@contextmanager
+def _handled(handler: Callable[[int, object], None], signals: tuple[int, ...] = _SIGNALS) -> Iterator[None]:
+    """``handler`` in place for ``signals`` inside the block, the previous handlers restored after it; in
+    the main thread only (elsewhere, the block runs as it is)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {number: signal.signal(number, handler) for number in signals}
+    try:
+        yield
+    finally:
+        for number, before in previous.items():
+            signal.signal(number, before)
 
 
 @contextmanager
 def sigterm_interrupts() -> Iterator[None]:
     """SIGTERM raises :class:`KeyboardInterrupt` inside the block, as Ctrl-C does."""
-    if not _main_thread():
-        yield
-        return
 
     def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
+    with _handled(interrupt, (signal.SIGTERM,)):
         yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 @contextmanager
 def stop_signals(seen: list[str]) -> Iterator[None]:
     """SIGINT and SIGTERM raise :class:`KeyboardInterrupt` inside the block; each one's name ("Ctrl-C",
     "SIGTERM") is appended to ``seen``."""
-    if not _main_thread():
-        yield
-        return
     names = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
 
     def interrupt(signum: int, frame: object) -> None:
         seen.append(names.get(signal.Signals(signum), signal.Signals(signum).name))
         raise KeyboardInterrupt
 
-    previous = {number: signal.signal(number, interrupt) for number in _SIGNALS}
-    try:
+    with _handled(interrupt):
         yield
-    finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
 
 
 @contextmanager
 def deferred_interrupts() -> Iterator[None]:
     """SIGINT and SIGTERM that arrive inside the block are delivered, to the handlers that were in place,
     as it ends (however it ends): Ctrl-C becomes :class:`KeyboardInterrupt` there, not halfway through."""
-    if not _main_thread():
-        yield
-        return
     caught: list[int] = []
-
-    def record(signum: int, frame: object) -> None:
-        caught.append(signum)
-
-    previous = {number: signal.signal(number, record) for number in _SIGNALS}
     try:
-        yield
+        with _handled(lambda signum, frame: caught.append(signum)):
+            yield
     finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
         for signum in dict.fromkeys(caught):
             signal.raise_signal(signum)

@@ -3,8 +3,8 @@ each listing every build. Pure. Subjects and reasons come from upstreams and bui
 
 from __future__ import annotations
 
-from envbuild.bisect.result import BisectResult, Step, describe, differing, forward_difference
-from envbuild.bisect.steps import Unit
+from envbuild.bisect.result import BisectResult, Step, differing, forward_difference
+from envbuild.bisect.steps import Unit, describe
 from envbuild.escape import for_markdown, for_terminal
 from envbuild.terminal import render_table, wrap
 

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from envbuild.bisect.steps import Fields, Unit, Verdict
+from envbuild.bisect.steps import Fields, Unit, Verdict, describe
 from envbuild.data.jsonout import jfield, json_meta, to_jsonable
 from envbuild.lock.model import Lock, Source
 from envbuild.lock.moves import LoggedCommit
@@ -90,7 +90,7 @@ class BisectResult:
             "good": self.good,
             "bad": self.bad,
             "first_parent": self.first_parent,
-            "changes": [unit_json(u) for u in self.units],
+            "changes": to_jsonable(self.units),
             "states": self.states,
             "planned_builds": self.planned,
             "builds": len(self.steps),
@@ -103,39 +103,6 @@ class BisectResult:
             "stopped": self.stopped or None,
             "steps": to_jsonable(self.steps),
         }
-
-
-def unit_json(unit: Unit) -> dict[str, Any]:
-    old, new = describe(unit.before), describe(unit.after)
-    return {
-        "kind": unit.kind,
-        "name": unit.name,
-        "old": old,
-        "new": new,
-        "commits": len(unit.commits) or None,
-        "note": unit.note,
-        "rewritten": to_jsonable(unit.rewrite),
-    }
-
-
-def describe(value: Source | Fields | None) -> str:
-    """A unit's value in one line: a source's ref and commit, the base image, counts of a closure."""
-    if value is None:
-        return "(none)"
-    if isinstance(value, Source):
-        return f"{value.ref_type} {value.ref} {value.commit}"
-    said = []
-    for name, field_value in value:
-        if name == "base_image":
-            said.append("(none)" if field_value is None else f"{field_value.name}@{field_value.digest or '(unpinned)'}")
-        elif name == "platform":
-            if field_value is not None:
-                said.append(f"{field_value.os}/{field_value.arch} python {field_value.python}")
-        elif name in ("packages", "requirements"):
-            said.append(f"{len(field_value)} {name}")
-        else:
-            said.append(f"{name} {field_value}")
-    return ", ".join(said)
 
 
 def differing(before: Source | Fields | None, after: Source | Fields | None) -> list[str]:

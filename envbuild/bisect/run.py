@@ -23,9 +23,9 @@ import os
 import subprocess
 import tempfile
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from contextlib import nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from envbuild.bisect.history import with_history
@@ -61,7 +61,6 @@ from envbuild.verify.pins import VerifyOptions
 # What makes a candidate one that cannot be built, as opposed to one that fails or a bisect that cannot go on.
 UNBUILDABLE = (BuildRefused, UnmetBuildRequirements, ContextError, StepFailed, SubmodulesRefused, PlatformError)
 RUN_SKIP = 125  # git bisect run's "cannot test this one"
-RUN_TAIL = 5  # lines of a --run command's output kept for its reason
 REASON_CHARS = 400
 STEP_CHARS = 72  # of a failed step's instruction in a reason: "[stage-2 2/3] RUN --mount=…,source=src/beta,…"
 
@@ -122,31 +121,23 @@ def run_bisect(
         f"then {search_builds(last)} to halve them (each commit that cannot be built adds one)"
     )
     bisect = _Bisect(good, bad, units, states, options, progress, cache, started)
-    owned = engine is None
-    connected = engine or Engine.connect()
-    try:
+    with nullcontext(engine) if engine is not None else Engine.connect() as connected:
         return bisect.run(connected, planned, test_good)
-    finally:
-        if owned:
-            connected.close()
 
 
+@dataclass
 class _Bisect:
-    def __init__(
-        self,
-        good: LockFile,
-        bad: LockFile,
-        units: list[Unit],
-        states: list[State],
-        options: BisectOptions,
-        say: Progress,
-        cache: GitCache,
-        started: float,
-    ) -> None:
-        self.good, self.bad, self.units, self.states = good, bad, units, states
-        self.options, self.say, self.cache, self.started = options, say, cache, started
-        self.steps: list[Step] = []
-        self.sources: dict[tuple[str, str], Source] = {}  # (source, commit) → its record, submodules read
+    good: LockFile
+    bad: LockFile
+    units: list[Unit]
+    states: list[State]
+    options: BisectOptions
+    say: Progress
+    cache: GitCache
+    started: float
+    steps: list[Step] = field(default_factory=list)
+    # (source, commit) → its record, submodules read
+    sources: dict[tuple[str, str], Source] = field(default_factory=dict)
 
     def run(self, engine: Engine, planned: int, test_good: bool) -> BisectResult:
         last = len(self.states) - 1
@@ -156,14 +147,11 @@ class _Bisect:
         with tempfile.TemporaryDirectory(prefix="envbuild-bisect-") as work:
             build = self._builder(engine, Path(work), planned)
             try:
-                if build(last).verdict != "bad":
-                    step = self.steps[-1]
-                    raise _Stop(
-                        "bad-passes" if step.verdict == "good" else "bad-unbuildable",
-                        "BAD passes its checks: nothing to bisect"
-                        if step.verdict == "good"
-                        else f"BAD cannot be built ({step.reason}): a bisect looks for a check that fails",
-                    )
+                if (bad := build(last)).verdict == "good":
+                    raise _Stop("bad-passes", "BAD passes its checks: nothing to bisect")
+                if bad.verdict != "bad":
+                    cannot = f"BAD cannot be built ({bad.reason}): a bisect looks for a check that fails"
+                    raise _Stop("bad-unbuildable", cannot)
                 if test_good and build(0).verdict != "good":
                     raise _Stop("good-fails", f"GOOD does not pass ({self.steps[-1].reason}): nothing to bisect from")
                 while (index := search.next()) is not None:
@@ -215,8 +203,7 @@ class _Bisect:
     def _lockfile(self, state: State, work: Path) -> LockFile:
         """The file of a state: GOOD's and BAD's own (a lock built before is answered from its record), any
         other written canonically; a commit state's submodules read again when BAD's record has any."""
-        last = len(self.states) - 1
-        if state.index == last:
+        if state.index == len(self.states) - 1:
             return self.bad
         lock = self._candidate(state)
         if state.index == 0 and lock == self._as_read(self.good.lock):
@@ -394,9 +381,9 @@ class _Bisect:
 def run_command(command: str, image: str, image_id: str, say: Progress) -> tuple[int, str]:
     """Run ``command`` with the shell, the image in ``$ENVBUILD_IMAGE`` (its tag) and ``$ENVBUILD_IMAGE_ID``;
     its output (both streams) goes to ``say`` line by line; its exit status (a signal's death as 128 + the
-    signal, as a shell says it) and its last lines."""
+    signal, as a shell says it) and its last line that is not blank."""
     env = {**os.environ, "ENVBUILD_IMAGE": image, "ENVBUILD_IMAGE_ID": image_id}
-    tail: deque[str] = deque(maxlen=RUN_TAIL)
+    tail = ""
     with subprocess.Popen(
         command,
         shell=True,
@@ -412,9 +399,9 @@ def run_command(command: str, image: str, image_id: str, say: Progress) -> tuple
             line = line.rstrip("\n")
             say(f"run: {line}")
             if line.strip():
-                tail.append(line.strip())
+                tail = line.strip()
         code = process.wait()
-    return (128 - code if code < 0 else code), " / ".join(list(tail)[-1:])
+    return (128 - code if code < 0 else code), tail
 
 
 def one_line(text: str) -> str:

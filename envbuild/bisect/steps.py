@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from envbuild.data.jsonout import jfield, json_meta
 from envbuild.lock.model import Lock, Source
 
 UnitKind = Literal["base_image", "packages", "source", "settings"]
@@ -36,6 +37,26 @@ LOCK_FIELDS: dict[str, tuple[str, ...]] = {
     "settings": ("name", "source_date_epoch"),
 }
 Fields = tuple[tuple[str, Any], ...]  # (lock field, value) of a lock-level unit
+
+
+def describe(value: Source | Fields | None) -> str:
+    """A unit's value in one line: a source's ref and commit, the base image, counts of a closure."""
+    if value is None:
+        return "(none)"
+    if isinstance(value, Source):
+        return f"{value.ref_type} {value.ref} {value.commit}"
+    said = []
+    for name, field_value in value:
+        if name == "base_image":
+            said.append("(none)" if field_value is None else f"{field_value.name}@{field_value.digest or '(unpinned)'}")
+        elif name == "platform":
+            if field_value is not None:
+                said.append(f"{field_value.os}/{field_value.arch} python {field_value.python}")
+        elif name in ("packages", "requirements"):
+            said.append(f"{len(field_value)} {name}")
+        else:
+            said.append(f"{name} {field_value}")
+    return ", ".join(said)
 
 
 @dataclass(frozen=True)
@@ -57,12 +78,12 @@ class Unit:
 
     kind: UnitKind
     name: str
-    before: Source | Fields | None
-    after: Source | Fields | None
-    commits: tuple[str, ...] = ()
-    trees: Mapping[str, str] = field(default_factory=dict)
+    before: Source | Fields | None = field(metadata=json_meta(key="old", convert=describe))
+    after: Source | Fields | None = field(metadata=json_meta(key="new", convert=describe))
+    commits: tuple[str, ...] = jfield((), convert=lambda commits: len(commits) or None)
+    trees: Mapping[str, str] = jfield(default_factory=dict, skip=True)
     note: str | None = None  # why its commits are not bisected, or what became of its branch
-    rewrite: Rewrite | None = None
+    rewrite: Rewrite | None = jfield(None, key="rewritten")
 
     @property
     def size(self) -> int:

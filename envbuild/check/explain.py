@@ -9,7 +9,8 @@ import json
 import tarfile
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
+from itertools import zip_longest
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
@@ -45,41 +46,48 @@ def archive_member(outer: tarfile.TarFile, name: str, depth: int = 0) -> tarfile
 
 @dataclass(frozen=True)
 class _Entry:
+    """A layer's entry, its fields in the order a difference names them (:data:`_ASPECTS`)."""
+
     kind: str
+    digest: str
+    size: int
     mode: int
     owner: str
-    size: int
+    names: str  # uname:gname
     mtime: float  # exact: a PAX header can carry a fraction
     link: str
-    digest: str
-    head: bytes
-    names: str = ""  # uname:gname
-    pax: tuple[tuple[str, str], ...] = ()  # the PAX records the fields above do not already say (xattrs …)
+    pax: tuple[tuple[str, str], ...]  # the PAX records the fields above do not already say (xattrs …)
+    head: bytes = field(compare=False)  # the digest says whether it differs
 
 
+# A field of an entry as a difference names it, where that is not the field's own name.
+_ASPECTS = {"kind": "type", "digest": "content", "names": "owner names", "pax": "pax headers"}
+_KINDS = {
+    "file": tarfile.TarInfo.isfile,
+    "dir": tarfile.TarInfo.isdir,
+    "symlink": tarfile.TarInfo.issym,
+    "hardlink": tarfile.TarInfo.islnk,
+}
 _PAX_SAID = {"path", "linkpath", "size", "mtime", "uid", "gid", "uname", "gname"}
 
 
 class _Image:
     def __init__(self, path: Path) -> None:
         self.tar = tarfile.open(path, mode="r:")
-        manifest = json.loads(self._read(self.tar, "manifest.json"))
+        manifest = json.loads(self._open("manifest.json").read())
         if not isinstance(manifest, list) or len(manifest) != 1:
             raise ValueError(f"{path}: manifest.json must describe one image")
-        self.config: dict[str, Any] = json.loads(self._read(self.tar, manifest[0]["Config"]))
+        self.config: dict[str, Any] = json.loads(self._open(manifest[0]["Config"]).read())
         self.layers: list[str] = manifest[0]["Layers"]
         self.diff_ids: list[str] = self.config.get("rootfs", {}).get("diff_ids", [])
 
-    @staticmethod
-    def _read(tar: tarfile.TarFile, name: str) -> bytes:
-        handle = tar.extractfile(archive_member(tar, name))
-        assert handle is not None
-        return handle.read()
-
-    def layer(self, index: int) -> IO[bytes]:
-        handle = self.tar.extractfile(archive_member(self.tar, self.layers[index]))
+    def _open(self, name: str) -> IO[bytes]:
+        handle = self.tar.extractfile(archive_member(self.tar, name))
         assert handle is not None
         return handle
+
+    def layer(self, index: int) -> IO[bytes]:
+        return self._open(self.layers[index])
 
     def names(self, index: int) -> list[tuple[str, int, int]]:
         """Each member of layer ``index`` in archive order: its name, header offset and end of its data."""
@@ -94,34 +102,22 @@ class _Image:
                 if info.isfile():
                     data = layer.extractfile(info)
                     assert data is not None
-                    sha = hashlib.sha256()
                     head = data.read(_HEAD)
-                    sha.update(head)
+                    sha = hashlib.sha256(head)
                     while chunk := data.read(1 << 20):
                         sha.update(chunk)
                     digest = sha.hexdigest()
-                kind = (
-                    "file"
-                    if info.isfile()
-                    else "dir"
-                    if info.isdir()
-                    else "symlink"
-                    if info.issym()
-                    else "hardlink"
-                    if info.islnk()
-                    else "other"
-                )
                 entries[info.name.lstrip("./").rstrip("/") or "."] = _Entry(
-                    kind,
-                    info.mode,
-                    f"{info.uid}:{info.gid}",
-                    info.size,
-                    info.mtime,
-                    info.linkname,
-                    digest,
-                    head,
-                    f"{info.uname}:{info.gname}",
-                    tuple(sorted((k, v) for k, v in info.pax_headers.items() if k not in _PAX_SAID)),
+                    kind=next((kind for kind, test in _KINDS.items() if test(info)), "other"),
+                    digest=digest,
+                    size=info.size,
+                    mode=info.mode,
+                    owner=f"{info.uid}:{info.gid}",
+                    names=f"{info.uname}:{info.gname}",
+                    mtime=info.mtime,
+                    link=info.linkname,
+                    pax=tuple(sorted((k, v) for k, v in info.pax_headers.items() if k not in _PAX_SAID)),
+                    head=head,
                 )
         return entries
 
@@ -151,12 +147,10 @@ def step_label(created_by: str) -> str:
     builder writes ``/bin/sh -c #(nop) LABEL …`` and ``/bin/sh -c CMD``, BuildKit ``RUN /bin/sh -c CMD #
     buildkit`` and ``LABEL …``."""
     text = created_by.removesuffix(" # buildkit")
-    if text.startswith("/bin/sh -c #(nop) "):
-        text = text.removeprefix("/bin/sh -c #(nop) ")
-    elif text.startswith("/bin/sh -c "):
-        text = "RUN " + text.removeprefix("/bin/sh -c ")
-    elif text.startswith("RUN /bin/sh -c "):
-        text = "RUN " + text.removeprefix("RUN /bin/sh -c ")
+    for prefix, instead in (("/bin/sh -c #(nop) ", ""), ("/bin/sh -c ", "RUN "), ("RUN /bin/sh -c ", "RUN ")):
+        if text.startswith(prefix):
+            text = instead + text.removeprefix(prefix)
+            break
     text = " ".join(text.split())
     return text if len(text) <= 80 else text[:79] + "…"
 
@@ -179,19 +173,9 @@ def _compare_entries(old: dict[str, _Entry], new: dict[str, _Entry]) -> list[Fil
             found.append(FileDifference(path, "removed"))
         elif a != b:
             aspects = [
-                name
-                for name, x, y in (
-                    ("type", a.kind, b.kind),
-                    ("content", a.digest, b.digest),
-                    ("size", a.size, b.size),
-                    ("mode", a.mode, b.mode),
-                    ("owner", a.owner, b.owner),
-                    ("owner names", a.names, b.names),
-                    ("mtime", a.mtime, b.mtime),
-                    ("link", a.link, b.link),
-                    ("pax headers", a.pax, b.pax),
-                )
-                if x != y
+                _ASPECTS.get(f.name, f.name)
+                for f in fields(_Entry)
+                if f.compare and getattr(a, f.name) != getattr(b, f.name)
             ]
             detail = None
             if "content" in aspects and _is_text(a.head) and _is_text(b.head):
@@ -242,16 +226,12 @@ def _config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[FileDi
 
     def flat(value: Any, prefix: str) -> dict[str, str]:
         if isinstance(value, dict):
-            out: dict[str, str] = {}
-            for key in value:
-                out.update(flat(value[key], f"{prefix}.{key}" if prefix else key))
-            return out
-        if isinstance(value, list) and all(isinstance(v, dict) for v in value):
-            out = {}
-            for i, item in enumerate(value):
-                out.update(flat(item, f"{prefix}[{i}]"))
-            return out
-        return {prefix: json.dumps(value, sort_keys=True)}
+            items = [(f"{prefix}.{key}" if prefix else key, item) for key, item in value.items()]
+        elif isinstance(value, list) and all(isinstance(v, dict) for v in value):
+            items = [(f"{prefix}[{i}]", item) for i, item in enumerate(value)]
+        else:
+            return {prefix: json.dumps(value, sort_keys=True)}
+        return {key: text for name, item in items for key, text in flat(item, name).items()}
 
     a = flat({k: v for k, v in old.items() if k != "rootfs"}, "")
     b = flat({k: v for k, v in new.items() if k != "rootfs"}, "")
@@ -277,9 +257,7 @@ def explain(old_archive: Path, new_archive: Path, *, max_files: int = 40) -> tup
             differences.append(
                 Difference("config", files=tuple(config[:max_files]), omitted=max(0, len(config) - max_files))
             )
-        for index in range(max(len(old.diff_ids), len(new.diff_ids))):
-            a = old.diff_ids[index] if index < len(old.diff_ids) else ""
-            b = new.diff_ids[index] if index < len(new.diff_ids) else ""
+        for index, (a, b) in enumerate(zip_longest(old.diff_ids, new.diff_ids, fillvalue="")):
             if a == b:
                 continue
             files = _compare_entries(old.entries(index) if a else {}, new.entries(index) if b else {})

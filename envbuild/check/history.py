@@ -34,26 +34,19 @@ class HistoryEntry:
     failed_stage: str | None = None  # where the check stopped, when it did (absent in older histories)
 
 
-# What each key of a line must hold: a line is an entry only when every value has its type (a value of
-# another type would break the comparison or the grid far from here, every night after).
-_FIELD_TYPES: dict[str, tuple[type, ...]] = {
-    "time": (str,),
-    "lock": (str,),
-    "lock_sha256": (str,),
-    "ok": (bool,),
-    "reproducible": (bool, type(None)),
-    "image_id": (str, type(None)),
-    "pins": (dict,),
-    "failed_stage": (str, type(None)),  # optional: absent in older histories
+# What each key of a line must hold, and that in words: a line is an entry only when every value has its
+# type (a value of another type would break the comparison or the grid far from here, every night after).
+_FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "time": ((str,), "a string"),
+    "lock": ((str,), "a string"),
+    "lock_sha256": ((str,), "a string"),
+    "ok": ((bool,), "true or false"),
+    "reproducible": ((bool, type(None)), "true, false or null"),
+    "image_id": ((str, type(None)), "a string or null"),
+    "pins": ((dict,), "an object of strings"),
+    "failed_stage": ((str, type(None)), "a string or null"),  # optional: absent in older histories
 }
 _FIELDS = set(_FIELD_TYPES) - {"failed_stage"}
-_EXPECTED = {
-    (str,): "a string",
-    (bool,): "true or false",
-    (bool, type(None)): "true, false or null",
-    (str, type(None)): "a string or null",
-    (dict,): "an object of strings",
-}
 
 
 def _json_kind(value: Any) -> str:
@@ -69,15 +62,15 @@ def _json_kind(value: Any) -> str:
 
 def _type_problem(data: dict[str, Any]) -> str | None:
     """The first key whose value has the wrong type, as ``KEY: expected ..., got ...``; None when none."""
-    for key, kinds in _FIELD_TYPES.items():
+    for key, (kinds, expected) in _FIELD_TYPES.items():
         if key not in data:
             continue
         value = data[key]
         if type(value) not in kinds:  # the exact type: True is an int, and 1 is no bool
-            return f"{key}: expected {_EXPECTED[kinds]}, got {_json_kind(value)}"
+            return f"{key}: expected {expected}, got {_json_kind(value)}"
         odd = [v for v in value.values() if not isinstance(v, str)] if isinstance(value, dict) else []
         if odd:
-            return f"{key}: expected {_EXPECTED[kinds]}, got one holding {_json_kind(odd[0])}"
+            return f"{key}: expected {expected}, got one holding {_json_kind(odd[0])}"
     return None
 
 
@@ -173,8 +166,7 @@ def append_history(path: Path, entry: HistoryEntry) -> None:
 
 def _drop_partial_last_line(out: Any) -> None:
     """A writer killed mid-line left bytes without a newline: cut them off (they are no entry)."""
-    size = out.seek(0, os.SEEK_END)
-    if not size:
+    if not out.seek(0, os.SEEK_END):  # empty
         return
     out.seek(-1, os.SEEK_END)
     if out.read(1) == b"\n":

@@ -15,7 +15,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -106,32 +106,24 @@ def _rebuild_and_compare(
             inputs = fetch_inputs(read, source, progress=progress)
         source.cache_dir.mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix="check-", dir=source.cache_dir))
+
+        def build(number: int, name: str) -> BuildResult:
+            tags = (f"envbuild-check/{read.lock.name}:{name}",)
+            image = ImageOptions(options.verify, no_cache=True, record_dir=work / f"record-{number}", tags=tags)
+            with _stage("build"):
+                return build_image(read, image, progress=progress, engine=live, verified=verified, inputs=inputs)
+
         try:
-            image_options = ImageOptions(
-                options.verify,
-                no_cache=True,
-                record_dir=work / "record-1",
-                tags=(f"envbuild-check/{read.lock.name}:first",),
-            )
             previous = last_image_id(history, read.sha256)
             hold = _holding(live, previous, previous_reference(read.lock.name)) if previous else nullcontext()
             with hold:
                 progress("rebuilding without cache")
-                with _stage("build"):
-                    first = build_image(
-                        read, image_options, progress=progress, engine=live, verified=verified, inputs=inputs
-                    )
+                first = build(1, "first")
                 if previous is not None:
                     with _stage("compare"):
                         return _against_history(verified, first, previous, live, work, progress)
             progress("no earlier build of this lock in the history: building a second time to compare")
-            second_options = replace(
-                image_options, record_dir=work / "record-2", tags=(f"envbuild-check/{read.lock.name}:second",)
-            )
-            with _stage("build"):
-                second = build_image(
-                    read, second_options, progress=progress, engine=live, verified=verified, inputs=inputs
-                )
+            second = build(2, "second")
             with _stage("compare"):
                 same = first.image_id == second.image_id
                 differences = () if same else _explain(live, first.image_id, second.image_id, work, progress)
@@ -198,7 +190,6 @@ def _explain(engine: Engine, old: str, new: str, work: Path, say: Progress) -> t
 
 def _record(history: Path, read: LockFile, report: CheckReport, now: datetime | None) -> None:
     when = (now or datetime.now(timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    pins: dict[str, str] = {f"{r.kind}:{r.name}": r.status for r in report.verify.results}
     built = bool(report.image_ids)
     append_history(
         history,
@@ -209,7 +200,7 @@ def _record(history: Path, read: LockFile, report: CheckReport, now: datetime | 
             report.ok,
             report.reproducible if built else None,
             report.image_ids[-1] if built else None,
-            pins,
+            {f"{r.kind}:{r.name}": r.status for r in report.verify.results},
             failed_stage=report.failure.stage if report.failure else None,
         ),
     )

@@ -48,7 +48,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     check_outputs(args.report, args.history)  # a bad path fails now, not after an hour of building
     options = CheckOptions(verify_options(args), history=args.history)
     read = read_lock(args.lockfile)
-    directory = args.report or default_report_dir(options.verify.source.cache_dir, read.lock.name)
+    # Without --report: beside the check's work in the cache, one directory per lock, each night's
+    # replacing the last (the history keeps the nights).
+    directory = args.report or options.verify.source.cache_dir / "check" / read.lock.name
     if args.report is None:
         check_outputs(directory, None)
     report = run_check(read, options, StderrProgress("envbuild", args.quiet))
@@ -61,25 +63,16 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
-def default_report_dir(cache_dir: Path, lock_name: str) -> Path:
-    """Where the report goes without ``--report``: beside the check's work in the cache, one directory per
-    lock, each night's replacing the last (the history keeps the nights)."""
-    return cache_dir / "check" / lock_name
-
-
 def check_outputs(report: Path | None, history: Path | None) -> None:
     """``--report`` must be a directory (or creatable as one) and ``--history`` a regular file (or
     creatable as one in an existing directory); checked before anything runs."""
+    outputs = (("--report", report, Path.is_dir, "a directory"), ("--history", history, Path.is_file, "a regular file"))
     problems = []
-    if report is not None and report.exists() and not report.is_dir():
-        problems.append(f"--report {report}: exists and is not a directory")
-    elif report is not None and not report.exists() and not _creatable(report):
-        problems.append(f"--report {report}: cannot be created (its parent is not a writable directory)")
-    if history is not None:
-        if history.exists() and not history.is_file():
-            problems.append(f"--history {history}: exists and is not a regular file")
-        elif not history.exists() and not _creatable(history):
-            problems.append(f"--history {history}: cannot be created (its parent is not a writable directory)")
+    for option, path, fits, kind in outputs:
+        if path is not None and path.exists() and not fits(path):
+            problems.append(f"{option} {path}: exists and is not {kind}")
+        elif path is not None and not path.exists() and not _creatable(path):
+            problems.append(f"{option} {path}: cannot be created (its parent is not a writable directory)")
     if problems:
         raise InputError("\n".join(problems))
 

@@ -134,17 +134,14 @@ def add_source_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=int, default=8, help="parallel fetches (default 8)")
 
 
-def source_options(args: argparse.Namespace) -> SourceOptions:
-    """Where pins are read from (cache, mirrors, offline, jobs), as every command takes them."""
-    cache_dir, mirrors = source_settings(args)
-    return SourceOptions(cache_dir=cache_dir, mirrors=mirrors, offline=args.offline, jobs=args.jobs)
-
-
 def verify_options(args: argparse.Namespace) -> VerifyOptions:
-    """The options of `lock verify`: the source options and ``--strict``."""
+    """The options of `lock verify`: where pins are read from (cache, mirrors, offline, jobs), as every
+    command takes them, and ``--strict``."""
     from envbuild.verify.pins import VerifyOptions  # only the commands that verify pay for importing it
 
-    return VerifyOptions(source_options(args), strict=getattr(args, "strict", False))
+    cache_dir, mirrors = source_settings(args)
+    source = SourceOptions(cache_dir=cache_dir, mirrors=mirrors, offline=args.offline, jobs=args.jobs)
+    return VerifyOptions(source, strict=getattr(args, "strict", False))
 
 
 def source_settings(args: argparse.Namespace) -> tuple[Path, Mirrors]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from envbuild.cli.common import StderrProgress, add_source_options, source_settings
 from envbuild.errors import InputError
@@ -13,7 +14,7 @@ from envbuild.lock.model import Install, Platform
 
 def add_start_commands(commands: argparse._SubParsersAction) -> None:
     init = commands.add_parser("init", help="write a new, empty lock")
-    init.add_argument("lockfile", metavar="LOCK")
+    init.add_argument("lockfile", type=Path, metavar="LOCK")
     init.add_argument("--name", required=True, help="the lock's name (the image is envbuild/NAME)")
     init.add_argument("--arch", choices=("aarch64", "x86_64"), help="the target platform's machine (linux)")
     init.add_argument("--python", help="the target CPython, e.g. 3.12 (with --arch)")
@@ -36,11 +37,9 @@ def add_start_commands(commands: argparse._SubParsersAction) -> None:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from envbuild.update.start import new_lock
 
-    path = Path(args.lockfile)
+    path = args.lockfile
     if path.exists():
         raise InputError(
             f"{path}: exists; a lock is started once (add sources to it with: envbuild lock add {path} NAME REPO REF)"

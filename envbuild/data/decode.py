@@ -23,11 +23,15 @@ def decode_yaml(
     cls: type[T],
     error: type[DataFileError],
     *,
-    empty: str,
+    empty: str = "",
+    default: T | None = None,
     checks: Callable[[T, yaml.Node], list[Problem]] = lambda value, root: [],
 ) -> T:
-    """``text`` as a ``cls``; ``empty`` says what an empty file lacks; ``checks`` adds cross-field problems."""
+    """``text`` as a ``cls``; an empty file is ``default`` or, without one, refused: ``empty`` says what it
+    lacks; ``checks`` adds cross-field problems."""
     root = compose_yaml(text, file, error)  # plain data only: size cap, UTF-8, no anchors or aliases
+    if root is None and default is not None:
+        return default
     if root is None:
         raise error([Problem(file, 0, "", f"empty file; {empty}")])
     decoder = Decoder(file)

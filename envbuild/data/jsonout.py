@@ -58,9 +58,7 @@ def jfield(default: Any = MISSING, *, default_factory: Any = MISSING, **shown: A
     ``field(metadata=json_meta(...))``: a type checker takes any other call for a default."""
     if default is MISSING and default_factory is MISSING:
         raise TypeError("jfield: a required field is field(metadata=json_meta(...))")
-    if default_factory is not MISSING:
-        return dataclasses.field(default_factory=default_factory, metadata=json_meta(**shown))
-    return dataclasses.field(default=default, metadata=json_meta(**shown))
+    return dataclasses.field(default=default, default_factory=default_factory, metadata=json_meta(**shown))
 
 
 def records(*keys: str) -> Callable[[Iterable[Sequence[Any]]], list[dict[str, Any]]]:

@@ -94,7 +94,7 @@ def check_name(name: str) -> str | None:
         return "a name of 64 hex digits reads as an image ID"
     if re.fullmatch(NAME, name):
         return None
-    domain, path = _split_domain(name)
+    domain, path = split_domain(name)
     if domain is not None and not re.fullmatch(DOMAIN, domain):
         return f"registry {domain!r} is not a host name or [IPv6] address with an optional numeric port"
     for component in path.split("/"):
@@ -104,7 +104,7 @@ def check_name(name: str) -> str | None:
     return "is not [registry[:port]/]path"  # not reached for any name the checks above pass
 
 
-def _split_domain(name: str) -> tuple[str | None, str]:
+def split_domain(name: str) -> tuple[str | None, str]:
     """docker's own split: the first component is a registry when a '/' follows it and it has a '.' or a
     ':', is ``localhost``, or has uppercase letters (which no path component may have)."""
     first, sep, rest = name.partition("/")

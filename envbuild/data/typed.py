@@ -20,18 +20,18 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from envbuild.data.urls import redact_url
+from envbuild.data.urls import key_path, redact_url
 from envbuild.errors import Problem
 
 _STR = "tag:yaml.org,2002:str"
 _INT = "tag:yaml.org,2002:int"
 _NULL = "tag:yaml.org,2002:null"
-_BOOL = "tag:yaml.org,2002:bool"
+_SCALARS = {str: (_STR, "string"), int: (_INT, "integer")}  # a field's type: its YAML tag, its JSON type
 _TYPE_NAMES = {
     _STR: "a string",
     _INT: "an integer",
     _NULL: "null",
-    _BOOL: "a boolean",
+    "tag:yaml.org,2002:bool": "a boolean",
     "tag:yaml.org,2002:float": "a number",
     "tag:yaml.org,2002:timestamp": "a date",
 }
@@ -57,31 +57,18 @@ def meta(
     ``since``, the format version that introduced the field (an older file may not use it; an older
     version's schema leaves it out), and ``version``, marking the field that holds the format version
     (each version's schema allows only its own number)."""
-    return {
-        "description": description,
-        "pattern": pattern,
-        "check": check,
-        "expect": expect,
-        "max_length": max_length,
-        "minimum": minimum,
-        "maximum": maximum,
-        "item_check": item_check,
-        "since": since,
-        "version": version,
-    }
+    return dict(locals())  # the parameters, by name: the keys the decoder and the schema read
 
 
 def mfield(default: Any = MISSING, *, default_factory: Any = MISSING, **kwargs: Any) -> Any:
     """A dataclass field carrying :func:`meta`."""
-    if default_factory is not MISSING:
-        return field(default_factory=default_factory, metadata=meta(**kwargs))
-    return field(default=default, metadata=meta(**kwargs))
+    return field(default=default, default_factory=default_factory, metadata=meta(**kwargs))
 
 
 def shown(value: str, limit: int = 80) -> str:
     """A value as a message quotes it: ``repr``, cut to ``limit`` characters, and with everything before
     an '@' hidden (a URL's user part, or credentials pasted into a name)."""
-    text = redact_url(value) if "@" in value else value
+    text = redact_url(value)
     if len(text) > limit:
         return f"{text[:limit]!r}… ({len(text)} characters)"
     return repr(text)
@@ -120,10 +107,8 @@ class Decoder:
             return self._sequence(typing.get_args(hint)[0], node, path)
         if origin is dict:
             return self._mapping_of_str(node, path)
-        if hint is str:
-            return self._scalar(node, path, _STR)
-        if hint is int:
-            return self._scalar(node, path, _INT)
+        if hint in _SCALARS:
+            return self._scalar(node, path, _SCALARS[hint][0])
         raise TypeError(f"typed: no decoder for {hint!r}")  # a programming error, not user input
 
     def _scalar(self, node: yaml.Node, path: str, tag: str) -> Any:
@@ -167,7 +152,7 @@ class Decoder:
                 self.problem(key_node, path or "(top level)", f"keys must be strings, got {_describe(key_node)}")
                 continue
             if key_node.value in seen:
-                self.problem(key_node, _join(path, key_node.value), "duplicate key")
+                self.problem(key_node, key_path(path, key_node.value), "duplicate key")
                 continue
             seen.add(key_node.value)
             pairs.append((key_node.value, key_node, value_node))
@@ -177,7 +162,7 @@ class Decoder:
         pairs = self._pairs(node, path)
         if pairs is None:
             return None
-        return {key: self._scalar(value, _join(path, key), _STR) for key, _, value in pairs}
+        return {key: self._scalar(value, key_path(path, key), _STR) for key, _, value in pairs}
 
     def _dataclass(self, cls: type, node: yaml.Node, path: str) -> Any:
         pairs = self._pairs(node, path)
@@ -186,27 +171,23 @@ class Decoder:
         hints, fields = _shape(cls)
         values: dict[str, Any] = {}
         for key, key_node, value_node in pairs:
-            key_path = _join(path, key)
+            at = key_path(path, key)
             if key not in fields:
                 known = ", ".join(fields)
-                self.problem(key_node, key_path, f"unknown key (known keys: {known})")
+                self.problem(key_node, at, f"unknown key (known keys: {known})")
                 continue
             since = fields[key].metadata.get("since")
             if since is not None and self.version is not None and since > self.version:
-                self.problem(
-                    key_node,
-                    key_path,
-                    f"needs version {since} of the format (`version: {since}`); this file says `version: {self.version}`",
-                )
+                needs = f"needs version {since} of the format (`version: {since}`); this file says `version: {self.version}`"
+                self.problem(key_node, at, needs)
                 continue
-            value = self.decode(hints[key], value_node, key_path)
+            value = self.decode(hints[key], value_node, at)
             if value is not None and _complete(value):
-                self._check(fields[key], value, value_node, key_path)
+                self._check(fields[key], value, value_node, at)
             values[key] = value
         for name, f in fields.items():
-            required = f.default is MISSING and f.default_factory is MISSING
-            if required and name not in values:
-                self.problem(node, _join(path, name), "required key is missing")
+            if _required(f) and name not in values:
+                self.problem(node, key_path(path, name), "required key is missing")
         if any(_required(f) and values.get(name) is None for name, f in fields.items()):
             return None
         return cls(**{k: v for k, v in values.items() if v is not None})
@@ -235,20 +216,11 @@ def _shape(cls: type) -> tuple[dict[str, Any], dict[str, dataclasses.Field]]:
     return typing.get_type_hints(cls), {f.name: f for f in dataclasses.fields(cls)}
 
 
-def _join(path: str, key: str) -> str:
-    # A key is quoted in messages like a value: a config's mirror key may be a URL with credentials.
-    key = redact_url(key) if "@" in key else key
-    return f"{path}.{key}" if path else key
-
-
 def _complete(value: Any) -> bool:
     """Whether a decoded list or mapping has every item (a failed item is None, already reported):
     checks only see values of the declared type."""
-    if isinstance(value, tuple):
-        return all(item is not None for item in value)
-    if isinstance(value, dict):
-        return all(item is not None for item in value.values())
-    return True
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, tuple) else ()
+    return all(item is not None for item in items)
 
 
 def _within(value: int, minimum: int | None, maximum: int | None) -> bool:
@@ -282,8 +254,7 @@ def _is_optional(hint: Any) -> bool:
 
 
 def _strip_none(hint: Any) -> Any:
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    return args[0]
+    return next(a for a in typing.get_args(hint) if a is not type(None))
 
 
 def _describe(node: yaml.Node) -> str:
@@ -355,8 +326,6 @@ def _schema(hint: Any, defs: dict[str, Any], version: int | None = None) -> dict
         return {"type": "array", "items": _schema(typing.get_args(hint)[0], defs, version)}
     if origin is dict:
         return {"type": "object", "additionalProperties": {"type": "string"}}
-    if hint is str:
-        return {"type": "string"}
-    if hint is int:
-        return {"type": "integer"}
+    if hint in _SCALARS:
+        return {"type": _SCALARS[hint][1]}
     raise TypeError(f"typed: no schema for {hint!r}")

@@ -44,6 +44,12 @@ def redact_url(url: str) -> str:
     return prefix + "***" + url[url.rindex("@") :]
 
 
+def key_path(path: str, key: str) -> str:
+    """A data file's field path with ``key`` appended, quoted like a value: a config's mirror key may be a
+    URL with credentials."""
+    return f"{path}.{redact_url(key)}" if path else redact_url(key)
+
+
 def redact_urls(text: str) -> str:
     """Free text (a requirement, an error message) with the user part of every ``scheme://`` URL in it
     replaced by ``***``."""
@@ -122,41 +128,36 @@ def check_repo_url(url: str) -> str | None:
         return f"{shown} starts with '-' and would be read as an option"
     if "::" in url.split("/", 1)[0] or url.startswith("ext:"):
         return f"{shown} names a git remote helper; only {', '.join(REPO_SCHEMES)} URLs are allowed"
-    if any(c.isspace() or not c.isprintable() for c in url):
-        return f"{shown} contains whitespace or control characters"
-    if (problem := check_dashes(url)) is not None:
-        return problem
-    if "://" not in url:
-        # Not a URL: git reads it as scp-like (user@host:path) or a local path.
-        if (problem := check_userinfo(url, GIT_CREDENTIALS)) is not None:
-            return problem
-        if _SCP_LIKE.fullmatch(url):
-            return None
-    parts = _split(url, GIT_CREDENTIALS)
-    if isinstance(parts, str):
-        return parts
-    if parts.scheme not in REPO_SCHEMES:
-        return f"{shown}: scheme must be one of {', '.join(REPO_SCHEMES)}"
-    if (problem := check_userinfo(url, GIT_CREDENTIALS)) is not None:
-        return problem
-    if parts.scheme != "file" and not parts.hostname:
-        return f"{shown} has no host"
-    return None
+    return _check_url(url, REPO_SCHEMES, f"scheme must be one of {', '.join(REPO_SCHEMES)}", GIT_CREDENTIALS, scp=True)
 
 
 def check_index_url(url: str) -> str | None:
     """A PEP 691 index: http(s) or file, with a host, and no credentials."""
+    return _check_url(url, INDEX_SCHEMES, "a package index must be an https, http or file URL", INDEX_CREDENTIALS)
+
+
+def _check_url(
+    url: str, schemes: tuple[str, ...], wrong_scheme: str, where_credentials_go: str, *, scp: bool = False
+) -> str | None:
+    """What a repository's and an index's URL must both be: printable, no part an option, one of
+    ``schemes``, no secret in its user part, a host unless a file URL; ``scp``: git's scp-like form too."""
     shown = repr(redact_url(url))
     if any(c.isspace() or not c.isprintable() for c in url):
         return f"{shown} contains whitespace or control characters"
     if (problem := check_dashes(url)) is not None:
         return problem
-    parts = _split(url, INDEX_CREDENTIALS)
+    if scp and "://" not in url:
+        # Not a URL: git reads it as scp-like (user@host:path) or a local path.
+        if (problem := check_userinfo(url, where_credentials_go)) is not None:
+            return problem
+        if _SCP_LIKE.fullmatch(url):
+            return None
+    parts = _split(url, where_credentials_go)
     if isinstance(parts, str):
         return parts
-    if parts.scheme not in INDEX_SCHEMES:
-        return f"{shown}: a package index must be an https, http or file URL"
-    if (problem := check_userinfo(url, INDEX_CREDENTIALS)) is not None:
+    if parts.scheme not in schemes:
+        return f"{shown}: {wrong_scheme}"
+    if (problem := check_userinfo(url, where_credentials_go)) is not None:
         return problem
     if parts.scheme != "file" and not parts.hostname:
         return f"{shown} has no host"

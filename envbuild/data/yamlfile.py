@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from envbuild.data.urls import redact_url
+from envbuild.data.urls import key_path
 from envbuild.errors import DataFileError, Problem
 from envbuild.fileio import NotRegularFileError, open_regular
 
@@ -57,8 +57,7 @@ class _Level:
             return f"{self.path}[{self.index}]"
         if self.at_key:
             return self.path  # a key is reported at its mapping
-        key = redact_url(self.key) if "@" in self.key else self.key  # a config's mirror key may be a URL
-        return f"{self.path}.{key}" if self.path else key
+        return key_path(self.path, self.key)
 
     def done(self, scalar: str | None) -> None:
         """A node at this level is complete (``scalar`` is its text if it was a scalar)."""
@@ -167,8 +166,7 @@ def _field_at(text: str, index: int) -> str:
                 if _covers(key, index):
                     return path  # the bad byte is in the key itself: its mapping is the place to look
                 if _covers(value, index):
-                    name = redact_url(key.value) if "@" in key.value else key.value
-                    path, child = (f"{path}.{name}" if path else name), value
+                    path, child = key_path(path, key.value), value
                     break
         elif isinstance(node, yaml.SequenceNode):
             for i, item in enumerate(node.value):

@@ -40,15 +40,10 @@ class Found:
     config: Path | None = None
 
 
-def docker_config_path() -> Path:
-    base = os.environ.get("DOCKER_CONFIG")
-    return (Path(base) if base else Path.home() / ".docker") / "config.json"
-
-
 def find_credentials(host: str, config: Path | None = None) -> Found:
     """The docker config's credentials for ``host`` (``host[:port]``), if it has any; an unreadable or
     malformed config holds none (a build would not read it either)."""
-    path = config or docker_config_path()
+    path = config or Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker") / "config.json"
     try:
         with open_regular(path) as handle:  # a FIFO named as the config would wait forever
             data = json.loads(handle.read(MAX_CONFIG_BYTES + 1)[:MAX_CONFIG_BYTES])

@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 import requests
 from urllib3.util.retry import Retry
 
-from envbuild.data.reference import split_tag
+from envbuild.data.reference import split_domain, split_tag
 from envbuild.data.tokens import bearer_problem
 from envbuild.data.urls import redact_url
 from envbuild.deadline import Deadline, deadline_adapter, deadline_from_env
@@ -63,10 +63,8 @@ class ServedManifest:
 def registry_and_repository(name: str) -> tuple[str, str]:
     """docker's reading of an image name: ``host[:port]/path`` → (host[:port], path); a name without a
     registry is on Docker Hub, a one-component one under ``library/``."""
-    first, sep, rest = name.partition("/")
-    if sep and (any(c in first for c in ".:[") or first == "localhost" or first.lower() != first):
-        return first, rest
-    return DOCKER_HUB, name if "/" in name else f"library/{name}"
+    domain, path = split_domain(name)
+    return (domain, path) if domain is not None else (DOCKER_HUB, path if "/" in path else f"library/{path}")
 
 
 def served_manifest(
@@ -179,17 +177,15 @@ class _Client:
         digest = "sha256:" + hashlib.sha256(body).hexdigest()
         said = response.headers.get("Docker-Content-Digest")
         if said and said != digest:
-            raise RegistryError(
-                f"{self.reference}: {self.host} says the manifest is {said}, but its bytes are {digest}"
-            )
+            raise self._error(f"{self.host} says the manifest is {said}, but its bytes are {digest}")
         return body, digest, response.headers.get("Content-Type", "").partition(";")[0].strip()
 
     def blob(self, digest: str) -> bytes:
         if not digest.startswith("sha256:"):
-            raise RegistryError(f"{self.reference}: {self.host} names a config by {digest!r}, not a sha256")
+            raise self._error(f"{self.host} names a config by {digest!r}, not a sha256")
         _, body = self._get(f"/blobs/{digest}", "*/*")
         if "sha256:" + hashlib.sha256(body).hexdigest() != digest:
-            raise RegistryError(f"{self.reference}: the config {self.host} serves does not match its digest {digest}")
+            raise self._error(f"the config {self.host} serves does not match its digest {digest}")
         return body
 
     def _get(self, path: str, accept: str) -> tuple[requests.Response, bytes]:
@@ -221,13 +217,11 @@ class _Client:
     def _answer(self, response: requests.Response, path: str) -> tuple[requests.Response, bytes]:
         with response:
             if response.status_code in (401, 403):
-                raise RegistryError(
-                    f"{self.reference}: {self.host} refused access ({response.status_code}); {self._login_advice()}"
-                )
+                raise self._error(f"{self.host} refused access ({response.status_code}); {self._login_advice()}")
             if response.status_code == 404:
-                raise RegistryError(f"{self.reference}: {self.host} has no such manifest or blob (404 for {path})")
+                raise self._error(f"{self.host} has no such manifest or blob (404 for {path})")
             if response.status_code != 200:
-                raise RegistryError(f"{self.reference}: {self.host} answered {response.status_code} for {path}")
+                raise self._error(f"{self.host} answered {response.status_code} for {path}")
             return response, self._bounded(response, path)
 
     def _request(self, url: str, **kwargs: Any) -> requests.Response:
@@ -237,7 +231,7 @@ class _Client:
             said = reason(exc)
             if said == TLS_UNTRUSTED:
                 said += f" ({TLS_ADVICE})"
-            raise RegistryError(f"{self.reference}: cannot reach {self.host}: {said}") from None
+            raise self._error(f"cannot reach {self.host}: {said}") from None
 
     def _bounded(self, response: requests.Response, what: str) -> bytes:
         body = b""
@@ -245,9 +239,9 @@ class _Client:
             for chunk in response.iter_content(65536):
                 body += chunk
                 if len(body) > MAX_BYTES:
-                    raise RegistryError(f"{self.reference}: {self.host} sends more than 4 MiB for {what}")
+                    raise self._error(f"{self.host} sends more than 4 MiB for {what}")
         except requests.RequestException as exc:
-            raise RegistryError(f"{self.reference}: {self.host}: reading {what}: {reason(exc)}") from None
+            raise self._error(f"{self.host}: reading {what}: {reason(exc)}") from None
         return body
 
     def _authenticate(self, challenge: Challenge | None) -> str:
@@ -255,19 +249,15 @@ class _Client:
         found = find_credentials(self.host, self.docker_config)
         creds = found.credentials
         if challenge is None:
-            raise RegistryError(
-                f"{self.reference}: {self.host} answered 401 without a usable WWW-Authenticate challenge"
-            )
+            raise self._error(f"{self.host} answered 401 without a usable WWW-Authenticate challenge")
         if challenge.scheme == "basic":
             if creds is None:
-                raise RegistryError(
-                    f"{self.reference}: {self.host} needs credentials; {self._login_advice(found.helper)}"
-                )
+                raise self._error(f"{self.host} needs credentials; {self._login_advice(found.helper)}")
             return "Basic " + base64.b64encode(f"{creds.username}:{creds.password}".encode()).decode("ascii")
         realm = challenge.params.get("realm", "")
         if problem := realm_problem(realm):
             shown = redact_url(realm[:200])
-            raise RegistryError(f"{self.reference}: {self.host} names a token realm that {problem}: {shown!r}")
+            raise self._error(f"{self.host} names a token realm that {problem}: {shown!r}")
         params = {"scope": challenge.params.get("scope") or f"repository:{self.repository}:pull"}
         if "service" in challenge.params:
             params["service"] = challenge.params["service"]
@@ -276,22 +266,23 @@ class _Client:
             try:
                 response = self.session.get(realm, params=params, auth=auth, timeout=TIMEOUT, stream=True)
             except requests.RequestException as exc:
-                raise RegistryError(
-                    f"{self.reference}: cannot reach {self.host}'s token service {realm}: {exc}"
-                ) from None
+                raise self._error(f"cannot reach {self.host}'s token service {realm}: {exc}") from None
             with response:
                 if response.status_code != 200:
-                    raise RegistryError(
-                        f"{self.reference}: {self.host}'s token service answered {response.status_code}; "
+                    raise self._error(
+                        f"{self.host}'s token service answered {response.status_code}; "
                         + self._login_advice(found.helper)
                     )
                 answer = _json(self._bounded(response, "a token"), f"{self.reference}: the token {realm} sends")
         token = answer.get("token") or answer.get("access_token")
         if not isinstance(token, str) or not token:
-            raise RegistryError(f"{self.reference}: the answer of {self.host}'s token service holds no token")
+            raise self._error(f"the answer of {self.host}'s token service holds no token")
         if problem := bearer_problem(token):
-            raise RegistryError(f"{self.reference}: {self.host}'s token service sent a token that is {problem}")
+            raise self._error(f"{self.host}'s token service sent a token that is {problem}")
         return f"Bearer {token}"
+
+    def _error(self, message: str) -> RegistryError:
+        return RegistryError(f"{self.reference}: {message}")
 
     def _login_advice(self, helper: str | None = None) -> str:
         if helper:
