@@ -21,7 +21,7 @@ from envbuild.bisect.steps import Rewrite, Unit
 from envbuild.git.cache import GitCache
 from envbuild.git.mirrors import Mirrors
 from envbuild.git.remote import GitError
-from envbuild.git.upstream import Offline, Upstream
+from envbuild.git.upstream import Offline, Upstream, ref_refspec
 from envbuild.lock.model import Source
 from envbuild.progress import Progress, silent
 
@@ -51,12 +51,7 @@ def with_history(
     url = mirrors.rewrite(new.repo)
     up = Upstream(cache, url, offline=offline, progress=progress)
     try:
-        present = up.commits(
-            [old.commit],
-            need=[new.commit],
-            refspecs=[f"+refs/heads/{new.ref}:refs/upstream/heads/{new.ref}"],
-            name=new.name,
-        )
+        present = up.commits([old.commit], need=[new.commit], refspecs=[ref_refspec("branch", new.ref)], name=new.name)
         if old.commit not in present and not offline:
             up.on_any_ref(old.commit, new.name)  # every upstream ref fetched: GOOD's commit may be on another
             present = cache.commit_trees(url, [old.commit, new.commit])

@@ -30,6 +30,7 @@ from envbuild.git.cache import GitCache
 from envbuild.git.files import PinnedTree
 from envbuild.git.gitmodules import pair_submodules, parse_gitmodules, too_many_records
 from envbuild.git.mirrors import Mirrors
+from envbuild.git.upstream import ref_refspec
 from envbuild.lock.model import REASON_MAX, Source, Submodule, check_repo_url, walk_submodules
 from envbuild.progress import Progress, silent
 
@@ -79,8 +80,7 @@ class Walked:
 def source_tree(source: Source, cache: GitCache, mirrors: Mirrors) -> PinnedTree:
     """The pinned tree of ``source`` in the verify cache (its ref fetched when the server will not send the
     commit by ID)."""
-    space = "tags" if source.ref_type == "tag" else "heads"
-    refspec = f"+refs/{space}/{source.ref}:refs/upstream/{space}/{source.ref}"
+    refspec = ref_refspec(source.ref_type, source.ref)
     return PinnedTree(cache, mirrors.rewrite(source.repo), source.commit, refspec=refspec)
 
 

@@ -14,7 +14,7 @@ from envbuild.errors import InputError, RemoteError
 from envbuild.git.cache import GitCache
 from envbuild.git.mirrors import Mirrors
 from envbuild.git.remote import GitError, UnsupportedRepository
-from envbuild.git.upstream import Upstream, check_inputs
+from envbuild.git.upstream import Upstream, check_inputs, ref_refspec
 from envbuild.lock.model import LOCK_VERSION, BaseImage, Lock, Source
 from envbuild.progress import Progress, silent
 from envbuild.update.installer import pin_installer
@@ -237,9 +237,7 @@ def resolve_ref(
         refs = listing.heads if kind == "branch" else listing.tags
         if source.ref in refs:
             commit = refs[source.ref]
-            space = "heads" if kind == "branch" else "tags"
-            refspec = f"+refs/{space}/{source.ref}:refs/upstream/{space}/{source.ref}"
-            trees = up.commits([], need=[commit], refspecs=[refspec], name=source.name)
+            trees = up.commits([], need=[commit], refspecs=[ref_refspec(kind, source.ref)], name=source.name)
             if commit not in trees:
                 raise GitError("fetch", f"{source.ref} moved while fetching; try again")
             return ResolvedRef(kind, commit, trees[commit])

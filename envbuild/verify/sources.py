@@ -25,7 +25,7 @@ from envbuild.git.files import OFFLINE_MISS
 from envbuild.git.mirrors import Mirrors
 from envbuild.git.remote import GitError
 from envbuild.git.treeexport import ExportError
-from envbuild.git.upstream import Offline, Upstream, check_inputs
+from envbuild.git.upstream import Offline, Upstream, check_inputs, ref_refspec
 from envbuild.lock.model import Source
 from envbuild.progress import Progress, silent
 from envbuild.verify.results import PinResult, SourceStatus
@@ -142,12 +142,12 @@ def _verify(source: Source, up: Upstream, whole: WholeCommit | None = None) -> P
             return result("tag-moved", f"tag {ref} now points at {head}, not at the pinned commit", upstream=head)
         if source.tree is None:
             return result("ok", f"tag {ref} points at the pinned commit")
-        trees = _pinned_tree(source, up, f"+refs/tags/{ref}:refs/upstream/tags/{ref}", whole)
+        trees = _pinned_tree(source, up, ref_refspec("tag", ref), whole)
         return _tree_verdict(source, up.url, trees) or result(
             "ok", f"tag {ref} points at the pinned commit; tree matches"
         )
 
-    refspec = f"+refs/heads/{ref}:refs/upstream/heads/{ref}"
+    refspec = ref_refspec("branch", ref)
     if head == source.commit:
         ahead = 0
         trees = _pinned_tree(source, up, refspec, whole) if source.tree else {}

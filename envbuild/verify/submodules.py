@@ -38,7 +38,7 @@ from envbuild.git.files import OFFLINE_MISS, READ_NS, PinnedTree
 from envbuild.git.gitmodules import repository_key, too_many_records
 from envbuild.git.mirrors import Mirrors
 from envbuild.git.remote import GitError, TreeEntry
-from envbuild.git.upstream import Offline, Upstream, relation_in_cache
+from envbuild.git.upstream import Offline, Upstream, ref_refspec, relation_in_cache
 from envbuild.lock.model import Lock, Source, Submodule, check_repo_url
 from envbuild.progress import Progress, silent
 from envbuild.verify.results import PinResult, SubmoduleStatus
@@ -66,13 +66,7 @@ class RecordedSubmodule:
 
 def recorded_submodules(source: Source, mirrors: Mirrors) -> Iterator[RecordedSubmodule]:
     """Every submodule ``source`` records, parents before their submodules."""
-    space = "tags" if source.ref_type == "tag" else "heads"
-    root = Parent(
-        mirrors.rewrite(source.repo),
-        source.commit,
-        f"+refs/{space}/{source.ref}:refs/upstream/{space}/{source.ref}",
-        source.tree,
-    )
+    root = Parent(mirrors.rewrite(source.repo), source.commit, ref_refspec(source.ref_type, source.ref), source.tree)
 
     def walk(records: tuple[Submodule, ...], parent: Parent, prefix: str) -> Iterator[RecordedSubmodule]:
         for record in records:
