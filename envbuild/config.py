@@ -48,38 +48,13 @@ class SourceOptions:
     offline: bool = False
     jobs: int = 8
 
-
-def fetch_command(lock_path: str | os.PathLike[str], source: SourceOptions) -> str:
-    """The `envbuild lock fetch` command that fills exactly this cache, through the same mirrors: the
-    advice every offline refusal gives."""
-    return _command(["lock", "fetch", str(lock_path)], source)
-
-
-def offline_verify_command(lock_path: str | os.PathLike[str], source: SourceOptions) -> str:
-    """The `envbuild lock verify --offline` command that answers from exactly this cache: the advice
-    when the upstreams are out of reach and the cache holds what they last said."""
-    return _command(["lock", "verify", str(lock_path), "--offline"], source)
-
-
-def verify_command(lock_path: str | os.PathLike[str], source: SourceOptions) -> str:
-    """The `envbuild lock verify` command that checks this lock as a build with ``source`` did: the same
-    cache and mirrors, ``--offline`` when the build was."""
-    return _command(["lock", "verify", str(lock_path), *(["--offline"] if source.offline else [])], source)
-
-
-def update_command(lock_path: str | os.PathLike[str], source: SourceOptions, what: str = "--base") -> str:
-    """The `envbuild lock update --base` command for this lock, cache and mirrors: what pins an unpinned
-    base, and moves nothing else (``what="--packages"``: what lists the packages' files again, and moves no
-    source)."""
-    return _command(["lock", "update", str(lock_path), what], source)
-
-
-def _command(words: list[str], source: SourceOptions) -> str:
-    """``envbuild WORDS`` with this cache and these mirrors, quoted so that it runs as printed."""
-    words = ["envbuild", *words, "--cache-dir", str(source.cache_dir)]
-    for rule, target in source.mirrors.rules:
-        words += ["--mirror", f"{rule}={target}"]
-    return shlex.join(words)
+    def lock_command(self, *words: str | os.PathLike[str]) -> str:
+        """``envbuild lock WORDS`` with this cache and these mirrors, quoted so that it runs as printed: the
+        advice a refusal gives (`lock fetch` fills exactly this cache, `lock update --base` pins a base, …)."""
+        argv = ["envbuild", "lock", *map(str, words), "--cache-dir", str(self.cache_dir)]
+        for rule, target in self.mirrors.rules:
+            argv += ["--mirror", f"{rule}={target}"]
+        return shlex.join(argv)
 
 
 def _check_cache_dir(value: str) -> str | None:

@@ -21,7 +21,7 @@ from typing import Literal
 
 import requests
 
-from envbuild.config import SourceOptions, fetch_command
+from envbuild.config import SourceOptions
 from envbuild.data.jsonout import json_meta
 from envbuild.errors import EnvbuildError, ProblemsError, RemoteError
 from envbuild.git.treeexport import (
@@ -106,7 +106,7 @@ def fetch_inputs(
         if missing:
             raise InputsMissing(
                 f"{lock_path}: --offline, and the cache ({exporter.cache_dir}) lacks {'; '.join(missing)}; run "
-                f"`{fetch_command(lock_path, source)}` where the upstreams are reachable"
+                f"`{source.lock_command('fetch', lock_path)}` where the upstreams are reachable"
             )
     fetched_sources = _fetch_trees(pins, exporter, jobs, progress)
     fetched_files = _fetch_files(lock, files, client or IndexClient(), progress, source.cache_dir)

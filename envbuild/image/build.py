@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envbuild.config import SourceOptions, fetch_command, update_command, verify_command
+from envbuild.config import SourceOptions
 from envbuild.data.reference import check_name_and_tag
 from envbuild.engine.buildkit import LostLayer
 from envbuild.engine.claim import EngineClaim
@@ -120,10 +120,11 @@ def require_verified(
             if not r.passes(report.strict)
         ]
         unreachable = any(r.status == "unreachable" for r in report.results)
+        source = options.source
         advice = (
-            f"run `{fetch_command(read.path, options.source)}` where the upstreams are reachable, then build offline again"
-            if options.source.offline and unreachable
-            else f"run `{verify_command(read.path, options.source)}` for details"
+            f"run `{source.lock_command('fetch', read.path)}` where the upstreams are reachable, then build offline again"
+            if source.offline and unreachable
+            else f"run `{source.lock_command('verify', read.path, *(['--offline'] if source.offline else []))}` for details"
         )
         raise BuildRefused(f"{read.path}: refusing to build, the lock fails verify: {'; '.join(failing)} — {advice}")
     return report
@@ -155,14 +156,14 @@ def dry_run(read: LockFile, options: ImageOptions, progress: Progress = silent) 
     check_tags(options.tags)
     refusals = [
         f"{package.name} {package.version} has no files in the lock (run "
-        f"`{update_command(read.path, options.source, '--packages')}` where its index is reachable); left out below"
+        f"`{options.source.lock_command('update', read.path, '--packages')}` where its index is reachable); left out below"
         for package in lock.packages
         if not package.files
     ]
     if lock.base_image is not None and lock.base_image.digest is None:
         refusals.append(
             f"base image {lock.base_image.name} is not pinned by digest "
-            f"(`{update_command(read.path, options.source)}` pins it)"
+            f"(`{options.source.lock_command('update', read.path, '--base')}` pins it)"
         )
     refusals += build_requirement_problems(lock)
     for refusal in refusals:

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from envbuild.config import SourceOptions, fetch_command, offline_verify_command, update_command
+from envbuild.config import SourceOptions
 from envbuild.git.cache import GitCache
 from envbuild.git.files import OFFLINE_MISS
 from envbuild.git.treeexport import TreeExporter, source_pin, whole_fetched
@@ -112,7 +112,7 @@ def verify_for_build(
         results = verify_refs(lock, options, progress, whole=whole)
         if checking is not None:
             results += checking.result()
-    results += verify_base_image(lock, update_command(lock_path, options.source))
+    results += verify_base_image(lock, options.source.lock_command("update", lock_path, "--base"))
     return _report(lock, lock_path, options, results)
 
 
@@ -157,7 +157,7 @@ def verify_lock(lock: Lock, lock_path: str, options: VerifyOptions, progress: Pr
         dataclasses.replace(lock, packages=lock.pinned_packages), lock_path, source, client, progress
     )
     results += verify_requirements(lock, options, client, progress)
-    results += verify_base_image(lock, update_command(lock_path, source))
+    results += verify_base_image(lock, source.lock_command("update", lock_path, "--base"))
     return _report(lock, lock_path, options, results)
 
 
@@ -167,7 +167,7 @@ def _verify_packages(
     """The lock's packages: offline, whether the cache holds their files; online, what the index serves.
     The fix of each that needs one names this lock: `lock fetch` offline, `lock update` of an unresolved one."""
     if source.offline:
-        files, fetch = FileCache(source.cache_dir), fetch_command(lock_path, source)
+        files, fetch = FileCache(source.cache_dir), source.lock_command("fetch", lock_path)
         return [verify_package_offline(p, files, fetch) for p in lock.packages]
     update = f"envbuild lock update {shlex.quote(lock_path)}"
     return [
@@ -179,13 +179,14 @@ def _verify_packages(
 def _report(lock: Lock, lock_path: str, options: VerifyOptions, results: list[PinResult]) -> VerifyReport:
     source = options.source
     if source.offline:
-        advice = fetch_command(lock_path, source)
+        advice = source.lock_command("fetch", lock_path)
         results = [_advise_fetch(r, advice) for r in results]
+    offline = source.lock_command("verify", lock_path, "--offline") if _offline_answers(lock, source) else None
     return VerifyReport(
         lock_path,
         tuple(results),
         strict=options.strict,
-        offline_command=offline_verify_command(lock_path, source) if _offline_answers(lock, source) else None,
+        offline_command=offline,
         mirrors=tuple(f"{rule}={target}" for rule, target in source.mirrors.rules),
     )
 
