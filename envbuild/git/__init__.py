@@ -3,8 +3,3 @@ lifetime), :mod:`envbuild.git.remote` knows the commands, :mod:`envbuild.git.cac
 repositories that source verification reads; :mod:`.mirrors` rewrites their URLs, :mod:`.files` reads a
 few files of a pinned tree, :mod:`.gitmodules` reads what a tree says about its submodules (pure),
 :mod:`.treeexport` and :mod:`.treewriter` write a pinned tree into a directory."""
-
-from envbuild.git.cache import GitCache
-from envbuild.git.remote import GitError, GitRunner, RefListing
-
-__all__ = ["GitCache", "GitError", "GitRunner", "RefListing"]

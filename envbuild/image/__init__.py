@@ -18,26 +18,3 @@ The cache of built images, :mod:`envbuild.image.cache`: what answers a rebuild a
 the disk tidy. It imports the stages; no stage imports it. :mod:`.build` runs the stages in this order
 (the engine builds the image from 4's stream on 6), asks the cache first and tells it last.
 """
-
-from envbuild.image.assemble import BuildContext, ContextError, assemble_context
-from envbuild.image.inimage_verdict import compare_inimage, inimage_command
-from envbuild.image.plan import ContextPlan, FilePlan, SourcePlan, plan_context
-from envbuild.image.record import BuildRecord, build_record, provenance, sbom
-from envbuild.image.render import render_dockerfile
-
-__all__ = [
-    "BuildContext",
-    "BuildRecord",
-    "ContextError",
-    "ContextPlan",
-    "FilePlan",
-    "SourcePlan",
-    "assemble_context",
-    "build_record",
-    "compare_inimage",
-    "inimage_command",
-    "plan_context",
-    "provenance",
-    "render_dockerfile",
-    "sbom",
-]

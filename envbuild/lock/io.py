@@ -308,7 +308,6 @@ class LockWriteRefused(EnvbuildError):
     gave is not, and the message names where."""
 
     def __init__(self, path: str | os.PathLike[str], reason: str) -> None:
-        self.path, self.reason = str(path), reason
         super().__init__(f"{path}: not written, the old lock is unchanged: {reason}")
 
 
