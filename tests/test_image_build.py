@@ -616,7 +616,7 @@ def test_push_to_the_registry_and_read_the_digest_back(
     assert response.status_code == 200
     assert response.headers["Docker-Content-Digest"] == digest
     assert response.json()["config"]["digest"] == reference.image_id
-    assert engine.registry_digest(tag) == digest
+    assert engine.distribution(tag)[0] == digest
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:

@@ -121,10 +121,6 @@ class Images(EngineBase):
         progress(f"pushed {name} ({digest}): {push.summary()}")
         return digest
 
-    def registry_digest(self, name: str) -> str:
-        """The manifest digest the registry serves for ``name`` now (read back after a push)."""
-        return self.distribution(name)[0]
-
     def distribution(self, name: str) -> tuple[str, tuple[str, ...]]:
         """What the registry serves for ``name`` now: its manifest digest (an index's, for a
         multi-platform image) and the platforms it has images for (``linux/arm64``, …), pulling nothing."""

@@ -138,7 +138,7 @@ def pin_image(image: str, engine: Engine) -> str:
         if known.split("@", 1)[0] == repository:
             return str(known)
     try:
-        return f"{repository}@{engine.registry_digest(image)}"
+        return f"{repository}@{engine.distribution(image)[0]}"
     except EngineError as exc:
         raise EngineError(
             f"{image}: cannot pin it to a digest every host can pull ({exc}); push it first (`envbuild image --push`)"
