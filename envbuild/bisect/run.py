@@ -206,14 +206,12 @@ class _Bisect:
         if state.index == len(self.states) - 1:
             return self.bad
         lock = self._candidate(state)
-        if state.index == 0 and lock == self._as_read(self.good.lock):
+        version = max(self.good.lock.version, self.bad.lock.version)  # a candidate carries the higher of the two
+        if state.index == 0 and lock == dataclasses.replace(self.good.lock, version=version):
             return self.good
         path = work / f"state-{state.index}.lock.yaml"
         write_lock(path, lock)
         return read_lock(path)
-
-    def _as_read(self, lock: Lock) -> Lock:
-        return dataclasses.replace(lock, version=max(self.good.lock.version, self.bad.lock.version))
 
     def _candidate(self, state: State) -> Lock:
         record = None

@@ -102,8 +102,9 @@ def ssh_problem(said: str, timeout: float, target: SshTarget) -> str:
             "~/.ssh/known_hosts after checking what it printed)"
         )
     if "Permission denied" in text:
+        denied = next((line for line in reversed(lines) if "Permission denied" in line), "Permission denied")
         return (
-            f"ssh refused every key offered ({_last(lines, 'Permission denied')}): load the key into ssh-agent "
+            f"ssh refused every key offered ({denied}): load the key into ssh-agent "
             "(ssh-add) or name it with IdentityFile in ~/.ssh/config"
         )
     if "banner exchange" in text or "timed out" in text.lower():
@@ -114,10 +115,6 @@ def ssh_problem(said: str, timeout: float, target: SshTarget) -> str:
         return "ssh cannot resolve the host name; give an address, or a Host entry of ~/.ssh/config"
     meaningful = [line for line in lines if not line.startswith(("Warning:", "@"))]
     return "ssh: " + (meaningful or lines or ["ssh exited without saying why"])[-1][:300]
-
-
-def _last(lines: list[str], needle: str) -> str:
-    return next((line for line in reversed(lines) if needle in line), needle)
 
 
 class SshLink:

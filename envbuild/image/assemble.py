@@ -118,10 +118,6 @@ def _package_entries(plan: ContextPlan) -> list[dict[str, Any]]:
     ]
 
 
-def _json_bytes(data: object) -> bytes:
-    return (json.dumps(data, indent=1, sort_keys=True, ensure_ascii=True) + "\n").encode()
-
-
 def assemble_context(
     plan: ContextPlan,
     dockerfile: str,
@@ -196,7 +192,7 @@ def assemble_context(
     meta = dest / "envbuild"
     meta.mkdir()
     manifest = manifest_for(plan, kept)
-    (meta / "manifest.json").write_bytes(_json_bytes(manifest))
+    (meta / "manifest.json").write_bytes((json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
     (meta / "requirements.txt").write_text(plan.requirements, encoding="utf-8")
     shutil.copyfile(inimage_probe.__file__, meta / "inimage_probe.py")
     shutil.copyfile(treehash.__file__, meta / "treehash.py")  # the probe imports it from beside itself
