@@ -61,7 +61,6 @@ class GitmodulesEntry:
     name: str
     path: str | None
     url: str | None
-    branch: str | None = None
 
 
 def parse_gitmodules(records: list[tuple[str, str | None]]) -> dict[str, GitmodulesEntry]:
@@ -74,10 +73,7 @@ def parse_gitmodules(records: list[tuple[str, str | None]]) -> dict[str, Gitmodu
         if section != "submodule" or not name:
             continue
         found.setdefault(name, {})[variable] = value
-    return {
-        name: GitmodulesEntry(name, values.get("path"), values.get("url"), values.get("branch"))
-        for name, values in found.items()
-    }
+    return {name: GitmodulesEntry(name, values.get("path"), values.get("url")) for name, values in found.items()}
 
 
 def check_submodule_name(name: str) -> str | None:

@@ -62,7 +62,6 @@ class GitError(RemoteError):
     """A git command failed; ``reason`` is one line a user can act on (usually git's own words)."""
 
     def __init__(self, command: str, reason: str, returncode: int | None = None, *, stderr: str = "") -> None:
-        self.command = command
         self.reason = reason
         self.returncode = returncode
         self.stderr = stderr

@@ -37,7 +37,6 @@ class TreeWriteError(EnvbuildError):
     """A member of the tree cannot be written safely; nothing outside the destination was touched."""
 
     def __init__(self, path: str, reason: str) -> None:
-        self.path, self.reason = path, reason
         super().__init__(f"{printable(path)}: {reason}")
 
 

@@ -91,7 +91,6 @@ class IndexClient:
         self.deadline = deadline_from_env() if deadline is None else deadline
         self.min_rate = min_rate_from_env() if min_rate is None else min_rate
         self.grace = grace
-        self.retries = retries
         self.max_page = max_page
         self.max_download = max_download_from_env() if max_download is None else max_download
         self._lock = threading.Lock()

@@ -34,7 +34,6 @@ class FileHashError(RemoteError):
     """A downloaded or cached file does not have the sha256 the lock records."""
 
     def __init__(self, filename: str, url: str, expected: str, actual: str) -> None:
-        self.filename, self.url, self.expected, self.actual = filename, url, expected, actual
         super().__init__(
             f"{filename}: sha256 {actual} does not match the lock's {expected} (from {url}); "
             "nothing was cached — check the index or the lock"

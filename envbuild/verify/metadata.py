@@ -68,7 +68,6 @@ class MetadataMismatch(MetadataError):
     other metadata than the lock pins) or when the lock was updated (the wheel's own differs from the pin)."""
 
     def __init__(self, filename: str, pinned: str, actual: str, *, by_index: bool) -> None:
-        self.filename, self.pinned, self.actual = filename, pinned, actual
         if by_index:
             why = f"the index served METADATA with sha256 {actual}, not the {pinned} the lock pins"
         else:
