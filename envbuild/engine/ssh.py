@@ -120,10 +120,9 @@ def ssh_problem(said: str, timeout: float, target: SshTarget) -> str:
 class SshLink:
     """One host's ssh master connection, and the sessions multiplexed over it."""
 
-    def __init__(self, target: SshTarget, *, connect_timeout: float, ssh: str = "ssh") -> None:
+    def __init__(self, target: SshTarget, *, connect_timeout: float) -> None:
         self.target = target
         self.connect_timeout = connect_timeout
-        self._ssh = ssh
         # A unix socket path is at most 108 bytes: a short private directory, wherever TMPDIR points.
         base = tempfile.gettempdir()
         self._dir = Path(tempfile.mkdtemp(prefix="envbuild-ssh-", dir=base if len(base) < 60 else "/tmp"))
@@ -136,7 +135,7 @@ class SshLink:
 
     def _argv(self, *options: str) -> list[str]:
         return [
-            self._ssh,
+            "ssh",
             "-T",
             "-o", "BatchMode=yes",
             "-o", f"ConnectTimeout={max(1, math.ceil(self.connect_timeout))}",
@@ -152,7 +151,7 @@ class SshLink:
                 )
             except FileNotFoundError:
                 raise EngineError(
-                    f"{self.target}: no `{self._ssh}` on PATH: ssh:// engines use the system's OpenSSH client "
+                    f"{self.target}: no `ssh` on PATH: ssh:// engines use the system's OpenSSH client "
                     "(Debian: apt-get install openssh-client)"
                 ) from None
 

@@ -63,10 +63,9 @@ class PinnedTree:
         commit: str,
         *,
         refspec: str | None = None,
-        max_size: int = MAX_FILE,
         offline: bool = False,
     ) -> None:
-        self.cache, self.url, self.commit, self.refspec, self.max_size = cache, url, commit, refspec, max_size
+        self.cache, self.url, self.commit, self.refspec, self.max_size = cache, url, commit, refspec, MAX_FILE
         self.offline = offline
         self._repo = cache.repo(url).path
         self._root: str | None = None

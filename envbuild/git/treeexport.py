@@ -93,17 +93,10 @@ class TreeExporter:
     It remembers each commit it found whole in the cache (a commit's objects do not change): the stages of
     one build (verify, fetch, export) ask about a commit once, not once each."""
 
-    def __init__(
-        self,
-        cache_dir: Path,
-        *,
-        mirrors: Mirrors = Mirrors(),
-        offline: bool = False,
-        verify_cache: GitCache | None = None,
-    ) -> None:
+    def __init__(self, cache_dir: Path, *, mirrors: Mirrors = Mirrors(), offline: bool = False) -> None:
         self.cache_dir = Path(cache_dir)
         self.cache = GitCache(Path(cache_dir) / "git-export")
-        self.verify_cache = verify_cache or GitCache(Path(cache_dir) / "git")
+        self.verify_cache = GitCache(Path(cache_dir) / "git")
         self.mirrors, self.offline = mirrors, offline
         # (export repository, commit) → (tree, committer date), found complete
         self._whole: dict[tuple[Path, str], tuple[str, int]] = {}
