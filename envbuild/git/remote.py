@@ -134,9 +134,7 @@ class GitRunner:
     accounting and for tests that must prove a warm cache stays off the network)."""
 
     network_timeout: float = NETWORK_TIMEOUT
-    local_timeout: float = LOCAL_TIMEOUT
     observer: Observer | None = None
-    executable: str = "git"
     max_listing: int = MAX_LISTING
     max_memory: int = MAX_MEMORY
 
@@ -175,11 +173,11 @@ class GitRunner:
         git inherits (a cache lock); ``max_output``: stdout beyond this many bytes kills git and fails
         (no ``stdin`` then)."""
         out, errors = run_git(
-            [self.executable, *(["-C", str(repo)] if repo is not None else []), *args],
+            ["git", *(["-C", str(repo)] if repo is not None else []), *args],
             command=args[0],
             env=git_environment(config),
             stdin=stdin,
-            timeout=self.local_timeout if timeout is None else timeout,
+            timeout=LOCAL_TIMEOUT if timeout is None else timeout,
             network=network,
             hold=hold,
             max_output=max_output,
@@ -397,8 +395,8 @@ class GitRunner:
 
     def read_blob(self, repo: Path, oid: str) -> bytes:
         """The bytes of one blob present in ``repo``, exactly as git wrote them (no newline translation)."""
-        argv = [self.executable, "-C", str(repo), "cat-file", "blob", oid]
-        return run_git(argv, command="cat-file", env=git_environment(), timeout=self.local_timeout)[0]
+        argv = ["git", "-C", str(repo), "cat-file", "blob", oid]
+        return run_git(argv, command="cat-file", env=git_environment(), timeout=LOCAL_TIMEOUT)[0]
 
     def logged_commits(self, repo: Path, shas: Iterable[str]) -> dict[str, tuple[str, str]]:
         """{commit: (author date in ISO 8601, subject)} of present commits (40 hex each). git cuts a subject
