@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from envbuild.errors import InputError
+from envrun import first_line
 from envrun.recipe import override_key, override_prefix
 
 _MISSING = object()
@@ -100,7 +101,7 @@ def validate_overrides(overrides: Iterable[str], config_dir: Path, config_name: 
     try:
         _compose(config_dir, config_name, overrides)
     except Exception as exc:  # Hydra's composition errors have no common base worth naming
-        raise OverrideError([f"the verl config ({config_name}) rejects the overrides: {_first_line(exc)}"]) from None
+        raise OverrideError([f"the verl config ({config_name}) rejects the overrides: {first_line(exc)}"]) from None
 
 
 def key_problems(overrides: list[str], schema: ConfigSchema, parsed: dict[str, Any]) -> list[str]:
@@ -175,7 +176,7 @@ def _parse(overrides: list[str]) -> tuple[list[str], dict[str, Any]]:
         try:
             parsed = parser.parse_overrides([override])[0]
         except OverrideParseException as exc:
-            problems.append(f"{override}: not a valid Hydra override: {_first_line(exc)}")
+            problems.append(f"{override}: not a valid Hydra override: {first_line(exc)}")
             continue
         if parsed.is_sweep_override():
             problems.append(f"{override}: a sweep (a,b or range) is not a single run; quote the value or pick one")
@@ -206,8 +207,3 @@ def _flatten(node: Any, prefix: str, out: set[str]) -> None:
             path = f"{prefix}.{key}" if prefix else str(key)
             out.add(path)
             _flatten(value, path, out)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0]

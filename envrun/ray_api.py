@@ -28,6 +28,7 @@ from typing import Any
 from envbuild.data.tokens import bearer_problem
 from envbuild.errors import EngineError, InputError
 from envbuild.fileio import open_regular
+from envrun import first_line
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 _POLL_SECONDS = 0.5
@@ -43,10 +44,6 @@ class RayNode:
     alive: bool
     head: bool
     npus: int  # its NPU resource
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def auth_headers() -> dict[str, str]:
@@ -85,7 +82,7 @@ def job_client(address: str) -> Any:
         return JobSubmissionClient(address, headers=headers)
     except Exception as exc:  # Ray raises ConnectionError, RuntimeError, ValueError by version
         raise EngineError(
-            f"{address}: cannot reach the Ray job API: {_first_line(exc)}{_token_hint(exc, headers)}"
+            f"{address}: cannot reach the Ray job API: {first_line(exc)}{_token_hint(exc, headers)}"
         ) from None
 
 
@@ -103,7 +100,7 @@ def submit(client: Any, address: str, argv: tuple[str, ...] | list[str], **optio
     try:
         return str(client.submit_job(entrypoint=shlex.join(argv), **options))
     except Exception as exc:
-        raise EngineError(f"{address}: job submission failed: {_first_line(exc)}") from None
+        raise EngineError(f"{address}: job submission failed: {first_line(exc)}") from None
 
 
 def tail_logs(client: Any, job_id: str, log: Callable[[str], None]) -> None:
@@ -154,7 +151,7 @@ def list_nodes(address: str, timeout: int = 30) -> list[RayNode]:
             raise_on_missing_output=False,
         )
     except Exception as exc:
-        raise EngineError(f"{address}: cannot list the cluster's nodes: {_first_line(exc)}") from None
+        raise EngineError(f"{address}: cannot list the cluster's nodes: {first_line(exc)}") from None
     return [
         RayNode(
             n.node_id,

@@ -73,7 +73,7 @@ def _status(args: argparse.Namespace) -> int:
 
     info = cluster_status(args.name, _cache_dir(args))
     sys.stdout.write(json.dumps(to_jsonable(info), indent=2) + "\n" if args.json else render_cluster(info))
-    return 0 if info.all_alive else 1
+    return 0 if all(node.alive for node in info.nodes) else 1
 
 
 def _down(args: argparse.Namespace) -> int:

@@ -49,10 +49,6 @@ class ClusterInfo:
     nodes: tuple[NodeInfo, ...]
     other_nodes: tuple[OtherNode, ...] = jfield((), omit="empty")  # status only
 
-    @property
-    def all_alive(self) -> bool:
-        return all(node.alive for node in self.nodes)
-
 
 def render_cluster(info: ClusterInfo) -> str:
     lines = [f"cluster {info.name}: job API {info.address or '-'}"]

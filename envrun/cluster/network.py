@@ -8,7 +8,8 @@ two containers on one host binding the same HCCL ports; Ray counting GPUs, or se
 - **Set at ``cluster up``** (:func:`node_network_env`): each node's container gets ``HCCL_IF_IP`` (its
   ``ip``), ``HCCL_SOCKET_IFNAME`` and ``GLOO_SOCKET_IFNAME`` (the interface carrying that address on its
   host), HCCL host and device port ranges of its own (nodes sharing a host never share a port:
-  :func:`port_ranges_for`), and ``RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES=1``.
+  :func:`port_ranges_for`), and ``RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES=1``; its ``ray start``
+  advertises that address (:func:`ray_node_flags`, in a scheduler's job too).
 - **Judged before a job** (:func:`network_lines`), from each node's own answer with the job's variables
   laid over the node's (as Ray lays a job's ``env_vars`` over a node's): the interface the variables name
   exists on the node and carries the address Ray advertises; no two nodes of one host have overlapping
@@ -20,6 +21,7 @@ What this proves on a real fabric, and what not: docs/cluster.md#the-network-che
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import combinations
@@ -58,6 +60,22 @@ def node_network_env(ip: str | None, interface: str | None, first_port: int, slo
         env["HCCL_SOCKET_IFNAME"] = interface
         env["GLOO_SOCKET_IFNAME"] = interface
     return env
+
+
+def ray_node_flags(ip: str | None, npus: int, port: int, dashboard: int, join: str | None, *, head: bool) -> list[str]:
+    """``ray start``'s flags for a node, a cluster's container or a scheduler's job's: the head's, or a worker's
+    joining ``join`` (``ip:port`` of the GCS); the address it advertises; its NPUs."""
+    if head:
+        # The job API listens on the head's advertised address when one is given; else everywhere, as
+        # clients must reach it from outside the host.
+        argv = ["--head", f"--port={port}", f"--dashboard-port={dashboard}", f"--dashboard-host={ip or '0.0.0.0'}"]
+    else:
+        argv = [f"--address={join}"]
+    if ip:
+        argv.append(f"--node-ip-address={ip}")
+    if npus:
+        argv.append("--resources=" + json.dumps({"NPU": npus}))
+    return argv
 
 
 @dataclass(frozen=True)

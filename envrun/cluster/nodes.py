@@ -21,7 +21,7 @@ from envbuild.image.plan import LOCK_LABEL
 from envrun.bytecode import Bytecode, with_bytecode
 from envrun.cluster import netifs
 from envrun.cluster.netifs import carrier
-from envrun.cluster.network import node_network_env
+from envrun.cluster.network import node_network_env, ray_node_flags
 from envrun.cluster.spec import ClusterSpec
 from envrun.cluster.state import CLUSTER_LABEL, NODE_LABEL, NODE_ROLE_LABEL, container_name
 from envrun.dockerhost import DEVICE_PATTERNS, DRIVER_MOUNTS, devices_and_mounts
@@ -30,10 +30,6 @@ from envrun.dockerhost import DEVICE_PATTERNS, DRIVER_MOUNTS, devices_and_mounts
 PROBE_ROOT = "/host"
 PROBE_BINDS = ("/dev", "/usr/local", "/etc")
 STOP_TIMEOUT_SECONDS = 30
-# The image ships no bytecode (a reproducible build compiles nothing). The node writes it to the image's
-# bytecode volume on its host (envrun.bytecode): each module is compiled once per host and image, not in
-# each of Ray's dozen processes nor again by the next node, which halves a node's start on a busy host
-# (and keeps it inside Ray's fixed 30 s registration wait).
 NODE_ENV = {"RAY_USAGE_STATS_ENABLED": "0"}
 
 
@@ -89,22 +85,8 @@ def ray_start_command(cluster: ClusterSpec, index: int, head_address: str | None
     """``ray start`` for node ``index``; workers join ``head_address`` (``ip:port`` of the GCS)."""
     node = cluster.nodes[index]
     argv = ["ray", "start", "--block", "--disable-usage-stats", f"--node-name={container_name(cluster.name, index)}"]
-    if index == 0:
-        # The job API listens on the head's advertised address when the file gives one; else everywhere,
-        # as clients must reach it from outside the host.
-        argv += [
-            "--head",
-            f"--port={cluster.head_port}",
-            f"--dashboard-port={cluster.dashboard_port}",
-            f"--dashboard-host={node.ip or '0.0.0.0'}",
-        ]
-    else:
-        argv.append(f"--address={head_address}")
-    if node.ip:
-        argv.append(f"--node-ip-address={node.ip}")
-    if npus:
-        argv.append("--resources=" + json.dumps({"NPU": npus}))
-    return (*argv, *node.ray_start_args)
+    flags = ray_node_flags(node.ip, npus, cluster.head_port, cluster.dashboard_port, head_address, head=index == 0)
+    return (*argv, *flags, *node.ray_start_args)
 
 
 def node_container(
@@ -126,6 +108,10 @@ def node_container(
     ip = cluster.nodes[index].ip
     interface = carrier(dict(host.interfaces), ip) if ip else None
     network = node_network_env(ip, interface, cluster.hccl_ports, slot)
+    # The image ships no bytecode (a reproducible build compiles nothing). The node writes it to the image's
+    # bytecode volume on its host (envrun.bytecode): each module is compiled once per host and image, not in
+    # each of Ray's dozen processes nor again by the next node, which halves a node's start on a busy host
+    # (and keeps it inside Ray's fixed 30 s registration wait).
     env, volumes = with_bytecode(bytecode, {**NODE_ENV, **network}, mounts)
     return JobSpec(
         image=image,

@@ -101,21 +101,12 @@ def port_flags(base: int, *, head: bool) -> list[str]:
 
 def ray_start(spec: InJob, node: NodeIdentity, npus: int) -> list[str]:
     """``ray start`` for this node: the head without ``--block`` (the driver follows it), workers with."""
-    argv = ["ray", "start", "--disable-usage-stats", f"--node-name={node.name}"]
-    if node.index == 0:
-        argv += [
-            "--head",
-            f"--port={spec.head_port}",
-            f"--dashboard-port={spec.dashboard_port}",
-            f"--dashboard-host={node.ip or '0.0.0.0'}",
-        ]
-    else:
-        argv += ["--block", f"--address={node.head}:{spec.head_port}"]
-    if node.ip:
-        argv.append(f"--node-ip-address={node.ip}")
-    if npus:
-        argv.append("--resources=" + json.dumps({"NPU": npus}))
-    return [*argv, *port_args(spec, node), *spec.ray_start_args]
+    from envrun.cluster.network import ray_node_flags  # Ray's yaml with it: after the check, which needs none
+
+    head_address = f"{node.head}:{spec.head_port}"
+    argv = ["ray", "start", "--disable-usage-stats", f"--node-name={node.name}", *(["--block"] if node.index else [])]
+    flags = ray_node_flags(node.ip, npus, spec.head_port, spec.dashboard_port, head_address, head=node.index == 0)
+    return [*argv, *flags, *port_args(spec, node), *spec.ray_start_args]
 
 
 def node_env(spec: InJob, node: NodeIdentity) -> dict[str, str]:
