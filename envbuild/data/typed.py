@@ -57,7 +57,18 @@ def meta(
     ``since``, the format version that introduced the field (an older file may not use it; an older
     version's schema leaves it out), and ``version``, marking the field that holds the format version
     (each version's schema allows only its own number)."""
-    return dict(locals())  # the parameters, by name: the keys the decoder and the schema read
+    return {
+        "description": description,
+        "pattern": pattern,
+        "check": check,
+        "expect": expect,
+        "max_length": max_length,
+        "minimum": minimum,
+        "maximum": maximum,
+        "item_check": item_check,
+        "since": since,
+        "version": version,
+    }
 
 
 def mfield(default: Any = MISSING, *, default_factory: Any = MISSING, **kwargs: Any) -> Any:
