@@ -20,8 +20,8 @@ import dataclasses
 from envbuild.bisect.steps import Rewrite, Unit
 from envbuild.git.cache import GitCache
 from envbuild.git.mirrors import Mirrors
-from envbuild.git.remote import GitError
-from envbuild.git.upstream import Offline, Upstream, ref_refspec
+from envbuild.git.remote import GitError, ref_refspec
+from envbuild.git.upstream import Offline, Upstream
 from envbuild.lock.model import Source
 from envbuild.progress import Progress, silent
 

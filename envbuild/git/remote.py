@@ -450,5 +450,12 @@ def fetch_config(url: str) -> dict[str, str]:
     return {**_real_url(url), **FSCK_CONFIG}
 
 
+def ref_refspec(ref_type: str, ref: str, namespace: str = UPSTREAM_NS) -> str:
+    """The refspec that fetches one branch or tag (``ref_type`` "branch" or "tag") into ``namespace`` of a
+    cache repository: :data:`UPSTREAM_NS`, what verify reads, or the tree export's own."""
+    space = "tags" if ref_type == "tag" else "heads"
+    return f"+refs/{space}/{ref}:{namespace}{space}/{ref}"
+
+
 def _real_url(url: str) -> dict[str, str]:
     return {f"url.{url}.insteadOf": NO_LAZY_FETCH_URL}

@@ -40,7 +40,7 @@ from envbuild.git import treehash
 from envbuild.git.cache import CachedRepo, GitCache, remove_stale_files
 from envbuild.git.gitmodules import too_many_records
 from envbuild.git.mirrors import Mirrors
-from envbuild.git.remote import GitError, fetch_args, fetch_config
+from envbuild.git.remote import GitError, fetch_args, fetch_config, ref_refspec
 from envbuild.git.treewriter import TreeWriteError, write_tar_tree
 from envbuild.lock.model import Source, Submodule, walk_submodules
 from envbuild.progress import Progress
@@ -73,8 +73,7 @@ class TreePin:
 
 
 def source_pin(source: Source) -> TreePin:
-    space = "tags" if source.ref_type == "tag" else "heads"
-    refspec = f"+refs/{space}/{source.ref}:refs/envbuild/ref/{space}/{source.ref}"
+    refspec = ref_refspec(source.ref_type, source.ref, "refs/envbuild/ref/")
     return TreePin("source", source.name, source.repo, source.commit, source.tree, (refspec,), source.submodules)
 
 

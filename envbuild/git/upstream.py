@@ -22,12 +22,6 @@ from envbuild.progress import Progress
 ALL_REFS = ("+refs/heads/*:refs/upstream/heads/*", "+refs/tags/*:refs/upstream/tags/*")
 
 
-def ref_refspec(ref_type: str, ref: str) -> str:
-    """The refspec that fetches one branch or tag (``ref_type`` "branch" or "tag") into the cache."""
-    space = "tags" if ref_type == "tag" else "heads"
-    return f"+refs/{space}/{ref}:refs/upstream/{space}/{ref}"
-
-
 class Offline(Exception):
     """The cache cannot answer without the network."""
 

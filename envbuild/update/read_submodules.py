@@ -30,7 +30,7 @@ from envbuild.git.cache import GitCache
 from envbuild.git.files import PinnedTree
 from envbuild.git.gitmodules import pair_submodules, parse_gitmodules, too_many_records
 from envbuild.git.mirrors import Mirrors
-from envbuild.git.upstream import ref_refspec
+from envbuild.git.remote import ref_refspec
 from envbuild.lock.model import REASON_MAX, Source, Submodule, check_repo_url, walk_submodules
 from envbuild.progress import Progress, silent
 

@@ -13,8 +13,8 @@ from envbuild.data.reference import check_name_and_tag
 from envbuild.errors import InputError, RemoteError
 from envbuild.git.cache import GitCache
 from envbuild.git.mirrors import Mirrors
-from envbuild.git.remote import GitError, UnsupportedRepository
-from envbuild.git.upstream import Upstream, check_inputs, ref_refspec
+from envbuild.git.remote import GitError, UnsupportedRepository, ref_refspec
+from envbuild.git.upstream import Upstream, check_inputs
 from envbuild.lock.model import LOCK_VERSION, BaseImage, Lock, Source
 from envbuild.progress import Progress, silent
 from envbuild.update.installer import pin_installer

@@ -23,9 +23,9 @@ from concurrent.futures import ThreadPoolExecutor
 from envbuild.git.cache import GitCache
 from envbuild.git.files import OFFLINE_MISS
 from envbuild.git.mirrors import Mirrors
-from envbuild.git.remote import GitError
+from envbuild.git.remote import GitError, ref_refspec
 from envbuild.git.treeexport import ExportError
-from envbuild.git.upstream import Offline, Upstream, check_inputs, ref_refspec
+from envbuild.git.upstream import Offline, Upstream, check_inputs
 from envbuild.lock.model import Source
 from envbuild.progress import Progress, silent
 from envbuild.verify.results import PinResult, SourceStatus

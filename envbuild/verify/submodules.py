@@ -37,8 +37,8 @@ from envbuild.git.cache import GitCache
 from envbuild.git.files import OFFLINE_MISS, READ_NS, PinnedTree
 from envbuild.git.gitmodules import repository_key, too_many_records
 from envbuild.git.mirrors import Mirrors
-from envbuild.git.remote import GitError, TreeEntry
-from envbuild.git.upstream import Offline, Upstream, ref_refspec, relation_in_cache
+from envbuild.git.remote import GitError, TreeEntry, ref_refspec
+from envbuild.git.upstream import Offline, Upstream, relation_in_cache
 from envbuild.lock.model import Lock, Source, Submodule, check_repo_url
 from envbuild.progress import Progress, silent
 from envbuild.verify.results import PinResult, SubmoduleStatus
