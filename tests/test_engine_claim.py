@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -18,8 +19,14 @@ HOLD = """
 import sys
 from pathlib import Path
 from envbuild.engine.claim import EngineClaim
-claim = EngineClaim(sys.argv[1], Path(sys.argv[2]))
-with (claim.shared() if sys.argv[3] == "shared" else claim.alone()) as held:
+how = sys.argv[3]
+if how.startswith("check:"):  # a check of the lock named after the colon
+    claim = EngineClaim(sys.argv[1], Path(sys.argv[2]), lock_name=how[len("check:") :])
+    held = claim.waited(lambda line: print(line, file=sys.stderr), "the holder")
+else:
+    claim = EngineClaim(sys.argv[1], Path(sys.argv[2]))
+    held = claim.shared() if how == "shared" else claim.alone()
+with held as held:
     print("held" if held is not False else "not held", flush=True)
     sys.stdin.read()
 """
@@ -72,6 +79,37 @@ def test_a_pruning_build_keeps_others_out_until_it_ends(tmp_path: Path) -> None:
             assert late.said == "not held"
         finally:
             late.close()
+
+
+def test_a_check_of_a_lock_waits_for_the_check_of_it_running_and_for_nothing_else(tmp_path: Path) -> None:
+    running = Holder("unix:///run/one.sock", tmp_path, "check:glm5")
+    try:
+        assert running.said == "held"
+        for other in (
+            EngineClaim("unix:///run/one.sock", tmp_path, lock_name="other"),  # another lock's check
+            EngineClaim("unix:///run/two.sock", tmp_path, lock_name="glm5"),  # the lock's check on another engine
+        ):
+            said: list[str] = []
+            with other.waited(said.append, "another check"):
+                assert said == []  # held at once: nothing waited for
+        with EngineClaim("unix:///run/one.sock", tmp_path).alone() as alone:
+            assert alone is True  # a running check holds no build's claim: its builds take that one themselves
+        claim = EngineClaim("unix:///run/one.sock", tmp_path, lock_name="glm5")
+        said = []
+        entered = threading.Event()
+
+        def second() -> None:
+            with claim.waited(said.append, "another check of glm5"):
+                entered.set()
+
+        waiting = threading.Thread(target=second)
+        waiting.start()
+        assert not entered.wait(1.0), "the second check went on beside the first"
+        assert said == [f"waiting: another check of glm5 holds {claim.path}"]
+    finally:
+        running.close()
+    waiting.join(timeout=30)
+    assert entered.is_set()  # the first check ended: the second goes on
 
 
 def test_the_claims_directory_is_private_or_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -22,6 +22,7 @@ from pathlib import Path
 from envbuild.check.explain import explain
 from envbuild.check.history import HistoryEntry, append_history, last_image_id, read_history
 from envbuild.check.report import CheckFailure, CheckReport, Difference, Stage
+from envbuild.engine.claim import EngineClaim
 from envbuild.engine.client import Engine
 from envbuild.errors import EngineError, EnvbuildError
 from envbuild.fetch import fetch_inputs
@@ -99,7 +100,7 @@ def _rebuild_and_compare(
     source = options.verify.source
     with _stage("engine"):
         connected = nullcontext(engine) if engine is not None else Engine.connect()
-    with connected as live:
+    with connected as live, _claimed(live, read.lock.name, progress):
         with _stage("fetch"):
             # Once, here rather than inside the builds, so a fetch failure is named as one; both builds
             # start from these inputs.
@@ -132,6 +133,19 @@ def _rebuild_and_compare(
             )
         finally:
             shutil.rmtree(work, ignore_errors=True)
+
+
+@contextmanager
+def _claimed(engine: Engine, lock_name: str, say: Progress) -> Iterator[None]:
+    """One check of a lock at a time on an engine, among this user's on this machine: the tags a check
+    builds, holds and compares under (``envbuild-check/<lock name>:first``, ``:second``, ``:previous``) are
+    the lock's, so a second check beside it would move them, and each build's tidying would remove the
+    other's untagged images before a mismatch is explained. The second waits for the first to end."""
+    with ExitStack() as held:
+        with _stage("engine"):
+            claim = EngineClaim(engine.address, lock_name=lock_name)
+            held.enter_context(claim.waited(say, f"another `envbuild check` of {lock_name} on {engine.address}"))
+        yield
 
 
 def previous_reference(lock_name: str) -> str:

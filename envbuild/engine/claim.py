@@ -12,8 +12,12 @@ waiting. One that cannot leaves the prune to the next build that finds the engin
 build waits for another's end. A build that meets the fault anyway empties the cache, alone, and builds
 again (:func:`envbuild.image.cache.retention.empty_build_cache`).
 
-The claim is a ``flock`` on a file named by the engine's address, in a private directory of this user's
-(``$TMPDIR/envbuild-<uid>/``): it keeps apart the builds of one user on one machine. Builds by another
+``envbuild check`` holds a claim of its own alone, on the engine and one lock's name, for the whole
+check: the tags it builds and compares under are the lock's (:func:`envbuild.check.run.previous_reference`),
+so a second check of the lock waits for the first.
+
+The claim is a ``flock`` on a file named by the engine's address (and the lock's name), in a private
+directory of this user's (``$TMPDIR/envbuild-<uid>/``): it keeps apart the builds of one user on one machine. Builds by another
 user, by another machine through ``tcp://`` or ``ssh://``, or by ``docker build`` itself are not seen."""
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from envbuild.errors import EnvbuildError
+from envbuild.progress import Progress
 
 
 def claims_dir() -> Path:
@@ -48,12 +53,14 @@ def claims_dir() -> Path:
 
 
 class EngineClaim:
-    """The claim on the engine at ``address`` (its ``DOCKER_HOST``), held shared or alone."""
+    """The claim on the engine at ``address`` (its ``DOCKER_HOST``), held shared or alone; with
+    ``lock_name``, the claim of a check of that lock on the engine."""
 
-    def __init__(self, address: str, directory: Path | None = None) -> None:
-        key = hashlib.sha256(address.encode()).hexdigest()[:16]
+    def __init__(self, address: str, directory: Path | None = None, *, lock_name: str | None = None) -> None:
+        named = address if lock_name is None else f"{address}\0{lock_name}"
+        key = hashlib.sha256(named.encode()).hexdigest()[:16]
         self.address = address
-        self.path = (directory or claims_dir()) / f"engine-{key}.lock"
+        self.path = (directory or claims_dir()) / (f"engine-{key}.lock" if lock_name is None else f"check-{key}.lock")
 
     def _open(self) -> int:
         try:
@@ -82,5 +89,19 @@ class EngineClaim:
                 yield False
             else:
                 yield True
+        finally:
+            os.close(fd)
+
+    @contextmanager
+    def waited(self, say: Progress, holder: str) -> Iterator[None]:
+        """Held alone for the block, waiting as long as ``holder`` (what holds it, said while waiting) does."""
+        fd = self._open()
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                say(f"waiting: {holder} holds {self.path}")
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
         finally:
             os.close(fd)
