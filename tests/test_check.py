@@ -210,7 +210,7 @@ def test_a_check_of_the_lock_running_on_the_engine_is_waited_for(
     """The check's tags are the lock's (`envbuild-check/<lock name>:first`, …): a second check of the lock
     on the engine, from another cache, starts its builds only once the first has ended."""
     lock = env.write(tmp_path / "waits.lock.yaml", env.lock(name="waits"))
-    claim = EngineClaim(engine.address, lock_name="waits")
+    claim = EngineClaim(engine.address, of=("check", "waits"))
     with claim.waited(print, "nobody"):  # made, as the first check makes it
         pass
     first = subprocess.Popen(

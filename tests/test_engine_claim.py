@@ -21,7 +21,7 @@ from pathlib import Path
 from envbuild.engine.claim import EngineClaim
 how = sys.argv[3]
 if how.startswith("check:"):  # a check of the lock named after the colon
-    claim = EngineClaim(sys.argv[1], Path(sys.argv[2]), lock_name=how[len("check:") :])
+    claim = EngineClaim(sys.argv[1], Path(sys.argv[2]), of=("check", how[len("check:") :]))
     held = claim.waited(lambda line: print(line, file=sys.stderr), "the holder")
 else:
     claim = EngineClaim(sys.argv[1], Path(sys.argv[2]))
@@ -86,15 +86,18 @@ def test_a_check_of_a_lock_waits_for_the_check_of_it_running_and_for_nothing_els
     try:
         assert running.said == "held"
         for other in (
-            EngineClaim("unix:///run/one.sock", tmp_path, lock_name="other"),  # another lock's check
-            EngineClaim("unix:///run/two.sock", tmp_path, lock_name="glm5"),  # the lock's check on another engine
+            EngineClaim("unix:///run/one.sock", tmp_path, of=("check", "other")),  # another lock's check
+            EngineClaim("unix:///run/two.sock", tmp_path, of=("check", "glm5")),  # the lock's check on another engine
+            EngineClaim(
+                "unix:///run/one.sock", tmp_path, of=("build", "glm5")
+            ),  # a build of the lock (the check's own)
         ):
             said: list[str] = []
             with other.waited(said.append, "another check"):
                 assert said == []  # held at once: nothing waited for
         with EngineClaim("unix:///run/one.sock", tmp_path).alone() as alone:
             assert alone is True  # a running check holds no build's claim: its builds take that one themselves
-        claim = EngineClaim("unix:///run/one.sock", tmp_path, lock_name="glm5")
+        claim = EngineClaim("unix:///run/one.sock", tmp_path, of=("check", "glm5"))
         said = []
         entered = threading.Event()
 

@@ -44,7 +44,7 @@ from envbuild.image.plan import plan_context
 from envbuild.image.render import base_reference
 from envbuild.image.treestore import TreeStore, tree_key
 from envbuild.lock.io import read_lock
-from envbuild.progress import silent
+from envbuild.progress import Progress, silent
 from envbuild.verify.pins import VerifyOptions, verify_lock
 from envbuild.verify.results import PinResult, VerifyReport
 from tests.lib.engines import ExtraEngine
@@ -127,6 +127,8 @@ def reference_archive(reference: BuildResult, lock_path: Path, work: Path, engin
 
 class NoEngine:
     """Stands in for the engine where nothing may be built."""
+
+    address = "unix:///run/no-engine.sock"  # the lock's claims on it are taken: the refusal comes after
 
     def build(self, *args: object, **kwargs: object) -> None:
         raise AssertionError("a build was started")
@@ -354,7 +356,12 @@ def test_the_image_holds_no_package_file_and_the_packages_one_layer(
 def test_a_no_op_rebuild_reuses_every_layer_and_the_normalised_image(
     reference: BuildResult, lock_path: Path, work: Path, engine: Engine
 ) -> None:
+    # BuildKit's cache may have lost the reference's steps since its build: an ``engine_wide`` test empties
+    # it, and every build prunes it (least recently used first). One rebuild makes them again if so (this
+    # test holds the engine shared, so no engine_wide test runs until it ends); the second must reuse them.
     forget_built(work / "cache", reference.lock_sha256)  # a cache without the record (an older envbuild's)
+    assert build_image(read_lock(lock_path), options(work), engine=engine).image_id == reference.image_id
+    forget_built(work / "cache", reference.lock_sha256)
     again = build_image(read_lock(lock_path), options(work), engine=engine)
     assert again.image_id == reference.image_id
     built = [step for step in again.steps if "] FROM " not in step.instruction]  # a FROM is resolved, not cached
@@ -527,6 +534,69 @@ def test_two_locks_with_the_same_packages_build_at_once(
     assert result.image_id != other.image_id  # two locks (their names differ), each built and checked
     for name in ("samepkga", "samepkgb"):  # each build dropped the tags it held
         assert [engine.inspect(f"envbuild-raw/{name}:{t}") for t in ("packages", "packages-tools")] == [None, None]
+
+
+class AnotherBuildMeanwhile(Engine):
+    """The real engine; the first time the build reads a file out of an image (the packages step's
+    report), ``other`` starts in a thread of its own, and the build goes on once ``other`` says it waits
+    for it, or has ended."""
+
+    def __init__(self, client: docker.DockerClient, other: Callable[[Progress], BuildResult]) -> None:
+        super().__init__(client)
+        self.other, self.said = other, []  # type: list[str]
+        self.others: list[BuildResult | BaseException] = []
+        self.thread: threading.Thread | None = None
+
+    def _run_other(self) -> None:
+        try:
+            self.others.append(self.other(self.said.append))
+        except BaseException as exc:  # noqa: BLE001 - raised in the test's thread
+            self.others.append(exc)
+
+    def read_file(self, image: str, path: str, limit: int = 1 << 24) -> bytes:
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._run_other)
+            self.thread.start()
+            deadline = time.monotonic() + 300
+            while self.thread.is_alive() and not any(line.startswith("waiting:") for line in self.said):
+                assert time.monotonic() < deadline, self.said[-5:]
+                self.thread.join(0.05)
+        return super().read_file(image, path, limit)
+
+
+@needs_engine
+def test_two_builds_of_one_lock_from_two_caches_take_turns_on_the_engine(
+    env: ImageLockEnv, work: Path, engine: Engine, docker_client: docker.DockerClient
+) -> None:
+    """Two builds of a lock of one name, its packages moved in one, each from a cache of its own (two CI
+    jobs, two branches, one engine): the tags a build reads and tidies are the lock's on the engine, so the
+    second waits for the first; beside it, its tidying removed the first's packages image while the first
+    was reading it (``no such image``)."""
+    remove_lock_images(docker_client, "turns")
+    first = env.write(work / "locks" / "turns-1.lock.yaml", env.lock(name="turns"))
+    second = env.write(work / "locks" / "turns-2.lock.yaml", env.lock(name="turns", packages=env.lock().packages[:1]))
+    meanwhile = AnotherBuildMeanwhile(
+        docker_client,
+        lambda say: build_image(
+            read_lock(second), options(work, cache_dir=work / "cache-turns"), engine=engine, progress=say
+        ),
+    )
+    try:
+        result = build_image(read_lock(first), options(work), engine=meanwhile)
+    finally:
+        if meanwhile.thread is not None:
+            meanwhile.thread.join(timeout=600)
+    (other,) = meanwhile.others
+    if isinstance(other, BaseException):
+        raise other
+    waited = next(line for line in meanwhile.said if line.startswith("waiting:"))
+    assert waited.startswith(f"waiting: another build of turns on {engine.address} holds ")
+    assert meanwhile.said.index(waited) < next(
+        i for i, line in enumerate(meanwhile.said) if line.startswith("assembling the build context")
+    )
+    assert result.packages is not None and other.packages is not None
+    assert result.packages.reference != other.packages.reference and result.image_id != other.image_id
+    assert engine.inspect(other.image_id) is not None  # the last build's image stays tagged
 
 
 @needs_engine

@@ -143,7 +143,7 @@ def _claimed(engine: Engine, lock_name: str, say: Progress) -> Iterator[None]:
     other's untagged images before a mismatch is explained. The second waits for the first to end."""
     with ExitStack() as held:
         with _stage("engine"):
-            claim = EngineClaim(engine.address, lock_name=lock_name)
+            claim = EngineClaim(engine.address, of=("check", lock_name))
             held.enter_context(claim.waited(say, f"another `envbuild check` of {lock_name} on {engine.address}"))
         yield
 

@@ -12,9 +12,11 @@ waiting. One that cannot leaves the prune to the next build that finds the engin
 build waits for another's end. A build that meets the fault anyway empties the cache, alone, and builds
 again (:func:`envbuild.image.cache.retention.empty_build_cache`).
 
-``envbuild check`` holds a claim of its own alone, on the engine and one lock's name, for the whole
-check: the tags it builds and compares under are the lock's (:func:`envbuild.check.run.previous_reference`),
-so a second check of the lock waits for the first.
+A lock's builds and checks hold claims of their own alone, on the engine and the lock's name: a build
+while it uses the engine, since the tags it builds under and tidies are the lock's
+(:mod:`envbuild.image.cache.scratch`); ``envbuild check`` for the whole check, since the tags it compares
+under are too (:func:`envbuild.check.run.previous_reference`). A second build or check of the lock waits
+for the first, from any cache directory.
 
 The claim is a ``flock`` on a file named by the engine's address (and the lock's name), in a private
 directory of this user's (``$TMPDIR/envbuild-<uid>/``): it keeps apart the builds of one user on one machine. Builds by another
@@ -30,6 +32,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Literal
 
 from envbuild.errors import EnvbuildError
 from envbuild.progress import Progress
@@ -52,15 +55,19 @@ def claims_dir() -> Path:
     return directory
 
 
-class EngineClaim:
-    """The claim on the engine at ``address`` (its ``DOCKER_HOST``), held shared or alone; with
-    ``lock_name``, the claim of a check of that lock on the engine."""
+LockWork = Literal["build", "check"]
 
-    def __init__(self, address: str, directory: Path | None = None, *, lock_name: str | None = None) -> None:
-        named = address if lock_name is None else f"{address}\0{lock_name}"
+
+class EngineClaim:
+    """The claim on the engine at ``address`` (its ``DOCKER_HOST``), held shared or alone; with ``of``, the
+    claim of one lock's builds (``("build", lock name)``) or checks on the engine, held alone
+    (:meth:`waited`)."""
+
+    def __init__(self, address: str, directory: Path | None = None, *, of: tuple[LockWork, str] | None = None) -> None:
+        named = address if of is None else f"{address}\0{of[1]}"
         key = hashlib.sha256(named.encode()).hexdigest()[:16]
         self.address = address
-        self.path = (directory or claims_dir()) / (f"engine-{key}.lock" if lock_name is None else f"check-{key}.lock")
+        self.path = (directory or claims_dir()) / f"{'engine' if of is None else of[0]}-{key}.lock"
 
     def _open(self) -> int:
         try:

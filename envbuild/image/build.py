@@ -242,7 +242,7 @@ def build_image(
             store = TreeStore(options.cache_dir)
             with (
                 context_dir(options.cache_dir) as work,
-                lock_name_held(options.cache_dir, plan.lock_name),
+                lock_name_held(options.cache_dir, plan.lock_name, connected.address, progress),
                 store.in_use(),
             ):
                 progress(f"assembling the build context: {len(plan.sources)} sources, {len(plan.files)} package files")

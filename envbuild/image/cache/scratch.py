@@ -4,8 +4,10 @@
   ``envbuild check``), held by an ``flock`` on ``work/build-*.lock``; removed when the build ends,
   however it ends (an exception or Ctrl-C unwinds through it); the ones a killed build left behind
   (their lock no longer held) are removed by the next build on its way in.
-- ``locks/<lock name>.lock``: held while a build of that lock uses the engine, so that two builds of one
-  lock do not remove each other's images when they tidy the engine (:mod:`.retention`).
+- ``locks/<lock name>.lock``: held while a build of that lock uses the engine and this cache (its sync
+  directories, :func:`envbuild.image.stream.sync_dir`), with the lock's build claim on the engine
+  (:class:`~envbuild.engine.claim.EngineClaim`): the tags a build reads from and tidies are the lock's on
+  that engine (:mod:`.retention`), so two builds of one lock, from one cache or two, take turns.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from envbuild.engine.claim import EngineClaim
 from envbuild.locking import file_lock
+from envbuild.progress import Progress
 
 
 @contextmanager
@@ -46,9 +50,14 @@ def remove_abandoned(cache_dir: Path) -> None:
 
 
 @contextmanager
-def lock_name_held(cache_dir: Path, lock_name: str) -> Iterator[None]:
-    """Hold ``<cache_dir>/image/locks/<lock name>.lock`` (waiting for another build of the lock)."""
+def lock_name_held(cache_dir: Path, lock_name: str, engine_address: str, say: Progress) -> Iterator[None]:
+    """Hold ``<cache_dir>/image/locks/<lock name>.lock`` and the lock's build claim on the engine at
+    ``engine_address``, waiting for another build of the lock (said when it waits on the engine's)."""
     directory = cache_dir / "image" / "locks"
     directory.mkdir(parents=True, exist_ok=True)
-    with file_lock(directory / f"{lock_name}.lock", blocking=True):
+    claim = EngineClaim(engine_address, of=("build", lock_name))
+    with (
+        file_lock(directory / f"{lock_name}.lock", blocking=True),
+        claim.waited(say, f"another build of {lock_name} on {engine_address}"),
+    ):
         yield
