@@ -81,7 +81,7 @@ def test_progress_counts_steps_and_keeps_the_failed_steps_log_tail() -> None:
         progress.event({"id": "moby.image.id", "aux": {"ID": "sha256:feed"}})
     assert [(s.instruction, s.cached) for s in progress.steps] == [("[1/3] FROM base", True)]  # internal: not a step
     assert "step [2/3] RUN make" in lines and "step [1/3] FROM base: cached" in lines
-    message = progress.failure("exit code: 2")
+    message = str(progress.failed("exit code: 2"))
     assert message.startswith("build failed at step [2/3] RUN make: exit code: 2")
     assert message.endswith("\n    | compiling\n    | the-last-words")
     assert progress.image_id == "sha256:feed"

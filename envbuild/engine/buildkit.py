@@ -256,25 +256,18 @@ class BuildKitProgress:
                 raise EngineError(f"build: {len(found)} steps ran {instruction}, expected one")
             return bytes(self._output.get((found[0], 1), b"")), bytes(self._output.get((found[0], 2), b""))
 
-    def failure(self, message: str) -> str:
-        """The error of a failed build: the engine's message, the failed step and the tail of its log."""
-        with self._lock:
-            digest = self._failed
-            if digest is None:
-                return f"build failed: {message}"
-            tail = list(self._logs.get(digest, ()))
-            if self._partial.get(digest):
-                tail.append(self._partial[digest])
-        shown = "".join(f"\n    | {line}" for line in tail[-LOG_TAIL:] if line.strip())
-        return f"build failed at step {_short(self._names[digest], 200)}: {message}{shown}"
-
     def failed(self, message: str) -> EngineError:
-        """:meth:`failure` as the error to raise: a :class:`StepFailed` when a Dockerfile step failed."""
+        """The error of a failed build, to raise: the engine's message, the failed step and the tail of its
+        log; a :class:`StepFailed` when a Dockerfile step failed, a :class:`LostLayer` when the engine did."""
         with self._lock:
             digest = self._failed
             step = self._names.get(digest) if digest is not None else None
-            log = [*self._logs.get(digest, ()), self._partial.get(digest, "")] if digest is not None else []
-        text = self.failure(message)
+            log = [*self._logs.get(digest, ()), *filter(None, [self._partial.get(digest)])] if digest else []
+        if step is None:
+            text = f"build failed: {message}"
+        else:
+            shown = "".join(f"\n    | {line}" for line in log[-LOG_TAIL:] if line.strip())
+            text = f"build failed at step {_short(step, 200)}: {message}{shown}"
         if _LOST_LAYER.search(message):  # the engine's fault, not the step's: a bisect must not blame it
             return LostLayer(f"{text} ({LOST_LAYER_HINT})")
         if step is None or not _numbered(step):

@@ -30,7 +30,7 @@ ZIP_TIME = (2026, 1, 1, 0, 0, 0)  # every entry's: the same code gives the same 
 def code_zip() -> bytes:
     """envbuild's and envrun's modules as one zip, the same bytes for the same code."""
     buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as archive:
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:  # each entry: zlib's default level
         for name, source in code_files():
             info = zipfile.ZipInfo(name, ZIP_TIME)
             info.compress_type = zipfile.ZIP_DEFLATED
