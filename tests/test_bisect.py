@@ -12,6 +12,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import subprocess
+import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,7 @@ from envbuild.bisect.steps import Search, State, Unit, candidate, forward_lock, 
 from envbuild.cli import main
 from envbuild.config import SourceOptions
 from envbuild.engine.buildkit import StepFailed
+from envbuild.engine.claim import EngineClaim
 from envbuild.errors import EngineError
 from envbuild.image.checked import InImageMismatch
 from envbuild.lock.io import read_lock, write_lock
@@ -176,6 +180,12 @@ def three_changes(tmp_path: Path) -> tuple[Any, Any]:
     return read_lock(tmp_path / "good.lock.yaml"), read_lock(tmp_path / "bad.lock.yaml")
 
 
+class NoEngine:
+    """Stands in for the engine the faked builds never use; the bisect's claim on it is a real flock."""
+
+    address = "unix:///run/no-engine.sock"
+
+
 def options(tmp_path: Path, **changes: Any) -> BisectOptions:
     return BisectOptions(VerifyOptions(SourceOptions(cache_dir=tmp_path / "cache", offline=True)), **changes)
 
@@ -193,7 +203,7 @@ def test_each_failure_has_its_verdict_and_the_engine_stops_the_search(
         return Built("sha256:" + "0" * 64)
 
     built = fake_builds(monkeypatch, judge)
-    result = run_bisect(good, bad, options(tmp_path), engine=object())  # type: ignore[arg-type]
+    result = run_bisect(good, bad, options(tmp_path), engine=NoEngine())  # type: ignore[arg-type]
     assert [(s.what, s.verdict) for s in result.steps] == [
         ("BAD", "bad"),
         ("GOOD", "good"),
@@ -214,7 +224,7 @@ def test_each_failure_has_its_verdict_and_the_engine_stops_the_search(
         raise EngineError("build: the container engine at unix:///x stopped answering: connection refused")
 
     fake_builds(monkeypatch, down)
-    result = run_bisect(good, bad, options(tmp_path, assume_good=True), engine=object())  # type: ignore[arg-type]
+    result = run_bisect(good, bad, options(tmp_path, assume_good=True), engine=NoEngine())  # type: ignore[arg-type]
     assert result.outcome == "stopped" and [s.verdict for s in result.steps] == ["bad"]
     assert "connection refused" in result.stopped
     assert "after GOOD and at or before BAD (2 states between)" in result.stopped
@@ -223,9 +233,49 @@ def test_each_failure_has_its_verdict_and_the_engine_stops_the_search(
 def test_bad_that_passes_leaves_nothing_to_bisect(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     good, bad = three_changes(tmp_path)
     fake_builds(monkeypatch, lambda lock: Built("sha256:" + "0" * 64))
-    result = run_bisect(good, bad, options(tmp_path), engine=object())  # type: ignore[arg-type]
+    result = run_bisect(good, bad, options(tmp_path), engine=NoEngine())  # type: ignore[arg-type]
     assert (result.outcome, len(result.steps), result.exit_code) == ("bad-passes", 1, 1)
     assert "NOTHING TO BISECT" in render_text(result) and "BAD passes its checks" in render_markdown(result)
+
+
+HOLD = "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()"
+
+
+def test_a_bisect_of_the_lock_running_on_the_engine_is_waited_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--run`` is handed each candidate by the lock's tag: a second bisect of the lock on the engine
+    builds nothing until the first has ended."""
+    good, bad = three_changes(tmp_path)
+    built = fake_builds(monkeypatch, lambda lock: Built("sha256:" + "0" * 64))
+    claim = EngineClaim(NoEngine.address, of=("bisect", bad.lock.name))
+    with claim.waited(print, "nobody"):  # made, as the first bisect makes it
+        pass
+    first = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(claim.path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert first.stdout is not None and first.stdin is not None
+    said: list[str] = []
+    results: list[Any] = []
+    second = threading.Thread(
+        target=lambda: results.append(run_bisect(good, bad, options(tmp_path), progress=said.append, engine=NoEngine()))  # type: ignore[arg-type]
+    )
+    try:
+        assert first.stdout.readline().strip() == "held"
+        second.start()
+        for _ in range(300):
+            if any(line.startswith("waiting:") for line in said) or not second.is_alive():
+                break
+            second.join(0.05)
+        waited = f"waiting: another `envbuild bisect` of {bad.lock.name} on {NoEngine.address} holds {claim.path}"
+        assert waited in said, said
+        second.join(0.5)
+        assert second.is_alive() and built == []
+    finally:
+        first.stdin.close()
+        first.wait(timeout=30)
+    second.join(timeout=60)
+    assert results and results[0].outcome == "bad-passes" and len(built) == 1  # then it bisects as ever
 
 
 # --- real builds ---------------------------------------------------------------------------------------

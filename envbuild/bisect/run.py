@@ -43,6 +43,7 @@ from envbuild.bisect.steps import (
     search_builds,
 )
 from envbuild.engine.buildkit import StepFailed
+from envbuild.engine.claim import lock_claims
 from envbuild.engine.client import Engine
 from envbuild.errors import EnvbuildError, InputError
 from envbuild.git.cache import GitCache
@@ -122,7 +123,11 @@ def run_bisect(
     )
     bisect = _Bisect(good, bad, units, states, options, progress, cache, started)
     with nullcontext(engine) if engine is not None else Engine.connect() as connected:
-        return bisect.run(connected, planned, test_good)
+        # ``--run`` is handed each candidate by the lock's tag (envbuild/<lock name>:bisect), which another
+        # bisect of the lock on the engine would move: one at a time.
+        names = (good.lock.name, bad.lock.name)
+        with lock_claims(connected.address, "bisect", names, progress, "`envbuild bisect`"):
+            return bisect.run(connected, planned, test_good)
 
 
 @dataclass

@@ -22,7 +22,7 @@ from pathlib import Path
 from envbuild.check.explain import explain
 from envbuild.check.history import HistoryEntry, append_history, last_image_id, read_history
 from envbuild.check.report import CheckFailure, CheckReport, Difference, Stage
-from envbuild.engine.claim import EngineClaim
+from envbuild.engine.claim import lock_claims
 from envbuild.engine.client import Engine
 from envbuild.errors import EngineError, EnvbuildError
 from envbuild.fetch import fetch_inputs
@@ -143,8 +143,7 @@ def _claimed(engine: Engine, lock_name: str, say: Progress) -> Iterator[None]:
     other's untagged images before a mismatch is explained. The second waits for the first to end."""
     with ExitStack() as held:
         with _stage("engine"):
-            claim = EngineClaim(engine.address, of=("check", lock_name))
-            held.enter_context(claim.waited(say, f"another `envbuild check` of {lock_name} on {engine.address}"))
+            held.enter_context(lock_claims(engine.address, "check", [lock_name], say, "`envbuild check`"))
         yield
 
 

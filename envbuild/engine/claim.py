@@ -12,11 +12,12 @@ waiting. One that cannot leaves the prune to the next build that finds the engin
 build waits for another's end. A build that meets the fault anyway empties the cache, alone, and builds
 again (:func:`envbuild.image.cache.retention.empty_build_cache`).
 
-A lock's builds and checks hold claims of their own alone, on the engine and the lock's name: a build
-while it uses the engine, since the tags it builds under and tidies are the lock's
-(:mod:`envbuild.image.cache.scratch`); ``envbuild check`` for the whole check, since the tags it compares
-under are too (:func:`envbuild.check.run.previous_reference`). A second build or check of the lock waits
-for the first, from any cache directory.
+A lock's builds, checks and bisects hold claims of their own alone, on the engine and the lock's name
+(:func:`lock_claims`): a build while it uses the engine, since the tags it builds under and tidies are the
+lock's (:mod:`envbuild.image.cache.scratch`); ``envbuild check`` for the whole check, since the tags it
+compares under are too (:func:`envbuild.check.run.previous_reference`); ``envbuild bisect`` for the whole
+bisect, since ``--run`` is handed each candidate by the lock's tag. A second one of the lock waits for the
+first, from any cache directory.
 
 The claim is a ``flock`` on a file named by the engine's address (and the lock's name), in a private
 directory of this user's (``$TMPDIR/envbuild-<uid>/``): it keeps apart the builds of one user on one machine. Builds by another
@@ -29,8 +30,8 @@ import hashlib
 import os
 import stat
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Literal
 
@@ -55,7 +56,7 @@ def claims_dir() -> Path:
     return directory
 
 
-LockWork = Literal["build", "check"]
+LockWork = Literal["build", "check", "bisect"]
 
 
 class EngineClaim:
@@ -112,3 +113,14 @@ class EngineClaim:
             yield
         finally:
             os.close(fd)
+
+
+@contextmanager
+def lock_claims(address: str, work: LockWork, lock_names: Iterable[str], say: Progress, what: str) -> Iterator[None]:
+    """The claims of ``work`` (``what``, in words) on each of ``lock_names`` on the engine at ``address``,
+    held alone for the block; taken in the names' order, so two holders never wait for each other."""
+    with ExitStack() as held:
+        for name in sorted(set(lock_names)):
+            claim = EngineClaim(address, of=(work, name))
+            held.enter_context(claim.waited(say, f"another {what} of {name} on {address}"))
+        yield

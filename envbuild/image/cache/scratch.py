@@ -6,7 +6,7 @@
   (their lock no longer held) are removed by the next build on its way in.
 - ``locks/<lock name>.lock``: held while a build of that lock uses the engine and this cache (its sync
   directories, :func:`envbuild.image.stream.sync_dir`), with the lock's build claim on the engine
-  (:class:`~envbuild.engine.claim.EngineClaim`): the tags a build reads from and tidies are the lock's on
+  (:func:`~envbuild.engine.claim.lock_claims`): the tags a build reads from and tidies are the lock's on
   that engine (:mod:`.retention`), so two builds of one lock, from one cache or two, take turns.
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from envbuild.engine.claim import EngineClaim
+from envbuild.engine.claim import lock_claims
 from envbuild.locking import file_lock
 from envbuild.progress import Progress
 
@@ -55,9 +55,8 @@ def lock_name_held(cache_dir: Path, lock_name: str, engine_address: str, say: Pr
     ``engine_address``, waiting for another build of the lock (said when it waits on the engine's)."""
     directory = cache_dir / "image" / "locks"
     directory.mkdir(parents=True, exist_ok=True)
-    claim = EngineClaim(engine_address, of=("build", lock_name))
     with (
         file_lock(directory / f"{lock_name}.lock", blocking=True),
-        claim.waited(say, f"another build of {lock_name} on {engine_address}"),
+        lock_claims(engine_address, "build", [lock_name], say, "build"),
     ):
         yield
