@@ -352,16 +352,21 @@ def test_the_image_holds_no_package_file_and_the_packages_one_layer(
     assert engine.containers({"io.envbuild.lock.name": "imagetest", "io.envbuild.role": "packages"}) == []
 
 
+def rebuilt(lock_path: Path, work: Path, engine: Engine) -> BuildResult:
+    """The lock built again by BuildKit, not answered from its record: the steps of a lock an earlier test
+    built are in BuildKit's cache again, for a test that asserts they are reused. An ``engine_wide`` test
+    may have emptied that cache since (and every build prunes it, least recently used first); this test
+    holds the engine shared until it ends, so none empties it meanwhile."""
+    forget_built(work / "cache", read_lock(lock_path).sha256)
+    return build_image(read_lock(lock_path), options(work), engine=engine)
+
+
 @needs_engine
 def test_a_no_op_rebuild_reuses_every_layer_and_the_normalised_image(
     reference: BuildResult, lock_path: Path, work: Path, engine: Engine
 ) -> None:
-    # BuildKit's cache may have lost the reference's steps since its build: an ``engine_wide`` test empties
-    # it, and every build prunes it (least recently used first). One rebuild makes them again if so (this
-    # test holds the engine shared, so no engine_wide test runs until it ends); the second must reuse them.
+    assert rebuilt(lock_path, work, engine).image_id == reference.image_id
     forget_built(work / "cache", reference.lock_sha256)  # a cache without the record (an older envbuild's)
-    assert build_image(read_lock(lock_path), options(work), engine=engine).image_id == reference.image_id
-    forget_built(work / "cache", reference.lock_sha256)
     again = build_image(read_lock(lock_path), options(work), engine=engine)
     assert again.image_id == reference.image_id
     built = [step for step in again.steps if "] FROM " not in step.instruction]  # a FROM is resolved, not cached
@@ -413,8 +418,9 @@ def test_the_image_holds_what_the_lock_pins(reference: BuildResult, engine: Engi
 
 @needs_engine
 def test_moving_one_pin_rebuilds_only_from_that_source_on(
-    reference: BuildResult, env: ImageLockEnv, work: Path, engine: Engine
+    reference: BuildResult, lock_path: Path, env: ImageLockEnv, work: Path, engine: Engine
 ) -> None:
+    assert rebuilt(lock_path, work, engine).image_id == reference.image_id
     moved = env.repos["gamma"].commit("gamma moves", files={"data/table.csv": "a,b\n1,3\n"})
     path = env.write(work / "locks" / "moved.lock.yaml", env.lock(pins={"gamma": moved}))
     said: list[str] = []
@@ -455,9 +461,7 @@ def test_a_pin_moved_before_a_copy_only_source_reruns_its_copy_not_its_stage(
 ) -> None:
     """beta moves; gamma (copy-only) comes after it: beta's step and gamma's COPY run again, gamma's own
     stage (its files, their times set) comes from the cache: it depends on gamma's files alone."""
-    before = build_image(
-        read_lock(env.write(work / "locks" / "now.lock.yaml", env.lock())), options(work), engine=engine
-    )
+    before = rebuilt(env.write(work / "locks" / "now.lock.yaml", env.lock()), work, engine)
     moved = env.repos["beta"].commit("beta moves before gamma", files={"beta/extra.py": "X = 2\n"})
     path = env.write(work / "locks" / "beta-moved.lock.yaml", env.lock(pins={"beta": moved}))
     result = build_image(read_lock(path), options(work), engine=engine)
