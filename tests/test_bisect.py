@@ -12,9 +12,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import subprocess
-import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +31,7 @@ from envbuild.image.checked import InImageMismatch
 from envbuild.lock.io import read_lock, write_lock
 from envbuild.lock.model import BaseImage, Lock, Package, Source
 from envbuild.verify.pins import VerifyOptions
+from tests.lib.claims import Beside, held_elsewhere
 from tests.lib.gitrepos import Repo, Served, git
 from tests.lib.imagelock import ImageLockEnv, served_env, with_source
 from tests.lib.services import PushedImage, remove_lock_images
@@ -238,9 +236,6 @@ def test_bad_that_passes_leaves_nothing_to_bisect(tmp_path: Path, monkeypatch: p
     assert "NOTHING TO BISECT" in render_text(result) and "BAD passes its checks" in render_markdown(result)
 
 
-HOLD = "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()"
-
-
 def test_a_bisect_of_the_lock_running_on_the_engine_is_waited_for(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -249,33 +244,15 @@ def test_a_bisect_of_the_lock_running_on_the_engine_is_waited_for(
     good, bad = three_changes(tmp_path)
     built = fake_builds(monkeypatch, lambda lock: Built("sha256:" + "0" * 64))
     claim = EngineClaim(NoEngine.address, of=("bisect", bad.lock.name))
-    with claim.waited(print, "nobody"):  # made, as the first bisect makes it
-        pass
-    first = subprocess.Popen(
-        [sys.executable, "-c", HOLD, str(claim.path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    assert first.stdout is not None and first.stdin is not None
-    said: list[str] = []
-    results: list[Any] = []
-    second = threading.Thread(
-        target=lambda: results.append(run_bisect(good, bad, options(tmp_path), progress=said.append, engine=NoEngine()))  # type: ignore[arg-type]
-    )
-    try:
-        assert first.stdout.readline().strip() == "held"
-        second.start()
-        for _ in range(300):
-            if any(line.startswith("waiting:") for line in said) or not second.is_alive():
-                break
-            second.join(0.05)
-        waited = f"waiting: another `envbuild bisect` of {bad.lock.name} on {NoEngine.address} holds {claim.path}"
-        assert waited in said, said
-        second.join(0.5)
-        assert second.is_alive() and built == []
-    finally:
-        first.stdin.close()
-        first.wait(timeout=30)
-    second.join(timeout=60)
-    assert results and results[0].outcome == "bad-passes" and len(built) == 1  # then it bisects as ever
+    with held_elsewhere(claim):
+        second = Beside(lambda say: run_bisect(good, bad, options(tmp_path), progress=say, engine=NoEngine()))  # type: ignore[arg-type]
+        waited = second.waiting(15)
+        assert (
+            waited == f"waiting: another `envbuild bisect` of {bad.lock.name} on {NoEngine.address} holds {claim.path}"
+        )
+        assert built == []
+    result = second.result(60)
+    assert result.outcome == "bad-passes" and len(built) == 1  # then it bisects as ever
 
 
 # --- real builds ---------------------------------------------------------------------------------------

@@ -7,10 +7,7 @@ writes the build time into a file (not reproducible; the report names that file)
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
-import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import datetime, timezone
@@ -27,6 +24,7 @@ from envbuild.engine.claim import EngineClaim
 from envbuild.engine.client import Engine
 from envbuild.lock.io import read_lock
 from envbuild.verify.pins import VerifyOptions, verify_lock
+from tests.lib.claims import Beside, held_elsewhere
 from tests.lib.gitrepos import GitDaemon, git, make_repo
 from tests.lib.imagelock import ImageLockEnv, lock_env, with_source
 from tests.lib.services import PushedImage, remove_lock_images
@@ -201,42 +199,19 @@ def test_a_build_that_stamps_the_time_does_not_reproduce_and_the_file_is_named(
     assert engine.inspect("envbuild-check/stamp:previous") is None  # the hold goes with the check
 
 
-HOLD = "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()"
-
-
 def test_a_check_of_the_lock_running_on_the_engine_is_waited_for(
     env: ImageLockEnv, engine: Engine, tmp_path: Path
 ) -> None:
     """The check's tags are the lock's (`envbuild-check/<lock name>:first`, …): a second check of the lock
     on the engine, from another cache, starts its builds only once the first has ended."""
     lock = env.write(tmp_path / "waits.lock.yaml", env.lock(name="waits"))
+    options = CheckOptions(VerifyOptions(SourceOptions(cache_dir=tmp_path / "cache")))
     claim = EngineClaim(engine.address, of=("check", "waits"))
-    with claim.waited(print, "nobody"):  # made, as the first check makes it
-        pass
-    first = subprocess.Popen(
-        [sys.executable, "-c", HOLD, str(claim.path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    assert first.stdout is not None and first.stdin is not None
-    said: list[str] = []
-    try:
-        assert first.stdout.readline().strip() == "held"  # the first check, at its builds
-        options = CheckOptions(VerifyOptions(SourceOptions(cache_dir=tmp_path / "cache")))
-        reports = []
-        second = threading.Thread(
-            target=lambda: reports.append(run_check(read_lock(lock), options, said.append, engine=engine))
-        )
-        second.start()
-        for _ in range(600):
-            if any(line.startswith("waiting:") for line in said) or not second.is_alive():
-                break
-            second.join(0.1)
-        assert f"waiting: another `envbuild check` of waits on {engine.address} holds {claim.path}" in said, said
-        second.join(1.0)
-        assert second.is_alive() and "rebuilding without cache" not in said  # nothing fetched or built beside it
-    finally:
-        first.stdin.close()
-        first.wait(timeout=30)
-    second.join(timeout=600)
-    assert reports and reports[0].ok and reports[0].reproducible, reports  # then it checks the lock as ever
-    waited = next(line for line in said if line.startswith("waiting:"))
-    assert said.index("rebuilding without cache") > said.index(waited)
+    with held_elsewhere(claim):  # the first check, at its builds
+        second = Beside(lambda say: run_check(read_lock(lock), options, say, engine=engine))
+        waited = second.waiting(60)
+        assert waited == f"waiting: another `envbuild check` of waits on {engine.address} holds {claim.path}"
+        assert "rebuilding without cache" not in second.said  # nothing fetched or built beside it
+    report = second.result(600)
+    assert report.ok and report.reproducible, report  # then it checks the lock as ever
+    assert second.said.index("rebuilding without cache") > second.said.index(waited)
