@@ -13,7 +13,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -23,21 +23,30 @@ _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
 @contextmanager
-def file_lock(path: Path, *, blocking: bool = True, shared: bool = False) -> Iterator[bool]:
+def file_lock(
+    path: Path, *, blocking: bool = True, shared: bool = False, waiting: Callable[[], None] | None = None
+) -> Iterator[bool]:
     """Hold an exclusive lock on ``path`` (created if absent), or with ``shared=True`` one that other
     shared holders may hold too (an exclusive one waits for them all). Yields True when held; with
-    ``blocking=False`` yields False at once when another process holds it."""
-    with held_lock(path, blocking=blocking, shared=shared) as fd:
+    ``blocking=False`` yields False at once when another process holds it. ``waiting`` is called once,
+    before the wait, when another process holds it (to say so)."""
+    with held_lock(path, blocking=blocking, shared=shared, waiting=waiting) as fd:
         yield fd is not None
 
 
 @contextmanager
 def held_lock(
-    path: Path, *, blocking: bool = True, shared: bool = False, waited: list[bool] | None = None
+    path: Path,
+    *,
+    blocking: bool = True,
+    shared: bool = False,
+    waited: list[bool] | None = None,
+    waiting: Callable[[], None] | None = None,
 ) -> Iterator[int | None]:
     """Like :func:`file_lock`, yielding the locked descriptor (None when not held), for a child
     process that must hold the lock as long as it lives (``pass_fds``). ``waited``: True is appended to
-    it when another process held the lock first (and this one waited for it)."""
+    it when another process held the lock first (and this one waited for it); ``waiting``: as
+    :func:`file_lock` says."""
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
@@ -54,6 +63,8 @@ def held_lock(
                 return
             if waited is not None:
                 waited.append(True)
+            if waiting is not None:
+                waiting()
             fcntl.flock(fd, mode)
         yield fd
     finally:

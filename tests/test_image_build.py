@@ -47,6 +47,7 @@ from envbuild.lock.io import read_lock
 from envbuild.progress import Progress, silent
 from envbuild.verify.pins import VerifyOptions, verify_lock
 from envbuild.verify.results import PinResult, VerifyReport
+from tests.lib.claims import Beside, held_elsewhere
 from tests.lib.engines import ExtraEngine
 from tests.lib.gitrepos import Served
 from tests.lib.imagediff import why_different
@@ -375,6 +376,20 @@ def test_a_no_op_rebuild_reuses_every_layer_and_the_normalised_image(
     # The packages image is reused: no package file is sent again, only the sources' context.
     assert again.packages is not None and not again.packages.built and again.packages.sent == 0
     assert reference.packages is not None and again.sent == reference.sent - reference.packages.sent
+
+
+@needs_engine
+def test_a_build_of_the_lock_from_the_same_cache_is_waited_for_and_said(
+    reference: BuildResult, lock_path: Path, work: Path, engine: Engine
+) -> None:
+    """Another build of the lock from this cache holds its lock-name lock: a rebuild says it waits, and
+    answers from the record once that build has ended."""
+    held = work / "cache" / "image" / "locks" / "imagetest.lock"
+    with held_elsewhere(held):
+        second = Beside(lambda say: build_image(read_lock(lock_path), options(work), engine=engine, progress=say))
+        assert second.waiting(60) == f"waiting: another build of imagetest from this cache holds {held}"
+    again = second.result(120)
+    assert again.noop and again.image_id == reference.image_id
 
 
 @needs_engine

@@ -1,5 +1,6 @@
-"""A lock's claim on an engine held by another process, as a running build, check or bisect of the lock
-holds it (a real flock), and the work that must wait for it run beside, in a thread."""
+"""A lock's claim on an engine (or a cache's lock file) held by another process, as a running build,
+check or bisect of the lock holds it (a real flock), and the work that must wait for it run beside, in a
+thread."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Generic, TypeVar
 
 from envbuild.engine.claim import EngineClaim
@@ -23,12 +25,16 @@ HOLD = (
 
 
 @contextmanager
-def held_elsewhere(claim: EngineClaim) -> Iterator[None]:
-    """``claim`` held alone by a child process for the block; its file made first, as its holder makes it."""
-    with claim.waited(lambda _: None, "nobody"):
-        pass
+def held_elsewhere(claim: EngineClaim | Path) -> Iterator[None]:
+    """``claim`` (or the lock file at a path) held alone by a child process for the block; its file made
+    first, as its holder makes it."""
+    if isinstance(claim, EngineClaim):
+        with claim.waited(lambda _: None, "nobody"):
+            pass
+    path = claim.path if isinstance(claim, EngineClaim) else claim
+    path.touch()
     process = subprocess.Popen(
-        [sys.executable, "-c", HOLD, str(claim.path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", HOLD, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     assert process.stdin is not None and process.stdout is not None
     try:

@@ -52,11 +52,10 @@ def remove_abandoned(cache_dir: Path) -> None:
 @contextmanager
 def lock_name_held(cache_dir: Path, lock_name: str, engine_address: str, say: Progress) -> Iterator[None]:
     """Hold ``<cache_dir>/image/locks/<lock name>.lock`` and the lock's build claim on the engine at
-    ``engine_address``, waiting for another build of the lock (said when it waits on the engine's)."""
+    ``engine_address``, waiting for another build of the lock (and saying so)."""
     directory = cache_dir / "image" / "locks"
     directory.mkdir(parents=True, exist_ok=True)
-    with (
-        file_lock(directory / f"{lock_name}.lock", blocking=True),
-        lock_claims(engine_address, "build", [lock_name], say, "build"),
-    ):
+    path = directory / f"{lock_name}.lock"
+    waiting = lambda: say(f"waiting: another build of {lock_name} from this cache holds {path}")  # noqa: E731
+    with file_lock(path, waiting=waiting), lock_claims(engine_address, "build", [lock_name], say, "build"):
         yield
