@@ -53,22 +53,34 @@ def held_lock(
         if is_no_space(exc):
             raise cache_fault(path.parent, exc) from None
         raise CacheError(f"{path}: cannot open the cache lock: {exc.strerror}") from None
+
+    def before_the_wait() -> None:
+        if waited is not None:
+            waited.append(True)
+        if waiting is not None:
+            waiting()
+
     try:
         mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
-        try:
-            fcntl.flock(fd, mode | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if not blocking:
-                yield None
-                return
-            if waited is not None:
-                waited.append(True)
-            if waiting is not None:
-                waiting()
-            fcntl.flock(fd, mode)
-        yield fd
+        yield fd if flock_fd(fd, mode, blocking=blocking, waiting=before_the_wait) else None
     finally:
         os.close(fd)  # closing releases the lock, unless a child still holds the descriptor
+
+
+def flock_fd(fd: int, mode: int, *, blocking: bool = True, waiting: Callable[[], None] | None = None) -> bool:
+    """``flock`` the open file ``fd`` in ``mode`` (``LOCK_SH`` or ``LOCK_EX``); True once held. When another
+    process holds it: False at once unless ``blocking``, else ``waiting`` is called once and it is waited
+    for."""
+    try:
+        fcntl.flock(fd, mode | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        if not blocking:
+            return False
+    if waiting is not None:
+        waiting()
+    fcntl.flock(fd, mode)
+    return True
 
 
 def is_no_space(exc: OSError) -> bool:

@@ -20,8 +20,9 @@ bisect, since ``--run`` is handed each candidate by the lock's tag. A second one
 first, from any cache directory.
 
 The claim is a ``flock`` on a file named by the engine's address (and the lock's name), in a private
-directory of this user's (``$TMPDIR/envbuild-<uid>/``): it keeps apart the builds of one user on one machine. Builds by another
-user, by another machine through ``tcp://`` or ``ssh://``, or by ``docker build`` itself are not seen."""
+directory of this user's (``$TMPDIR/envbuild-<uid>/``): it keeps apart the builds of one user on one
+machine. Builds by another user, by another machine through ``tcp://`` or ``ssh://``, or by ``docker
+build`` itself are not seen."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Literal
 
 from envbuild.errors import EnvbuildError
+from envbuild.locking import flock_fd
 from envbuild.progress import Progress
 
 
@@ -61,7 +63,7 @@ LockWork = Literal["build", "check", "bisect"]
 
 class EngineClaim:
     """The claim on the engine at ``address`` (its ``DOCKER_HOST``), held shared or alone; with ``of``, the
-    claim of one lock's builds (``("build", lock name)``) or checks on the engine, held alone
+    claim of one lock's builds, checks or bisects on the engine (``("build", lock name)``, …), held alone
     (:meth:`waited`)."""
 
     def __init__(self, address: str, directory: Path | None = None, *, of: tuple[LockWork, str] | None = None) -> None:
@@ -91,12 +93,7 @@ class EngineClaim:
         """True, and held alone, if no other build holds the claim now; False (nothing held) if one does."""
         fd = self._open()
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                yield False
-            else:
-                yield True
+            yield flock_fd(fd, fcntl.LOCK_EX, blocking=False)
         finally:
             os.close(fd)
 
@@ -105,11 +102,7 @@ class EngineClaim:
         """Held alone for the block, waiting as long as ``holder`` (what holds it, said while waiting) does."""
         fd = self._open()
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                say(f"waiting: {holder} holds {self.path}")
-                fcntl.flock(fd, fcntl.LOCK_EX)
+            flock_fd(fd, fcntl.LOCK_EX, waiting=lambda: say(f"waiting: {holder} holds {self.path}"))
             yield
         finally:
             os.close(fd)
