@@ -557,29 +557,18 @@ def test_two_locks_with_the_same_packages_build_at_once(
 
 class AnotherBuildMeanwhile(Engine):
     """The real engine; the first time the build reads a file out of an image (the packages step's
-    report), ``other`` starts in a thread of its own, and the build goes on once ``other`` says it waits
-    for it, or has ended."""
+    report), ``other`` starts beside it (:class:`~tests.lib.claims.Beside`), and the build goes on once
+    ``other`` says it waits for it."""
 
     def __init__(self, client: docker.DockerClient, other: Callable[[Progress], BuildResult]) -> None:
         super().__init__(client)
-        self.other, self.said = other, []  # type: list[str]
-        self.others: list[BuildResult | BaseException] = []
-        self.thread: threading.Thread | None = None
-
-    def _run_other(self) -> None:
-        try:
-            self.others.append(self.other(self.said.append))
-        except BaseException as exc:  # noqa: BLE001 - raised in the test's thread
-            self.others.append(exc)
+        self.other = other
+        self.beside: Beside[BuildResult] | None = None
 
     def read_file(self, image: str, path: str, limit: int = 1 << 24) -> bytes:
-        if self.thread is None:
-            self.thread = threading.Thread(target=self._run_other)
-            self.thread.start()
-            deadline = time.monotonic() + 300
-            while self.thread.is_alive() and not any(line.startswith("waiting:") for line in self.said):
-                assert time.monotonic() < deadline, self.said[-5:]
-                self.thread.join(0.05)
+        if self.beside is None:
+            self.beside = Beside(self.other)
+            self.beside.waiting(300)
         return super().read_file(image, path, limit)
 
 
@@ -603,15 +592,14 @@ def test_two_builds_of_one_lock_from_two_caches_take_turns_on_the_engine(
     try:
         result = build_image(read_lock(first), options(work), engine=meanwhile)
     finally:
-        if meanwhile.thread is not None:
-            meanwhile.thread.join(timeout=600)
-    (other,) = meanwhile.others
-    if isinstance(other, BaseException):
-        raise other
-    waited = next(line for line in meanwhile.said if line.startswith("waiting:"))
+        if meanwhile.beside is not None:
+            meanwhile.beside.thread.join(timeout=600)
+    assert meanwhile.beside is not None
+    other, said = meanwhile.beside.result(0), meanwhile.beside.said
+    waited = next(line for line in said if line.startswith("waiting:"))
     assert waited.startswith(f"waiting: another build of turns on {engine.address} holds ")
-    assert meanwhile.said.index(waited) < next(
-        i for i, line in enumerate(meanwhile.said) if line.startswith("assembling the build context")
+    assert said.index(waited) < next(
+        i for i, line in enumerate(said) if line.startswith("assembling the build context")
     )
     assert result.packages is not None and other.packages is not None
     assert result.packages.reference != other.packages.reference and result.image_id != other.image_id
