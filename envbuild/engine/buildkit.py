@@ -262,7 +262,8 @@ class BuildKitProgress:
         with self._lock:
             digest = self._failed
             step = self._names.get(digest) if digest is not None else None
-            log = [*self._logs.get(digest, ()), *filter(None, [self._partial.get(digest)])] if digest else []
+            partial = self._partial.get(digest) if digest is not None else None  # a last line without its end
+            log = [*self._logs.get(digest, ()), *([partial] if partial else [])] if digest is not None else []
         if step is None:
             text = f"build failed: {message}"
         else:

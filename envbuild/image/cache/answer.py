@@ -57,9 +57,8 @@ def answer_from_record(
     """Tag (and push) the image this lock was built into before, and write its record; None when the
     engine no longer holds that image under that ID. ``tags``: the build's ``--tag``s (none: the default)."""
     remove_abandoned(cache_dir)  # as every build does on its way in
-    with lock_name_held(
-        cache_dir, plan.lock_name, engine.address, say
-    ):  # a build of this lock tidying the engine waits
+    # A build of this lock tidying the engine waits.
+    with lock_name_held(cache_dir, plan.lock_name, engine.address, say):
         image = engine.inspect(built.image_id)
         if image is None or image.get("Id") != built.image_id:
             say(f"{built.image_id[:19]}, built from this lock before, is no longer in the engine: building it again")
