@@ -69,12 +69,17 @@ def with_history(
     if old.commit not in present or cache.left_right(url, old.commit, new.commit)[0]:
         start = cache.git.merge_base(repo, old.commit, new.commit) if old.commit in present else None
         rewrite = Rewrite(old.commit, new.commit, start)
+    # GOOD's commit off BAD's line after a change of ref is no sign of a force-push: say which happened.
+    if (old.ref_type, old.ref) == ("branch", new.ref):
+        moved = f"branch {new.ref} was rewritten"
+    else:
+        moved = f"the pin moved from {old.ref_type} {old.ref} to branch {new.ref}"
     if start is None:
         if old.commit in present:
             where = "their histories share no commit"
         else:
             where = "it is not in the cache (offline)" if offline else "it is gone upstream and not in the cache"
-        note = f"branch {new.ref} was rewritten: GOOD's commit is not an ancestor of BAD's, and {where}"
+        note = f"{moved}: GOOD's commit is not an ancestor of BAD's, and {where}"
         return dataclasses.replace(unit, note=note, rewrite=rewrite)
     commits = tuple(cache.git.ancestry(repo, start, new.commit, first_parent=first_parent))
     if not commits:
@@ -85,7 +90,7 @@ def with_history(
     if rewrite is None:
         return dataclasses.replace(unit, commits=commits, trees=trees)
     note = (
-        f"branch {new.ref} was rewritten: GOOD's commit {old.commit} is not an ancestor of BAD's; the commits "
+        f"{moved}: GOOD's commit {old.commit} is not an ancestor of BAD's; the commits "
         f"after their merge base {start} are bisected, the merge base standing for GOOD's pin"
     )
     base = dataclasses.replace(new, commit=start, tree=trees[start])
