@@ -68,11 +68,18 @@ class GitError(RemoteError):
         super().__init__(f"git {command}: {reason}")
 
     @property
+    def malformed(self) -> bool:
+        """git's object checks refused what the upstream sent: its objects are what they are, so no later
+        fetch reads them (not a passing fault, as a dropped connection is)."""
+        return self.reason.startswith(MALFORMED)
+
+    @property
     def no_space(self) -> bool:
         """git could not write because the disk (or the quota) is full."""
         return any(message in self.stderr for message in _NO_SPACE)
 
 
+MALFORMED = "malformed object refused by git's fsck"  # how a reason from git's object checks begins
 # What envbuild says of a repository whose object names are SHA-256 (``git init --object-format=sha256``).
 SHA256_UNSUPPORTED = "is a SHA-256 repository; envbuild pins SHA-1 commits (not supported yet)"
 # git's words when a SHA-1 repository (every cache's) fetches from a SHA-256 one.
@@ -94,7 +101,7 @@ def _telling_line(stderr: str) -> str:
         return f"the upstream repository {SHA256_UNSUPPORTED}"
     for line in lines:
         if fsck := _FSCK_LINE.fullmatch(line):  # git's own reason, not "index-pack failed" after it
-            return f"malformed object refused by git's fsck: {fsck[2]} (object {fsck[1]})"
+            return f"{MALFORMED}: {fsck[2]} (object {fsck[1]})"
     errors = [i for i, line in enumerate(lines) if line.startswith(("fatal:", "error:"))]
     if not errors:
         return lines[-1]

@@ -13,10 +13,11 @@ make thousands of paths. The records are counted, every level of every source, a
 
 What the trees say that the lock cannot record (a gitlink ``.gitmodules`` does not name, an entry without
 a gitlink, a URL that fails the lock's URL rules, before or after the mirrors, more records than the
-bound) refuses the update, every problem at once, each naming the path or the source
-(:class:`SubmodulesRefused`, exit 2, nothing written: the way out is in the lock, a skip by path). A tree
-that cannot be read is not guessed at: ``submodules_unknown`` says why, and what the lock records for that
-very commit stays.
+bound, a tree git's object checks refuse, which no later fetch or build would take) refuses the update,
+every problem at once, each naming the path or the source (:class:`SubmodulesRefused`, exit 2, nothing
+written: the way out is in the lock, a skip by path). A tree that cannot be read (an upstream that does
+not answer) is not guessed at: ``submodules_unknown`` says why, a warning says so, and what the lock
+records for that very commit stays.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from envbuild.git.cache import GitCache
 from envbuild.git.files import PinnedTree
 from envbuild.git.gitmodules import pair_submodules, parse_gitmodules, too_many_records
 from envbuild.git.mirrors import Mirrors
-from envbuild.git.remote import ref_refspec
+from envbuild.git.remote import GitError, ref_refspec
 from envbuild.lock.model import REASON_MAX, Source, Submodule, check_repo_url, walk_submodules
 from envbuild.progress import Progress, silent
 
@@ -47,7 +48,18 @@ class SubmodulesRefused(InputError):
 
 
 class _Unreadable(Exception):
-    """A tree below the source's own cannot be read; its message names it."""
+    """A tree below the source's own cannot be read; its message names it, ``error`` is git's."""
+
+    def __init__(self, message: str, error: RemoteError) -> None:
+        super().__init__(message)
+        self.error = error
+
+
+def _malformed(exc: RemoteError | _Unreadable) -> bool:
+    """git's object checks refused the tree: no later read, fetch or build gets it, so the lock cannot pin it
+    (a tree an upstream that does not answer keeps from us is unknown until it answers)."""
+    error = exc.error if isinstance(exc, _Unreadable) else exc
+    return isinstance(error, GitError) and error.malformed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,14 +119,17 @@ def read_source_submodules(
         tree = reader.tree(source.repo, source.commit, source.name, source_tree(source, cache, mirrors))
         records = reader.level(tree, source.repo, before.submodules, source.name, depth=1)
     except (RemoteError, _Unreadable) as exc:
-        if (
+        if _malformed(exc):  # refused below, as what the lock cannot record is
+            found.append(str(exc) if isinstance(exc, _Unreadable) else f"{source.name}: {exc}")
+        elif (
             previous is None
             or previous.commit != source.commit
             or not (previous.submodules or previous.submodules_unknown)
         ):
             reason = str(exc) if isinstance(exc, _Unreadable) else f"the pinned tree cannot be read: {exc}"
+            progress(f"warning: {source.name}: submodules unknown: {reason}")  # as a submodule's unknown is said
             return dataclasses.replace(source, submodules=(), submodules_unknown=reason_text(reason))
-        if reader.count(previous.submodules):
+        elif reader.count(previous.submodules):
             # What the lock says of this very commit stays true, its reason for not knowing included.
             progress(
                 f"warning: {source.name}: submodules kept as recorded for {source.commit[:12]}; cannot re-read: {exc}"
@@ -122,7 +137,7 @@ def read_source_submodules(
             return dataclasses.replace(
                 source, submodules=previous.submodules, submodules_unknown=previous.submodules_unknown
             )
-        records = ()  # past the bound: refused here, or by the source that passed it
+        records = ()  # refused: git refused the tree, or past the bound (here, or by the source that passed it)
     if found:
         if problems is None:
             raise SubmodulesRefused(found)
@@ -157,7 +172,7 @@ class _Reader:
         if isinstance(found, RemoteError):
             raise found.with_traceback(None)
         if isinstance(found, _TreesFailed):
-            raise _Unreadable(f"{where}: the tree of {commit} cannot be read: {found.error}")
+            raise _Unreadable(f"{where}: the tree of {commit} cannot be read: {found.error}", found.error)
         return found
 
     def count(self, records: tuple[Submodule, ...]) -> bool:
@@ -216,6 +231,9 @@ class _Reader:
                 if isinstance(exc, _Unreadable)
                 else f"{name}: cannot read {record.commit} of {record.repo}: {exc}"
             )
+            if _malformed(exc):
+                self.problems.append(reason)
+                return record
             if previous is not None and previous.commit == record.commit and previous.tree is not None:
                 self.say(f"warning: {name}: kept as recorded for {record.commit[:12]}; cannot re-read: {reason}")
                 self.count(previous.submodules)
