@@ -4,15 +4,18 @@ summary, not the whole tree. Reads two ``docker save`` archives (legacy or OCI l
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import tarfile
+import zlib
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from itertools import zip_longest
 from pathlib import Path, PurePosixPath
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from envbuild.check.report import Difference, FileDifference
 from envbuild.errors import EnvbuildError
@@ -21,7 +24,8 @@ _HEAD = 64 * 1024  # bytes of a file compared for "first difference"
 
 
 class ArchiveError(EnvbuildError):
-    """A saved image archive lacks a member its manifest names."""
+    """A saved image archive is not as `docker save` writes one: a member its manifest names is missing or
+    not a file, or its manifest describes other than one image."""
 
 
 def archive_member(outer: tarfile.TarFile, name: str, depth: int = 0) -> tarfile.TarInfo:
@@ -71,32 +75,72 @@ _KINDS = {
 _PAX_SAID = {"path", "linkpath", "size", "mtime", "uid", "gid", "uname", "gname"}
 
 
+# What reading an archive that is not as `docker save` writes one raises (a truncated tar, a manifest that is
+# not JSON or lacks a key, fewer layers than diff IDs): said as an ArchiveError naming the archive.
+_MALFORMED = (
+    tarfile.TarError,
+    gzip.BadGzipFile,
+    zlib.error,
+    EOFError,
+    ValueError,
+    KeyError,
+    IndexError,
+    TypeError,
+    AttributeError,
+)
+
+
+@contextmanager
+def _reading(path: Path) -> Iterator[None]:
+    try:
+        yield
+    except _MALFORMED as exc:
+        raise ArchiveError(f"{path}: not an image archive as `docker save` writes one: {exc!r}"[:400]) from None
+
+
 class _Image:
     def __init__(self, path: Path) -> None:
-        self.tar = tarfile.open(path, mode="r:")
-        manifest = json.loads(self._open("manifest.json").read())
-        if not isinstance(manifest, list) or len(manifest) != 1:
-            raise ValueError(f"{path}: manifest.json must describe one image")
-        self.config: dict[str, Any] = json.loads(self._open(manifest[0]["Config"]).read())
-        self.layers: list[str] = manifest[0]["Layers"]
-        self.diff_ids: list[str] = self.config.get("rootfs", {}).get("diff_ids", [])
+        self.path = path
+        with _reading(path):
+            self.tar = tarfile.open(path, mode="r:")
+        try:
+            with _reading(path):
+                manifest = json.loads(self._open("manifest.json").read())
+                if not isinstance(manifest, list) or len(manifest) != 1:
+                    raise ArchiveError(f"{path}: manifest.json must describe one image")
+                self.config: dict[str, Any] = json.loads(self._open(manifest[0]["Config"]).read())
+                self.layers: list[str] = list(manifest[0]["Layers"])
+                self.diff_ids: list[str] = list(self.config.get("rootfs", {}).get("diff_ids", []))
+        except BaseException:
+            self.tar.close()
+            raise
 
     def _open(self, name: str) -> IO[bytes]:
-        handle = self.tar.extractfile(archive_member(self.tar, name))
+        try:
+            member = archive_member(self.tar, name)
+        except ArchiveError as exc:  # which of the two archives
+            raise ArchiveError(f"{self.path}: {exc}") from None
+        handle = self.tar.extractfile(member)
         assert handle is not None
         return handle
 
     def layer(self, index: int) -> IO[bytes]:
-        return self._open(self.layers[index])
+        """Layer ``index``'s tar, read through gzip where it was saved compressed (an OCI layout's blob), so
+        that offsets are the tar's, as :meth:`names` gives them."""
+        with _reading(self.path):
+            handle = self._open(self.layers[index])
+            compressed = handle.read(2) == b"\x1f\x8b"
+            handle.seek(0)
+            return cast(IO[bytes], gzip.GzipFile(fileobj=handle, mode="rb")) if compressed else handle
 
     def names(self, index: int) -> list[tuple[str, int, int]]:
         """Each member of layer ``index`` in archive order: its name, header offset and end of its data."""
-        with tarfile.open(fileobj=self.layer(index), mode="r:") as layer:
+        with _reading(self.path), tarfile.open(fileobj=self.layer(index), mode="r:") as layer:
             return [(info.name, info.offset, info.offset_data + info.size) for info in layer]
 
     def entries(self, index: int) -> dict[str, _Entry]:
         entries: dict[str, _Entry] = {}
-        with tarfile.open(fileobj=self.layer(index), mode="r:") as layer:
+        with _reading(self.path), tarfile.open(fileobj=self.layer(index), mode="r:") as layer:
             for info in layer:
                 digest, head = "", b""
                 if info.isfile():
@@ -178,7 +222,8 @@ def _compare_entries(old: dict[str, _Entry], new: dict[str, _Entry]) -> list[Fil
                 if f.compare and getattr(a, f.name) != getattr(b, f.name)
             ]
             detail = None
-            if "content" in aspects and _is_text(a.head) and _is_text(b.head):
+            # equal heads of other files: they part past what was kept, at an offset not known here
+            if "content" in aspects and a.head != b.head and _is_text(a.head) and _is_text(b.head):
                 detail = first_difference(a.head, b.head)
             found.append(FileDifference(path, "changed", tuple(aspects), detail))
     return found
@@ -198,19 +243,24 @@ def _layer_bytes_difference(old: _Image, new: _Image, index: int) -> FileDiffere
             detail += f"; listed more than once in one of them: {', '.join(repeated[:5])}"
         return FileDifference("(layer archive)", "changed", ("order",), detail)
     offset = _first_differing_offset(old.layer(index), new.layer(index))
+    if offset is None:  # no engine saves this: a config whose diff ID is not the digest of its layer
+        return FileDifference(
+            "(layer archive)", "changed", ("diff id",), "the same bytes: a config's diff ID is not this layer's digest"
+        )
     member = next((name for name, start, end in a if start <= offset < end), None)
     where = f"in the header or data of {member!r}" if member is not None else "after the last member"
     return FileDifference("(layer archive)", "changed", ("bytes",), f"offset {offset}, {where}")
 
 
-def _first_differing_offset(old: IO[bytes], new: IO[bytes], chunk: int = 1 << 20) -> int:
+def _first_differing_offset(old: IO[bytes], new: IO[bytes], chunk: int = 1 << 20) -> int | None:
+    """Where two streams first differ; None when they are the same bytes."""
     offset = 0
     while True:
         x, y = old.read(chunk), new.read(chunk)
         if x != y:
             return offset + first_index(x, y)
         if not x:
-            return offset
+            return None
         offset += len(x)
 
 
@@ -249,7 +299,12 @@ def _config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[FileDi
 
 def explain(old_archive: Path, new_archive: Path, *, max_files: int = 40) -> tuple[Difference, ...]:
     """Every part that differs between two saved images; nothing when they are the same image."""
-    old, new = _Image(old_archive), _Image(new_archive)
+    old = _Image(old_archive)
+    try:
+        new = _Image(new_archive)
+    except BaseException:
+        old.close()
+        raise
     try:
         differences: list[Difference] = []
         config = _config_differences(old.config, new.config)
