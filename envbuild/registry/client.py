@@ -153,7 +153,10 @@ def _is_loopback_name(hostname: str) -> bool:
 def _session() -> requests.Session:
     """A session whose requests each :class:`Deadline` can cut (directly or through an HTTP proxy)."""
     session = requests.Session()
-    adapter = deadline_adapter(Retry(total=2, connect=2, read=0, status=0, backoff_factor=0.5))
+    # raise_on_status=False: a 429 or 503 with Retry-After, which urllib3 counts as a status retry (none
+    # allowed), is the registry's answer, said as its status, not as a registry out of reach.
+    retry = Retry(total=2, connect=2, read=0, status=0, backoff_factor=0.5, raise_on_status=False)
+    adapter = deadline_adapter(retry)
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     return session
@@ -266,7 +269,7 @@ class _Client:
             try:
                 response = self.session.get(realm, params=params, auth=auth, timeout=TIMEOUT, stream=True)
             except requests.RequestException as exc:
-                raise self._error(f"cannot reach {self.host}'s token service {realm}: {exc}") from None
+                raise self._error(f"cannot reach {self.host}'s token service {realm}: {reason(exc)}") from None
             with response:
                 if response.status_code != 200:
                     raise self._error(
