@@ -4,6 +4,8 @@ quotes hidden."""
 
 from __future__ import annotations
 
+import re
+
 import requests
 
 from envbuild.data.urls import redact_urls
@@ -11,6 +13,7 @@ from envbuild.errors import RemoteError
 from envbuild.escape import for_terminal
 
 TLS_UNTRUSTED = "TLS certificate verification failed"
+_INCOMPLETE = re.compile(r"IncompleteRead\((\d+) bytes read, (\d+) more expected\)")
 # What to do about it, where a proxy that intercepts TLS re-signs every answer (docs/configuration.md).
 TLS_ADVICE = (
     "where a proxy intercepts TLS, give its CA certificate to envbuild's requests with REQUESTS_CA_BUNDLE=FILE "
@@ -37,6 +40,8 @@ def reason(exc: BaseException) -> str:
     ):
         if needle in text:
             return said
+    if cut := _INCOMPLETE.search(text):  # the server closed the connection inside its answer
+        return f"the answer was cut short: {cut[1]} bytes read, {cut[2]} more expected"
     if isinstance(exc, requests.Timeout):
         return "timed out"
     # _show() hides the user part of every URL the text quotes (a redirect's target is the server's word)
