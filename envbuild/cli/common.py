@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import shlex
 import sys
 import threading
 import traceback
@@ -155,6 +156,15 @@ def source_settings(args: argparse.Namespace) -> tuple[Path, Mirrors]:
         where = "--cache-dir" if args.cache_dir else "cache_dir (config file or $ENVBUILD_CACHE)"
         raise InputError(f"{where}: {cache_dir} is not a directory")
     return cache_dir, mirrors
+
+
+def command_words(option: str, text: str) -> tuple[str, ...]:
+    """A command given as one option's text (``--entry-point "python3 -m x"``), split as a shell would;
+    an unbalanced quote is bad input naming the option."""
+    try:
+        return tuple(shlex.split(text))
+    except ValueError as exc:  # "No closing quotation", "No escaped character"
+        raise InputError(f"{option} {for_terminal(text)!r}: {str(exc).lower()}") from None
 
 
 def render_json(data: Any) -> str:

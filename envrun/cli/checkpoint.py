@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 from pathlib import Path
 
-from envbuild.cli.common import add_command_group
+from envbuild.cli.common import add_command_group, command_words
 
 
 def add_checkpoint_command(commands: argparse._SubParsersAction) -> None:
@@ -41,7 +40,7 @@ def checkpoint_audit(args: argparse.Namespace) -> int:
     from envrun.checkpoint.modelnames import ModelNames
     from envrun.checkpoint.report import render_audit
 
-    names = ModelNames(tuple(shlex.split(args.model_python))) if args.model_python else None
+    names = ModelNames(command_words("--model-python", args.model_python)) if args.model_python else None
     report = audit_checkpoint(args.model_dir, expected=names, trust_uniform_layers=args.trust_uniform_layers)
     if args.json:
         print(json.dumps(report.to_json(), indent=2))

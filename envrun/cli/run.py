@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 from pathlib import Path
 
-from envbuild.cli.common import StderrProgress
+from envbuild.cli.common import StderrProgress, command_words
 from envbuild.cli.width import output_width
 from envbuild.config import load_config
 from envbuild.data.jsonout import to_jsonable
@@ -202,7 +201,7 @@ def run_recipe_command(args: argparse.Namespace) -> int:
             overrides=tuple(args.overrides),
             extra_env=_env_pairs(args.env),
             ray_address=args.ray_address,
-            entry_point=tuple(shlex.split(args.entry_point)) if args.entry_point else None,
+            entry_point=command_words("--entry-point", args.entry_point) if args.entry_point else None,
             output_dir=args.output_dir,
             volumes=tuple(Volume.parse(v) for v in args.volume),
             scheduled=_scheduled(args),
