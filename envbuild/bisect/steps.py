@@ -179,7 +179,7 @@ def apply(lock: Lock, unit: Unit, value: Source | Fields | None, bad: Lock) -> L
     kept = {s.name: s for s in lock.sources if s.name != unit.name}
     if value is not None:
         kept[unit.name] = value
-    order = [s.name for s in bad.sources] + [s.name for s in lock.sources]
+    order = [s.name for s in bad.sources] + [s.name for s in lock.sources] + [unit.name]  # one BAD drops: last
     ranked = {name: rank for rank, name in reversed(list(enumerate(order)))}
     return dataclasses.replace(lock, sources=tuple(sorted(kept.values(), key=lambda s: ranked[s.name])))
 

@@ -12,7 +12,7 @@ from packaging.utils import canonicalize_name
 
 from envbuild.data.jsonout import fields_json, jfield, records
 from envbuild.escape import for_markdown, for_terminal
-from envbuild.lock.model import BaseImage, Lock, Package, Source, Submodule, walk_submodules
+from envbuild.lock.model import BaseImage, Lock, Package, Platform, Source, Submodule, walk_submodules
 from envbuild.lock.moves import LoggedCommit, Moved, PairingChange, commits
 from envbuild.terminal import wrap
 
@@ -107,6 +107,13 @@ def _describe_image(image: BaseImage | None) -> str:
     return "" if image is None else f"{image.name}@{image.digest or '(unpinned)'}"
 
 
+def _describe_platform(platform: Platform | None) -> str:
+    if platform is None:
+        return ""
+    cann = f" cann {platform.cann}" if platform.cann else ""
+    return f"{platform.os}/{platform.arch} python {platform.python}{cann}"
+
+
 def diff_locks(
     old: Lock,
     new: Lock,
@@ -157,7 +164,8 @@ def diff_locks(
             Change("installer", installer.name, action, tuple(sorted(_changed(before_fields, after_fields))))
         )
     if old.platform != new.platform:
-        changes.append(Change("platform", "platform", "changed", (("platform", str(old.platform), str(new.platform)),)))
+        fields = (("platform", _describe_platform(old.platform), _describe_platform(new.platform)),)
+        changes.append(Change("platform", "platform", "changed", fields))
     if old.requirements != new.requirements:
         fields = (("requirements", " ".join(old.requirements), " ".join(new.requirements)),)
         changes.append(Change("requirements", "requirements", "changed", fields))
