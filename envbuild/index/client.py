@@ -31,6 +31,7 @@ from packaging.utils import canonicalize_name
 
 from envbuild.deadline import GRACE, Deadline, current, deadline_from_env, min_rate_from_env
 from envbuild.errors import InputError, RemoteError
+from envbuild.fileio import open_regular
 from envbuild.index.http import RETRIES, RangeFile, bounded, decode_text, reason, retrying
 from envbuild.index.local import copy_local, inside, read_file_index
 from envbuild.index.pages import IndexFile, ProjectPage, parse_html, parse_json, scheme_of, show_url
@@ -230,7 +231,9 @@ class IndexClient:
             if path is None:
                 raise RemoteError(f"{shown}: a file URL is read only from the file:// index that lists it")
             try:
-                return open(path, "rb")
+                # A FIFO inside the index is refused, not waited on for a writer; the handle outlives the check.
+                with open_regular(path) as checked:
+                    return os.fdopen(os.dup(checked.fileno()), "rb")
             except OSError as exc:
                 raise RemoteError(f"{shown}: cannot read: {exc.strerror or exc}") from None
         if scheme not in ("http", "https"):

@@ -101,6 +101,11 @@ def read_declared(read: Read, requires_files: Sequence[str] = ()) -> Declared:
     setup_cfg = _config(root["setup.cfg"].data)
     if pyproject is None and setup_cfg is None and root["setup.py"].data is None:
         why = "no pyproject.toml, setup.cfg or setup.py at the root of the tree: not a Python project pip installs"
+        if root["setup.cfg"].data is not None:  # there, but _config could not read it
+            why = (
+                "no pyproject.toml or setup.py at the root of the tree, and its setup.cfg is not valid INI: "
+                "not a Python project pip installs"
+            )
         return Declared(None, None, None, why)
 
     project = pyproject.get("project") if pyproject else None

@@ -210,7 +210,8 @@ def resolve_packages(
         chosen = select_files(page.files, name, version, platform)
         if not chosen:
             progress(
-                f"warning: {default_index} lists no file of {name} {version} installable on {uv_platform(platform)}"
+                f"warning: {default_index} lists no file of {name} {version} installable on {uv_platform(platform)} "
+                "with a sha256 to lock it by"
             )
         files = pin_files(chosen, client, default_index, known, progress)
         return Package(name=name, version=version, files=files, waive=waivers.get(canonicalize_name(name), ()))
@@ -225,7 +226,8 @@ def resolve_packages(
         chosen = select_files(page.files, package.name, package.version, platform)
         if not chosen:
             progress(
-                f"warning: keeping {package.name} {package.version} as locked: {index} lists no installable file of it"
+                f"warning: keeping {package.name} {package.version} as locked: {index} lists no installable file of it "
+                "with a sha256 to lock it by"
             )
             return package
         return dataclasses.replace(package, files=pin_files(chosen, client, index, known, progress))
