@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from envbuild.cli import main
-from tests.lib.gitrepos import Served, git
+from tests.lib.gitrepos import Served, free_port, git
 from tests.lib.pyindex import PyIndex, Route, make_wheel
 
 SHA_A, SHA_B, SHA_C = "a" * 64, "b" * 64, "c" * 64
@@ -355,14 +355,16 @@ def test_verify_refuses_more_submodule_records_than_a_lock_holds(
     assert lock.read_bytes() == before
 
 
+@pytest.mark.parametrize("offline", [True, False], ids=["offline", "online"])
 def test_verify_refuses_a_mirror_that_turns_a_submodule_url_into_a_remote_helper(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], offline: bool
 ) -> None:
-    """Each submodule the rule reaches is named, all at once, exit 2; a skipped one (no repository) is not."""
+    """Each submodule the rule reaches is named, all at once, exit 2; a skipped one (no repository) is not.
+    Online too, before any upstream is asked (app's is a port nobody listens on: nothing is cached)."""
     lib = "https://gitcode.example/x/lib.git"
     lock = submodule_lock(
         tmp_path / "mirror.lock.yaml",
-        "https://example.invalid/app.git",
+        f"git://127.0.0.1:{free_port()}/app.git",
         APP,
         f"{{path: third_party/lib, repo: {lib}, commit: {LIB}}}\n"
         f"{{path: vendor/lib, repo: {lib}, commit: {LIB}}}\n"
@@ -377,7 +379,7 @@ def test_verify_refuses_a_mirror_that_turns_a_submodule_url_into_a_remote_helper
         str(lock),
         "--cache-dir",
         str(cache),
-        "--offline",
+        *(["--offline"] if offline else []),
         "--mirror",
         "https://gitcode.example/=ext::x%20",
     )

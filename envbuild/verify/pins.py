@@ -22,7 +22,7 @@ from envbuild.verify.metadata import MetadataReader, read_metadata
 from envbuild.verify.packages import verify_packages
 from envbuild.verify.results import PinResult, VerifyReport
 from envbuild.verify.sources import WholeCommit, verify_sources
-from envbuild.verify.submodules import verify_submodules
+from envbuild.verify.submodules import check_submodule_urls, verify_submodules
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,7 @@ def verify_refs(
     parallel, and a fetch only where the listing does not settle a pin (offline: the cached listing).
     ``whole``: see :func:`envbuild.verify.sources.verify_sources`."""
     source = options.source
+    check_submodule_urls(lock, source.mirrors)  # bad input, refused before any upstream is asked
     cache = GitCache(source.cache_dir / "git")
     results = verify_sources(
         lock.sources,
