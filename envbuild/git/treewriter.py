@@ -92,6 +92,8 @@ class _Writer:
                     os.mkdir(parts[index], 0o755, dir_fd=parent)
                 except FileExistsError:
                     raise TreeWriteError(member, f"{printable(rel)} already exists") from None
+                except OSError as exc:  # ENAMETOOLONG: a name git holds and the file system cannot
+                    raise TreeWriteError(member, f"cannot create directory {printable(rel)}: {exc.strerror}") from None
                 self.dirs.add(rel)
             try:
                 fd = os.open(parts[index], _DIR_FLAGS, dir_fd=parent)
