@@ -176,11 +176,13 @@ def tree_commit(repo: Path, entries: list[tuple[bytes, bytes, str]], message: st
     return commit
 
 
-def gitmodules_commit(served: Served, entry: tuple[bytes, bytes, bytes]) -> tuple[str, str]:
+def gitmodules_commit(
+    served: Served, entry: tuple[bytes, bytes, bytes], transport: str = "daemon-filter"
+) -> tuple[str, str]:
     """(URL, commit) of a repository whose commit holds a gitlink ``x`` and the ``.gitmodules`` ``entry``
-    (mode, name, content)."""
+    (mode, name, content), served by ``transport``."""
     name = f"gm{next(_counter)}"
-    repo, url = served.repo(name), served.url(name, "daemon-filter")
+    repo, url = served.repo(name), served.url(name, transport)
     leaf = repo.commit("the leaf", files={"leaf.txt": "leaf\n"})
     mode, path, content = entry
     blob = git("hash-object", "-w", "--stdin", cwd=repo.path, stdin=content)
@@ -196,12 +198,14 @@ def test_a_gitmodules_git_cannot_parse_refuses_the_update_of_a_tree_with_gitlink
     assert line.startswith("envbuild: error: gm: .gitmodules is not readable as git config"), line
 
 
+@pytest.mark.parametrize("transport", ["daemon-filter", "daemon-nofilter"])
 def test_a_tree_git_refuses_refuses_the_update_naming_the_source(
-    served: Served, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    served: Served, tmp_path: Path, capsys: pytest.CaptureFixture[str], transport: str
 ) -> None:
     """A symlinked ``.gitmodules`` is malformed to git's object checks, which refuse the tree at the fetch:
-    no later fetch or build would take that commit, so the lock does not pin it."""
-    url, commit = gitmodules_commit(served, (b"120000", b".gitmodules", b"leaf.txt"))
+    no later fetch or build would take that commit, so the lock does not pin it (from a server that sends
+    trees with the commits too)."""
+    url, commit = gitmodules_commit(served, (b"120000", b".gitmodules", b"leaf.txt"), transport)
     lock = one_repo_lock(tmp_path / "gm.lock.yaml", "gm", url, commit)
     line = refused(lock, tmp_path / "c", capsys)
     assert line.startswith(f"envbuild: error: gm: the tree of {commit} cannot be read: "), line

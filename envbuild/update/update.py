@@ -212,6 +212,11 @@ class MissingRefError(RemoteError):
     """The ref is neither a branch nor a tag upstream."""
 
 
+class TreeRefused(InputError):
+    """git's object checks refuse what the upstream serves at the ref: the lock cannot pin it (no fetch or build
+    would take it), as :class:`SubmodulesRefused` refuses what reading the tree finds."""
+
+
 class BaseImageNotPinned(RemoteError):
     """A base image asked for by name (``--base``, ``--base-image``) that its registry did not pin."""
 
@@ -221,8 +226,8 @@ def resolve_ref(
 ) -> ResolvedRef:
     """Where ``source.ref`` points upstream now (the recorded type first, else the other one).
 
-    Raises :class:`MissingRefError` when it is neither, :class:`GitError` (a RemoteError) when the
-    remote cannot be read."""
+    Raises :class:`MissingRefError` when it is neither, :class:`TreeRefused` when git's object checks refuse
+    what it serves there, :class:`GitError` (a RemoteError) when the remote cannot be read."""
     check_inputs([source], mirrors)
     url = mirrors.rewrite(source.repo)
     up = Upstream(cache, url, offline=False, progress=progress)
@@ -237,7 +242,12 @@ def resolve_ref(
         refs = listing.heads if kind == "branch" else listing.tags
         if source.ref in refs:
             commit = refs[source.ref]
-            trees = up.commits([], need=[commit], refspecs=[ref_refspec(kind, source.ref)], name=source.name)
+            try:
+                trees = up.commits([], need=[commit], refspecs=[ref_refspec(kind, source.ref)], name=source.name)
+            except GitError as exc:  # a server that sends trees with the commits: refused here, not when read
+                if exc.malformed:
+                    raise TreeRefused(f"{source.name}: the tree of {commit} cannot be read: {exc}") from None
+                raise
             if commit not in trees:
                 raise GitError("fetch", f"{source.ref} moved while fetching; try again")
             return ResolvedRef(kind, commit, trees[commit])
