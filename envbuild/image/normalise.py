@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from envbuild.engine.calls import short
 from envbuild.engine.client import Engine
 from envbuild.errors import EngineError
 from envbuild.image.normalised_config import (
@@ -156,7 +157,7 @@ def load_packages_image(
     below = config["rootfs"]["diff_ids"]
     if layers[: len(below)] != below or len(layers) != len(below) + len(added):
         raise EngineError(
-            f"the packages image {built[:19]} is not {len(added)} layer(s) on {base}: {len(layers) - len(below)}"
+            f"the packages image {short(built)} is not {len(added)} layer(s) on {base}: {len(layers) - len(below)}"
         )
     for diff_id, created_by in zip(layers[len(below) :], added, strict=True):
         config = extend_config(config, diff_id, created_by, PACKAGES_EPOCH)
