@@ -156,7 +156,12 @@ class Builds(EngineBase):
                 for line in response.iter_lines():
                     if not line.strip():
                         continue
-                    event = json.loads(line)
+                    try:
+                        event = json.loads(line)
+                    except ValueError:  # not the engine's stream: what stands at its address, or a cut line
+                        event = None
+                    if not isinstance(event, dict):
+                        raise EngineError(f"build: the engine sent a line that is no JSON object: {line[:200]!r}")
                     if (message := event_error(event)) is not None:
                         raise build.failed(message.strip())
                     build.event(event)
@@ -199,14 +204,11 @@ class Builds(EngineBase):
             raise EngineError(
                 f"a step on {short(image)} printed faster than BuildKit passes on: its output was clipped"
             )
-        said, _, last = stderr.rstrip(b"\n").rpartition(b"\n")
-        if not last.startswith(STEP_EXIT.encode()) or not last[len(STEP_EXIT) :].isdigit():
-            raise EngineError(f"a step on {short(image)} ended without its exit status: {last[-200:]!r}")
-        return RunOutput(
-            int(last[len(STEP_EXIT) :]),
-            stdout.decode("utf-8", "replace"),
-            (said + b"\n" if said else b"").decode("utf-8", "replace"),
-        )
+        # The status follows the command's own stderr, which need not end with a newline.
+        said, marker, status = stderr.rstrip(b"\n").rpartition(STEP_EXIT.encode())
+        if not marker or not status.isdigit():
+            raise EngineError(f"a step on {short(image)} ended without its exit status: {stderr[-200:]!r}")
+        return RunOutput(int(status), stdout.decode("utf-8", "replace"), said.decode("utf-8", "replace"))
 
     @staticmethod
     def _built(image_id: str, build: BuildKitProgress, say: Progress) -> BuildOutcome:
@@ -251,10 +253,15 @@ def step_context(dockerfile: str, files: Mapping[str, bytes]) -> bytes:
 
 def _buildkit_refusal(response: requests.Response) -> str:
     try:
-        message = str(response.json().get("message") or response.text)
+        body = response.json()
     except ValueError:
-        message = response.text
+        body = None
+    message = str((body.get("message") if isinstance(body, dict) else None) or response.text)
     message = " ".join(message.split())[:300]
+    if response.status_code != 400:  # an engine refuses version=2 as a bad parameter; a proxy (403) is not that
+        return (
+            f"build: the engine, or a proxy in front of it, refused the build (HTTP {response.status_code}: {message})"
+        )
     return (
         f"this engine cannot run BuildKit builds (HTTP {response.status_code}: {message}): "
         "envbuild needs docker >= 20.10 on Linux"

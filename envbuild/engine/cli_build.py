@@ -202,4 +202,5 @@ def _last_error(lines: Iterable[str], code: int) -> str:
     said = [line for line in kept if not line.startswith(">")]
     if said:
         return said[-1].removeprefix("error: ").removeprefix("ERROR: ")
-    return f"the docker CLI exited with status {code}" + (": " + " / ".join(kept[-3:]) if kept else "")
+    ended = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"  # Popen's -N: signal N
+    return f"the docker CLI {ended}" + (": " + " / ".join(kept[-3:]) if kept else "")

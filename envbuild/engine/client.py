@@ -24,7 +24,8 @@ from envbuild.engine.containers import Containers
 from envbuild.engine.images import Images
 from envbuild.engine.jobs import Jobs
 from envbuild.engine.ssh import SshLink, SshTarget, ssh_docker_client
-from envbuild.errors import EngineError
+from envbuild.errors import EngineError, InputError
+from envbuild.escape import for_terminal
 
 
 class Engine(Builds, Images, Containers, Jobs):
@@ -64,6 +65,9 @@ class Engine(Builds, Images, Containers, Jobs):
             else:
                 client = docker.DockerClient(base_url=address, version="auto", timeout=math.ceil(connect_timeout))
             client.ping()
+        except ValueError as exc:  # docker-py parsing the address: a port that is no number, an unclosed bracket
+            where = "DOCKER_HOST" if address is None else "engine address"
+            raise InputError(f"{where} {for_terminal(url)!r}: not an address docker can reach ({exc})") from None
         except (docker.errors.DockerException, requests.RequestException) as exc:
             said = link.problem() if link is not None else None
             hint = "start dockerd or set DOCKER_HOST" if address is None else "is dockerd running there, and reachable?"

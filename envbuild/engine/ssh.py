@@ -165,9 +165,12 @@ class SshLink:
                 said = self._said(self._master_log)
                 raise EngineError(f"{self.target}: {ssh_problem(said, self.connect_timeout, self.target)}")
             if time.monotonic() > deadline:
+                # ssh's ConnectTimeout ends a connect or a silent banner; what outlasts it is a login that
+                # stalls: a name lookup, the host's sshd after the handshake, or the agent asked for the key.
                 raise EngineError(
-                    f"{self.target}: no ssh answer within {self.connect_timeout:g} s (the host accepted the "
-                    "connection but did not complete it); is the host up and sshd answering?"
+                    f"{self.target}: no ssh answer within {self.connect_timeout:g} s (ssh did not log in and said "
+                    "nothing: the host's name lookup, its sshd, or the ssh-agent holding the key did not answer); "
+                    "is the host up and sshd answering, and does the agent answer (a key waiting for a touch)?"
                 )
             time.sleep(POLL)
 
