@@ -324,9 +324,13 @@ def test_a_docker_cli_that_cannot_start_is_not_one_that_serves(tmp_path: Path) -
     with pytest.raises(EngineError) as caught:
         choose_transport({CLI_ENV: str(broken)})
     assert str(caught.value) == (
-        f"{TRANSPORT_ENV}=cli: {CLI_ENV}={broken} builds with BuildKit by itself (it needs to be docker < 23, as "
-        "Debian's docker.io, or to have the buildx plugin); unset it to build through the Engine API"
+        f"{CLI_ENV}={broken} is no docker CLI that builds with BuildKit by itself (it needs to be docker < 23, as "
+        f"Debian's docker.io, or to have the buildx plugin); unset {CLI_ENV} to build through the Engine API"
     )
+    with pytest.raises(EngineError) as caught:  # asked for by both variables
+        choose_transport({CLI_ENV: str(broken), TRANSPORT_ENV: "cli"})
+    assert str(caught.value).startswith(f"{TRANSPORT_ENV}=cli: {CLI_ENV}={broken} is no docker CLI that builds")
+    assert str(caught.value).endswith(f"unset {TRANSPORT_ENV} and {CLI_ENV} to build through the Engine API")
 
 
 def test_ctrl_c_during_a_cli_build_stops_the_cli_and_waits_for_it(tmp_path: Path) -> None:

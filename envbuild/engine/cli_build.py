@@ -56,10 +56,12 @@ def choose_transport(environ: dict[str, str] | None = None) -> BuildCli | None:
     named = env.get(CLI_ENV)
     found = _usable(named) if named else next((c for c in map(_usable, CANDIDATES) if c is not None), None)
     if found is None and (wanted == "cli" or named):
-        what = f"{CLI_ENV}={named}" if named else "no docker CLI on PATH or at /usr/bin/docker"
+        what = f"{CLI_ENV}={named} is no docker CLI that" if named else "no docker CLI on PATH or at /usr/bin/docker"
+        asked = f"{TRANSPORT_ENV}=cli: " if wanted == "cli" else ""
+        unset = " and ".join(name for name, set_ in ((TRANSPORT_ENV, wanted == "cli"), (CLI_ENV, named)) if set_)
         raise EngineError(
-            f"{TRANSPORT_ENV}=cli: {what} builds with BuildKit by itself (it needs to be docker < 23, as "
-            "Debian's docker.io, or to have the buildx plugin); unset it to build through the Engine API"
+            f"{asked}{what} builds with BuildKit by itself (it needs to be docker < 23, as Debian's docker.io, "
+            f"or to have the buildx plugin); unset {unset} to build through the Engine API"
         )
     return found
 
