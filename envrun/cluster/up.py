@@ -183,7 +183,8 @@ def _prepare_host(spec: ClusterSpec, url: str, engine: Engine, reference: str, p
     bytecode = prepare_image(engine, attrs)
     probe = engine.run(reference, probe_command(), volumes=probe_volumes(), network_mode="host")
     if probe.exit_code != 0:
-        raise EngineError(f"{url}: the host probe failed (exit {probe.exit_code}): {probe.stderr.strip()[-300:]}")
+        said = " | ".join(line.strip() for line in probe.stderr.splitlines() if line.strip())  # one line
+        raise EngineError(f"{url}: the host probe failed (exit {probe.exit_code}): {said[-300:]}")
     facts = host_facts(probe.stdout, engine.memory_bytes())
     for index, node in enumerate(spec.nodes):
         if node.engine == url and node.ip and carrier(dict(facts.interfaces), node.ip) is None:

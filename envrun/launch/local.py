@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -67,14 +68,18 @@ def _stop(child: subprocess.Popen[str], log: LogSink) -> int | None:
     """SIGINT to the job's process group (what a trainer expects from Ctrl-C), SIGKILL after a grace
     period or a second Ctrl-C; the job's last words still go to the log."""
     _signal_group(child, signal.SIGINT)
+    graced = time.monotonic() + STOP_GRACE_SECONDS
     killer = threading.Timer(STOP_GRACE_SECONDS, _signal_group, (child, signal.SIGKILL))
     killer.start()
     try:
         assert child.stdout is not None
         for line in child.stdout:
             log(line)
+        child.wait(timeout=max(0.0, graced - time.monotonic()))  # its output can end before it does
     except KeyboardInterrupt:
         _signal_group(child, signal.SIGKILL)
+    except subprocess.TimeoutExpired:
+        _signal_group(child, signal.SIGKILL)  # the grace is over (the killer may not have run yet)
     finally:
         killer.cancel()
     try:
