@@ -25,7 +25,7 @@ import pytest
 from envbuild.engine.client import Engine
 from envbuild.engine.ssh import SshLink, SshTarget
 from envbuild.errors import EngineError, InputError
-from tests.lib.sshhosts import PRIVSEP_DIR, SERVER_DIR, SshClient, SshHost, free_port, keygen, make_client
+from tests.lib.sshhosts import SERVER_DIR, SshClient, SshHost, make_client, sshd_files
 
 
 def ssh_children() -> list[int]:
@@ -38,33 +38,8 @@ def ssh_children() -> list[int]:
 def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SshClient, SshHost]]:
     """A host that lets the client's key in, whose engine is down; the client's home knows it as node-down."""
     client = make_client(tmp_path_factory.mktemp("sshclient"))
-    PRIVSEP_DIR.mkdir(mode=0o755, exist_ok=True)
-    SERVER_DIR.mkdir(mode=0o755, exist_ok=True)
-    root = SERVER_DIR / secrets.token_hex(6)
-    root.mkdir(mode=0o700)
-    host_key = keygen(root / "host_ed25519", "node-down host key")
-    (root / "authorized_keys").write_text(client.public_key + "\n")
-    port = free_port()
-    (root / "sshd_config").write_text(
-        "\n".join(
-            [
-                f"Port {port}",
-                "ListenAddress 127.0.0.1",
-                f"HostKey {root / 'host_ed25519'}",
-                f"PidFile {root / 'sshd.pid'}",
-                f"AuthorizedKeysFile {root / 'authorized_keys'}",
-                "PermitRootLogin prohibit-password",
-                "PasswordAuthentication no",
-                "KbdInteractiveAuthentication no",
-                "UsePAM no",
-                "StrictModes yes",
-                f"SetEnv DOCKER_HOST=unix://{root}/engine.sock",  # nothing listens there: the engine is down
-                "",
-            ]
-        )
-    )
-    # No dockerd of its own: only sshd's start and stop of SshHost are used, never its engine.
-    down = SshHost("node-down", root, port, engine=None, host_key=host_key)  # type: ignore[arg-type]
+    root, port, host_key = sshd_files("node-down", client.public_key)  # no dockerd behind it: the engine is down
+    down = SshHost("node-down", root, port, engine=None, host_key=host_key)
     patch = pytest.MonkeyPatch()
     try:
         down.start_sshd()

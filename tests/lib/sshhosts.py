@@ -88,12 +88,12 @@ def _kill(pids: list[int]) -> None:
 
 @dataclass
 class SshHost:
-    """One host: its own dockerd, reached only through its own sshd."""
+    """One host: its own dockerd (None: an engine that is down), reached only through its own sshd."""
 
     alias: str  # the Host entry of the client's ssh config
     root: Path  # sshd's files
     port: int
-    engine: ExtraEngine
+    engine: ExtraEngine | None
     host_key: str  # the public line of sshd's host key
     process: subprocess.Popen[bytes] | None = None
 
@@ -108,6 +108,7 @@ class SshHost:
 
     def client(self, timeout: int = 600) -> docker.DockerClient:
         """The test's own view of the host's engine (its socket, not ssh): to check what envrun did."""
+        assert self.engine is not None, f"{self.alias} has no engine"
         return self.engine.client(timeout)
 
     def start_sshd(self) -> None:
@@ -141,45 +142,56 @@ class SshHost:
 
     def stop(self) -> None:
         self.stop_sshd()
-        self.engine.stop()
+        if self.engine is not None:
+            self.engine.stop()
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def start_host(alias: str, tmp: Path, authorized: str) -> SshHost:
-    """A dockerd under ``tmp`` and an sshd in front of it that lets in the key ``authorized``."""
+def sshd_files(alias: str, authorized: str, docker_host: str | None = None) -> tuple[Path, int, str]:
+    """(root, port, host key) of an sshd for ``alias`` on a free loopback port that lets in the key
+    ``authorized``, its sessions given ``DOCKER_HOST=docker_host`` (None: a socket under root nothing listens
+    on, as on a node whose engine is down); written, not started."""
     PRIVSEP_DIR.mkdir(mode=0o755, exist_ok=True)
     SERVER_DIR.mkdir(mode=0o755, exist_ok=True)
     root = SERVER_DIR / secrets.token_hex(6)
     root.mkdir(mode=0o700)
-    engine = start_engine(tmp)
-    try:
-        host_key = keygen(root / "host_ed25519", f"{alias} host key")
-        (root / "authorized_keys").write_text(authorized + "\n")
-        port = free_port()
-        (root / "sshd_config").write_text(
-            "\n".join(
-                [
-                    f"Port {port}",
-                    "ListenAddress 127.0.0.1",
-                    f"HostKey {root / 'host_ed25519'}",
-                    f"PidFile {root / 'sshd.pid'}",
-                    f"AuthorizedKeysFile {root / 'authorized_keys'}",
-                    "PermitRootLogin prohibit-password",
-                    "PasswordAuthentication no",
-                    "KbdInteractiveAuthentication no",
-                    "UsePAM no",
-                    "StrictModes yes",
-                    "LogLevel VERBOSE",
-                    f"SetEnv DOCKER_HOST={engine.host}",
-                    "",
-                ]
-            )
+    host_key = keygen(root / "host_ed25519", f"{alias} host key")
+    (root / "authorized_keys").write_text(authorized + "\n")
+    port = free_port()
+    (root / "sshd_config").write_text(
+        "\n".join(
+            [
+                f"Port {port}",
+                "ListenAddress 127.0.0.1",
+                f"HostKey {root / 'host_ed25519'}",
+                f"PidFile {root / 'sshd.pid'}",
+                f"AuthorizedKeysFile {root / 'authorized_keys'}",
+                "PermitRootLogin prohibit-password",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                "UsePAM no",
+                "StrictModes yes",
+                "LogLevel VERBOSE",
+                f"SetEnv DOCKER_HOST={docker_host or f'unix://{root}/engine.sock'}",
+                "",
+            ]
         )
+    )
+    return root, port, host_key
+
+
+def start_host(alias: str, tmp: Path, authorized: str) -> SshHost:
+    """A dockerd under ``tmp`` and an sshd in front of it that lets in the key ``authorized``."""
+    engine = start_engine(tmp)
+    root = None
+    try:
+        root, port, host_key = sshd_files(alias, authorized, engine.host)
         host = SshHost(alias, root, port, engine, host_key)
         host.start_sshd()
     except BaseException:
         engine.stop()
-        shutil.rmtree(root, ignore_errors=True)
+        if root is not None:
+            shutil.rmtree(root, ignore_errors=True)
         raise
     return host
 
