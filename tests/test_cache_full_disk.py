@@ -11,7 +11,6 @@ import os
 import subprocess
 import textwrap
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -25,60 +24,13 @@ from envbuild.lock.model import Source
 from envbuild.verify.sources import verify_source
 from tests.lib.gitrepos import Served, fast_import_repo, git
 from tests.lib.pyindex import PyIndex
-from tests.lib.services import in_ci
-
-KiB, MiB = 1 << 10, 1 << 20
-
-
-@dataclass
-class Tmpfs:
-    """A tmpfs mounted at ``path`` by this test, and only by it."""
-
-    path: Path
-
-    def resize(self, size: int) -> None:
-        _mount(["-o", f"remount,size={size}", str(self.path)])
-
-    def free(self) -> int:
-        stat = os.statvfs(self.path)
-        return stat.f_bavail * stat.f_frsize
-
-    def fill(self, leave: int) -> Path:
-        """Fill the disk with one file until ``leave`` bytes (rounded to pages) stay free."""
-        filler = self.path / "filler"
-        with open(filler, "wb") as out:
-            try:
-                while True:
-                    out.write(b"\0" * 64 * KiB)
-                    out.flush()
-            except OSError:
-                pass
-        with open(filler, "r+b") as out:
-            out.truncate(max(0, filler.stat().st_size - leave))
-        return filler
-
-
-def _mount(args: list[str]) -> None:
-    proc = subprocess.run(["mount", *args], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise OSError(proc.stderr.strip() or f"mount exited {proc.returncode}")
+from tests.lib.tmpfs import KiB, MiB, Tmpfs, leftovers, mounted_tmpfs
 
 
 @pytest.fixture
 def disk(tmp_path: Path) -> Iterator[Tmpfs]:
-    path = tmp_path / "cache"
-    path.mkdir()
-    try:
-        _mount(["-t", "tmpfs", "-o", f"size={1 * MiB},mode=0755", "tmpfs", str(path)])
-    except OSError as exc:
-        if in_ci():
-            pytest.fail(f"cannot mount a tmpfs for the full-disk tests (they need root): {exc}", pytrace=False)
-        pytest.skip(f"cannot mount a tmpfs (needs root): {exc}")
-    try:
-        yield Tmpfs(path)
-    finally:
-        if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(path)], capture_output=True)
+    with mounted_tmpfs(tmp_path / "cache", 1 * MiB) as mounted:
+        yield mounted
 
 
 def verify(capsys: pytest.CaptureFixture[str], lock: Path, cache: Path) -> tuple[int, str, str]:
@@ -97,12 +49,6 @@ def write_lock(path: Path, url: str, commit: str) -> Path:
             """)
     )
     return path
-
-
-def leftovers(root: Path) -> list[str]:
-    """What a failed write may leave: temporary packs, quarantines, lock files, temporary files."""
-    names = ("tmp_*", "incoming-*", "tmp_objdir-*", "*.lock", ".tmp-*", ".*.tmp", "pack-*.keep")
-    return sorted(str(p.relative_to(root)) for pattern in names for p in root.rglob(pattern))
 
 
 @pytest.fixture(scope="module")

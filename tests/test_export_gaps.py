@@ -31,7 +31,7 @@ from envbuild.git.treewriter import TreeWriteError, write_tar_tree
 from envbuild.lock.model import Source, Submodule
 from tests.lib.claims import Beside, held_elsewhere
 from tests.lib.gitrepos import Repo, Served, git, make_repo
-from tests.test_git_gaps import KiB, MiB, fill, leftovers, mounted_tmpfs
+from tests.lib.tmpfs import KiB, MiB, leftovers, mounted_tmpfs
 
 _counter = iter(range(10**6))
 
@@ -202,7 +202,8 @@ def test_an_export_fetch_that_fills_the_disk_is_the_caches_fault_and_leaves_noth
     repo, url = served_repo(served, "exportfull")
     (repo.path / "big.bin").write_bytes(os.urandom(3 * MiB))
     commit = repo.commit("three MiB of random bytes")
-    with mounted_tmpfs(tmp_path / "cache", 1 * MiB) as disk:
+    with mounted_tmpfs(tmp_path / "cache", 1 * MiB) as mounted:
+        disk = mounted.path
         with pytest.raises(CacheError) as full:
             export_into(tmp_path / "dest", source_of(url, commit), TreeExporter(disk))
         assert str(full.value) == f"no space left in the cache ({disk / 'git-export'})"
@@ -219,8 +220,8 @@ def test_an_archive_that_fills_the_disk_is_said_and_removed(served: Served, tmp_
     (repo.path / "big.bin").write_bytes(os.urandom(2 * MiB))
     commit = repo.commit("two MiB of random bytes")
     exporter = TreeExporter(tmp_path / "cache")
-    with mounted_tmpfs(tmp_path / "build", 1 * MiB) as disk:
-        fill(disk, leave=256 * KiB)
+    with mounted_tmpfs(tmp_path / "build", 1 * MiB) as mounted:
+        disk = mounted.fill(leave=256 * KiB).parent
         with pytest.raises(EnvbuildError) as full:
             export_into(disk / "dest", source_of(url, commit), exporter)
         assert str(full.value) == "git archive: write error: No space left on device"

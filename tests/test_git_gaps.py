@@ -7,13 +7,10 @@ that is full or read-only a tmpfs mounted by the test itself (root needed: in CI
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import subprocess
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,56 +24,14 @@ from envbuild.git.remote import GitError, GitRunner, last_error_line, ref_refspe
 from envbuild.git.upstream import Offline, Upstream, relation_in_cache
 from envbuild.lock.moves import Relation
 from tests.lib.gitrepos import Served, commit_malformed, git
-from tests.lib.services import in_ci
+from tests.lib.tmpfs import KiB, MiB, leftovers, mounted_tmpfs
 
-KiB, MiB = 1 << 10, 1 << 20
 _counter = iter(range(10**6))
 # A .gitmodules git reads, of 2 MiB: comments after its one record (it packs to a few kilobytes).
 BIG_GITMODULES = '[submodule "sub"]\n\tpath = sub\n\turl = ../sub\n' + "# padding\n" * (2 * MiB // 10)
 
 
 # -- helpers: a disk of the test's own, a lock, the CLI ------------------------------------------------------
-
-
-@contextlib.contextmanager
-def mounted_tmpfs(path: Path, size: int) -> Iterator[Path]:
-    """A tmpfs of ``size`` bytes at ``path`` (made here) for the block, unmounted after."""
-    path.mkdir()
-    mount = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(path)], capture_output=True, text=True
-    )
-    if mount.returncode != 0:
-        reason = f"cannot mount a tmpfs (root needed): {mount.stderr.strip()}"
-        if in_ci():
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
-    try:
-        yield path
-    finally:
-        if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(path)], capture_output=True)
-
-
-def remount(path: Path, options: str) -> None:
-    subprocess.run(["mount", "-o", f"remount,{options}", str(path)], check=True, capture_output=True)
-
-
-def fill(disk: Path, leave: int) -> Path:
-    """Fill ``disk`` with one file until ``leave`` bytes (rounded to pages) stay free."""
-    filler = disk / "filler"
-    with open(filler, "wb") as out, contextlib.suppress(OSError):
-        while True:
-            out.write(b"\0" * 64 * KiB)
-            out.flush()
-    with open(filler, "r+b") as out:
-        out.truncate(max(0, filler.stat().st_size - leave))
-    return filler
-
-
-def leftovers(root: Path) -> list[str]:
-    """What a failed write may leave: temporary packs, quarantines, lock files, temporary files."""
-    names = ("tmp_*", "incoming-*", "tmp_objdir-*", "*.lock", ".tmp-*", ".*.tmp", "pack-*.keep")
-    return sorted(str(p.relative_to(root)) for pattern in names for p in root.rglob(pattern))
 
 
 def lock_text(name: str, url: str, commit: str) -> str:
@@ -119,8 +74,9 @@ def test_a_cache_on_a_read_only_disk_is_one_line_and_offline_still_answers(
     commit = served.repo(name).commit()
     lock = tmp_path / "ro.lock.yaml"
     lock.write_text(lock_text("ro", url, commit))
-    with mounted_tmpfs(tmp_path / "cache", 16 * MiB) as cache:
-        remount(cache, "ro")
+    with mounted_tmpfs(tmp_path / "cache", 16 * MiB) as disk:
+        cache = disk.path
+        disk.remount("ro")
         code, out, err = envbuild(capsys, "lock", "verify", str(lock), "--cache-dir", str(cache))
         assert (code, out, err) == (
             1,
@@ -128,9 +84,9 @@ def test_a_cache_on_a_read_only_disk_is_one_line_and_offline_still_answers(
             f"envbuild: error: {cache / 'git'}: cannot write to the cache: Read-only file system\n",
         )
 
-        remount(cache, "rw")
+        disk.remount("rw")
         assert envbuild(capsys, "lock", "verify", str(lock), "--cache-dir", str(cache))[0] == 0
-        remount(cache, "ro")
+        disk.remount("ro")
         code, out, err = envbuild(capsys, "lock", "verify", str(lock), "--cache-dir", str(cache))
         assert (code, out, err) == (
             1,
@@ -139,7 +95,7 @@ def test_a_cache_on_a_read_only_disk_is_one_line_and_offline_still_answers(
         )
         code, out, err = envbuild(capsys, "lock", "verify", str(lock), "--cache-dir", str(cache), "--offline")
         assert (code, err) == (0, "") and "sources 1 ok" in out, out
-        remount(cache, "rw")
+        disk.remount("rw")
         assert leftovers(cache) == []
 
 
@@ -152,11 +108,12 @@ def test_a_listing_that_does_not_fit_even_once_a_dead_fetchs_pack_is_cleared(ser
     head = repo.commit()
     refs = "".join(f"create refs/tags/release-{n:05d} {head}\n" for n in range(3000))  # a listing of ~170 KB
     git("update-ref", "--stdin", cwd=repo.path, stdin=refs.encode())
-    with mounted_tmpfs(tmp_path / "cache", 1 * MiB) as disk:
+    with mounted_tmpfs(tmp_path / "cache", 1 * MiB) as mounted:
+        disk = mounted.path
         cache = GitCache(disk / "git")
         pack = cache.ensure(url).path / "objects" / "pack" / "tmp_pack_dead"
         pack.write_bytes(os.urandom(16 * KiB))  # what a killed fetch left: it frees too little
-        fill(disk, leave=0)
+        mounted.fill(leave=0)
         with pytest.raises(CacheError) as full:
             cache.list_refs(url)
         assert str(full.value) == f"no space left in the cache ({disk / 'git'})"

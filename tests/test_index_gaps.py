@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import struct
-import subprocess
 import tarfile
 import threading
 import time
@@ -43,7 +42,7 @@ from tests.lib.pyindex import (
     wheels_at,
     write_file_index,
 )
-from tests.lib.services import in_ci
+from tests.lib.tmpfs import MiB, Tmpfs, mounted_tmpfs
 
 WHEEL = "alpha-1.0-py3-none-any.whl"
 ARM = Platform(os="linux", arch="aarch64", python="3.12")
@@ -313,28 +312,10 @@ def test_the_metadata_of_a_file_index_wheel_that_cannot_be_read_is_unknown_and_n
 # --- the file cache on a filesystem that refuses writes -----------------------------------------------
 
 
-def mount(*args: str) -> None:
-    proc = subprocess.run(["mount", *args], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise OSError(proc.stderr.strip() or f"mount exited {proc.returncode}")
-
-
 @pytest.fixture
-def tmpfs(tmp_path: Path) -> Iterator[Path]:
-    """A small tmpfs of this test's own (root needed: outside CI the test skips without it, in CI it fails)."""
-    path = tmp_path / "mnt"
-    path.mkdir()
-    try:
-        mount("-t", "tmpfs", "-o", "size=1m,nr_inodes=64,mode=0755", "tmpfs", str(path))
-    except OSError as exc:
-        if in_ci():
-            pytest.fail(f"cannot mount a tmpfs for the cache-fault tests (they need root): {exc}", pytrace=False)
-        pytest.skip(f"cannot mount a tmpfs (needs root): {exc}")
-    try:
-        yield path
-    finally:
-        if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(path)], capture_output=True)
+def tmpfs(tmp_path: Path) -> Iterator[Tmpfs]:
+    with mounted_tmpfs(tmp_path / "mnt", 1 * MiB, inodes=64) as mounted:
+        yield mounted
 
 
 DATA = b"a package file\n"
@@ -349,25 +330,25 @@ def recording(calls: list[str]) -> Callable[[str, Any], None]:
     return download
 
 
-def test_a_cache_on_a_read_only_filesystem_is_refused_before_any_download(tmpfs: Path) -> None:
-    mount("-o", "remount,ro", str(tmpfs))
-    cache = FileCache(tmpfs / "cache")
+def test_a_cache_on_a_read_only_filesystem_is_refused_before_any_download(tmpfs: Tmpfs) -> None:
+    tmpfs.remount("ro")
+    cache = FileCache(tmpfs.path / "cache")
     calls: list[str] = []
     with pytest.raises(CacheError) as info:
         cache.fetch("https://files.example/a-1.0.tar.gz", SHA, "a-1.0.tar.gz", recording(calls))
     assert one_line(info) == f"{cache.dir}: cannot write to the cache: Read-only file system"
-    assert calls == [] and not (tmpfs / "cache").exists()
+    assert calls == [] and not (tmpfs.path / "cache").exists()
 
 
-def test_a_cache_out_of_inodes_is_said_as_no_space_and_leaves_nothing(tmpfs: Path) -> None:
+def test_a_cache_out_of_inodes_is_said_as_no_space_and_leaves_nothing(tmpfs: Tmpfs) -> None:
     """The lock file is there (a run before made it), but no file can be made for the download itself."""
-    cache = FileCache(tmpfs / "cache")
+    cache = FileCache(tmpfs.path / "cache")
     cache.dir.mkdir(parents=True)
     (cache.dir / f".lock-{SHA}").touch()
     fillers = []
     while True:
         try:
-            (filler := tmpfs / f"filler-{len(fillers)}").touch()
+            (filler := tmpfs.path / f"filler-{len(fillers)}").touch()
         except OSError:
             break
         fillers.append(filler)
