@@ -8,8 +8,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from envrun.cluster import onstore
 from envrun.cluster.onstore import MARKERS, listing, remove_marker, seen_markers, write_marker
-from envrun.cluster.storage import storage_line, unseen_files
+from envrun.cluster.storage import storage_line, unseen_files, walk_order
 from envrun.exports import ExportSearch, export_verdict
 from envrun.probe.report import ExportLayout
 
@@ -68,3 +71,25 @@ def test_files_some_node_cannot_see_fail_the_post_run_audit(tmp_path: Path) -> N
     layout = ExportLayout("/runs/ckpts", "global_step_*/actor/huggingface", False, "trainer.save_freq=-1", False)
     verdict = export_verdict(layout, ExportSearch("2 node(s)", True, (), (failure,)))
     assert not verdict.ok and verdict.failures == (failure,)
+
+
+def test_listings_cut_at_their_bound_are_compared_only_as_far_as_every_walk_reached(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node whose walk stopped at the bound has not seen the files past it: they are not missing there; a
+    file before the cut that a node lacks still is."""
+    for path in ("b.txt", "a/2.pt", "a/1.pt", "a/sub/x.pt", "c/y.pt"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_bytes(b"x")
+    whole = listing(str(tmp_path))
+    monkeypatch.setattr(onstore, "MAX_FILES", 3)
+    cut = listing(str(tmp_path))
+    # b.txt first (the root's files), then a/ (1.pt, 2.pt): where every node's walk stops at 3 files
+    assert cut["truncated"] and list(cut["files"]) == ["a/1.pt", "a/2.pt", "b.txt"]
+    assert walk_order("b.txt") < walk_order("a/1.pt") < walk_order("a/sub/x.pt") < walk_order("c/y.pt")
+
+    answers = [{"name": "n1", "checkpoints": whole}, {"name": "n2", "checkpoints": cut}]
+    assert unseen_files(answers, "/runs/ckpts") == ()  # a/sub/x.pt and c/y.pt: past n2's cut, not missing
+    lacking = {**cut, "files": {p: s for p, s in cut["files"].items() if p != "a/1.pt"}}
+    (failure,) = unseen_files([answers[0], {"name": "n2", "checkpoints": lacking}], "/runs/ckpts")
+    assert failure.startswith("n2: a resume there would not find a/1.pt under /runs/ckpts"), failure

@@ -46,13 +46,14 @@ def remove_marker(root: str, token: str, node_id: str) -> None:
 
 
 def listing(root: str) -> dict[str, Any]:
-    """Every file under ``root`` here, as paths relative to it (sorted), with its size."""
+    """Every file under ``root`` here, as paths relative to it (sorted), with its size; ``truncated``: the walk
+    (each directory's files, then its subdirectories, by name) stopped at :data:`MAX_FILES`."""
     if not os.path.isdir(root):
         return {"present": False, "files": {}, "truncated": False}
     files: dict[str, int] = {}
     for directory, subdirectories, names in os.walk(root):
         subdirectories[:] = sorted(d for d in subdirectories if d != MARKERS)
-        for name in names:
+        for name in sorted(names):  # every node walks in one order: a listing cut short is cut at the same place
             path = os.path.join(directory, name)
             try:
                 files[os.path.relpath(path, root)] = os.lstat(path).st_size

@@ -49,13 +49,31 @@ def storage_line(answers: Sequence[Mapping[str, Any]], path: str) -> PreflightLi
     return PreflightLine(CHECK, "ok", f"{path}: one storage for all {len(alive)} nodes (each saw every node's file)")
 
 
+def walk_order(path: str) -> tuple[tuple[int, str], ...]:
+    """Where a listing's walk reaches ``path`` (:func:`envrun.cluster.onstore.listing`): a directory's files
+    by name, then its subdirectories by name."""
+    *directories, name = path.split("/")
+    return (*((1, d) for d in directories), (0, name))
+
+
 def unseen_files(answers: Sequence[Mapping[str, Any]], root: str) -> tuple[str, ...]:
-    """A failure per node that misses files under ``root`` another node holds (what a resume there misses)."""
-    listed = {
-        _name(a): dict((a.get("checkpoints") or {}).get("files") or {})
-        for a in answers
-        if not a.get("error") and isinstance(a.get("checkpoints"), dict)
-    }
+    """A failure per node that misses files under ``root`` another node holds (what a resume there misses).
+    Where a node's listing stopped at its bound, only what every walk reached is compared: a file past that
+    node's last is not known to be missing there."""
+    checkpoints = [
+        (_name(a), a["checkpoints"]) for a in answers if not a.get("error") and isinstance(a.get("checkpoints"), dict)
+    ]
+    listed = {node: dict(found.get("files") or {}) for node, found in checkpoints}
+    cuts = [
+        max(map(walk_order, found["files"]))
+        for _, found in checkpoints
+        if found.get("truncated") and found.get("files")
+    ]
+    if cuts:
+        cut = min(cuts)
+        listed = {
+            node: {p: size for p, size in files.items() if walk_order(p) <= cut} for node, files in listed.items()
+        }
     everything: dict[str, str] = {}
     for node, files in sorted(listed.items()):
         for path in files:
