@@ -151,7 +151,10 @@ def list_nodes(address: str, timeout: int = 30) -> list[RayNode]:
             raise_on_missing_output=False,
         )
     except Exception as exc:
-        raise EngineError(f"{address}: cannot list the cluster's nodes: {first_line(exc)}") from None
+        said = first_line(exc)
+        if "Failed to connect to API server" in said:  # Ray's words then go on to `pip install ray[default]`
+            said = "its dashboard does not answer there (is the head up, with its dashboard, at that address?)"
+        raise EngineError(f"{address}: cannot list the cluster's nodes: {said}") from None
     return [
         RayNode(
             n.node_id,
