@@ -149,7 +149,7 @@ def test_an_index_listing_a_file_name_the_lock_cannot_hold_leaves_the_lock_unwri
     assert (code, out) == (1, "")
     assert err.splitlines()[-1] == (
         f"envbuild: error: {lock}: not written, the old lock is unchanged: the new lock would fail the lock's "
-        "reader: packages[0].files[0].filename: 280 characters long, at most 255 allowed"
+        "reader: packages[0].files[0].filename (package 'tinyone'): 280 characters long, at most 255 allowed"
     )
     assert f"warning: {long}: its METADATA is not pinned" in err
     assert lock.read_bytes() == before

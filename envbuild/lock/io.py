@@ -342,11 +342,13 @@ def _source_size(lock: Lock, source: Source) -> int:
 
 
 def _in_source(lock: Lock, field: str) -> str:
-    """``sources[3].provides.name`` with the source's name, which a reader of the message knows."""
-    if field.startswith("sources["):
-        index = field[len("sources[") : field.index("]")]
-        if index.isdigit() and int(index) < len(lock.sources):
-            return f"{field} (source {lock.sources[int(index)].name!r}): "
+    """``sources[3].provides.name`` with the source's name (``packages[0]…`` with the package's), which a
+    reader of the message knows."""
+    for key, entries, kind in (("sources[", lock.sources, "source"), ("packages[", lock.packages, "package")):
+        if field.startswith(key):
+            index = field[len(key) : field.index("]")]
+            if index.isdigit() and int(index) < len(entries):
+                return f"{field} ({kind} {entries[int(index)].name!r}): "
     return f"{field}: " if field else ""
 
 
