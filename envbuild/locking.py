@@ -40,29 +40,20 @@ def held_lock(
     *,
     blocking: bool = True,
     shared: bool = False,
-    waited: list[bool] | None = None,
     waiting: Callable[[], None] | None = None,
 ) -> Iterator[int | None]:
     """Like :func:`file_lock`, yielding the locked descriptor (None when not held), for a child
-    process that must hold the lock as long as it lives (``pass_fds``). ``waited``: True is appended to
-    it when another process held the lock first (and this one waited for it); ``waiting``: as
-    :func:`file_lock` says."""
+    process that must hold the lock as long as it lives (``pass_fds``). ``waiting``: as :func:`file_lock`
+    says (called when another process held the lock first, and this one waits for it)."""
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
         if is_no_space(exc):
             raise cache_fault(path.parent, exc) from None
         raise CacheError(f"{path}: cannot open the cache lock: {exc.strerror}") from None
-
-    def before_the_wait() -> None:
-        if waited is not None:
-            waited.append(True)
-        if waiting is not None:
-            waiting()
-
     try:
         mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
-        yield fd if flock_fd(fd, mode, blocking=blocking, waiting=before_the_wait) else None
+        yield fd if flock_fd(fd, mode, blocking=blocking, waiting=waiting) else None
     finally:
         os.close(fd)  # closing releases the lock, unless a child still holds the descriptor
 

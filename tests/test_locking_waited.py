@@ -12,7 +12,7 @@ from envbuild.locking import file_lock, held_lock
 
 def test_a_free_lock_is_taken_without_waiting(tmp_path: Path) -> None:
     waited: list[bool] = []
-    with held_lock(tmp_path / "x.lock", waited=waited) as fd:
+    with held_lock(tmp_path / "x.lock", waiting=lambda: waited.append(True)) as fd:
         assert fd is not None
     assert waited == []
 
@@ -21,7 +21,7 @@ def test_a_held_lock_is_waited_for_and_says_so(tmp_path: Path) -> None:
     path, waited, order = tmp_path / "x.lock", [], []  # type: ignore[var-annotated]
 
     def take() -> None:
-        with held_lock(path, waited=waited):
+        with held_lock(path, waiting=lambda: waited.append(True)):
             order.append("second")
 
     with file_lock(path):  # another holder (flock is per open file: a second open of it waits)
@@ -35,6 +35,9 @@ def test_a_held_lock_is_waited_for_and_says_so(tmp_path: Path) -> None:
 
 def test_not_blocking_a_held_lock_gives_none_and_does_not_wait(tmp_path: Path) -> None:
     waited: list[bool] = []
-    with file_lock(tmp_path / "x.lock"), held_lock(tmp_path / "x.lock", blocking=False, waited=waited) as fd:
+    with (
+        file_lock(tmp_path / "x.lock"),
+        held_lock(tmp_path / "x.lock", blocking=False, waiting=lambda: waited.append(True)) as fd,
+    ):
         assert fd is None
     assert waited == []

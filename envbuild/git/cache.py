@@ -37,7 +37,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,12 +122,12 @@ class GitCache:
             yield repo
 
     @contextmanager
-    def held(self, url: str, waited: list[bool] | None = None) -> Iterator[tuple[CachedRepo, int]]:
+    def held(self, url: str, waiting: Callable[[], None] | None = None) -> Iterator[tuple[CachedRepo, int]]:
         """:meth:`locked`, yielding ``(repo, fd)``: pass ``fd`` as ``hold`` to a git that writes into the
-        repository, so the lock stays held as long as that git (or a helper of it) lives. ``waited``: as
-        :func:`~envbuild.locking.held_lock` says (another process held the lock first)."""
+        repository, so the lock stays held as long as that git (or a helper of it) lives. ``waiting``: as
+        :func:`~envbuild.locking.held_lock` says (called when another process held the lock first)."""
         repo = self.ensure(url)
-        with held_lock(repo.lock_path, waited=waited) as fd:
+        with held_lock(repo.lock_path, waiting=waiting) as fd:
             assert fd is not None  # a blocking lock is always held
             remove_stale_files(repo.path)
             yield repo, fd

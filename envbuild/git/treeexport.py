@@ -182,7 +182,7 @@ def fetch_commit(exporter: TreeExporter, pin: TreePin, *, absent: bool = False) 
         )
     git = exporter.cache.git
     waited: list[bool] = []
-    with exporter.cache.held(url, waited) as (repo, lock_fd):
+    with exporter.cache.held(url, waiting=lambda: waited.append(True)) as (repo, lock_fd):
         # Another build may have fetched it while we waited for the lock. Found absent a moment ago and the
         # lock free: not asked again (at worst, a fetch that finished in between is repeated, and sends
         # nothing new).
