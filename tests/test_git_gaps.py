@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import textwrap
 import time
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from envbuild.git.remote import GitError, GitRunner, last_error_line, ref_refspe
 from envbuild.git.upstream import Offline, Upstream, relation_in_cache
 from envbuild.lock.moves import Relation
 from tests.lib.gitrepos import Served, commit_malformed, git
+from tests.lib.tinylock import branch_lock
 from tests.lib.tmpfs import KiB, MiB, leftovers, mounted_tmpfs
 
 _counter = iter(range(10**6))
@@ -32,20 +32,6 @@ BIG_GITMODULES = '[submodule "sub"]\n\tpath = sub\n\turl = ../sub\n' + "# paddin
 
 
 # -- helpers: a disk of the test's own, a lock, the CLI ------------------------------------------------------
-
-
-def lock_text(name: str, url: str, commit: str) -> str:
-    return textwrap.dedent(f"""\
-        version: 2
-        name: {name}
-        sources:
-          - name: {name}
-            repo: {url}
-            ref: main
-            ref_type: branch
-            commit: "{commit}"
-            install: {{mode: none}}
-        """)
 
 
 def envbuild(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -73,7 +59,7 @@ def test_a_cache_on_a_read_only_disk_is_one_line_and_offline_still_answers(
     name, url = upstream(served, "rocache")
     commit = served.repo(name).commit()
     lock = tmp_path / "ro.lock.yaml"
-    lock.write_text(lock_text("ro", url, commit))
+    lock.write_text(branch_lock("ro", url, commit))
     with mounted_tmpfs(tmp_path / "cache", 16 * MiB) as disk:
         cache = disk.path
         disk.remount("ro")
@@ -130,7 +116,7 @@ def test_a_cache_entry_that_is_not_a_repository_is_refused_naming_it(
     name, url = upstream(served, "notarepo")
     commit = served.repo(name).commit()
     lock = tmp_path / "entry.lock.yaml"
-    lock.write_text(lock_text("entry", url, commit))
+    lock.write_text(branch_lock("entry", url, commit))
     cache = tmp_path / "cache"
     entry = GitCache(cache / "git").repo(url).path
     entry.mkdir(parents=True)
@@ -165,7 +151,7 @@ def test_a_tree_git_refuses_is_refused_again_by_the_next_update(
     repo.commit("base")
     commit = repo.commit("a .gitmodules directory", files={".gitmodules/README": "not a file\n"})
     lock = tmp_path / "gm.lock.yaml"
-    lock.write_text(lock_text("gm", url, commit))
+    lock.write_text(branch_lock("gm", url, commit))
     before = lock.read_bytes()
     for _ in range(2):
         code, out, err = envbuild(capsys, "lock", "update", str(lock), "--cache-dir", str(tmp_path / "cache"))
@@ -360,7 +346,7 @@ def test_a_machine_without_git_is_said_in_the_pins_result(
     name, url = upstream(served, "nogit")
     commit = served.repo(name).commit()
     lock = tmp_path / "nogit.lock.yaml"
-    lock.write_text(lock_text("nogit", url, commit))
+    lock.write_text(branch_lock("nogit", url, commit))
     (tmp_path / "bin").mkdir()
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))
     code, out, err = envbuild(capsys, "lock", "verify", str(lock), "--cache-dir", str(tmp_path / "cache"), "--json")

@@ -16,7 +16,6 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from envbuild.git.treeexport import TreeExporter, export_tree
 from envbuild.lock import read_lock
 from envbuild.lock.model import walk_submodules
 from tests.lib.gitrepos import Repo, Served, git
-from tests.lib.tinylock import MINIMAL_LOCK
+from tests.lib.tinylock import MINIMAL_LOCK, branch_lock
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = "import sys; from envbuild.cli import main; sys.exit(main(sys.argv[1:]))"
@@ -74,20 +73,6 @@ def envbuild(tmp_path: Path, *argv: str, timeout: float = 120, count_git: bool =
     return Run(proc.returncode, proc.stdout, proc.stderr, len(log.read_text().splitlines()))
 
 
-def lock_of(name: str, url: str, commit: str, ref: str = "main") -> str:
-    return textwrap.dedent(f"""\
-        version: 2
-        name: {name}
-        sources:
-          - name: {name}
-            repo: {url}
-            ref: {ref}
-            ref_type: branch
-            commit: "{commit}"
-            install: {{mode: none}}
-        """)
-
-
 # -- row 2: a tree of submodules that nests its own repository ----------------------------------------------
 
 
@@ -115,7 +100,7 @@ def test_a_wide_deep_tree_of_few_commits_is_read_once_per_commit(served: Served,
     assert records(width, depth) == 584 <= MAX_SUBMODULE_RECORDS
     url, commit = self_nested(served, width, depth)
     lock, cache = tmp_path / "nest.lock.yaml", str(tmp_path / "cache")
-    lock.write_text(lock_of("nest", url, commit))
+    lock.write_text(branch_lock("nest", url, commit))
     run = envbuild(tmp_path, "lock", "update", str(lock), "--cache-dir", cache, "-q", count_git=True)
     assert run.code == 0, run.err[-2000:]
     (source,) = read_lock(lock).lock.sources
@@ -143,7 +128,7 @@ def test_a_tree_of_more_records_than_the_bound_is_refused_in_one_line(served: Se
     assert records(width, depth) > MAX_SUBMODULE_RECORDS
     url, commit = self_nested(served, width, depth)
     lock = tmp_path / "nest.lock.yaml"
-    lock.write_text(lock_of("nest", url, commit))
+    lock.write_text(branch_lock("nest", url, commit))
     before = lock.read_bytes()
     run = envbuild(tmp_path, "lock", "update", str(lock), "--cache-dir", str(tmp_path / "cache"), "-q", timeout=60)
     assert run.code == 2, run.err[-2000:]
@@ -163,7 +148,7 @@ def test_a_lock_written_with_more_records_than_the_bound_is_refused_before_they_
     entry = f"{{path: m0, repo: {json.dumps(url)}, commit: {commit}}}"
     many = "\n".join(f"      - {entry.replace('m0', f'd{i}')}" for i in range(MAX_SUBMODULE_RECORDS + 1))
     lock = tmp_path / "many.lock.yaml"
-    lock.write_text(lock_of("many", url, commit) + "    submodules:\n" + many + "\n")
+    lock.write_text(branch_lock("many", url, commit) + "    submodules:\n" + many + "\n")
     for command in ("verify", "fetch"):
         run = envbuild(tmp_path, "lock", command, str(lock), "--cache-dir", str(tmp_path / "c"), "-q", count_git=True)
         assert run.code == 2, run.err[-2000:]
@@ -230,7 +215,7 @@ def test_a_dashed_gitmodules_url_refuses_the_update(url: str, served: Served, tm
     leaf = repo.commit("leaf")
     commit = repo.commit_gitlinks("a dashed submodule", {"sub": leaf}, {"sub": ("sub", url)})
     lock = tmp_path / "d.lock.yaml"
-    lock.write_text(lock_of("dash", served.url(name, "daemon-filter"), commit))
+    lock.write_text(branch_lock("dash", served.url(name, "daemon-filter"), commit))
     before = lock.read_bytes()
     run = envbuild(tmp_path, "lock", "update", str(lock), "--cache-dir", str(tmp_path / "c"), "-q")
     assert run.code == 2, run.err
@@ -256,7 +241,7 @@ def test_a_sha256_repository_is_named_as_one(served: Served, tmp_path: Path) -> 
     assert len(head) == 64
     url = served.url(name, "daemon-filter")
     lock = tmp_path / "s.lock.yaml"
-    lock.write_text(lock_of("sha", url, "0" * 40))
+    lock.write_text(branch_lock("sha", url, "0" * 40))
     before = lock.read_bytes()
 
     run = envbuild(tmp_path, "lock", "update", str(lock), "--cache-dir", str(tmp_path / "c"), "-q")
@@ -273,7 +258,7 @@ def test_a_sha256_repository_is_named_as_one(served: Served, tmp_path: Path) -> 
     parent_name = f"h3shaparent{next(_counter)}"
     parent = served.repo(parent_name)
     commit = parent.commit_gitlinks("a SHA-256 submodule", {"sub": "1" * 40}, {"sub": ("sub", url)})
-    lock.write_text(lock_of("parent", served.url(parent_name, "daemon-filter"), commit))
+    lock.write_text(branch_lock("parent", served.url(parent_name, "daemon-filter"), commit))
     run = envbuild(tmp_path, "lock", "update", str(lock), "--cache-dir", str(tmp_path / "c"), "-q")
     assert run.code == 0, run.err
     (source,) = read_lock(lock).lock.sources

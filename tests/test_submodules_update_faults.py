@@ -19,6 +19,7 @@ from envbuild.lock import read_lock
 from envbuild.update.read_submodules import MAX_DEPTH, MAX_PER_TREE, read_source_submodules
 from tests.lib.gitrepos import Served, commit_malformed, free_port, git
 from tests.lib.submodlock import CATLASS_PATH, GTEST_PATH, GTEST_UPSTREAM, SubmoduleUpstreams, make_upstreams
+from tests.lib.tinylock import branch_lock
 
 pytestmark = pytest.mark.gitdaemon
 _counter = iter(range(10**6))
@@ -126,10 +127,7 @@ def test_a_mirror_that_turns_a_submodule_url_into_a_remote_helper_refuses_the_up
 
 
 def one_repo_lock(path: Path, name: str, url: str, commit: str) -> Path:
-    path.write_text(
-        f"version: 2\nname: {name}\nsources:\n  - name: {name}\n    repo: {url}\n    ref: main\n"
-        f"    ref_type: branch\n    commit: {commit}\n    install: {{mode: none}}\n"
-    )
+    path.write_text(branch_lock(name, url, commit))
     return path
 
 

@@ -1,4 +1,5 @@
-"""A tiny lock with every install mode and ref type, for rendering and record tests (no network)."""
+"""A tiny lock with every install mode and ref type, for rendering and record tests (no network); and the text
+of a lock of one source on a branch, copied only, for tests of its upstream (:func:`branch_lock`)."""
 
 from __future__ import annotations
 
@@ -47,3 +48,19 @@ MINIMAL_LOCK = textwrap.dedent(f"""\
         ref_type: branch
         commit: {MINIMAL_SHA}
     """)
+
+
+def branch_lock(name: str, url: str, commit: str, ref: str = "main") -> str:
+    """A version 2 lock ``name`` of one source ``name``: ``ref`` of ``url`` (a branch) at ``commit``, copied only
+    (``install: none``)."""
+    return textwrap.dedent(f"""\
+        version: 2
+        name: {name}
+        sources:
+          - name: {name}
+            repo: {url}
+            ref: {ref}
+            ref_type: branch
+            commit: "{commit}"
+            install: {{mode: none}}
+        """)
