@@ -197,13 +197,11 @@ class GitCache:
                 return None
             if wanted and wanted <= set(self.git.commit_trees(repo.path, wanted)):
                 return None
-            before = pack_names(repo.path)
             try:
-                return self.git.fetch(repo.path, url, refspecs, prune=prune, hold=fd)
+                with refused_packs_removed(repo.path):
+                    return self.git.fetch(repo.path, url, refspecs, prune=prune, hold=fd)
             except GitError as exc:
                 remove_stale_files(repo.path)  # what the failed git left: a partial pack may fill the disk
-                if exc.malformed:
-                    remove_packs_since(repo.path, before)
                 raise self.cache_error(exc) from None
 
     def fetch_objects(
@@ -217,16 +215,16 @@ class GitCache:
             missing = oids if trees else oids - self.git.present_objects(repo.path, commit)
             if not missing:
                 return False
-            before = pack_names(repo.path)
             try:
-                self.git.fetch_objects(repo.path, url, sorted(missing), hold=(fd,), trees=trees, max_bytes=max_bytes)
+                with refused_packs_removed(repo.path):
+                    self.git.fetch_objects(
+                        repo.path, url, sorted(missing), hold=(fd,), trees=trees, max_bytes=max_bytes
+                    )
             except IncomingTooLarge:
                 remove_stale_files(repo.path)
                 raise
             except GitError as exc:
                 remove_stale_files(repo.path)
-                if exc.malformed:
-                    remove_packs_since(repo.path, before)
                 raise self.cache_error(exc) from None
             return True
 
@@ -300,23 +298,27 @@ def remove_stale_files(repo: Path) -> list[Path]:
     return removed
 
 
-def pack_names(repo: Path) -> set[str]:
+def _pack_names(repo: Path) -> set[str]:
     """The packs of a bare repository, by file name (``pack-*.pack``)."""
     return {path.name for path in (repo / "objects" / "pack").glob("pack-*.pack")}
 
 
-def remove_packs_since(repo: Path, before: set[str]) -> list[Path]:
-    """Remove every file of each pack not in ``before`` (:func:`pack_names`): what a fetch git's object checks
-    refused completed. git runs some checks (a ``.gitmodules`` that is not a file) only once the pack is
-    written, then fails the fetch before any ref moves but leaves the pack, whose objects the next read or
-    fetch would take unchecked. Only after such a refusal (:attr:`GitError.malformed`): another failure may
-    come after refs moved onto the pack's objects. Call under the repository's lock, ``before`` taken under
-    it too."""
-    removed: list[Path] = []
-    for name in pack_names(repo) - before:
-        for path in (repo / "objects" / "pack").glob(f"{name.removesuffix('.pack')}.*"):
-            _unlink(path, removed)
-    return removed
+@contextmanager
+def refused_packs_removed(repo: Path) -> Iterator[None]:
+    """Around a fetch into ``repo``, under its lock: when git's object checks refuse what the fetch sent
+    (:attr:`GitError.malformed`), every file of each pack it added is removed. git runs some checks (a
+    ``.gitmodules`` that is not a file) only once the pack is written, then fails the fetch before any ref
+    moves but leaves the pack, whose objects the next read or fetch would take unchecked. Only after such a
+    refusal: another failure may come after refs moved onto the pack's objects."""
+    before = _pack_names(repo)
+    try:
+        yield
+    except GitError as exc:
+        if exc.malformed:
+            for name in _pack_names(repo) - before:
+                for path in (repo / "objects" / "pack").glob(f"{name.removesuffix('.pack')}.*"):
+                    path.unlink(missing_ok=True)
+        raise
 
 
 def _old_listing_temporary(path: Path) -> bool:

@@ -37,7 +37,7 @@ from typing import Literal
 
 from envbuild.errors import EnvbuildError
 from envbuild.git import treehash
-from envbuild.git.cache import CachedRepo, GitCache, pack_names, remove_packs_since, remove_stale_files
+from envbuild.git.cache import CachedRepo, GitCache, refused_packs_removed, remove_stale_files
 from envbuild.git.gitmodules import too_many_records
 from envbuild.git.mirrors import Mirrors
 from envbuild.git.remote import GitError, fetch_args, fetch_config, ref_refspec
@@ -190,28 +190,24 @@ def fetch_commit(exporter: TreeExporter, pin: TreePin, *, absent: bool = False) 
             return repo
 
         def fetch(*args: str) -> None:
-            git.run(
-                fetch_args(*args, filter=None),
-                repo=repo.path,
-                config=fetch_config(url),
-                timeout=git.network_timeout,
-                network=True,
-                hold=(lock_fd,),
-            )
+            with refused_packs_removed(repo.path):  # objects git's checks refused: never taken by the next fetch
+                git.run(
+                    fetch_args(*args, filter=None),
+                    repo=repo.path,
+                    config=fetch_config(url),
+                    timeout=git.network_timeout,
+                    network=True,
+                    hold=(lock_fd,),
+                )
 
-        before = pack_names(repo.path)
         try:
             fetch("--depth=1", "origin", "--", f"+{pin.commit}:{EXPORT_NS}{pin.commit}")
         except GitError as first:
-            if first.malformed:  # objects git's checks refused: never taken by the next fetch
-                remove_packs_since(repo.path, before)
             # The server refuses wants by SHA: fetch the history of the refs that hold the commit.
             unshallow = ["--unshallow"] if (repo.path / "shallow").exists() else []
             try:
                 fetch(*unshallow, "origin", "--", *pin.fallback)
             except GitError as second:
-                if second.malformed:
-                    remove_packs_since(repo.path, before)
                 if first.no_space or second.no_space:  # a full disk: say so, and leave no half-written pack
                     remove_stale_files(repo.path)
                     raise exporter.cache.cache_error(second if second.no_space else first) from None
