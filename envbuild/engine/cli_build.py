@@ -58,7 +58,7 @@ def choose_transport(environ: dict[str, str] | None = None) -> BuildCli | None:
     if found is None and (wanted == "cli" or named):
         what = f"{CLI_ENV}={named} is no docker CLI that" if named else "no docker CLI on PATH or at /usr/bin/docker"
         asked = f"{TRANSPORT_ENV}=cli: " if wanted == "cli" else ""
-        unset = " and ".join(name for name, set_ in ((TRANSPORT_ENV, wanted == "cli"), (CLI_ENV, named)) if set_)
+        unset = " and ".join(([TRANSPORT_ENV] if wanted == "cli" else []) + ([CLI_ENV] if named else []))
         raise EngineError(
             f"{asked}{what} builds with BuildKit by itself (it needs to be docker < 23, as Debian's docker.io, "
             f"or to have the buildx plugin); unset {unset} to build through the Engine API"

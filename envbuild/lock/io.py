@@ -331,7 +331,8 @@ def checked_lock_text(lock: Lock, path: str | os.PathLike[str], text: str | None
         first = exc.problems[0]
         more = f" (and {len(exc.problems) - 1} more problems)" if len(exc.problems) > 1 else ""
         raise LockWriteRefused(
-            path, f"the new lock would fail the lock's reader: {_in_source(lock, first.field)}{first.message}{more}"
+            path,
+            f"the new lock would fail the lock's reader: {_with_entry_name(lock, first.field)}{first.message}{more}",
         ) from None
     return text
 
@@ -341,7 +342,7 @@ def _source_size(lock: Lock, source: Source) -> int:
     return len(dump_lock(alone).encode("utf-8"))
 
 
-def _in_source(lock: Lock, field: str) -> str:
+def _with_entry_name(lock: Lock, field: str) -> str:
     """``sources[3].provides.name`` with the source's name (``packages[0]…`` with the package's), which a
     reader of the message knows."""
     for key, entries, kind in (("sources[", lock.sources, "source"), ("packages[", lock.packages, "package")):
