@@ -26,7 +26,7 @@ import socket
 import tarfile
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,7 @@ from envrun.cluster.spec import load_cluster_file
 from envrun.cluster.state import CLUSTER_LABEL, ClusterState, save_state, state_path
 from envrun.cluster.storage import storage_line, unseen_files
 from envrun.cluster.up import UpOptions, cluster_up, pin_image
+from tests.lib.gitrepos import LoopbackServer
 from tests.lib.raycluster import free_block
 from tests.lib.services import PushedImage, push_as
 
@@ -431,28 +432,26 @@ def test_a_node_that_never_joins_is_removed_naming_the_job_api_asked(
     assert clusters_of(docker_client, "gaps-nojoin") == []
 
 
-class Relay:
+@dataclass
+class Relay(LoopbackServer):
     """A TCP port relaying to the engine's unix socket: the host's engine at ``tcp://``, until :meth:`cut`
     (the host lost: every connection reset, the port closed)."""
 
-    def __init__(self, socket_path: str) -> None:
-        self.socket_path = socket_path
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"tcp://127.0.0.1:{self.listener.getsockname()[1]}"
-        self.open: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
+    socket_path: str = ""
+    port: int = 0
+    _server: socket.socket | None = None
+    _sockets: list[socket.socket] = field(default_factory=list)
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            upstream = socket.socket(socket.AF_UNIX)
-            upstream.connect(self.socket_path)
-            self.open += [client, upstream]
-            for source, target in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(source, target), daemon=True).start()
+    @property
+    def url(self) -> str:
+        return f"tcp://127.0.0.1:{self.port}"
+
+    def _serve(self, client: socket.socket) -> None:
+        upstream = socket.socket(socket.AF_UNIX)
+        upstream.connect(self.socket_path)
+        self._sockets.append(upstream)
+        for source, target in ((client, upstream), (upstream, client)):
+            threading.Thread(target=self._pump, args=(source, target), daemon=True).start()
 
     @staticmethod
     def _pump(source: socket.socket, target: socket.socket) -> None:
@@ -469,14 +468,13 @@ class Relay:
                     pass
 
     def cut(self) -> None:
-        self.listener.shutdown(socket.SHUT_RDWR)
-        self.listener.close()
-        for end in self.open:
+        ends = [self._server] if self._server is not None else []
+        for end in [*ends, *self._sockets]:  # the port and every connection reset, not only closed here
             try:
                 end.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-            end.close()
+        self.close()
 
 
 @pytest.mark.docker
@@ -484,7 +482,7 @@ class Relay:
 def test_a_host_lost_before_its_node_is_removed_keeps_the_state_and_says_what_is_left(
     images: Images, engine_url: str, docker_client: docker.DockerClient, tmp_path: Path
 ) -> None:
-    relay = Relay(engine_url.removeprefix("unix://"))
+    relay = Relay(socket_path=engine_url.removeprefix("unix://")).start()
     spec = load_cluster_file(write_cluster(tmp_path / "c.yaml", "gaps-lost", [relay.url]))
 
     def progress(message: str) -> None:

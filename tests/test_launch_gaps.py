@@ -29,7 +29,7 @@ import tarfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,7 @@ from envrun.prepare import PreparedRun, prepare_run
 from envrun.probe.report import ExportLayout
 from envrun.rundir import read_status
 from envrun.schedule.slurm import SlurmLauncher, job_fields
+from tests.lib.gitrepos import LoopbackServer
 from tests.lib.tinyrun import LOCK, TINY_RECIPE, Tiny
 
 DIGEST = "registry.example/glm5@sha256:" + "ab" * 32
@@ -386,35 +387,26 @@ def test_a_docker_dry_run_without_an_engine_shows_the_container_without_a_byteco
     assert err.startswith("envrun: error: preflight failed, nothing started: image-lock-label: ")
 
 
-class HangingServer:
+@dataclass
+class HangingServer(LoopbackServer):
     """A port that accepts connections and never answers (a dashboard wedged); ``accepted`` is set once a
     client is connected."""
 
-    def __init__(self) -> None:
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.address = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
-        self.accepted = threading.Event()
-        self.clients: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
+    accepted: threading.Event = field(default_factory=threading.Event)
+    port: int = 0
+    _server: socket.socket | None = None
+    _sockets: list[socket.socket] = field(default_factory=list)
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            self.clients.append(client)
-            self.accepted.set()
+    @property
+    def address(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
-    def close(self) -> None:
-        self.listener.shutdown(socket.SHUT_RDWR)
-        self.listener.close()
-        for client in self.clients:
-            client.close()
+    def _serve(self, client: socket.socket) -> None:
+        self.accepted.set()
 
 
 def test_ctrl_c_while_the_nodes_are_asked_records_the_run_as_stopped_before_the_job(tiny: Tiny) -> None:
-    server = HangingServer()
+    server = HangingServer().start()
     try:
         prepared = prepare_run(tiny.request(backend="ray", ray_address=server.address))
 

@@ -287,7 +287,7 @@ class Served:
         raise ValueError(transport)
 
 
-class _LoopbackServer:
+class LoopbackServer:
     """A TCP server on 127.0.0.1 for tests: accepts in a daemon thread and hands each client to ``_serve``;
     ``close()`` stops accepting and closes every socket it holds (``_sockets``)."""
 
@@ -321,11 +321,11 @@ class _LoopbackServer:
             sock.close()
 
 
-_Server = TypeVar("_Server", bound=_LoopbackServer)
+_Server = TypeVar("_Server", bound=LoopbackServer)
 
 
 @dataclass
-class ThrottlingProxy(_LoopbackServer):
+class ThrottlingProxy(LoopbackServer):
     """A TCP proxy to a local port that forwards server-to-client bytes slowly while ``delay`` > 0, so
     a test can catch a fetch halfway. Runs in daemon threads; ``close()`` stops accepting."""
 
@@ -416,7 +416,7 @@ def pkt_line(payload: bytes) -> bytes:
 
 
 @dataclass
-class HostileGitServer(_LoopbackServer):
+class HostileGitServer(LoopbackServer):
     """A git:// server on 127.0.0.1 that answers every request as ``mode`` says (protocol v0):
 
     - ``refs``: advertises ``refs`` (``(sha, name)`` pairs, names as raw bytes), then ends;
