@@ -80,8 +80,9 @@ LANES = {
 # Modules whose module-scoped fixtures cost seconds each (a probe of verl, a model built and saved by the
 # real transformers): every test of theirs runs on one worker, in the module's lane if it has one, so each
 # fixture is made once per run — spread over two workers, xdist made each on both (measured: the probe
-# test's ``saving`` 13 + 16 s, the architectures' ``answers`` 10.6 + 10.8 s).
-TOGETHER = ("test_probe", "test_auditnames", "test_checkpoint_architectures", "test_checkpoint_real")
+# test's ``saving`` 13 + 16 s, the architectures' ``answers`` 10.6 + 10.8 s; the README's quick start in a
+# fresh clone, 17 s, which its every-command test runs after).
+TOGETHER = ("test_probe", "test_auditnames", "test_checkpoint_architectures", "test_checkpoint_real", "test_readme")
 
 
 def lane_of(item: pytest.Item) -> str:
