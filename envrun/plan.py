@@ -13,6 +13,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 from envbuild.data.jsonout import jfield, to_jsonable
+from envbuild.data.reference import by_digest
 from envbuild.data.typed import meta
 from envbuild.errors import InputError
 from envbuild.escape import for_terminal
@@ -262,10 +263,11 @@ def build_plan(
         raise InputError(
             "--volume: only the docker and slurm backends mount (a cluster's volumes are in its cluster file)"
         )
-    if params.backend == "slurm" and not (params.image and "@sha256:" in params.image):
+    if params.backend == "slurm" and not (params.image and by_digest(params.image)):
+        shown = f"not {for_terminal(repr(params.image))}" if params.image else "none given"
         raise InputError(
-            "--backend slurm and --emit need --image REPOSITORY@sha256:… (every node pulls the same bits; "
-            "`envbuild image --push --json` prints the digest)"
+            f"--backend slurm and --emit need --image REPOSITORY@sha256:<64 lowercase hex>, {shown} (every node "
+            "pulls the same bits; `envbuild image --push --json` prints the digest)"
         )
     for name, value in params.extra_env.items():
         if not re.fullmatch(ENV_NAME, name) or "\0" in value:

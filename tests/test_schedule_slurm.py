@@ -148,10 +148,29 @@ def cli_args(tiny: Tiny, *extra: str) -> list[str]:
     return tiny.args("--nnodes", "2", "--output-dir", "/runs", *extra)
 
 
-def test_the_cli_refuses_a_tag_for_a_slurm_run(tiny: Tiny, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main([*cli_args(tiny), "--backend", "slurm", "--image", "registry.example/glm5:latest"]) == 2
+@pytest.mark.parametrize(
+    "image",
+    [
+        "registry.example/glm5:latest",
+        "registry.example/glm5@sha256:…",  # the docs' placeholder, pasted as it is
+        "registry.example/glm5@sha256:" + "AB" * 32,  # the registry serves lowercase
+        "registry.example/glm5:2026-12@sha256:" + "ab" * 32,  # a tag beside the digest: which one is pulled?
+        "Registry.example/GLM5@sha256:" + "ab" * 32,
+    ],
+)
+@pytest.mark.parametrize("how", [["--backend", "slurm"], ["--emit", "volcano"], ["--emit", "sbatch"]])
+def test_the_cli_refuses_an_image_not_by_digest_before_reading_the_overrides(
+    tiny: Tiny, image: str, how: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, `--emit sbatch` wrote a job from the docs' `@sha256:…` (every node's pull would fail), and a
+    Kubernetes emit refused it only after validating the overrides against verl's config."""
+    target = tmp_path / "out"
+    assert main([*cli_args(tiny), *how, *([str(target)] if how[0] == "--emit" else []), "--image", image]) == 2
+    assert not target.exists()
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "REPOSITORY@sha256" in err
+    assert err.count("\n") == 1, err  # one line, and no "validating N overrides" before it
+    assert err.startswith("envrun: error: --backend slurm and --emit need --image REPOSITORY@sha256:<64 lowercase hex>")
+    assert f"not {image!r}" in err
 
 
 @pytest.mark.parametrize(

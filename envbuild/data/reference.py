@@ -59,6 +59,18 @@ def split_reference(reference: str) -> tuple[str, str | None, str | None]:
     return name, tag, digest if at else None
 
 
+def by_digest(reference: str) -> bool:
+    """Whether ``reference`` is ``repository@sha256:<64 lowercase hex>`` with no tag: an image every node
+    of a scheduled job pulls as the same bits."""
+    name, at, digest = reference.partition("@")
+    return (
+        bool(at)
+        and bool(re.fullmatch(SHA256_DIGEST, digest))
+        and split_reference(name)[1] is None
+        and not check_name(name)
+    )
+
+
 def split_tag(reference: str) -> tuple[str, str]:
     """(name, tag) as docker tags, pushes and names an image: a digest is not part of either, and a
     reference without a tag means ``latest``, docker's default tag."""

@@ -63,7 +63,7 @@ from typing import Any
 
 import yaml
 
-from envbuild.data.reference import SHA256_DIGEST, check_name, split_reference
+from envbuild.data.reference import by_digest
 from envbuild.errors import InputError
 from envrun.cluster.onnet import NOSET
 from envrun.injob.spec import HEAD_VAR, INDEX_VAR, IP_VAR, JOB_DIR, NAME_VAR
@@ -140,8 +140,7 @@ def _problem(job: KubeJob) -> str | None:
         return f"Kubernetes job {job.name}: {job.nnodes} node(s); expected at least 1"
     if job.npus_per_node is not None and job.npus_per_node < 1:
         return f"Kubernetes job {job.name}: {job.npus_per_node} NPU(s) per node; expected at least 1, or none asked"
-    name, at, digest = job.image.partition("@")
-    if not at or not re.fullmatch(SHA256_DIGEST, digest) or split_reference(name)[1] is not None or check_name(name):
+    if not by_digest(job.image):
         return f"Kubernetes job {job.name}: image {job.image!r}: expected repository@sha256:<64 lowercase hex>, by digest only"
     if job.namespace is not None and not _DNS_LABEL.fullmatch(job.namespace):
         return f"Kubernetes job {job.name}: namespace {job.namespace!r} is not a DNS-1123 label"
