@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
-import io
 import json
 import os
 import shutil
@@ -35,7 +34,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from collections.abc import Callable
@@ -56,7 +54,7 @@ from envbuild.verify.pins import VerifyOptions  # noqa: E402
 from tests.lib.baseimage import ensure_base_image  # noqa: E402
 from tests.lib.gitrepos import GitDaemon, Repo  # noqa: E402
 from tests.lib.imagelock import ImageLockEnv, make_sources, make_wheels  # noqa: E402
-from tests.lib.legacybuild import legacy_build  # noqa: E402
+from tests.lib.legacybuild import dockerfile_context, legacy_build  # noqa: E402
 from tests.lib.pyindex import PyIndex  # noqa: E402
 from tests.lib.services import push_as  # noqa: E402
 
@@ -131,13 +129,7 @@ def hand_build(
     client: docker.DockerClient, dockerfile: str, *, nocache: bool, tag: str | None = None
 ) -> tuple[str, int]:
     """Build with the host network (the hand-written Dockerfile fetches); (image ID, cached steps)."""
-    data = dockerfile.encode()
-    context = io.BytesIO()
-    with tarfile.open(fileobj=context, mode="w") as tar:
-        info = tarfile.TarInfo("Dockerfile")
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-    context.seek(0)
+    context = dockerfile_context(dockerfile)
     image, cached = legacy_build(client, context, nocache=nocache, network="host", tag=tag)
     if tag is None:
         HAND_IMAGES.append(image)

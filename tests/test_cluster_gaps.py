@@ -18,13 +18,10 @@ behind (and that test fails).
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import re
 import socket
-import tarfile
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +41,8 @@ from envrun.cluster.spec import load_cluster_file
 from envrun.cluster.state import CLUSTER_LABEL, ClusterState, save_state, state_path
 from envrun.cluster.storage import storage_line, unseen_files
 from envrun.cluster.up import UpOptions, cluster_up, pin_image
-from tests.lib.gitrepos import LoopbackServer
+from tests.lib.gitrepos import LoopbackServer, relay_both_ways
+from tests.lib.legacybuild import dockerfile_context
 from tests.lib.raycluster import free_block
 from tests.lib.services import PushedImage, push_as
 
@@ -174,13 +172,7 @@ class Images:
 
 def build(client: docker.DockerClient, dockerfile: str, files: dict[str, bytes], tag: str) -> str:
     """An image built from ``dockerfile`` and ``files`` (executable), no network; its ID."""
-    context = io.BytesIO()
-    with tarfile.open(fileobj=context, mode="w") as tar:
-        for name, data in {"Dockerfile": dockerfile.encode(), **files}.items():
-            info = tarfile.TarInfo(name)
-            info.size, info.mode = len(data), 0o755
-            tar.addfile(info, io.BytesIO(data))
-    context.seek(0)
+    context = dockerfile_context(dockerfile, files, mode=0o755)
     image, _ = client.images.build(fileobj=context, custom_context=True, tag=tag, network_mode="none", rm=True)
     return str(image.id)
 
@@ -236,6 +228,12 @@ def clusters_of(client: docker.DockerClient, name: str) -> list[str]:
     return [c["Id"] for c in client.api.containers(all=True, filters={"label": f"{CLUSTER_LABEL}={name}"})]
 
 
+def assert_nothing_left(client: docker.DockerClient, state: Path, name: str) -> None:
+    """An ``up`` that failed left no state file and no container of cluster ``name``."""
+    assert not state_path(state, name).exists()
+    assert clusters_of(client, name) == []
+
+
 @pytest.mark.docker
 @pytest.mark.registry
 def test_an_image_no_registry_serves_cannot_be_pinned_and_nothing_starts(
@@ -273,8 +271,7 @@ def test_an_image_without_the_lock_label_is_refused_before_anything_starts(
         2,
         f"{engine_url}: {pushed_base_image.by_digest} has no {LOCK_LABEL} label; build the image with `envbuild image`",
     )
-    assert not state_path(tmp_path / "state", "gaps-nolabel").exists()
-    assert clusters_of(docker_client, "gaps-nolabel") == []
+    assert_nothing_left(docker_client, tmp_path / "state", "gaps-nolabel")
 
 
 @pytest.mark.docker
@@ -323,8 +320,7 @@ def test_a_host_probe_that_fails_is_named_with_its_exit_status_and_words(
         r" \| Current thread 0x[0-9a-f]+ \(most recent call first\): \| <no Python frame>$",
         said,
     ), said
-    assert not state_path(tmp_path / "state", "gaps-probe").exists()
-    assert clusters_of(docker_client, "gaps-probe") == []
+    assert_nothing_left(docker_client, tmp_path / "state", "gaps-probe")
 
 
 @pytest.mark.docker
@@ -344,8 +340,7 @@ def test_a_node_address_no_interface_of_its_host_carries_is_refused(
         f"{engine_url}: no interface of this host carries 203.0.113.7, the cluster file's ip for node "
         f"envrun-gaps-ip-0 (its interfaces: {shown_interfaces(interfaces())}); give the node an address of its host"
     )
-    assert not state_path(tmp_path / "state", "gaps-ip").exists()
-    assert clusters_of(docker_client, "gaps-ip") == []
+    assert_nothing_left(docker_client, tmp_path / "state", "gaps-ip")
 
 
 @pytest.mark.docker
@@ -364,8 +359,7 @@ def test_two_engine_urls_of_one_machine_share_its_hccl_ports(
     spec = write_cluster(tmp_path / "c.yaml", "gaps-hccl", [engine_url, same], hccl_ports=65400)
     code, error = up(capsys, spec, images.node, tmp_path / "state")
     assert (code, error) == (2, "hccl_ports: 65400 leaves no room for 2 node(s) on one host (128 ports each); lower it")
-    assert not state_path(tmp_path / "state", "gaps-hccl").exists()
-    assert clusters_of(docker_client, "gaps-hccl") == []
+    assert_nothing_left(docker_client, tmp_path / "state", "gaps-hccl")
 
 
 @pytest.mark.docker
@@ -404,8 +398,7 @@ def test_a_head_that_reports_no_address_in_time_is_removed(
         1,
         f"{engine_url}: node envrun-gaps-slowhead-0 did not come up in time; its log ends: {STUB_LOG}",
     )
-    assert not state_path(tmp_path / "state", "gaps-slowhead").exists()
-    assert clusters_of(docker_client, "gaps-slowhead") == []
+    assert_nothing_left(docker_client, tmp_path / "state", "gaps-slowhead")
 
 
 @pytest.mark.docker
@@ -428,8 +421,7 @@ def test_a_node_that_never_joins_is_removed_naming_the_job_api_asked(
         f"{engine_url}: node envrun-gaps-nojoin-0 did not join the cluster at http://127.0.0.1:{port} in time; "
         f"its log ends: {STUB_LOG}",
     )
-    assert not state_path(tmp_path / "state", "gaps-nojoin").exists()
-    assert clusters_of(docker_client, "gaps-nojoin") == []
+    assert_nothing_left(docker_client, tmp_path / "state", "gaps-nojoin")
 
 
 @dataclass
@@ -450,22 +442,7 @@ class Relay(LoopbackServer):
         upstream = socket.socket(socket.AF_UNIX)
         upstream.connect(self.socket_path)
         self._sockets.append(upstream)
-        for source, target in ((client, upstream), (upstream, client)):
-            threading.Thread(target=self._pump, args=(source, target), daemon=True).start()
-
-    @staticmethod
-    def _pump(source: socket.socket, target: socket.socket) -> None:
-        try:
-            while data := source.recv(65536):
-                target.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for end in (source, target):
-                try:
-                    end.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+        relay_both_ways(client, upstream)
 
     def cut(self) -> None:
         ends = [self._server] if self._server is not None else []

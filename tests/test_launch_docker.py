@@ -4,9 +4,7 @@ checks it received the plan's arguments and environment; the preflight checks th
 from __future__ import annotations
 
 import hashlib
-import io
 import json
-import tarfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,20 +17,10 @@ from envrun.execute import execute_run
 from envrun.plan import RunParameters, Volume
 from envrun.prepare import RunRequest, prepare_run
 from envrun.rundir import read_status
+from tests.lib.legacybuild import dockerfile_context
 from tests.lib.tinyrun import FAKE_TRAINER, LOCK, Tiny, envrun_until_sleeping, tiny_setup
 
 pytestmark = pytest.mark.docker
-
-
-def _context(dockerfile: str) -> io.BytesIO:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for name, data in (("Dockerfile", dockerfile.encode()), ("fake_trainer.py", FAKE_TRAINER.read_bytes())):
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    buffer.seek(0)
-    return buffer
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +31,13 @@ def trainer_image(docker_client: docker.DockerClient, base_image) -> str:  # noq
         f"FROM {base_image.tag}\nCOPY fake_trainer.py /opt/fake_trainer.py\nLABEL io.envbuild.lock.sha256={lock_sha}\n"
         "ENV PYTHONDONTWRITEBYTECODE=1\n"  # as an image envbuild builds says: it ships no bytecode
     )
-    docker_client.images.build(fileobj=_context(dockerfile), custom_context=True, tag=tag, rm=True, network_mode="none")
+    docker_client.images.build(
+        fileobj=dockerfile_context(dockerfile, {"fake_trainer.py": FAKE_TRAINER.read_bytes()}),
+        custom_context=True,
+        tag=tag,
+        rm=True,
+        network_mode="none",
+    )
     yield tag
     docker_client.images.remove(tag, force=True)
 

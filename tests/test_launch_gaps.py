@@ -18,14 +18,12 @@ services.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
-import tarfile
 import threading
 import time
 from collections.abc import Iterator
@@ -52,6 +50,7 @@ from envrun.probe.report import ExportLayout
 from envrun.rundir import read_status
 from envrun.schedule.slurm import SlurmLauncher, job_fields
 from tests.lib.gitrepos import LoopbackServer
+from tests.lib.legacybuild import dockerfile_context
 from tests.lib.tinyrun import LOCK, TINY_RECIPE, Tiny
 
 DIGEST = "registry.example/glm5@sha256:" + "ab" * 32
@@ -190,13 +189,7 @@ def test_a_probe_that_hangs_is_given_up_at_its_deadline(tiny: Tiny, monkeypatch:
 def other_lock_image(docker_client: docker.DockerClient, base_image: Any) -> Iterator[str]:
     """The base image with the lock label of another lock; removed by its ID after."""
     other = hashlib.sha256(b"another lock").hexdigest()
-    dockerfile = f"FROM {base_image.tag}\nLABEL {LOCK_LABEL}={other}\n".encode()
-    context = io.BytesIO()
-    with tarfile.open(fileobj=context, mode="w") as tar:
-        info = tarfile.TarInfo("Dockerfile")
-        info.size = len(dockerfile)
-        tar.addfile(info, io.BytesIO(dockerfile))
-    context.seek(0)
+    context = dockerfile_context(f"FROM {base_image.tag}\nLABEL {LOCK_LABEL}={other}\n")
     image, _ = docker_client.images.build(
         fileobj=context, custom_context=True, tag="envrun-gaps/otherlock:1", network_mode="none", rm=True
     )

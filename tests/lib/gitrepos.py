@@ -15,7 +15,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -339,23 +339,33 @@ class ThrottlingProxy(LoopbackServer):
     def _serve(self, client: socket.socket) -> None:
         upstream = socket.create_connection(("127.0.0.1", self.target_port))
         self._sockets.append(upstream)
-        threading.Thread(target=self._pipe, args=(client, upstream, False), daemon=True).start()
-        threading.Thread(target=self._pipe, args=(upstream, client, True), daemon=True).start()
+        relay_both_ways(client, upstream, self.chunk, lambda: self.delay)
 
-    def _pipe(self, src: socket.socket, dst: socket.socket, slow: bool) -> None:
-        try:
-            while data := src.recv(self.chunk):
-                dst.sendall(data)
-                if slow and self.delay:
-                    time.sleep(self.delay)
-        except OSError:
-            pass
-        finally:
-            for sock in (src, dst):
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+
+def relay_both_ways(
+    client: socket.socket, upstream: socket.socket, chunk: int = 65536, pause: Callable[[], float] = lambda: 0.0
+) -> None:
+    """Bytes pumped both ways between two connected sockets, in daemon threads, until either end closes
+    (then both are shut down); after each chunk to ``client``, a sleep of ``pause()`` seconds (read each
+    time, so a test can slow or free a stream halfway)."""
+    threading.Thread(target=_pump, args=(client, upstream, chunk, lambda: 0.0), daemon=True).start()
+    threading.Thread(target=_pump, args=(upstream, client, chunk, pause), daemon=True).start()
+
+
+def _pump(source: socket.socket, target: socket.socket, chunk: int, pause: Callable[[], float]) -> None:
+    try:
+        while data := source.recv(chunk):
+            target.sendall(data)
+            if delay := pause():
+                time.sleep(delay)
+    except OSError:
+        pass
+    finally:
+        for end in (source, target):
+            try:
+                end.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
 
 def child_pids(pid: int) -> list[int]:

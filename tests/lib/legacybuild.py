@@ -4,10 +4,24 @@ builds with BuildKit only (envbuild/engine/client.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import io
+import tarfile
+from collections.abc import Iterable, Mapping
 from typing import IO
 
 import docker
+
+
+def dockerfile_context(dockerfile: str, files: Mapping[str, bytes] | None = None, mode: int = 0o644) -> io.BytesIO:
+    """A build context in memory: a tar of ``dockerfile`` and ``files``, each with ``mode``, read from the start."""
+    context = io.BytesIO()
+    with tarfile.open(fileobj=context, mode="w") as tar:
+        for name, data in {"Dockerfile": dockerfile.encode(), **(files or {})}.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), mode
+            tar.addfile(info, io.BytesIO(data))
+    context.seek(0)
+    return context
 
 
 def legacy_build(
