@@ -150,6 +150,57 @@ def test_pep_658_metadata_is_used_where_the_index_serves_it_and_checked(dists: P
     assert bad["dep"].requires is None and "does not match" in bad["dep"].detail
 
 
+def test_each_wheel_s_metadata_is_parsed_once_whichever_cache_answers(
+    dists: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rebuild reads the closure from the caches: one parse of each METADATA, from the pinned-metadata
+    cache and from a wheel in the file cache alike (a second parse, for the name alone, was half the
+    closure check at 226 packages); the name and version are still checked on that one parse."""
+    import envbuild.verify.metadata as module
+
+    parses: list[bytes] = []
+    real = module._parse
+    monkeypatch.setattr(module, "_parse", lambda data: parses.append(data) or real(data))
+    with PyIndex(dists) as index:
+        lock = closure_lock(index)
+        unpinned = dataclasses.replace(
+            lock, packages=tuple(locked(index, p.name, p.version, pin=False) for p in lock.packages)
+        )
+        for case in (lock, unpinned):
+            cache = tmp_path / f"cache-{len(parses)}"
+            files = FileCache(cache)
+            for package in case.packages:
+                wheel = dists / package.files[0].filename
+                files.fetch(
+                    wheel.as_uri(),
+                    package.files[0].sha256,
+                    wheel.name,
+                    lambda url, out, w=wheel: out.write(w.read_bytes()),
+                )
+            read_metadata(case, MetadataReader(cache, IndexClient()))  # fills the metadata caches
+            parses.clear()
+            again = read_metadata(case, MetadataReader(cache, IndexClient(), offline=True))
+            assert len(parses) == len(case.packages), case.packages[0].files[0]
+            assert all(m.requires is not None for m in again.values())
+    (dists / "dep-1.5-py3-none-any.whl").unlink()
+    make_wheel(dists, "dep", "2.0")
+    shutil.move(dists / "dep-2.0-py3-none-any.whl", dists / "dep-1.5-py3-none-any.whl")  # a 2.0 under 1.5's name
+    with PyIndex(dists) as index:
+        wheel = dists / "dep-1.5-py3-none-any.whl"
+        cache = tmp_path / "named-wrong"
+        FileCache(cache).fetch(
+            wheel.as_uri(), index.sha256(wheel.name), wheel.name, lambda url, out: out.write(wheel.read_bytes())
+        )
+        for pin in (True, False):  # checked before the pinned cache keeps it, and on the one parse without a pin
+            lock = closure_lock(index)
+            lock = dataclasses.replace(
+                lock, packages=tuple(locked(index, p.name, p.version, pin=pin) for p in lock.packages)
+            )
+            found = read_metadata(lock, MetadataReader(cache, IndexClient(), offline=True))
+            assert found["dep"].requires is None and "its metadata is for dep 2.0, not dep 1.5" in found["dep"].detail
+            assert not (cache / "metadata" / "sha256").exists() or not any((cache / "metadata" / "sha256").iterdir())
+
+
 def test_offline_reads_the_caches_only(dists: Path, tmp_path: Path) -> None:
     with PyIndex(dists) as index:
         lock = closure_lock(index)

@@ -58,9 +58,11 @@ EXTRA_ONLY = re.compile(r"""^[^;]*;\s*extra\s*==\s*(?:"[^"]*"|'[^']*')\s*$""")
 # Directories at a source's root that hold no importable part of it, when its metadata names none.
 NOT_PACKAGES = {"test", "tests", "doc", "docs", "example", "examples", "benchmark", "benchmarks", "tools", "scripts"}
 DEFAULT_MANIFEST = "/opt/envbuild/meta/manifest.json"
-# Where the email package ends a line (not str.splitlines: a form feed in a license is no line end), and
-# what it reads as a header line: a name of printable characters but ":", then ":".
-LINE_END = re.compile(r"\r\n|\r|\n")
+# A line as the email package ends it (not str.splitlines: a form feed in a license is no line end), read
+# one at a time: the headers are a few dozen lines before a body that can be a README of thousands (torch's:
+# splitting every METADATA whole was 0.02 s of the check at 226 distributions). And what it reads as a
+# header line: a name of printable characters but ":", then ":".
+LINE = re.compile(r"([^\r\n]*)(?:\r\n|\r|\n|\Z)")
 HEADER_LINE = re.compile(r"[\x21-\x39\x3b-\x7e]*:")
 # --encoded: the report as a build's log passes it on (:func:`write_encoded`)
 ENCODED_FLAG = "--encoded"
@@ -109,7 +111,8 @@ def headers(text: str) -> dict:
     field's blank lines, as setuptools writes them); the body, a long description, is never read."""
     found: dict = {}
     last: list = []
-    for line in LINE_END.split(text):
+    for match in LINE.finditer(text):
+        line = match[1]
         if not line:
             break
         if line[0] in " \t":
