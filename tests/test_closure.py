@@ -76,6 +76,11 @@ def closure_lock(index: PyIndex, *sources: Source) -> Lock:
     )
 
 
+def in_file_cache(cache_dir: Path, wheel: Path, sha256: str) -> None:
+    """``wheel`` put in the file cache of ``cache_dir`` as a download puts it (checked by ``sha256``)."""
+    FileCache(cache_dir).fetch(wheel.as_uri(), sha256, wheel.name, lambda url, out: out.write(wheel.read_bytes()))
+
+
 def src(name: str, **fields: object) -> Source:
     return Source(
         name=name, repo=f"https://example.org/{name}.git", ref="main", ref_type="branch", commit="1" * 40, **fields
@@ -166,17 +171,10 @@ def test_each_wheel_s_metadata_is_parsed_once_whichever_cache_answers(
         unpinned = dataclasses.replace(
             lock, packages=tuple(locked(index, p.name, p.version, pin=False) for p in lock.packages)
         )
-        for case in (lock, unpinned):
-            cache = tmp_path / f"cache-{len(parses)}"
-            files = FileCache(cache)
+        for name, case in (("pinned", lock), ("unpinned", unpinned)):
+            cache = tmp_path / name
             for package in case.packages:
-                wheel = dists / package.files[0].filename
-                files.fetch(
-                    wheel.as_uri(),
-                    package.files[0].sha256,
-                    wheel.name,
-                    lambda url, out, w=wheel: out.write(w.read_bytes()),
-                )
+                in_file_cache(cache, dists / package.files[0].filename, package.files[0].sha256)
             read_metadata(case, MetadataReader(cache, IndexClient()))  # fills the metadata caches
             parses.clear()
             again = read_metadata(case, MetadataReader(cache, IndexClient(), offline=True))
@@ -188,9 +186,7 @@ def test_each_wheel_s_metadata_is_parsed_once_whichever_cache_answers(
     with PyIndex(dists) as index:
         wheel = dists / "dep-1.5-py3-none-any.whl"
         cache = tmp_path / "named-wrong"
-        FileCache(cache).fetch(
-            wheel.as_uri(), index.sha256(wheel.name), wheel.name, lambda url, out: out.write(wheel.read_bytes())
-        )
+        in_file_cache(cache, wheel, index.sha256(wheel.name))
         for pin in (True, False):  # checked before the pinned cache keeps it, and on the one parse without a pin
             lock = closure_lock(index)
             lock = dataclasses.replace(
@@ -205,10 +201,7 @@ def test_offline_reads_the_caches_only(dists: Path, tmp_path: Path) -> None:
     with PyIndex(dists) as index:
         lock = closure_lock(index)
         wheel = dists / "dep-1.5-py3-none-any.whl"
-        files = FileCache(tmp_path / "cache")
-        files.fetch(
-            wheel.as_uri(), index.sha256(wheel.name), wheel.name, lambda url, out: out.write(wheel.read_bytes())
-        )
+        in_file_cache(tmp_path / "cache", wheel, index.sha256(wheel.name))
         offline = read_metadata(lock, MetadataReader(tmp_path / "cache", IndexClient(), offline=True))
         assert index.requests == []
     assert offline["dep"].requires == ()  # from the file cache

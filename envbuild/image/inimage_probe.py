@@ -105,14 +105,20 @@ class Installed:
 
 
 def headers(text: str) -> dict:
-    """{lower-case name: [values]} of a core metadata file's headers, as the email package reads them: the
-    lines before the first empty one (nothing but its line ending) or the first that is no header, a line
-    starting with white space continuing the header before it, even with nothing else on it (a License
-    field's blank lines, as setuptools writes them); the body, a long description, is never read."""
+    """{lower-case name: [values]} of a core metadata file's headers, as the email package reads them
+    (:func:`header_lines`); its lines are read one at a time, so the body, a long description, is never
+    split."""
+    return header_lines(match[1] for match in LINE.finditer(text))
+
+
+def header_lines(lines) -> dict:
+    """The headers of a core metadata file's ``lines`` (without their line ends): the lines before the first
+    empty one (nothing but its line ending) or the first that is no header, a line starting with white
+    space continuing the header before it, even with nothing else on it (a License field's blank lines,
+    as setuptools writes them)."""
     found: dict = {}
     last: list = []
-    for match in LINE.finditer(text):
-        line = match[1]
+    for line in lines:
         if not line:
             break
         if line[0] in " \t":
