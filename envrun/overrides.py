@@ -64,9 +64,29 @@ class ConfigSchema:
     groups: frozenset[str]  # Hydra config groups (selectable with ``group=option``)
 
     def value(self, key: str) -> Any:
+        """The value at ``key`` as plain Python (a section as a dict, a list as a list), interpolations
+        resolved where they resolve; ``_MISSING`` where the config has none, a path through a list included."""
         from omegaconf import OmegaConf
+        from omegaconf.errors import OmegaConfBaseException
 
-        return OmegaConf.select(self.config, key, default=_MISSING, throw_on_missing=False)
+        try:
+            node = OmegaConf.select(self.config, key, default=_MISSING, throw_on_missing=False)
+        except OmegaConfBaseException:  # a path through a list or a value ("trainer.logger.x")
+            return _MISSING
+        return OmegaConf.to_container(node, resolve=False) if OmegaConf.is_config(node) else node
+
+    def value_above(self, key: str) -> tuple[str, Any] | None:
+        """The nearest key above ``key`` that holds a value (a scalar or a list), not a section, and that
+        value: an override under it would replace it with a section (Hydra does so silently). A key above
+        that holds null is left: a section may be given where the default is none."""
+        parts = key.split(".")
+        for end in range(1, len(parts)):
+            above = ".".join(parts[:end])
+            if above in self.keys:
+                value = self.value(above)
+                if value is not None and value is not _MISSING and not isinstance(value, dict):
+                    return above, value
+        return None
 
     def closest(self, key: str) -> str | None:
         """A sibling with a similar name first (a typo), else a similar full path (a misplaced key)."""
@@ -105,14 +125,22 @@ def validate_overrides(overrides: Iterable[str], config_dir: Path, config_name: 
 
 
 def key_problems(overrides: list[str], schema: ConfigSchema, parsed: dict[str, Any]) -> list[str]:
-    """Keys that do not exist (``key=``, ``~key``) or already do (``+key=``), and values of the wrong
-    kind for a key whose default is a boolean or a number (``parsed``: each override's value, from
-    :func:`_parse`); each with a fix."""
+    """Keys that do not exist (``key=``, ``~key``) or already do (``+key=``), keys under a value (a scalar or
+    a list, which Hydra would silently replace with a section), and values of the wrong kind: not a
+    section for a section, a section for a value, not a boolean or a number for a boolean or numeric
+    default (``parsed``: each override's value, from :func:`_parse`); each with a fix."""
     problems: list[str] = []
     added: set[str] = set()
     for override in overrides:
         key, prefix = override_key(override), override_prefix(override)
         if key.split("@", 1)[0].replace(".", "/") in schema.groups or key in schema.groups:
+            continue
+        if held := schema.value_above(key):
+            above, value = held
+            what = f"it has no key {key}" if prefix == "~" else f"{key} would replace it with a section, silently"
+            problems.append(
+                f"{override}: {above} is a value in the verl config ({_shown(value)}), not a section; {what}"
+            )
             continue
         known = key in schema.keys or any(key == a or key.startswith(a + ".") for a in added) or _hydra_key(key)
         if prefix in ("", "~") and not known:
@@ -122,7 +150,7 @@ def key_problems(overrides: list[str], schema: ConfigSchema, parsed: dict[str, A
             problems.append(f"{override}: unknown key {key} in the verl config{hint}{add}")
         elif prefix == "+" and schema.value(key) not in (_MISSING, None):
             problems.append(f"{override}: {key} already exists in the verl config; drop the '+' to change it")
-        elif prefix == "" and (mismatch := _type_mismatch(schema.value(key), parsed.get(override))):
+        elif prefix in ("", "++") and (mismatch := _type_mismatch(schema.value(key), parsed.get(override))):
             problems.append(f"{override}: {key} {mismatch}")
         if prefix in ("+", "++"):
             added.add(key)
@@ -147,14 +175,29 @@ def _hydra_key(key: str) -> bool:
 
 
 def _type_mismatch(default: Any, value: Any) -> str | None:
-    """verl's configs are untyped YAML, so Hydra takes ``total_epochs=abc``; the trainer would fail later.
+    """verl's configs are untyped YAML, so Hydra takes ``total_epochs=abc``, and a value for a whole section
+    (``actor_rollout_ref.actor.checkpoint=x``: every key of it gone); the trainer would fail later, or run
+    with the section's defaults lost.
 
-    Only what verl's dataclasses would refuse too: a non-boolean for a boolean default (OmegaConf
+    A section must stay a section, a value a value (null may become either). Beyond that, only what verl's
+    dataclasses would refuse too: a non-boolean for a boolean default (OmegaConf
     takes 0 and 1), a non-number for a numeric one (YAML authors write ``1`` for a float, so int and
     float are not told apart).
     """
-    if value is _MISSING or value is None or default in (_MISSING, None) or isinstance(value, str) and "${" in value:
+    if default is _MISSING or value is _MISSING or isinstance(value, str) and "${" in value:
         return None
+    if isinstance(default, dict):  # Hydra would put the value in the section's place, every key of it gone
+        if isinstance(value, dict):
+            return None
+        keys = ", ".join(sorted(map(str, default))[:4]) + (", …" if len(default) > 4 else "")
+        return (
+            f"is a section of the verl config ({keys}), and {_shown(value)} would replace it whole; "
+            "set one of its keys instead (or ~KEY to remove it)"
+        )
+    if value is None or default is None:
+        return None
+    if isinstance(value, dict):
+        return f"is a value in the verl config (default {_shown(default)}), not a section; got {_shown(value)}"
     if isinstance(default, bool):
         if isinstance(value, bool) or (isinstance(value, int) and value in (0, 1)):
             return None
@@ -164,6 +207,11 @@ def _type_mismatch(default: Any, value: Any) -> str | None:
             return None
         return f"expects a number (default {default!r}), got {value!r}"
     return None
+
+
+def _shown(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _parse(overrides: list[str]) -> tuple[list[str], dict[str, Any]]:

@@ -83,6 +83,23 @@ def test_cached_config_is_reused_offline(verl_config: Path, verl_cache: Path) ->
         ("trainer.total_epochs=many", "expects a number"),
         ("trainer.nnodes=1,2", "a sweep"),
         ("~trainer.no_such_key", "unknown key trainer.no_such_key"),
+        # Reshaping: Hydra composes each of these without a word, and the trainer runs without the section.
+        (
+            "actor_rollout_ref.actor.checkpoint=x",
+            "actor_rollout_ref.actor.checkpoint is a section of the verl config (_target_, async_save,",
+        ),
+        ("trainer=5", "trainer is a section of the verl config"),
+        ("++actor_rollout_ref.actor.optim=null", "actor_rollout_ref.actor.optim is a section"),
+        (
+            "+data.train_batch_size.x=1",
+            "data.train_batch_size is a value in the verl config (1024), not a section; "
+            "data.train_batch_size.x would replace it with a section, silently",
+        ),
+        ("++trainer.nnodes.per_host=2", "trainer.nnodes is a value in the verl config (1), not a section"),
+        ("trainer.project_name={a: 1}", "trainer.project_name is a value in the verl config (default 'verl_examples')"),
+        # A path through a list: OmegaConf's select raised from the check itself (a traceback, not exit 2).
+        ("+trainer.logger.x=1", "trainer.logger is a value in the verl config (['console', 'wandb']), not a section"),
+        ("~trainer.logger.x", "not a section; it has no key trainer.logger.x"),
     ],
 )
 def test_bad_override_is_named(verl_config: Path, override: str, expected: str) -> None:
@@ -90,6 +107,22 @@ def test_bad_override_is_named(verl_config: Path, override: str, expected: str) 
         validate_overrides(["trainer.nnodes=4", override], verl_config, "ppo_megatron_trainer")
     assert expected in str(info.value)
     assert info.value.exit_code == 2
+
+
+@pytest.mark.network
+def test_a_section_merged_a_null_given_a_section_and_an_interpolation_pass(verl_config: Path) -> None:
+    validate_overrides(
+        [
+            "actor_rollout_ref.actor.optim={lr: 0.1}",  # Hydra merges a section into a section
+            "trainer.total_training_steps={a: 1}",  # the default is null: either shape may be meant
+            "+trainer.total_training_steps.b=2",
+            "actor_rollout_ref.actor.checkpoint=${actor_rollout_ref.ref.checkpoint}",  # resolved by the trainer
+            "trainer.project_name=null",
+            "++ray_kwargs.ray_init.runtime_env.env_vars.X='1'",
+        ],
+        verl_config,
+        "ppo_megatron_trainer",
+    )
 
 
 @pytest.mark.network
@@ -121,6 +154,11 @@ def test_grpo_glm5_dry_run_and_unknown_override_through_the_cli(
     assert main([*args, "-o", "trainer.nnode=2", "--run-dir", str(run_dir)]) == 2
     err = capsys.readouterr().err
     assert "trainer.nnode=2: unknown key trainer.nnode" in err and "did you mean trainer.nnodes?" in err
+    assert not run_dir.exists()
+
+    assert main([*args, "-o", "+trainer.logger.x=1", "--run-dir", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "+trainer.logger.x=1: trainer.logger is a value in the verl config" in err and "Traceback" not in err
     assert not run_dir.exists()
 
 
