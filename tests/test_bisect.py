@@ -481,5 +481,12 @@ def test_run_judges_each_image_and_its_125_leaves_the_first_bad_open(
     status, said, _, _ = bisect_json(work, good, bad, capsys, "--assume-good", "--run", "true")
     assert (status, said["outcome"], said["builds"]) == (1, "bad-passes", 1)
 
+    # git bisect run's abort: the build it judged is counted, with its image, as the one that stopped it.
+    status, said, _, _ = bisect_json(work, good, bad, capsys, "--assume-good", "--run", "echo interrupted; exit 130")
+    assert (status, said["outcome"], said["builds"]) == (1, "stopped", 1), said
+    ((step,),) = [said["steps"]]
+    assert step["verdict"] == "stopped" and step["image_id"].startswith("sha256:")
+    assert step["reason"] == "--run exited 130: interrupted; an exit status of 128 or more stops the bisect"
+
     status, said, _, _ = bisect_json(work, good, bad, capsys, "--deadline", "0.001")
     assert (status, said["outcome"], said["builds"]) == (1, "deadline", 0)

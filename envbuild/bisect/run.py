@@ -201,6 +201,8 @@ class _Bisect:
             step = self._test(engine, state, number, what, work)
             self.say(f"build {number}: {step.verdict}{f': {step.reason}' if step.reason else ''}")
             self.steps.append(step)
+            if step.verdict == "stopped":  # built, and counted: only its verdict is missing
+                raise _Stop("stopped", f"build {number} ({what}): {step.reason}")
             return step
 
         return build
@@ -294,7 +296,7 @@ class _Bisect:
             return step("skip", said, built.image_id, built.noop)
         if 0 < code < 128:
             return step("bad", said, built.image_id, built.noop)
-        raise _Stop("stopped", f"build {number} ({what}): {said}; an exit status of 128 or more stops the bisect")
+        return step("stopped", f"{said}; an exit status of 128 or more stops the bisect", built.image_id, built.noop)
 
     def _words(self, state: State, *, change: bool = False) -> str:
         """The state in words: GOOD, BAD, or (``change``: BAD too) the change it makes."""

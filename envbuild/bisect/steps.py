@@ -28,7 +28,7 @@ from envbuild.data.jsonout import jfield, json_meta
 from envbuild.lock.model import Lock, Source
 
 UnitKind = Literal["base_image", "packages", "source", "settings"]
-Verdict = Literal["good", "bad", "skip"]
+Verdict = Literal["good", "bad", "skip", "stopped"]  # stopped: built, and its `--run` ended the search
 
 # The lock's fields each lock-level unit carries, in the order the units are applied.
 LOCK_FIELDS: dict[str, tuple[str, ...]] = {
