@@ -116,6 +116,7 @@ class RunParameters:
     output_dir: Path | None = None  # where the trainer writes (the recipe's outputs); default <run dir>/outputs
     volumes: tuple[Volume, ...] = ()  # extra mounts for the docker backend and a scheduler's nodes
     scheduled: Scheduled = Scheduled()  # how a scheduler's job starts its nodes
+    emit: str | None = None  # the scheduler whose job --emit writes (its plan is a slurm one), for messages
 
 
 @dataclass(frozen=True)
@@ -263,10 +264,11 @@ def build_plan(
         raise InputError(
             "--volume: only the docker and slurm backends mount (a cluster's volumes are in its cluster file)"
         )
+    scheduled_by = f"--emit {params.emit}" if params.emit else "--backend slurm"
     if params.backend == "slurm" and not (params.image and by_digest(params.image)):
         shown = f"not {for_terminal(repr(params.image))}" if params.image else "none given"
         raise InputError(
-            f"--backend slurm and --emit need --image REPOSITORY@sha256:<64 lowercase hex>, {shown} (every node "
+            f"{scheduled_by} needs --image REPOSITORY@sha256:<64 lowercase hex>, {shown} (every node "
             "pulls the same bits; `envbuild image --push --json` prints the digest)"
         )
     for name, value in params.extra_env.items():
@@ -285,7 +287,7 @@ def build_plan(
         probe = ProbeRequest(recipe.config_name, overrides, recipe.entry_module, skip)
     nnodes = _int_override(overrides, recipe.parameters.get("nnodes"))
     if params.backend == "slurm" and not nnodes:
-        raise InputError("--backend slurm and --emit need --nnodes N: the nodes the job asks its scheduler for")
+        raise InputError(f"{scheduled_by} needs --nnodes N: the nodes the job asks its scheduler for")
     return RunPlan(
         recipe=recipe.name,
         argv=argv,

@@ -65,8 +65,11 @@ def test_a_scheduled_run_needs_an_image_by_digest_and_its_node_count(tiny: Tiny,
     recipe = load_recipe(tiny.recipe)
     with pytest.raises(InputError, match=r"REPOSITORY@sha256"):
         build_plan(recipe, slurm_params(tiny, image="registry.example/glm5:latest"), "x", "f" * 64, tmp_path)
-    with pytest.raises(InputError, match="--nnodes N"):
+    with pytest.raises(InputError, match="^--backend slurm needs --nnodes N"):
         build_plan(recipe, slurm_params(tiny, nnodes=None), "x", "f" * 64, tmp_path)
+    emitted = replace(slurm_params(tiny, nnodes=None), emit="rayjob")
+    with pytest.raises(InputError, match="^--emit rayjob needs --nnodes N"):  # what the user typed, not slurm
+        build_plan(recipe, emitted, "x", "f" * 64, tmp_path)
 
 
 def test_who_a_node_is_and_where_its_ports_are() -> None:
@@ -169,7 +172,7 @@ def test_the_cli_refuses_an_image_not_by_digest_before_reading_the_overrides(
     assert not target.exists()
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err  # one line, and no "validating N overrides" before it
-    assert err.startswith("envrun: error: --backend slurm and --emit need --image REPOSITORY@sha256:<64 lowercase hex>")
+    assert err.startswith(f"envrun: error: {' '.join(how)} needs --image REPOSITORY@sha256:<64 lowercase hex>")
     assert f"not {image!r}" in err
 
 

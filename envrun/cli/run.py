@@ -205,6 +205,7 @@ def run_recipe_command(args: argparse.Namespace) -> int:
             output_dir=args.output_dir,
             volumes=tuple(Volume.parse(v) for v in args.volume),
             scheduled=_scheduled(args),
+            emit=args.emit[0] if args.emit else None,
         ),
         lock=args.lock,
         verl_config=args.verl_config,
