@@ -8,7 +8,6 @@ Every case is a real file (or FIFO, socket, device link) made in ``tmp_path`` an
 from __future__ import annotations
 
 import errno
-import json
 import os
 import socket
 from pathlib import Path
@@ -17,20 +16,7 @@ import pytest
 
 from envbuild.check.history import HistoryEntry, append_history, read_history
 from envbuild.errors import SHOWN_PROBLEMS, InputError
-
-GOOD = {
-    "time": "2026-11-01T02:00:00Z",
-    "lock": "m.lock.yaml",
-    "lock_sha256": "a" * 64,
-    "ok": True,
-    "reproducible": True,
-    "image_id": "sha256:" + "1" * 64,
-    "pins": {"source:lib": "ok"},
-}
-
-
-def line(**changes: object) -> str:
-    return json.dumps({**GOOD, **changes}) + "\n"
+from tests.lib.historylines import line
 
 
 @pytest.mark.parametrize(

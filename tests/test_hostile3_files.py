@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from envbuild.check.history import read_history
+from tests.lib.historylines import GOOD, line
 from tests.lib.tinylock import MINIMAL_LOCK
 from tests.lib.tinyrun import tiny_setup
 
@@ -180,15 +181,6 @@ def test_a_fifo_as_data_is_refused_at_once_on_a_ray_node(tmp_path: Path, fifo: P
 
 # --- row 13: a history line of the wrong types ---------------------------------------------------
 
-GOOD = {
-    "time": "2026-11-01T02:00:00Z",
-    "lock": "m.lock.yaml",
-    "lock_sha256": "a" * 64,
-    "ok": True,
-    "reproducible": True,
-    "image_id": "sha256:" + "1" * 64,
-    "pins": {"source:lib": "ok"},
-}
 WRONG = {
     "time": 20261102,
     "lock": ["m.lock.yaml"],
@@ -199,10 +191,6 @@ WRONG = {
     "pins": ["source:lib"],
     "failed_stage": [],
 }
-
-
-def line(**changes: object) -> str:
-    return json.dumps({**GOOD, **changes}) + "\n"
 
 
 @pytest.mark.parametrize("key", sorted(WRONG))
