@@ -199,10 +199,10 @@ class _Bisect:
             what = self._words(state)
             self.say(f"build {number} (of at most {planned}): {what}")
             step = self._test(engine, state, number, what, work)
-            self.say(f"build {number}: {step.verdict}{f': {step.reason}' if step.reason else ''}")
             self.steps.append(step)
-            if step.verdict == "stopped":  # built, and counted: only its verdict is missing
+            if step.verdict == "stopped":  # built, and counted; the stop says why, once
                 raise _Stop("stopped", f"build {number} ({what}): {step.reason}")
+            self.say(f"build {number}: {step.verdict}{f': {step.reason}' if step.reason else ''}")
             return step
 
         return build
