@@ -173,8 +173,15 @@ class Images(EngineBase):
             answer = self.api._result(self.api._post(self.api._url("/build/prune"), params=params), True)
         return int(answer.get("SpaceReclaimed") or 0)
 
-    def build_cache_size(self) -> int:
+    def build_cache_size(self, *, in_use: bool = True) -> int:
         """Bytes BuildKit's cache holds of its own, as ``docker system df``'s "Build Cache" and BuildKit's
-        prune count them: a record shared with an image (its layers) is the image's, and never pruned."""
+        prune count them: a record shared with an image (its layers) is the image's, and never pruned.
+        Without ``in_use``, only what a prune can take now: a record in use is a running build's, or one
+        the engine never let go (seen on docker 20.10: 21 records of builds long ended, 39 MB, still in use
+        after three runs of the test suite)."""
         records = self.disk_usage().get("BuildCache") or []
-        return sum(int(entry.get("Size") or 0) for entry in records if not entry.get("Shared"))
+        return sum(
+            int(entry.get("Size") or 0)
+            for entry in records
+            if not entry.get("Shared") and (in_use or not entry.get("InUse"))
+        )
