@@ -178,7 +178,7 @@ class Images(EngineBase):
         prune count them: a record shared with an image (its layers) is the image's, and never pruned.
         Without ``in_use``, only what a prune can take now: a record in use is a running build's, or one
         the engine never let go (seen on docker 20.10: 21 records of builds long ended, 39 MB, still in use
-        after three runs of the test suite)."""
+        after three runs of the test suite; a restart of dockerd let them go)."""
         records = self.disk_usage().get("BuildCache") or []
         return sum(
             int(entry.get("Size") or 0)
