@@ -143,6 +143,57 @@ def test_a_page_cut_short_is_refused_and_the_index_is_not_written_off(dists: Pat
     )
 
 
+def test_pages_read_ahead_are_parsed_when_asked_each_as_a_fetch_then_would_have_ended(tmp_path: Path) -> None:
+    """:meth:`IndexClient.prefetch` reads pages and parses none: a page's answer, a failure to read it, a
+    malformed body and a project the index does not know each reach :meth:`~IndexClient.project` as they
+    would have, one request a page, none made again."""
+    with PyIndex(wheels_at(tmp_path / "dists", "alpha", "beta", "gamma", "delta")) as index:
+        headers = {"Content-Type": JSON_TYPE, "Content-Length": "1000"}
+        index.route("/simple/beta/", Route(headers=headers, body=b'{"files": ['))  # cut short
+        index.route("/simple/gamma/", Route(headers={"Content-Type": JSON_TYPE}, body=b'{"files": [7]}'))
+        client = IndexClient()
+        names = ("alpha", "beta", "gamma", "Alpha", "nothere", "delta")
+        client.prefetch(((index.url, name) for name in names), jobs=3)
+        asked = sorted(index.requests)
+        assert asked == [f"/simple/{name}/" for name in ("alpha", "beta", "delta", "gamma", "nothere")]
+        assert [f.filename for f in client.project(index.url, "alpha").files] == [WHEEL]
+        with pytest.raises(RemoteError, match="reading the page for beta failed: the answer was cut short"):
+            client.project(index.url, "beta")
+        with pytest.raises(RemoteError, match=r"malformed page for gamma: files\[0\] lacks a filename"):
+            client.project(index.url, "gamma")
+        assert not client.project(index.url, "nothere").found
+        client.prefetch([(index.url, "alpha"), (index.url, "delta")], jobs=2)  # read once already
+        assert client.project(index.url, "delta").files and sorted(index.requests) == asked
+        assert client.requests_made == 5
+
+
+def test_a_page_is_parsed_without_the_cyclic_collector_and_leaves_it_as_it_was(
+    dists: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gc
+
+    import envbuild.index.client as client_module
+
+    seen: list[bool] = []
+    real = client_module.parse_json
+
+    def parse(*args: Any) -> Any:
+        seen.append(gc.isenabled())
+        return real(*args)
+
+    monkeypatch.setattr(client_module, "parse_json", parse)
+    with PyIndex(dists) as index:
+        client = IndexClient()
+        assert gc.isenabled() and client.project(index.url, "alpha").files
+        assert seen == [False] and gc.isenabled()
+        gc.disable()  # a program that turned it off keeps it off
+        try:
+            assert client.project(index.url, "beta").files
+            assert seen == [False, False] and not gc.isenabled()
+        finally:
+            gc.enable()
+
+
 def test_a_download_answered_404_is_refused_and_nothing_is_cached(dists: Path, tmp_path: Path) -> None:
     cache = FileCache(tmp_path / "cache")
     with PyIndex(dists) as index:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import requests
@@ -27,7 +26,8 @@ def verify_packages(
     session: requests.Session | None = None,
     client: IndexClient | None = None,
 ) -> list[PinResult]:
-    """One result per package, in lock order; packages are checked in parallel, one request each."""
+    """One result per package, in lock order; their pages read in parallel, ``jobs`` at a time, then
+    checked one after the other (:meth:`.IndexClient.prefetch` says why)."""
     client = client or IndexClient(session)
 
     def check(package: Package) -> PinResult:
@@ -40,8 +40,8 @@ def verify_packages(
         return []
     indexes = sorted({lock.index_for(p) for p in lock.packages})
     progress(f"checking {len(lock.packages)} packages on {len(indexes)} index(es): {', '.join(indexes)}")
-    with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(lock.packages)))) as pool:
-        return list(pool.map(check, lock.packages))
+    client.prefetch(((lock.index_for(p), p.name) for p in lock.packages), jobs)
+    return [check(package) for package in lock.packages]
 
 
 def verify_package(package: Package, index: str, client: IndexClient) -> PinResult:
