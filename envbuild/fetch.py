@@ -258,9 +258,10 @@ def package_file_locations(
             except RemoteError:
                 return None
 
-        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            for found in pool.map(page, [p for p in lock.packages if p.files]):
-                listed |= {f.filename: f for f in found.files} if found else {}
+        with_files = [p for p in lock.packages if p.files]
+        index_client.prefetch(((lock.index_for(p), p.name) for p in with_files), jobs)  # then parsed one by one
+        for found in map(page, with_files):
+            listed |= {f.filename: f for f in found.files} if found else {}
     cache = FileCache(cache_dir) if cache_dir is not None else None
     locations: dict[str, FileLocation] = {}
     # The packages' files (an export lists the installer nowhere: it installs, it is not installed).
