@@ -67,26 +67,35 @@ class ConfigSchema:
         """The value at ``key`` as plain Python (a section as a dict, a list as a list), interpolations
         resolved where they resolve; ``_MISSING`` where the config has none, a path through a list included."""
         from omegaconf import OmegaConf
-        from omegaconf.errors import OmegaConfBaseException
 
-        try:
-            node = OmegaConf.select(self.config, key, default=_MISSING, throw_on_missing=False)
-        except OmegaConfBaseException:  # a path through a list or a value ("trainer.logger.x")
-            return _MISSING
+        node = self._node(key)
         return OmegaConf.to_container(node, resolve=False) if OmegaConf.is_config(node) else node
 
     def value_above(self, key: str) -> tuple[str, Any] | None:
         """The nearest key above ``key`` that holds a value (a scalar or a list), not a section, and that
         value: an override under it would replace it with a section (Hydra does so silently). A key above
-        that holds null is left: a section may be given where the default is none."""
+        that holds null is left: a section may be given where the default is none. The sections above are
+        told by their node, not copied out (the recipe's 123 overrides: 16 ms, not 240)."""
+        from omegaconf import OmegaConf
+
         parts = key.split(".")
         for end in range(1, len(parts)):
             above = ".".join(parts[:end])
             if above in self.keys:
-                value = self.value(above)
-                if value is not None and value is not _MISSING and not isinstance(value, dict):
-                    return above, value
+                node = self._node(above)
+                if node is not None and node is not _MISSING and not OmegaConf.is_dict(node):
+                    return above, self.value(above)
         return None
+
+    def _node(self, key: str) -> Any:
+        """OmegaConf's node at ``key``, or ``_MISSING`` (a path through a list or a value included)."""
+        from omegaconf import OmegaConf
+        from omegaconf.errors import OmegaConfBaseException
+
+        try:
+            return OmegaConf.select(self.config, key, default=_MISSING, throw_on_missing=False)
+        except OmegaConfBaseException:  # a path through a list or a value ("trainer.logger.x")
+            return _MISSING
 
     def closest(self, key: str) -> str | None:
         """A sibling with a similar name first (a typo), else a similar full path (a misplaced key)."""
