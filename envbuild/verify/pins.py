@@ -17,7 +17,7 @@ from envbuild.index.client import IndexClient
 from envbuild.index.filecache import FileCache
 from envbuild.lock.model import Lock, Package, Source
 from envbuild.progress import Progress, silent
-from envbuild.verify.closure import check_closure
+from envbuild.verify.closure_kept import kept_closure
 from envbuild.verify.metadata import MetadataReader, read_metadata
 from envbuild.verify.packages import verify_packages
 from envbuild.verify.results import PinResult, VerifyReport
@@ -61,10 +61,17 @@ def verify_requirements(
     lock: Lock, options: VerifyOptions, client: IndexClient | None = None, progress: Progress = silent
 ) -> list[PinResult]:
     """The whole closure for the lock's platform, from core metadata only (nothing installed): every
-    requirement of the lock's roots, its sources and its packages met by the lock, or waived by name."""
+    requirement of the lock's roots, its sources and its packages met by the lock, or waived by name. Its
+    verdict is kept for the next check of the same packages and requirements (:mod:`.closure_kept`)."""
     source = options.source
     reader = MetadataReader(source.cache_dir, client, offline=source.offline)
-    return check_closure(lock, read_metadata(lock, reader, jobs=source.jobs, progress=progress))
+    return kept_closure(
+        lock,
+        source.cache_dir,
+        vouched=all(reader.in_cache(p) for p in lock.packages),
+        read=lambda: read_metadata(lock, reader, jobs=source.jobs, progress=progress),
+        network_reads=lambda: reader.network_reads,
+    )
 
 
 def verify_refs(
