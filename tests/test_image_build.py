@@ -76,6 +76,7 @@ def env(
     name = f"{pushed_base_image.repository}:{pushed_base_image.tag}"
     url = lambda n: served.url(n, "daemon-filter")  # noqa: E731
     with lock_env(served.base, url, wheels, "test_image_build", name, pushed_base_image.digest) as env:
+        env.build_requires = {"beta": ("tinyone>=1.0",)}  # every lock here: the packages step compiles tinyone
         yield env
 
 
@@ -332,6 +333,23 @@ def test_the_image_holds_no_package_file_and_the_packages_one_layer(
     )
     records = engine.run(reference.image_id, ["python3", "-c", check])
     assert records.exit_code == 0 and "tinyone/__init__.py" in records.stdout.split(), records.stderr
+    # beta's build requirement, tinyone, compiled in the packages step (its RECORD row checked above), checked
+    # by hash; no other package's bytecode, and no source's.
+    compiled = sorted(row for row in records.stdout.split() if row.endswith(".pyc"))
+    assert compiled == ["tinyone/__pycache__/__init__.cpython-311.pyc"], compiled
+    flags = engine.run(
+        reference.image_id,
+        [
+            "sh",
+            "-c",
+            "find / -xdev \\( -path '/opt/envbuild/*' -o -path '*/tiny*' \\) -name '*.pyc' -print; "
+            "od -An -tu4 -j4 -N4 /usr/local/lib/python3.11/dist-packages/tinyone/__pycache__/__init__.cpython-311.pyc",
+        ],
+    )
+    assert flags.stdout.split() == [
+        "/usr/local/lib/python3.11/dist-packages/tinyone/__pycache__/__init__.cpython-311.pyc",
+        "3",
+    ], flags
     # The sources, built and installed by the lock's uv: each direct_url.json names the source's directory,
     # as pip's does (the in-image check finds a source's distribution by it), and uv's uv_cache.json, which
     # holds the clock, is gone (its RECORD row too: the check above read every row).
@@ -876,7 +894,10 @@ def test_a_lock_without_packages_builds_one_image_id_with_its_parents_kept(
     """No packages image: the tools layer is in the image's own Dockerfile, and no layer below the meta
     layer makes ``/opt/envbuild/meta``; the files put into the check's container must not move the
     parents the meta layer records (they are read from another container of the raw image)."""
-    path = env.write(work / "locks" / "nopackages.lock.yaml", env.lock(name="nopackages", packages=()))
+    path = env.write(
+        work / "locks" / "nopackages.lock.yaml",
+        with_source(env.lock(name="nopackages", packages=()), "beta", build_requires=None),
+    )
     first = build_image(read_lock(path), options(work, no_cache=True), engine=engine)
     second = build_image(read_lock(path), options(work, no_cache=True), engine=engine)
     assert first.packages is None and first.image_id == second.image_id

@@ -333,3 +333,32 @@ def test_no_step_writes_bytecode_or_mounts_a_cache_of_it() -> None:
         assert "ENV PYTHONDONTWRITEBYTECODE=1 " in image  # in the start stage, under every source's RUN
         assert image.index("ENV PYTHONDONTWRITEBYTECODE=1 ") < image.index("FROM envbuild-start\n")
     assert "export PYTHONDONTWRITEBYTECODE=1 " in render_buildkit_packages_script(plan_of(tiny_lock()))
+
+
+def test_the_build_backends_the_sources_import_are_compiled_once_in_the_packages_step() -> None:
+    """Each source's step builds without isolation, importing its backend from the packages layer, where
+    nothing has bytecode: the locked packages a source's build requires are compiled in the packages step,
+    checked by hash (and in the packages key, through the script). A source whose build requirements are not
+    known builds with setuptools, PEP 517's fallback; a copy-only source builds nothing; a build requirement
+    the lock does not install is not there to compile."""
+    lock = tiny_lock()
+    setuptools = Package("setuptools", "81.0.0", (PackageFile("setuptools-81.0.0-py3-none-any.whl", "b" * 64),))
+    assert plan_of(lock).compiled == ()  # none of its sources' builds needs a locked package
+    assert "stage_packages.py compile" not in render_buildkit_packages_script(plan_of(lock))
+    with_backend = dataclasses.replace(lock, packages=(*lock.packages, setuptools))
+    plan = plan_of(with_backend)  # no source records its build requirements: setuptools, for all of them
+    assert plan.compiled == ("setuptools",)
+    assert plan.to_json()["compiled"] == ["setuptools"]
+    lines = instructions(render_buildkit_packages_script(plan))
+    (compiling,) = [line for line in lines if "stage_packages.py compile" in line]
+    assert compiling == "PYTHONHASHSEED=0 python3 stage_packages.py compile requirements.txt setuptools"
+    assert lines.index(compiling) < next(i for i, line in enumerate(lines) if "stage_packages.py after" in line)
+    assert packages_key(plan) != packages_key(dataclasses.replace(plan, compiled=()))
+    recorded = {
+        "engine": ("setuptools>=70", "pybind11"),  # pybind11: not locked
+        "core": ("Another[extra]; python_version > '3'",),  # as the lock names it, whatever the marker
+        "data": ("Tiny_Pkg",),  # copy-only: never built
+        "kernels": ("setuptools",),
+    }
+    sources = tuple(dataclasses.replace(s, build_requires=recorded[s.name]) for s in with_backend.sources)
+    assert plan_of(dataclasses.replace(with_backend, sources=sources)).compiled == ("another", "setuptools")

@@ -142,3 +142,79 @@ def test_unstamp_removes_uv_s_clock_file_and_its_record_row_only(tmp_path: Path)
     assert record.read_bytes() == rows.replace("beta-0.1.dist-info/uv_cache.json,sha256=ghi,137\r\n", "").encode()
     assert untouched.read_text() == "other-1.0.dist-info/uv_cache.json,,\n"  # a RECORD without the file: left
     assert not list(tmp_path.rglob("__pycache__"))  # -B: no bytecode written
+
+
+BACKEND_SOURCE = '''"""A build backend's module."""
+KINDS = {"sdist", "wheel", "editable", "metadata", "requires", "prepare", "build", "config", "backend"}
+
+
+def supported(kind):
+    return kind in {"sdist", "wheel", "editable", "metadata", "requires", "prepare", "build", "config"}
+'''
+
+
+def _backend_site(root: Path, crlf: bool) -> tuple[Path, Path]:
+    """A site under ``root`` with the lock's backend 1.0 (a RECORD in ``crlf`` line ends and a file no Python
+    compiles), the base's backend 0.9 in another directory of sys.path, and a package no source builds with."""
+    site, other = root / "site", root / "distro"
+    write(site / "backend" / "__init__.py", BACKEND_SOURCE)
+    write(site / "backend" / "template.py", "def broken(:\n")  # a template, not Python: left as it is
+    write(site / "backend-1.0.dist-info" / "METADATA", "Metadata-Version: 2.1\nName: Backend\nVersion: 1.0\n")
+    end = "\r\n" if crlf else "\n"
+    rows = ["backend/__init__.py,sha256=x,1", "backend/template.py,,", "backend-1.0.dist-info/RECORD,,"]
+    write(site / "backend-1.0.dist-info" / "RECORD", "").write_bytes(end.join(rows).encode() + end.encode())
+    write(site / "plain" / "__init__.py", "X = {'a', 'b'}\n")
+    write(site / "plain-2.0.dist-info" / "METADATA", "Name: plain\nVersion: 2.0\n")
+    write(site / "plain-2.0.dist-info" / "RECORD", "plain/__init__.py,,\n")
+    write(other / "backend" / "__init__.py", "OLD = 1\n")
+    write(other / "backend-0.9.dist-info" / "METADATA", "Name: backend\nVersion: 0.9\n")
+    write(other / "backend-0.9.dist-info" / "RECORD", "backend/__init__.py,,\n")
+    return site, other
+
+
+def test_compile_writes_the_lock_s_backends_bytecode_checked_by_hash_the_same_on_every_run(tmp_path: Path) -> None:
+    """``compile`` as the packages step runs it (``PYTHONHASHSEED=0``): bytecode beside each ``.py`` the
+    named distribution's RECORD lists, for the version the lock installs only, checked by hash (flags 0b11,
+    the source's hash: Python never compares its mtime, which every layer sets to an epoch), a RECORD row
+    each in the file's own line ends; the same bytes on every run, a constant set included (Python 3.11
+    marshals one in a fixed order; before it, in the hash seed's, which the step fixes); a file that does not compile left as it is; another distribution, and the
+    base's other version of the name, untouched."""
+    import base64
+    import hashlib
+    import importlib.util
+    import shutil
+
+    made = {}
+    for run, (crlf, seed) in enumerate(((True, "0"), (False, "0"), (False, "1"), (True, "2"))):
+        root = tmp_path / "run"  # one path: the bytecode names its source
+        shutil.rmtree(root, ignore_errors=True)
+        site, other = _backend_site(root, crlf)
+        requirements = write(root / "requirements.txt", "backend==1.0 --hash=sha256:aa\nplain==2.0\n")
+        script = write(root / "stage_packages.py", load_template("stage_packages.py.in"))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(other)]), "PYTHONHASHSEED": seed}
+        done = subprocess.run(
+            [sys.executable, str(script), "compile", str(requirements), "Backend", "absent"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        source = site / "backend" / "__init__.py"
+        pyc = Path(importlib.util.cache_from_source(str(source)))
+        data = pyc.read_bytes()
+        assert data[:4] == importlib.util.MAGIC_NUMBER and int.from_bytes(data[4:8], "little") == 0b11
+        assert data[8:16] == importlib.util.source_hash(source.read_bytes())
+        made[run] = data
+        assert not (site / "backend" / "__pycache__" / f"template.{sys.implementation.cache_tag}.pyc").exists()
+        assert not list((site / "plain").rglob("*.pyc")) and not list(other.rglob("*.pyc"))
+        end = "\r\n" if crlf else "\n"
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        assert (site / "backend-1.0.dist-info" / "RECORD").read_bytes().decode().split(end) == [
+            "backend/__init__.py,sha256=x,1",
+            "backend/template.py,,",
+            "backend-1.0.dist-info/RECORD,,",
+            f"{pyc.relative_to(site)},sha256={digest},{len(data)}",
+            "",
+        ]
+    assert made[0] == made[1] == made[2] == made[3]

@@ -17,7 +17,7 @@ from packaging.utils import canonicalize_name
 from envbuild.data.jsonout import fields_json, jfield, json_meta, records
 from envbuild.errors import InputError
 from envbuild.lock.model import Lock, Package, PackageFile, Source, walk_submodules
-from envbuild.lock.platform import wheel_fits
+from envbuild.lock.platform import try_parse, wheel_fits
 
 MANIFEST_VERSION = 2
 IMAGE_ROOT = "/opt/envbuild"
@@ -122,6 +122,9 @@ class ContextPlan:
     # The lock's installer: the uv wheel for its platform, whose binary the packages step runs from a bind
     # mount (``installer/<filename>`` in the context); None: pip, the base's own, installs.
     installer: FilePlan | None = jfield(None, omit="none")
+    # The locked packages a source's build imports (:func:`build_backends`), whose bytecode the packages
+    # step compiles, checked by hash: each source's step then runs its build backend without compiling it.
+    compiled: tuple[str, ...] = jfield((), omit="empty")
 
     @property
     def installed_by(self) -> str:
@@ -226,7 +229,25 @@ def plan_context(
         files=files,
         requirements=requirements_text(lock),
         installer=installer,
+        compiled=build_backends(lock),
     )
+
+
+DEFAULT_BACKEND = "setuptools"  # PEP 517's fallback for a tree that declares no build system
+
+
+def build_backends(lock: Lock) -> tuple[str, ...]:
+    """The locked packages (their names as the lock has them, sorted) that an installed source's build
+    requires: each one's ``build_requires`` by name, or setuptools where the lock does not know them. Each
+    source's step builds with ``--no-build-isolation``, so these are imported from the packages layer in every
+    source's step; a name the lock does not install is not there to compile."""
+    wanted: set[str] = set()
+    for source in lock.sources:
+        if not source.installed:
+            continue
+        texts = source.build_requires if source.build_requires is not None else (DEFAULT_BACKEND,)
+        wanted |= {canonicalize_name(r.name) for r in map(try_parse, texts) if r is not None}
+    return tuple(sorted(p.name for p in lock.packages if canonicalize_name(p.name) in wanted))
 
 
 def _installer_file(lock: Lock) -> FilePlan | None:

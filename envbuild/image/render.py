@@ -325,8 +325,18 @@ def render_buildkit_packages_script(plan: ContextPlan) -> str:
         "packages_epoch": str(PACKAGES_EPOCH),
         "platform_check": platform_check_shell(plan),
         "install": render_install(plan),
+        "compile": render_compile(plan),
     }
     return fill(load_template("packages.buildkit.sh.in"), values)
+
+
+def render_compile(plan: ContextPlan) -> str:
+    """The bytecode of the build backends the sources' steps import (:attr:`.ContextPlan.compiled`), written
+    once here: every source's step would otherwise compile them in memory (setuptools: 0.25 s a step)."""
+    if not plan.compiled:
+        return "# no locked package is a source's build requirement: no bytecode to compile"
+    names = " ".join(shlex.quote(name) for name in plan.compiled)
+    return f"PYTHONHASHSEED=0 python3 stage_packages.py compile requirements.txt {names}"
 
 
 def render_install(plan: ContextPlan) -> str:

@@ -80,6 +80,9 @@ class ImageLockEnv:
     base_digest: str
     arch: str = field(default_factory=platform.machine)
     python: str = "3.11"  # Debian bookworm's, in the test base image
+    # Each source's recorded build requirements, by name (unrecorded by default, as a lock written before
+    # `lock update` read them): a locked one is compiled in the packages step.
+    build_requires: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def pins(self) -> dict[str, str]:
         return {
@@ -115,6 +118,7 @@ class ImageLockEnv:
                 commit=pins[n],  # type: ignore[arg-type]
                 tree=self.repos[n].tree(pins[n]),
                 install=Install(mode=refs[n][2]),
+                build_requires=self.build_requires.get(n),
             )  # type: ignore[arg-type]
             for n in SOURCE_NAMES
         )
