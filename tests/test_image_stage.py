@@ -169,6 +169,8 @@ def _backend_site(root: Path, crlf: bool) -> tuple[Path, Path]:
     write(other / "backend" / "__init__.py", "OLD = 1\n")
     write(other / "backend-0.9.dist-info" / "METADATA", "Name: backend\nVersion: 0.9\n")
     write(other / "backend-0.9.dist-info" / "RECORD", "backend/__init__.py,,\n")
+    write(site / "norecord-1.0.dist-info" / "METADATA", "Name: norecord\nVersion: 1.0\n")  # no RECORD: skipped
+    write(site / "norecord" / "__init__.py", "X = 1\n")
     return site, other
 
 
@@ -189,11 +191,11 @@ def test_compile_writes_the_lock_s_backends_bytecode_checked_by_hash_the_same_on
         root = tmp_path / "run"  # one path: the bytecode names its source
         shutil.rmtree(root, ignore_errors=True)
         site, other = _backend_site(root, crlf)
-        requirements = write(root / "requirements.txt", "backend==1.0 --hash=sha256:aa\nplain==2.0\n")
+        requirements = write(root / "requirements.txt", "backend==1.0 --hash=sha256:aa\nplain==2.0\nnorecord==1.0\n")
         script = write(root / "stage_packages.py", load_template("stage_packages.py.in"))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(other)]), "PYTHONHASHSEED": seed}
         done = subprocess.run(
-            [sys.executable, str(script), "compile", str(requirements), "Backend", "absent"],
+            [sys.executable, str(script), "compile", str(requirements), "Backend", "absent", "norecord"],
             capture_output=True,
             text=True,
             env=env,
@@ -208,6 +210,7 @@ def test_compile_writes_the_lock_s_backends_bytecode_checked_by_hash_the_same_on
         made[run] = data
         assert not (site / "backend" / "__pycache__" / f"template.{sys.implementation.cache_tag}.pyc").exists()
         assert not list((site / "plain").rglob("*.pyc")) and not list(other.rglob("*.pyc"))
+        assert not list((site / "norecord").rglob("*.pyc"))
         end = "\r\n" if crlf else "\n"
         digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
         assert (site / "backend-1.0.dist-info" / "RECORD").read_bytes().decode().split(end) == [
