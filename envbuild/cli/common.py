@@ -135,14 +135,18 @@ def add_source_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=int, default=8, help="parallel fetches (default 8)")
 
 
-def verify_options(args: argparse.Namespace) -> VerifyOptions:
-    """The options of `lock verify`: where pins are read from (cache, mirrors, offline, jobs), as every
-    command takes them, and ``--strict``."""
+def verify_options(args: argparse.Namespace, source: SourceOptions | None = None) -> VerifyOptions:
+    """The options of `lock verify`: where pins are read from (``source``, or :func:`source_options`), as
+    every command takes them, and ``--strict``."""
     from envbuild.verify.pins import VerifyOptions  # only the commands that verify pay for importing it
 
+    return VerifyOptions(source or source_options(args), strict=getattr(args, "strict", False))
+
+
+def source_options(args: argparse.Namespace) -> SourceOptions:
+    """Where pins and files are read from: the cache, mirrors, ``--offline``, ``--jobs``."""
     cache_dir, mirrors = source_settings(args)
-    source = SourceOptions(cache_dir=cache_dir, mirrors=mirrors, offline=args.offline, jobs=args.jobs)
-    return VerifyOptions(source, strict=getattr(args, "strict", False))
+    return SourceOptions(cache_dir=cache_dir, mirrors=mirrors, offline=args.offline, jobs=args.jobs)
 
 
 def source_settings(args: argparse.Namespace) -> tuple[Path, Mirrors]:

@@ -6,8 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from envbuild.cli.common import StderrProgress, add_source_options, render_json, verify_options
+from envbuild.cli.common import StderrProgress, add_source_options, render_json, source_options, verify_options
 from envbuild.data.jsonout import to_jsonable
+from envbuild.data.reference import check_name_and_tag
 
 
 def add_image_command(subparsers: argparse._SubParsersAction) -> None:
@@ -33,18 +34,26 @@ def add_image_command(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_image(args: argparse.Namespace) -> int:
-    from envbuild.image.build import ImageOptions, build_image, dry_run, plan_json
     from envbuild.lock.io import read_lock
 
+    source = source_options(args)
+    lock = read_lock(args.lockfile)
+    progress = StderrProgress("envbuild", args.quiet)
+    exporter = None  # the build's, its work begun while the rest of the builder is imported
+    if not args.dry_run and all(check_name_and_tag(tag) is None for tag in args.tag):  # else refused below
+        from envbuild.image.early import begin_build
+
+        exporter = begin_build(lock, source, progress, no_cache=args.no_cache)
+
+    from envbuild.image.build import ImageOptions, build_image, dry_run, plan_json
+
     options = ImageOptions(
-        verify_options(args),
+        verify_options(args, source),
         tags=tuple(args.tag),
         push=args.push,
         no_cache=args.no_cache,
         record_dir=args.record_dir,
     )
-    progress = StderrProgress("envbuild", args.quiet)
-    lock = read_lock(args.lockfile)
     if args.dry_run:
         dry = dry_run(lock, options, progress)
         sys.stdout.write(render_json(plan_json(dry)) if args.json else dry.dockerfile)
@@ -55,7 +64,7 @@ def cmd_image(args: argparse.Namespace) -> int:
             )
             return 1
         return 0
-    result = build_image(lock, options, progress=progress)
+    result = build_image(lock, options, progress=progress, exporter=exporter)
     if args.json:
         sys.stdout.write(render_json(to_jsonable(result)))
     else:

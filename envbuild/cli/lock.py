@@ -13,9 +13,7 @@ from envbuild.data.jsonout import to_jsonable
 from envbuild.errors import InputError
 from envbuild.fileio import write_atomic
 from envbuild.lock import read_lock
-from envbuild.lock.diff import render_changes, render_markdown
 from envbuild.lock.model import LOCK_VERSION, LOCK_VERSIONS
-from envbuild.verify.render import render_verify
 
 REPORT_HELP = "also write the change report to FILE in Markdown (a pull request's body)"
 
@@ -139,6 +137,7 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     lock = read_lock(args.lockfile).lock  # before the heavier imports: a bad lock fails fast
     from envbuild.verify.pins import verify_lock
+    from envbuild.verify.render import render_verify
 
     report = verify_lock(lock, str(args.lockfile), verify_options(args), StderrProgress("envbuild", args.quiet))
     sys.stdout.write(render_json(report.to_json()) if args.json else render_verify(report, output_width()))
@@ -194,6 +193,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 def cmd_update(args: argparse.Namespace) -> int:
     from envbuild.git.cache import GitCache
+    from envbuild.lock.diff import render_changes
     from envbuild.update.rewrite import update_lock_file
     from envbuild.update.update import Moves
 
@@ -243,6 +243,7 @@ def cmd_update(args: argparse.Namespace) -> int:
 
 def cmd_diff(args: argparse.Namespace) -> int:
     from envbuild.git.cache import GitCache
+    from envbuild.lock.diff import render_changes, render_markdown
     from envbuild.update.report import change_report
 
     _check_report(args.report)

@@ -18,8 +18,10 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 from collections import deque
 from collections.abc import Iterable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -66,8 +68,27 @@ def choose_transport(environ: dict[str, str] | None = None) -> BuildCli | None:
     return found
 
 
-@cache
+def begin_choose_transport() -> None:
+    """:func:`choose_transport` begun in a thread of its own (``docker version`` takes 0.05 s): its answer
+    is kept for the build that asks next; what it refuses is said when the build asks."""
+
+    def choose() -> None:
+        with suppress(EngineError):
+            choose_transport()
+
+    threading.Thread(target=choose, name="envbuild-docker-cli", daemon=True).start()
+
+
 def _usable(command: str) -> BuildCli | None:
+    with _asking:  # a second thread that asks waits for the first one's answer
+        return _asked(command)
+
+
+_asking = threading.Lock()
+
+
+@cache
+def _asked(command: str) -> BuildCli | None:
     path = shutil.which(command)
     if path is None:
         return None

@@ -20,7 +20,9 @@ no lock: git publishes packs and refs atomically, and upstream refs live in thei
 (``refs/upstream/heads/*``, ``refs/upstream/tags/*``) that only fetches write.
 
 The last ref listing is kept beside the objects (``envbuild-ls-remote``, replaced atomically) so
-``--offline`` can answer from the refs the cache last saw.
+``--offline`` can answer from the refs the cache last saw. A listing may be begun before it is asked for
+(:meth:`GitCache.begin_listings`: a build lists its upstreams while Python loads the rest of the builder);
+it answers the first ask of its URL only, as that ask would have been answered then.
 
 A fetch's git inherits the lock's descriptor, so a git that outlived a killed verify still holds the
 lock and its files are never taken for stale. A write that fails for want of space (a fetch, the
@@ -36,8 +38,10 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,6 +85,8 @@ class GitCache:
     def __init__(self, root: Path, *, git: GitRunner | None = None) -> None:
         self.root = Path(root)
         self.git = git or GitRunner()
+        self._begun: dict[str, Future[RefListing]] = {}
+        self._begun_lock = threading.Lock()
 
     def repo(self, url: str) -> CachedRepo:
         key = cache_key(url)
@@ -141,8 +147,28 @@ class GitCache:
 
     # -- refs ----------------------------------------------------------------------------------
 
+    def begin_listings(self, urls: Iterable[str], jobs: int) -> None:
+        """:meth:`list_refs` of each of ``urls`` begun now, ``jobs`` at a time, in threads that outlive this
+        call: the next :meth:`list_refs` of a URL waits for its begun listing and answers with it (or its
+        error), once; a later ask lists again. The threads end with their listings (the process waits for
+        them at exit, so none is cut off in the middle of writing the cache)."""
+        with self._begun_lock:
+            wanted = [url for url in dict.fromkeys(urls) if url not in self._begun]
+            if not wanted:
+                return
+            pool = ThreadPoolExecutor(max_workers=max(1, min(jobs, len(wanted))), thread_name_prefix="envbuild-refs")
+            for url in wanted:
+                self._begun[url] = pool.submit(self._list_refs, url)
+            pool.shutdown(wait=False)
+
     def list_refs(self, url: str) -> RefListing:
-        """One ``git ls-remote``; the answer is also kept for ``--offline``."""
+        """One ``git ls-remote`` (or the one :meth:`begin_listings` began); the answer is also kept for
+        ``--offline``."""
+        with self._begun_lock:
+            begun = self._begun.pop(url, None)
+        return begun.result() if begun is not None else self._list_refs(url)
+
+    def _list_refs(self, url: str) -> RefListing:
         repo = self.ensure(url)
         listing = self.git.ls_remote(repo.path, url)
         raw = listing.raw.encode("utf-8", "surrogateescape")  # the bytes git printed, UTF-8 or not

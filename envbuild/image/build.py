@@ -49,6 +49,7 @@ from envbuild.engine.claim import EngineClaim
 from envbuild.engine.client import Engine
 from envbuild.errors import EnvbuildError, InputError
 from envbuild.fetch import Inputs, exporter_for, fetch_inputs, newest_commit_date
+from envbuild.git.treeexport import TreeExporter
 from envbuild.image.assemble import BuildContext, assemble_context, meta_files
 from envbuild.image.base import ensure_base
 from envbuild.image.cache.answer import answer_from_record, built_before
@@ -200,15 +201,17 @@ def build_image(
     engine: Engine | None = None,
     verified: VerifyReport | None = None,
     inputs: Inputs | None = None,
+    exporter: TreeExporter | None = None,
 ) -> BuildResult:
     """Build the lock's image; see the module docstring for the stages. ``verified`` skips verifying
     again and ``inputs`` fetching again (`envbuild check` verifies and fetches once, then builds twice
-    from the same value: one lock verified, fetched and built)."""
+    from the same value: one lock verified, fetched and built). ``exporter``: the build's, for
+    ``options.source``, its verify begun (:func:`envbuild.image.early.begin_build`)."""
     check_tags(options.tags)
     before = None if options.no_cache else built_before(read, options.cache_dir)
-    exporter = exporter_for(options.source)  # one for the whole build: it remembers what it found
+    exporter = exporter or exporter_for(options.source)  # one for the whole build: it remembers what it found
     # The engine is asked whether it answers while the lock is verified.
-    with _connecting(engine) as connecting:
+    with _connecting(engine, warm=before is None) as connecting:
         report = verified or verify_for_build(
             read.lock, str(read.path), options.verify, progress, inputs=before is None, exporter=exporter
         )
@@ -270,10 +273,12 @@ def build_image(
 
 
 @contextmanager
-def _connecting(engine: Engine | None) -> Iterator[Callable[[], Engine]]:
+def _connecting(engine: Engine | None, *, warm: bool = True) -> Iterator[Callable[[], Engine]]:
     """How to get the engine: ``engine``, or one connected to (a ping) in a thread from the start, while the
-    caller works; no engine is one :class:`EngineError`, raised where the engine is asked for. A block that
-    ends without asking (a refused lock) does not wait for the ping (a host that does not answer takes
+    caller works; no engine is one :class:`EngineError`, raised where the engine is asked for. ``warm``: what
+    every build asks of it is asked in that thread too; not for a lock built before, which the record
+    answers without (the CLI's ``docker version`` alone takes 0.05 s). A block that ends without asking (a
+    refused lock) does not wait for the ping (a host that does not answer takes
     :data:`~envbuild.engine.calls.CONNECT_TIMEOUT`): the engine is closed whenever it answers."""
     if engine is not None:
         yield lambda: engine
@@ -286,9 +291,10 @@ def _connecting(engine: Engine | None) -> Iterator[Callable[[], Engine]]:
         except BaseException as exc:  # handed to whoever asks for the engine
             connected.set_exception(exc)
             return
-        with suppress(EnvbuildError):  # what every build asks (its base's platform, the CLI it builds
-            found.machine()  # with: `docker version`), asked here while the caller works
-            found.build_cli  # noqa: B018
+        if warm:
+            with suppress(EnvbuildError):  # what every build asks (its base's platform, the CLI it builds
+                found.machine()  # with: `docker version`), asked here while the caller works
+                found.build_cli  # noqa: B018
         connected.set_result(found)
 
     threading.Thread(target=connect, name="envbuild-engine-connect", daemon=True).start()

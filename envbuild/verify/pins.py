@@ -75,14 +75,20 @@ def verify_requirements(
 
 
 def verify_refs(
-    lock: Lock, options: VerifyOptions, progress: Progress = silent, *, whole: WholeCommit | None = None
+    lock: Lock,
+    options: VerifyOptions,
+    progress: Progress = silent,
+    *,
+    whole: WholeCommit | None = None,
+    cache: GitCache | None = None,
 ) -> list[PinResult]:
     """Every source's and submodule's pin against its upstream: one ``ls-remote`` per repository, in
     parallel, and a fetch only where the listing does not settle a pin (offline: the cached listing).
-    ``whole``: see :func:`envbuild.verify.sources.verify_sources`."""
+    ``whole``: see :func:`envbuild.verify.sources.verify_sources`; ``cache``: the verify cache of
+    ``options`` (one whose listings may be begun already: :meth:`.GitCache.begin_listings`)."""
     source = options.source
     check_submodule_urls(lock, source.mirrors)  # bad input, refused before any upstream is asked
-    cache = GitCache(source.cache_dir / "git")
+    cache = cache or GitCache(source.cache_dir / "git")
     results = verify_sources(
         lock.sources,
         cache,
@@ -113,11 +119,14 @@ def verify_for_build(
     Otherwise a source's tree pin is checked on its commit as the build's export fetches it (whole, into
     the export cache): a moved pin's commit is fetched once, not once for verify and again for the export.
     The inputs are checked while the refs are, in a thread of their own. ``exporter``: the build's own
-    (it remembers what it found in the export cache)."""
+    (it remembers what it found in the export cache, and its verify cache may be listing the upstreams
+    already: :meth:`.GitCache.begin_listings`)."""
     with ThreadPoolExecutor(max_workers=1) as pool:  # the inputs (the caches, the closure) beside the refs (git)
         checking = pool.submit(verify_build_inputs, lock, lock_path, options, progress) if inputs else None
         whole = _fetched_whole(options.source, progress, exporter, fetch=inputs)
-        results = verify_refs(lock, options, progress, whole=whole)
+        results = verify_refs(
+            lock, options, progress, whole=whole, cache=exporter.verify_cache if exporter is not None else None
+        )
         if checking is not None:
             results += checking.result()
     results += verify_base_image(lock, options.source.lock_command("update", lock_path, "--base"))
