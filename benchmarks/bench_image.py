@@ -998,7 +998,7 @@ def scale(
             file=sys.stderr,
         )
         spread = (
-            f" (runs {', '.join(f'{t:.2f}' for t in f['moved_runs'])} / {', '.join(f'{t:.2f}' for t in f['cli_moved_runs'])})"
+            f" (runs {runs_text(f['moved_runs'])} / {runs_text(f['cli_moved_runs'])})"
             if len(f["moved_runs"]) > 1
             else ""
         )
@@ -1010,7 +1010,7 @@ def scale(
         if "uv_moved" in f:
             print(
                 f"    one source moved, envbuild / hand uv:  {f['moved'] / f['uv_moved']:6.2f}x  "
-                f"{f['moved']:.2f} s / {f['uv_moved']:.2f} s (runs {', '.join(f'{t:.2f}' for t in f['uv_moved_runs'])})",
+                f"{f['moved']:.2f} s / {f['uv_moved']:.2f} s (runs {runs_text(f['uv_moved_runs'])})",
                 file=sys.stderr,
             )
         with_update = f["cli_update"] + f["cli_moved"]
@@ -1038,11 +1038,7 @@ def scale(
 
 def _remove_scale_images(client: docker.DockerClient) -> None:
     """What a scale run made: envbuild's images of the lock, the hand builds; the bases stay."""
-    for image in client.images.list(filters={"label": f"io.envbuild.lock.name={SCALE_LOCK}"}):
-        try:
-            client.images.remove(image.id, force=True)
-        except docker.errors.APIError:
-            pass
+    _remove_envbuild_images(client)
     _remove_hand_images(client)
     client.images.prune(filters={"dangling": True})
     # BuildKit's cache keeps records of those builds' steps (the tools step on the base among them, which the

@@ -33,19 +33,19 @@ next listing that needs its room.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
 import shutil
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from envbuild.begun import Begun
 from envbuild.errors import CacheError
 from envbuild.fileio import write_atomic
 from envbuild.git.process import IncomingTooLarge
@@ -85,8 +85,7 @@ class GitCache:
     def __init__(self, root: Path, *, git: GitRunner | None = None) -> None:
         self.root = Path(root)
         self.git = git or GitRunner()
-        self._begun: dict[str, Future[RefListing]] = {}
-        self._begun_lock = threading.Lock()
+        self._begun: Begun[str, RefListing] = Begun("envbuild-refs")
 
     def repo(self, url: str) -> CachedRepo:
         key = cache_key(url)
@@ -148,24 +147,15 @@ class GitCache:
     # -- refs ----------------------------------------------------------------------------------
 
     def begin_listings(self, urls: Iterable[str], jobs: int) -> None:
-        """:meth:`list_refs` of each of ``urls`` begun now, ``jobs`` at a time, in threads that outlive this
-        call: the next :meth:`list_refs` of a URL waits for its begun listing and answers with it (or its
-        error), once; a later ask lists again. The threads end with their listings (the process waits for
-        them at exit, so none is cut off in the middle of writing the cache)."""
-        with self._begun_lock:
-            wanted = [url for url in dict.fromkeys(urls) if url not in self._begun]
-            if not wanted:
-                return
-            pool = ThreadPoolExecutor(max_workers=max(1, min(jobs, len(wanted))), thread_name_prefix="envbuild-refs")
-            for url in wanted:
-                self._begun[url] = pool.submit(self._list_refs, url)
-            pool.shutdown(wait=False)
+        """:meth:`list_refs` of each of ``urls`` begun now, ``jobs`` at a time (:class:`.Begun`): the next
+        :meth:`list_refs` of a URL waits for its begun listing and answers with it (or its error), once; a
+        later ask lists again."""
+        self._begun.begin({url: functools.partial(self._list_refs, url) for url in urls}, jobs)
 
     def list_refs(self, url: str) -> RefListing:
         """One ``git ls-remote`` (or the one :meth:`begin_listings` began); the answer is also kept for
         ``--offline``."""
-        with self._begun_lock:
-            begun = self._begun.pop(url, None)
+        begun = self._begun.take(url)
         return begun.result() if begun is not None else self._list_refs(url)
 
     def _list_refs(self, url: str) -> RefListing:

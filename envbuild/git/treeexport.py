@@ -27,15 +27,16 @@ tree are checked against their commits.
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 import threading
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from envbuild.begun import Begun
 from envbuild.errors import EnvbuildError
 from envbuild.git import treehash
 from envbuild.git.cache import CachedRepo, GitCache, refused_packs_removed, remove_stale_files
@@ -101,27 +102,18 @@ class TreeExporter:
         # (export repository, commit) → (tree, committer date), found complete
         self._whole: dict[tuple[Path, str], tuple[str, int]] = {}
         self._whole_lock = threading.Lock()
-        self._begun: dict[tuple[str, str], Future[tuple[str, bool]]] = {}  # (URL, commit) → whole_fetched
+        self._begun: Begun[tuple[str, str], tuple[str, bool]] = Begun("envbuild-whole")  # (URL, commit)
 
     def __call__(self, source: Source, dest: Path) -> None:
         export_tree(source, dest, self)
 
     def begin_whole(self, pins: Iterable[TreePin], say: Progress, jobs: int) -> None:
-        """:func:`whole_fetched` of each of ``pins`` begun now, ``jobs`` at a time, in threads that outlive
-        this call (as :meth:`GitCache.begin_listings`): the next :func:`whole_fetched` of a pin answers
-        with it (or its error), once."""
-        with self._whole_lock:
-            wanted = {(pin.repo, pin.commit): pin for pin in pins if (pin.repo, pin.commit) not in self._begun}
-            if not wanted:
-                return
-            pool = ThreadPoolExecutor(max_workers=max(1, min(jobs, len(wanted))), thread_name_prefix="envbuild-whole")
-            for key, pin in wanted.items():
-                self._begun[key] = pool.submit(_whole_fetched, self, pin, say)
-            pool.shutdown(wait=False)
-
-    def _take_begun(self, pin: TreePin) -> Future[tuple[str, bool]] | None:
-        with self._whole_lock:
-            return self._begun.pop((pin.repo, pin.commit), None)
+        """:func:`whole_fetched` of each of ``pins`` begun now, ``jobs`` at a time (:class:`.Begun`, as
+        :meth:`GitCache.begin_listings`): the next :func:`whole_fetched` of a pin answers with it (or its
+        error), once."""
+        self._begun.begin(
+            {(pin.repo, pin.commit): functools.partial(_whole_fetched, self, pin, say) for pin in pins}, jobs
+        )
 
 
 def _complete(exporter: TreeExporter, repo: CachedRepo, commit: str) -> str | None:
@@ -177,7 +169,7 @@ def whole_tree(exporter: TreeExporter, pin: TreePin) -> str | None:
 def whole_fetched(exporter: TreeExporter, pin: TreePin, say: Progress) -> tuple[str, bool]:
     """The commit's tree, and whether it was fetched: whole in the export cache already, else fetched
     whole now (said through ``say``), or as :meth:`TreeExporter.begin_whole` began it."""
-    begun = exporter._take_begun(pin)
+    begun = exporter._begun.take((pin.repo, pin.commit))
     return begun.result() if begun is not None else _whole_fetched(exporter, pin, say)
 
 
