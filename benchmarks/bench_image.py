@@ -30,6 +30,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -155,7 +156,11 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=1, help="runs of each measurement (median reported)")
-    parser.add_argument("--stages", action="store_true", help="print envbuild's progress with elapsed times")
+    parser.add_argument(
+        "--stages",
+        action="store_true",
+        help="print envbuild's progress with elapsed times (--scale: and the hand peers' steps)",
+    )
     parser.add_argument("--scale", action="store_true", help="GBs of real wheels, on a small and a multi-GB base")
     parser.add_argument("--large-gb", type=float, default=4.25, help="--scale: GB of filler on the large base")
     parser.add_argument("--save-load", action="store_true", help="--scale: also time docker save/load of each base")
@@ -547,10 +552,12 @@ def scale_hand_buildkit_dockerfile(base: str, installer: str = "pip") -> str:
 DOCKER_CLI = "/usr/bin/docker"  # Debian's docker.io client; /usr/local/bin/docker here fails with BuildKit
 
 
-def cli_build(context: Path, *extra: str) -> str:
-    """``DOCKER_BUILDKIT=1 docker build``, as a user runs it; the image ID."""
+def cli_build(context: Path, *extra: str, stages: bool = False) -> str:
+    """``DOCKER_BUILDKIT=1 docker build``, as a user runs it; the image ID. With ``stages``, BuildKit's plain
+    progress instead of ``-q``, and each step's time and the layers' export printed (what ``--stages`` prints
+    of envbuild's build, for the peer)."""
     done = subprocess.run(
-        [DOCKER_CLI, "build", "-q", "--network=none", *extra, str(context)],
+        [DOCKER_CLI, "build", "--progress=plain" if stages else "-q", "--network=none", *extra, str(context)],
         env={**os.environ, "DOCKER_BUILDKIT": "1"},
         capture_output=True,
         text=True,
@@ -558,7 +565,19 @@ def cli_build(context: Path, *extra: str) -> str:
     )
     if done.returncode != 0:
         raise SystemExit(f"{DOCKER_CLI} build failed: {done.stderr.strip()[-400:]}")
-    return done.stdout.strip().splitlines()[-1]
+    if not stages:
+        return done.stdout.strip().splitlines()[-1]
+    names: dict[str, str] = {}
+    for line in done.stderr.splitlines():
+        number, _, rest = line.partition(" ")
+        if rest.startswith("[") or rest.startswith("exporting"):
+            names.setdefault(number, rest)
+        elif rest.startswith("DONE ") and not names.get(number, "[internal]").startswith("[internal]"):
+            print(f"      {rest[5:]:>6}  {names[number][:100]}", file=sys.stderr)
+        elif rest.startswith("transferring context: ") and rest.endswith(" done") and len(rest.split()) == 5:
+            size, seconds = rest.split()[2:4]
+            print(f"      {seconds:>6}  the context sent: {size}", file=sys.stderr)
+    return re.findall(r"writing image (sha256:[0-9a-f]{64})", done.stderr)[-1]
 
 
 def _drop_image(image_id: str) -> None:
@@ -572,25 +591,80 @@ def empty_build_cache() -> None:
     subprocess.run([DOCKER_CLI, "builder", "prune", "-af"], check=True, capture_output=True)
 
 
-def cli_peer(bk: Path, out: dict[str, float], prefix: str = "cli", full_repeat: int = 3) -> None:
-    """A hand BuildKit build through the docker CLI: ``full_repeat`` full builds (BuildKit's cache emptied
-    before each, outside the timing; the median is the figure), then a no-op (``docker build`` again, timed
-    from the CLI as a user runs it)."""
-    print(f"  hand BuildKit, {prefix} (DOCKER_BUILDKIT=1 docker build; wheels bind-mounted):", file=sys.stderr)
-    runs = []
-    for _ in range(full_repeat):
-        if runs:  # the last full build's image is not kept (at the closure's size, each is several GB)
-            _drop_image(HAND_IMAGES.pop())
-        empty_build_cache()
+@dataclasses.dataclass(frozen=True)
+class Side:
+    """One side of the full builds: ``prefix`` of its figures (``""`` for envbuild's), what it is, its full
+    build (→ the image ID), how its image is removed, and what is timed right after its last full build
+    (its no-op, while BuildKit's cache still holds its steps)."""
+
+    prefix: str
+    label: str
+    build: Callable[[], str]
+    drop: Callable[[str], None]
+    after_last: Callable[[], None]
+
+
+def quiet_start() -> None:
+    """Before each full build, outside its timing: BuildKit's cache emptied (``docker builder prune -af``),
+    so each side sends its context and runs every step from nothing (and envbuild's own bound on that cache
+    finds no other build's records to prune), then ``sync``: the last build's and the last removal's writes
+    reach the disk before the clock starts, not during the next side's build."""
+    empty_build_cache()
+    subprocess.run(["sync"], check=True)
+
+
+def full_rounds(sides: list[Side], rounds: int, out: dict[str, float]) -> dict[str, str]:
+    """The full builds, in rounds, after a warm-up round untimed: each round builds every side once, one after the other, and the order turns
+    by one each round (with 3 rounds and 3 sides each side builds once first, once second, once last), so
+    that the machine's drift over the minutes (page cache, writeback, the disk's own state) falls on every
+    side alike rather than on whichever side's builds came later. Each image is removed right after its
+    timed build but in the last round; the last round is in ``sides``' order, so the last side's no-op
+    follows its own build. The median of each side's runs is its figure; the image each kept, by prefix."""
+    times: dict[str, list[float]] = {side.prefix: [] for side in sides}
+    kept: dict[str, str] = {}
+    for side in sides:  # one untimed round first: the first build after the setup ran 20-40 % slower (cold
+        quiet_start()  # context files, the engine's first build of the day), whichever side it was
         start = time.perf_counter()
-        HAND_IMAGES.append(cli_build(bk, "--no-cache"))
-        runs.append(time.perf_counter() - start)
-        print(f"    full build (--no-cache)      {runs[-1]:8.1f} s", file=sys.stderr)
-    out[f"{prefix}_full"], out[f"{prefix}_full_runs"] = statistics.median(runs), runs  # type: ignore[assignment]
+        side.drop(side.build())
+        print(
+            f"    warm-up, {side.label}: full build (--no-cache, untimed) {time.perf_counter() - start:6.1f} s",
+            file=sys.stderr,
+        )
+    for round_ in range(rounds):
+        turn = (rounds - 1 - round_) % len(sides)
+        last = round_ == rounds - 1
+        for side in sides[turn:] + sides[:turn]:
+            quiet_start()
+            start = time.perf_counter()
+            image_id = side.build()
+            times[side.prefix].append(time.perf_counter() - start)
+            print(
+                f"    round {round_ + 1}, {side.label}: full build (--no-cache) {times[side.prefix][-1]:6.1f} s",
+                file=sys.stderr,
+            )
+            if last:
+                kept[side.prefix] = image_id
+                side.after_last()
+            else:
+                side.drop(image_id)
+    for side in sides:
+        runs = times[side.prefix]
+        key = f"{side.prefix}_full" if side.prefix else "full"
+        out[key], out[f"{key}_runs"] = statistics.median(runs), runs  # type: ignore[assignment]
+    return kept
+
+
+def _peer_noop(context: Path, out: dict[str, float], prefix: str) -> None:
+    """A hand peer's no-op: ``docker build`` again right after its last full build, timed from the CLI as a
+    user runs it; its full build's GBs written (``sync``) before the clock starts, as before envbuild's."""
+    subprocess.run(["sync"], check=True)
     start = time.perf_counter()
-    cli_build(bk)
+    cli_build(context)
     out[f"{prefix}_noop"] = time.perf_counter() - start
-    print(f"    no-op rebuild                {out[f'{prefix}_noop']:8.2f} s", file=sys.stderr)
+    print(
+        f"    {'hand pip' if prefix == 'cli' else 'hand ' + prefix}: no-op rebuild {out[f'{prefix}_noop']:8.2f} s",
+        file=sys.stderr,
+    )
 
 
 def _cli_env() -> dict[str, str]:
@@ -613,11 +687,11 @@ def runs_text(runs: list[float]) -> str:
     return ", ".join(f"{t:.2f}" for t in runs)
 
 
-def envbuild_cli(lock: Path, cache_dir: Path, stages: bool) -> tuple[float, str]:
-    """``envbuild image LOCK --json`` in a process of its own, as a user runs it: (seconds, image ID).
-    With ``stages``, its progress lines, each at its time since the start."""
+def envbuild_cli(lock: Path, cache_dir: Path, stages: bool, *extra: str) -> tuple[float, str]:
+    """``envbuild image LOCK --json [extra]`` in a process of its own, as a user runs it: (seconds, image
+    ID). With ``stages``, its progress lines, each at its time since the start."""
     command = [sys.executable, "-c", "import sys; from envbuild.cli import main; sys.exit(main())"]
-    command += ["image", str(lock), "--cache-dir", str(cache_dir), "--json"]
+    command += ["image", str(lock), "--cache-dir", str(cache_dir), "--json", *extra]
     env = _cli_env()
     start = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -764,11 +838,11 @@ def scale_one(
     digest = push_as(client, base_tag, repository, tag)
     print(f"  pushed to the local registry to pin it by digest: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
 
-    start = time.perf_counter()
+    clock = [time.perf_counter()]  # the start of envbuild's build under way: its --stages lines count from it
 
     def say(message: str) -> None:
         if stages:
-            print(f"    {time.perf_counter() - start:7.2f} s  {message[:110]}", file=sys.stderr)
+            print(f"    {time.perf_counter() - clock[0]:7.2f} s  {message[:110]}", file=sys.stderr)
 
     upstream = root / "upstream"
     upstream.mkdir()
@@ -798,42 +872,6 @@ def scale_one(
                 file=sys.stderr,
             )
 
-            print(f"  envbuild image (installer: uv {uv.name.split('-')[1]}):", file=sys.stderr)
-            runs = []
-            for run in range(full_repeat):
-                if run:
-                    _remove_envbuild_images(client)
-                empty_build_cache()
-                start = time.perf_counter()
-                full = build_image(read_lock(lock), ImageOptions(options, no_cache=True), engine=engine, progress=say)
-                runs.append(time.perf_counter() - start)
-                print(f"    full build (--no-cache)      {runs[-1]:8.1f} s  sent {_gb(full.sent)}", file=sys.stderr)
-            out["full"], out["full_runs"] = statistics.median(runs), runs  # type: ignore[assignment]
-            out["sent_full"] = full.sent
-            start = time.perf_counter()
-            noop = build_image(read_lock(lock), ImageOptions(options), engine=engine, progress=say)
-            out["noop"] = time.perf_counter() - start
-            out["sent_noop"] = noop.sent
-            assert noop.image_id == full.image_id
-            assert noop.noop, "the no-op was not answered from the build record"
-            print(f"    no-op rebuild                {out['noop']:8.2f} s  sent {_gb(noop.sent)}", file=sys.stderr)
-            warm_bytecode()
-            noop_runs = [envbuild_cli(lock, options.source.cache_dir, stages=False)[0] for _ in range(max(repeat, 1))]
-            out["noop_cli"], out["noop_cli_runs"] = statistics.median(noop_runs), noop_runs  # type: ignore[assignment]
-            print(
-                f"    no-op rebuild, its CLI       {out['noop_cli']:8.2f} s  (runs {runs_text(noop_runs)})",
-                file=sys.stderr,
-            )
-            forget_built(options.source.cache_dir, noop.lock_sha256)
-            start = time.perf_counter()
-            engine_noop = build_image(read_lock(lock), ImageOptions(options), engine=engine, progress=say)
-            out["noop_engine"] = time.perf_counter() - start
-            assert engine_noop.image_id == full.image_id and not engine_noop.noop
-            print(
-                f"    no-op, no record (the engine's cache answers) {out['noop_engine']:5.2f} s  "
-                f"sent {_gb(engine_noop.sent)}",
-                file=sys.stderr,
-            )
             bk = root / "hand-bk"
             for name in ("alpha", "beta", "gamma"):
                 export_tree(repos[name].path, pins[name], bk / "src" / name)
@@ -854,8 +892,66 @@ def scale_one(
             (bkuv / "uv" / "uv").chmod(0o755)
             (bkuv / "Dockerfile").unlink()  # a link to the pip peer's: written anew, not through the link
             (bkuv / "Dockerfile").write_text(scale_hand_buildkit_dockerfile(f"{repository}@{digest}", "uv"))
-            cli_peer(bkuv, out, "uv", full_repeat)
-            cli_peer(bk, out, "cli", full_repeat)
+
+            def envbuild_full() -> str:  # from its CLI, as a user runs it (and as the peers' are run)
+                full.append(envbuild_cli(lock, options.source.cache_dir, stages, "--no-cache")[1])
+                return full[-1]
+
+            def envbuild_noops() -> None:
+                subprocess.run(["sync"], check=True)  # the full build's GBs written before the clock starts
+                start = clock[0] = time.perf_counter()
+                noop = build_image(read_lock(lock), ImageOptions(options), engine=engine, progress=say)
+                out["noop"] = time.perf_counter() - start
+                out["sent_noop"] = noop.sent
+                assert noop.image_id == full[-1]
+                assert noop.noop, "the no-op was not answered from the build record"
+                print(f"    no-op rebuild                {out['noop']:8.2f} s  sent {_gb(noop.sent)}", file=sys.stderr)
+                noop_runs = [
+                    envbuild_cli(lock, options.source.cache_dir, stages=False)[0] for _ in range(max(repeat, 1))
+                ]
+                out["noop_cli"], out["noop_cli_runs"] = statistics.median(noop_runs), noop_runs  # type: ignore[assignment]
+                print(
+                    f"    no-op rebuild, its CLI       {out['noop_cli']:8.2f} s  (runs {runs_text(noop_runs)})",
+                    file=sys.stderr,
+                )
+                forget_built(options.source.cache_dir, noop.lock_sha256)
+                start = clock[0] = time.perf_counter()
+                engine_noop = build_image(read_lock(lock), ImageOptions(options), engine=engine, progress=say)
+                out["noop_engine"] = time.perf_counter() - start
+                assert engine_noop.image_id == full[-1] and not engine_noop.noop
+                print(
+                    f"    no-op, no record (the engine's cache answers) {out['noop_engine']:5.2f} s  "
+                    f"sent {_gb(engine_noop.sent)}",
+                    file=sys.stderr,
+                )
+
+            full: list[str] = []
+            sides = [
+                Side(
+                    "uv",
+                    "hand uv (DOCKER_BUILDKIT=1 docker build, uv bind-mounted)",
+                    lambda: cli_build(bkuv, "--no-cache", stages=stages),
+                    _drop_image,
+                    lambda: _peer_noop(bkuv, out, "uv"),
+                ),
+                Side(
+                    "cli",
+                    "hand pip (DOCKER_BUILDKIT=1 docker build, pip)",
+                    lambda: cli_build(bk, "--no-cache", stages=stages),
+                    _drop_image,
+                    lambda: _peer_noop(bk, out, "cli"),
+                ),
+                Side(
+                    "",
+                    f"envbuild image (installer: uv {uv.name.split('-')[1]})",
+                    envbuild_full,
+                    lambda _: _remove_envbuild_images(client),
+                    envbuild_noops,
+                ),
+            ]
+            warm_bytecode()
+            kept = full_rounds(sides, full_repeat, out)
+            HAND_IMAGES.extend([kept["uv"], kept["cli"]])
             peers = {"cli": bk, "uv": bkuv}
             if not work.floor:  # the closure: three images of 9 GB and their caches do not fit beside each other
                 _drop_image(HAND_IMAGES.pop(0))  # the uv peer's; the one-pip peer's stays, its cache warm
@@ -992,6 +1088,13 @@ def scale(
             f"{f['full']:.1f} s / {f['uv_full']:.1f} s ({runs(f['uv_full_runs'])})",
             file=sys.stderr,
         )
+        for peer, name in (("cli", "pip"), ("uv", "uv")):
+            paired = [e / p for e, p in zip(f["full_runs"], f[f"{peer}_full_runs"])]  # type: ignore[call-overload]
+            print(
+                f"      paired by round, envbuild / hand {name}: median {statistics.median(paired):.2f}x "
+                f"({', '.join(f'{r:.2f}' for r in paired)}; envbuild ahead in {sum(r < 1 for r in paired)} of {len(paired)})",
+                file=sys.stderr,
+            )
         print(
             f"    no-op rebuild: envbuild's CLI {f['noop_cli']:.2f} s, median of {runs_text(f['noop_cli_runs'])} (in process {f['noop']:.2f} s; no record: "
             f"{f['noop_engine']:.2f} s), hand pip {f['cli_noop']:.2f} s, hand uv {f['uv_noop']:.2f} s  [<= 0.5 s]",
