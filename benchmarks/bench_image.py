@@ -614,12 +614,13 @@ def quiet_start() -> None:
 
 
 def full_rounds(sides: list[Side], rounds: int, out: dict[str, float]) -> dict[str, str]:
-    """The full builds, in rounds, after a warm-up round untimed: each round builds every side once, one after the other, and the order turns
-    by one each round (with 3 rounds and 3 sides each side builds once first, once second, once last), so
-    that the machine's drift over the minutes (page cache, writeback, the disk's own state) falls on every
-    side alike rather than on whichever side's builds came later. Each image is removed right after its
-    timed build but in the last round; the last round is in ``sides``' order, so the last side's no-op
-    follows its own build. The median of each side's runs is its figure; the image each kept, by prefix."""
+    """The full builds, in rounds, after an untimed warm-up round: each round builds every side once, one
+    after the other, and the order turns by one each round (with 3 rounds and 3 sides each side builds once
+    first, once second, once last), so that the machine's drift over the minutes (page cache, writeback,
+    the disk's own state) falls on every side alike rather than on whichever side's builds came later. Each
+    image is removed right after its timed build but in the last round; the last round is in ``sides``'
+    order, so the last side's no-op follows its own build. The median of each side's runs is its figure;
+    the image each kept, by prefix."""
     times: dict[str, list[float]] = {side.prefix: [] for side in sides}
     kept: dict[str, str] = {}
     for side in sides:  # one untimed round first: the first build after the setup ran 20-40 % slower (cold
@@ -1090,9 +1091,10 @@ def scale(
         )
         for peer, name in (("cli", "pip"), ("uv", "uv")):
             paired = [e / p for e, p in zip(f["full_runs"], f[f"{peer}_full_runs"])]  # type: ignore[call-overload]
+            ahead = sum(r < 1 for r in paired)
             print(
                 f"      paired by round, envbuild / hand {name}: median {statistics.median(paired):.2f}x "
-                f"({', '.join(f'{r:.2f}' for r in paired)}; envbuild ahead in {sum(r < 1 for r in paired)} of {len(paired)})",
+                f"({', '.join(f'{r:.2f}' for r in paired)}; envbuild ahead in {ahead} of {len(paired)})",
                 file=sys.stderr,
             )
         print(
