@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -132,6 +133,7 @@ def ray_head(ray_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     finally:
         _stop_head(head, temp_dir)
         assert not _ours(head.pid, temp_dir), "Ray processes left behind"
+        shutil.rmtree(temp_dir, ignore_errors=True)  # its sessions' logs and sockets, 4 MB a run, not left in /tmp
 
 
 def _wait_for_job_api(address: str, head: subprocess.Popen[bytes], log: Path) -> None:
