@@ -604,13 +604,16 @@ class Side:
     after_last: Callable[[], None]
 
 
-def quiet_start() -> None:
-    """Before each full build, outside its timing: BuildKit's cache emptied (``docker builder prune -af``),
-    so each side sends its context and runs every step from nothing (and envbuild's own bound on that cache
-    finds no other build's records to prune), then ``sync``: the last build's and the last removal's writes
-    reach the disk before the clock starts, not during the next side's build."""
-    empty_build_cache()
+def settle() -> None:
+    """``sync``, outside a timing: the last build's and the last removal's writes reach the disk before the
+    clock starts, not during the next measurement."""
     subprocess.run(["sync"], check=True)
+
+
+def quiet_start() -> None:
+    """Before each full build: :func:`empty_build_cache`, then :func:`settle`."""
+    empty_build_cache()
+    settle()
 
 
 def full_rounds(sides: list[Side], rounds: int, out: dict[str, float]) -> dict[str, str]:
@@ -657,8 +660,8 @@ def full_rounds(sides: list[Side], rounds: int, out: dict[str, float]) -> dict[s
 
 def _peer_noop(context: Path, out: dict[str, float], prefix: str) -> None:
     """A hand peer's no-op: ``docker build`` again right after its last full build, timed from the CLI as a
-    user runs it; its full build's GBs written (``sync``) before the clock starts, as before envbuild's."""
-    subprocess.run(["sync"], check=True)
+    user runs it; its full build's GBs written (:func:`settle`) before the clock starts, as before envbuild's."""
+    settle()
     start = time.perf_counter()
     cli_build(context)
     out[f"{prefix}_noop"] = time.perf_counter() - start
@@ -899,7 +902,7 @@ def scale_one(
                 return full[-1]
 
             def envbuild_noops() -> None:
-                subprocess.run(["sync"], check=True)  # the full build's GBs written before the clock starts
+                settle()  # the full build's GBs written before the clock starts
                 start = clock[0] = time.perf_counter()
                 noop = build_image(read_lock(lock), ImageOptions(options), engine=engine, progress=say)
                 out["noop"] = time.perf_counter() - start
@@ -1153,8 +1156,8 @@ def _remove_scale_images(client: docker.DockerClient) -> None:
 
 
 def _remove_envbuild_images(client: docker.DockerClient) -> None:
-    """Before each of envbuild's full builds after the first, its images of the lock removed, as each hand
-    peer's last image is: a ``--no-cache`` build whose layer the engine already holds under another image
+    """envbuild's images of the lock removed after each of its timed full builds but the last round's, as each
+    hand peer's image is: a ``--no-cache`` build whose layer the engine already holds under another image
     leaves BuildKit's copy of that layer on disk for good (docker 20.10, docs/image.md#disk: 2.2 GB a build
     at 27 wheels, 8.9 GB at the closure), and would find its layers registered already."""
     for image in client.images.list(filters={"label": f"io.envbuild.lock.name={SCALE_LOCK}"}):
