@@ -550,6 +550,7 @@ def scale_hand_buildkit_dockerfile(base: str, installer: str = "pip") -> str:
 
 
 DOCKER_CLI = "/usr/bin/docker"  # Debian's docker.io client; /usr/local/bin/docker here fails with BuildKit
+PEERS = {"cli": "pip", "uv": "uv"}  # each hand peer's prefix in the figures → its installer, as printed
 
 
 def cli_build(context: Path, *extra: str, stages: bool = False) -> str:
@@ -666,7 +667,7 @@ def _peer_noop(context: Path, out: dict[str, float], prefix: str) -> None:
     cli_build(context)
     out[f"{prefix}_noop"] = time.perf_counter() - start
     print(
-        f"    {'hand pip' if prefix == 'cli' else 'hand ' + prefix}: no-op rebuild {out[f'{prefix}_noop']:8.2f} s",
+        f"    hand {PEERS[prefix]}: no-op rebuild {out[f'{prefix}_noop']:8.2f} s",
         file=sys.stderr,
     )
 
@@ -764,7 +765,7 @@ def moved_rounds(
             start = time.perf_counter()
             HAND_IMAGES.append(cli_build(context))
             builds[prefix].append(time.perf_counter() - start)
-            said.append(f"{'pip' if prefix == 'cli' else prefix} {builds[prefix][-1]:4.2f} s")
+            said.append(f"{PEERS[prefix]} {builds[prefix][-1]:4.2f} s")
         print(
             f"    round {i + 1}: envbuild {runs[-1]:5.2f} s | hand: update {updates[-1]:4.2f} s, " + ", ".join(said),
             file=sys.stderr,
@@ -1092,7 +1093,7 @@ def scale(
             f"{f['full']:.1f} s / {f['uv_full']:.1f} s ({runs(f['uv_full_runs'])})",
             file=sys.stderr,
         )
-        for peer, name in (("cli", "pip"), ("uv", "uv")):
+        for peer, name in PEERS.items():
             paired = [e / p for e, p in zip(f["full_runs"], f[f"{peer}_full_runs"])]  # type: ignore[call-overload]
             ahead = sum(r < 1 for r in paired)
             print(
