@@ -1138,11 +1138,57 @@ def scale(
             print(f"    full build / host floor ({floor:.1f} s):   {f['full'] / floor:6.2f}x", file=sys.stderr)
         if "hand_full" in f:
             print(f"    full build / hand legacy builder:      {f['full'] / f['hand_full']:6.2f}x", file=sys.stderr)
+        if "uv_full_runs" in f:
+            judged = goals(f)
+            print(
+                f"    goals (issue 45), read on the paired medians: {sum(g.met for g in judged)} of {len(judged)} met",
+                file=sys.stderr,
+            )
+            for g in judged:
+                print(
+                    f"      {'met    ' if g.met else 'NOT MET'} {g.name}: {g.value:.3f}{g.unit} (bound {g.bound:g}{g.unit})",
+                    file=sys.stderr,
+                )
     if len(figures) == 2:
         growth = figures["large"]["base_size"] / figures["small"]["base_size"]
         ratio = figures["large"]["moved"] / figures["small"]["moved"]
         print(f"  one-source rebuild, base {growth:.0f}x larger: {ratio:.2f}x  [flat: <= 1.5x]", file=sys.stderr)
     return 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Goal:
+    """One goal of issue 45 as read from a base's figures: its name, the figure, the bound it must not pass."""
+
+    name: str
+    value: float
+    bound: float
+    unit: str = "x"
+
+    @property
+    def met(self) -> bool:
+        return self.value <= self.bound
+
+
+def paired_median(ours: list[float], theirs: list[float]) -> float:
+    """The median of the per-round ratios. Each round builds every side once, in a turning order (the
+    one-source alternations: envbuild, then each peer), so a round's pair shares the machine's state of
+    those minutes; the ratio within a round cancels the drift between rounds that a ratio of two sides'
+    medians keeps."""
+    return statistics.median(o / t for o, t in zip(ours, theirs, strict=True))
+
+
+def goals(f: dict) -> list[Goal]:  # type: ignore[type-arg]
+    """Issue 45's goals for one base, read by a rule fixed before the run it reads (2026-12-06, stop 63):
+    every ratio on the paired median by round (:func:`paired_median`), the no-op on the median of its CLI
+    runs, the size on the one image. The ratio of the sides' medians is printed above it, not judged."""
+    return [
+        Goal("full build / hand pip", paired_median(f["full_runs"], f["cli_full_runs"]), 0.8),
+        Goal("full build / hand uv", paired_median(f["full_runs"], f["uv_full_runs"]), 1.05),
+        Goal("one source moved / hand pip", paired_median(f["moved_runs"], f["cli_moved_runs"]), 1.2),
+        Goal("no-op from the CLI", f["noop_cli"], 0.5, " s"),
+        Goal("size / (base + installed) - 1", abs(f["size"] / f["base_plus_installed"] - 1), 0.02, ""),
+    ]
 
 
 def _remove_scale_images(client: docker.DockerClient) -> None:
