@@ -617,28 +617,44 @@ def quiet_start() -> None:
     settle()
 
 
+# Three sides' rounds in an order that balances what each build follows, not only its place in the round:
+# each round begins with the side the last one ended with, so over six rounds (and the warm-up's last
+# build) every side follows every side, itself included, exactly twice and holds each place twice. The
+# turning order gave each side each place but always the same two predecessors (stop 63: hand pip's
+# builds ran 48-52 s right after the hand uv peer's image was removed, 36-43 s otherwise).
+BALANCED_3 = ((0, 1, 2), (2, 1, 0), (0, 2, 1), (1, 0, 2), (2, 0, 1), (1, 2, 0))
+
+
+def round_orders(sides: int, rounds: int) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
+    """The warm-up's order and each round's, as indices into the sides. Three sides: :data:`BALANCED_3`
+    repeated (balanced for each whole six rounds); otherwise the order turned by one each round."""
+    if sides == 3:
+        return (1, 2, 0), [BALANCED_3[r % 6] for r in range(rounds)]
+    base = tuple(range(sides))
+    return base, [base[t:] + base[:t] for t in ((rounds - 1 - r) % sides for r in range(rounds))]
+
+
 def full_rounds(sides: list[Side], rounds: int, out: dict[str, float]) -> dict[str, str]:
-    """The full builds, in rounds, after an untimed warm-up round: each round builds every side once, one
-    after the other, and the order turns by one each round (with 3 rounds and 3 sides each side builds once
-    first, once second, once last), so that the machine's drift over the minutes (page cache, writeback,
-    the disk's own state) falls on every side alike rather than on whichever side's builds came later. Each
-    image is removed right after its timed build but in the last round; the last round is in ``sides``'
-    order, so the last side's no-op follows its own build. The median of each side's runs is its figure;
-    the image each kept, by prefix."""
+    """The full builds, in rounds, after an untimed warm-up round: each round builds every side once, in
+    the orders of :func:`round_orders`, so that the machine's drift over the minutes (page cache, writeback,
+    the disk's own state) and what one build leaves to the next fall on every side alike. Every timed
+    image is removed right after its build. Then, untimed, each side builds once more and keeps its image,
+    and what it times after its last full build (its no-op) runs right after it: the rounds all end alike,
+    none of them with the others' images kept or their no-ops run. The median of each side's runs is its
+    figure; the image each kept, by prefix."""
     times: dict[str, list[float]] = {side.prefix: [] for side in sides}
-    kept: dict[str, str] = {}
-    for side in sides:  # one untimed round first: the first build after the setup ran 20-40 % slower (cold
-        quiet_start()  # context files, the engine's first build of the day), whichever side it was
+    warm_up, orders = round_orders(len(sides), rounds)
+    for index in warm_up:  # one untimed round first: the first build after the setup ran 20-40 % slower (cold
+        side = sides[index]  # context files, the engine's first build of the day), whichever side it was
+        quiet_start()
         start = time.perf_counter()
         side.drop(side.build())
         print(
             f"    warm-up, {side.label}: full build (--no-cache, untimed) {time.perf_counter() - start:6.1f} s",
             file=sys.stderr,
         )
-    for round_ in range(rounds):
-        turn = (rounds - 1 - round_) % len(sides)
-        last = round_ == rounds - 1
-        for side in sides[turn:] + sides[:turn]:
+    for round_, order in enumerate(orders):
+        for side in (sides[i] for i in order):
             quiet_start()
             start = time.perf_counter()
             image_id = side.build()
@@ -647,11 +663,13 @@ def full_rounds(sides: list[Side], rounds: int, out: dict[str, float]) -> dict[s
                 f"    round {round_ + 1}, {side.label}: full build (--no-cache) {times[side.prefix][-1]:6.1f} s",
                 file=sys.stderr,
             )
-            if last:
-                kept[side.prefix] = image_id
-                side.after_last()
-            else:
-                side.drop(image_id)
+            side.drop(image_id)
+    kept: dict[str, str] = {}
+    for side in sides:
+        quiet_start()
+        kept[side.prefix] = side.build()
+        print(f"    {side.label}: built again (untimed), kept", file=sys.stderr)
+        side.after_last()
     for side in sides:
         runs = times[side.prefix]
         key = f"{side.prefix}_full" if side.prefix else "full"
