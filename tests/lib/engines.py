@@ -9,7 +9,8 @@ that needs two hosts (a multi-node cluster on one machine), starts its own engin
   ``--data-root``, all under one directory the caller owns, and an empty config file, so nothing
   under ``/etc/docker`` leaks in;
 - is stopped by its PID (TERM, then KILL), with its containerd, and its data removed with
-  :meth:`ExtraEngine.stop`.
+  :meth:`ExtraEngine.stop`; what its containerd writes to ``$TMPDIR`` (a stack dump when dockerd gives up
+  waiting for it) lands in that directory too.
 
 Unix socket paths are limited to 108 bytes, so the socket lives under ``/run/envbuild-test-engines``
 with a short random name rather than under a deep ``tmp_path``.
@@ -97,7 +98,17 @@ def start_engine(root: Path, *, driver: str | None = None) -> ExtraEngine:
         "--userland-proxy=false",
     ]  # fmt: skip
     try:
-        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+        process = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            # The containerd dockerd starts inherits this; dockerd asks it for a stack dump (SIGUSR1) before it
+            # kills one that does not stop in time, and containerd writes it to $TMPDIR: beside the engine's
+            # log, removed with it, rather than a containerd.<pid>.stacks.log in the machine's /tmp.
+            env={**os.environ, "TMPDIR": str(root)},
+        )
     finally:
         log.close()
     engine = ExtraEngine(root, sock, process)
