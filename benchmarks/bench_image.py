@@ -620,8 +620,8 @@ def quiet_start() -> None:
 # Three sides' rounds in an order that balances what each build follows, not only its place in the round:
 # each round begins with the side the last one ended with, so over six rounds (and the warm-up's last
 # build) every side follows every side, itself included, exactly twice and holds each place twice. The
-# turning order gave each side each place but always the same two predecessors (stop 63: hand pip's
-# builds ran 48-52 s right after the hand uv peer's image was removed, 36-43 s otherwise).
+# turning order gave each side each place but always the same two predecessors (stop 63: every side built
+# fastest right after hand pip's build, and the turned order put envbuild there in four rounds of six).
 BALANCED_3 = ((0, 1, 2), (2, 1, 0), (0, 2, 1), (1, 0, 2), (2, 0, 1), (1, 2, 0))
 
 
@@ -1189,7 +1189,7 @@ class Goal:
 
 
 def paired_median(ours: list[float], theirs: list[float]) -> float:
-    """The median of the per-round ratios. Each round builds every side once, in a turning order (the
+    """The median of the per-round ratios. Each round builds every side once (:func:`round_orders`; the
     one-source alternations: envbuild, then each peer), so a round's pair shares the machine's state of
     those minutes; the ratio within a round cancels the drift between rounds that a ratio of two sides'
     medians keeps."""
