@@ -551,6 +551,8 @@ def scale_hand_buildkit_dockerfile(base: str, installer: str = "pip") -> str:
 
 DOCKER_CLI = "/usr/bin/docker"  # Debian's docker.io client; /usr/local/bin/docker here fails with BuildKit
 PEERS = {"cli": "pip", "uv": "uv"}  # each hand peer's prefix in the figures → its installer, as printed
+# Issue 45's goals: the bound of each, as the summary prints it beside the figure and judges it (goals()).
+BOUND_PIP, BOUND_UV, BOUND_MOVED, BOUND_NOOP, BOUND_SIZE = 0.8, 1.05, 1.2, 0.5, 0.02
 
 
 def cli_build(context: Path, *extra: str, stages: bool = False) -> str:
@@ -625,13 +627,10 @@ def quiet_start() -> None:
 BALANCED_3 = ((0, 1, 2), (2, 1, 0), (0, 2, 1), (1, 0, 2), (2, 0, 1), (1, 2, 0))
 
 
-def round_orders(sides: int, rounds: int) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
-    """The warm-up's order and each round's, as indices into the sides. Three sides: :data:`BALANCED_3`
-    repeated (balanced for each whole six rounds); otherwise the order turned by one each round."""
-    if sides == 3:
-        return (1, 2, 0), [BALANCED_3[r % 6] for r in range(rounds)]
-    base = tuple(range(sides))
-    return base, [base[t:] + base[:t] for t in ((rounds - 1 - r) % sides for r in range(rounds))]
+def round_orders(rounds: int) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
+    """The warm-up's order and each round's, as indices into the three sides: :data:`BALANCED_3` repeated
+    (balanced for each whole six rounds), after a warm-up that ends with the first round's first side."""
+    return (1, 2, 0), [BALANCED_3[r % 6] for r in range(rounds)]
 
 
 def full_rounds(sides: list[Side], rounds: int, out: dict[str, float]) -> dict[str, str]:
@@ -643,7 +642,8 @@ def full_rounds(sides: list[Side], rounds: int, out: dict[str, float]) -> dict[s
     none of them with the others' images kept or their no-ops run. The median of each side's runs is its
     figure; the image each kept, by prefix."""
     times: dict[str, list[float]] = {side.prefix: [] for side in sides}
-    warm_up, orders = round_orders(len(sides), rounds)
+    assert len(sides) == len(BALANCED_3[0]), "the rounds' orders are for three sides"
+    warm_up, orders = round_orders(rounds)
     for index in warm_up:  # one untimed round first: the first build after the setup ran 20-40 % slower (cold
         side = sides[index]  # context files, the engine's first build of the day), whichever side it was
         quiet_start()
@@ -1102,17 +1102,17 @@ def scale(
     for f in figures.values():
         print(f"  base {_gb(f['base_size'])}:", file=sys.stderr)
         print(
-            f"    full build, envbuild / hand pip:       {f['full'] / f['cli_full']:6.2f}x  [<= 0.8x]  "
+            f"    full build, envbuild / hand pip:       {f['full'] / f['cli_full']:6.2f}x  [<= {BOUND_PIP:g}x]  "
             f"{f['full']:.1f} s ({runs(f['full_runs'])}) / {f['cli_full']:.1f} s ({runs(f['cli_full_runs'])})",
             file=sys.stderr,
         )
         print(
-            f"    full build, envbuild / hand uv:        {f['full'] / f['uv_full']:6.2f}x  [<= 1.05x]  "
+            f"    full build, envbuild / hand uv:        {f['full'] / f['uv_full']:6.2f}x  [<= {BOUND_UV:g}x]  "
             f"{f['full']:.1f} s / {f['uv_full']:.1f} s ({runs(f['uv_full_runs'])})",
             file=sys.stderr,
         )
         for peer, name in PEERS.items():
-            paired = [e / p for e, p in zip(f["full_runs"], f[f"{peer}_full_runs"])]  # type: ignore[call-overload]
+            paired = by_round(f["full_runs"], f[f"{peer}_full_runs"])  # type: ignore[arg-type]
             ahead = sum(r < 1 for r in paired)
             print(
                 f"      paired by round, envbuild / hand {name}: median {statistics.median(paired):.2f}x "
@@ -1121,7 +1121,7 @@ def scale(
             )
         print(
             f"    no-op rebuild: envbuild's CLI {f['noop_cli']:.2f} s, median of {runs_text(f['noop_cli_runs'])} (in process {f['noop']:.2f} s; no record: "
-            f"{f['noop_engine']:.2f} s), hand pip {f['cli_noop']:.2f} s, hand uv {f['uv_noop']:.2f} s  [<= 0.5 s]",
+            f"{f['noop_engine']:.2f} s), hand pip {f['cli_noop']:.2f} s, hand uv {f['uv_noop']:.2f} s  [<= {BOUND_NOOP:g} s]",
             file=sys.stderr,
         )
         spread = (
@@ -1130,7 +1130,7 @@ def scale(
             else ""
         )
         print(
-            f"    one source moved, envbuild / hand pip: {f['moved'] / f['cli_moved']:6.2f}x  [<= 1.2x]  "
+            f"    one source moved, envbuild / hand pip: {f['moved'] / f['cli_moved']:6.2f}x  [<= {BOUND_MOVED:g}x]  "
             f"{f['moved']:.2f} s / {f['cli_moved']:.2f} s{spread}",
             file=sys.stderr,
         )
@@ -1148,7 +1148,7 @@ def scale(
         )
         print(
             f"    image {_gb(f['size'])}, hand BuildKit (base + installed) {_gb(f['base_plus_installed'])}: "
-            f"{f['size'] / f['base_plus_installed'] - 1:+.1%}  [within 2%]",
+            f"{f['size'] / f['base_plus_installed'] - 1:+.1%}  [within {BOUND_SIZE:.0%}]",
             file=sys.stderr,
         )
         if "floor_pip" in f:
@@ -1156,17 +1156,16 @@ def scale(
             print(f"    full build / host floor ({floor:.1f} s):   {f['full'] / floor:6.2f}x", file=sys.stderr)
         if "hand_full" in f:
             print(f"    full build / hand legacy builder:      {f['full'] / f['hand_full']:6.2f}x", file=sys.stderr)
-        if "uv_full_runs" in f:
-            judged = goals(f)
+        judged = goals(f)
+        print(
+            f"    goals (issue 45), read on the paired medians: {sum(g.met for g in judged)} of {len(judged)} met",
+            file=sys.stderr,
+        )
+        for g in judged:
             print(
-                f"    goals (issue 45), read on the paired medians: {sum(g.met for g in judged)} of {len(judged)} met",
+                f"      {'met    ' if g.met else 'NOT MET'} {g.name}: {g.value:.3f}{g.unit} (bound {g.bound:g}{g.unit})",
                 file=sys.stderr,
             )
-            for g in judged:
-                print(
-                    f"      {'met    ' if g.met else 'NOT MET'} {g.name}: {g.value:.3f}{g.unit} (bound {g.bound:g}{g.unit})",
-                    file=sys.stderr,
-                )
     if len(figures) == 2:
         growth = figures["large"]["base_size"] / figures["small"]["base_size"]
         ratio = figures["large"]["moved"] / figures["small"]["moved"]
@@ -1188,12 +1187,17 @@ class Goal:
         return self.value <= self.bound
 
 
+def by_round(ours: list[float], theirs: list[float]) -> list[float]:
+    """Each round's ratio, ours over theirs (the rounds pair up: :func:`paired_median`)."""
+    return [o / t for o, t in zip(ours, theirs, strict=True)]
+
+
 def paired_median(ours: list[float], theirs: list[float]) -> float:
-    """The median of the per-round ratios. Each round builds every side once (:func:`round_orders`; the
+    """The median of the per-round ratios (:func:`by_round`). Each round builds every side once (:func:`round_orders`; the
     one-source alternations: envbuild, then each peer), so a round's pair shares the machine's state of
     those minutes; the ratio within a round cancels the drift between rounds that a ratio of two sides'
     medians keeps."""
-    return statistics.median(o / t for o, t in zip(ours, theirs, strict=True))
+    return statistics.median(by_round(ours, theirs))
 
 
 def goals(f: dict) -> list[Goal]:  # type: ignore[type-arg]
@@ -1201,11 +1205,11 @@ def goals(f: dict) -> list[Goal]:  # type: ignore[type-arg]
     every ratio on the paired median by round (:func:`paired_median`), the no-op on the median of its CLI
     runs, the size on the one image. The ratio of the sides' medians is printed above it, not judged."""
     return [
-        Goal("full build / hand pip", paired_median(f["full_runs"], f["cli_full_runs"]), 0.8),
-        Goal("full build / hand uv", paired_median(f["full_runs"], f["uv_full_runs"]), 1.05),
-        Goal("one source moved / hand pip", paired_median(f["moved_runs"], f["cli_moved_runs"]), 1.2),
-        Goal("no-op from the CLI", f["noop_cli"], 0.5, " s"),
-        Goal("size / (base + installed) - 1", abs(f["size"] / f["base_plus_installed"] - 1), 0.02, ""),
+        Goal("full build / hand pip", paired_median(f["full_runs"], f["cli_full_runs"]), BOUND_PIP),
+        Goal("full build / hand uv", paired_median(f["full_runs"], f["uv_full_runs"]), BOUND_UV),
+        Goal("one source moved / hand pip", paired_median(f["moved_runs"], f["cli_moved_runs"]), BOUND_MOVED),
+        Goal("no-op from the CLI", f["noop_cli"], BOUND_NOOP, " s"),
+        Goal("size / (base + installed) - 1", abs(f["size"] / f["base_plus_installed"] - 1), BOUND_SIZE, ""),
     ]
 
 
