@@ -613,10 +613,49 @@ def settle() -> None:
     subprocess.run(["sync"], check=True)
 
 
-def quiet_start() -> None:
-    """Before each full build: :func:`empty_build_cache`, then :func:`settle`."""
+DROP_CACHES = Path("/proc/sys/vm/drop_caches")
+
+
+def forget_deletions(warm: tuple[Path, ...]) -> bool:
+    """The page cache dropped (``sync`` first: only clean pages go), then every file under ``warm`` read
+    back, so each build starts with its inputs in memory and without the file system's cached metadata of
+    the last builds' deletions. This machine's disk is ext4 without a journal, where creating a file skips
+    every free inode freed in the last 60 s whose inode table block is still cached, or in the last 360 s
+    while that block is dirty (``recently_deleted`` in ``fs/ext4/ialloc.c``; a journaled ext4, Debian's
+    default, never checks). The build cache emptied before each build frees the last build's tens of
+    thousands of inodes, and the next build's installer met them: ``perf`` put the time in ``ext4_create``
+    → ``recently_deleted``, and uv took 13.7 s where it takes 7 s once the page cache is dropped
+    (docs/benchmarks.md, "Deletions"). False where the cache cannot be dropped (not root, a read-only
+    /proc): the builds then carry that effect."""
+    subprocess.run(["sync"], check=True)
+    try:
+        DROP_CACHES.write_text("1\n")
+    except OSError:
+        return False
+    for root in warm:
+        for path in sorted(root.rglob("*")):
+            if path.is_file() and not path.is_symlink():
+                with open(path, "rb") as handle:
+                    while handle.read(1 << 20):
+                        pass
+    return True
+
+
+def quiet_start(warm: tuple[Path, ...] = ()) -> None:
+    """Before each full build: :func:`empty_build_cache`, :func:`settle`, then :func:`forget_deletions` with
+    the sides' inputs ``warm`` (a warning the first time it cannot)."""
     empty_build_cache()
     settle()
+    if warm and not forget_deletions(warm) and not _WARNED:
+        _WARNED.append(True)
+        print(
+            f"    warning: cannot write {DROP_CACHES} (not root?): each build may meet the last ones' deletions "
+            '(docs/benchmarks.md, "Deletions")',
+            file=sys.stderr,
+        )
+
+
+_WARNED: list[bool] = []
 
 
 # Three sides' rounds in an order that balances what each build follows, not only its place in the round:
@@ -633,20 +672,21 @@ def round_orders(rounds: int) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
     return (1, 2, 0), [BALANCED_3[r % 6] for r in range(rounds)]
 
 
-def full_rounds(sides: list[Side], rounds: int, out: dict[str, float]) -> dict[str, str]:
+def full_rounds(sides: list[Side], rounds: int, out: dict[str, float], warm: tuple[Path, ...] = ()) -> dict[str, str]:
     """The full builds, in rounds, after an untimed warm-up round: each round builds every side once, in
     the orders of :func:`round_orders`, so that the machine's drift over the minutes (page cache, writeback,
     the disk's own state) and what one build leaves to the next fall on every side alike. Every timed
     image is removed right after its build. Then, untimed, each side builds once more and keeps its image,
     and what it times after its last full build (its no-op) runs right after it: the rounds all end alike,
-    none of them with the others' images kept or their no-ops run. The median of each side's runs is its
-    figure; the image each kept, by prefix."""
+    none of them with the others' images kept or their no-ops run. Each build starts as :func:`quiet_start`
+    leaves the machine, with the sides' inputs ``warm``. The median of each side's runs is its figure; the
+    image each kept, by prefix."""
     times: dict[str, list[float]] = {side.prefix: [] for side in sides}
     assert len(sides) == len(BALANCED_3[0]), "the rounds' orders are for three sides"
     warm_up, orders = round_orders(rounds)
     for index in warm_up:  # one untimed round first: the first build after the setup ran 20-40 % slower (cold
         side = sides[index]  # context files, the engine's first build of the day), whichever side it was
-        quiet_start()
+        quiet_start(warm)
         start = time.perf_counter()
         side.drop(side.build())
         print(
@@ -655,7 +695,7 @@ def full_rounds(sides: list[Side], rounds: int, out: dict[str, float]) -> dict[s
         )
     for round_, order in enumerate(orders):
         for side in (sides[i] for i in order):
-            quiet_start()
+            quiet_start(warm)
             start = time.perf_counter()
             image_id = side.build()
             times[side.prefix].append(time.perf_counter() - start)
@@ -666,7 +706,7 @@ def full_rounds(sides: list[Side], rounds: int, out: dict[str, float]) -> dict[s
             side.drop(image_id)
     kept: dict[str, str] = {}
     for side in sides:
-        quiet_start()
+        quiet_start(warm)
         kept[side.prefix] = side.build()
         print(f"    {side.label}: built again (untimed), kept", file=sys.stderr)
         side.after_last()
@@ -973,7 +1013,7 @@ def scale_one(
                 ),
             ]
             warm_bytecode()
-            kept = full_rounds(sides, full_repeat, out)
+            kept = full_rounds(sides, full_repeat, out, warm=(root,))
             HAND_IMAGES.extend([kept["uv"], kept["cli"]])
             peers = {"cli": bk, "uv": bkuv}
             if not work.floor:  # the closure: three images of 9 GB and their caches do not fit beside each other
