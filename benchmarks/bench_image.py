@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import dataclasses
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -63,6 +64,10 @@ from tests.lib.services import push_as  # noqa: E402
 GIT_BASE = "envbuild-bench/gitbase:1"
 LOCK_NAME = "imagebench"
 HAND_IMAGES: list[str] = []  # removed at the end
+# Every hand build is tagged here, so that an image whose build was finishing when a run was stopped (its
+# ID never returned) is not left for good: the run's cleanup, and the next run's start, remove every tag.
+HAND_REPOSITORY = "envbuild-bench/hand"
+_HAND_BUILDS = itertools.count(1)
 
 
 def push_base(client: docker.DockerClient, registry: str) -> tuple[str, str]:
@@ -196,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("start the services: scripts/services start; . /run/envbuild-test/env")
     client = docker.from_env(version="auto", timeout=3600)
     engine = Engine(client)
+    if leftover := _remove_hand_images(client):
+        print(f"removed {leftover} hand-build image(s) a stopped run left", file=sys.stderr)
     root = Path(tempfile.mkdtemp(prefix="bench-image-"))
     daemon = GitDaemon(root / "upstream", allow_filter=True)
     (root / "upstream").mkdir()
@@ -560,7 +567,16 @@ def cli_build(context: Path, *extra: str, stages: bool = False) -> str:
     progress instead of ``-q``, and each step's time and the layers' export printed (what ``--stages`` prints
     of envbuild's build, for the peer)."""
     done = subprocess.run(
-        [DOCKER_CLI, "build", "--progress=plain" if stages else "-q", "--network=none", *extra, str(context)],
+        [
+            DOCKER_CLI,
+            "build",
+            "--progress=plain" if stages else "-q",
+            "--network=none",
+            "--tag",
+            f"{HAND_REPOSITORY}:{os.getpid()}-{next(_HAND_BUILDS)}",
+            *extra,
+            str(context),
+        ],
         env={**os.environ, "DOCKER_BUILDKIT": "1"},
         capture_output=True,
         text=True,
@@ -1114,6 +1130,8 @@ def scale(
         raise SystemExit("start the services: scripts/services start; . /run/envbuild-test/env")
     client = docker.from_env(version="auto", timeout=7200)
     engine = Engine(client)
+    if leftover := _remove_hand_images(client):
+        print(f"removed {leftover} hand-build image(s) a stopped run left", file=sys.stderr)
     small = ensure_base_image(client).tag
     large = ""
     if only != "small":
@@ -1274,13 +1292,19 @@ def _remove_envbuild_images(client: docker.DockerClient) -> None:
             client.images.remove(image.id, force=True)
 
 
-def _remove_hand_images(client: docker.DockerClient) -> None:
-    for image_id in dict.fromkeys(HAND_IMAGES):
+def _remove_hand_images(client: docker.DockerClient) -> int:
+    """The hand builds' images: those recorded, and every one tagged :data:`HAND_REPOSITORY` (a stopped run's
+    too); how many were removed."""
+    tagged = [image.id for image in client.images.list(name=HAND_REPOSITORY)]
+    removed = 0
+    for image_id in dict.fromkeys([*HAND_IMAGES, *tagged]):
         try:
             client.images.remove(image_id, force=True)
+            removed += 1
         except docker.errors.APIError:
             pass
     HAND_IMAGES.clear()
+    return removed
 
 
 if __name__ == "__main__":
