@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import itertools
 import json
@@ -34,6 +35,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import statistics
 import subprocess
 import sys
@@ -633,8 +635,8 @@ DROP_CACHES = Path("/proc/sys/vm/drop_caches")
 
 
 def forget_deletions(warm: tuple[Path, ...]) -> bool:
-    """The page cache dropped (``sync`` first: only clean pages go), then every file under ``warm`` read
-    back, so each build starts with its inputs in memory and without the file system's cached metadata of
+    """The page cache dropped (after :func:`settle`: only clean pages go), then every file under ``warm``
+    read back (each inode once: the hand contexts hard-link the wheels), so each build starts with its inputs in memory and without the file system's cached metadata of
     the last builds' deletions. This machine's disk is ext4 without a journal, where creating a file skips
     every free inode freed in the last 60 s whose inode table block is still cached, or in the last 360 s
     while that block is dirty (``recently_deleted`` in ``fs/ext4/ialloc.c``; a journaled ext4, Debian's
@@ -643,17 +645,20 @@ def forget_deletions(warm: tuple[Path, ...]) -> bool:
     → ``recently_deleted``, and uv took 13.7 s where it takes 7 s once the page cache is dropped
     (docs/benchmarks.md, "Deletions"). False where the cache cannot be dropped (not root, a read-only
     /proc): the builds then carry that effect."""
-    subprocess.run(["sync"], check=True)
     try:
         DROP_CACHES.write_text("1\n")
     except OSError:
         return False
+    read: set[tuple[int, int]] = set()
     for root in warm:
         for path in sorted(root.rglob("*")):
-            if path.is_file() and not path.is_symlink():
-                with open(path, "rb") as handle:
-                    while handle.read(1 << 20):
-                        pass
+            info = path.lstat()
+            if not stat.S_ISREG(info.st_mode) or (info.st_dev, info.st_ino) in read:
+                continue
+            read.add((info.st_dev, info.st_ino))
+            with open(path, "rb") as handle:
+                while handle.read(1 << 20):
+                    pass
     return True
 
 
@@ -662,16 +667,18 @@ def quiet_start(warm: tuple[Path, ...] = ()) -> None:
     the sides' inputs ``warm`` (a warning the first time it cannot)."""
     empty_build_cache()
     settle()
-    if warm and not forget_deletions(warm) and not _WARNED:
-        _WARNED.append(True)
-        print(
-            f"    warning: cannot write {DROP_CACHES} (not root?): each build may meet the last ones' deletions "
-            '(docs/benchmarks.md, "Deletions")',
-            file=sys.stderr,
-        )
+    if warm and not forget_deletions(warm):
+        _cannot_drop()
 
 
-_WARNED: list[bool] = []
+@functools.cache
+def _cannot_drop() -> None:
+    """Said once a run: the page cache cannot be dropped (:func:`forget_deletions`)."""
+    print(
+        f"    warning: cannot write {DROP_CACHES} (not root?): each build may meet the last ones' deletions "
+        '(docs/benchmarks.md, "Deletions")',
+        file=sys.stderr,
+    )
 
 
 # Three sides' rounds in an order that balances what each build follows, not only its place in the round:
