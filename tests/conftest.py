@@ -28,6 +28,9 @@ takes the engine's claim exclusively (:func:`engine_claim`) and every other serv
 so it waits for the running one to end and no other starts until it has. Every other test is independent
 (its own ``tmp_path``, git daemons and indexes on free ports, caches with file locks) and runs on
 whichever worker is free.
+
+Before any test, the run's controller stops what an earlier run cut short left running (its dockerd, sshd,
+git daemon, Ray head), by the PIDs that run wrote down (:mod:`tests.lib.leftovers`), and says what it stopped.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import sys
 import tempfile
 from collections.abc import Generator, Iterator
 from pathlib import Path
@@ -47,6 +51,7 @@ import pytest
 from tests.lib.baseimage import BaseImage, ensure_base_image
 from tests.lib.engines import ExtraEngine, start_engine
 from tests.lib.gitrepos import GitDaemon, Served
+from tests.lib.leftovers import reap
 from tests.lib.pyindex import PyIndex, make_wheel
 from tests.lib.services import (
     FIXTURE_MARKERS,
@@ -104,6 +109,15 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", f"{ENGINE_WIDE}: asserts what the whole engine holds; runs while no other service test does"
     )
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """What an interrupted run left running (a dockerd, an sshd, a git daemon, a Ray head), stopped by the
+    PIDs it wrote down (:mod:`tests.lib.leftovers`): once, by the run's controller, before any test starts."""
+    if hasattr(session.config, "workerinput"):  # an xdist worker: the controller has done it
+        return
+    for line in reap():
+        print(f"conftest: stopped what an interrupted run left: {line}", file=sys.stderr)
 
 
 def _require(config: pytest.Config, service: str) -> Probe:

@@ -31,6 +31,7 @@ from envrun.execute import TargetRefused, execute_run
 from envrun.prepare import PreparedRun, prepare_run
 from envrun.ray_api import auth_headers, job_client, list_nodes, submit
 from envrun.rundir import read_status
+from tests.lib.leftovers import register
 from tests.lib.tinyrun import Tiny, envrun_until_sleeping
 
 RAY = Path(sys.executable).parent / "ray"
@@ -126,6 +127,8 @@ def ray_head(ray_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             stderr=subprocess.STDOUT,
             start_new_session=True,  # a session of our own: what we stop is exactly what we started
         )
+    # Ray's daemons name the temp dir; an interrupted run's are stopped at the next run's start
+    entry = register(head.pid, f"ray head on port {gcs}", markers=[temp_dir], remove=[Path(temp_dir)])
     try:
         address = f"http://127.0.0.1:{dashboard}"
         _wait_for_job_api(address, head, log)
@@ -134,6 +137,7 @@ def ray_head(ray_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         _stop_head(head, temp_dir)
         assert not _ours(head.pid, temp_dir), "Ray processes left behind"
         shutil.rmtree(temp_dir, ignore_errors=True)  # its sessions' logs and sockets, 4 MB a run, not left in /tmp
+        entry.forget()
 
 
 def _wait_for_job_api(address: str, head: subprocess.Popen[bytes], log: Path) -> None:

@@ -9,7 +9,8 @@ that needs two hosts (a multi-node cluster on one machine), starts its own engin
   ``--data-root``, all under one directory the caller owns, and an empty config file, so nothing
   under ``/etc/docker`` leaks in;
 - is stopped by its PID (TERM, then KILL), with its containerd, and its data removed with
-  :meth:`ExtraEngine.stop`; what its containerd writes to ``$TMPDIR`` (a stack dump when dockerd gives up
+  :meth:`ExtraEngine.stop`, or by the next run's start where an interrupted run could not
+  (:mod:`tests.lib.leftovers`); what its containerd writes to ``$TMPDIR`` (a stack dump when dockerd gives up
   waiting for it) lands in that directory too.
 
 Unix socket paths are limited to 108 bytes, so the socket lives under ``/run/envbuild-test-engines``
@@ -32,6 +33,8 @@ import docker
 import docker.errors
 import requests
 
+from tests.lib.leftovers import Entry, register, unmount_below
+
 SOCKET_DIR = Path("/run/envbuild-test-engines")
 SAFE_FLAGS = ("--bridge=none", "--iptables=false", "--ip6tables=false", "--ip-forward=false", "--ip-masq=false")
 START_TIMEOUT = 60.0
@@ -53,6 +56,7 @@ class ExtraEngine:
     root: Path
     socket: Path
     process: subprocess.Popen[bytes]
+    entry: Entry | None = None  # in the ledger of what an interrupted run leaves (tests/lib/leftovers.py)
 
     @property
     def host(self) -> str:
@@ -73,10 +77,12 @@ class ExtraEngine:
         _terminate(self.process.pid, self.process)
         if containerd is not None:
             _terminate(containerd, None)
-        _unmount_below(self.root)  # dockerd leaves its data root bind-mounted, and a netns file
+        unmount_below(self.root)  # dockerd leaves its data root bind-mounted, and a netns file
         self.socket.unlink(missing_ok=True)
         if remove_data:
             shutil.rmtree(self.root, ignore_errors=True)
+        if self.entry is not None:
+            self.entry.forget()
 
 
 def start_engine(root: Path, *, driver: str | None = None) -> ExtraEngine:
@@ -111,7 +117,15 @@ def start_engine(root: Path, *, driver: str | None = None) -> ExtraEngine:
         )
     finally:
         log.close()
-    engine = ExtraEngine(root, sock, process)
+    entry = register(
+        process.pid,
+        f"dockerd {sock}",
+        markers=[str(root / "exec")],  # its containerd's command line names its state directory
+        pidfiles=[root / "exec" / "containerd" / "containerd.pid"],
+        unmount=[root],
+        remove=[sock, root],
+    )
+    engine = ExtraEngine(root, sock, process, entry)
     try:
         _wait_until_it_answers(engine)
     except BaseException:
@@ -135,18 +149,6 @@ def _wait_until_it_answers(engine: ExtraEngine) -> None:
                 log = _tail(engine.root / "dockerd.log")
                 raise AssertionError(f"dockerd did not answer in {START_TIMEOUT:g} s; log: {log}") from None
             time.sleep(0.2)
-
-
-def _unmount_below(root: Path) -> None:
-    """Unmount every mount point at or under ``root``, deepest first (only ours: the paths are ours)."""
-    prefix = str(root.resolve())
-    points = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        point = line.split()[4].encode().decode("unicode_escape")  # octal escapes such as \040
-        if point == prefix or point.startswith(prefix + "/"):
-            points.append(point)
-    for point in sorted(points, key=len, reverse=True):
-        subprocess.run(["umount", point], capture_output=True, check=False)
 
 
 def _terminate(pid: int, process: subprocess.Popen[bytes] | None) -> None:

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from tests.lib.leftovers import Entry, register
+
 _IDENTITY = {
     "GIT_AUTHOR_NAME": "Test",
     "GIT_AUTHOR_EMAIL": "test@example.invalid",
@@ -233,6 +235,7 @@ class GitDaemon:
     allow_filter: bool
     port: int = 0
     proc: subprocess.Popen[bytes] | None = None
+    entry: Entry | None = None  # in the ledger of what an interrupted run leaves (tests/lib/leftovers.py)
 
     def start(self) -> GitDaemon:
         self.port = free_port()
@@ -255,6 +258,7 @@ class GitDaemon:
             start_new_session=True,
             env={**os.environ, **_IDENTITY},
         )
+        self.entry = register(self.proc.pid, f"git daemon on port {self.port}")
         wait_for_port(self.port)
         return self
 
@@ -264,6 +268,8 @@ class GitDaemon:
     def stop(self) -> None:
         if self.proc is not None:
             stop_process_group(self.proc)
+        if self.entry is not None:
+            self.entry.forget()
 
 
 @dataclass

@@ -14,7 +14,8 @@ port, whose sessions reach that host's own dockerd; and an ssh client home made 
   port. Its host key is in ``known_hosts`` (a test can leave it out, or write another), and the client's
   key is ``~/.ssh/id_ed25519``.
 
-Everything is stopped by its PID: sshd and the sessions it forked (its descendants), ssh-agent, dockerd.
+Everything is stopped by its PID: sshd and the sessions it forked (its descendants), ssh-agent, dockerd; sshd and
+dockerd by the next run's start where an interrupted run could not (:mod:`tests.lib.leftovers`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import docker
 import pytest
 
 from tests.lib.engines import ExtraEngine, start_engine
+from tests.lib.leftovers import Entry, register
 
 SSHD = "/usr/sbin/sshd"
 NSS_WRAPPER = "libnss_wrapper.so"
@@ -96,6 +98,7 @@ class SshHost:
     engine: ExtraEngine | None
     host_key: str  # the public line of sshd's host key
     process: subprocess.Popen[bytes] | None = None
+    entry: Entry | None = None  # sshd's, in the ledger of what an interrupted run leaves
 
     @property
     def url(self) -> str:
@@ -123,6 +126,7 @@ class SshHost:
             )
         finally:
             log.close()
+        self.entry = register(self.process.pid, f"sshd of {self.alias} on port {self.port}", remove=[self.root])
         deadline = time.monotonic() + START_TIMEOUT
         while True:
             assert self.process.poll() is None, f"sshd exited: {(self.root / 'sshd.log').read_text()[-2000:]}"
@@ -139,6 +143,8 @@ class SshHost:
         _kill([*descendants(self.process.pid), self.process.pid])
         self.process.wait()
         self.process = None
+        if self.entry is not None:
+            self.entry.forget()
 
     def stop(self) -> None:
         self.stop_sshd()

@@ -34,6 +34,7 @@ from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from cryptography.x509.oid import NameOID
 
 from tests.lib.gitrepos import free_port, stop_process_group, wait_for_port
+from tests.lib.leftovers import register
 
 SERVICE = "envbuild-test-registry"
 ISSUER = "envbuild-test-token-issuer"
@@ -97,6 +98,7 @@ class TokenRegistry:
                 ["docker-registry", "serve", str(self.root / "config.yml")],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, env=env,
             )  # fmt: skip
+        self._entry = register(self._proc.pid, f"docker-registry on port {self.port}")
         try:
             wait_for_port(self.port)
         except BaseException:
@@ -106,6 +108,7 @@ class TokenRegistry:
 
     def stop(self) -> None:
         stop_process_group(self._proc)
+        self._entry.forget()
         self._tokens.shutdown()
         self._tokens.server_close()
 
