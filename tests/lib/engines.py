@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import time
 from contextlib import closing
@@ -33,7 +32,7 @@ import docker
 import docker.errors
 import requests
 
-from tests.lib.leftovers import Entry, register, unmount_below
+from tests.lib.leftovers import Entry, register, start_time, terminate, unmount_below
 
 SOCKET_DIR = Path("/run/envbuild-test-engines")
 SAFE_FLAGS = ("--bridge=none", "--iptables=false", "--ip6tables=false", "--ip-forward=false", "--ip-masq=false")
@@ -56,7 +55,7 @@ class ExtraEngine:
     root: Path
     socket: Path
     process: subprocess.Popen[bytes]
-    entry: Entry | None = None  # in the ledger of what an interrupted run leaves (tests/lib/leftovers.py)
+    entry: Entry  # in the ledger of what an interrupted run leaves (tests/lib/leftovers.py)
 
     @property
     def host(self) -> str:
@@ -74,15 +73,16 @@ class ExtraEngine:
     def stop(self, remove_data: bool = True) -> None:
         """Stop dockerd (and the containerd it started) by PID; remove its data root unless asked not to."""
         containerd = self.containerd_pid()
-        _terminate(self.process.pid, self.process)
+        if self.process.poll() is None:  # not reaped: its PID is still this process's
+            terminate(self.process.pid, start_time(self.process.pid))
+        self.process.wait()
         if containerd is not None:
-            _terminate(containerd, None)
+            terminate(containerd, start_time(containerd))
         unmount_below(self.root)  # dockerd leaves its data root bind-mounted, and a netns file
         self.socket.unlink(missing_ok=True)
         if remove_data:
             shutil.rmtree(self.root, ignore_errors=True)
-        if self.entry is not None:
-            self.entry.forget()
+        self.entry.forget()
 
 
 def start_engine(root: Path, *, driver: str | None = None) -> ExtraEngine:
@@ -149,33 +149,6 @@ def _wait_until_it_answers(engine: ExtraEngine) -> None:
                 log = _tail(engine.root / "dockerd.log")
                 raise AssertionError(f"dockerd did not answer in {START_TIMEOUT:g} s; log: {log}") from None
             time.sleep(0.2)
-
-
-def _terminate(pid: int, process: subprocess.Popen[bytes] | None) -> None:
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + 30
-    while _alive(pid, process) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    if _alive(pid, process):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            return
-        while _alive(pid, process):
-            time.sleep(0.1)
-
-
-def _alive(pid: int, process: subprocess.Popen[bytes] | None) -> bool:
-    if process is not None:
-        return process.poll() is None
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def _tail(path: Path, lines: int = 8) -> str:

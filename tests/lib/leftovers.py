@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import json
 import os
 import secrets
@@ -33,9 +32,11 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from envbuild.locking import file_lock
 
 LEDGER = Path(os.environ.get("ENVBUILD_TEST_LEFTOVERS", "/run/envbuild-test-leftovers"))
 GRACE = 30.0  # seconds a process has to end after TERM
@@ -123,11 +124,9 @@ class Record:
 
 @dataclass(frozen=True)
 class Entry:
-    """One process written down while it runs (:func:`register`); ``path``: its ledger file."""
+    """One process written down while it runs (:func:`register`): its ledger file."""
 
     path: Path
-    what: str
-    pid: int
 
     def forget(self) -> None:
         """The process was stopped by its owner: nothing for a later run to do."""
@@ -155,16 +154,7 @@ def register(
     scratch = path.with_suffix(".tmp")
     scratch.write_text(json.dumps(dataclasses.asdict(record)))
     scratch.replace(path)
-    return Entry(path, what, pid)
-
-
-@contextlib.contextmanager
-def _held() -> Iterator[None]:
-    """The ledger to one reaper at a time (two runs starting together)."""
-    LEDGER.mkdir(parents=True, exist_ok=True)
-    with open(LEDGER / ".lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        yield
+    return Entry(path)
 
 
 def reap() -> list[str]:
@@ -173,7 +163,7 @@ def reap() -> list[str]:
     if not LEDGER.is_dir():
         return []
     said = []
-    with _held():
+    with file_lock(LEDGER / ".lock"):  # one reaper at a time (two runs starting together)
         boot = _boot()
         for path in sorted(LEDGER.glob("*.json")):
             try:
@@ -196,14 +186,14 @@ def _stop(record: Record) -> list[int]:
     stopped = []
     if record.start is not None and start_time(record.pid) == record.start:
         stopped.append(record.pid)
-        _terminate(record.pid, record.start)
+        terminate(record.pid, record.start)
     for pidfile in record.pidfiles:
         with contextlib.suppress(OSError, ValueError):
             other = int(Path(pidfile).read_text().strip())
             started = start_time(other)
             if started is not None and names(other, record.markers):
                 stopped.append(other)
-                _terminate(other, started)
+                terminate(other, started)
     # The session's members: while any lives, the kernel gives no new process the session's ID; a process
     # that has the PID now and started at another time means the session ended, and its ID is another's.
     session = record.pid if start_time(record.pid) in (None, record.start) else None
@@ -229,9 +219,12 @@ def _members(session: int | None, markers: Sequence[str]) -> list[int]:
     return found
 
 
-def _terminate(pid: int, started: int) -> None:
+def terminate(pid: int, started: int | None) -> None:
     """TERM, then KILL after :data:`GRACE`; each only while ``pid`` is still the process that started at
-    ``started``."""
+    ``started`` (:func:`start_time`; None: gone already). Returns once it is gone (a child of this
+    process's a zombie, for its ``wait()``)."""
+    if started is None:
+        return
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + GRACE
