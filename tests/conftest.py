@@ -15,10 +15,10 @@ Tests that use a service fixture carry the matching marker (``docker``, ``regist
 one without its marker fails, because the marker is what lets ``-m "not docker"`` deselect it. Helpers
 (repositories, indexes, images, checkpoints) are plain modules under ``tests/lib/``.
 
-Under pytest-xdist (``scripts/test`` runs two workers, ``--dist loadgroup``), a test marked ``docker``,
+Under pytest-xdist (``scripts/test`` runs three workers, ``--dist loadgroup``), a test marked ``docker``,
 ``registry`` or ``ray`` runs in its module's *lane* (an xdist group, :func:`lane_of`): a lane's tests run on
 one worker, one at a time, so a module's fixtures are set up once and its tests, which reuse their lock
-names and images, never meet; two lanes run side by side. A module whose module-scoped fixtures are costly
+names and images, never meet; lanes run side by side, one on each worker. A module whose module-scoped fixtures are costly
 (:data:`TOGETHER`) has all its tests in its lane, service-backed or not, so each fixture is made once. Lanes share one dockerd and one registry, so
 what keeps them apart is in the names: envbuild tidies the engine per lock name (``keep_only``,
 ``prune_dangling``), and modules that build under one lock name, or start Ray clusters on the machine's
