@@ -44,7 +44,14 @@ class Engine:
         self.events: list[str] = []
 
     def run_step(
-        self, image: str, command: list[str], files: dict[str, bytes], *, mount: str, started: Any = None
+        self,
+        image: str,
+        command: list[str],
+        files: dict[str, bytes],
+        *,
+        mount: str,
+        started: Any = None,
+        say: Any = None,
     ) -> RunOutput:
         self.events.append("step")
         if started is not None:

@@ -271,6 +271,8 @@ class BuildKitProgress:
             text = f"build failed at step {_short(step, 200)}: {message}{shown}"
         if _LOST_LAYER.search(message):  # the engine's fault, not the step's: a bisect must not blame it
             return LostLayer(f"{text} ({LOST_LAYER_HINT})")
+        if _CONTEXT_LOST.search(message):
+            return ContextLost(f"{text} ({CONTEXT_LOST_HINT})")
         if step is None or not _numbered(step):
             return EngineError(text)
         return StepFailed(text, step, tuple(line for line in log if line.strip())[-LOG_TAIL:])
@@ -286,6 +288,20 @@ _LOST_LAYER = re.compile(r"failed to prepare \S+: open \S*/committed: no such fi
 LOST_LAYER_HINT = (
     "the engine's BuildKit cache holds a step whose layer is gone, a fault of docker 20.10's BuildKit: "
     "`docker builder prune -af` empties that cache, then build again"
+)
+
+
+class ContextLost(EngineError):
+    """A build through the Engine API whose context the engine no longer had when BuildKit read it again:
+    docker hands the context of ``POST /build`` to BuildKit once, BuildKit's HTTP source reads it once for
+    its digest and keeps it as a cache record it does not hold, and reads it again if a prune of BuildKit's
+    cache took that record before the step ran. The build did nothing yet; sent again, it runs
+    (:func:`envbuild.engine.builds.sent_again`)."""
+
+
+_CONTEXT_LOST = re.compile(r'Get "http://build-context-[a-z0-9]+": context not found')
+CONTEXT_LOST_HINT = (
+    "BuildKit's cache was pruned during the build, and the engine gives the context it was sent out once"
 )
 
 

@@ -13,15 +13,16 @@ import shutil
 import tarfile
 import tempfile
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import TypeVar
 
 import requests
 
-from envbuild.engine.buildkit import BuildKitProgress
+from envbuild.engine.buildkit import BuildKitProgress, ContextLost
 from envbuild.engine.calls import TIMEOUT, EngineBase, engine_errors, event_error, short
 from envbuild.engine.cli_build import BuildCli, choose_transport, cli_build
 from envbuild.engine.containers import RunOutput
@@ -70,9 +71,13 @@ class Builds(EngineBase):
         cli = self.build_cli
         if cli is not None and (context.directory is not None or context.write_to is not None):
             return self._cli_build(cli, context, dockerfile, nocache, progress, tag, what, context_dir)
-        build = BuildKitProgress(progress)
-        meter = Meter(progress, f"sent {what}", context.payload)
-        return self._built(self._api_solve(context, build, meter, dockerfile, nocache, tag), build, progress)
+
+        def send() -> BuildOutcome:
+            build = BuildKitProgress(progress)
+            meter = Meter(progress, f"sent {what}", context.payload)
+            return self._built(self._api_solve(context, build, meter, dockerfile, nocache, tag), build, progress)
+
+        return sent_again(send, progress)
 
     def _cli_build(
         self,
@@ -179,22 +184,27 @@ class Builds(EngineBase):
         *,
         mount: str,
         started: threading.Event | None = None,
+        say: Progress = silent,
     ) -> RunOutput:
         """Run ``command`` as the one ``RUN`` of a build on ``image`` (a name the engine holds), by the
         engine's BuildKit: no network, no cache, ``files`` ({name: bytes}) bind-mounted read-only at
         ``mount``, ``/tmp`` a tmpfs; its exit status, stdout and stderr, as a container's run gives them.
         What the command writes stays in an image of its own, removed after. Through the Engine API: a
-        context of a few files needs neither the docker CLI's start nor its session.
+        context of a few files needs neither the docker CLI's start nor its session. ``say`` hears only
+        that a lost context is sent again (:func:`sent_again`).
 
         Why not a container: BuildKit's executor starts a step in ~0.07 s where the engine takes ~0.2 s
         to start a container (its network namespace, containerd's shim), measured on docker 20.10. The
         output comes back in BuildKit's trace, which clips a step printing more than some hundred kB a
         second: a command with more to say compresses it (a clipped output is an error here)."""
         archive = step_context(step_dockerfile(image, command, mount), files)
-        build = BuildKitProgress(silent, keep_output=STEP_OUTPUT, step_started=started)
-        image_id = self._api_solve(
-            ContextStream(lambda: iter((archive,)), len(archive)), build, None, "Dockerfile", True, None
-        )
+
+        def send() -> tuple[str, BuildKitProgress]:
+            build = BuildKitProgress(silent, keep_output=STEP_OUTPUT, step_started=started)
+            context = ContextStream(lambda: iter((archive,)), len(archive))
+            return self._api_solve(context, build, None, "Dockerfile", True, None), build
+
+        image_id, build = sent_again(send, say)
         try:
             stdout, stderr = build.output("RUN")
         finally:
@@ -215,6 +225,20 @@ class Builds(EngineBase):
         steps = build.steps
         say(f"built {image_id[:19]}: {len(steps)} steps, {sum(s.cached for s in steps)} from the cache")
         return BuildOutcome(image_id, steps)
+
+
+_T = TypeVar("_T")
+
+
+def sent_again(send: Callable[[], _T], say: Progress) -> _T:
+    """``send()``, a build through the Engine API; once more if the engine lost its context
+    (:class:`~envbuild.engine.buildkit.ContextLost`: a prune of BuildKit's cache during it). Once: a second
+    loss is a prune that keeps on, and is raised."""
+    try:
+        return send()
+    except ContextLost as lost:
+        say(f"warning: {str(lost).splitlines()[0]}; sending the context again")
+    return send()
 
 
 STEP_EXIT = "envbuild-step-exit="  # the last line of a step's stderr: its command's exit status

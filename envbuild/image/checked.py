@@ -96,7 +96,7 @@ def checked_and_normalised(
         say("checking the image from inside (installed distributions, source trees)")
         try:  # in this thread: an interrupt stops the check at once
             try:
-                output = engine.run_step(raw_tag, inimage_command(), meta, mount=MOUNT_POINT, started=started)
+                output = engine.run_step(raw_tag, inimage_command(), meta, mount=MOUNT_POINT, started=started, say=say)
             finally:
                 started.set()
             report = judged(output, context)
