@@ -4,6 +4,7 @@ transfer progress, and the one-line error when no engine answers (builds: tests/
 from __future__ import annotations
 
 import io
+import re
 import tarfile
 import threading
 import uuid
@@ -13,6 +14,7 @@ import docker
 import pytest
 
 from envbuild.engine.client import Engine
+from envbuild.engine.jobs import JobSpec
 from envbuild.engine.transfer import Meter, directory_context, human_bytes
 from envbuild.errors import EngineError
 from tests.lib.baseimage import BaseImage
@@ -118,3 +120,44 @@ def test_a_directory_context_is_streamed_with_fixed_owners(tmp_path: Path) -> No
     assert sorted(members) == ["link", "sub", "sub/file.txt"]
     assert members["link"].issym() and members["sub/file.txt"].size == 5 == stream.payload
     assert all((m.uid, m.gid, m.uname, m.gname) == (0, 0, "", "") for m in members.values())
+
+
+@pytest.mark.docker
+def test_a_container_removed_takes_the_anonymous_volumes_its_image_made(
+    tmp_path: Path, engine: Engine, docker_client: docker.DockerClient, base_image: BaseImage
+) -> None:
+    """An image's ``VOLUME`` gives each container an anonymous volume, made at creation even for one never
+    started: a command run, a file read and a long job each leave none behind (a test image declaring one
+    left two volumes a suite run), while a named volume a job mounts stays."""
+    marker = uuid.uuid4().hex[:12]
+    scratch = f"/scratch-{marker}"
+    image = engine.buildkit_build(directory_context(_context(tmp_path, f"FROM {base_image.tag}\nVOLUME {scratch}\n")))
+
+    def anonymous(container_id: str) -> str:
+        mounts = docker_client.api.inspect_container(container_id)["Mounts"]
+        (name,) = [m["Name"] for m in mounts if m["Destination"] == scratch]
+        return str(name)
+
+    def gone(name: str) -> bool:
+        try:
+            docker_client.volumes.get(name)
+        except docker.errors.NotFound:
+            return True
+        return False
+
+    kept = docker_client.volumes.create(f"envbuild-test-kept-{marker}")
+    try:
+        seen = engine.run(image.image_id, ["sh", "-c", f"grep ' {scratch} ' /proc/self/mountinfo"]).stdout
+        (ran,) = re.findall(r"/volumes/([0-9a-f]{64})/_data", seen)
+        with engine._unstarted(image.image_id) as created:
+            read = anonymous(created)
+        job = engine.start(
+            JobSpec(image.image_id, ("sleep", "60"), volumes={kept.name: {"bind": "/kept", "mode": "rw"}})
+        )
+        in_job = anonymous(job)
+        assert engine.remove_container(job, stop_timeout=0)
+        assert [gone(ran), gone(read), gone(in_job)] == [True, True, True]
+        assert not gone(kept.name)  # a named volume is the engine's to keep
+    finally:
+        kept.remove(force=True)
+        engine.remove(image.image_id, force=True)

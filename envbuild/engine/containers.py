@@ -1,6 +1,7 @@
 """Short-lived containers of an image: a command run to its end (no network, no devices), and files read
 from an image through a container that is created and never started. Each is removed after, however it
-ends."""
+ends, with the anonymous volumes the engine made for it (an image's ``VOLUME``s, made at creation even for
+a container never started; named volumes are the engine's to keep)."""
 
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ class Containers(EngineBase):
                 err = container.logs(stdout=False, stderr=True).decode("utf-8", "replace")
             finally:
                 if container is not None:
-                    container.remove(force=True)
+                    container.remove(force=True, v=True)
         return RunOutput(int(status.get("StatusCode", -1)), out, err)
 
     def missing_paths(self, image: str, paths: Iterable[str]) -> list[str]:
@@ -75,7 +76,7 @@ class Containers(EngineBase):
                         raise
                     missing.append(path)
                     continue
-                container.remove(force=True)
+                container.remove(force=True, v=True)
         return missing
 
     def entry_headers(self, image: str, paths: Sequence[str]) -> dict[str, tarfile.TarInfo]:
@@ -116,7 +117,7 @@ class Containers(EngineBase):
         try:
             yield created["Id"]
         finally:
-            self.api.remove_container(created["Id"], force=True)
+            self.api.remove_container(created["Id"], force=True, v=True)
 
     def read_file(self, image: str, path: str, limit: int = 1 << 24) -> bytes:
         """The bytes of one regular file of ``image``, through a container that is created, never

@@ -77,7 +77,7 @@ class Jobs(EngineBase):
             # the engine gone away: nothing more to clean here
             with suppress(docker.errors.DockerException, requests.RequestException):
                 if container_id is not None:
-                    self.api.remove_container(container_id, force=True)
+                    self.api.remove_container(container_id, force=True, v=True)
 
     def start(self, spec: JobSpec) -> str:
         """Create and start a detached, long-running container; its ID. A container that was created but
@@ -99,7 +99,7 @@ class Jobs(EngineBase):
                 container.start()
             except BaseException:
                 if container is not None:
-                    container.remove(force=True)
+                    container.remove(force=True, v=True)
                 raise
         return str(container.id)
 
@@ -153,7 +153,7 @@ class Jobs(EngineBase):
             try:
                 if stop_timeout:
                     self.api.stop(container_id, timeout=stop_timeout)
-                self.api.remove_container(container_id, force=True)
+                self.api.remove_container(container_id, force=True, v=True)
             except docker.errors.NotFound:
                 return False
         return True
