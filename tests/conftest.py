@@ -17,16 +17,16 @@ one without its marker fails, because the marker is what lets ``-m "not docker"`
 
 Under pytest-xdist (``scripts/test`` runs three workers, ``--dist loadgroup``), a test marked ``docker``,
 ``registry`` or ``ray`` runs in its module's *lane* (an xdist group, :func:`lane_of`): a lane's tests run on
-one worker, one at a time, so a module's fixtures are set up once and its tests, which reuse their lock
-names and images, never meet; lanes run side by side, one on each worker. A module whose module-scoped fixtures are costly
-(:data:`TOGETHER`) has all its tests in its lane, service-backed or not, so each fixture is made once. Lanes share one dockerd and one registry, so
-what keeps them apart is in the names: envbuild tidies the engine per lock name (``keep_only``,
-``prune_dangling``), and modules that build under one lock name, or start Ray clusters on the machine's
-ports, share a lane (:data:`LANES`). A test that asserts what the *whole* engine holds (its disk, every
-image, every container, BuildKit's cache pruned to nothing) is marked ``engine_wide`` and runs alone: it
-takes the engine's claim exclusively (:func:`engine_claim`) and every other service test takes it shared,
-so it waits for the running one to end and no other starts until it has. Every other test is independent
-(its own ``tmp_path``, git daemons and indexes on free ports, caches with file locks) and runs on
+one worker, one at a time, so a module's fixtures are set up once and its tests, which reuse their lock names
+and images, never meet; lanes run side by side, one on each worker. A module whose module-scoped fixtures are
+costly (:data:`TOGETHER`) has all its tests in its lane, service-backed or not, so each fixture is made once.
+Lanes share one dockerd and one registry, so what keeps them apart is in the names: envbuild tidies the engine
+per lock name (``keep_only``, ``prune_dangling``), and modules that build under one lock name, or start Ray
+clusters on the machine's ports, share a lane (:data:`LANES`). A test that asserts what the *whole* engine
+holds (its disk, every image, every container, BuildKit's cache pruned to nothing) is marked ``engine_wide``
+and runs alone: it takes the engine's claim exclusively (:func:`engine_claim`) and every other service test
+takes it shared, so it waits for the running one to end and no other starts until it has. Every other test is
+independent (its own ``tmp_path``, git daemons and indexes on free ports, caches with file locks) and runs on
 whichever worker is free.
 
 Before any test, the run's controller stops what an earlier run cut short left running (its dockerd, sshd,

@@ -11,8 +11,9 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import docker
 import pytest
@@ -317,6 +318,32 @@ class Pruner:
         self._thread.join()
 
 
+RESENT = "; sending the context again"
+_R = TypeVar("_R")
+
+
+def beside_prunes(engine: Engine, act: Callable[[Callable[[str], None]], _R]) -> tuple[list[_R], list[str], int]:
+    """``act(say)`` beside a :class:`Pruner`, again until one act meets a lost context (each did but for 1 in
+    20; at most 5): the pruner stops at that warning, so the context sent again meets no prune. What each
+    act gave, what was said, and how many prunes ran."""
+    pruner, said = Pruner(engine), []
+
+    def say(line: str) -> None:
+        said.append(line)
+        if line.startswith("warning: ") and line.endswith(RESENT):
+            pruner.halt()
+
+    results = []
+    try:
+        for _attempt in range(5):
+            results.append(act(say))
+            if pruner.stop.is_set():
+                break
+    finally:
+        pruner.halt()
+    return results, said, pruner.prunes
+
+
 @pytest.mark.docker
 @pytest.mark.engine_wide  # it prunes BuildKit's whole cache, over and over
 def test_an_api_build_whose_context_a_prune_took_is_sent_again(
@@ -329,37 +356,22 @@ def test_an_api_build_whose_context_a_prune_took_is_sent_again(
         patch.setenv(TRANSPORT_ENV, "api")
         engine = Engine(docker_client)
         assert engine.build_cli is None  # chosen now, while the variable is set
-    pruner = Pruner(engine)
-    said: list[str] = []
 
-    def say(line: str) -> None:
-        said.append(line)
-        if line.startswith("warning: ") and line.endswith("; sending the context again"):
-            pruner.halt()
+    def build(say: Callable[[str], None]) -> str:
+        (tmp_path / "Dockerfile").write_text(f"FROM {base_image.tag}\nRUN echo {uuid.uuid4().hex} > /m\n")
+        built = engine.buildkit_build(directory_context(tmp_path), nocache=True, progress=say)
+        engine.remove(built.image_id, force=True)
+        return built.image_id
 
-    try:
-        for _attempt in range(5):  # until one build meets the prune (each did, but for 1 in 20)
-            (tmp_path / "Dockerfile").write_text(f"FROM {base_image.tag}\nRUN echo {uuid.uuid4().hex} > /m\n")
-            built = engine.buildkit_build(directory_context(tmp_path), nocache=True, progress=say)
-            engine.remove(built.image_id, force=True)
-            if pruner.stop.is_set():
-                break
-    finally:
-        pruner.halt()
-    lost = [line for line in said if line.endswith("; sending the context again")]
+    _built, said, prunes = beside_prunes(engine, build)
+    lost = [line for line in said if line.endswith(RESENT)]
     assert len(lost) == 1, said
     assert "context not found" in lost[0] and f"({CONTEXT_LOST_HINT})" in lost[0]
-    assert pruner.prunes > 0 and said[-1].startswith("built sha256:")
+    assert prunes > 0 and said[-1].startswith("built sha256:")
 
     # Engine.run_step, the in-image check's way, goes through the Engine API on every engine.
-    pruner, said = Pruner(engine), []
-    try:
-        runs = []
-        for _attempt in range(5):
-            runs.append(engine.run_step(base_image.tag, ["echo", "ran"], {}, mount="/mnt/in", say=say))
-            if pruner.stop.is_set():
-                break
-    finally:
-        pruner.halt()
-    assert len([line for line in said if line.endswith("; sending the context again")]) == 1, said
+    runs, said, _prunes = beside_prunes(
+        engine, lambda say: engine.run_step(base_image.tag, ["echo", "ran"], {}, mount="/mnt/in", say=say)
+    )
+    assert len([line for line in said if line.endswith(RESENT)]) == 1, said
     assert all((run.exit_code, run.stdout) == (0, "ran\n") for run in runs)
