@@ -1,7 +1,9 @@
-"""A JSON page's plain absolute links are taken without the general resolution (``urljoin`` and the URL
-checks, most of a verify of the real lock), and a page reads the same either way: the same files, or the
-same one-line refusal. Every link below is read with the plain path and with it switched off, and so are a
-few thousand made of the pieces that tell URL parsers apart; both against the page's own URL."""
+"""A JSON page's plain absolute links, and an HTML page's plain links (absolute, or relative as a mirror
+writes them), are taken without the general resolution (``urljoin`` and the URL checks, most of a verify of
+the real lock), and a page reads the same either way: the same files, or the same one-line refusal. Every
+link below is read with the plain path and with it switched off, and so are a few thousand made of the
+pieces that tell URL parsers apart; both against the page's own URL, and for HTML against page URLs of
+several shapes."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import pytest
 
 from envbuild.errors import RemoteError
 from envbuild.index import pages
-from envbuild.index.pages import ProjectPage, parse_json
+from envbuild.index.pages import ProjectPage, parse_html, parse_json
 
 INDEX = "https://pypi.org/simple"
 BASE = "https://pypi.org/simple/alpha/"
@@ -124,3 +126,109 @@ def test_a_plain_link_keeps_the_file_name_check() -> None:
     )
     taken = read(page(url))
     assert isinstance(taken, ProjectPage) and taken.files[0].url == url and taken.files[0].core_metadata == SHA
+
+
+# ---- HTML pages: links relative to the page, as mirrors write them -------------------------------------
+
+PAGES = [
+    BASE,
+    "https://pypi.org/simple/alpha",
+    "https://nexus.internal:8081/repository/pypi-proxy/simple/alpha/",
+    "http://127.0.0.1:3141/root/pypi/+simple/alpha/",
+    "https://mirror.example",
+    "https://mirror.example/",
+    "https://mirror.example/simple/alpha/?format=html",
+    "https://mirror.example/simple/./alpha/",
+    "https://mirror.example/simple/../alpha/",
+    "https://mirror.example:99999/simple/alpha/",
+    "https://Mirror.Example:0443/simple/alpha/",
+    "https://user@mirror.example/simple/alpha/",
+    "HTTPS://mirror.example/simple/alpha/",
+]
+RELATIVE = [
+    "../../packages/ab/cd/" + "ef" * 30 + "/alpha-1.0-py3-none-any.whl#sha256=" + SHA,
+    "../../../../../../../packages/alpha-1.0.tar.gz",
+    "alpha-1.0-py3-none-any.whl#md5=0123",
+    "alpha-1.0+local-py3-none-any.whl",
+    "alpha-1.0%2Blocal-py3-none-any.whl",
+    "/packages/alpha-1.0.tar.gz",
+    "./alpha-1.0.tar.gz",
+    "../",
+    "..",
+    "../../packages/../alpha.whl",
+    "packages//alpha.whl",
+    "packages/alpha.whl/",
+    "a:b/alpha.whl",
+    "user@host/alpha.whl",
+    "alpha.whl?x=1",
+    "alpha.whl#",
+    "alpha.whl#sha256=" + SHA + "&x",
+    "https://files.pythonhosted.org/packages/ab/alpha-1.0-py3-none-any.whl#sha256=" + SHA,
+    "http/alpha.whl",
+    "httpalpha.whl",
+    "httpx-0.28.1-py3-none-any.whl",
+    ".alpha.whl",
+]
+STEPS = ["../", "./", "/", "", "", ""]
+SEGMENTS = PIECES + ["ab/", "cd/", "alpha-1.0.whl", "alpha%2B1.tar.gz"] * 24  # a plain link, now and then
+
+
+def html(href: str) -> str:
+    from html import escape
+
+    return f'<html><body><a href="{escape(href)}" data-requires-python="&gt;=3.9">file</a><br/></body></html>'
+
+
+def read_html(body: str, base: str) -> ProjectPage | str:
+    try:
+        return parse_html(INDEX, "alpha", body, base)
+    except RemoteError as exc:
+        return str(exc)
+
+
+def html_both_ways(
+    href: str, base: str, monkeypatch: pytest.MonkeyPatch
+) -> tuple[ProjectPage | str, ProjectPage | str]:
+    plain = read_html(html(href), base)
+    with monkeypatch.context() as switched:
+        switched.setattr(pages, "plain_page", lambda base: None)
+        general = read_html(html(href), base)
+    return plain, general
+
+
+@pytest.mark.parametrize("base", PAGES)
+def test_an_html_link_reads_the_same_on_the_plain_and_the_general_path(
+    base: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for href in RELATIVE + LINKS:
+        plain, general = html_both_ways(href, base, monkeypatch)
+        assert plain == general, (base, href)
+
+
+def test_made_up_html_links_read_the_same_on_both_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(503)
+    links = [
+        "".join(rng.choices(STEPS, k=rng.randint(0, 4))) + "".join(rng.choices(SEGMENTS, k=rng.randint(1, 6)))
+        for _ in range(3000)
+    ] + made_links(1000)
+    taken = 0
+    for href in links:
+        base = rng.choice(PAGES)
+        page_parts = pages.plain_page(base)
+        taken += page_parts is not None and pages.plain_link(page_parts, href) is not None
+        plain, general = html_both_ways(href, base, monkeypatch)
+        assert plain == general, (base, href)
+    assert 200 < taken < 3000  # both paths are met
+
+
+def test_a_mirror_s_relative_links_resolve_as_urljoin_resolves_them() -> None:
+    base = "https://nexus.internal:8081/repository/pypi-proxy/simple/alpha/"
+    href = "../../packages/ab/cd/alpha-1.0-py3-none-any.whl#sha256=" + SHA
+    assert pages.plain_link(pages.plain_page(base) or ("", []), href) == (
+        "https://nexus.internal:8081/repository/pypi-proxy/packages/ab/cd/alpha-1.0-py3-none-any.whl",
+        "sha256=" + SHA,
+    )
+    (listed,) = parse_html(INDEX, "alpha", html(href), base).files
+    assert listed.url.endswith("/pypi-proxy/packages/ab/cd/alpha-1.0-py3-none-any.whl") and listed.sha256 == SHA
+    said = read_html(html("../../packages/..%2F"), base)
+    assert isinstance(said, str) and "is not a plain file name" in said
