@@ -224,7 +224,9 @@ def test_made_up_html_links_read_the_same_on_both_paths(monkeypatch: pytest.Monk
 def test_a_mirror_s_relative_links_resolve_as_urljoin_resolves_them() -> None:
     base = "https://nexus.internal:8081/repository/pypi-proxy/simple/alpha/"
     href = "../../packages/ab/cd/alpha-1.0-py3-none-any.whl#sha256=" + SHA
-    assert pages.plain_link(pages.plain_page(base) or ("", []), href) == (
+    page = pages.plain_page(base)
+    assert page is not None
+    assert pages.plain_link(page, href) == (
         "https://nexus.internal:8081/repository/pypi-proxy/packages/ab/cd/alpha-1.0-py3-none-any.whl",
         "sha256=" + SHA,
     )

@@ -256,20 +256,20 @@ def parse_html(index: str, name: str, body: str, base: str) -> ProjectPage:
         href = anchor.get("href")
         if not href:
             continue
-        if page is not None and (plain := plain_link(page, href)) is not None:
+        plain = plain_link(page, href) if page is not None else None
+        if plain is not None:
             url, fragment = plain
             filename = unquote(url.rsplit("/", 1)[-1])
-            problem = _filename_problem(filename) if filename else None
         else:
             resolved = _resolve(base, href)
             if resolved is None:
                 raise _malformed(index, name, f"link {i}: url {show_url(href)!r} {_UNPARSED}")
             url, fragment = urldefrag(resolved)  # cannot raise: the same text just split
             filename = unquote(urlsplit(url).path.rsplit("/", 1)[-1])
-            problem = _file_problem(index, filename, url) if filename else None
         if not filename:
             continue  # a directory: the parent or a sort link of a served directory listing, not a file
-        if problem:
+        # A plain link's URL passes every check _file_problem makes of a URL: only its file name is left.
+        if problem := _filename_problem(filename) if plain else _file_problem(index, filename, url):
             raise _malformed(index, name, f"link {i}: {problem}")
         algo, _, digest = fragment.partition("=")
         if algo == "sha256" and not _SHA256.fullmatch(digest):
