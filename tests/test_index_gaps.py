@@ -126,6 +126,45 @@ def test_html_the_parser_gives_up_on_refuses_the_page_in_one_line(dists: Path) -
     )
 
 
+@pytest.mark.parametrize(
+    "declared", ["/files/", "../../files/", "{origin}/files/"], ids=["root", "relative", "absolute"]
+)
+def test_an_html_page_s_base_href_is_what_its_links_resolve_against(dists: Path, tmp_path: Path, declared: str) -> None:
+    """As pip reads a page: its links are relative to its ``<base href>`` (itself relative to the page), not
+    to the page's own URL; the file is then fetched from there and checked by its sha256."""
+    cache = FileCache(tmp_path / "cache")
+    with PyIndex(dists) as index:
+        origin = index.url.removesuffix("/simple")
+        base = declared.format(origin=origin)
+        page = f'<html><head><base href="{base}"></head><body><a href="{WHEEL}#sha256={index.sha256(WHEEL)}">w</a>'
+        index.answer("alpha", page.encode(), content_type="text/html")
+        client = IndexClient()
+        wheel = listed(client, index.url)
+        assert wheel.url == f"{origin}/files/{WHEEL}"
+        kept = cache.fetch(wheel.url, index.sha256(WHEEL), WHEEL, client.download)
+    assert kept.read_bytes() == (dists / WHEEL).read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("base", "why"),
+    [
+        ("http://[::1/files/", "<base href> 'http://[::1/files/' is not a valid URL"),
+        ("ftp://127.0.0.1/files/", f"link 0: url 'ftp://127.0.0.1/files/{WHEEL}' is not an http(s) URL"),
+        ("http://user:secret@127.0.0.1/files/", "carries credentials in its user part"),
+    ],
+    ids=["unparsed", "ftp", "credentials"],
+)
+def test_a_base_href_that_leads_links_astray_refuses_the_page_in_one_line(dists: Path, base: str, why: str) -> None:
+    with PyIndex(dists) as index:
+        page = f'<base href="{base}"><a href="{WHEEL}#sha256={index.sha256(WHEEL)}">w</a>'
+        index.answer("alpha", page.encode(), content_type="text/html")
+        with pytest.raises(RemoteError) as info:
+            IndexClient().project(index.url, "alpha")
+    message = one_line(info)
+    assert message.startswith(f"index {index.url} answered a malformed page for alpha: ") and why in message
+    assert "secret" not in message
+
+
 # --- over HTTP: pages, downloads and metadata files cut short or refused ---------------------------
 
 

@@ -234,3 +234,35 @@ def test_a_mirror_s_relative_links_resolve_as_urljoin_resolves_them() -> None:
     assert listed.url.endswith("/pypi-proxy/packages/ab/cd/alpha-1.0-py3-none-any.whl") and listed.sha256 == SHA
     said = read_html(html("../../packages/..%2F"), base)
     assert isinstance(said, str) and "is not a plain file name" in said
+
+
+@pytest.mark.parametrize("declared", PAGES + ["../mirror/simple/alpha/", "/other/", "//files.example/x/"])
+def test_links_under_a_base_href_read_the_same_on_both_paths(declared: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A page's ``<base href>`` (PAGES as declared bases, and relative ones) replaces its URL on both paths."""
+    from html import escape
+
+    page_url = "https://mirror.internal/simple/alpha/"
+    for href in RELATIVE + LINKS:
+        body = f'<base href="{escape(declared)}">' + html(href)
+        plain = read_html(body, page_url)
+        with monkeypatch.context() as switched:
+            switched.setattr(pages, "plain_page", lambda base: None)
+            general = read_html(body, page_url)
+        assert plain == general, (declared, href)
+        if isinstance(plain, ProjectPage) and plain.files and not href.startswith(("http:", "https:", "//")):
+            assert not plain.files[0].url.startswith("https://mirror.internal/simple/alpha/"), (declared, href)
+
+
+@pytest.mark.parametrize(
+    ("head", "tail", "directory"),
+    [
+        ('<base target="_self"><base href="/x/">', "", "https://mirror.internal/x/"),
+        ('<base href=""><base href="/x/">', "", "https://mirror.internal/simple/alpha/"),
+        ("", '<base href="/y/">', "https://mirror.internal/y/"),
+    ],
+    ids=["the-first-with-an-href", "an-empty-href-keeps-the-page", "after-the-links"],
+)
+def test_the_base_href_taken_is_the_one_pip_takes(head: str, tail: str, directory: str) -> None:
+    body = head + html("alpha-1.0-py3-none-any.whl") + tail
+    (listed,) = parse_html(INDEX, "alpha", body, "https://mirror.internal/simple/alpha/").files
+    assert listed.url == directory + "alpha-1.0-py3-none-any.whl"

@@ -2,10 +2,11 @@
 
 A page is what an index says, and an index is trusted no further than the sha256s the lock pins, so a
 page is refused whole (one :class:`RemoteError` naming the index, the project and the field) when a
-file it lists is not a plain file name at an http(s) URL once resolved against the page (a ``file://``
-index may also list files inside its own directory), or when its size, sha256 or yanked field has the
-wrong shape. Text from the page that reaches a message is escaped: no control character reaches a
-terminal. Directory links of a served listing (the parent, sort links) are not files, and are skipped.
+file it lists is not a plain file name at an http(s) URL once resolved against the page (or, as pip
+reads a page, against its first ``<base href>``, itself resolved against the page; a ``file://`` index
+may also list files inside its own directory), or when its size, sha256 or yanked field has the wrong
+shape. Text from the page that reaches a message is escaped: no control character reaches a terminal.
+Directory links of a served listing (the parent, sort links) are not files, and are skipped.
 
 A link is parsed, not judged by its text: one that does not parse (``http://[::1/…``, a port that is no
 number) refuses the page, as a link to ``ftp://`` does. A link with a user part
@@ -211,13 +212,20 @@ def parse_json(index: str, name: str, body: bytes, base: str) -> ProjectPage:
 
 
 class _Anchors(HTMLParser):
+    """A page's links, and the first ``<base>`` with an ``href`` wherever it stands, as pip takes it (an
+    empty one leaves the page's own URL)."""
+
     def __init__(self) -> None:
         super().__init__()
         self.anchors: list[dict[str, str | None]] = []
+        self.base: str | None = None
+        self.based = False
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         if tag == "a":
             self.anchors.append(dict(attrs))
+        elif tag == "base" and not self.based and (href := dict(attrs).get("href")) is not None:
+            self.based, self.base = True, href or None
 
 
 def plain_page(base: str) -> tuple[str, list[str]] | None:
@@ -250,6 +258,10 @@ def parse_html(index: str, name: str, body: str, base: str) -> ProjectPage:
         parser.feed(body)
     except Exception as exc:  # html.parser is lenient; this is only for pathological input
         raise _malformed(index, name, f"unreadable HTML ({show(str(exc), 120)})") from None
+    if parser.base is not None:  # the page's links are relative to its <base href>, itself relative to the page
+        if (declared := _resolve(base, parser.base)) is None:
+            raise _malformed(index, name, f"<base href> {show_url(parser.base)!r} {_UNPARSED}")
+        base = declared
     page = plain_page(base)
     files = []
     for i, anchor in enumerate(parser.anchors):
