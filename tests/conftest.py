@@ -25,7 +25,11 @@ per lock name (``keep_only``, ``prune_dangling``), and modules that build under 
 clusters on the machine's ports, share a lane (:data:`LANES`). A test that asserts what the *whole* engine
 holds (its disk, every image, every container, BuildKit's cache pruned to nothing) is marked ``engine_wide``
 and runs alone: it takes the engine's claim exclusively (:func:`engine_claim`) and every other service test
-takes it shared, so it waits for the running one to end and no other starts until it has. Every other test is
+takes it shared, so it waits for the running one to end and no other starts until it has. A module whose
+tests run their containers on engines of their own (the ssh hosts' dockerds) and use the shared engine only
+in module fixtures that build on it names those fixtures (``engine_only_in``): its tests take the claim until
+those fixtures are set up, then none, so an ``engine_wide`` test does not wait on a cluster's start-up or
+its jobs. Every other test is
 independent (its own ``tmp_path``, git daemons and indexes on free ports, caches with file locks) and runs on
 whichever worker is free.
 
@@ -69,6 +73,7 @@ _STATE_KEY = pytest.StashKey[ServiceState]()
 SERVICES_GROUP = "services"  # the lanes' prefix: "services-<lane>"
 SERVICE_MARKERS = ("docker", "registry", "ray")
 ENGINE_WIDE = "engine_wide"
+ENGINE_ONLY_IN = "engine_only_in"
 # Modules whose service tests must not meet share a lane. test_image_build counts the dangling images
 # of "imagetest" (tests/lib/imagelock.py's default lock name), which test_image_base builds too; the Ray
 # heads and clusters pick blocks of the machine's ports (tests/lib/raycluster.py), and contend for its
@@ -108,6 +113,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_STATE_KEY] = ServiceState()
     config.addinivalue_line(
         "markers", f"{ENGINE_WIDE}: asserts what the whole engine holds; runs while no other service test does"
+    )
+    config.addinivalue_line(
+        "markers",
+        f"{ENGINE_ONLY_IN}(*fixtures): the module uses the shared engine only in these module fixtures; its tests "
+        "hold the engine's claim until they are set up, then run without it",
     )
 
 
@@ -174,13 +184,23 @@ def engine_claim(exclusive: bool) -> Iterator[None]:
             fcntl.flock(claim, fcntl.LOCK_UN)
 
 
+_ENGINE_DONE: set[str] = set()  # modules (engine_only_in) whose engine fixtures this worker has set up
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, object, object]:
     # Setup, call and teardown: a module's fixtures build and tidy under the claim of its first and last test.
     if not _is_service_test(item):
         return (yield)
+    only_in = item.get_closest_marker(ENGINE_ONLY_IN)
+    module = item.nodeid.split("::", 1)[0]
+    if only_in is not None and module in _ENGINE_DONE and nextitem is not None:  # the last one tears down the
+        return (yield)  # session's fixtures, the pushed base among them: under the claim
     with engine_claim(exclusive=item.get_closest_marker(ENGINE_WIDE) is not None):
-        return (yield)
+        result = yield
+    if only_in is not None and set(only_in.args) <= set(getattr(item, "fixturenames", ())):
+        _ENGINE_DONE.add(module)  # module-scoped: set up by this test (or failed, and never made again)
+    return result
 
 
 @pytest.hookimpl(trylast=True)  # after xdist's hook
@@ -208,6 +228,11 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
                 )
     if item.get_closest_marker(ENGINE_WIDE) is not None and not _is_service_test(item):
         pytest.fail(f"{item.nodeid} is marked {ENGINE_WIDE} but needs no engine: mark it docker", pytrace=False)
+    if (only_in := item.get_closest_marker(ENGINE_ONLY_IN)) is not None:
+        manager = item.session._fixturemanager
+        defs = [(manager.getfixturedefs(name, item) or [None])[-1] for name in only_in.args]
+        if not defs or any(d is None or d.scope not in ("module", "session") for d in defs):
+            pytest.fail(f"{item.nodeid}: {ENGINE_ONLY_IN} names no fixture, or one not module-scoped", pytrace=False)
     for service in PROBES:
         if item.get_closest_marker(service) is not None:
             _require(item.config, service)

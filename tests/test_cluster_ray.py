@@ -50,6 +50,7 @@ from tests.lib.verlenv import probe_recipe, verl_env, verl_hf_export_dir
 pytestmark = [
     pytest.mark.network,
     pytest.mark.docker,
+    pytest.mark.engine_only_in("images"),  # the hosts' engines run everything else: see tests/conftest.py
     pytest.mark.registry,
     pytest.mark.ray,
     pytest.mark.sshd,
