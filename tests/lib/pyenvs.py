@@ -42,7 +42,8 @@ from pathlib import Path
 
 from tests.lib.baseimage import CACHE_DIR
 
-REVISION = 2  # 2: uv installs (same sources, same bytecode); bump when the way an environment is made changes in a way its key does not show
+# Bump when the way an environment is made changes in a way its key does not show. 2: uv installs.
+REVISION = 2
 VENVS = CACHE_DIR / "venvs"
 TORCH_CPU = "torch==2.13.0"  # the CPU wheel this machine's pip finds locally
 HF_STACK = (TORCH_CPU, "transformers==5.10.4", "safetensors>=0.4")
