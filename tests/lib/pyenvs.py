@@ -69,9 +69,15 @@ class Venv:
         return self.root / "bin"
 
     def run(
-        self, *args: str, timeout: float = 600, cwd: Path | None = None, input: str | None = None
+        self,
+        *args: str,
+        timeout: float = 600,
+        cwd: Path | None = None,
+        input: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> subprocess.CompletedProcess[str]:
-        """Run this environment's Python with ``args`` (and ``input`` on stdin); output captured as text."""
+        """Run this environment's Python with ``args`` (and ``input`` on stdin, ``env`` added to this process's
+        environment); output captured as text."""
         return subprocess.run(
             [str(self.python), *args],
             capture_output=True,
@@ -80,6 +86,7 @@ class Venv:
             check=False,
             cwd=cwd,
             input=input,
+            env={**os.environ, **env} if env else None,
         )
 
 

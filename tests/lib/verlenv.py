@@ -114,7 +114,10 @@ def verl_hf_export_dir(venv: Venv, checkpoint_root: Path, step: int = 1) -> Path
     except FileNotFoundError:
         with tempfile.TemporaryDirectory() as scratch:
             root = Path(scratch)
-            done = venv.run("-c", _HF_EXPORT_DIR, str(root / f"global_step_{step}" / "actor"), timeout=300)
+            # verl's function makes the directories under a lock file it leaves in the temporary directory
+            # (verl.utils.fs.local_mkdir_safe: /tmp/ckpt_<hash>.lock, three a call): in this scratch one.
+            where_to = str(root / f"global_step_{step}" / "actor")
+            done = venv.run("-c", _HF_EXPORT_DIR, where_to, timeout=300, env={"TMPDIR": scratch})
             assert done.returncode == 0, done.stderr[-2000:]
             relative = Path(done.stdout.strip().splitlines()[-1]).relative_to(root)
         assert relative.parts[:2] == (f"global_step_{step}", "actor"), relative
