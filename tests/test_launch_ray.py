@@ -106,6 +106,9 @@ def ray_head(ray_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     client = free_port(dashboard + 1)
     temp_dir = f"/tmp/ray-envrun-{gcs}"  # short: Ray's unix sockets live under it
     log = tmp_path_factory.mktemp("ray") / "head.log"
+    # Its daemons' temporary files too (the dashboard's multiprocessing forkserver leaves a pymp-* directory
+    # with its listener socket when stopped): under the temp dir removed below, not in /tmp.
+    Path(temp_dir).mkdir(parents=True, exist_ok=True)
     with log.open("wb") as out:
         head = subprocess.Popen(
             [
@@ -126,6 +129,7 @@ def ray_head(ray_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # a session of our own: what we stop is exactly what we started
+            env={**os.environ, "TMPDIR": temp_dir},
         )
     # Ray's daemons name the temp dir; an interrupted run's are stopped at the next run's start
     entry = register(head.pid, f"ray head on port {gcs}", markers=[temp_dir], remove=[Path(temp_dir)])
