@@ -1,5 +1,10 @@
 """The jobs' bytecode volume (envrun.bytecode): what a container of an image compiles, the next one on
-that engine reads, and the image stays as it was built. Real dockerd, the test base's real python3."""
+that engine reads, and the image stays as it was built. Real dockerd, the test base's real python3.
+
+The tests run on a dockerd of their own (``fresh_engine``, the test base loaded into it): they assert
+which bytecode volumes the whole engine holds, and :func:`prepare` removes the volumes of every image the
+engine no longer has. On the shared engine other lanes' jobs make such volumes and remove their images
+meanwhile: a CI run saw another lane's volume pruned between two listings of this module's."""
 
 from __future__ import annotations
 
@@ -21,7 +26,8 @@ from envrun.bytecode import (
     ships_no_bytecode,
     with_bytecode,
 )
-from tests.lib.baseimage import BaseImage
+from tests.lib.baseimage import BaseImage, ensure_base_image
+from tests.lib.engines import ExtraEngine
 
 MISSING_IMAGE = "sha256:" + "0" * 64
 
@@ -43,17 +49,28 @@ def test_the_volume_is_named_for_the_image_id_and_the_job_keeps_its_own_choice()
     assert bytecode_of(declared) == bytecode and bytecode_of({**declared, "Config": {}}) is None
 
 
+@pytest.fixture(scope="module")
+def docker_client(fresh_engine: ExtraEngine) -> Iterator[docker.DockerClient]:
+    client = fresh_engine.client()
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="module")
+def base_image(docker_client: docker.DockerClient) -> BaseImage:
+    return ensure_base_image(docker_client)  # loaded from the suite's cached archive
+
+
 @pytest.fixture()
-def engine(docker_client: docker.DockerClient, base_image: BaseImage) -> Iterator[Engine]:
-    """The engine; the volumes these tests made are removed after each, and only those: another lane's
-    job makes its image's volume meanwhile (test_launch_docker's, which read back empty when this removed
-    every volume new since the test began)."""
+def engine(docker_client: docker.DockerClient) -> Iterator[Engine]:
+    """The module's own engine; the bytecode volumes each test made are removed after it."""
     engine = Engine(docker_client)
     before = set(engine.volumes(IMAGE_LABEL))
     yield engine
-    for name, labels in engine.volumes(IMAGE_LABEL).items():
-        if name not in before and labels.get(IMAGE_LABEL) in (base_image.image_id, MISSING_IMAGE):
-            engine.remove_volume(name)
+    for name in set(engine.volumes(IMAGE_LABEL)) - before:
+        engine.remove_volume(name)
 
 
 @pytest.mark.docker
