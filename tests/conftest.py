@@ -29,9 +29,8 @@ takes it shared, so it waits for the running one to end and no other starts unti
 tests run their containers on engines of their own (the ssh hosts' dockerds) and use the shared engine only
 in module fixtures that build on it names those fixtures (``engine_only_in``): its tests take the claim until
 those fixtures are set up, then none, so an ``engine_wide`` test does not wait on a cluster's start-up or
-its jobs. Every other test is
-independent (its own ``tmp_path``, git daemons and indexes on free ports, caches with file locks) and runs on
-whichever worker is free.
+its jobs. Every other test is independent (its own ``tmp_path``, git daemons and indexes on free ports,
+caches with file locks) and runs on whichever worker is free.
 
 Before any test, the run's controller stops what an earlier run cut short left running (its dockerd, sshd,
 git daemon, Ray head), by the PIDs that run wrote down (:mod:`tests.lib.leftovers`), and says what it stopped.
