@@ -9,6 +9,7 @@ meanwhile: a CI run saw another lane's volume pruned between two listings of thi
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import closing
 
 import docker
 import pytest
@@ -51,11 +52,8 @@ def test_the_volume_is_named_for_the_image_id_and_the_job_keeps_its_own_choice()
 
 @pytest.fixture(scope="module")
 def docker_client(fresh_engine: ExtraEngine) -> Iterator[docker.DockerClient]:
-    client = fresh_engine.client()
-    try:
+    with closing(fresh_engine.client()) as client:
         yield client
-    finally:
-        client.close()
 
 
 @pytest.fixture(scope="module")
