@@ -147,6 +147,39 @@ def test_duplicates_and_mismatched_package_files() -> None:
     assert any("packages[1].name" in p and "duplicate package" in p for p in found), found
 
 
+def test_two_installed_sources_of_one_distribution_are_refused() -> None:
+    """The second would replace the first in the image, and verify would check one's requirements only."""
+    fork = textwrap.dedent(f"""\
+          - name: lib-fork
+            repo: https://example.org/fork.git
+            ref: main
+            ref_type: branch
+            commit: {SHA}
+            provides: {{name: Lib}}
+          - name: lib-docs
+            repo: https://example.org/docs.git
+            ref: main
+            ref_type: branch
+            commit: {SHA}
+            provides: {{name: lib}}
+            install: {{mode: none}}
+          - name: lib-wheel
+            repo: https://example.org/lib2.git
+            ref: main
+            ref_type: branch
+            commit: {SHA}
+            provides: {{name: LIB}}
+            install: {{mode: wheel}}
+        """)
+    found = problems(MINIMAL + textwrap.indent(fork, "  "))
+    assert found == [
+        "t.lock.yaml:14: sources[1].provides.name: 'Lib' is installed by source 'lib' too (sources[0]): "
+        "one distribution, one source",
+        "t.lock.yaml:27: sources[3].provides.name: 'LIB' is installed by source 'lib' too (sources[0]): "
+        "one distribution, one source",
+    ], found  # a copied-only source (install: none) installs nothing; the names compare normalised
+
+
 def test_versions_missing_and_unsupported_have_their_own_errors() -> None:
     assert problems("name: x\nsources: []\n") == ["t.lock.yaml:1: version: required key is missing (add `version: 2`)"]
     (found,) = problems(MINIMAL.replace("version: 1", "version: 3"))

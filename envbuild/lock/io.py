@@ -127,6 +127,7 @@ def _cross_checks(lock: Lock, root: yaml.Node, file: str) -> list[Problem]:
         problems += _duplicates(source.waive, root, file, ("sources", i, "waive"), key=canonicalize_name)
         problems += _duplicates(source.skip_imports, root, file, ("sources", i, "skip_imports"))
         problems += _submodule_problems(source.submodules, root, file, ("sources", i))
+    problems += _provided_twice(lock.sources, root, file)
     problems += _duplicates(lock.packages, root, file, ("packages",), "package ", canonicalize_name)
     for i, package in enumerate(lock.packages):
         if package is None:
@@ -144,6 +145,27 @@ def _cross_checks(lock: Lock, root: yaml.Node, file: str) -> list[Problem]:
             if message := _filename_mismatch(package.name, package.version, dist.filename):
                 problems.append(Problem(file, line, where, message))
     return problems + _installer_problems(lock.installer, root, file)
+
+
+def _provided_twice(sources: tuple[Source, ...], root: yaml.Node, file: str) -> list[Problem]:
+    """Two installed sources that install one distribution: the second would replace the first in the
+    image, and what the first requires would go unchecked (a package of that name is another matter: the
+    source replaces it, by design)."""
+    problems: list[Problem] = []
+    first: dict[str, int] = {}
+    for j, source in enumerate(sources):
+        if source is None or not source.installed:
+            continue
+        name = canonicalize_name(source.distribution)
+        if name in first:
+            path: tuple[Any, ...] = ("sources", j, "provides", "name") if source.provides else ("sources", j, "name")
+            message = (
+                f"{source.distribution!r} is installed by source {sources[first[name]].name!r} too "
+                f"(sources[{first[name]}]): one distribution, one source"
+            )
+            problems.append(Problem(file, _line_of(root, *path), _field(*path), message))
+        first.setdefault(name, j)
+    return problems
 
 
 def _installer_problems(installer: Package | None, root: yaml.Node, file: str) -> list[Problem]:
