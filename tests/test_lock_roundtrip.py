@@ -4,12 +4,14 @@ repositories on a real git daemon; the result is read back by the lock's own rea
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 from pathlib import Path
 
 import pytest
 
 from envbuild.cli import main
-from envbuild.lock import Lock, dump_lock, read_lock
+from envbuild.lock import Lock, dump_lock, parse_lock, read_lock
 from envbuild.lock.roundtrip import round_trip_text, updated_text
 from tests.lib.gitrepos import Served
 
@@ -87,3 +89,63 @@ def test_what_cannot_be_kept_faithfully_falls_back_to_the_canonical_form() -> No
     kept = round_trip_text(written, new)
     assert kept is not None and kept.startswith("# hand\n") and "source_date_epoch: 1" in kept
     assert updated_text("- not a lock\n", old, new) == (dump_lock(new), False)
+
+
+INDENTED = """\
+# indented as many people write YAML: each list under its key
+version: 2
+name: small
+platform:
+    os: linux
+    arch: aarch64
+    python: '3.12'
+sources:
+  - name: alpha   # first
+    repo: https://example.org/alpha.git
+    ref: main
+    ref_type: branch
+    commit: '{alpha}'
+    install: {{mode: editable}}
+    requires:
+      - numpy>=2
+      - packaging
+  - name: beta
+    repo: https://example.org/beta.git
+    ref: main
+    ref_type: branch
+    commit: '{beta}'
+"""
+
+
+DEEPER = """\
+version: 2
+name: small
+sources:
+    -   name: alpha
+        repo: https://example.org/alpha.git
+        ref: main
+        ref_type: branch
+        commit: '{alpha}'
+        requires:
+            -   numpy>=2
+    -   name: beta   # last
+        repo: https://example.org/beta.git
+        ref: main
+        ref_type: branch
+        commit: '{beta}'
+"""
+
+
+@pytest.mark.parametrize("template", [INDENTED, DEEPER], ids=["dash-at-2", "dash-at-4"])
+def test_an_update_keeps_the_indents_of_a_hand_written_lock(template: str) -> None:
+    """Only the moved pin's line differs: once every line of `sources` was re-indented to ruamel's default."""
+    written = template.format(alpha="a" * 40, beta="b" * 40)
+    old = parse_lock(written)
+    new = dataclasses.replace(old, sources=(old.sources[0], dataclasses.replace(old.sources[1], commit="c" * 40)))
+    kept = round_trip_text(written, new)
+    assert kept is not None
+    assert [line for line in difflib.ndiff(written.splitlines(), kept.splitlines()) if line[:1] in "+-"] == [
+        line.replace("b" * 40, "c" * 40) if sign == "+" else line
+        for sign in "-+"
+        for line in [f"{sign} " + next(x for x in written.splitlines() if "b" * 40 in x)]
+    ]

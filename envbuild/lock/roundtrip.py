@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 from packaging.utils import canonicalize_name
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.util import load_yaml_guess_indent
 
 from envbuild.lock.io import LockFile, canonical, checked_lock_text, dump_lock, parse_lock
 from envbuild.lock.model import Lock
@@ -70,6 +71,7 @@ def round_trip_text(old_text: str, new: Lock) -> str | None:
         return None
     if not isinstance(old, CommentedMap):
         return None
+    _keep_indents(yaml, old, old_text)
     merged = _merge(old, fresh)
     out = io.StringIO()
     try:
@@ -81,8 +83,31 @@ def round_trip_text(old_text: str, new: Lock) -> str | None:
     return text if canonical(read) == canonical(new) else None
 
 
+def _keep_indents(yaml: YAML, old: CommentedMap, old_text: str) -> None:
+    """``yaml`` set to write block sequences and mappings indented as ``old_text`` is (``- name:`` at the
+    parent's column, or indented under it): ruamel.yaml keeps comments and quotes, not indents. Its guess of
+    the sequences' indent is taken, and the mappings' that writes ``old`` back exactly (else 2)."""
+    try:
+        _, sequence, offset = load_yaml_guess_indent(old_text)
+    except Exception:  # read already; nothing to learn from it
+        return
+    sequence = sequence or 2
+    offset = offset or 0
+    for mapping in dict.fromkeys((2, sequence, 4)):
+        yaml.indent(mapping=mapping, sequence=sequence, offset=offset)
+        out = io.StringIO()
+        try:
+            yaml.dump(old, out)
+        except Exception:  # the merged dump below says what fails
+            break
+        if out.getvalue() == old_text:
+            return
+    yaml.indent(mapping=2, sequence=sequence, offset=offset)
+
+
 def _merge(old: Any, new: Any) -> Any:
-    """``new``'s content, in ``old``'s nodes wherever both say the same."""
+    """``new``'s content, in ``old``'s nodes wherever both say the same; an empty map is not added where
+    ``old`` has none."""
     if isinstance(old, CommentedMap) and isinstance(new, CommentedMap):
         for key in [k for k in old if k not in new]:
             del old[key]
@@ -91,6 +116,9 @@ def _merge(old: Any, new: Any) -> Any:
             if key in old:
                 old[key] = _merge(old[key], value)
                 previous = list(old).index(key)
+            elif isinstance(value, CommentedMap) and not value:
+                continue  # an empty map the file leaves out (``env: {}``) reads back the same (an empty list
+                # need not: ``requires: []`` says there are none, its absence that they are not known)
             else:
                 previous += 1
                 old.insert(previous, key, value)
