@@ -202,6 +202,19 @@ def test_update_of_an_unknown_name_is_refused(upstream, tmp_path: Path, capsys) 
     assert code == 2 and "nosuch: no such source" in err and lock.read_bytes() == before
 
 
+def test_update_refuses_offline_before_asking_anyone(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    """An update asks upstream where each ref is now: --offline was once taken and then ignored."""
+    lock = write_lock(tmp_path / "l.yaml", "git://127.0.0.1:9/nowhere.git", commit="0" * 40)
+    before = lock.read_bytes()
+    code, out, err = run(capsys, "lock", "update", str(lock), "--offline", "--cache-dir", str(tmp_path / "c"))
+    assert (code, out) == (2, "")
+    assert err == (
+        "envbuild: error: lock update: --offline makes no sense here; an update asks each upstream where its refs "
+        "are now (`lock verify --offline` checks a lock against the cache)\n"
+    )
+    assert lock.read_bytes() == before and not (tmp_path / "c").exists()
+
+
 def test_export_repos_and_schema(upstream, tmp_path: Path, capsys) -> None:  # noqa: ANN001
     served, _, commits = upstream
     lock = write_lock(tmp_path / "l.yaml", served.url("cli-upstream", "file"), commit=commits[0])

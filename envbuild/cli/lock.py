@@ -197,6 +197,11 @@ def cmd_update(args: argparse.Namespace) -> int:
     from envbuild.update.rewrite import update_lock_file
     from envbuild.update.update import Moves
 
+    if args.offline:
+        raise InputError(
+            "lock update: --offline makes no sense here; an update asks each upstream where its refs are now "
+            "(`lock verify --offline` checks a lock against the cache)"
+        )
     _check_report(args.report)
     read = read_lock(args.lockfile)
     cache_dir, mirrors = source_settings(args)
@@ -214,6 +219,7 @@ def cmd_update(args: argparse.Namespace) -> int:
         moves,
         GitCache(cache_dir / "git"),
         mirrors=mirrors,
+        jobs=args.jobs,
         report=args.report,
         dry_run=args.dry_run,
         progress=StderrProgress("envbuild", args.quiet),

@@ -57,8 +57,8 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_add(args: argparse.Namespace) -> int:
-    from envbuild.fileio import write_atomic
     from envbuild.git.cache import GitCache
+    from envbuild.lock.io import replace_lock_file
     from envbuild.lock.roundtrip import text_over
     from envbuild.update.start import add_source, repo_url
 
@@ -80,7 +80,7 @@ def cmd_add(args: argparse.Namespace) -> int:
         file=str(read.path),
         progress=StderrProgress("envbuild", args.quiet),
     )
-    write_atomic(read.path, text_over(read, new).text)  # its comments and layout kept
+    replace_lock_file(read, text_over(read, new).text)  # its comments and layout kept
     source = next(s for s in new.sources if s.name == args.name)
     print(f"{read.path}: added {source.name}: {source.ref_type} {source.ref} at {source.commit}")
     if new.packages or new.requirements or source.requires or source.build_requires:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import os
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from envbuild.data.yamlfile import LIMIT_TEXT, MAX_BYTES, compose_yaml, read_cap
 from envbuild.errors import EnvbuildError, LockfileError, Problem
 from envbuild.fileio import write_atomic
 from envbuild.lock.model import LOCK_VERSION, LOCK_VERSIONS, Lock, Package, Source, Submodule
+from envbuild.locking import flock_fd
 
 HEADER = "# envbuild lockfile: written by `envbuild lock`; every pin is checked by `envbuild lock verify`.\n"
 
@@ -373,6 +375,45 @@ def _with_entry_name(lock: Lock, field: str) -> str:
             if index.isdigit() and int(index) < len(entries):
                 return f"{field} ({kind} {entries[int(index)].name!r}): "
     return f"{field}: " if field else ""
+
+
+def changed_since_read(read: LockFile) -> str | None:
+    """Why the file ``read`` came from no longer holds those bytes (another writer, or a person, while a
+    command ran), or None when it still does."""
+    try:
+        now = read_capped(read.path, LockfileError)
+    except LockfileError as exc:
+        return exc.problems[0].message
+    if hashlib.sha256(now).hexdigest() != read.sha256:
+        return "it changed since this command read it (another `lock update` or an edit, meanwhile); run it again"
+    return None
+
+
+def replace_lock_file(read: LockFile, text: str) -> None:
+    """Write ``text`` over the file ``read`` came from, unless that file changed since it was read: two
+    commands updating one lock at once must not lose one's change without a word. The check and the
+    rename are one step among envbuild's writers: each holds an ``flock`` on the file at the path (taken
+    again when a writer replaced it meanwhile), so the loser reads the winner's bytes, and refuses."""
+    while True:
+        try:
+            fd = os.open(read.path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise LockWriteRefused(read.path, f"cannot open it again: {exc.strerror}") from None
+        try:
+            flock_fd(fd, fcntl.LOCK_EX)
+            held = os.fstat(fd)
+            try:
+                now = read.path.stat()
+            except OSError as exc:
+                raise LockWriteRefused(read.path, f"cannot read it again: {exc.strerror}") from None
+            if (held.st_dev, held.st_ino) != (now.st_dev, now.st_ino):
+                continue  # replaced between the open and the lock: lock the file that is there now
+            if (why := changed_since_read(read)) is not None:
+                raise LockWriteRefused(read.path, why)
+            write_atomic(read.path, text)
+            return
+        finally:
+            os.close(fd)
 
 
 def write_lock(path: str | os.PathLike[str], lock: Lock) -> None:

@@ -13,7 +13,7 @@ from envbuild.fileio import write_atomic
 from envbuild.git.cache import GitCache
 from envbuild.git.mirrors import Mirrors
 from envbuild.lock.diff import Change, render_markdown
-from envbuild.lock.io import LockFile
+from envbuild.lock.io import LockFile, replace_lock_file
 from envbuild.lock.model import Lock
 from envbuild.lock.roundtrip import text_over
 from envbuild.progress import Progress, silent
@@ -39,15 +39,17 @@ def update_lock_file(
     cache: GitCache,
     *,
     mirrors: Mirrors = Mirrors(),
+    jobs: int = 8,
     report: Path | None = None,
     dry_run: bool = False,
     progress: Progress = silent,
 ) -> LockUpdate:
     """:func:`update_lock` on the lock at ``read.path``, the change report written to ``report`` (Markdown,
-    on a dry run too), and the new text written over the file unless ``dry_run``. Raises
-    :class:`~envbuild.lock.io.LockWriteRefused` when the lock's reader would refuse the new text: then
-    nothing is written, the report neither."""
-    new = update_lock(read.lock, moves, cache, mirrors=mirrors, progress=progress)
+    on a dry run too), and the new text written over the file unless ``dry_run``; ``jobs`` package pages
+    listed at once. Raises :class:`~envbuild.lock.io.LockWriteRefused` when the lock's reader would refuse
+    the new text, or the file changed since ``read`` (another update ran meanwhile): then nothing is
+    written, the report neither."""
+    new = update_lock(read.lock, moves, cache, mirrors=mirrors, jobs=jobs, progress=progress)
     changes = change_report(read.lock, new, cache, mirrors=mirrors)
     text, kept, changed = text_over(read, new)  # nothing at all changed: the file's own text, however written
     # Before the lock: a failed report leaves the lock as it was, never a lock moved with no report.
@@ -55,5 +57,5 @@ def update_lock_file(
         write_atomic(report, render_markdown(changes, f"envbuild lock update: {read.path}"))
     written = not dry_run and changed
     if written:
-        write_atomic(read.path, text)
+        replace_lock_file(read, text)
     return LockUpdate(new, changes, kept, written)

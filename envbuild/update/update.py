@@ -46,6 +46,7 @@ def update_lock(
     cache: GitCache,
     *,
     mirrors: Mirrors = Mirrors(),
+    jobs: int = 8,
     progress: Progress = silent,
 ) -> Lock:
     """A new lock, at the current lock version, moved as far as asked and no further.
@@ -91,6 +92,7 @@ def update_lock(
                 upgrade=moves.upgrade,
                 upgrade_packages=moves.package_names,
                 keep_unmoved=not everything,
+                jobs=jobs,
                 progress=progress,
             )
             updated = dataclasses.replace(updated, packages=resolved)
