@@ -68,7 +68,7 @@ def docker_request(tiny: Tiny, image: str) -> RunRequest:
 
 
 def test_docker_run_passes_argv_env_and_records_the_image(trainer_image: str, tmp_path: Path) -> None:
-    tiny = tiny_setup(tmp_path)
+    tiny = tiny_setup(tmp_path).strict()
     prepared = prepare_run(docker_request(tiny, trainer_image))
     assert prepared.plan.backend == "docker"
     label = next(c for c in prepared.plan.preflight if c.name == "image-lock-label")
