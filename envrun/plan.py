@@ -248,12 +248,14 @@ def build_plan(
     the lock pins (:func:`envrun.auditnames.locked_transformers`), None when it pins none."""
     if params.backend not in BACKENDS:
         raise InputError(f"--backend: expected one of {', '.join(BACKENDS)}, got {params.backend!r}")
+    owned = recipe.flag_keys()  # an -o of one would win the merge: the trainer would read what was not checked
+    if refused := [p for o in params.overrides if (p := _owned_by_flag(o, owned))]:
+        raise InputError("; ".join(refused))
     recipe_keys = {override_key(o) for o in recipe.overrides()}
-    given = {override_key(o) for o in params.overrides}
     for name in REQUIRED_PARAMETERS:
         key = recipe.parameters.get(name)
         by_flag = params.model if name == "model" else params.train_files
-        if key and key not in recipe_keys and key not in given and not by_flag:
+        if key and key not in recipe_keys and not by_flag:
             flag = "--data" if name == "train_files" else f"--{name.replace('_', '-')}"
             raise InputError(f"{flag} is required by recipe {recipe.name} (sets {key})")
     if params.backend == "docker" and not params.image:
@@ -312,6 +314,18 @@ def build_plan(
         npus_per_node=_int_override(overrides, recipe.parameters.get("npus_per_node")),
         scheduled=params.scheduled if params.backend == "slurm" else None,
     )
+
+
+def _owned_by_flag(override: str, owned: dict[str, str]) -> str | None:
+    """The problem with ``override`` when it sets a key a path flag sets, or a section holding one."""
+    given = override_key(override)
+    for key, flag in owned.items():
+        if given == key or key.startswith(given + "."):
+            why = f"set by {flag}, whose path envrun checks and mounts"
+            if given == key:
+                return f"-o {for_terminal(override)}: {key} is {why}; use {flag}"
+            return f"-o {for_terminal(override)}: the section {given} holds {key}, {why}; set its other keys one by one"
+    return None
 
 
 def _int_override(overrides: tuple[str, ...], key: str | None) -> int | None:

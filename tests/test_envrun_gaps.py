@@ -111,6 +111,27 @@ def test_a_cluster_backend_needs_an_output_dir_for_the_recipes_outputs(
     )
 
 
+@pytest.mark.parametrize(
+    "override, problem",
+    [
+        ("model.path=/elsewhere", "model.path is set by --model, whose path envrun checks and mounts; use --model"),
+        ("+data.train_files=/x.parquet", "data.train_files is set by --data, whose path envrun checks and mounts"),
+        ("data.val_files=/x.parquet", "data.val_files is set by --val-data, whose path envrun checks and mounts"),
+        ("~data", "the section data holds data.train_files, set by --data, whose path envrun checks and mounts; "
+         "set its other keys one by one"),
+        ("trainer.default_local_dir=/x", "trainer.default_local_dir is set by --output-dir, whose path envrun "
+         "checks and mounts; use --output-dir"),
+    ],
+)  # fmt: skip
+def test_an_override_of_a_key_a_path_flag_sets_is_refused(
+    tiny: Tiny, capsys: pytest.CaptureFixture[str], override: str, problem: str
+) -> None:
+    """It would win the merge: the trainer would read another model or data than the preflight audited, and
+    the docker backend would mount the flag's path, not the override's."""
+    tiny.recipe.write_text(TINY_RECIPE + "outputs: {trainer.default_local_dir: ckpts}\n")
+    assert refused(tiny, capsys, "--dry-run", "-o", override).startswith(f"-o {override}: {problem}")
+
+
 def test_several_data_files_are_one_hydra_list(tiny: Tiny, capsys: pytest.CaptureFixture[str]) -> None:
     second = write_parquet_like(tiny.tmp / "more, data.parquet")
     val = write_parquet_like(tiny.tmp / "val.parquet")
