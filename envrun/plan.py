@@ -194,6 +194,7 @@ def parameter_overrides(recipe: Recipe, params: RunParameters) -> tuple[str, ...
         values["model"] = hydra_string(str(params.model))
     if params.train_files:
         values["train_files"] = _files_value(params.train_files)
+    if params.val_files or params.train_files:  # --val-data alone too: the training files may be the recipe's
         values["val_files"] = _files_value(params.val_files or params.train_files)
     for name in ("nnodes", "npus_per_node"):
         number = getattr(params, name)

@@ -146,6 +146,18 @@ def test_several_data_files_are_one_hydra_list(tiny: Tiny, capsys: pytest.Captur
     assert f"data.train_files={both}" in argv and f"data.val_files={val}" in argv
 
 
+def test_validation_files_alone_set_the_validation_key(tiny: Tiny, capsys: pytest.CaptureFixture[str]) -> None:
+    """--val-data without --data, where the recipe names the training files itself: the files the data
+    check reads are the ones the trainer validates on, not dropped."""
+    tiny.recipe.write_text(TINY_RECIPE.replace("[data.batch=4,", f"[data.train_files={tiny.data}, data.batch=4,"))
+    val = write_parquet_like(tiny.tmp / "val.parquet")
+    args = [a for a in run_args(tiny, "--dry-run", "--json", "--val-data", str(val)) if a != "--data"]
+    args.remove(str(tiny.data))
+    assert main(args) == 0
+    argv = json.loads(capsys.readouterr().out)["argv"]
+    assert f"data.val_files={val}" in argv and f"data.train_files={tiny.data}" in argv
+
+
 def test_the_docker_dry_run_shows_the_container_it_would_start(tiny: Tiny, capsys: pytest.CaptureFixture[str]) -> None:
     # The image's label and platform are the engine's answers (tests/test_auditnames.py); skipped here,
     # the dry run needs no engine.
