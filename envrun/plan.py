@@ -218,6 +218,19 @@ def output_overrides(recipe: Recipe, output_dir: Path, run_id: str) -> tuple[str
     )
 
 
+def _absolute_paths(params: RunParameters) -> RunParameters:
+    """The model and data as absolute paths, symlinks kept: the trainer, the checks and a container's
+    mounts then name one path, whatever the job's working directory (not resolve(): a container sees the
+    path given, mounted from what it points to)."""
+
+    def absolute(path: Path) -> Path:
+        return Path(os.path.abspath(path))  # noqa: PTH100
+
+    model = None if params.model is None else absolute(params.model)
+    train, val = tuple(map(absolute, params.train_files)), tuple(map(absolute, params.val_files))
+    return replace(params, model=model, train_files=train, val_files=val)
+
+
 def _output_dir(recipe: Recipe, params: RunParameters, run_dir: Path) -> Path | None:
     if not recipe.outputs:
         return None
@@ -249,6 +262,7 @@ def build_plan(
     the lock pins (:func:`envrun.auditnames.locked_transformers`), None when it pins none."""
     if params.backend not in BACKENDS:
         raise InputError(f"--backend: expected one of {', '.join(BACKENDS)}, got {params.backend!r}")
+    params = _absolute_paths(params)
     owned = recipe.flag_keys()  # an -o of one would win the merge: the trainer would read what was not checked
     if refused := [p for o in params.overrides if (p := _owned_by_flag(o, owned))]:
         raise InputError("; ".join(refused))

@@ -178,6 +178,23 @@ def test_the_docker_dry_run_shows_the_container_it_would_start(tiny: Tiny, capsy
     assert not (tiny.tmp / "run").exists()
 
 
+def test_relative_paths_reach_the_trainer_and_the_container_as_one_absolute_path(
+    tiny: Tiny, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--model model --data train.parquet` from their directory: the overrides name the absolute paths
+    (the trainer's working directory is another), and the container mounts them at exactly those."""
+    monkeypatch.chdir(tiny.tmp)
+    link = tiny.tmp / "model-link"
+    link.symlink_to(tiny.model)
+    args = run_args(tiny, "--dry-run", "--json", "--backend", "docker", "--image", "train:1")
+    args[args.index("--model") + 1], args[args.index("--data") + 1] = "model-link", "train.parquet"
+    assert main([*args, "--skip-check", "image-lock-label", "--skip-check", "image-platform"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert f"model.path={link}" in plan["argv"] and f"data.train_files={tiny.data}" in plan["argv"]
+    mounts = {v["bind"]: v["host"] for v in plan["launch"]["volumes"] if v["mode"] == "ro"}
+    assert mounts[str(link)] == str(link) and mounts[str(tiny.data)] == str(tiny.data)
+
+
 def test_the_slurm_dry_run_shows_the_batch_job(tiny: Tiny, capsys: pytest.CaptureFixture[str]) -> None:
     lines = dry_run_text(
         tiny,
