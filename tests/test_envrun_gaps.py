@@ -146,6 +146,20 @@ def test_several_data_files_are_one_hydra_list(tiny: Tiny, capsys: pytest.Captur
     assert f"data.train_files={both}" in argv and f"data.val_files={val}" in argv
 
 
+def test_an_existing_run_directory_is_refused_before_any_check(tiny: Tiny, capsys: pytest.CaptureFixture[str]) -> None:
+    """Refused up front, exit 2, one line: not after the whole preflight (a model audit, the job probe)."""
+    (tiny.tmp / "run").mkdir()
+    (tiny.model / "config.json").unlink()  # the model check would fail, if it ran
+    assert main(run_args(tiny)) == 2
+    out, err = capsys.readouterr()
+    assert (
+        out == ""
+        and err
+        == f"envrun: error: --run-dir {tiny.tmp / 'run'}: exists; pick another (a run directory records one run)\n"
+    )
+    assert list((tiny.tmp / "run").iterdir()) == []
+
+
 def test_validation_files_alone_set_the_validation_key(tiny: Tiny, capsys: pytest.CaptureFixture[str]) -> None:
     """--val-data without --data, where the recipe names the training files itself: the files the data
     check reads are the ones the trainer validates on, not dropped."""
