@@ -175,10 +175,15 @@ class RunPlan:
 
 def hydra_string(value: str) -> str:
     """``value`` as a Hydra override value that reads back as exactly this string."""
-    if _PLAIN.fullmatch(value) and not re.fullmatch(r"[-+]?[0-9._]+|true|false|null|nan|inf", value, re.I):
+    # Unquoted, Hydra reads a number (1e3, -inf), a boolean or null as such: those stay quoted.
+    if _PLAIN.fullmatch(value) and not re.fullmatch(r"[-+]?(?:[0-9.].*|inf|nan)|true|false|null", value, re.I):
         return value
-    escaped = value.replace("\\", "\\\\").replace("'", "\\'").replace("${", "\\${")
-    return f"'{escaped}'"
+    # OmegaConf reads `${` as an interpolation unless written `\${`, and backslashes before one as escaping
+    # each other; Hydra's quoted string reads `\'` as a quote, and backslashes only before a quote (the
+    # closing one too) as escaping each other. Every other backslash is itself.
+    text = re.sub(r"(\\*)\$\{", lambda m: m[1] * 2 + "\\${", value)
+    text = re.sub(r"(\\*)'", lambda m: m[1] * 2 + "\\'", text)
+    return "'" + re.sub(r"(\\*)\Z", lambda m: m[1] * 2, text, count=1) + "'"
 
 
 def _files_value(files: tuple[Path, ...]) -> str:
