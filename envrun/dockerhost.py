@@ -77,13 +77,13 @@ def image_digest(ref: str) -> str | None:
 
 
 def job_volumes(plan: RunPlan, *, outputs: bool = False) -> dict[str, dict[str, str]]:
-    """The job's own mounts: model and data read-only at the same path (so the overrides mean the same
-    files), the output directory read-write when ``outputs``, then ``--volume``s."""
+    """The job's own mounts: model and data read-only at the path the overrides name (absolute, as the
+    plan holds them; the engine follows a symlink to its target), the output directory read-write when
+    ``outputs``, then ``--volume``s."""
     volumes: dict[str, dict[str, str]] = {}
     for path in (plan.model, *plan.data_files):
         if path is not None:
-            host = str(path.resolve())
-            volumes.setdefault(host, {"bind": host, "mode": "ro"})
+            volumes.setdefault(str(path), {"bind": str(path), "mode": "ro"})
     if outputs and plan.output_dir is not None:
         volumes[str(plan.output_dir)] = {"bind": str(plan.output_dir), "mode": "rw"}
     for volume in plan.volumes:

@@ -8,7 +8,8 @@ refuses the job, recorded as ``refused``, exit 1, nothing submitted); the launch
 end (streaming into ``output.log``) — Ctrl-C or SIGTERM stops the job's process group, container or
 Ray job and is recorded as ``interrupted``, naming the signal — and, when the job succeeded under a
 lenient checkpoint setting, every Hugging Face export it wrote is audited where it lies
-(:mod:`envrun.exports`). ``status.json`` is written last, whatever happened, so a record always says
+(:mod:`envrun.exports`); where the job probe did not run, where they lie is unknown and the run does not
+succeed. ``status.json`` is written last, whatever happened, so a record always says
 how the run ended.
 """
 
@@ -25,7 +26,7 @@ from envbuild.progress import Progress, silent
 from envrun.exports import ExportVerdict, export_verdict
 from envrun.launch.base import Launcher, LaunchResult
 from envrun.plan import RunPlan
-from envrun.preflight import TARGET_CHECK, failed
+from envrun.preflight import PROBE_CHECK, TARGET_CHECK, failed
 from envrun.preflightline import PreflightLine
 from envrun.prepare import PreparedRun, launcher_for
 from envrun.probe.report import layout_of
@@ -158,7 +159,9 @@ def _audit_exports(
     if status != "succeeded":
         verdict = export_verdict(layout, None, f"the job did not succeed ({status})")
         verdict = ExportVerdict(verdict.detail, layout=layout)  # a failed job fails on its own
-    elif layout is None or layout.root is None:
+    elif layout is None:
+        verdict = export_verdict(None, None, _unlocated(plan))
+    elif layout.root is None:
         verdict = export_verdict(layout, None)
     else:
         progress(f"auditing the HF exports under {layout.root}/{layout.pattern}")
@@ -166,3 +169,11 @@ def _audit_exports(
     record.record_json("exports.json", verdict.to_json())
     progress(f"export audit: {verdict.detail}")
     return verdict
+
+
+def _unlocated(plan: RunPlan) -> str:
+    """Why no export layout is known: the probe's own line, and on a cluster the node check's that carries
+    it, say why the probe did not run."""
+    skipped = [line for line in plan.preflight if line.name in (PROBE_CHECK, TARGET_CHECK) and line.status == "skip"]
+    why = "".join(f"; {line.name}: {line.detail}" for line in skipped)
+    return f"no export layout (the job probe did not run{why})"

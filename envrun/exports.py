@@ -8,7 +8,9 @@ from a constant here. Each export is audited on the machine that holds it: this 
 docker backends (the docker backend's output directory is a host directory mounted into the
 container), a task on each node for Ray (:mod:`envrun.cluster.onnode`). The verdict is a pure function
 of what was found: when the config says HF weights are saved and none is found, the run is not ok; a
-config that saves none (``trainer.save_freq=-1``) says so, never "0 exports, ok".
+config that saves none (``trainer.save_freq=-1``) says so, never "0 exports, ok". Without the probe's
+layout (``--skip-check job-probe``, a recipe without a probe) nothing can be searched, and the verdict
+is not ok: a lenient save is accepted only checked.
 """
 
 from __future__ import annotations
@@ -22,6 +24,12 @@ from envbuild.data.jsonout import to_jsonable
 from envrun.checkpoint.audit import ModelAudit, audit_model
 from envrun.checkpoint.modelnames import ModelNames
 from envrun.probe.report import ExportLayout
+
+# Why a run whose exports could not be located does not succeed, and what to do.
+UNCHECKED = (
+    "a lenient checkpoint save is accepted only with its exports audited: run with the job probe, "
+    "or audit each export with `envrun checkpoint audit`"
+)
 
 
 @dataclass(frozen=True)
@@ -87,8 +95,9 @@ def search_from_answers(answers: Iterable[dict[str, Any]], root: str | None = No
 
 def export_verdict(layout: ExportLayout | None, search: ExportSearch | None, not_checked: str = "") -> ExportVerdict:
     """The guard's verdict (pure): ``search`` is None when nothing could be searched."""
-    if layout is None:
-        return ExportVerdict(f"exports not checked: {not_checked or 'no export layout (the job probe did not run)'}")
+    if layout is None:  # only the probe reads where verl writes: unlocated is unchecked, never "ok"
+        why = f"exports not checked: {not_checked or 'no export layout (the job probe did not run)'}"
+        return ExportVerdict(why, failures=(f"{why}; {UNCHECKED}",))
     target = f"{layout.root}/{layout.pattern}"
     if layout.root is None or search is None:
         why = not_checked or "trainer.default_local_dir did not resolve"

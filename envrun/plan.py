@@ -175,10 +175,15 @@ class RunPlan:
 
 def hydra_string(value: str) -> str:
     """``value`` as a Hydra override value that reads back as exactly this string."""
-    if _PLAIN.fullmatch(value) and not re.fullmatch(r"[-+]?[0-9._]+|true|false|null|nan|inf", value, re.I):
+    # Unquoted, Hydra reads a number (1e3, -inf), a boolean or null as such: those stay quoted.
+    if _PLAIN.fullmatch(value) and not re.fullmatch(r"[-+]?(?:[0-9.].*|inf|nan)|true|false|null", value, re.I):
         return value
-    escaped = value.replace("\\", "\\\\").replace("'", "\\'").replace("${", "\\${")
-    return f"'{escaped}'"
+    # OmegaConf reads `${` as an interpolation unless written `\${`, and backslashes before one as escaping
+    # each other; Hydra's quoted string reads `\'` as a quote, and backslashes only before a quote (the
+    # closing one too) as escaping each other. Every other backslash is itself.
+    text = re.sub(r"(\\*)\$\{", lambda m: m[1] * 2 + "\\${", value)
+    text = re.sub(r"(\\*)'", lambda m: m[1] * 2 + "\\'", text)
+    return "'" + re.sub(r"(\\*)\Z", lambda m: m[1] * 2, text, count=1) + "'"
 
 
 def _files_value(files: tuple[Path, ...]) -> str:
@@ -194,6 +199,7 @@ def parameter_overrides(recipe: Recipe, params: RunParameters) -> tuple[str, ...
         values["model"] = hydra_string(str(params.model))
     if params.train_files:
         values["train_files"] = _files_value(params.train_files)
+    if params.val_files or params.train_files:  # --val-data alone too: the training files may be the recipe's
         values["val_files"] = _files_value(params.val_files or params.train_files)
     for name in ("nnodes", "npus_per_node"):
         number = getattr(params, name)
@@ -215,6 +221,19 @@ def output_overrides(recipe: Recipe, output_dir: Path, run_id: str) -> tuple[str
         f"{key}={hydra_string(str(output_dir / sub.replace('{run_id}', run_id)))}"
         for key, sub in recipe.outputs.items()
     )
+
+
+def _absolute_paths(params: RunParameters) -> RunParameters:
+    """The model and data as absolute paths, symlinks kept: the trainer, the checks and a container's
+    mounts then name one path, whatever the job's working directory (not resolve(): a container sees the
+    path given, mounted from what it points to)."""
+
+    def absolute(path: Path) -> Path:
+        return Path(os.path.abspath(path))  # noqa: PTH100
+
+    model = None if params.model is None else absolute(params.model)
+    train, val = tuple(map(absolute, params.train_files)), tuple(map(absolute, params.val_files))
+    return replace(params, model=model, train_files=train, val_files=val)
 
 
 def _output_dir(recipe: Recipe, params: RunParameters, run_dir: Path) -> Path | None:
@@ -248,12 +267,15 @@ def build_plan(
     the lock pins (:func:`envrun.auditnames.locked_transformers`), None when it pins none."""
     if params.backend not in BACKENDS:
         raise InputError(f"--backend: expected one of {', '.join(BACKENDS)}, got {params.backend!r}")
+    params = _absolute_paths(params)
+    owned = recipe.flag_keys()  # an -o of one would win the merge: the trainer would read what was not checked
+    if refused := [p for o in params.overrides if (p := _owned_by_flag(o, owned))]:
+        raise InputError("; ".join(refused))
     recipe_keys = {override_key(o) for o in recipe.overrides()}
-    given = {override_key(o) for o in params.overrides}
     for name in REQUIRED_PARAMETERS:
         key = recipe.parameters.get(name)
         by_flag = params.model if name == "model" else params.train_files
-        if key and key not in recipe_keys and key not in given and not by_flag:
+        if key and key not in recipe_keys and not by_flag:
             flag = "--data" if name == "train_files" else f"--{name.replace('_', '-')}"
             raise InputError(f"{flag} is required by recipe {recipe.name} (sets {key})")
     if params.backend == "docker" and not params.image:
@@ -312,6 +334,18 @@ def build_plan(
         npus_per_node=_int_override(overrides, recipe.parameters.get("npus_per_node")),
         scheduled=params.scheduled if params.backend == "slurm" else None,
     )
+
+
+def _owned_by_flag(override: str, owned: dict[str, str]) -> str | None:
+    """The problem with ``override`` when it sets a key a path flag sets, or a section holding one."""
+    given = override_key(override)
+    for key, flag in owned.items():
+        if given == key or key.startswith(given + "."):
+            why = f"set by {flag}, whose path envrun checks and mounts"
+            if given == key:
+                return f"-o {for_terminal(override)}: {key} is {why}; use {flag}"
+            return f"-o {for_terminal(override)}: the section {given} holds {key}, {why}; set its other keys one by one"
+    return None
 
 
 def _int_override(overrides: tuple[str, ...], key: str | None) -> int | None:

@@ -10,6 +10,7 @@ written; :func:`envrun.execute.execute_run` launches what this returns.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -104,6 +105,8 @@ def prepare_run(request: RunRequest, progress: Progress = silent) -> PreparedRun
     if request.cluster is not None:
         params, cluster = _on_cluster(params, request.cluster, _cache_dir(request))
     run_dir = request.run_dir or default_run_dir(recipe.name)
+    if not request.dry_run and os.path.lexists(run_dir):  # before any check runs: a run dir records one run
+        raise InputError(f"--run-dir {run_dir}: exists; pick another (a run directory records one run)")
     transformers = locked_transformers(lock.lock)
     plan = build_plan(recipe, params, str(lock.path), lock.sha256, run_dir, transformers=transformers)
 

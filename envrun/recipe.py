@@ -21,6 +21,8 @@ RECIPES_DIR = Path(__file__).parent / "recipes"
 # The parameters the command line offers; a recipe says which override key each one sets.
 PARAMETERS = ("model", "train_files", "val_files", "nnodes", "npus_per_node")
 REQUIRED_PARAMETERS = ("model", "train_files")
+# The flags of the paths the preflight checks and a job's container mounts: the keys they set are theirs.
+PATH_FLAGS = {"model": "--model", "train_files": "--data", "val_files": "--val-data"}
 _OVERRIDE = r"(?:\+\+|\+|~)?[A-Za-z_][A-Za-z0-9_./@-]*(?:=.*)?"
 _KEY = r"[A-Za-z_][A-Za-z0-9_./@-]*"
 _MODULE = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
@@ -122,6 +124,12 @@ class Recipe:
         if len(entry) >= 3 and Path(entry[0]).name.startswith("python") and entry[1] == "-m":
             return entry[2]
         return None
+
+    def flag_keys(self) -> dict[str, str]:
+        """Each config key a path flag sets, with the flag: the model and data parameters, and the
+        ``outputs`` (directories under ``--output-dir``)."""
+        keys = {self.parameters[name]: flag for name, flag in PATH_FLAGS.items() if name in self.parameters}
+        return {**keys, **dict.fromkeys(self.outputs, "--output-dir")}
 
     def overrides(self) -> tuple[str, ...]:
         """Every override of the recipe, in order: runtime env (as Ray workers get it, through verl's

@@ -364,7 +364,10 @@ def test_a_job_is_checked_on_every_node_then_reads_the_volume_on_each(
     tiny = with_outputs(tiny_setup(tmp_path))
     outcome = execute_run(prepare_run(volume_request(tiny, images, state_dir, output_dir=Path(RUNS))))
     log = (outcome.run_dir / "output.log").read_text()
-    assert outcome.status == "succeeded", log[-2000:]
+    # The job succeeded; its lenient save's exports are unchecked without a job probe (the tiny recipe
+    # has none), and an unchecked lenient save fails the run (envrun.exports).
+    assert outcome.exit_code == 0 and outcome.status == "failed", log[-2000:]
+    assert "exports not checked: no export layout (the job probe did not run" in outcome.detail
     assert "fake trainer: ok, on every node" in log
     node_ids = sorted(str(n.ray_node_id) for n in cluster.info.nodes)
     assert str(node_ids) in log  # a task ran on each node, and read the volume's file there

@@ -111,6 +111,27 @@ def test_a_cluster_backend_needs_an_output_dir_for_the_recipes_outputs(
     )
 
 
+@pytest.mark.parametrize(
+    "override, problem",
+    [
+        ("model.path=/elsewhere", "model.path is set by --model, whose path envrun checks and mounts; use --model"),
+        ("+data.train_files=/x.parquet", "data.train_files is set by --data, whose path envrun checks and mounts"),
+        ("data.val_files=/x.parquet", "data.val_files is set by --val-data, whose path envrun checks and mounts"),
+        ("~data", "the section data holds data.train_files, set by --data, whose path envrun checks and mounts; "
+         "set its other keys one by one"),
+        ("trainer.default_local_dir=/x", "trainer.default_local_dir is set by --output-dir, whose path envrun "
+         "checks and mounts; use --output-dir"),
+    ],
+)  # fmt: skip
+def test_an_override_of_a_key_a_path_flag_sets_is_refused(
+    tiny: Tiny, capsys: pytest.CaptureFixture[str], override: str, problem: str
+) -> None:
+    """It would win the merge: the trainer would read another model or data than the preflight audited, and
+    the docker backend would mount the flag's path, not the override's."""
+    tiny.recipe.write_text(TINY_RECIPE + "outputs: {trainer.default_local_dir: ckpts}\n")
+    assert refused(tiny, capsys, "--dry-run", "-o", override).startswith(f"-o {override}: {problem}")
+
+
 def test_several_data_files_are_one_hydra_list(tiny: Tiny, capsys: pytest.CaptureFixture[str]) -> None:
     second = write_parquet_like(tiny.tmp / "more, data.parquet")
     val = write_parquet_like(tiny.tmp / "val.parquet")
@@ -123,6 +144,32 @@ def test_several_data_files_are_one_hydra_list(tiny: Tiny, capsys: pytest.Captur
     )
     argv = json.loads(capsys.readouterr().out)["argv"]
     assert f"data.train_files={both}" in argv and f"data.val_files={val}" in argv
+
+
+def test_an_existing_run_directory_is_refused_before_any_check(tiny: Tiny, capsys: pytest.CaptureFixture[str]) -> None:
+    """Refused up front, exit 2, one line: not after the whole preflight (a model audit, the job probe)."""
+    (tiny.tmp / "run").mkdir()
+    (tiny.model / "config.json").unlink()  # the model check would fail, if it ran
+    assert main(run_args(tiny)) == 2
+    out, err = capsys.readouterr()
+    assert (
+        out == ""
+        and err
+        == f"envrun: error: --run-dir {tiny.tmp / 'run'}: exists; pick another (a run directory records one run)\n"
+    )
+    assert list((tiny.tmp / "run").iterdir()) == []
+
+
+def test_validation_files_alone_set_the_validation_key(tiny: Tiny, capsys: pytest.CaptureFixture[str]) -> None:
+    """--val-data without --data, where the recipe names the training files itself: the files the data
+    check reads are the ones the trainer validates on, not dropped."""
+    tiny.recipe.write_text(TINY_RECIPE.replace("[data.batch=4,", f"[data.train_files={tiny.data}, data.batch=4,"))
+    val = write_parquet_like(tiny.tmp / "val.parquet")
+    args = [a for a in run_args(tiny, "--dry-run", "--json", "--val-data", str(val)) if a != "--data"]
+    args.remove(str(tiny.data))
+    assert main(args) == 0
+    argv = json.loads(capsys.readouterr().out)["argv"]
+    assert f"data.val_files={val}" in argv and f"data.train_files={tiny.data}" in argv
 
 
 def test_the_docker_dry_run_shows_the_container_it_would_start(tiny: Tiny, capsys: pytest.CaptureFixture[str]) -> None:
@@ -143,6 +190,23 @@ def test_the_docker_dry_run_shows_the_container_it_would_start(tiny: Tiny, capsy
     assert f"  mount   {tiny.tmp} -> /scratch (rw)" in shown
     assert f"  mount   {tiny.model} -> {tiny.model} (ro)" in shown
     assert not (tiny.tmp / "run").exists()
+
+
+def test_relative_paths_reach_the_trainer_and_the_container_as_one_absolute_path(
+    tiny: Tiny, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--model model --data train.parquet` from their directory: the overrides name the absolute paths
+    (the trainer's working directory is another), and the container mounts them at exactly those."""
+    monkeypatch.chdir(tiny.tmp)
+    link = tiny.tmp / "model-link"
+    link.symlink_to(tiny.model)
+    args = run_args(tiny, "--dry-run", "--json", "--backend", "docker", "--image", "train:1")
+    args[args.index("--model") + 1], args[args.index("--data") + 1] = "model-link", "train.parquet"
+    assert main([*args, "--skip-check", "image-lock-label", "--skip-check", "image-platform"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert f"model.path={link}" in plan["argv"] and f"data.train_files={tiny.data}" in plan["argv"]
+    mounts = {v["bind"]: v["host"] for v in plan["launch"]["volumes"] if v["mode"] == "ro"}
+    assert mounts[str(link)] == str(link) and mounts[str(tiny.data)] == str(tiny.data)
 
 
 def test_the_slurm_dry_run_shows_the_batch_job(tiny: Tiny, capsys: pytest.CaptureFixture[str]) -> None:

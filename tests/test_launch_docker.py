@@ -68,7 +68,7 @@ def docker_request(tiny: Tiny, image: str) -> RunRequest:
 
 
 def test_docker_run_passes_argv_env_and_records_the_image(trainer_image: str, tmp_path: Path) -> None:
-    tiny = tiny_setup(tmp_path)
+    tiny = tiny_setup(tmp_path).strict()
     prepared = prepare_run(docker_request(tiny, trainer_image))
     assert prepared.plan.backend == "docker"
     label = next(c for c in prepared.plan.preflight if c.name == "image-lock-label")
@@ -87,6 +87,27 @@ def test_docker_run_passes_argv_env_and_records_the_image(trainer_image: str, tm
         trainer_image, ["find", MOUNT, "-name", "*.pyc"], volumes=volume, network_mode="none", remove=True
     )
     assert f"{MOUNT}/usr/lib/python3.11/json/__init__.cpython-311.pyc".encode() in listing
+
+
+def test_a_symlinked_model_is_seen_where_the_trainer_is_told_it_is(trainer_image: str, tmp_path: Path) -> None:
+    """--model through a symlink: the trainer is given the symlink's path, and the container has the model
+    there (the engine mounts what the symlink points to), not only at the path it resolves to."""
+    tiny = tiny_setup(tmp_path).strict()
+    link = tmp_path / "model-link"
+    link.symlink_to(tiny.model)
+    request = tiny.request(
+        backend="docker",
+        image=trainer_image,
+        model=link,
+        entry_point=("python3", "/opt/fake_trainer.py"),
+        extra_env={"FAKE_TRAINER_EXPECT": str(link / "expect.json")},  # read through the link, in the container
+    )
+    prepared = prepare_run(request)
+    assert f"model.path={link}" in prepared.plan.argv
+    tiny.expect(prepared.plan, tiny.model / "expect.json")
+    outcome = execute_run(prepared)
+    assert "fake trainer: ok" in (outcome.run_dir / "output.log").read_text()
+    assert read_status(outcome.run_dir) == {"status": "succeeded", "exit_code": 0}
 
 
 def test_an_image_without_the_lock_label_is_refused(

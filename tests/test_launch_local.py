@@ -12,6 +12,7 @@ import pytest
 
 from envrun.cli.main import main
 from envrun.execute import execute_run
+from envrun.exports import UNCHECKED
 from envrun.prepare import PreparedRun, prepare_run
 from envrun.rundir import read_status
 from tests.lib.tinyrun import Tiny, envrun_until_sleeping
@@ -26,7 +27,7 @@ def prepared_and_expected(tiny: Tiny, *overrides: str, **params: object) -> Prep
 
 
 def test_local_run_passes_argv_and_env(tiny: Tiny, capsys: pytest.CaptureFixture[str]) -> None:
-    prepared = prepared_and_expected(tiny, "trainer.total_epochs=3")
+    prepared = prepared_and_expected(tiny.strict(), "trainer.total_epochs=3")
     outcome = execute_run(prepared)
     assert (outcome.status, outcome.exit_code, outcome.exit_status) == ("succeeded", 0, 0)
     assert "fake trainer: ok" in capsys.readouterr().out
@@ -35,7 +36,7 @@ def test_local_run_passes_argv_and_env(tiny: Tiny, capsys: pytest.CaptureFixture
 
 
 def test_local_run_through_the_cli_prints_the_outcome(tiny: Tiny, capsys: pytest.CaptureFixture[str]) -> None:
-    prepared_and_expected(tiny)
+    prepared_and_expected(tiny.strict())
     run_dir = tiny.tmp / "run"
     assert main(tiny.args("--env", f"FAKE_TRAINER_EXPECT={tiny.expect_file}", "--run-dir", str(run_dir), "--json")) == 0
     last = capsys.readouterr().out.splitlines()[-1]
@@ -66,13 +67,31 @@ def test_ctrl_c_stops_the_job_and_records_interrupted(tiny: Tiny) -> None:
     assert "fake trainer: interrupted" in (run_dir / "output.log").read_text()
 
 
-def test_a_lenient_recipe_without_a_probe_says_its_exports_are_not_checked(tiny: Tiny) -> None:
+def test_a_lenient_recipe_without_a_probe_fails_its_unchecked_exports(tiny: Tiny) -> None:
     """Where the exports are is read from verl by the job probe (tests/test_probe.py); without one it is
-    unknown, and the record says so rather than "0 exports, ok"."""
+    unknown, and the record says so: not ok, and the run not succeeded, though the job was."""
     outcome = execute_run(prepared_and_expected(tiny))
-    assert outcome.exit_status == 0
+    assert (outcome.status, outcome.exit_code, outcome.exit_status) == ("failed", 0, 1)
     record = json.loads((outcome.run_dir / "exports.json").read_text())
-    assert record["where"] == "exports not checked: no export layout (the job probe did not run)"
+    why = "exports not checked: no export layout (the job probe did not run; job-probe: recipe tiny has no probe)"
+    assert record["where"] == why and record["ok"] is False
+    assert record["failures"] == [f"{why}; {UNCHECKED}"]
+    assert read_status(outcome.run_dir)["detail"] == f"export audit: {why}; {UNCHECKED}"
+
+
+def test_a_skipped_job_probe_leaves_a_lenient_save_unchecked_and_the_run_failed(
+    tiny: Tiny, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--skip-check job-probe` skips the probe by name; it does not pass the export audit it feeds."""
+    prepared_and_expected(tiny)
+    run_dir = tiny.tmp / "run"
+    env = ["--env", f"FAKE_TRAINER_EXPECT={tiny.expect_file}", "--skip-check", "job-probe"]
+    assert main(tiny.args(*env, "--run-dir", str(run_dir), "--json")) == 1
+    out, err = capsys.readouterr()
+    assert json.loads(out.splitlines()[-1]) == {"exit_code": 0, "run_dir": str(run_dir), "status": "failed"}
+    why = "exports not checked: no export layout (the job probe did not run; job-probe: skipped by --skip-check)"
+    assert f"envrun: export audit FAILED: {why}; a lenient checkpoint save" in err
+    assert json.loads((run_dir / "exports.json").read_text())["ok"] is False
 
 
 def _alive(pid: int) -> bool:
@@ -123,7 +142,7 @@ def test_a_hydra_trainer_writes_its_record_in_the_run_not_the_callers_directory(
     caller = tiny.tmp / "caller"
     caller.mkdir()
     monkeypatch.chdir(caller)
-    outcome = execute_run(prepare_run(tiny.request(entry_point=(sys.executable, str(app)))))
+    outcome = execute_run(prepare_run(tiny.strict().request(entry_point=(sys.executable, str(app)))))
     assert outcome.status == "succeeded", (outcome.run_dir / "output.log").read_text()
     assert "hydra app: epochs 2" in (outcome.run_dir / "output.log").read_text()
     assert list(caller.iterdir()) == []  # nothing of Hydra's in the caller's directory

@@ -161,7 +161,7 @@ def ray_run(tiny: Tiny, address: str, *, check_nodes: bool = False, **env: str) 
     """A Ray run of the fake trainer, which expects exactly its plan; ``env`` goes to the job only. This
     head runs this machine's Python, not an envbuild image: the per-node lock check is skipped unless asked."""
     extra_env = {"FAKE_TRAINER_EXPECT": str(tiny.expect_file), **env}
-    request = tiny.request(backend="ray", ray_address=address, extra_env=extra_env)
+    request = tiny.strict().request(backend="ray", ray_address=address, extra_env=extra_env)
     if not check_nodes:
         request = replace(request, skip_checks=(*request.skip_checks, "ray-node"))
     prepared = prepare_run(request)

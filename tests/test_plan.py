@@ -82,6 +82,24 @@ def test_hydra_string_quotes_only_what_needs_it() -> None:
     assert hydra_string("/data/my file,v2.parquet") == "'/data/my file,v2.parquet'"
     assert hydra_string("/data/it's") == "'/data/it\\'s'"
     assert hydra_string("123") == "'123'"
+    assert hydra_string("/data/x\\y/z") == "'/data/x\\y/z'"  # a backslash is itself, not doubled
+
+
+def test_hydra_string_reads_back_exactly_through_the_real_hydra(tmp_path: Path) -> None:
+    """Every string of up to 4 characters from backslash, quote, `$`, braces, comma, space and a letter,
+    and real paths, composed by Hydra and OmegaConf as the trainer composes them: the same string back."""
+    from itertools import product
+
+    from hydra import compose, initialize_config_dir
+
+    (tmp_path / "c.yaml").write_text("v: {}\n")
+    values = ["/data/x\\y/z", "C:\\data\\", "/data/it's/${x}", "a\nb\\", "1e3", "-1.5E+2", "+inf", "NaN", "null"]
+    values += ["".join(chars) for n in range(1, 5) for chars in product("\\'${}, a", repeat=n)]
+    values += ["".join(chars) for n in range(1, 4) for chars in product("1e.-+_in", repeat=n)]  # numbers or not
+    overrides = [f"+v.k{i}={hydra_string(value)}" for i, value in enumerate(values)]
+    with initialize_config_dir(config_dir=str(tmp_path), version_base=None):
+        config = compose("c", overrides=overrides)
+    assert [config.v[f"k{i}"] for i in range(len(values))] == values
 
 
 def test_user_value_wins_and_keeps_the_recipes_plus(tiny: Tiny) -> None:

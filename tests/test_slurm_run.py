@@ -61,7 +61,7 @@ def image(pushed_base_image: PushedImage, registry: str, tmp_path_factory: pytes
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("shared")
-    tiny = tiny_setup(root)
+    tiny = tiny_setup(root).strict()  # the run succeeds: no lenient save left unchecked without a probe
     tiny.recipe.write_text(
         tiny.recipe.read_text() + "outputs:\n  trainer.default_local_dir: ckpts\n"
     )  # as the real one
