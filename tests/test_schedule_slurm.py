@@ -113,7 +113,7 @@ def test_the_batch_script_asks_for_the_nodes_and_ends_with_the_head(tmp_path: Pa
         "#SBATCH --job-name=envrun-grpo-glm5",
         "#SBATCH --nodes=32",
         "#SBATCH --ntasks-per-node=1",
-        "#SBATCH --output=/shared/runs/grpo glm5/slurm/slurm-%j.out",
+        '#SBATCH "--output=/shared/runs/grpo glm5/slurm/slurm-%j.out"',  # one word: sbatch splits on spaces
         "#SBATCH --partition=npu",
         "#SBATCH --time=2-00:00:00",
     ]
@@ -124,6 +124,38 @@ def test_the_batch_script_asks_for_the_nodes_and_ends_with_the_head(tmp_path: Pa
         (tmp_path / name).write_text(text)
         parsed = subprocess.run(["bash", "-n", str(tmp_path / name)], capture_output=True, text=True)
         assert parsed.returncode == 0, (name, parsed.stderr)
+
+
+@pytest.mark.slurm
+def test_sbatch_reads_each_directive_as_the_option_it_was(tmp_path: Path) -> None:
+    """Before, a job directory with a space (or a quote) in it made the job unsubmittable: `Invalid directive
+    found in batch script: ace/slurm-%j.out`. The real sbatch (`--test-only -v`) shows what it parsed."""
+    job_dir = tmp_path / 'sp ace it\'s "q" #1 $HOME `x` 50%'
+    job_dir.mkdir()
+    comment = "a b#c 'd' \"e\" \\f"
+    job = slurm_job(nnodes=2, job_dir=str(job_dir), sbatch_args=(f"--comment={comment}",))
+    (job_dir / "job.sbatch").write_text(render_batch(job))
+    done = subprocess.run(
+        ["sbatch", "--test-only", "-v", str(job_dir / "job.sbatch")], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    said = (line.removeprefix("sbatch: ").partition(" : ") for line in done.stderr.splitlines())
+    parsed = {key.strip(): value for key, sep, value in said if sep}
+    assert parsed["output"] == str(job_dir).replace("%", "%%") + "/slurm-%j.out"  # %% is Slurm's literal '%'
+    assert parsed["comment"] == comment and parsed["job-name"] == "envrun-grpo-glm5"
+
+
+@pytest.mark.parametrize(("where", "flag"), [("a\\b", "--emit"), ("a:b", "--emit"), ("a\\b", "--run-dir")])
+def test_a_job_directory_the_scripts_cannot_name_is_refused_before_anything(
+    tiny: Tiny, tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str, flag: str
+) -> None:
+    target = tmp_path / where / "job"
+    how = ["--emit", "sbatch", str(target)] if flag == "--emit" else ["--backend", "slurm", "--run-dir", str(target)]
+    assert main([*cli_args(tiny, "--image", DIGEST), *how]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{flag} " in err, err
+    assert ("backslash" if "\\" in where else "docker bind") in err
+    assert not (tmp_path / where).exists()
 
 
 def test_each_node_runs_the_image_by_digest_and_removes_its_container_when_signalled() -> None:

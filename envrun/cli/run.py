@@ -188,6 +188,11 @@ def run_recipe_command(args: argparse.Namespace) -> int:
 
     if args.emit and args.backend not in ("local", "slurm"):
         raise InputError(f"--emit writes a scheduler's job; it takes no --backend {args.backend}")
+    if args.emit:
+        from envrun.schedule.emit import emit_target
+
+        kind, directory = args.emit
+        emit_target(kind, Path(directory))  # before the run is prepared: a refusal costs nothing
     request = RunRequest(
         recipe=args.recipe,
         params=RunParameters(
