@@ -145,16 +145,27 @@ def test_sbatch_reads_each_directive_as_the_option_it_was(tmp_path: Path) -> Non
     assert parsed["comment"] == comment and parsed["job-name"] == "envrun-grpo-glm5"
 
 
-@pytest.mark.parametrize(("where", "flag"), [("a\\b", "--emit"), ("a:b", "--emit"), ("a\\b", "--run-dir")])
+@pytest.mark.parametrize(
+    ("where", "flag", "why"),
+    [
+        ("a\\b", "--emit", "backslash"),
+        ("a:b", "--emit", "docker bind"),
+        ("a\\b", "--run-dir", "backslash"),
+        ("nl\ntouch PWNED\n", "--emit", "control character"),  # was a command in the header's comment
+        ("nl\ntouch PWNED\n", "--run-dir", "control character"),
+        ("tab\t", "--emit", "control character"),
+    ],
+)
 def test_a_job_directory_the_scripts_cannot_name_is_refused_before_anything(
-    tiny: Tiny, tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str, flag: str
+    tiny: Tiny, tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str, flag: str, why: str
 ) -> None:
     target = tmp_path / where / "job"
-    how = ["--emit", "sbatch", str(target)] if flag == "--emit" else ["--backend", "slurm", "--run-dir", str(target)]
+    run = ["--backend", "slurm", "--run-dir", str(target), "--dry-run"]  # a dry run: nothing submitted, ever
+    how = ["--emit", "sbatch", str(target)] if flag == "--emit" else run
     assert main([*cli_args(tiny, "--image", DIGEST), *how]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{flag} " in err, err
-    assert ("backslash" if "\\" in where else "docker bind") in err
+    assert why in err
     assert not (tmp_path / where).exists()
 
 
@@ -214,12 +225,13 @@ def test_the_cli_refuses_an_image_not_by_digest_before_reading_the_overrides(
         (["--ray-start-arg=--head"], "--ray-start-arg: --head is set by envrun cluster"),
         (["--ray-ports", "80"], "--ray-ports 80: expected a port"),
         (["--sbatch-arg", "partition=npu"], "expected one sbatch option"),
+        (["--sbatch-arg=--comment=a\vb"], "expected one sbatch option"),  # sbatch cuts its line there
     ],
 )
 def test_the_cli_refuses_bad_scheduler_options_in_one_line(
     tiny: Tiny, capsys: pytest.CaptureFixture[str], flag: list[str], message: str
 ) -> None:
-    assert main([*cli_args(tiny), "--backend", "slurm", "--image", DIGEST, *flag]) == 2
+    assert main([*cli_args(tiny), "--backend", "slurm", "--image", DIGEST, "--dry-run", *flag]) == 2  # never submits
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
 

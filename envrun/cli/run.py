@@ -169,7 +169,7 @@ def _scheduled(args: argparse.Namespace) -> Scheduled:
     if args.join_timeout <= 0:
         raise InputError(f"--join-timeout {args.join_timeout:g}: expected a positive number of seconds")
     for arg in args.scheduler_args:
-        if not arg.startswith("-") or any(c in arg for c in "\n\r\0"):
+        if not arg.startswith("-") or not arg.isprintable():  # a control character ends or cuts its #SBATCH line
             raise InputError(f"--sbatch-arg {arg!r}: expected one sbatch option, such as --partition=npu")
     if problem := check_ray_start_args(tuple(args.ray_start_args)):
         raise InputError(f"--ray-start-arg: {problem}")

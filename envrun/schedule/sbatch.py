@@ -68,8 +68,11 @@ def output_pattern(job_dir: str) -> str:
 
 def job_dir_problem(job_dir: str) -> str | None:
     """Why ``job_dir`` cannot be the job's directory (None when it can): the scripts name it, and Slurm and
-    docker read it back. A backslash turns Slurm's output pattern off (no ``slurm-<id>.out``, literally
-    ``slurm-%j.out``); docker splits ``-v JOB_DIR:/opt/envrun/job`` on ':'."""
+    docker read it back. A line break would end the header's comment or a #SBATCH line and start a command;
+    a backslash turns Slurm's output pattern off (no ``slurm-<id>.out``, literally ``slurm-%j.out``); docker
+    splits ``-v JOB_DIR:/opt/envrun/job`` on ':'."""
+    if not job_dir.isprintable():
+        return "contains a control character, which would break the job's scripts (a line break starts a command)"
     if "\\" in job_dir:
         return "contains a backslash, which turns Slurm's %j off in the job's output file name"
     if ":" in job_dir:
