@@ -14,7 +14,15 @@ from envbuild.errors import CacheError
 from envrun.bytecode import MOUNT, Bytecode
 from envrun.cli.main import main
 from envrun.cluster.nodecheck import capacity_line, data_lines, job_address_line, model_lines, node_lines
-from envrun.cluster.nodes import HostFacts, host_facts, host_slots, node_container, probe_command, ray_start_command
+from envrun.cluster.nodes import (
+    HostFacts,
+    host_facts,
+    host_slots,
+    node_container,
+    probe_command,
+    ray_start_command,
+    shared_npu_machines,
+)
 from envrun.cluster.spec import ClusterFileError, parse_cluster_file
 from envrun.cluster.state import ClusterState, load_state, save_state, state_path
 from envrun.preflight import ModelAudit, model_verdict
@@ -190,6 +198,30 @@ def test_nodes_sharing_a_host_get_hccl_ports_of_their_own() -> None:
     with pytest.raises(ClusterFileError) as info:
         parse_cluster_file(GOOD.replace("head_port: 6380", "hccl_ports: 65500"), "c.yaml")
     assert "hccl_ports: 65500 leaves no room for 1 node(s) on one host" in str(info.value)
+
+
+def test_nodes_sharing_a_machine_with_npus_are_refused_and_without_npus_allowed() -> None:
+    spec = parse_cluster_file(GOOD.replace("tcp://node-002:2375", "ssh://root@node-001"), "c.yaml")
+    npus = HostFacts(("/dev/davinci0", "/dev/davinci1", "/dev/davinci_manager"), 1 << 30, hostname="m1")
+    cpus = HostFacts((), 1 << 30, hostname="m1")
+    other = HostFacts(npus.ascend_paths, 1 << 30, hostname="m2")
+    # Nodes 0 and 1 on one engine; node 2 on another engine of machine m1, then of machine m2.
+    assert shared_npu_machines(spec, {"ssh://root@node-001": npus, "unix:///run/docker.sock": other}) == (
+        "nodes envrun-glm5-0, envrun-glm5-1 are on one machine, m1, which has 2 NPU(s): each node would be "
+        "given all of them, and Ray would count 4; give each NPU host one node"
+    )
+    both = {"ssh://root@node-001": cpus, "unix:///run/docker.sock": npus}  # one machine, two engines
+    assert "nodes envrun-glm5-0, envrun-glm5-1, envrun-glm5-2 are on one machine, m1" in str(
+        shared_npu_machines(spec, both)
+    )
+    assert shared_npu_machines(spec, {"ssh://root@node-001": cpus, "unix:///run/docker.sock": other}) is None
+    alone = parse_cluster_file(GOOD, "c.yaml")  # one node per machine
+    hosts = {
+        "ssh://root@node-001": npus,
+        "tcp://node-002:2375": other,
+        "unix:///run/docker.sock": replace(other, hostname="m3"),
+    }
+    assert shared_npu_machines(alone, hosts) is None
 
 
 def _answer(name: str, lock: str | None, **more: object) -> dict[str, object]:
