@@ -226,6 +226,9 @@ def test_the_cli_refuses_an_image_not_by_digest_before_reading_the_overrides(
         (["--ray-ports", "80"], "--ray-ports 80: expected a port"),
         (["--sbatch-arg", "partition=npu"], "expected one sbatch option"),
         (["--sbatch-arg=--comment=a\vb"], "expected one sbatch option"),  # sbatch cuts its line there
+        (["--ray-ports", "60000"], "--ray-ports 60000: Ray's ports 60000-60201 overlap HCCL's 60000-60511 ("),
+        (["--ray-ports", "59799"], "give a base up to 59798 or from 60512"),  # its last worker port is 60000
+        (["--ray-ports", "60511"], "Ray's ports 60511-60712 overlap"),
     ],
 )
 def test_the_cli_refuses_bad_scheduler_options_in_one_line(
@@ -234,6 +237,11 @@ def test_the_cli_refuses_bad_scheduler_options_in_one_line(
     assert main([*cli_args(tiny), "--backend", "slurm", "--image", DIGEST, "--dry-run", *flag]) == 2  # never submits
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
+
+
+@pytest.mark.parametrize("base", ["59798", "60512"])
+def test_ray_ports_next_to_hccls_are_taken(tiny: Tiny, base: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*cli_args(tiny), "--backend", "slurm", "--image", DIGEST, "--dry-run", "--ray-ports", base]) == 0
 
 
 def test_emit_sbatch_writes_the_job_without_running_it(
