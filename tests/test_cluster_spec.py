@@ -91,6 +91,29 @@ def test_a_cluster_file_is_data() -> None:
         ),
         (("[--num-cpus=64]", "[num-cpus]"), "nodes[0].ray_start_args: 'num-cpus': expected a `ray start` flag"),
         (("    ip: 10.0.0.1\n", "    ip: 10.0.0.1\n    npus: 16\n"), "c.yaml:6: nodes[0].npus: unknown key"),
+        # Settings `up` could only fail on, after every host's pull:
+        (
+            ("head_port: 6380", "head_port: 8265\ndashboard_port: 8265"),
+            "c.yaml:3: dashboard_port: 8265 is the head_port and the dashboard_port; give each its own port",
+        ),
+        (("head_port: 6380", "head_port: 8265"), "c.yaml:2: head_port: 8265 is the head_port and the dashboard_port"),
+        (
+            ("head_port: 6380", "head_port: 60010"),
+            "c.yaml:2: head_port: 60010 is among HCCL's ports on each host (60000-60127, from hccl_ports); give a port",
+        ),
+        (
+            ("head_port: 6380", "head_port: 6380\nhccl_ports: 8200"),  # the job API's default port among them
+            "c.yaml:3: dashboard_port: 8265 is among HCCL's ports on each host (8200-8327, from hccl_ports)",
+        ),
+        (
+            ("tcp://node-002:2375", "ssh://root@node-001\n    ip: 10.0.0.1"),
+            "c.yaml:8: nodes[1].ip: 10.0.0.1 is nodes[0]'s address too; give each node its own address",
+        ),
+        (
+            ("tcp://node-002:2375", "tcp://node-002:2375\n    ip: 10.0.0.1"),
+            "c.yaml:8: nodes[1].ip: 10.0.0.1 is nodes[0]'s",
+        ),
+        (("head_port: 6380", "hccl_ports: 65500"), "c.yaml:2: hccl_ports: 65500 leaves no room for 1 node(s)"),
     ],
 )
 def test_bad_cluster_files_are_named_by_line_and_field(change: tuple[str, str], expected: str) -> None:
@@ -263,7 +286,10 @@ def test_volumes_reach_every_node_read_only_unless_rw() -> None:
         ("[{host: data, container: /data}]", "c.yaml:2: volumes[0].host: 'data' is not an absolute path"),
         ("[{host: /d, container: /a/../b}]", "volumes[0].container: '/a/../b' is not an absolute path"),
         ("[{host: /d, container: /d, mode: rx}]", "volumes[0].mode: expected one of ro | rw"),
-        ("[{host: /d, container: /d}, {host: /e, container: /d}]", "volumes: /d is mounted twice"),
+        (
+            "[{host: /d, container: /d}, {host: /e, container: /d}]",
+            "c.yaml:2: volumes[1].container: /d is mounted twice",
+        ),
     ],
 )
 def test_bad_volumes_are_refused(volumes: str, expected: str) -> None:
