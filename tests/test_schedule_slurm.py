@@ -284,6 +284,22 @@ def test_emit_kubernetes_writes_one_manifest_with_the_plan_and_envruns_code(
     assert job["kind"] == ("Job" if kind == "volcano" else "RayJob") and DIGEST in path.read_text()
 
 
+@pytest.mark.parametrize("kind", ["volcano", "rayjob", "sbatch"])
+@pytest.mark.parametrize("under", ["", "job"])
+def test_emit_into_a_file_is_refused_in_one_line(
+    tiny: Tiny, tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str, under: str
+) -> None:
+    """Before, `File exists` (or `Not a directory`) from mkdir, exit 1, after the whole preflight."""
+    existing = tmp_path / "taken"
+    existing.write_text("mine\n")
+    target = existing / under if under else existing
+    assert main([*cli_args(tiny, "--image", DIGEST), "--emit", kind, str(target)]) == 2
+    err = capsys.readouterr().err
+    shown = "it" if not under else str(existing)
+    assert err == f"envrun: error: --emit {kind} {str(target)!r}: {shown} exists and is not a directory\n"
+    assert existing.read_text() == "mine\n"
+
+
 def test_emit_refuses_a_backend_it_cannot_write(tiny: Tiny, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*cli_args(tiny, "--image", DIGEST), "--backend", "ray", "--emit", "sbatch", str(tmp_path)]) == 2
     assert "--emit writes a scheduler's job" in capsys.readouterr().err

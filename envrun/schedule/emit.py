@@ -65,6 +65,10 @@ def emit_target(kind: str, directory: Path) -> Path:
     directory = directory.absolute()
     if kind == "sbatch" and (problem := job_dir_problem(str(directory))):
         raise InputError(f"--emit sbatch {for_terminal(str(directory))!r}: {problem}")
+    existing = next(path for path in (directory, *directory.parents) if path.exists() or path.is_symlink())
+    if not existing.is_dir():  # mkdir would fail on it after the whole preflight
+        shown = "it" if existing == directory else for_terminal(str(existing))
+        raise InputError(f"--emit {kind} {for_terminal(str(directory))!r}: {shown} exists and is not a directory")
     return directory
 
 
