@@ -16,6 +16,7 @@ from pathlib import Path
 
 from envbuild.config import load_config
 from envbuild.errors import InputError
+from envbuild.escape import for_terminal
 from envbuild.lock.io import LockFile, read_lock
 from envbuild.progress import Progress, silent
 from envrun.auditnames import locked_transformers
@@ -106,7 +107,14 @@ def prepare_run(request: RunRequest, progress: Progress = silent) -> PreparedRun
         params, cluster = _on_cluster(params, request.cluster, _cache_dir(request))
     run_dir = request.run_dir or default_run_dir(recipe.name)
     if not request.dry_run and os.path.lexists(run_dir):  # before any check runs: a run dir records one run
-        raise InputError(f"--run-dir {run_dir}: exists; pick another (a run directory records one run)")
+        raise InputError(f"--run-dir {for_terminal(str(run_dir))}: exists; pick another (a run directory records one run)")
+    if params.backend == "slurm" and params.emit is None:
+        from envrun.schedule.sbatch import job_dir_problem
+        from envrun.schedule.slurm import SUBDIR
+
+        slurm_dir = run_dir.absolute() / SUBDIR  # where the job is written: its scripts name it
+        if problem := job_dir_problem(str(slurm_dir)):
+            raise InputError(f"--run-dir {for_terminal(str(run_dir))!r}: the Slurm job's directory {problem}")
     transformers = locked_transformers(lock.lock)
     plan = build_plan(recipe, params, str(lock.path), lock.sha256, run_dir, transformers=transformers)
 

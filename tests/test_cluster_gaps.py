@@ -23,7 +23,7 @@ import os
 import re
 import socket
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -360,6 +360,34 @@ def test_two_engine_urls_of_one_machine_share_its_hccl_ports(
     code, error = up(capsys, spec, images.node, tmp_path / "state")
     assert (code, error) == (2, "hccl_ports: 65400 leaves no room for 2 node(s) on one host (128 ports each); lower it")
     assert_nothing_left(docker_client, tmp_path / "state", "gaps-hccl")
+
+
+@pytest.mark.docker
+@pytest.mark.registry
+def test_nodes_sharing_a_machine_with_npus_are_refused_before_anything_starts(
+    images: Images,
+    engine_url: str,
+    docker_client: docker.DockerClient,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before, each node was given all of its host's NPUs and claimed them all: Ray counted the machine's
+    NPUs once per node. This machine has none, so the host probe's real answer gets two device paths."""
+    import envrun.cluster.up as up_module
+
+    probed = up_module.host_facts
+    npus = ("/dev/davinci0", "/dev/davinci1", "/dev/davinci_manager")
+    monkeypatch.setattr(up_module, "host_facts", lambda out, memory: replace(probed(out, memory), ascend_paths=npus))
+    spec = write_cluster(tmp_path / "c.yaml", "gaps-npus", [engine_url, engine_url])
+    code, error = up(capsys, spec, images.node, tmp_path / "state")
+    assert code == 2
+    assert re.fullmatch(
+        r"nodes envrun-gaps-npus-0, envrun-gaps-npus-1 are on one machine, \S+, which has 2 NPU\(s\): each node "
+        r"would be given all of them, and Ray would count 4; give each NPU host one node",
+        error,
+    ), error
+    assert_nothing_left(docker_client, tmp_path / "state", "gaps-npus")
 
 
 @pytest.mark.docker

@@ -14,7 +14,15 @@ from envbuild.errors import CacheError
 from envrun.bytecode import MOUNT, Bytecode
 from envrun.cli.main import main
 from envrun.cluster.nodecheck import capacity_line, data_lines, job_address_line, model_lines, node_lines
-from envrun.cluster.nodes import HostFacts, host_facts, host_slots, node_container, probe_command, ray_start_command
+from envrun.cluster.nodes import (
+    HostFacts,
+    host_facts,
+    host_slots,
+    node_container,
+    probe_command,
+    ray_start_command,
+    shared_npu_machines,
+)
 from envrun.cluster.spec import ClusterFileError, parse_cluster_file
 from envrun.cluster.state import ClusterState, load_state, save_state, state_path
 from envrun.preflight import ModelAudit, model_verdict
@@ -83,6 +91,29 @@ def test_a_cluster_file_is_data() -> None:
         ),
         (("[--num-cpus=64]", "[num-cpus]"), "nodes[0].ray_start_args: 'num-cpus': expected a `ray start` flag"),
         (("    ip: 10.0.0.1\n", "    ip: 10.0.0.1\n    npus: 16\n"), "c.yaml:6: nodes[0].npus: unknown key"),
+        # Settings `up` could only fail on, after every host's pull:
+        (
+            ("head_port: 6380", "head_port: 8265\ndashboard_port: 8265"),
+            "c.yaml:3: dashboard_port: 8265 is the head_port and the dashboard_port; give each its own port",
+        ),
+        (("head_port: 6380", "head_port: 8265"), "c.yaml:2: head_port: 8265 is the head_port and the dashboard_port"),
+        (
+            ("head_port: 6380", "head_port: 60010"),
+            "c.yaml:2: head_port: 60010 is among HCCL's ports on each host (60000-60127, from hccl_ports); give a port",
+        ),
+        (
+            ("head_port: 6380", "head_port: 6380\nhccl_ports: 8200"),  # the job API's default port among them
+            "c.yaml:3: dashboard_port: 8265 is among HCCL's ports on each host (8200-8327, from hccl_ports)",
+        ),
+        (
+            ("tcp://node-002:2375", "ssh://root@node-001\n    ip: 10.0.0.1"),
+            "c.yaml:8: nodes[1].ip: 10.0.0.1 is nodes[0]'s address too; give each node its own address",
+        ),
+        (
+            ("tcp://node-002:2375", "tcp://node-002:2375\n    ip: 10.0.0.1"),
+            "c.yaml:8: nodes[1].ip: 10.0.0.1 is nodes[0]'s",
+        ),
+        (("head_port: 6380", "hccl_ports: 65500"), "c.yaml:2: hccl_ports: 65500 leaves no room for 1 node(s)"),
     ],
 )
 def test_bad_cluster_files_are_named_by_line_and_field(change: tuple[str, str], expected: str) -> None:
@@ -192,6 +223,30 @@ def test_nodes_sharing_a_host_get_hccl_ports_of_their_own() -> None:
     assert "hccl_ports: 65500 leaves no room for 1 node(s) on one host" in str(info.value)
 
 
+def test_nodes_sharing_a_machine_with_npus_are_refused_and_without_npus_allowed() -> None:
+    spec = parse_cluster_file(GOOD.replace("tcp://node-002:2375", "ssh://root@node-001"), "c.yaml")
+    npus = HostFacts(("/dev/davinci0", "/dev/davinci1", "/dev/davinci_manager"), 1 << 30, hostname="m1")
+    cpus = HostFacts((), 1 << 30, hostname="m1")
+    other = HostFacts(npus.ascend_paths, 1 << 30, hostname="m2")
+    # Nodes 0 and 1 on one engine; node 2 on another engine of machine m1, then of machine m2.
+    assert shared_npu_machines(spec, {"ssh://root@node-001": npus, "unix:///run/docker.sock": other}) == (
+        "nodes envrun-glm5-0, envrun-glm5-1 are on one machine, m1, which has 2 NPU(s): each node would be "
+        "given all of them, and Ray would count 4; give each NPU host one node"
+    )
+    both = {"ssh://root@node-001": cpus, "unix:///run/docker.sock": npus}  # one machine, two engines
+    assert "nodes envrun-glm5-0, envrun-glm5-1, envrun-glm5-2 are on one machine, m1" in str(
+        shared_npu_machines(spec, both)
+    )
+    assert shared_npu_machines(spec, {"ssh://root@node-001": cpus, "unix:///run/docker.sock": other}) is None
+    alone = parse_cluster_file(GOOD, "c.yaml")  # one node per machine
+    hosts = {
+        "ssh://root@node-001": npus,
+        "tcp://node-002:2375": other,
+        "unix:///run/docker.sock": replace(other, hostname="m3"),
+    }
+    assert shared_npu_machines(alone, hosts) is None
+
+
 def _answer(name: str, lock: str | None, **more: object) -> dict[str, object]:
     node_id = name * 56
     answer = {"node_id": node_id, "answered_from": node_id, "name": f"n{name}", "ip": "10.0.0.1", "lock_sha256": lock}
@@ -231,7 +286,10 @@ def test_volumes_reach_every_node_read_only_unless_rw() -> None:
         ("[{host: data, container: /data}]", "c.yaml:2: volumes[0].host: 'data' is not an absolute path"),
         ("[{host: /d, container: /a/../b}]", "volumes[0].container: '/a/../b' is not an absolute path"),
         ("[{host: /d, container: /d, mode: rx}]", "volumes[0].mode: expected one of ro | rw"),
-        ("[{host: /d, container: /d}, {host: /e, container: /d}]", "volumes: /d is mounted twice"),
+        (
+            "[{host: /d, container: /d}, {host: /e, container: /d}]",
+            "c.yaml:2: volumes[1].container: /d is mounted twice",
+        ),
     ],
 )
 def test_bad_volumes_are_refused(volumes: str, expected: str) -> None:

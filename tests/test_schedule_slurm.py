@@ -113,7 +113,7 @@ def test_the_batch_script_asks_for_the_nodes_and_ends_with_the_head(tmp_path: Pa
         "#SBATCH --job-name=envrun-grpo-glm5",
         "#SBATCH --nodes=32",
         "#SBATCH --ntasks-per-node=1",
-        "#SBATCH --output=/shared/runs/grpo glm5/slurm/slurm-%j.out",
+        '#SBATCH "--output=/shared/runs/grpo glm5/slurm/slurm-%j.out"',  # one word: sbatch splits on spaces
         "#SBATCH --partition=npu",
         "#SBATCH --time=2-00:00:00",
     ]
@@ -124,6 +124,49 @@ def test_the_batch_script_asks_for_the_nodes_and_ends_with_the_head(tmp_path: Pa
         (tmp_path / name).write_text(text)
         parsed = subprocess.run(["bash", "-n", str(tmp_path / name)], capture_output=True, text=True)
         assert parsed.returncode == 0, (name, parsed.stderr)
+
+
+@pytest.mark.slurm
+def test_sbatch_reads_each_directive_as_the_option_it_was(tmp_path: Path) -> None:
+    """Before, a job directory with a space (or a quote) in it made the job unsubmittable: `Invalid directive
+    found in batch script: ace/slurm-%j.out`. The real sbatch (`--test-only -v`) shows what it parsed."""
+    job_dir = tmp_path / 'sp ace it\'s "q" #1 $HOME `x` 50%'
+    job_dir.mkdir()
+    comment = "a b#c 'd' \"e\" \\f"
+    job = slurm_job(nnodes=2, job_dir=str(job_dir), sbatch_args=(f"--comment={comment}",))
+    (job_dir / "job.sbatch").write_text(render_batch(job))
+    done = subprocess.run(
+        ["sbatch", "--test-only", "-v", str(job_dir / "job.sbatch")], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    said = (line.removeprefix("sbatch: ").partition(" : ") for line in done.stderr.splitlines())
+    parsed = {key.strip(): value for key, sep, value in said if sep}
+    assert parsed["output"] == str(job_dir).replace("%", "%%") + "/slurm-%j.out"  # %% is Slurm's literal '%'
+    assert parsed["comment"] == comment and parsed["job-name"] == "envrun-grpo-glm5"
+
+
+@pytest.mark.parametrize(
+    ("where", "flag", "why"),
+    [
+        ("a\\b", "--emit", "backslash"),
+        ("a:b", "--emit", "docker bind"),
+        ("a\\b", "--run-dir", "backslash"),
+        ("nl\ntouch PWNED\n", "--emit", "control character"),  # was a command in the header's comment
+        ("nl\ntouch PWNED\n", "--run-dir", "control character"),
+        ("tab\t", "--emit", "control character"),
+    ],
+)
+def test_a_job_directory_the_scripts_cannot_name_is_refused_before_anything(
+    tiny: Tiny, tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str, flag: str, why: str
+) -> None:
+    target = tmp_path / where / "job"
+    run = ["--backend", "slurm", "--run-dir", str(target), "--dry-run"]  # a dry run: nothing submitted, ever
+    how = ["--emit", "sbatch", str(target)] if flag == "--emit" else run
+    assert main([*cli_args(tiny, "--image", DIGEST), *how]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{flag} " in err, err
+    assert why in err
+    assert not (tmp_path / where).exists()
 
 
 def test_each_node_runs_the_image_by_digest_and_removes_its_container_when_signalled() -> None:
@@ -182,14 +225,23 @@ def test_the_cli_refuses_an_image_not_by_digest_before_reading_the_overrides(
         (["--ray-start-arg=--head"], "--ray-start-arg: --head is set by envrun cluster"),
         (["--ray-ports", "80"], "--ray-ports 80: expected a port"),
         (["--sbatch-arg", "partition=npu"], "expected one sbatch option"),
+        (["--sbatch-arg=--comment=a\vb"], "expected one sbatch option"),  # sbatch cuts its line there
+        (["--ray-ports", "60000"], "--ray-ports 60000: Ray's ports 60000-60201 overlap HCCL's 60000-60511 ("),
+        (["--ray-ports", "59799"], "give a base up to 59798 or from 60512"),  # its last worker port is 60000
+        (["--ray-ports", "60511"], "Ray's ports 60511-60712 overlap"),
     ],
 )
 def test_the_cli_refuses_bad_scheduler_options_in_one_line(
     tiny: Tiny, capsys: pytest.CaptureFixture[str], flag: list[str], message: str
 ) -> None:
-    assert main([*cli_args(tiny), "--backend", "slurm", "--image", DIGEST, *flag]) == 2
+    assert main([*cli_args(tiny), "--backend", "slurm", "--image", DIGEST, "--dry-run", *flag]) == 2  # never submits
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
+
+
+@pytest.mark.parametrize("base", ["59798", "60512"])
+def test_ray_ports_next_to_hccls_are_taken(tiny: Tiny, base: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*cli_args(tiny), "--backend", "slurm", "--image", DIGEST, "--dry-run", "--ray-ports", base]) == 0
 
 
 def test_emit_sbatch_writes_the_job_without_running_it(
@@ -230,6 +282,22 @@ def test_emit_kubernetes_writes_one_manifest_with_the_plan_and_envruns_code(
     names = zipfile.ZipFile(io.BytesIO(base64.b64decode(config_map["binaryData"]["code.zip"]))).namelist()
     assert "envrun/injob/node.py" in names and "envbuild/errors.py" in names
     assert job["kind"] == ("Job" if kind == "volcano" else "RayJob") and DIGEST in path.read_text()
+
+
+@pytest.mark.parametrize("kind", ["volcano", "rayjob", "sbatch"])
+@pytest.mark.parametrize("under", ["", "job"])
+def test_emit_into_a_file_is_refused_in_one_line(
+    tiny: Tiny, tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str, under: str
+) -> None:
+    """Before, `File exists` (or `Not a directory`) from mkdir, exit 1, after the whole preflight."""
+    existing = tmp_path / "taken"
+    existing.write_text("mine\n")
+    target = existing / under if under else existing
+    assert main([*cli_args(tiny, "--image", DIGEST), "--emit", kind, str(target)]) == 2
+    err = capsys.readouterr().err
+    shown = "it" if not under else str(existing)
+    assert err == f"envrun: error: --emit {kind} {str(target)!r}: {shown} exists and is not a directory\n"
+    assert existing.read_text() == "mine\n"
 
 
 def test_emit_refuses_a_backend_it_cannot_write(tiny: Tiny, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

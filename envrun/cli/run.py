@@ -18,7 +18,7 @@ from envbuild.config import load_config
 from envbuild.data.jsonout import to_jsonable
 from envbuild.errors import InputError
 from envbuild.escape import for_terminal
-from envrun.cluster.spec import check_ray_start_args
+from envrun.cluster.spec import HCCL_PORTS_PER_NODE, check_ray_start_args
 from envrun.injob.spec import NODE_PORTS
 from envrun.plan import BACKENDS, RunParameters, Scheduled, Volume, render_plan_json, render_plan_text
 from envrun.preflight import CHECKS
@@ -162,14 +162,28 @@ def _env_pairs(pairs: list[str]) -> dict[str, str]:
     return env
 
 
+RAY_BLOCKS = 4  # the nodes of one machine --ray-ports leaves room for, a block of Ray's ports each
+
+
 def _scheduled(args: argparse.Namespace) -> Scheduled:
     base = args.ray_ports
-    if base is not None and not 1024 <= base <= 65535 - 2 - NODE_PORTS * 4:
-        raise InputError(f"--ray-ports {base}: expected a port from 1024 to {65535 - 2 - NODE_PORTS * 4}")
+    last = 65535 - 2 - NODE_PORTS * RAY_BLOCKS
+    if base is not None and not 1024 <= base <= last:
+        raise InputError(f"--ray-ports {base}: expected a port from 1024 to {last}")
+    if base is not None:
+        ray = (base, base + 2 + NODE_PORTS * RAY_BLOCKS - 1)  # the head's GCS and job API, then each node's block
+        first = Scheduled.hccl_ports  # each machine's HCCL host and device ranges, one node's after another's
+        hccl = (first, first + HCCL_PORTS_PER_NODE * RAY_BLOCKS - 1)
+        if ray[0] <= hccl[1] and hccl[0] <= ray[1]:
+            raise InputError(
+                f"--ray-ports {base}: Ray's ports {ray[0]}-{ray[1]} overlap HCCL's {hccl[0]}-{hccl[1]} "
+                "(HCCL_HOST_SOCKET_PORT_RANGE and HCCL_NPU_SOCKET_PORT_RANGE on each machine); give a base up to "
+                f"{hccl[0] - (ray[1] - ray[0]) - 1} or from {hccl[1] + 1}"
+            )
     if args.join_timeout <= 0:
         raise InputError(f"--join-timeout {args.join_timeout:g}: expected a positive number of seconds")
     for arg in args.scheduler_args:
-        if not arg.startswith("-") or any(c in arg for c in "\n\r\0"):
+        if not arg.startswith("-") or not arg.isprintable():  # a control character ends or cuts its #SBATCH line
             raise InputError(f"--sbatch-arg {arg!r}: expected one sbatch option, such as --partition=npu")
     if problem := check_ray_start_args(tuple(args.ray_start_args)):
         raise InputError(f"--ray-start-arg: {problem}")
@@ -188,6 +202,11 @@ def run_recipe_command(args: argparse.Namespace) -> int:
 
     if args.emit and args.backend not in ("local", "slurm"):
         raise InputError(f"--emit writes a scheduler's job; it takes no --backend {args.backend}")
+    if args.emit:
+        from envrun.schedule.emit import emit_target
+
+        kind, directory = args.emit
+        emit_target(kind, Path(directory))  # before the run is prepared: a refusal costs nothing
     request = RunRequest(
         recipe=args.recipe,
         params=RunParameters(

@@ -81,6 +81,28 @@ def host_slots(cluster: ClusterSpec, hostnames: Mapping[str, str]) -> tuple[int,
     return tuple(machines[:index].count(machine) for index, machine in enumerate(machines))
 
 
+def shared_npu_machines(cluster: ClusterSpec, hosts: Mapping[str, HostFacts]) -> str | None:
+    """Why the nodes cannot start (None when they can): two or more nodes on one machine that has NPUs.
+    Each node's container gets every NPU of its host and claims them all as Ray's ``NPU`` resource, so
+    Ray would count the machine's NPUs once per node (32 for 16) and a run's capacity check pass falsely.
+    A machine is a hostname, as for :func:`host_slots` (``hosts``: by engine URL)."""
+    machines: dict[str, list[int]] = {}
+    for index, node in enumerate(cluster.nodes):
+        facts = hosts.get(node.engine)
+        machines.setdefault((facts.hostname if facts else "") or node.engine, []).append(index)
+    problems = []
+    for machine, indexes in machines.items():
+        engines = {cluster.nodes[i].engine for i in indexes}
+        npus = max((hosts[url].npus for url in engines if url in hosts), default=0)
+        if len(indexes) > 1 and npus:
+            names = ", ".join(container_name(cluster.name, i) for i in indexes)
+            problems.append(
+                f"nodes {names} are on one machine, {machine}, which has {npus} NPU(s): each node would be given "
+                f"all of them, and Ray would count {npus * len(indexes)}; give each NPU host one node"
+            )
+    return "; ".join(problems) or None
+
+
 def ray_start_command(cluster: ClusterSpec, index: int, head_address: str | None, npus: int) -> tuple[str, ...]:
     """``ray start`` for node ``index``; workers join ``head_address`` (``ip:port`` of the GCS)."""
     node = cluster.nodes[index]

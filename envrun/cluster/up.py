@@ -8,7 +8,7 @@ Order — nothing starts until every host has passed steps 1-3:
    ``io.envbuild.lock.sha256`` label is the lock's (without ``--lock``: it has one), and it is for the
    host's machine (an aarch64 image on an x86_64 host: refused, naming the host);
 3. each host is probed for its Ascend devices, driver files and memory, and must hold no container of
-   this cluster already;
+   this cluster already; a machine with NPUs holds one node only (each node gets all of its host's);
 4. the state file is written (phase ``starting``, see :mod:`envrun.cluster.state`); the head starts,
    then the workers, joining the GCS address the head reports; ``up`` waits until every node is ALIVE
    in the cluster's own node list;
@@ -46,6 +46,7 @@ from envrun.cluster.nodes import (
     node_container,
     probe_command,
     probe_volumes,
+    shared_npu_machines,
 )
 from envrun.cluster.spec import ClusterSpec, hccl_room, same_address
 from envrun.cluster.state import CLUSTER_LABEL, ClusterState, load_state, remove_state, save_state, state_path
@@ -98,6 +99,8 @@ def cluster_up(spec: ClusterSpec, options: UpOptions, progress: Progress = silen
                     f"{url}: {reference} was built from lock sha256 {host.lock_sha256}, not {wanted} "
                     f"(sha256 {expected}); rebuild the image or pass the lock it was built from"
                 )
+        if problem := shared_npu_machines(spec, {url: host.facts for url, host in hosts.items()}):
+            raise InputError(problem)
         engines_of_nodes = tuple(n.engine for n in spec.nodes)
         ips = tuple(n.ip for n in spec.nodes)
         state = ClusterState(

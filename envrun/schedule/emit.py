@@ -18,10 +18,12 @@ import zipfile
 from pathlib import Path, PurePosixPath
 
 from envbuild.errors import InputError
+from envbuild.escape import for_terminal
 from envbuild.fileio import write_atomic
 from envrun.injob.spec import JOB_DIR
 from envrun.plan import RunPlan
 from envrun.schedule.jobdir import RECORD_DIR, code_files, in_job
+from envrun.schedule.sbatch import job_dir_problem
 
 KINDS = ("sbatch", "volcano", "rayjob")
 ZIP_TIME = (2026, 1, 1, 0, 0, 0)  # every entry's: the same code gives the same bytes
@@ -55,10 +57,23 @@ def job_name(plan: RunPlan) -> str:
     return name
 
 
-def emit(plan: RunPlan, kind: str, directory: Path, skip: frozenset[str]) -> list[Path]:
+def emit_target(kind: str, directory: Path) -> Path:
+    """``directory`` made absolute, once ``kind`` is known and the directory can take its files (checked
+    before the run is prepared, so a refusal costs nothing and writes nothing)."""
     if kind not in KINDS:
         raise InputError(f"--emit {kind!r}: expected one of {', '.join(KINDS)}")
     directory = directory.absolute()
+    if kind == "sbatch" and (problem := job_dir_problem(str(directory))):
+        raise InputError(f"--emit sbatch {for_terminal(str(directory))!r}: {problem}")
+    existing = next(path for path in (directory, *directory.parents) if path.exists() or path.is_symlink())
+    if not existing.is_dir():  # mkdir would fail on it after the whole preflight
+        shown = "it" if existing == directory else for_terminal(str(existing))
+        raise InputError(f"--emit {kind} {for_terminal(str(directory))!r}: {shown} exists and is not a directory")
+    return directory
+
+
+def emit(plan: RunPlan, kind: str, directory: Path, skip: frozenset[str]) -> list[Path]:
+    directory = emit_target(kind, directory)
     if kind == "sbatch":
         from envrun.schedule.slurm import write_job
 

@@ -21,6 +21,7 @@ job's directory is there); the submitting host needs Slurm's commands.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from shlex import quote as _q
@@ -46,14 +47,48 @@ class SlurmJob:
     env: Mapping[str, str] | None = None  # the containers' environment beyond the node's (bytecode choice)
 
 
+# What sbatch's directive parser takes unquoted as one word: it splits a #SBATCH line on whitespace, ends it
+# at an unquoted '#' and drops quotes and backslashes (Slurm 22.05's `sbatch --test-only -v` shows the values).
+_DIRECTIVE_PLAIN = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
+
+
+def sbatch_directive(option: str) -> str:
+    """One ``#SBATCH`` line giving sbatch ``option`` as one word: in double quotes where it needs them, a
+    backslash before each backslash and double quote (sbatch's parser unescapes them inside quotes too)."""
+    if _DIRECTIVE_PLAIN.fullmatch(option):
+        return f"#SBATCH {option}"
+    return '#SBATCH "' + option.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def output_pattern(job_dir: str) -> str:
+    """Slurm's output file in ``job_dir``: its '%' doubled, as Slurm's filename patterns take a literal '%'
+    (a backslash would turn the pattern's %j off: :func:`job_dir_problem` refuses it)."""
+    return job_dir.replace("%", "%%") + "/slurm-%j.out"
+
+
+def job_dir_problem(job_dir: str) -> str | None:
+    """Why ``job_dir`` cannot be the job's directory (None when it can): the scripts name it, and Slurm and
+    docker read it back. A line break would end the header's comment or a #SBATCH line and start a command;
+    a backslash turns Slurm's output pattern off (no ``slurm-<id>.out``, literally ``slurm-%j.out``); docker
+    splits ``-v JOB_DIR:/opt/envrun/job`` on ':'."""
+    if not job_dir.isprintable():
+        return "contains a control character, which would break the job's scripts (a line break starts a command)"
+    if "\\" in job_dir:
+        return "contains a backslash, which turns Slurm's %j off in the job's output file name"
+    if ":" in job_dir:
+        return "contains ':', which a docker bind cannot hold (every node mounts the job's directory)"
+    return None
+
+
 def sbatch_header(job: SlurmJob) -> list[str]:
-    lines = [
-        f"#SBATCH --job-name={job.name}",
-        f"#SBATCH --nodes={job.nnodes}",
-        "#SBATCH --ntasks-per-node=1",
-        f"#SBATCH --output={job.job_dir}/slurm-%j.out",
+    options = [
+        f"--job-name={job.name}",
+        f"--nodes={job.nnodes}",
+        "--ntasks-per-node=1",
+        f"--output={output_pattern(job.job_dir)}",
+        *job.sbatch_args,
     ]
-    return lines + [f"#SBATCH {arg}" for arg in job.sbatch_args]
+    return [sbatch_directive(option) for option in options]
 
 
 NODE_FACTS = """\
@@ -65,7 +100,7 @@ resolve() { getent ahostsv4 "$1" | awk 'NR == 1 { print $1 }'; }
 
 def render_batch(job: SlurmJob) -> str:
     return f"""#!/bin/bash
-# envrun: a run as a Slurm batch job; submit it with `sbatch {job.job_dir}/job.sbatch`.
+# envrun: a run as a Slurm batch job; submit it with `sbatch {_q(job.job_dir + "/job.sbatch")}`.
 {chr(10).join(sbatch_header(job))}
 set -uo pipefail
 job_dir={_q(job.job_dir)}

@@ -13,6 +13,7 @@ The run's directory must be on storage every node sees at the same path (Slurm's
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import subprocess
 import time
@@ -138,7 +139,7 @@ class SlurmLauncher:
             "nodes": job.nnodes,
             "image": job.image,
             "job_dir": str(job_dir),
-            "submit": f"sbatch {job_dir / 'job.sbatch'}",
+            "submit": f"sbatch {shlex.quote(str(job_dir / 'job.sbatch'))}",
             "sbatch": [
                 line.removeprefix("#SBATCH ") for line in render_batch(job).splitlines() if line.startswith("#SBATCH")
             ],
