@@ -107,7 +107,9 @@ def prepare_run(request: RunRequest, progress: Progress = silent) -> PreparedRun
         params, cluster = _on_cluster(params, request.cluster, _cache_dir(request))
     run_dir = request.run_dir or default_run_dir(recipe.name)
     if not request.dry_run and os.path.lexists(run_dir):  # before any check runs: a run dir records one run
-        raise InputError(f"--run-dir {for_terminal(str(run_dir))}: exists; pick another (a run directory records one run)")
+        raise InputError(
+            f"--run-dir {for_terminal(str(run_dir))}: exists; pick another (a run directory records one run)"
+        )
     if params.backend == "slurm" and params.emit is None:
         from envrun.schedule.sbatch import job_dir_problem
         from envrun.schedule.slurm import SUBDIR
