@@ -244,9 +244,14 @@ def test_a_new_user_goes_from_lock_update_to_a_run(
     assert preflight["job-probe"] == "skip"  # skipped by name, and the plan says so
     expect.write_text(json.dumps({"args": plan["argv"][2:], "env": plan["env"]}))
     status = envrun([*run_args, "--run-dir", str(run_dir)])
-    assert status == 0, capsys.readouterr().err[-3000:] + (run_dir / "output.log").read_text()[-3000:]
-    assert "fake trainer: ok" in (run_dir / "output.log").read_text()
-    capsys.readouterr()
+    said = capsys.readouterr().err
+    assert "fake trainer: ok" in (run_dir / "output.log").read_text(), said[-3000:]
+    # The job ran and exited 0, but the recipe's lenient save went unaudited (only the skipped probe says
+    # where verl writes its exports): the run is not passed.
+    record = json.loads((run_dir / "status.json").read_text())
+    exports = json.loads((run_dir / "exports.json").read_text())
+    assert (status, record["status"], record["exit_code"], exports["ok"]) == (1, "failed", 0, False), said[-3000:]
+    assert "no export layout (the job probe did not run; job-probe: skipped by --skip-check)" in said
 
     # --offline on an empty cache refuses, naming the command that fixes it; that command does.
     offline = ["image", str(lock), "--offline", "--json", "--cache-dir", str(tmp_path / "c4")]
