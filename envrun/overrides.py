@@ -83,9 +83,16 @@ class ConfigSchema:
             above = ".".join(parts[:end])
             if above in self.keys:
                 node = self._node(above)
+                if OmegaConf.is_list(node) and parts[end].isdecimal() and int(parts[end]) < len(node):
+                    return None  # an item of a list (trainer.logger.0): Hydra sets it in place
                 if node is not None and node is not _MISSING and not OmegaConf.is_dict(node):
                     return above, self.value(above)
         return None
+
+    def in_list(self, key: str) -> bool:
+        """Whether ``key`` names an item of a list, or a key under one (``trainer.logger.0``), that the config
+        holds: :attr:`keys` names sections and values only."""
+        return any(part.isdecimal() for part in key.split(".")) and self._node(key) is not _MISSING
 
     def _node(self, key: str) -> Any:
         """OmegaConf's node at ``key``, or ``_MISSING`` (a path through a list or a value included)."""
@@ -144,14 +151,29 @@ def key_problems(overrides: list[str], schema: ConfigSchema, parsed: dict[str, A
         key, prefix = override_key(override), override_prefix(override)
         if key.split("@", 1)[0].replace(".", "/") in schema.groups or key in schema.groups:
             continue
+        if key.startswith("hydra/"):  # Hydra's own groups (hydra/job_logging=disabled): the composition judges
+            continue
         if held := schema.value_above(key):
             above, value = held
             what = f"it has no key {key}" if prefix == "~" else f"{key} would replace it with a section, silently"
+            if isinstance(value, list) and key.split(".")[above.count(".") + 1].isdecimal():
+                what = f"it has {len(value)} item(s), numbered from 0"
+                problems.append(f"{override}: {above} is a list in the verl config ({_shown(value)}); {what}")
+                continue
             problems.append(
                 f"{override}: {above} is a value in the verl config ({_shown(value)}), not a section; {what}"
             )
             continue
-        known = key in schema.keys or any(key == a or key.startswith(a + ".") for a in added) or _hydra_key(key)
+        if prefix == "~" and schema.in_list(key):
+            above = key.rpartition(".")[0]
+            problems.append(f"{override}: Hydra cannot delete an item of a list; give the whole list ({above}=[...])")
+            continue
+        known = (
+            key in schema.keys
+            or any(key == a or key.startswith(a + ".") for a in added)
+            or _hydra_key(key)
+            or schema.in_list(key)
+        )
         if prefix in ("", "~") and not known:
             closest = schema.closest(key)
             hint = f"; did you mean {closest}?" if closest else ""
@@ -168,7 +190,8 @@ def key_problems(overrides: list[str], schema: ConfigSchema, parsed: dict[str, A
 
 def _hydra_key(key: str) -> bool:
     """Whether ``key`` is one of Hydra's own settings (``hydra.run.dir``), not the app's: Hydra's config, not
-    verl's, holds it."""
+    verl's, holds it. Under a free-form map of it (``hydra.job_logging.root.level``: the logging config its
+    ``hydra/job_logging`` group fills in) any key is taken here, and the composition judges it."""
     if not key.startswith("hydra."):
         return False
     from hydra.conf import HydraConf
@@ -176,6 +199,8 @@ def _hydra_key(key: str) -> bool:
 
     node: Any = OmegaConf.structured(HydraConf)
     for part in key.split(".")[1:]:
+        if OmegaConf.is_dict(node) and node._metadata.object_type in (None, dict):
+            return True  # a free-form map (job_logging's dictConfig, job.env_set): the composition judges
         # not `part in node`: that is False for a key whose value is still missing (hydra.run.dir's ???)
         if not OmegaConf.is_dict(node) or part not in list(node.keys()):
             return False

@@ -100,6 +100,13 @@ def test_cached_config_is_reused_offline(verl_config: Path, verl_cache: Path) ->
         # A path through a list: OmegaConf's select raised from the check itself (a traceback, not exit 2).
         ("+trainer.logger.x=1", "trainer.logger is a value in the verl config (['console', 'wandb']), not a section"),
         ("~trainer.logger.x", "not a section; it has no key trainer.logger.x"),
+        # A list's items are set in place by number; there are two, and Hydra deletes none of them.
+        ("trainer.logger.2=x", "trainer.logger is a list in the verl config (['console', 'wandb']); it has 2 item(s)"),
+        ("~trainer.logger.0", "Hydra cannot delete an item of a list; give the whole list (trainer.logger=[...])"),
+        ("trainer.logger.0={a: 1}", "trainer.logger.0 is a value in the verl config (default 'console')"),
+        # Hydra's own groups pass the key check; the composition judges the option, in Hydra's words.
+        ("hydra/job_logging=nosuch", "Could not find 'hydra/job_logging/nosuch'"),
+        ("hydra.run.nosuch=1", "unknown key hydra.run.nosuch"),
     ],
 )
 def test_bad_override_is_named(verl_config: Path, override: str, expected: str) -> None:
@@ -119,6 +126,22 @@ def test_a_section_merged_a_null_given_a_section_and_an_interpolation_pass(verl_
             "actor_rollout_ref.actor.checkpoint=${actor_rollout_ref.ref.checkpoint}",  # resolved by the trainer
             "trainer.project_name=null",
             "++ray_kwargs.ray_init.runtime_env.env_vars.X='1'",
+        ],
+        verl_config,
+        "ppo_megatron_trainer",
+    )
+
+
+@pytest.mark.network
+def test_a_list_item_and_hydras_own_logging_settings_pass(verl_config: Path) -> None:
+    """Each is a standard override a real Hydra app takes; the key check once refused all five."""
+    validate_overrides(
+        [
+            "trainer.logger.0=wandb",  # Hydra sets the item in place: ['wandb', 'wandb']
+            "trainer.logger.1=console",
+            "hydra/job_logging=disabled",  # Hydra's own config groups, not verl's
+            "hydra/hydra_logging=disabled",
+            "hydra.job_logging.root.level=WARN",  # under the logging config that group fills in
         ],
         verl_config,
         "ppo_megatron_trainer",
