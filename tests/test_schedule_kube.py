@@ -222,6 +222,15 @@ def test_the_npus_are_asked_on_the_main_container_and_the_check() -> None:
             assert all("resources" not in c for c in pod["initContainers"] + pod["containers"])
 
 
+def test_a_volume_that_is_a_file_is_a_file_host_path() -> None:
+    """A `Directory` hostPath of a file fails the kubelet's check, and Volcano's PodFailed aborts the job."""
+    volumes = (Volume("/data/train.parquet", "/train.parquet"), Volume("/data/models", "/models"))
+    for document in both(job(volumes=volumes, file_volumes=frozenset({"/data/train.parquet"}))):
+        for pod in templates(document).values():
+            kinds = {v["hostPath"]["path"]: v["hostPath"]["type"] for v in pod["volumes"] if "hostPath" in v}
+            assert kinds == {"/data/train.parquet": "File", "/data/models": "Directory"}
+
+
 def test_the_run_volumes_are_host_paths_mounted_where_the_job_runs() -> None:
     for document in both(job()):
         for pod in templates(document).values():

@@ -284,6 +284,25 @@ def test_emit_kubernetes_writes_one_manifest_with_the_plan_and_envruns_code(
     assert job["kind"] == ("Job" if kind == "volcano" else "RayJob") and DIGEST in path.read_text()
 
 
+def test_emit_kubernetes_mounts_a_file_volume_as_a_file(
+    tiny: Tiny, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import yaml
+
+    data = tmp_path / "share" / "train.parquet"
+    data.parent.mkdir()
+    data.write_bytes(b"PAR1" + b"\0" * 8 + b"PAR1")
+    volumes = ["--volume", f"{data}:/data/train.parquet", "--volume", f"{data.parent}:/share"]
+    assert main([*cli_args(tiny, "--image", DIGEST), *volumes, "--emit", "volcano", str(tmp_path / "k8s")]) == 0
+    (path,) = [Path(line) for line in capsys.readouterr().out.splitlines()]
+    _, manifest = list(yaml.safe_load_all(path.read_text()))
+    for task in manifest["spec"]["tasks"]:
+        paths = {
+            v["hostPath"]["path"]: v["hostPath"]["type"] for v in task["template"]["spec"]["volumes"] if "hostPath" in v
+        }
+        assert paths == {str(data): "File", str(data.parent): "Directory"}
+
+
 @pytest.mark.parametrize("kind", ["volcano", "rayjob", "sbatch"])
 @pytest.mark.parametrize("under", ["", "job"])
 def test_emit_into_a_file_is_refused_in_one_line(

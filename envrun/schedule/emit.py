@@ -96,6 +96,8 @@ def emit(plan: RunPlan, kind: str, directory: Path, skip: frozenset[str]) -> lis
         spec_json=json.dumps(spec.to_json(), indent=2, sort_keys=True) + "\n",
         code_zip=code_zip(),
         volumes=plan.volumes,
+        # A volume's kind is what its path is here, where the job is written (shared storage, as on the nodes).
+        file_volumes=frozenset(v.host for v in plan.volumes if Path(v.host).is_file()),
         env=dict(plan.env),
         head_port=spec.head_port,
         dashboard_port=spec.dashboard_port,

@@ -115,6 +115,7 @@ class KubeJob:
     spec_json: str  # job.json's text
     code_zip: bytes  # envbuild's and envrun's .py files, zipped
     volumes: tuple[Volume, ...] = ()
+    file_volumes: frozenset[str] = frozenset()  # the volumes' host paths that are files (else directories)
     env: Mapping[str, str] = field(default_factory=dict)  # the recipe's runtime environment
     namespace: str | None = None
     queue: str = "default"  # Volcano's queue
@@ -258,7 +259,9 @@ def _volumes(job: KubeJob, shm: bool) -> list[dict[str, Any]]:
     if shm:
         volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
     for i, volume in enumerate(job.volumes):
-        volumes.append({"name": f"volume-{i}", "hostPath": {"path": volume.host, "type": "Directory"}})
+        # Checked by the kubelet before the pod starts: a path missing on the node fails it, never made empty.
+        kind = "File" if volume.host in job.file_volumes else "Directory"
+        volumes.append({"name": f"volume-{i}", "hostPath": {"path": volume.host, "type": kind}})
     return volumes
 
 
