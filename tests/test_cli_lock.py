@@ -175,6 +175,10 @@ def test_update_moves_the_branch_pin_and_diff_counts_commits(upstream, tmp_path:
     code, out, err = run(capsys, "lock", "update", str(new), "--cache-dir", cache, "--dry-run")
     assert code == 0 and commits[-1] in out and new.read_bytes() == old.read_bytes()
     assert f"envbuild: dry run: {new} not written" in err
+    # The source named after the options, as the usage line allows (argparse once took it for an extra).
+    assert run(capsys, "lock", "update", str(new), "--dry-run", "--cache-dir", cache, "lib")[:2] == (0, out)
+    code, _, err = run(capsys, "lock", "update", str(new), "--dry-run", "lib", "--bogus")
+    assert (code, err) == (2, "envbuild: error: unrecognized arguments: --bogus\n")
 
     code, out, _ = run(capsys, "lock", "update", str(new), "--cache-dir", cache)
     assert code == 0 and f"commit: {commits[0]} -> {commits[-1]} (3 commits, first-parent 3)" in out

@@ -43,12 +43,26 @@ def run(prog: str, parser: argparse.ArgumentParser, argv: Sequence[str] | None) 
             gc.freeze()
 
 
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """``parser.parse_args``, except that a command whose trailing names may follow its options
+    (``set_defaults(intermixed=DEST)``: `lock update LOCK --dry-run NAME`) gets them: argparse takes a
+    ``*`` positional's words only before the first option."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        into: str | None = getattr(args, "intermixed", None)
+        unknown = extra if into is None else [word for word in extra if word.startswith("-")]
+        if into is None or unknown:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        getattr(args, into).extend(extra)
+    return args
+
+
 def _run(prog: str, parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
     _offer_global_options(parser)
     try:
         try:
-            args = parser.parse_args(argv)
+            args = _parse(parser, argv)
         except SystemExit as exc:  # --help / --version printed and asked to stop: a status, not an exit
             return exc.code if isinstance(exc.code, int) else 0
         handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)

@@ -78,7 +78,7 @@ def add_lock_commands(subparsers: argparse._SubParsersAction) -> None:
     update.add_argument("--json", action="store_true", help="one JSON object on stdout")
     update.add_argument("--report", type=Path, metavar="FILE", help=REPORT_HELP + " (on --dry-run too)")
     add_source_options(update)
-    update.set_defaults(handler=cmd_update)
+    update.set_defaults(handler=cmd_update, intermixed="names")
 
     diff = commands.add_parser("diff", help="pin changes between two locks (exit 1 when there are some, as diff does)")
     diff.add_argument("old", type=Path)
