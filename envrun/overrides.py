@@ -18,6 +18,7 @@ from envrun import first_line
 from envrun.recipe import override_key, override_prefix
 
 _MISSING = object()
+_SWEEP = object()  # the value of an override that is a sweep: no one value to check
 
 
 class OverrideError(InputError):
@@ -129,7 +130,7 @@ def validate_overrides(overrides: Iterable[str], config_dir: Path, config_name: 
     """Raise :class:`OverrideError` naming every override the config will not take."""
     overrides = list(overrides)
     problems, values = _parse(overrides)
-    bad = {p.split(": ", 1)[0] for p in problems}
+    bad = {o for o in overrides if o not in values or values[o] is _SWEEP}  # each said once, above
     schema = load_schema(config_dir, config_name)
     problems += key_problems([o for o in overrides if o not in bad], schema, values)
     if problems:
@@ -249,7 +250,8 @@ def _shown(value: Any, limit: int = 60) -> str:
 
 
 def _parse(overrides: list[str]) -> tuple[list[str], dict[str, Any]]:
-    """The overrides Hydra cannot parse or that are sweeps, each a problem; the value of each it parses."""
+    """The overrides Hydra cannot parse or that are sweeps, each a problem; the value of each it parses
+    (:data:`_SWEEP` for a sweep's)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
@@ -262,6 +264,8 @@ def _parse(overrides: list[str]) -> tuple[list[str], dict[str, Any]]:
             continue
         if parsed.is_sweep_override():
             problems.append(f"{override}: a sweep (a,b or range) is not a single run; quote the value or pick one")
+            values[override] = _SWEEP
+            continue
         try:
             values[override] = parsed.value()
         except Exception:  # a value Hydra parses but cannot give: no type to compare

@@ -133,6 +133,19 @@ def test_a_section_merged_a_null_given_a_section_and_an_interpolation_pass(verl_
 
 
 @pytest.mark.network
+def test_an_override_hydra_cannot_parse_is_one_problem_even_with_a_colon_in_it(verl_config: Path) -> None:
+    """Its problem once went on to the key check too (found by splitting the problem at ': '), which said
+    the section would be replaced by None."""
+    broken = "actor_rollout_ref.actor.checkpoint={strict: False"
+    with pytest.raises(OverrideError) as info:
+        validate_overrides(["trainer.nnodes=4", broken, "trainer.nnodes=1,2"], verl_config, "ppo_megatron_trainer")
+    assert info.value.problems == [
+        f"{broken}: not a valid Hydra override: no viable alternative at input '{{strict: False'",
+        "trainer.nnodes=1,2: a sweep (a,b or range) is not a single run; quote the value or pick one",
+    ]
+
+
+@pytest.mark.network
 def test_a_list_item_and_hydras_own_logging_settings_pass(verl_config: Path) -> None:
     """Each is a standard override a real Hydra app takes; the key check once refused all five."""
     validate_overrides(
