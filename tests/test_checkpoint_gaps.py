@@ -119,10 +119,12 @@ def test_an_answer_from_elsewhere_over_the_limit_is_refused(model: Path) -> None
     )
 
 
-def test_a_model_python_of_blanks_is_bad_input(model: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # `--model-python "$PY "` with PY unset: a command of no words.
-    assert main(["checkpoint", "audit", str(model), "--model-python", " "]) == 2
-    assert capsys.readouterr() == ("", "envrun: error: no python command to build the model with\n")
+@pytest.mark.parametrize("given", [" ", ""])
+def test_a_model_python_of_blanks_is_bad_input(model: Path, capsys: pytest.CaptureFixture[str], given: str) -> None:
+    # `--model-python "$PY "` or `--model-python "$PY"` with PY unset: a command of no words (the empty one
+    # was once taken for no option at all, and the audit went on with its own description).
+    assert main(["checkpoint", "audit", str(model), "--model-python", given]) == 2
+    assert capsys.readouterr() == ("", f"envrun: error: --model-python {given!r}: names no command\n")
 
 
 def test_a_model_python_with_an_unbalanced_quote_is_bad_input(model: Path, capsys: pytest.CaptureFixture[str]) -> None:

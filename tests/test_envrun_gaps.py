@@ -88,6 +88,7 @@ def dry_run_text(tiny: Tiny, capsys: pytest.CaptureFixture[str], *extra: str) ->
         ),
         (("--env", "1PATH=/bin"), "--env 1PATH: not a valid environment variable"),
         (("--entry-point", "python3 'x"), '--entry-point "python3 \'x": no closing quotation'),
+        (("--entry-point", ""), "--entry-point '': names no command"),
     ],
 )
 def test_options_that_make_no_plan_stop_before_anything(

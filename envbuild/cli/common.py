@@ -178,11 +178,14 @@ def source_settings(args: argparse.Namespace) -> tuple[Path, Mirrors]:
 
 def command_words(option: str, text: str) -> tuple[str, ...]:
     """A command given as one option's text (``--entry-point "python3 -m x"``), split as a shell would;
-    an unbalanced quote is bad input naming the option."""
+    an unbalanced quote, or no word at all, is bad input naming the option."""
     try:
-        return tuple(shlex.split(text))
+        words = tuple(shlex.split(text))
     except ValueError as exc:  # "No closing quotation", "No escaped character"
         raise InputError(f"{option} {for_terminal(text)!r}: {str(exc).lower()}") from None
+    if not words:  # not "unset": an empty command is a mistake, never the default
+        raise InputError(f"{option} {for_terminal(text)!r}: names no command")
+    return words
 
 
 def render_json(data: Any) -> str:

@@ -40,7 +40,7 @@ def checkpoint_audit(args: argparse.Namespace) -> int:
     from envrun.checkpoint.modelnames import ModelNames
     from envrun.checkpoint.report import render_audit
 
-    names = ModelNames(command_words("--model-python", args.model_python)) if args.model_python else None
+    names = ModelNames(command_words("--model-python", args.model_python)) if args.model_python is not None else None
     report = audit_checkpoint(args.model_dir, expected=names, trust_uniform_layers=args.trust_uniform_layers)
     if args.json:
         print(json.dumps(report.to_json(), indent=2))

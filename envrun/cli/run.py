@@ -220,7 +220,7 @@ def run_recipe_command(args: argparse.Namespace) -> int:
             overrides=tuple(args.overrides),
             extra_env=_env_pairs(args.env),
             ray_address=args.ray_address,
-            entry_point=command_words("--entry-point", args.entry_point) if args.entry_point else None,
+            entry_point=command_words("--entry-point", args.entry_point) if args.entry_point is not None else None,
             output_dir=args.output_dir,
             volumes=tuple(Volume.parse(v) for v in args.volume),
             scheduled=_scheduled(args),
