@@ -52,8 +52,32 @@ def test_bad_lines_past_those_listed_are_counted_in_one_warning(tmp_path: Path) 
     assert warnings == [
         *(f"{path}:{n}: not valid JSON: Expecting value; skipped" for n in range(2, SHOWN_PROBLEMS + 2)),
         f"{path}: and {more} more lines that are no history entry; skipped",
-        f"{path}:{last}: skipping an incomplete last line (an interrupted run?)",
+        f"{path}:{last}: an incomplete last line (an interrupted run?); skipped, dropped by the next append",
     ]
+
+
+@pytest.mark.parametrize("text", ["build log of the nightly: all good", '{"time": "2026-11-0'], ids=["notes", "cut"])
+def test_a_file_of_one_line_without_newline_that_is_no_entry_is_refused_and_left_as_it_is(
+    tmp_path: Path, text: str
+) -> None:
+    """Not an interrupted write (no history line before it): another file, named by mistake. Reading it
+    and appending to it are both refused, and it keeps every byte."""
+    path = tmp_path / "notes.txt"
+    path.write_text(text)
+    with pytest.raises(InputError, match=r"notes.txt:1: not valid JSON: .* not a check history, left as it is"):
+        read_history(path)
+    with pytest.raises(InputError, match=r"notes.txt:1: not valid JSON: .*\(not a check history, left as it is\)"):
+        append_history(path, HistoryEntry("2026-11-02T02:00:00Z", "m.lock.yaml", "a" * 64, True, True, None))
+    assert path.read_text() == text
+
+
+def test_a_whole_last_entry_without_its_newline_is_kept_and_the_next_append_follows_it(tmp_path: Path) -> None:
+    path = tmp_path / "history.jsonl"
+    path.write_text(line() + line(time="2026-11-02T02:00:00Z").rstrip("\n"))  # its newline lost
+    warnings: list[str] = []
+    assert len(read_history(path, warnings.append)) == 2 and warnings == []
+    append_history(path, HistoryEntry("2026-11-03T02:00:00Z", "m.lock.yaml", "a" * 64, True, True, None))
+    assert [e.time for e in read_history(path)] == [f"2026-11-0{n}T02:00:00Z" for n in (1, 2, 3)]
 
 
 def test_a_directory_as_the_history_is_refused_in_one_line(tmp_path: Path) -> None:

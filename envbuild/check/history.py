@@ -1,9 +1,12 @@
 """The check history: one JSON line appended per run, read back for comparisons and the status grid.
 
 Appends take an exclusive ``flock`` and end with fsync, so two checks writing one history file interleave
-whole lines. A run killed mid-write leaves at most a final line without its newline; readers skip it
-(and say so) instead of refusing the whole history. Every line is checked when read, its types included:
-a bad line is reported with ``FILE:LINE`` and skipped, never a reason to stop the report.
+whole lines. A run killed mid-write leaves at most a final line without its newline: after lines of a
+history, a tail that is not JSON is that, skipped by readers (who say so) and dropped by the next append;
+a last line that is a whole entry is kept, and the next append ends it first. A file whose only content
+is such a line is no history (another file named by mistake), refused and left as it is. Every line is
+checked when read, its types included: a bad line is reported with ``FILE:LINE`` and skipped, never a
+reason to stop the report.
 """
 
 from __future__ import annotations
@@ -124,9 +127,10 @@ def read_history(path: Path, warn: Callable[[str], None] | None = None) -> list[
         try:
             entries.append(_entry(raw))
         except _BadLine as bad:
-            if number == len(lines) and bad.unparsed:  # no newline after it: a write that was cut short
-                incomplete = f"{path}:{number}: skipping an incomplete last line (an interrupted run?)"
-                continue  # the next append_history drops it
+            if number == len(lines) and bad.unparsed and (entries or recognised):
+                # No newline after it, after lines of a history: a write that was cut short.
+                incomplete = f"{path}:{number}: an incomplete last line (an interrupted run?); skipped, dropped by the next append"
+                continue
             recognised = recognised or bad.keys
             skipped.append(f"{path}:{number}: {bad.reason}")
     if skipped and not entries and not recognised:
@@ -156,7 +160,7 @@ def append_history(path: Path, entry: HistoryEntry) -> None:
     with os.fdopen(fd, "a+b") as out:
         fcntl.flock(out, fcntl.LOCK_EX)
         try:
-            _drop_partial_last_line(out)
+            _end_last_line(out, path)
             out.write(line.encode("utf-8"))
             out.flush()
             os.fsync(out.fileno())
@@ -164,8 +168,11 @@ def append_history(path: Path, entry: HistoryEntry) -> None:
             fcntl.flock(out, fcntl.LOCK_UN)
 
 
-def _drop_partial_last_line(out: Any) -> None:
-    """A writer killed mid-line left bytes without a newline: cut them off (they are no entry)."""
+def _end_last_line(out: Any, path: Path) -> None:
+    """A last line without its newline: a tail that is not JSON, after other lines, is a write cut short
+    and is cut off; any other line gets its newline. As the file's only line, one without the keys of an
+    entry says the file is no history: refused, the file left as it is (:func:`read_history` refuses such
+    a file first; this holds for one put in place since)."""
     if not out.seek(0, os.SEEK_END):  # empty
         return
     out.seek(-1, os.SEEK_END)
@@ -173,8 +180,17 @@ def _drop_partial_last_line(out: Any) -> None:
         return
     out.seek(0)
     data = out.read()
-    out.truncate(data.rfind(b"\n") + 1)
-    out.seek(0, os.SEEK_END)
+    start = data.rfind(b"\n") + 1
+    try:
+        _entry(data[start:])
+    except _BadLine as bad:
+        if not start and not bad.keys:
+            raise InputError(f"{path}:1: {bad.reason} (not a check history, left as it is)") from None
+        if bad.unparsed:
+            out.truncate(start)
+            out.seek(0, os.SEEK_END)
+            return
+    out.write(b"\n")
 
 
 def last_image_id(history: list[HistoryEntry], lock_sha256: str) -> str | None:
