@@ -80,6 +80,21 @@ def test_a_whole_last_entry_without_its_newline_is_kept_and_the_next_append_foll
     assert [e.time for e in read_history(path)] == [f"2026-11-0{n}T02:00:00Z" for n in (1, 2, 3)]
 
 
+def test_lines_the_json_parser_cannot_take_are_reported_and_skipped(tmp_path: Path) -> None:
+    """Nesting past the parser's recursion and a number past Python's digit limit are bad lines like any
+    other, named by FILE:LINE, not a traceback that loses the night's report and history line."""
+    path = tmp_path / "history.jsonl"
+    path.write_text(line() + "[" * 200_000 + "]" * 200_000 + "\n" + '{"time": ' + "1" * 5000 + "}\n")
+    warnings: list[str] = []
+    assert [e.time for e in read_history(path, warnings.append)] == ["2026-11-01T02:00:00Z"]
+    assert warnings == [
+        f"{path}:2: not valid JSON: nested too deeply; skipped",
+        f"{path}:3: not valid JSON: a number too long to read; skipped",
+    ]
+    append_history(path, HistoryEntry("2026-11-02T02:00:00Z", "m.lock.yaml", "a" * 64, True, True, None))
+    assert len(read_history(path)) == 2
+
+
 def test_a_directory_as_the_history_is_refused_in_one_line(tmp_path: Path) -> None:
     path = tmp_path / "history.jsonl"
     path.mkdir()

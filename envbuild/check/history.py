@@ -93,6 +93,10 @@ def _entry(raw: bytes) -> HistoryEntry:
         raise _BadLine(f"not UTF-8 (byte 0x{raw[exc.start]:02x})", unparsed=True) from None
     except json.JSONDecodeError as exc:
         raise _BadLine(f"not valid JSON: {exc.msg}", unparsed=True) from None
+    except RecursionError:  # arrays or objects nested past the parser's recursion: no entry nests
+        raise _BadLine("not valid JSON: nested too deeply", unparsed=True) from None
+    except ValueError:  # an integer of more digits than Python converts (4300): no entry holds one
+        raise _BadLine("not valid JSON: a number too long to read", unparsed=True) from None
     if not isinstance(data, dict) or not set(data) >= _FIELDS:
         missing = sorted(_FIELDS - set(data)) if isinstance(data, dict) else ["(not an object)"]
         raise _BadLine(f"not a history entry (missing {', '.join(missing)})")
