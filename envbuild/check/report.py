@@ -61,6 +61,8 @@ class CheckReport:
     compared_with: str = jfield("", omit="empty")  # "history" or "second build"
     # The check stopped early: at which stage, and why.
     failure: CheckFailure | None = jfield(None, inline=True)
+    # This run's line could not be appended to the history, and why (the answer stands; the CLI exits 1).
+    history_error: str = jfield("", omit="empty")
 
     @property
     def ok(self) -> bool:
@@ -85,6 +87,8 @@ def render_markdown(report: CheckReport) -> str:
         ids = " vs ".join(for_markdown(i, code=True) for i in report.image_ids)
         state = "reproduced" if report.reproducible else "**did not reproduce**"
         lines.append(f"Image {state} (compared with {report.compared_with or 'a second build'}): {ids}")
+    if report.history_error:
+        lines += ["", f"**Not recorded in the history:** {for_markdown(report.history_error)}"]
     for diff in report.differences:
         lines += ["", f"### {diff.where} differs", ""]
         if diff.old or diff.new:

@@ -15,7 +15,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -85,7 +85,12 @@ def run_check(
         history_ok = failed.failure.stage != "history"
         report = CheckReport(verified, False, failure=failed.failure)
     if options.history is not None and history_ok:
-        _record(options.history, read, report, now)
+        try:
+            _record(options.history, read, report, now)
+        except OSError as exc:  # the answer stands: the CLI still prints and writes it, then names the file
+            report = replace(report, history_error=f"{options.history}: cannot append: {exc.strerror or exc}")
+        except EnvbuildError as exc:  # a file that is no history put in its place since it was read
+            report = replace(report, history_error=str(exc))
     return report
 
 

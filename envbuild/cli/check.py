@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -54,27 +55,46 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.report is None:
         check_outputs(directory, None)
     report = run_check(read, options, StderrProgress("envbuild", args.quiet))
-    write_reports(directory, report, args.history, str(args.lockfile))
+    unwritten = write_reports(directory, report, args.history, str(args.lockfile))
     sys.stdout.write(
         render_json(report.to_json())
         if args.json
         else render_summary(report, str(directory / "check.md"), output_width())
     )
+    # A write that failed after the hour of work: the answer above stands, and the file is named.
+    failed = [f"--history {report.history_error}"] if report.history_error else []
+    if failed or unwritten:
+        raise EnvbuildError("\n".join(failed + unwritten))
     return 0 if report.ok else 1
 
 
 def check_outputs(report: Path | None, history: Path | None) -> None:
-    """``--report`` must be a directory (or creatable as one) and ``--history`` a regular file (or
-    creatable as one in an existing directory); checked before anything runs."""
+    """``--report`` must be a writable directory (or creatable as one) and ``--history`` a writable
+    regular file (or creatable as one in an existing directory); checked before anything runs."""
     outputs = (("--report", report, Path.is_dir, "a directory"), ("--history", history, Path.is_file, "a regular file"))
     problems = []
     for option, path, fits, kind in outputs:
         if path is not None and path.exists() and not fits(path):
             problems.append(f"{option} {path}: exists and is not {kind}")
+        elif path is not None and path.exists() and (reason := _unwritable(path)):
+            problems.append(f"{option} {path}: cannot be written ({reason})")
         elif path is not None and not path.exists() and not _creatable(path):
             problems.append(f"{option} {path}: cannot be created (its parent is not a writable directory)")
     if problems:
         raise InputError("\n".join(problems))
+
+
+def _unwritable(path: Path) -> str | None:
+    """Why ``path`` (a directory or a regular file) cannot be written, found by trying as the check will
+    (an immutable file or a read-only mount, which mode bits do not show, too); None when it can."""
+    try:
+        if path.is_dir():
+            tempfile.TemporaryFile(dir=path).close()
+        else:
+            os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK | os.O_CLOEXEC))
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
 
 
 def _creatable(path: Path) -> bool:
@@ -84,18 +104,30 @@ def _creatable(path: Path) -> bool:
     return parent.is_dir() and os.access(parent, os.W_OK)
 
 
-def write_reports(directory: Path, report: CheckReport, history_path: Path | None, lock: str) -> None:
+def write_reports(directory: Path, report: CheckReport, history_path: Path | None, lock: str) -> list[str]:
     """check.json, check.md and check.html, each written atomically, for every outcome of the check. The
     grid is drawn from the history as it now stands (this run appended); an unreadable history gives an
-    empty grid, and the JSON and Markdown say why."""
+    empty grid, and the JSON and Markdown say why. Returns a line per file that could not be written,
+    naming it (not the temporary it was written to); the others are written all the same."""
     from envbuild.check.history import read_history
     from envbuild.check.report import render_html, render_markdown
 
-    directory.mkdir(parents=True, exist_ok=True)
-    write_atomic(directory / "check.json", render_json(report.to_json()))
-    write_atomic(directory / "check.md", render_markdown(report))
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return [f"--report {directory}: cannot be created ({exc.strerror or exc})"]
     try:
         history = read_history(history_path) if history_path else []
     except EnvbuildError:
         history = []
-    write_atomic(directory / "check.html", render_html(history, lock))
+    unwritten = []
+    for name, render in (
+        ("check.json", lambda: render_json(report.to_json())),
+        ("check.md", lambda: render_markdown(report)),
+        ("check.html", lambda: render_html(history, lock)),
+    ):
+        try:
+            write_atomic(directory / name, render())
+        except OSError as exc:
+            unwritten.append(f"--report {directory / name}: cannot be written ({exc.strerror or exc})")
+    return unwritten
