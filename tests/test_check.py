@@ -16,7 +16,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from envbuild.check.history import read_history
+from envbuild.check.history import HistoryEntry, append_history, read_history
 from envbuild.check.run import CheckOptions, run_check
 from envbuild.cli import main
 from envbuild.config import SourceOptions
@@ -203,15 +203,22 @@ def test_a_check_of_the_lock_running_on_the_engine_is_waited_for(
     env: ImageLockEnv, engine: Engine, tmp_path: Path
 ) -> None:
     """The check's tags are the lock's (`envbuild-check/<lock name>:first`, …): a second check of the lock
-    on the engine, from another cache, starts its builds only once the first has ended."""
+    on the engine, from another cache, starts its builds only once the first has ended, and compares with
+    the build the first recorded in the history meanwhile (one build, not two)."""
     lock = env.write(tmp_path / "waits.lock.yaml", env.lock(name="waits"))
-    options = CheckOptions(VerifyOptions(SourceOptions(cache_dir=tmp_path / "cache")))
+    history = tmp_path / "history.jsonl"
+    options = CheckOptions(VerifyOptions(SourceOptions(cache_dir=tmp_path / "cache")), history=history)
     claim = EngineClaim(engine.address, of=("check", "waits"))
+    recorded = "sha256:" + "e" * 64  # the first check's image, gone from the engine since
     with held_elsewhere(claim):  # the first check, at its builds
-        second = Beside(lambda say: run_check(read_lock(lock), options, say, engine=engine))
+        second = Beside(lambda say: run_check(read_lock(lock), options, say, engine=engine, now=night(2)))
         waited = second.waiting(60)
         assert waited == f"waiting: another `envbuild check` of waits on {engine.address} holds {claim.path}"
         assert "rebuilding without cache" not in second.said  # nothing fetched or built beside it
+        first = HistoryEntry(night(1).strftime("%Y-%m-%dT%H:%M:%SZ"), str(lock), read_lock(lock).sha256, True, True,
+                             recorded)  # fmt: skip
+        append_history(history, first)  # as the first check does as it ends
     report = second.result(600)
-    assert report.ok and report.reproducible, report  # then it checks the lock as ever
+    assert report.compared_with == "history" and report.image_ids[0] == recorded, report
+    assert not any(line.startswith("no earlier build") for line in second.said)  # built once
     assert second.said.index("rebuilding without cache") > second.said.index(waited)

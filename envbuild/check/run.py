@@ -69,18 +69,18 @@ def run_check(
     no earlier build of it."""
     lock_path = read.path
     verified = VerifyReport(str(lock_path), (), strict=options.verify.strict)
-    history: list[HistoryEntry] = []
     history_ok = True
     try:
-        with _stage("history"):
-            history = read_history(options.history, progress) if options.history else []
+        if options.history:
+            with _stage("history"):  # one that is no history is refused now, not after verify; its warnings too
+                read_history(options.history, progress)
         progress(f"verifying {lock_path}")
         with _stage("verify"):
             verified = verify_lock(read.lock, str(lock_path), options.verify, progress)
         if not verified.ok:
             failing = [f"{r.kind} {r.name}: {r.status}" for r in verified.results if not r.passes(verified.strict)]
             raise _StageFailed("verify", "the lock fails verify (" + "; ".join(failing) + "), so no image was built")
-        report = _rebuild_and_compare(read, options, verified, history, engine, progress)
+        report = _rebuild_and_compare(read, options, verified, engine, progress)
     except _StageFailed as failed:
         history_ok = failed.failure.stage != "history"
         report = CheckReport(verified, False, failure=failed.failure)
@@ -98,7 +98,6 @@ def _rebuild_and_compare(
     read: LockFile,
     options: CheckOptions,
     verified: VerifyReport,
-    history: list[HistoryEntry],
     engine: Engine | None,
     progress: Progress,
 ) -> CheckReport:
@@ -106,6 +105,10 @@ def _rebuild_and_compare(
     with _stage("engine"):
         connected = nullcontext(engine) if engine is not None else Engine.connect()
     with connected as live, _claimed(live, read.lock.name, progress):
+        with _stage("history"):
+            # Read once the claim is held: a check of the lock that held it has just recorded its build,
+            # which this one compares with instead of building twice.
+            history = read_history(options.history) if options.history else []
         with _stage("fetch"):
             # Once, here rather than inside the builds, so a fetch failure is named as one; both builds
             # start from these inputs.
