@@ -6,7 +6,12 @@ writes the build time into a file (not reproducible; the report names that file)
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
 import textwrap
 from collections.abc import Iterator
 from dataclasses import replace
@@ -17,11 +22,12 @@ import docker
 import pytest
 
 from envbuild.check.history import HistoryEntry, append_history, read_history
-from envbuild.check.run import CheckOptions, run_check
+from envbuild.check.run import CheckOptions, previous_reference, run_check
 from envbuild.cli import main
 from envbuild.config import SourceOptions
 from envbuild.engine.claim import EngineClaim
 from envbuild.engine.client import Engine
+from envbuild.errors import EngineError
 from envbuild.lock.io import read_lock
 from envbuild.verify.pins import VerifyOptions, verify_lock
 from tests.lib.claims import Beside, held_elsewhere
@@ -69,7 +75,7 @@ def env(
 @pytest.fixture(scope="module")
 def engine(docker_client: docker.DockerClient) -> Iterator[Engine]:
     yield Engine(docker_client)
-    remove_lock_images(docker_client, "drift", "moved", "dropped", "stamp", "waits")
+    remove_lock_images(docker_client, "drift", "moved", "dropped", "stamp", "waits", "cancelled")
 
 
 def night(day: int) -> datetime:
@@ -222,3 +228,47 @@ def test_a_check_of_the_lock_running_on_the_engine_is_waited_for(
     assert report.compared_with == "history" and report.image_ids[0] == recorded, report
     assert not any(line.startswith("no earlier build") for line in second.said)  # built once
     assert second.said.index("rebuilding without cache") > second.said.index(waited)
+
+
+def test_a_check_stopped_by_sigterm_while_it_explains_leaves_no_scratch_and_no_hold(
+    env: ImageLockEnv, engine: Engine, pushed_base_image: PushedImage, tmp_path: Path
+) -> None:
+    """A CI job cancelled while the check saves the two images to explain a mismatch (GBs of layers for the
+    real lock): a real SIGTERM to a real `envbuild check` unwinds it as it does a build, so its scratch and
+    its hold on the history's image go with it, and it exits 130 without a history line."""
+    lock = env.write(tmp_path / "cancelled.lock.yaml", env.lock(name="cancelled"))
+    history, cache = tmp_path / "history.jsonl", tmp_path / "cache"
+    base = engine.inspect(f"{pushed_base_image.repository}:{pushed_base_image.tag}")
+    assert base is not None
+    # The history's image is the base: the night's build differs from it, and the check explains how.
+    recorded = HistoryEntry("2026-11-01T02:17:00Z", str(lock), read_lock(lock).sha256, True, True, base["Id"])
+    append_history(history, recorded)
+    argv = ["check", str(lock), "--history", str(history), "--cache-dir", str(cache), "--report", str(tmp_path / "r")]
+    check = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from envbuild.cli import main; sys.exit(main())", *argv],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    assert check.stderr is not None
+    try:
+        said = []
+        for line in check.stderr:
+            said.append(line)
+            if line.startswith("envbuild: saving "):  # one image saved; the other is being saved
+                break
+        assert list(cache.rglob("check-*")), "".join(said)  # explaining, in its scratch
+        assert engine.inspect(previous_reference("cancelled")) is not None  # holding the history's image
+        os.kill(check.pid, signal.SIGTERM)
+        _, err = check.communicate(timeout=120)
+        assert check.returncode == 130, "".join(said) + err
+        assert "envbuild: interrupted" in err and "Traceback" not in err
+        assert list(cache.rglob("check-*")) == [] and list((cache / "image" / "work").iterdir()) == []
+        assert engine.inspect(previous_reference("cancelled")) is None
+        assert read_history(history) == [recorded]  # an interrupted check records nothing
+    finally:
+        if check.poll() is None:
+            check.kill()
+            check.wait()
+        with contextlib.suppress(EngineError):
+            engine.remove(previous_reference("cancelled"))

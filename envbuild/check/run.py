@@ -11,8 +11,6 @@ most. Only an invalid lockfile or invalid arguments stop it earlier (exit 2).
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, replace
@@ -27,7 +25,9 @@ from envbuild.engine.client import Engine
 from envbuild.errors import EngineError, EnvbuildError
 from envbuild.fetch import fetch_inputs
 from envbuild.image.build import BuildResult, ImageOptions, build_image
+from envbuild.image.cache.scratch import context_dir
 from envbuild.image.normalise import save_added_layers
+from envbuild.interrupts import sigterm_interrupts
 from envbuild.lock.io import LockFile
 from envbuild.progress import Progress, silent
 from envbuild.verify.pins import VerifyOptions, verify_lock
@@ -104,7 +104,9 @@ def _rebuild_and_compare(
     source = options.verify.source
     with _stage("engine"):
         connected = nullcontext(engine) if engine is not None else Engine.connect()
-    with connected as live, _claimed(live, read.lock.name, progress):
+    # SIGTERM (a CI job cancelled) unwinds like Ctrl-C, as in a build: the scratch (two saved images on a
+    # night that does not reproduce) and the hold on the history's image go with the check.
+    with connected as live, _claimed(live, read.lock.name, progress), sigterm_interrupts():
         with _stage("history"):
             # Read once the claim is held: a check of the lock that held it has just recorded its build,
             # which this one compares with instead of building twice.
@@ -113,16 +115,15 @@ def _rebuild_and_compare(
             # Once, here rather than inside the builds, so a fetch failure is named as one; both builds
             # start from these inputs.
             inputs = fetch_inputs(read, source, progress=progress)
-        source.cache_dir.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix="check-", dir=source.cache_dir))
+        # Held while in use: a killed check's is removed by the next check or build from this cache.
+        with context_dir(source.cache_dir, prefix="check-") as work:
 
-        def build(number: int, name: str) -> BuildResult:
-            tags = (f"envbuild-check/{read.lock.name}:{name}",)
-            image = ImageOptions(options.verify, no_cache=True, record_dir=work / f"record-{number}", tags=tags)
-            with _stage("build"):
-                return build_image(read, image, progress=progress, engine=live, verified=verified, inputs=inputs)
+            def build(number: int, name: str) -> BuildResult:
+                tags = (f"envbuild-check/{read.lock.name}:{name}",)
+                image = ImageOptions(options.verify, no_cache=True, record_dir=work / f"record-{number}", tags=tags)
+                with _stage("build"):
+                    return build_image(read, image, progress=progress, engine=live, verified=verified, inputs=inputs)
 
-        try:
             previous = last_image_id(history, read.sha256)
             hold = _holding(live, previous, previous_reference(read.lock.name)) if previous else nullcontext()
             with hold:
@@ -139,8 +140,6 @@ def _rebuild_and_compare(
             return CheckReport(
                 verified, same, (first.image_id, second.image_id), differences, compared_with="second build"
             )
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
 
 
 @contextmanager

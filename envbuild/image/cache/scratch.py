@@ -3,7 +3,8 @@
 - ``work/build-*``: one scratch directory per running build (the context; an archive kept for
   ``envbuild check``), held by an ``flock`` on ``work/build-*.lock``; removed when the build ends,
   however it ends (an exception or Ctrl-C unwinds through it); the ones a killed build left behind
-  (their lock no longer held) are removed by the next build on its way in.
+  (their lock no longer held) are removed by the next build on its way in. ``work/check-*``: the same
+  for a running ``envbuild check`` (its build records, the two images it saves to explain a mismatch).
 - ``locks/<lock name>.lock``: held while a build of that lock uses the engine and this cache (its sync
   directories, :func:`envbuild.image.stream.sync_dir`), with the lock's build claim on the engine
   (:func:`~envbuild.engine.claim.lock_claims`): the tags a build reads from and tidies are the lock's on
@@ -24,13 +25,13 @@ from envbuild.progress import Progress
 
 
 @contextmanager
-def context_dir(cache_dir: Path) -> Iterator[Path]:
+def context_dir(cache_dir: Path, *, prefix: str = "build-") -> Iterator[Path]:
     """A scratch directory under ``<cache_dir>/image/work``, held by an flock while in use; the ones a
-    killed build left behind (their lock no longer held) are removed on the way in."""
+    killed build or check left behind (their lock no longer held) are removed on the way in."""
     root = cache_dir / "image" / "work"
     root.mkdir(parents=True, exist_ok=True)
     remove_abandoned(cache_dir)
-    work = Path(tempfile.mkdtemp(prefix="build-", dir=root))
+    work = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
     lock_file = work.with_name(work.name + ".lock")
     try:
         with file_lock(lock_file, blocking=True):
@@ -41,7 +42,7 @@ def context_dir(cache_dir: Path) -> Iterator[Path]:
 
 
 def remove_abandoned(cache_dir: Path) -> None:
-    """The scratch directories killed builds left behind (their lock no longer held)."""
+    """The scratch directories killed builds and checks left behind (their lock no longer held)."""
     for lock_file in (cache_dir / "image" / "work").glob("*.lock"):
         with file_lock(lock_file, blocking=False) as held:
             if held:
