@@ -532,6 +532,43 @@ def test_an_engine_address_docker_cannot_parse_is_bad_input_naming_docker_host(
     assert str(caught.value) == f"DOCKER_HOST {address!r}: not an address docker can reach ({said})"
 
 
+@pytest.mark.parametrize(
+    ("address", "shown", "kind"),
+    [
+        ("tcp://user:secret@127.0.0.1:1", "tcp://***@127.0.0.1:1", EngineError),
+        ("ssh://user:secret@127.0.0.1", "ssh://***@127.0.0.1", InputError),
+        ("tcp://user:secret@127.0.0.1:x", "tcp://***@127.0.0.1:x", EngineError),
+    ],
+)
+def test_a_password_in_the_engine_address_is_never_printed(
+    address: str, shown: str, kind: type[Exception], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """security.md: a refused URL shows its user part as ***, so a token pasted into one reaches no CI log."""
+    monkeypatch.setenv("DOCKER_HOST", address)
+    with pytest.raises(kind) as caught:
+        Engine.connect()
+    assert "secret" not in str(caught.value) and shown in str(caught.value), caught.value
+
+
+@pytest.mark.parametrize("auth", ["dXNlcg==", "not base64!"])
+def test_a_docker_config_the_sdk_cannot_read_is_named_not_docker_host(
+    auth: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An `auths` entry the docker CLI only warns about (for any registry) stops docker-py making any client:
+    once reported as a DOCKER_HOST docker cannot reach."""
+    (tmp_path / "config.json").write_text(json.dumps({"auths": {"other.example": {"auth": auth}}}))
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/engine.sock")
+    with pytest.raises(InputError) as caught:
+        Engine.connect()
+    message = str(caught.value)
+    assert (
+        message.startswith(f"{tmp_path / 'config.json'}: docker's SDK cannot read it (")
+        and "DOCKER_HOST" not in message
+    )
+    assert message.endswith("an `auths` entry's `auth` must be base64 of user:password")
+
+
 def test_an_engine_gone_before_its_disk_usage_is_said_at_once_not_waited_for(tmp_path: Path) -> None:
     """Only another caller's ``docker system df`` is waited for; an engine that stopped answering is not."""
     engine = gone_engine()

@@ -235,12 +235,26 @@ def test_the_cli_lists_each_upstream_once_and_begins_nothing_for_a_bad_tag_or_a_
     base = f'base_image: {{name: "127.0.0.1:5000/envbuild-test/base:early", digest: "{DIGEST}"}}\n'
     lock_file.write_text(branch_lock("early", url, commits[0]) + base)
     cache = tmp_path / "cache"
-    for args in (["--tag", "Not:Valid"], ["--dry-run"]):
+    (tmp_path / "taken").write_text("")
+    no_base = tmp_path / "nobase.lock.yaml"
+    no_base.write_text(branch_lock("early", url, commits[0]))
+    refusals = {  # each refused before anything starts: once, only after the build, the tag or the push
+        "--tag": "--tag: ",
+        "--push": "--push needs --tag REGISTRY/REPOSITORY:TAG: the default name, envbuild/<lock name>:…, is Docker Hub's",
+        "--record-dir": "--record-dir taken: it exists and is not a directory",
+        "nobase": f"{no_base}: base_image: the lock has none to build on; `envbuild lock update {no_base} --base-image",
+    }
+    cases = (["--tag", "Not:Valid"], ["--tag", "Foo/bar:1"], ["--push"], ["--record-dir", "taken"], ["nobase"])
+    for args in (*cases, ["--dry-run"]):
         trace = tmp_path / f"trace{args[0]}"
-        done = envbuild("image", str(lock_file), "--cache-dir", str(cache), *args, trace=trace, cwd=tmp_path)
-        assert done.returncode == (2 if args[0] == "--tag" else 0), done.stderr
+        lock_args = [str(no_base)] if args == ["nobase"] else [str(lock_file), *args]
+        done = envbuild("image", *lock_args, "--cache-dir", str(cache), trace=trace, cwd=tmp_path)
+        assert done.returncode == (0 if args[0] == "--dry-run" else 2), done.stderr
+        assert args[0] == "--dry-run" or done.stderr.startswith(f"envbuild: error: {refusals[args[0]]}"), done.stderr
         assert git_commands(trace) == [] and not (cache / "git").exists()
     trace = tmp_path / "trace"
     done = envbuild("image", str(lock_file), "--cache-dir", str(cache), "--strict", trace=trace, cwd=tmp_path)
     assert done.returncode == 1 and "refusing to build, the lock fails verify: source early: behind" in done.stderr
+    # The advice runs the verify that fails as the build's did (without --strict, `behind` is OK, exit 0).
+    assert f"run `envbuild lock verify {lock_file} --strict --cache-dir {cache}` for details" in done.stderr
     assert git_commands(trace).count("ls-remote") == 1

@@ -8,7 +8,6 @@ from pathlib import Path
 
 from envbuild.cli.common import StderrProgress, add_source_options, render_json, source_options, verify_options
 from envbuild.data.jsonout import to_jsonable
-from envbuild.data.reference import check_name_and_tag
 
 
 def add_image_command(subparsers: argparse._SubParsersAction) -> None:
@@ -40,9 +39,11 @@ def cmd_image(args: argparse.Namespace) -> int:
     lock = read_lock(args.lockfile)
     progress = StderrProgress("envbuild", args.quiet)
     exporter = None  # the build's, its work begun while the rest of the builder is imported
-    if not args.dry_run and all(check_name_and_tag(tag) is None for tag in args.tag):  # else refused below
+    if not args.dry_run:  # what the build would refuse at its end, refused before anything begins
         from envbuild.image.early import begin_build
+        from envbuild.image.options import check_image_options
 
+        check_image_options(lock, tags=tuple(args.tag), push=args.push, record_dir=args.record_dir, source=source)
         exporter = begin_build(lock, source, progress, no_cache=args.no_cache)
 
     from envbuild.image.build import ImageOptions, build_image, dry_run, plan_json

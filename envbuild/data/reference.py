@@ -5,7 +5,7 @@ The specification is distribution/reference (``reference.go`` and ``regexp.go``)
     reference        := name [ ":" tag ] [ "@" digest ]
     name             := [domain "/"] path-component ["/" path-component]*
     domain           := host [":" port-number]
-    host             := domain-name | "[" IPv6address "]"
+    host             := domain-name
     domain-name      := domain-component ["." domain-component]*
     domain-component := /([a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])/
     path-component   := alpha-numeric [separator alpha-numeric]*
@@ -15,6 +15,10 @@ The specification is distribution/reference (``reference.go`` and ``regexp.go``)
     digest           := algorithm ":" hex (at least 32 hex digits)
 
 and a name is at most 255 characters. Docker also refuses a bare 64-hex name (it reads as an image ID).
+This is the grammar of docker 20.10's distribution/reference (v2.7), the oldest engine envbuild builds
+on: the newer one also takes an ``[IPv6]`` host and reads an uppercase first component as a registry
+(``Foo/bar``), which docker 20.10 refuses at tagging ("repository name must be lowercase"), so neither
+is taken here.
 The patterns here are Python ``re`` syntax that is also valid ECMA-262 (the JSON schema uses them):
 ``\\w`` is spelled ``[A-Za-z0-9_]`` because Python's ``\\w`` would also match non-ASCII letters.
 
@@ -33,7 +37,7 @@ ALPHANUMERIC = r"[a-z0-9]+"
 SEPARATOR = r"(?:[._]|__|-+)"
 PATH_COMPONENT = rf"{ALPHANUMERIC}(?:{SEPARATOR}{ALPHANUMERIC})*"
 DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
-DOMAIN = rf"(?:{DOMAIN_COMPONENT}(?:\.{DOMAIN_COMPONENT})*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?"
+DOMAIN = rf"{DOMAIN_COMPONENT}(?:\.{DOMAIN_COMPONENT})*(?::[0-9]+)?"
 NAME = rf"(?:{DOMAIN}/)?{PATH_COMPONENT}(?:/{PATH_COMPONENT})*"
 TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
 DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
@@ -104,11 +108,13 @@ def check_name(name: str) -> str | None:
         return f"the name is {len(name)} characters long; docker allows at most {NAME_TOTAL_MAX}"
     if _IDENTIFIER.fullmatch(name):
         return "a name of 64 hex digits reads as an image ID"
-    if re.fullmatch(NAME, name):
-        return None
     domain, path = split_domain(name)
+    if re.fullmatch(NAME, name) and all(re.fullmatch(PATH_COMPONENT, c) for c in path.split("/")):
+        return None  # (the pattern alone would take `Foo/bar`, whose `Foo` docker reads as a path component)
+    if domain is not None and domain.startswith("["):
+        return f"registry {domain!r}: docker 20.10 takes no [IPv6] address in an image name; give the host a name"
     if domain is not None and not re.fullmatch(DOMAIN, domain):
-        return f"registry {domain!r} is not a host name or [IPv6] address with an optional numeric port"
+        return f"registry {domain!r} is not a host name with an optional numeric port"
     for component in path.split("/"):
         if not re.fullmatch(PATH_COMPONENT, component):
             upper = " (uppercase is not allowed)" if component.lower() != component else ""
@@ -117,10 +123,10 @@ def check_name(name: str) -> str | None:
 
 
 def split_domain(name: str) -> tuple[str | None, str]:
-    """docker's own split: the first component is a registry when a '/' follows it and it has a '.' or a
-    ':', is ``localhost``, or has uppercase letters (which no path component may have)."""
+    """docker 20.10's own split: the first component is a registry when a '/' follows it and it has a '.' or
+    a ':', or is ``localhost`` (a '[' too, so that an IPv6 host is named as the registry it is meant as)."""
     first, sep, rest = name.partition("/")
-    if sep and (any(c in first for c in ".:[") or first == "localhost" or first.lower() != first):
+    if sep and (any(c in first for c in ".:[") or first == "localhost"):
         return first, rest
     return None, name
 

@@ -44,6 +44,13 @@ def redact_url(url: str) -> str:
     return prefix + "***" + url[url.rindex("@") :]
 
 
+def redact_password(url: str) -> str:
+    """``url`` with its user part hidden (:func:`redact_url`) when that holds a password (``user:pass@``);
+    a bare user (``ssh://root@node-001``) is no secret, and says which account a message is about."""
+    rest = url.partition("://")[2] if "://" in url else url
+    return redact_url(url) if ":" in rest.rpartition("@")[0] else url
+
+
 def key_path(path: str, key: str) -> str:
     """A data file's field path with ``key`` appended, quoted like a value: a config's mirror key may be a
     URL with credentials."""

@@ -18,6 +18,7 @@ import docker
 import docker.errors
 import requests
 
+from envbuild.data.urls import redact_password, redact_urls
 from envbuild.engine.builds import Builds
 from envbuild.engine.calls import CONNECT_TIMEOUT, TIMEOUT, engine_address, reason
 from envbuild.engine.containers import Containers
@@ -65,13 +66,18 @@ class Engine(Builds, Images, Containers, Jobs):
             else:
                 client = docker.DockerClient(base_url=address, version="auto", timeout=math.ceil(connect_timeout))
             client.ping()
-        except ValueError as exc:  # docker-py parsing the address: a port that is no number, an unclosed bracket
+        except ValueError as exc:  # docker-py parsing the address (a port that is no number) or its config file
+            if problem := _docker_config_problem():
+                raise InputError(problem) from None
             where = "DOCKER_HOST" if address is None else "engine address"
-            raise InputError(f"{where} {for_terminal(url)!r}: not an address docker can reach ({exc})") from None
+            raise InputError(
+                f"{where} {for_terminal(redact_password(url))!r}: not an address docker can reach ({exc})"
+            ) from None
         except (docker.errors.DockerException, requests.RequestException) as exc:
             said = link.problem() if link is not None else None
             hint = "start dockerd or set DOCKER_HOST" if address is None else "is dockerd running there, and reachable?"
-            raise EngineError(f"no container engine answers at {url}: {said or f'{reason(exc)} ({hint})'}") from None
+            detail = redact_urls(said or f"{reason(exc)} ({hint})")
+            raise EngineError(f"no container engine answers at {redact_password(url)}: {detail}") from None
         return client
 
     def close(self) -> None:
@@ -84,3 +90,20 @@ class Engine(Builds, Images, Containers, Jobs):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _docker_config_problem() -> str | None:
+    """Why docker-py cannot read the docker config file (an ``auths`` entry whose ``auth`` is not base64 of
+    ``user:password``, which the docker CLI only warns about), or None: the SDK reads it whole whenever it
+    makes a client, so no engine can be reached until it is fixed."""
+    from docker.auth import load_config
+    from docker.utils.config import find_config_file
+
+    try:
+        load_config()
+    except ValueError as exc:
+        where = find_config_file() or "the docker config file"
+        return (
+            f"{where}: docker's SDK cannot read it ({exc}): an `auths` entry's `auth` must be base64 of user:password"
+        )
+    return None

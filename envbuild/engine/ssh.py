@@ -40,6 +40,7 @@ import urllib3.connection
 import urllib3.connectionpool
 from docker.transport.basehttpadapter import BaseHTTPAdapter
 
+from envbuild.data.urls import redact_password
 from envbuild.errors import EngineError, InputError
 
 DIAL_STDIO = ("docker", "system", "dial-stdio")
@@ -63,13 +64,15 @@ class SshTarget:
             parts = urlsplit(url)
             port = parts.port
         except ValueError:
-            raise InputError(f"{url}: not an ssh://[user@]host[:port] address") from None
+            raise InputError(f"{redact_password(url)}: not an ssh://[user@]host[:port] address") from None
         host = parts.hostname or ""
         user = parts.username
         if parts.scheme != "ssh" or not host or parts.password is not None or parts.path not in ("", "/"):
-            raise InputError(f"{url}: not an ssh://[user@]host[:port] address")
+            raise InputError(f"{redact_password(url)}: not an ssh://[user@]host[:port] address")
         if host.startswith("-") or (user or "").startswith("-") or any(c.isspace() for c in url):
-            raise InputError(f"{url}: a host or user starting with '-', or with spaces, is not an ssh destination")
+            raise InputError(
+                f"{redact_password(url)}: a host or user starting with '-', or with spaces, is not an ssh destination"
+            )
         return cls(host=host, user=user or None, port=port)
 
     def args(self) -> list[str]:

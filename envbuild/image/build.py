@@ -43,11 +43,10 @@ from pathlib import Path
 from typing import Any
 
 from envbuild.config import SourceOptions
-from envbuild.data.reference import check_name_and_tag
 from envbuild.engine.buildkit import LostLayer
 from envbuild.engine.claim import EngineClaim
 from envbuild.engine.client import Engine
-from envbuild.errors import EnvbuildError, InputError
+from envbuild.errors import EnvbuildError
 from envbuild.fetch import Inputs, exporter_for, fetch_inputs, newest_commit_date
 from envbuild.git.treeexport import TreeExporter
 from envbuild.image.assemble import BuildContext, assemble_context, meta_files
@@ -59,6 +58,7 @@ from envbuild.image.cache.retention import empty_build_cache, tidy
 from envbuild.image.cache.scratch import context_dir, lock_name_held
 from envbuild.image.checked import InImageMismatch, checked_and_normalised, last_parents, parents_entry
 from envbuild.image.installer import binaries_dir, uv_binary_file
+from envbuild.image.options import check_image_options, check_tags
 from envbuild.image.packages_image import ensure_packages_image
 from envbuild.image.plan import ContextPlan, plan_context
 from envbuild.image.record import RecordedBuild
@@ -125,18 +125,23 @@ def require_verified(
         advice = (
             f"run `{source.lock_command('fetch', read.path)}` where the upstreams are reachable, then build offline again"
             if source.offline and unreachable
-            else f"run `{source.lock_command('verify', read.path, *(['--offline'] if source.offline else []))}` for details"
+            else f"run `{source.lock_command('verify', read.path, *_verify_flags(source.offline, report.strict))}` for details"
         )
         raise BuildRefused(f"{read.path}: refusing to build, the lock fails verify: {'; '.join(failing)} — {advice}")
     return report
 
 
-def check_tags(tags: tuple[str, ...]) -> None:
-    """Every ``--tag`` is ``[registry[:port]/]path[:tag]`` in docker's grammar, checked before anything is
-    built (a bad one would otherwise fail only at tagging, leaving an untagged image)."""
-    problems = [f"--tag: {problem}" for tag in tags if (problem := check_name_and_tag(tag)) is not None]
-    if problems:
-        raise InputError("\n".join(problems))
+def _verify_flags(offline: bool, strict: bool) -> list[str]:
+    """The flags of the `lock verify` that fails as this build's check did."""
+    return [*(["--offline"] if offline else []), *(["--strict"] if strict else [])]
+
+
+def check_options(read: LockFile, options: ImageOptions) -> None:
+    """:func:`~envbuild.image.early.check_image_options` of ``options``: what would make the build fail only
+    at its end (or after everything is fetched), refused before anything starts, exit 2."""
+    check_image_options(
+        read, tags=options.tags, push=options.push, record_dir=options.record_dir, source=options.source
+    )
 
 
 @dataclass(frozen=True)
@@ -207,7 +212,7 @@ def build_image(
     again and ``inputs`` fetching again (`envbuild check` verifies and fetches once, then builds twice
     from the same value: one lock verified, fetched and built). ``exporter``: the build's, for
     ``options.source``, its verify begun (:func:`envbuild.image.early.begin_build`)."""
-    check_tags(options.tags)
+    check_options(read, options)
     before = None if options.no_cache else built_before(read, options.cache_dir)
     exporter = exporter or exporter_for(options.source)  # one for the whole build: it remembers what it found
     # The engine is asked whether it answers while the lock is verified.
