@@ -150,6 +150,40 @@ def test_a_change_whose_pin_is_the_same_says_which_fields_changed() -> None:
     assert unit_row(unit)[1].endswith(f"{'1' * 40}; changed: requires")
 
 
+def test_every_field_of_the_lock_is_in_a_unit() -> None:
+    """What a build uses and differs between the locks is a change: no field of the lock is left out (the
+    version aside, which a candidate takes as the higher of the two)."""
+    from envbuild.bisect.steps import LOCK_FIELDS
+
+    in_units = {name for names in LOCK_FIELDS.values() for name in names}
+    assert in_units | {"version", "sources"} == {f.name for f in dataclasses.fields(Lock)}
+
+
+def _uv(version: str) -> Package:
+    return Package(name="uv", version=version)
+
+
+def test_a_new_installer_is_a_change_of_its_own() -> None:
+    good = dataclasses.replace(_lock(_source("a", "1" * 40)), version=2, installer=_uv("0.13.9"))
+    bad = dataclasses.replace(good, installer=_uv("0.14.0"))
+    (unit,) = plan_units(good, bad)
+    assert (unit.kind, unit.label, unit.before, unit.after) == (
+        "installer",
+        "installer",
+        (("installer", _uv("0.13.9")),),
+        (("installer", _uv("0.14.0")),),
+    )
+    from envbuild.bisect.report import unit_row
+
+    assert unit_row(unit) == ["installer", "uv 0.13.9 → uv 0.14.0"]
+    moved = dataclasses.replace(bad, sources=(_source("a", "2" * 40),))
+    units = plan_units(good, moved)
+    assert [u.kind for u in units] == ["installer", "source"]
+    states = plan_states(units)
+    assert candidate(good, moved, units, states[1]) == dataclasses.replace(good, installer=_uv("0.14.0"))
+    assert forward_lock(moved, units[0], units[0].before) == dataclasses.replace(moved, installer=_uv("0.13.9"))
+
+
 class Built:
     """What the fake build below returns for a lock that passes."""
 
@@ -226,6 +260,30 @@ def test_each_failure_has_its_verdict_and_the_engine_stops_the_search(
     assert result.outcome == "stopped" and [s.verdict for s in result.steps] == ["bad"]
     assert "connection refused" in result.stopped
     assert "after GOOD and at or before BAD (2 states between)" in result.stopped
+
+
+def test_a_uv_that_breaks_the_build_is_blamed_on_the_installer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """BAD moves uv and a source; uv 0.14.0 breaks the build. The installer is found, and the forward lock
+    (BAD with GOOD's uv) is not said to be built: the source came after it."""
+    good = dataclasses.replace(_lock(_source("a", "1" * 40)), version=2, installer=_uv("0.13.9"))
+    bad = dataclasses.replace(good, sources=(_source("a", "2" * 40),), installer=_uv("0.14.0"))
+    write_lock(tmp_path / "good.lock.yaml", good)
+    write_lock(tmp_path / "bad.lock.yaml", bad)
+
+    def judge(lock: Lock) -> Built:
+        if lock.installer == _uv("0.14.0"):
+            raise InImageMismatch("…", ["package tinyone: not installed"])
+        return Built("sha256:" + "0" * 64)
+
+    fake_builds(monkeypatch, judge)
+    read = read_lock(tmp_path / "good.lock.yaml"), read_lock(tmp_path / "bad.lock.yaml")
+    result = run_bisect(*read, options(tmp_path), engine=NoEngine())  # type: ignore[arg-type]
+    assert result.outcome == "found" and result.culprit is not None
+    assert (result.culprit.unit.kind, result.culprit.reason) == ("installer", "package tinyone: not installed")
+    assert result.forward == dataclasses.replace(bad, installer=_uv("0.13.9"))
+    assert result.forward_step is None
+    assert result.to_json()["forward_lock"]["differs_from_bad"] == ["installer: uv 0.14.0 → uv 0.13.9"]
+    assert "not built: source a came after it" in render_text(result)
 
 
 def test_bad_that_passes_leaves_nothing_to_bisect(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
