@@ -27,6 +27,8 @@ from envbuild.config import SourceOptions
 from envbuild.engine.buildkit import StepFailed
 from envbuild.engine.claim import EngineClaim
 from envbuild.errors import EngineError
+from envbuild.image.assemble import ContextError
+from envbuild.image.build import PinsUnreachable
 from envbuild.image.checked import InImageMismatch
 from envbuild.lock.io import read_lock, write_lock
 from envbuild.lock.model import BaseImage, Lock, Package, Source
@@ -284,6 +286,59 @@ def test_a_uv_that_breaks_the_build_is_blamed_on_the_installer(tmp_path: Path, m
     assert result.forward_step is None
     assert result.to_json()["forward_lock"]["differs_from_bad"] == ["installer: uv 0.14.0 → uv 0.13.9"]
     assert "not built: source a came after it" in render_text(result)
+
+
+def test_a_pin_out_of_reach_stops_the_search_and_is_not_a_candidate_that_cannot_be_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The network going away mid-search says nothing of the candidates: it stops the search, with what is
+    known, where taking it for "cannot be built" skipped every state left into a false "ambiguous"."""
+    good, bad = three_changes(tmp_path)
+    offline = (
+        "state.lock.yaml: refusing to build, the lock fails verify: source a: unreachable (offline and not in "
+        "cache; run `envbuild lock fetch state.lock.yaml`)"
+    )
+
+    def outage(lock: Lock) -> Built:
+        if lock.sources[0].commit == "2" * 40:
+            raise InImageMismatch("…", ["source a: import a failed"])
+        if lock.packages:
+            raise PinsUnreachable(offline)
+        return Built("sha256:" + "0" * 64)
+
+    fake_builds(monkeypatch, outage)
+    result = run_bisect(good, bad, options(tmp_path), engine=NoEngine())  # type: ignore[arg-type]
+    assert result.outcome == "stopped" and [s.verdict for s in result.steps] == ["bad", "good", "good"]
+    assert result.stopped.startswith("build 4 (packages as BAD has it) stopped the bisect: state.lock.yaml:")
+    assert "after base image as BAD has it and at or before BAD (1 states between)" in result.stopped
+
+    # a cached file that cannot be read is the machine's fault too; a tree not the lock's is the candidate's
+    unreadable = ContextError(["package p 1.0: p-1.0.whl: cannot read: [Errno 5] Input/output error"], fault=True)
+    mismatch = ContextError(["source a: the commit's tree is 1…, the lock pins tree 2…"])
+    for raised, outcome in ((unreadable, "stopped"), (mismatch, "ambiguous")):
+
+        def context(lock: Lock, raised: ContextError = raised) -> Built:
+            if lock.sources[0].commit == "2" * 40:
+                raise InImageMismatch("…", ["source a: import a failed"])
+            if lock.packages:
+                raise raised
+            return Built("sha256:" + "0" * 64)
+
+        fake_builds(monkeypatch, context)
+        assert run_bisect(good, bad, options(tmp_path), engine=NoEngine()).outcome == outcome  # type: ignore[arg-type]
+
+
+@pytest.mark.docker
+def test_bad_offline_and_not_in_the_cache_stops_the_bisect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """BAD's pins not in an empty cache, offline: the machine cannot check them, which is no reason to call
+    BAD one that cannot be built (`bad-unbuildable`: pip fails on it)."""
+    three_changes(tmp_path)
+    argv = ["bisect", str(tmp_path / "good.lock.yaml"), str(tmp_path / "bad.lock.yaml"), "--offline", "--json"]
+    assert main([*argv, "--cache-dir", str(tmp_path / "cache")]) == 1
+    said = json.loads(capsys.readouterr().out)
+    assert said["outcome"] == "stopped" and said["builds"] == 0, said
+    assert said["stopped"].startswith("build 1 (BAD) stopped the bisect: ")
+    assert "source a: unreachable (offline and not in cache" in said["stopped"]
 
 
 def test_bad_that_passes_leaves_nothing_to_bisect(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,11 +5,12 @@ BuildKit with the engine's cached layers, the in-image check), then ``run`` if g
 - **good**: built, checked and (``run``) exit 0;
 - **bad**: the in-image check fails (an import that breaks, a tree or version not the lock's), or ``run``
   exits 1–127 but 125 — the failing check's one line is the reason;
-- **skip**: the candidate cannot be built at all (verify refuses it, its build requirements are unmet, a
-  Dockerfile step fails — pip cannot build a source's tree —, its tree or submodules are not what it
-  records, the base is another platform's), or ``run`` exits 125: git bisect's "cannot test";
-- anything else (the engine, the network, the cache, ``run`` exiting 128 or more) stops the search, and
-  what is known is reported.
+- **skip**: the candidate cannot be built at all (verify refuses what it pins, its build requirements are
+  unmet, a Dockerfile step fails — pip cannot build a source's tree —, its tree or submodules are not what
+  it records, the base is another platform's), or ``run`` exits 125: git bisect's "cannot test";
+- anything else (the engine, the network, the cache — a pin verify could not check, offline and not in the
+  cache or out of reach, says nothing of the candidate —, ``run`` exiting 128 or more) stops the search,
+  and what is known is reported.
 
 BAD is built first (it must fail, or there is nothing to bisect), then GOOD unless ``assume_good`` (a
 rebuild of a lock built and checked before is answered from its record: nothing is built), then the
@@ -49,7 +50,7 @@ from envbuild.errors import EnvbuildError, InputError
 from envbuild.git.cache import GitCache
 from envbuild.image.assemble import ContextError
 from envbuild.image.base import PlatformError
-from envbuild.image.build import BuildRefused, ImageOptions, build_image
+from envbuild.image.build import BuildRefused, ImageOptions, PinsUnreachable, build_image
 from envbuild.image.checked import InImageMismatch
 from envbuild.lock.io import LockFile, read_lock, write_lock
 from envbuild.lock.model import Lock, Source
@@ -59,7 +60,8 @@ from envbuild.update.read_submodules import SubmodulesRefused, read_source_submo
 from envbuild.verify.buildcheck import UnmetBuildRequirements
 from envbuild.verify.pins import VerifyOptions
 
-# What makes a candidate one that cannot be built, as opposed to one that fails or a bisect that cannot go on.
+# What makes a candidate one that cannot be built, as opposed to one that fails or a bisect that cannot go on
+# (:func:`unbuildable`: not when the machine is at fault).
 UNBUILDABLE = (BuildRefused, UnmetBuildRequirements, ContextError, StepFailed, SubmodulesRefused, PlatformError)
 RUN_SKIP = 125  # git bisect run's "cannot test this one"
 REASON_CHARS = 400
@@ -282,9 +284,9 @@ class _Bisect:
         except StepFailed as exc:  # its instruction is long: where it starts, and the step's last words
             said = exc.log[-1].strip() if exc.log else str(exc)
             return step("skip", f"build step failed ({one_line(exc.step)[:STEP_CHARS]}…): {said}")
-        except UNBUILDABLE as exc:
-            return step("skip", str(exc))
         except EnvbuildError as exc:
+            if unbuildable(exc):
+                return step("skip", str(exc))
             raise _Stop("stopped", f"build {number} ({what}) stopped the bisect: {one_line(str(exc))}") from None
         if self.options.run is None:
             return step("good", image_id=built.image_id, answered=built.noop)
@@ -381,6 +383,14 @@ class _Bisect:
             forward=forward,
             forward_step=forward_step,
         )
+
+
+def unbuildable(exc: EnvbuildError) -> bool:
+    """Whether ``exc`` says the candidate cannot be built, for what it is: not a pin that could not be
+    checked (the network, offline and not in the cache) nor a cached file that cannot be read."""
+    if isinstance(exc, PinsUnreachable) or (isinstance(exc, ContextError) and exc.fault):
+        return False
+    return isinstance(exc, UNBUILDABLE)
 
 
 def run_command(command: str, image: str, image_id: str, say: Progress) -> tuple[int, str]:
