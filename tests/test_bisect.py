@@ -12,7 +12,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import subprocess
 from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -366,6 +369,70 @@ def test_a_bisect_of_the_lock_running_on_the_engine_is_waited_for(
         assert built == []
     result = second.result(60)
     assert result.outcome == "bad-passes" and len(built) == 1  # then it bisects as ever
+
+
+@contextmanager
+def unwritable(directory: Path) -> Iterator[None]:
+    """No file can be made in ``directory``: immutable as root (whom a mode does not stop), else 0555."""
+    root = os.geteuid() == 0
+    subprocess.run(["chattr", "+i", str(directory)], check=True) if root else directory.chmod(0o555)
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(directory)], check=True) if root else directory.chmod(0o755)
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_anything_is_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good, bad = three_changes(tmp_path)
+    built = fake_builds(monkeypatch, lambda lock: Built("sha256:" + "0" * 64))
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    report, forward = locked / "bisect.md", locked / "forward.lock.yaml"
+    with unwritable(locked):
+        status = main(
+            ["bisect", str(good.path), str(bad.path), "--json", "--report", str(report), "--write-lock", str(forward)]
+        )
+    out, err = capsys.readouterr()
+    assert (status, out, built) == (2, "", [])
+    assert err.splitlines() == [
+        f"envbuild: error: --report {report}: cannot be written (its directory is not writable)",
+        f"envbuild: error: --write-lock {forward}: cannot be written (its directory is not writable)",
+    ]
+
+
+@pytest.mark.docker
+def test_an_output_that_cannot_be_written_at_the_end_still_gets_the_answer_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The directory turns unwritable during the builds: the answer they cost is printed, and the error
+    names the user's files, not a temporary file of theirs."""
+    good, bad = three_changes(tmp_path)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    report, forward = locked / "bisect.md", locked / "forward.lock.yaml"
+    locking: list[Path] = [locked]
+    with ExitStack() as later:
+
+        def judge(lock: Lock) -> Built:
+            if locking:  # at the first build
+                later.enter_context(unwritable(locking.pop()))
+            if lock.sources[0].commit == "2" * 40:
+                raise InImageMismatch("…", ["source a: import a failed"])
+            return Built("sha256:" + "0" * 64)
+
+        fake_builds(monkeypatch, judge)
+        argv = ["bisect", str(good.path), str(bad.path), "--json", "--report", str(report)]
+        status = main([*argv, "--write-lock", str(forward)])
+    out, err = capsys.readouterr()
+    said = json.loads(out)
+    assert status == 1 and said["outcome"] == "found" and said["forward_lock_written"] is None
+    assert said["culprit"]["name"] == "a"
+    last = err.splitlines()[-1]
+    assert last.startswith(f"envbuild: error: --write-lock {forward}: cannot be written: ")
+    assert f"; --report {report}: cannot be written: " in last and last.endswith("(the bisect's result is on stdout)")
+    assert ".tmp" not in err and list(locked.iterdir()) == []
 
 
 # --- real builds ---------------------------------------------------------------------------------------
