@@ -13,7 +13,11 @@ import dataclasses
 import json
 import math
 import os
+import signal
 import subprocess
+import sys
+import time
+import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -670,3 +674,105 @@ def test_run_judges_each_image_and_its_125_leaves_the_first_bad_open(
 
     status, said, _, _ = bisect_json(work, good, bad, capsys, "--deadline", "0.001")
     assert (status, said["outcome"], said["builds"]) == (1, "deadline", 0)
+
+
+def marked(mark: str) -> list[int]:
+    """The live processes (zombies aside) whose environment holds ``mark``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if not proc.name.isdigit() or f"ENVBUILD_TEST_MARK={mark}".encode() not in (proc / "environ").read_bytes():
+                continue
+            if (proc / "stat").read_text().rpartition(")")[2].split()[0] != "Z":
+                found.append(int(proc.name))
+        except OSError:  # gone meanwhile
+            continue
+    return found
+
+
+def left(mark: str, seconds: float = 5.0) -> list[int]:
+    """:func:`marked`, once the kernel has had ``seconds`` to end what was killed (a SIGKILL is delivered
+    after kill() returns)."""
+    deadline = time.monotonic() + seconds
+    while (found := marked(mark)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return found
+
+
+def test_a_command_that_ignores_sigterm_is_killed_after_the_grace() -> None:
+    from envbuild.bisect.command import stop_group
+
+    mark = uuid.uuid4().hex
+    shell = subprocess.Popen(
+        ["sh", "-c", "trap '' TERM; sleep 30 & echo started; wait"],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "ENVBUILD_TEST_MARK": mark},
+    )
+    try:
+        assert shell.stdout is not None and shell.stdout.readline() == "started\n"
+        assert len(marked(mark)) == 2
+        started = time.monotonic()
+        stop_group(shell, grace=0.5)
+        assert 0.5 <= time.monotonic() - started < 10 and shell.returncode == -signal.SIGKILL
+        assert left(mark) == []  # the sleep too, which SIGTERM does not reach past its shell's trap
+    finally:
+        for pid in marked(mark):
+            os.kill(pid, signal.SIGKILL)
+        shell.kill()
+        shell.wait()
+
+
+@needs_engine
+def test_sigterm_during_run_stops_its_command_removes_the_scratch_and_reports(
+    env: ImageLockEnv, work: Path, tmp_path: Path
+) -> None:
+    """A real SIGTERM to a real bisect while its --run command sleeps: the command's shell and the sleep it
+    started are stopped, the scratch directory is gone, and what is known is on stdout and in the report."""
+    beta, gamma = env.repos["beta"], env.repos["gamma"]
+    beta_start = git("rev-list", "--max-parents=0", "main", cwd=beta.path)
+    start = git("rev-list", "--max-parents=0", "main", cwd=gamma.path)
+    gamma.checkout("term", create_at=start)
+    moved = gamma.commit("gamma: term", files={"data/term.txt": "1\n"})
+    good = with_source(env.lock(name=LOCK_NAME), "beta", ref="main", commit=beta_start, tree=beta.tree(beta_start))
+    good = with_source(good, "gamma", ref="term", commit=start, tree=gamma.tree(start))
+    bad = with_source(good, "gamma", commit=moved, tree=gamma.tree(moved))
+    paths = write_locks(work, good, bad)
+    scratch, report, mark = tmp_path / "tmp", tmp_path / "bisect.md", uuid.uuid4().hex
+    scratch.mkdir()
+    argv = ["bisect", *map(str, paths), "--cache-dir", str(work / "cache"), "--assume-good", "--json"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from envbuild.cli import main; sys.exit(main())", *argv]
+        + ["--report", str(report), "--run", "echo probing; sleep 45; exit 1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(scratch), "ENVBUILD_TEST_MARK": mark},
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    try:
+        assert proc.stderr is not None
+        seen = []
+        for line in proc.stderr:
+            seen.append(line)
+            if "run: probing" in line:
+                break
+        assert list(scratch.glob("envbuild-bisect-*")), "".join(seen)  # under way, with its scratch
+        time.sleep(0.5)  # the sleep started
+        assert len(marked(mark)) == 3, "".join(seen)  # the bisect, the shell, the sleep
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130, "".join(seen) + err
+        assert left(mark) == []  # nothing it started is left running
+        assert list(scratch.glob("envbuild-bisect-*")) == []
+        said = json.loads(out)
+        assert said["outcome"] == "stopped" and said["builds"] == 0
+        assert said["stopped"] == "build 1 (BAD) was interrupted (Ctrl-C or SIGTERM)"
+        assert "was interrupted (Ctrl-C or SIGTERM)" in report.read_text(encoding="utf-8")
+        assert "Traceback" not in err
+    finally:
+        proc.kill()
+        proc.wait()
+        for pid in marked(mark):
+            os.kill(pid, signal.SIGKILL)
