@@ -12,7 +12,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
 from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +34,8 @@ from envbuild.config import SourceOptions
 from envbuild.engine.buildkit import StepFailed
 from envbuild.engine.claim import EngineClaim
 from envbuild.errors import EngineError
+from envbuild.image.assemble import ContextError
+from envbuild.image.build import PinsUnreachable
 from envbuild.image.checked import InImageMismatch
 from envbuild.lock.io import read_lock, write_lock
 from envbuild.lock.model import BaseImage, Lock, Package, Source
@@ -150,6 +159,40 @@ def test_a_change_whose_pin_is_the_same_says_which_fields_changed() -> None:
     assert unit_row(unit)[1].endswith(f"{'1' * 40}; changed: requires")
 
 
+def test_every_field_of_the_lock_is_in_a_unit() -> None:
+    """What a build uses and differs between the locks is a change: no field of the lock is left out (the
+    version aside, which a candidate takes as the higher of the two)."""
+    from envbuild.bisect.steps import LOCK_FIELDS
+
+    in_units = {name for names in LOCK_FIELDS.values() for name in names}
+    assert in_units | {"version", "sources"} == {f.name for f in dataclasses.fields(Lock)}
+
+
+def _uv(version: str) -> Package:
+    return Package(name="uv", version=version)
+
+
+def test_a_new_installer_is_a_change_of_its_own() -> None:
+    good = dataclasses.replace(_lock(_source("a", "1" * 40)), version=2, installer=_uv("0.13.9"))
+    bad = dataclasses.replace(good, installer=_uv("0.14.0"))
+    (unit,) = plan_units(good, bad)
+    assert (unit.kind, unit.label, unit.before, unit.after) == (
+        "installer",
+        "installer",
+        (("installer", _uv("0.13.9")),),
+        (("installer", _uv("0.14.0")),),
+    )
+    from envbuild.bisect.report import unit_row
+
+    assert unit_row(unit) == ["installer", "uv 0.13.9 → uv 0.14.0"]
+    moved = dataclasses.replace(bad, sources=(_source("a", "2" * 40),))
+    units = plan_units(good, moved)
+    assert [u.kind for u in units] == ["installer", "source"]
+    states = plan_states(units)
+    assert candidate(good, moved, units, states[1]) == dataclasses.replace(good, installer=_uv("0.14.0"))
+    assert forward_lock(moved, units[0], units[0].before) == dataclasses.replace(moved, installer=_uv("0.13.9"))
+
+
 class Built:
     """What the fake build below returns for a lock that passes."""
 
@@ -228,6 +271,83 @@ def test_each_failure_has_its_verdict_and_the_engine_stops_the_search(
     assert "after GOOD and at or before BAD (2 states between)" in result.stopped
 
 
+def test_a_uv_that_breaks_the_build_is_blamed_on_the_installer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """BAD moves uv and a source; uv 0.14.0 breaks the build. The installer is found, and the forward lock
+    (BAD with GOOD's uv) is not said to be built: the source came after it."""
+    good = dataclasses.replace(_lock(_source("a", "1" * 40)), version=2, installer=_uv("0.13.9"))
+    bad = dataclasses.replace(good, sources=(_source("a", "2" * 40),), installer=_uv("0.14.0"))
+    write_lock(tmp_path / "good.lock.yaml", good)
+    write_lock(tmp_path / "bad.lock.yaml", bad)
+
+    def judge(lock: Lock) -> Built:
+        if lock.installer == _uv("0.14.0"):
+            raise InImageMismatch("…", ["package tinyone: not installed"])
+        return Built("sha256:" + "0" * 64)
+
+    fake_builds(monkeypatch, judge)
+    read = read_lock(tmp_path / "good.lock.yaml"), read_lock(tmp_path / "bad.lock.yaml")
+    result = run_bisect(*read, options(tmp_path), engine=NoEngine())  # type: ignore[arg-type]
+    assert result.outcome == "found" and result.culprit is not None
+    assert (result.culprit.unit.kind, result.culprit.reason) == ("installer", "package tinyone: not installed")
+    assert result.forward == dataclasses.replace(bad, installer=_uv("0.13.9"))
+    assert result.forward_step is None
+    assert result.to_json()["forward_lock"]["differs_from_bad"] == ["installer: uv 0.14.0 → uv 0.13.9"]
+    assert "not built: source a came after it" in render_text(result)
+
+
+def test_a_pin_out_of_reach_stops_the_search_and_is_not_a_candidate_that_cannot_be_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The network going away mid-search says nothing of the candidates: it stops the search, with what is
+    known, where taking it for "cannot be built" skipped every state left into a false "ambiguous"."""
+    good, bad = three_changes(tmp_path)
+    offline = (
+        "state.lock.yaml: refusing to build, the lock fails verify: source a: unreachable (offline and not in "
+        "cache; run `envbuild lock fetch state.lock.yaml`)"
+    )
+
+    def outage(lock: Lock) -> Built:
+        if lock.sources[0].commit == "2" * 40:
+            raise InImageMismatch("…", ["source a: import a failed"])
+        if lock.packages:
+            raise PinsUnreachable(offline)
+        return Built("sha256:" + "0" * 64)
+
+    fake_builds(monkeypatch, outage)
+    result = run_bisect(good, bad, options(tmp_path), engine=NoEngine())  # type: ignore[arg-type]
+    assert result.outcome == "stopped" and [s.verdict for s in result.steps] == ["bad", "good", "good"]
+    assert result.stopped.startswith("build 4 (packages as BAD has it) stopped the bisect: state.lock.yaml:")
+    assert "after base image as BAD has it and at or before BAD (1 states between)" in result.stopped
+
+    # a cached file that cannot be read is the machine's fault too; a tree not the lock's is the candidate's
+    unreadable = ContextError(["package p 1.0: p-1.0.whl: cannot read: [Errno 5] Input/output error"], fault=True)
+    mismatch = ContextError(["source a: the commit's tree is 1…, the lock pins tree 2…"])
+    for raised, outcome in ((unreadable, "stopped"), (mismatch, "ambiguous")):
+
+        def context(lock: Lock, raised: ContextError = raised) -> Built:
+            if lock.sources[0].commit == "2" * 40:
+                raise InImageMismatch("…", ["source a: import a failed"])
+            if lock.packages:
+                raise raised
+            return Built("sha256:" + "0" * 64)
+
+        fake_builds(monkeypatch, context)
+        assert run_bisect(good, bad, options(tmp_path), engine=NoEngine()).outcome == outcome  # type: ignore[arg-type]
+
+
+@pytest.mark.docker
+def test_bad_offline_and_not_in_the_cache_stops_the_bisect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """BAD's pins not in an empty cache, offline: the machine cannot check them, which is no reason to call
+    BAD one that cannot be built (`bad-unbuildable`: pip fails on it)."""
+    three_changes(tmp_path)
+    argv = ["bisect", str(tmp_path / "good.lock.yaml"), str(tmp_path / "bad.lock.yaml"), "--offline", "--json"]
+    assert main([*argv, "--cache-dir", str(tmp_path / "cache")]) == 1
+    said = json.loads(capsys.readouterr().out)
+    assert said["outcome"] == "stopped" and said["builds"] == 0, said
+    assert said["stopped"].startswith("build 1 (BAD) stopped the bisect: ")
+    assert "source a: unreachable (offline and not in cache" in said["stopped"]
+
+
 def test_bad_that_passes_leaves_nothing_to_bisect(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     good, bad = three_changes(tmp_path)
     fake_builds(monkeypatch, lambda lock: Built("sha256:" + "0" * 64))
@@ -253,6 +373,70 @@ def test_a_bisect_of_the_lock_running_on_the_engine_is_waited_for(
         assert built == []
     result = second.result(60)
     assert result.outcome == "bad-passes" and len(built) == 1  # then it bisects as ever
+
+
+@contextmanager
+def unwritable(directory: Path) -> Iterator[None]:
+    """No file can be made in ``directory``: immutable as root (whom a mode does not stop), else 0555."""
+    root = os.geteuid() == 0
+    subprocess.run(["chattr", "+i", str(directory)], check=True) if root else directory.chmod(0o555)
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(directory)], check=True) if root else directory.chmod(0o755)
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_anything_is_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good, bad = three_changes(tmp_path)
+    built = fake_builds(monkeypatch, lambda lock: Built("sha256:" + "0" * 64))
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    report, forward = locked / "bisect.md", locked / "forward.lock.yaml"
+    with unwritable(locked):
+        status = main(
+            ["bisect", str(good.path), str(bad.path), "--json", "--report", str(report), "--write-lock", str(forward)]
+        )
+    out, err = capsys.readouterr()
+    assert (status, out, built) == (2, "", [])
+    assert err.splitlines() == [
+        f"envbuild: error: --report {report}: cannot be written (its directory is not writable)",
+        f"envbuild: error: --write-lock {forward}: cannot be written (its directory is not writable)",
+    ]
+
+
+@pytest.mark.docker
+def test_an_output_that_cannot_be_written_at_the_end_still_gets_the_answer_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The directory turns unwritable during the builds: the answer they cost is printed, and the error
+    names the user's files, not a temporary file of theirs."""
+    good, bad = three_changes(tmp_path)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    report, forward = locked / "bisect.md", locked / "forward.lock.yaml"
+    locking: list[Path] = [locked]
+    with ExitStack() as later:
+
+        def judge(lock: Lock) -> Built:
+            if locking:  # at the first build
+                later.enter_context(unwritable(locking.pop()))
+            if lock.sources[0].commit == "2" * 40:
+                raise InImageMismatch("…", ["source a: import a failed"])
+            return Built("sha256:" + "0" * 64)
+
+        fake_builds(monkeypatch, judge)
+        argv = ["bisect", str(good.path), str(bad.path), "--json", "--report", str(report)]
+        status = main([*argv, "--write-lock", str(forward)])
+    out, err = capsys.readouterr()
+    said = json.loads(out)
+    assert status == 1 and said["outcome"] == "found" and said["forward_lock_written"] is None
+    assert said["culprit"]["name"] == "a"
+    last = err.splitlines()[-1]
+    assert last.startswith(f"envbuild: error: --write-lock {forward}: cannot be written: ")
+    assert f"; --report {report}: cannot be written: " in last and last.endswith("(the bisect's result is on stdout)")
+    assert ".tmp" not in err and list(locked.iterdir()) == []
 
 
 # --- real builds ---------------------------------------------------------------------------------------
@@ -490,3 +674,105 @@ def test_run_judges_each_image_and_its_125_leaves_the_first_bad_open(
 
     status, said, _, _ = bisect_json(work, good, bad, capsys, "--deadline", "0.001")
     assert (status, said["outcome"], said["builds"]) == (1, "deadline", 0)
+
+
+def marked(mark: str) -> list[int]:
+    """The live processes (zombies aside) whose environment holds ``mark``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if not proc.name.isdigit() or f"ENVBUILD_TEST_MARK={mark}".encode() not in (proc / "environ").read_bytes():
+                continue
+            if (proc / "stat").read_text().rpartition(")")[2].split()[0] != "Z":
+                found.append(int(proc.name))
+        except OSError:  # gone meanwhile
+            continue
+    return found
+
+
+def left(mark: str, seconds: float = 5.0) -> list[int]:
+    """:func:`marked`, once the kernel has had ``seconds`` to end what was killed (a SIGKILL is delivered
+    after kill() returns)."""
+    deadline = time.monotonic() + seconds
+    while (found := marked(mark)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return found
+
+
+def test_a_command_that_ignores_sigterm_is_killed_after_the_grace() -> None:
+    from envbuild.bisect.command import stop_group
+
+    mark = uuid.uuid4().hex
+    shell = subprocess.Popen(
+        ["sh", "-c", "trap '' TERM; sleep 30 & echo started; wait"],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "ENVBUILD_TEST_MARK": mark},
+    )
+    try:
+        assert shell.stdout is not None and shell.stdout.readline() == "started\n"
+        assert len(marked(mark)) == 2
+        started = time.monotonic()
+        stop_group(shell, grace=0.5)
+        assert 0.5 <= time.monotonic() - started < 10 and shell.returncode == -signal.SIGKILL
+        assert left(mark) == []  # the sleep too, which SIGTERM does not reach past its shell's trap
+    finally:
+        for pid in marked(mark):
+            os.kill(pid, signal.SIGKILL)
+        shell.kill()
+        shell.wait()
+
+
+@needs_engine
+def test_sigterm_during_run_stops_its_command_removes_the_scratch_and_reports(
+    env: ImageLockEnv, work: Path, tmp_path: Path
+) -> None:
+    """A real SIGTERM to a real bisect while its --run command sleeps: the command's shell and the sleep it
+    started are stopped, the scratch directory is gone, and what is known is on stdout and in the report."""
+    beta, gamma = env.repos["beta"], env.repos["gamma"]
+    beta_start = git("rev-list", "--max-parents=0", "main", cwd=beta.path)
+    start = git("rev-list", "--max-parents=0", "main", cwd=gamma.path)
+    gamma.checkout("term", create_at=start)
+    moved = gamma.commit("gamma: term", files={"data/term.txt": "1\n"})
+    good = with_source(env.lock(name=LOCK_NAME), "beta", ref="main", commit=beta_start, tree=beta.tree(beta_start))
+    good = with_source(good, "gamma", ref="term", commit=start, tree=gamma.tree(start))
+    bad = with_source(good, "gamma", commit=moved, tree=gamma.tree(moved))
+    paths = write_locks(work, good, bad)
+    scratch, report, mark = tmp_path / "tmp", tmp_path / "bisect.md", uuid.uuid4().hex
+    scratch.mkdir()
+    argv = ["bisect", *map(str, paths), "--cache-dir", str(work / "cache"), "--assume-good", "--json"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from envbuild.cli import main; sys.exit(main())", *argv]
+        + ["--report", str(report), "--run", "echo probing; sleep 45; exit 1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(scratch), "ENVBUILD_TEST_MARK": mark},
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    try:
+        assert proc.stderr is not None
+        seen = []
+        for line in proc.stderr:
+            seen.append(line)
+            if "run: probing" in line:
+                break
+        assert list(scratch.glob("envbuild-bisect-*")), "".join(seen)  # under way, with its scratch
+        time.sleep(0.5)  # the sleep started
+        assert len(marked(mark)) == 3, "".join(seen)  # the bisect, the shell, the sleep
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130, "".join(seen) + err
+        assert left(mark) == []  # nothing it started is left running
+        assert list(scratch.glob("envbuild-bisect-*")) == []
+        said = json.loads(out)
+        assert said["outcome"] == "stopped" and said["builds"] == 0
+        assert said["stopped"] == "build 1 (BAD) was interrupted (Ctrl-C or SIGTERM)"
+        assert "was interrupted (Ctrl-C or SIGTERM)" in report.read_text(encoding="utf-8")
+        assert "Traceback" not in err
+    finally:
+        proc.kill()
+        proc.wait()
+        for pid in marked(mark):
+            os.kill(pid, signal.SIGKILL)

@@ -195,6 +195,15 @@ def test_a_package_file_with_another_hash_is_refused_by_name(tmp_path: Path, whe
     assert "package tiny_pkg 1.0: tiny_pkg-1.0-py3-none-any.whl" in str(info.value)
     assert sha256(wheel) in str(info.value)
     assert not (tmp_path / "ctx" / "wheels").exists() and not (tmp_path / "ctx" / "Dockerfile").exists()
+    assert not info.value.fault  # what the lock pins: the candidate's, not the machine's
+
+
+def test_a_cached_file_that_cannot_be_read_is_the_machines_fault(tmp_path: Path, wheel: Path) -> None:
+    lock = make_lock(wheel, [("alpha", "1" * 40, None)])
+    with pytest.raises(ContextError) as info:
+        gone = tmp_path / "gone.whl"
+        assemble(plan_context(lock, lock_sha256=LOCK_SHA), tmp_path / "ctx", fake_export(FAKE), lambda p, f: gone)
+    assert "tiny_pkg-1.0-py3-none-any.whl: cannot read: " in str(info.value) and info.value.fault
 
 
 def test_a_source_tree_that_differs_is_refused_with_every_problem(tmp_path: Path, wheel: Path) -> None:
@@ -204,6 +213,7 @@ def test_a_source_tree_that_differs_is_refused_with_every_problem(tmp_path: Path
     assert len(info.value.problems) == 2
     assert not (tmp_path / "ctx").exists()  # nothing written
     assert "source alpha" in info.value.problems[0] and "the lock pins tree " + "0" * 40 in info.value.problems[0]
+    assert not info.value.fault
     (tmp_path / "ctx").mkdir()
     (tmp_path / "ctx" / "leftover").write_text("x")
     with pytest.raises(InputError, match="must be empty"):

@@ -77,11 +77,13 @@ class BisectResult:
     forward: Lock | None = None  # BAD with the culprit at its last good value
     forward_step: int | None = None  # the step that built exactly the forward lock, when one did
     stopped: str = ""  # why the search ended without an answer (deadline, stopped, the endpoints)
+    interrupted: bool = False  # stopped by Ctrl-C or SIGTERM
 
     @property
     def exit_code(self) -> int:
-        """0: the change and (for a source bisected by commit) the commit found; 1: nothing conclusive."""
-        return 0 if self.outcome == "found" else 1
+        """0: the change and (for a source bisected by commit) the commit found; 1: nothing conclusive; 130:
+        interrupted, as any envbuild command is."""
+        return 130 if self.interrupted else 0 if self.outcome == "found" else 1
 
     def to_json(self) -> dict[str, Any]:
         return {

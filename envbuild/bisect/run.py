@@ -5,22 +5,23 @@ BuildKit with the engine's cached layers, the in-image check), then ``run`` if g
 - **good**: built, checked and (``run``) exit 0;
 - **bad**: the in-image check fails (an import that breaks, a tree or version not the lock's), or ``run``
   exits 1–127 but 125 — the failing check's one line is the reason;
-- **skip**: the candidate cannot be built at all (verify refuses it, its build requirements are unmet, a
-  Dockerfile step fails — pip cannot build a source's tree —, its tree or submodules are not what it
-  records, the base is another platform's), or ``run`` exits 125: git bisect's "cannot test";
-- anything else (the engine, the network, the cache, ``run`` exiting 128 or more) stops the search, and
-  what is known is reported.
+- **skip**: the candidate cannot be built at all (verify refuses what it pins, its build requirements are
+  unmet, a Dockerfile step fails — pip cannot build a source's tree —, its tree or submodules are not what
+  it records, the base is another platform's), or ``run`` exits 125: git bisect's "cannot test";
+- anything else (the engine, the network, the cache — a pin verify could not check, offline and not in the
+  cache or out of reach, says nothing of the candidate —, ``run`` exiting 128 or more) stops the search,
+  and what is known is reported.
 
 BAD is built first (it must fail, or there is nothing to bisect), then GOOD unless ``assume_good`` (a
 rebuild of a lock built and checked before is answered from its record: nothing is built), then the
-search. A build is not started once the deadline has passed.
+search. A build is not started once the deadline has passed. Ctrl-C or SIGTERM (a CI job cancelled) stops
+the search as an error does: ``run``'s process group is stopped, the scratch removed, and what is known
+reported.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -28,6 +29,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from envbuild.bisect.command import run_command
 from envbuild.bisect.history import with_history
 from envbuild.bisect.result import BisectResult, Culprit, Outcome, Step
 from envbuild.bisect.steps import (
@@ -49,8 +51,9 @@ from envbuild.errors import EnvbuildError, InputError
 from envbuild.git.cache import GitCache
 from envbuild.image.assemble import ContextError
 from envbuild.image.base import PlatformError
-from envbuild.image.build import BuildRefused, ImageOptions, build_image
+from envbuild.image.build import BuildRefused, ImageOptions, PinsUnreachable, build_image
 from envbuild.image.checked import InImageMismatch
+from envbuild.interrupts import sigterm_interrupts
 from envbuild.lock.io import LockFile, read_lock, write_lock
 from envbuild.lock.model import Lock, Source
 from envbuild.lock.moves import LoggedCommit
@@ -59,7 +62,8 @@ from envbuild.update.read_submodules import SubmodulesRefused, read_source_submo
 from envbuild.verify.buildcheck import UnmetBuildRequirements
 from envbuild.verify.pins import VerifyOptions
 
-# What makes a candidate one that cannot be built, as opposed to one that fails or a bisect that cannot go on.
+# What makes a candidate one that cannot be built, as opposed to one that fails or a bisect that cannot go on
+# (:func:`unbuildable`: not when the machine is at fault).
 UNBUILDABLE = (BuildRefused, UnmetBuildRequirements, ContextError, StepFailed, SubmodulesRefused, PlatformError)
 RUN_SKIP = 125  # git bisect run's "cannot test this one"
 REASON_CHARS = 400
@@ -92,6 +96,13 @@ def run_bisect(
     engine: Engine | None = None,
 ) -> BisectResult:
     """Find the change from ``good`` to ``bad`` that breaks the build's checks; see the module docstring."""
+    with sigterm_interrupts():  # SIGTERM unwinds as Ctrl-C: scratch removed, ``run`` stopped, the claim freed last
+        return _run_bisect(good, bad, options, progress, engine)
+
+
+def _run_bisect(
+    good: LockFile, bad: LockFile, options: BisectOptions, progress: Progress, engine: Engine | None
+) -> BisectResult:
     started = time.monotonic()
     source = options.verify.source
     units = plan_units(good.lock, bad.lock)
@@ -143,6 +154,7 @@ class _Bisect:
     steps: list[Step] = field(default_factory=list)
     # (source, commit) → its record, submodules read
     sources: dict[tuple[str, str], Source] = field(default_factory=dict)
+    interrupted: bool = False
 
     def run(self, engine: Engine, planned: int, test_good: bool) -> BisectResult:
         last = len(self.states) - 1
@@ -186,6 +198,7 @@ class _Bisect:
             outcome=outcome,
             seconds=seconds,
             stopped=stopped,
+            interrupted=self.interrupted,
         )
         return self._concluded(result, search, found) if found else result
 
@@ -198,7 +211,11 @@ class _Bisect:
             number = len(self.steps) + 1
             what = self._words(state)
             self.say(f"build {number} (of at most {planned}): {what}")
-            step = self._test(engine, state, number, what, work)
+            try:
+                step = self._test(engine, state, number, what, work)
+            except KeyboardInterrupt:
+                self.interrupted = True
+                raise _Stop("stopped", f"build {number} ({what}) was interrupted (Ctrl-C or SIGTERM)") from None
             self.steps.append(step)
             if step.verdict == "stopped":  # built, and counted; the stop says why, once
                 raise _Stop("stopped", f"build {number} ({what}): {step.reason}")
@@ -282,9 +299,9 @@ class _Bisect:
         except StepFailed as exc:  # its instruction is long: where it starts, and the step's last words
             said = exc.log[-1].strip() if exc.log else str(exc)
             return step("skip", f"build step failed ({one_line(exc.step)[:STEP_CHARS]}…): {said}")
-        except UNBUILDABLE as exc:
-            return step("skip", str(exc))
         except EnvbuildError as exc:
+            if unbuildable(exc):
+                return step("skip", str(exc))
             raise _Stop("stopped", f"build {number} ({what}) stopped the bisect: {one_line(str(exc))}") from None
         if self.options.run is None:
             return step("good", image_id=built.image_id, answered=built.noop)
@@ -383,30 +400,12 @@ class _Bisect:
         )
 
 
-def run_command(command: str, image: str, image_id: str, say: Progress) -> tuple[int, str]:
-    """Run ``command`` with the shell, the image in ``$ENVBUILD_IMAGE`` (its tag) and ``$ENVBUILD_IMAGE_ID``;
-    its output (both streams) goes to ``say`` line by line; its exit status (a signal's death as 128 + the
-    signal, as a shell says it) and its last line that is not blank."""
-    env = {**os.environ, "ENVBUILD_IMAGE": image, "ENVBUILD_IMAGE_ID": image_id}
-    tail = ""
-    with subprocess.Popen(
-        command,
-        shell=True,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        errors="replace",
-    ) as process:
-        assert process.stdout is not None
-        for line in process.stdout:
-            line = line.rstrip("\n")
-            say(f"run: {line}")
-            if line.strip():
-                tail = line.strip()
-        code = process.wait()
-    return (128 - code if code < 0 else code), tail
+def unbuildable(exc: EnvbuildError) -> bool:
+    """Whether ``exc`` says the candidate cannot be built, for what it is: not a pin that could not be
+    checked (the network, offline and not in the cache) nor a cached file that cannot be read."""
+    if isinstance(exc, PinsUnreachable) or (isinstance(exc, ContextError) and exc.fault):
+        return False
+    return isinstance(exc, UNBUILDABLE)
 
 
 def one_line(text: str) -> str:

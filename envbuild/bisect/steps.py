@@ -1,8 +1,10 @@
 """What a bisect searches, and how: pure.
 
 The changes from GOOD to BAD are **units**, in a fixed order: the base image (with the platform), the
-package closure (packages, requirements, index), each source in BAD's order (then the sources only GOOD
-has, in its order), and the lock's settings (name, ``source_date_epoch``). The base and the closure come
+package closure (packages, requirements, index), the installer (uv, which installs the closure), each
+source in BAD's order (then the sources only GOOD has, in its order), and the lock's settings (name,
+``source_date_epoch``). Every field of the lock but its version (a candidate has the higher of the two) is
+in one unit: what a build uses and differs between the locks is a change. The base and the closure come
 first because the sources' recorded requirements are BAD's closure's: a source moved on before its
 packages would fail verify's closure check, where old sources under new packages seldom do.
 
@@ -27,13 +29,14 @@ from typing import Any, Literal
 from envbuild.data.jsonout import jfield, json_meta
 from envbuild.lock.model import Lock, Source
 
-UnitKind = Literal["base_image", "packages", "source", "settings"]
+UnitKind = Literal["base_image", "packages", "installer", "source", "settings"]
 Verdict = Literal["good", "bad", "skip", "stopped"]  # stopped: built, and its `--run` ended the search
 
 # The lock's fields each lock-level unit carries, in the order the units are applied.
 LOCK_FIELDS: dict[str, tuple[str, ...]] = {
     "base_image": ("base_image", "platform"),
     "packages": ("packages", "requirements", "index"),
+    "installer": ("installer",),
     "settings": ("name", "source_date_epoch"),
 }
 Fields = tuple[tuple[str, Any], ...]  # (lock field, value) of a lock-level unit
@@ -52,6 +55,8 @@ def describe(value: Source | Fields | None) -> str:
         elif name == "platform":
             if field_value is not None:
                 said.append(f"{field_value.os}/{field_value.arch} python {field_value.python}")
+        elif name == "installer":
+            said.append("(none: pip)" if field_value is None else f"{field_value.name} {field_value.version}")
         elif name in ("packages", "requirements"):
             said.append(f"{len(field_value)} {name}")
         else:
@@ -92,9 +97,8 @@ class Unit:
 
     @property
     def label(self) -> str:
-        return {"source": f"source {self.name}", "base_image": "base image", "packages": "packages"}.get(
-            self.kind, "lock settings"
-        )
+        labels = {"source": f"source {self.name}", "base_image": "base image", "packages": "packages"}
+        return labels.get(self.kind, "lock settings" if self.kind == "settings" else self.kind)
 
     def source_at(self, commit: str) -> Source:
         """The source at one of its ``commits``: BAD's record (its requirements, install, waivers as BAD
@@ -125,7 +129,7 @@ def plan_units(good: Lock, bad: Lock) -> list[Unit]:
     def fields(lock: Lock, kind: str) -> Fields:
         return tuple((name, getattr(lock, name)) for name in LOCK_FIELDS[kind])
 
-    for kind in ("base_image", "packages"):
+    for kind in ("base_image", "packages", "installer"):
         if fields(good, kind) != fields(bad, kind):
             name = bad.base_image.name if kind == "base_image" and bad.base_image else kind
             units.append(Unit(kind, name, fields(good, kind), fields(bad, kind)))

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from envbuild.cli.common import StderrProgress, add_source_options, render_json, verify_options
 from envbuild.cli.width import output_width
-from envbuild.errors import InputError
+from envbuild.errors import EnvbuildError, InputError
 from envbuild.fileio import write_atomic
 
 
@@ -55,9 +56,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
 
     if args.deadline is not None and not args.deadline > 0:
         raise InputError(f"--deadline: expected a positive number of seconds, got {args.deadline:g}")
-    for option, path in (("--report", args.report), ("--write-lock", args.write_lock)):
-        if path is not None and (path.is_dir() or not path.parent.is_dir()):
-            raise InputError(f"{option} {path}: not a file in an existing directory")
+    check_outputs(args.report, args.write_lock)
     options = BisectOptions(
         verify_options(args),
         assume_good=args.assume_good,
@@ -67,16 +66,39 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     )
     good, bad = read_lock(args.good), read_lock(args.bad)
     result = run_bisect(good, bad, options, progress=StderrProgress("envbuild", args.quiet))
-    written = None
+    written, unwritten = None, []
     if args.write_lock is not None and result.forward is not None:
         from envbuild.lock.roundtrip import text_over  # BAD's comments and layout kept where they can be
 
-        write_atomic(args.write_lock, text_over(bad, result.forward, args.write_lock).text)
-        written = str(args.write_lock)
+        try:
+            write_atomic(args.write_lock, text_over(bad, result.forward, args.write_lock).text)
+            written = str(args.write_lock)
+        except OSError as exc:
+            unwritten.append(f"--write-lock {args.write_lock}: cannot be written: {exc.strerror or exc}")
     if args.report is not None:
-        write_atomic(args.report, render_markdown(result, written))
+        try:
+            write_atomic(args.report, render_markdown(result, written))
+        except OSError as exc:
+            unwritten.append(f"--report {args.report}: cannot be written: {exc.strerror or exc}")
     if args.json:
         sys.stdout.write(render_json({**result.to_json(), "forward_lock_written": written}))
     else:
         sys.stdout.write(render_text(result, output_width(), written))
+    if unwritten:  # the answer, which took the builds, is out first
+        raise EnvbuildError(f"{'; '.join(unwritten)} (the bisect's result is on stdout)")
     return result.exit_code
+
+
+def check_outputs(report: Path | None, write_lock: Path | None) -> None:
+    """``--report`` and ``--write-lock`` can be written (a file in a writable directory), checked before
+    anything is built: a bisect's builds are not spent on an answer that cannot be kept."""
+    problems = []
+    for option, path in (("--report", report), ("--write-lock", write_lock)):
+        if path is None:
+            continue
+        if path.is_dir() or not path.parent.is_dir():
+            problems.append(f"{option} {path}: not a file in an existing directory")
+        elif not os.access(path.parent, os.W_OK):
+            problems.append(f"{option} {path}: cannot be written (its directory is not writable)")
+    if problems:
+        raise InputError("\n".join(problems))

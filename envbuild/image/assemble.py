@@ -47,7 +47,12 @@ FileFor = Callable[[Package, PackageFile], Path]
 
 
 class ContextError(ProblemsError):
-    """The build context cannot be made: a package file or a source tree is not what the lock pins."""
+    """The build context cannot be made: a package file or a source tree is not what the lock pins, or
+    (``fault``) a file of the cache cannot be read: the machine's fault, not the lock's."""
+
+    def __init__(self, problems: list[str], *, fault: bool = False) -> None:
+        super().__init__(problems)
+        self.fault = fault
 
 
 @dataclass(frozen=True)
@@ -141,6 +146,7 @@ def assemble_context(
     if dest.exists() and any(dest.iterdir()):
         raise InputError(f"{dest}: the build context directory must be empty")
     problems: list[str] = []
+    fault = False
 
     cached: dict[str, Path] = {}
     for item in (*plan.files, *((plan.installer,) if plan.installer else ())):
@@ -153,6 +159,7 @@ def assemble_context(
                 actual = item.sha256
         except OSError as exc:
             problems.append(f"package {item.package} {item.version}: {item.filename}: cannot read: {exc}")
+            fault = True
             continue
         if actual != item.sha256:
             problems.append(
@@ -174,7 +181,7 @@ def assemble_context(
         else:
             kept[source.name] = tree
     if problems:
-        raise ContextError(problems)
+        raise ContextError(problems, fault=fault)
 
     dest.mkdir(parents=True, exist_ok=True)
     wheels = dest / "wheels"

@@ -80,11 +80,25 @@ from envbuild.verify.buildcheck import build_requirement_problems, require_build
 from envbuild.verify.pins import VerifyOptions, verify_build_inputs, verify_for_build
 from envbuild.verify.results import VerifyReport
 
-__all__ = ["RAW_REPOSITORY", "BuildRefused", "BuildResult", "ImageOptions", "build_image", "check_tags", "dry_run"]
+__all__ = [
+    "RAW_REPOSITORY",
+    "BuildRefused",
+    "BuildResult",
+    "ImageOptions",
+    "PinsUnreachable",
+    "build_image",
+    "check_tags",
+    "dry_run",
+]
 
 
 class BuildRefused(EnvbuildError):
     """The lock fails verify: nothing was fetched or built."""
+
+
+class PinsUnreachable(BuildRefused):
+    """The lock fails verify because a pin could not be checked (its upstream or index out of reach, or
+    offline and not in the cache): the machine's fault, not the lock's; nothing was fetched or built."""
 
 
 @dataclass(frozen=True)
@@ -112,7 +126,8 @@ class ImageOptions:
 def require_verified(
     read: LockFile, options: VerifyOptions, progress: Progress, verified: VerifyReport | None = None
 ) -> VerifyReport:
-    """The report (a build's own check, :func:`verify_for_build`, unless given), or BuildRefused."""
+    """The report (a build's own check, :func:`verify_for_build`, unless given), or BuildRefused
+    (:class:`PinsUnreachable` when a pin that fails could not be checked at all)."""
     report = verified or verify_for_build(read.lock, str(read.path), options, progress)
     if not report.ok:
         failing = [
@@ -127,7 +142,8 @@ def require_verified(
             if source.offline and unreachable
             else f"run `{source.lock_command('verify', read.path, *_verify_flags(source.offline, report.strict))}` for details"
         )
-        raise BuildRefused(f"{read.path}: refusing to build, the lock fails verify: {'; '.join(failing)} — {advice}")
+        refused = PinsUnreachable if unreachable else BuildRefused
+        raise refused(f"{read.path}: refusing to build, the lock fails verify: {'; '.join(failing)} — {advice}")
     return report
 
 
