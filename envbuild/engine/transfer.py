@@ -126,7 +126,8 @@ class Pulled:
 class LayerProgress:
     """Turns the engine's per-layer events of a push or a pull (Waiting, Pushing/Downloading with bytes,
     then Pushed, Layer already exists, Mounted from / Pull complete, Already exists) into a few lines:
-    each layer once when it is done, and while bytes move, how many of how many, every few seconds."""
+    each layer once when it is done, and while bytes move, how many of how many, every few seconds; each
+    retry the engine counts down to (``Retrying in 5 seconds``: the registry failed the layer) once."""
 
     _MOVING = {"push": "Pushing", "pull": "Downloading"}
     _MOVED = {"push": ("Pushed",), "pull": ("Pull complete",)}
@@ -150,6 +151,10 @@ class LayerProgress:
         if previous is not None and self._finished(previous):
             return
         self.layers[layer] = status
+        if status.startswith("Retrying in"):  # the registry failed this layer; docker counts down to a retry
+            if not (previous or "").startswith("Retrying in"):  # said once a countdown, not each second of it
+                self.say(f"{self.verb} {self.name}: layer {layer} failed, the engine {status[0].lower()}{status[1:]}")
+            return
         detail = event.get("progressDetail") or {}
         if status == self._MOVING[self.verb] and detail.get("total"):
             self.sizes[layer], self.moved[layer] = int(detail["total"]), int(detail.get("current", 0))
