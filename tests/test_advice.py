@@ -21,8 +21,8 @@ from envbuild.cli import main as envbuild
 from envbuild.engine.client import Engine
 from envbuild.errors import EngineError
 from envbuild.lock import Lock, Package, PackageFile, Platform, Source, write_lock
-from envbuild.lock.model import Install
-from tests.lib.gitrepos import Served
+from envbuild.lock.model import BaseImage, Install
+from tests.lib.gitrepos import Served, free_port
 from tests.lib.pyindex import PyIndex, make_wheel
 
 
@@ -121,7 +121,8 @@ def test_a_refused_build_advises_lock_verify_which_names_the_failing_pin(
     source = Source(name="one", repo=served.url("advice-refused", "daemon-filter"), ref="v1", ref_type="tag",
                     commit=repo.commit("two"), install=Install(mode="none"))  # fmt: skip
     lock = tmp_path / "l.yaml"
-    write_lock(lock, Lock(version=1, name="refused", sources=(source,)))
+    base = BaseImage(f"127.0.0.1:{free_port()}/refused/base:1", "sha256:" + "0" * 64)  # a build needs one to begin
+    write_lock(lock, Lock(version=1, name="refused", sources=(source,), base_image=base))
     code, _, err = run(capsys, "image", str(lock), "--cache-dir", str(tmp_path / "c"))
     assert code == 1 and len(err.strip().splitlines()) == 1
     code, out, _ = run(capsys, *advised(err), "--cache-dir", str(tmp_path / "c"))

@@ -56,6 +56,7 @@ def test_a_refused_lock_does_not_wait_for_an_engine_that_does_not_answer(
     from envbuild.engine.client import Engine
     from envbuild.errors import EngineError
     from envbuild.lock import Lock, Source, write_lock
+    from envbuild.lock.model import BaseImage
     from tests.lib.gitrepos import free_port
 
     asked, answer, ended = threading.Event(), threading.Event(), threading.Event()
@@ -70,7 +71,8 @@ def test_a_refused_lock_does_not_wait_for_an_engine_that_does_not_answer(
     source = Source(
         name="gone", repo=f"git://127.0.0.1:{free_port()}/gone", ref="main", ref_type="branch", commit="a" * 40
     )
-    write_lock(tmp_path / "gone.lock.yaml", Lock(version=1, name="gone", sources=(source,)))
+    base = BaseImage(f"127.0.0.1:{free_port()}/gone/base:1", "sha256:" + "0" * 64)  # a build needs one to begin
+    write_lock(tmp_path / "gone.lock.yaml", Lock(version=1, name="gone", sources=(source,), base_image=base))
     code = main(["image", str(tmp_path / "gone.lock.yaml"), "--cache-dir", str(tmp_path / "c")])
     err = capsys.readouterr().err
     refused_before_the_ping_ended = not ended.is_set()

@@ -270,14 +270,16 @@ def parse_only(prog: str, argv: list[str], monkeypatch: pytest.MonkeyPatch) -> t
 
     def parse_without_running() -> argparse.ArgumentParser:
         parser = build()
-        parse_args = parser.parse_args
+        parse_known_args = parser.parse_known_args  # what parse_args and the CLI's own parsing both call
 
-        def parse(args: list[str] | None = None, namespace: argparse.Namespace | None = None) -> argparse.Namespace:
-            parsed = parse_args(args, namespace)
+        def parse(
+            args: list[str] | None = None, namespace: argparse.Namespace | None = None
+        ) -> tuple[argparse.Namespace, list[str]]:
+            parsed, extra = parse_known_args(args, namespace)
             parsed.handler = lambda _args: 0
-            return parsed
+            return parsed, extra
 
-        parser.parse_args = parse  # type: ignore[method-assign, assignment]
+        parser.parse_known_args = parse  # type: ignore[method-assign, assignment]
         return parser
 
     with monkeypatch.context() as patch:
