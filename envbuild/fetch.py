@@ -244,24 +244,31 @@ def package_file_locations(
     session: requests.Session | None = None,
     client: IndexClient | None = None,
 ) -> dict[str, FileLocation]:
-    """Where each of the lock's files is downloaded from, as the index lists it now (no URL ``offline``),
-    and its size: that of its copy in the file cache under ``cache_dir`` (the bytes the lock's sha256 pins:
+    """Where each of the lock's files is downloaded from, as the index lists it now (no URL ``offline``;
+    an index out of reach, or one that no longer lists a file the lock pins, is RemoteError), and its size: that of its copy in the file cache under ``cache_dir`` (the bytes the lock's sha256 pins:
     checked when they entered), else the size the index states (PEP 700) when it lists the lock's sha256,
     else unknown. For a pylock.toml export."""
     listed: dict[str, IndexFile] = {}
     if not offline:
         index_client = client or IndexClient(session)
 
-        def page(package: Package) -> ProjectPage | None:
+        def page(package: Package) -> ProjectPage:
             try:
                 return index_client.project(lock.index_for(package), package.name)
-            except RemoteError:
-                return None
+            except RemoteError as exc:  # a path where a URL was asked for would fail only where it is installed
+                raise RemoteError(f"{exc} (`--offline` refers to every file as files/<name>)") from None
 
         with_files = [p for p in lock.packages if p.files]
         index_client.prefetch(((lock.index_for(p), p.name) for p in with_files), jobs)  # then parsed one by one
-        for found in map(page, with_files):
-            listed |= {f.filename: f for f in found.files} if found else {}
+        for package, found in zip(with_files, map(page, with_files)):
+            files = {f.filename: f for f in found.files}
+            if gone := [f.filename for f in package.files if f.filename not in files]:
+                raise RemoteError(
+                    f"{lock.index_for(package)} no longer lists {', '.join(gone)} of {package.name} {package.version}, "
+                    "which the lock pins: `envbuild lock verify` says what moved, `envbuild lock update` moves the lock "
+                    "(`--offline` refers to every file as files/<name>)"
+                )
+            listed |= files
     cache = FileCache(cache_dir) if cache_dir is not None else None
     locations: dict[str, FileLocation] = {}
     # The packages' files (an export lists the installer nowhere: it installs, it is not installed).

@@ -181,6 +181,32 @@ def test_pylock_sources_by_distribution_and_left_out_when_not_installed() -> Non
     assert "install: none" in data["tool"]["envbuild"]["sources-left-out"]["alpha-src"]
 
 
+def test_pylock_names_a_package_a_source_replaces_instead_of_listing_it_twice() -> None:
+    """PEP 751: one entry per name applies; two `beta-pkg` entries without markers made uv refuse the file
+    ("Multiple active package entries"). The source installs after the packages, as in the image."""
+    lock = sample_lock()
+    zeta, alpha_src = lock.sources
+    lock = dataclasses.replace(lock, sources=(dataclasses.replace(zeta, provides=Provides("beta.pkg")), alpha_src))
+    data = tomllib.loads(export_pylock(lock))
+    Pylock.from_dict(data)
+    names = [p["name"] for p in data["packages"]]
+    assert names == ["alpha", "alpha-src", "beta-pkg"] and "vcs" in data["packages"][2]
+    assert data["tool"]["envbuild"]["packages-replaced"] == {"Beta_Pkg==2.0": "source zeta replaces it"}
+
+
+def test_pylock_spells_an_scp_like_repository_as_a_url_and_escapes_del() -> None:
+    """PEP 751's vcs.url is a URL: `git@host:path`, which a lock takes, made uv refuse the whole file
+    ("relative URL without a base"). TOML forbids DEL unescaped, which JSON's escaping leaves."""
+    lock = sample_lock()
+    zeta, alpha_src = lock.sources
+    scp = dataclasses.replace(zeta, repo="git@github.com:benjaminp/six.git", install=Install(env={"A_B": "x\x7fy"}))
+    data = tomllib.loads(export_pylock(dataclasses.replace(lock, sources=(scp, alpha_src))))
+    Pylock.from_dict(data)
+    (entry,) = [p for p in data["packages"] if p["name"] == "zeta"]
+    assert entry["vcs"]["url"] == "ssh://git@github.com/benjaminp/six.git"
+    assert entry["tool"]["envbuild"]["build-env"] == {"A_B": "x\x7fy"}
+
+
 def test_pylock_sizes_offline_from_the_file_cache(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Offline, a file in envbuild's cache gives its size (its bytes are the ones the lock's sha256 pins);
     a file not there has none, and every file is a path under files/."""
@@ -224,6 +250,44 @@ def test_pylock_sizes_from_the_cache_over_the_index(tmp_path: Path) -> None:
         names[2]: None,
     }
     assert all(at.url == f"{index.url.removesuffix('/simple')}/files/{name}" for name, at in found.items())
+
+
+def test_an_online_pylock_export_fails_where_the_index_cannot_say_where_a_file_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Once it wrote `path = "files/…"` for every file and exited 0, which fails only where it is installed.
+    An index out of reach, or one that no longer lists a pinned file, is exit 1, nothing written."""
+    dists = tmp_path / "dists"
+    dists.mkdir()
+    wheel = make_wheel(dists, "kept", "1.0").name
+    with PyIndex(dists) as index:
+        gone = Package(
+            "kept", "1.0", files=(PackageFile(wheel, index.sha256(wheel)), PackageFile("kept-1.0.tar.gz", "3" * 64))
+        )
+        write_lock(
+            tmp_path / "gone.lock.yaml", Lock(version=2, name="gone", index=index.url, sources=(), packages=(gone,))
+        )
+        argv = [
+            "lock",
+            "export",
+            str(tmp_path / "gone.lock.yaml"),
+            "--format",
+            "pylock",
+            "-o",
+            str(tmp_path / "p.toml"),
+        ]
+        assert main([*argv, "--cache-dir", str(tmp_path / "c")]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(
+            f"envbuild: error: {index.url} no longer lists kept-1.0.tar.gz of kept 1.0, which the lock"
+        )
+        assert err.count("\n") == 1 and not (tmp_path / "p.toml").exists()
+    # The index gone: the same, naming it.
+    assert main([*argv, "--cache-dir", str(tmp_path / "c")]) == 1
+    err = capsys.readouterr().err
+    assert index.url.split("/simple")[0] in err and "(`--offline` refers to every file as files/<name>)" in err
+    assert main([*argv, "--offline", "--cache-dir", str(tmp_path / "c")]) == 0  # the way it says
+    assert tomllib.loads((tmp_path / "p.toml").read_text())["packages"][0]["wheels"][0]["path"] == f"files/{wheel}"
 
 
 def test_pylock_escapes_strings() -> None:

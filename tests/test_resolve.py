@@ -65,6 +65,16 @@ def test_select_falls_back_to_sdist_only_without_a_wheel() -> None:
     assert [f.filename for f in select_files(pure, "six", "1.16.0", ARM)] == ["six-1.16.0-py2.py3-none-any.whl"]
 
 
+def test_select_leaves_yanked_files_out_while_one_that_is_not_will_do() -> None:
+    """PEP 592. Once the yanked wheel was locked beside an sdist that was not, and verify failed the lock."""
+    wheel, sdist = files("six-1.16.0-py2.py3-none-any.whl", "six-1.16.0.tar.gz")
+    yanked = wheel._replace(yanked=True, yanked_reason="broken wheel")
+    assert select_files([yanked, sdist], "six", "1.16.0", ARM) == [sdist]
+    assert select_files([yanked], "six", "1.16.0", ARM) == [yanked]  # all there is: locked, and verify says so
+    other = files("np-2.0-cp312-cp312-manylinux_2_17_x86_64.manylinux2014_x86_64.whl")  # not for ARM
+    assert select_files([yanked, *other], "six", "1.16.0", ARM) == [yanked]
+
+
 def test_select_skips_files_without_sha256() -> None:
     nohash = [IndexFile(filename="a-1-py3-none-any.whl", url="u", sha256=None, yanked=False)]
     assert select_files(nohash, "a", "1", ARM) == []

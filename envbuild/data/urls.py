@@ -44,6 +44,16 @@ def redact_url(url: str) -> str:
     return prefix + "***" + url[url.rindex("@") :]
 
 
+def as_url(repo: str) -> str:
+    """A repository address as a URL: git's scp-like ``user@host:path`` as ``ssh://user@host/path`` (as pip's
+    docs spell it: a path the scp-like form reads from the user's home is one such hosts serve from the
+    root too), anything else as it is. For formats that take URLs only (PEP 751's ``vcs.url``)."""
+    if _SCP_LIKE.fullmatch(repo):
+        user_host, _, path = repo.partition(":")
+        return f"ssh://{user_host}/{path.lstrip('/')}"
+    return repo
+
+
 def redact_password(url: str) -> str:
     """``url`` with its user part hidden (:func:`redact_url`) when that holds a password (``user:pass@``);
     a bare user (``ssh://root@node-001``) is no secret, and says which account a message is about."""

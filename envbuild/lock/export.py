@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import yaml
 from packaging.utils import InvalidName, canonicalize_name
 
+from envbuild.data.urls import as_url
 from envbuild.lock.io import canonical
 from envbuild.lock.model import PYPI_SIMPLE, Lock, Package, PackageFile, Source, Submodule
 
@@ -70,8 +71,9 @@ def export_requirements(lock: Lock) -> str:
 
 
 def _toml_str(value: str) -> str:
-    # A JSON string is a valid TOML basic string: same quotes, and JSON escapes every control character.
-    return json.dumps(value, ensure_ascii=False)
+    # A JSON string is a TOML basic string: same quotes, and JSON escapes every C0 control character; TOML
+    # also forbids DEL (U+007F) unescaped, which JSON leaves as it is.
+    return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
 def _inline(table: Mapping[str, object]) -> str:
@@ -106,7 +108,7 @@ def _source_entry(source: Source) -> list[str]:
     lines = ["[[packages]]", f"name = {_toml_str(canonicalize_name(source.distribution))}"]
     if source.provides is not None and source.provides.version is not None:
         lines.append(f"version = {_toml_str(source.provides.version)}")
-    vcs = {"type": "git", "url": source.repo, "requested-revision": source.ref, "commit-id": source.commit}
+    vcs = {"type": "git", "url": as_url(source.repo), "requested-revision": source.ref, "commit-id": source.commit}
     lines.append(f"vcs = {_inline(vcs)}")
     if source.install is not None and source.install.env:
         lines.append(f"tool = {_inline({'envbuild': {'build-env': dict(sorted(source.install.env.items()))}})}")
@@ -121,7 +123,7 @@ def export_pylock(lock: Lock, *, files: Mapping[str, FileLocation] | None = None
     URLs and sizes; a file without a URL gets ``path = "<files_dir>/<filename>"``, the layout of a
     downloaded wheelhouse next to the lock, and a file of unknown size no ``size`` (optional in PEP 751).
     What cannot be installed from the file (a package without files, a source that is not installed) is
-    named under ``[tool.envbuild]``.
+    named under ``[tool.envbuild]``, and so is a package an installed source replaces (one entry per name).
     """
     lock = canonical(lock)
     files = files or {}
@@ -141,9 +143,14 @@ def export_pylock(lock: Lock, *, files: Mapping[str, FileLocation] | None = None
         table |= {"size": at.size} if at.size is not None else {}
         return _inline({**table, "hashes": {"sha256": file.sha256}})
 
+    left_out = {s.name: why for s in lock.sources if (why := _left_out(s)) is not None}
+    sources = [s for s in lock.sources if s.name not in left_out]
+    # A source installs after the packages and replaces one of its name (as the image does); PEP 751 lets one
+    # entry per name apply, so the replaced package is named under the tool table instead.
+    replaced = {canonicalize_name(s.distribution): s.name for s in sources}
     entries: list[tuple[str, list[str]]] = []
     for package in lock.packages:
-        if not package.files:
+        if not package.files or canonicalize_name(package.name) in replaced:
             continue
         name = canonicalize_name(package.name)
         wheels = [f for f in package.files if f.filename.endswith(".whl")]
@@ -160,14 +167,18 @@ def export_pylock(lock: Lock, *, files: Mapping[str, FileLocation] | None = None
         if wheels:
             lines += ["wheels = [", *(f"    {entry(f)}," for f in wheels), "]"]
         entries.append((name, lines))
-    left_out = {s.name: why for s in lock.sources if (why := _left_out(s)) is not None}
-    entries += [(canonicalize_name(s.distribution), _source_entry(s)) for s in lock.sources if s.name not in left_out]
+    entries += [(canonicalize_name(s.distribution), _source_entry(s)) for s in sources]
+    replacing = {
+        f"{p.name}=={p.version}": f"source {replaced[canonicalize_name(p.name)]} replaces it"
+        for p in lock.packages
+        if canonicalize_name(p.name) in replaced
+    }
     if not entries:
         out.append("packages = []")  # required by PEP 751 even when empty
     for _, lines in sorted(entries, key=lambda e: e[0]):
         out += ["", *lines]
     unresolved = _unresolved(lock)
-    if unresolved or left_out:
+    if unresolved or left_out or replacing:
         # PEP 751 needs a file (or a VCS/directory/archive) per package; record the gaps under our tool table.
         out += ["", "[tool.envbuild]"]
     if unresolved:
@@ -175,6 +186,9 @@ def export_pylock(lock: Lock, *, files: Mapping[str, FileLocation] | None = None
     if left_out:
         pairs = ", ".join(f"{_toml_str(name)} = {_toml_str(why)}" for name, why in sorted(left_out.items()))
         out.append(f"sources-left-out = {{{pairs}}}")
+    if replacing:
+        pairs = ", ".join(f"{_toml_str(name)} = {_toml_str(why)}" for name, why in sorted(replacing.items()))
+        out.append(f"packages-replaced = {{{pairs}}}")
     return "\n".join(out) + "\n"
 
 

@@ -36,21 +36,20 @@ class ResolutionError(EnvbuildError):
 
 
 def select_files(files: Iterable[IndexFile], name: str, version: str, platform: Platform) -> list[IndexFile]:
-    """The files of ``name==version`` installable on ``platform``: its compatible wheels, else its sdists."""
+    """The files of ``name==version`` installable on ``platform``: its compatible wheels, else its sdists;
+    of those, the ones not yanked, unless every one is (PEP 592: a yanked file is ignored where one that is
+    not yanked will do; a version only yanked files give is locked as it is, and verify says so)."""
     wanted = Version(version)
-    wheels: list[IndexFile] = []
-    sdists: list[IndexFile] = []
-    for f in files:
-        if file_version(f.filename, name) != wanted or not f.sha256:
-            continue  # a file without a sha256 cannot be locked
-        if f.filename.endswith(".whl"):
-            if wheel_fits(f.filename, platform):
-                wheels.append(f)
-        else:
-            sdists.append(f)
-    # An sdist next to a usable wheel would only invite a build on the image; keep it only when it is all
-    # there is (vllm-ascend, for one, publishes no wheel).
-    return sorted(wheels or sdists, key=lambda f: f.filename)
+    found: list[IndexFile] = [f for f in files if file_version(f.filename, name) == wanted and f.sha256]
+    # (a file without a sha256 cannot be locked)
+    for usable in ([f for f in found if not f.yanked], found):
+        wheels = [f for f in usable if f.filename.endswith(".whl") and wheel_fits(f.filename, platform)]
+        sdists = [f for f in usable if not f.filename.endswith(".whl")]
+        # An sdist next to a usable wheel would only invite a build on the image; keep it only when it is all
+        # there is (vllm-ascend, for one, publishes no wheel).
+        if chosen := wheels or sdists:
+            return sorted(chosen, key=lambda f: f.filename)
+    return []
 
 
 def parse_pins(text: str) -> list[tuple[str, str]]:
