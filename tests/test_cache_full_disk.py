@@ -7,6 +7,7 @@ left is removed at once; and the next run succeeds once there is space again."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import textwrap
@@ -23,7 +24,7 @@ from envbuild.index.filecache import FileCache
 from envbuild.lock.model import Source
 from envbuild.verify.sources import verify_source
 from tests.lib.gitrepos import Served, fast_import_repo, git
-from tests.lib.pyindex import PyIndex
+from tests.lib.pyindex import PyIndex, make_wheel
 from tests.lib.tmpfs import KiB, MiB, Tmpfs, leftovers, mounted_tmpfs
 
 
@@ -152,3 +153,26 @@ def test_a_download_that_does_not_fit(disk: Tmpfs, tmp_path: Path) -> None:
         disk.resize(8 * MiB)
         path = cache.fetch(listed.url, index.sha256(wheel.name), wheel.name, client.download)
     assert path.read_bytes() == wheel.read_bytes()
+
+
+def test_metadata_a_full_cache_cannot_keep_does_not_end_the_verify(
+    disk: Tmpfs, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A wheel's METADATA kept in the cache only saves a later read: once the first one that did not fit
+    ended `lock verify` in `error: No space left on device`, naming no cache and with no table."""
+    from tests.test_metadata_pin import real_metadata, sha, write  # its lock of two wheels, one pinned
+
+    root = tmp_path / "dists"
+    root.mkdir()
+    make_wheel(root, "app", "1.0", requires=["dep>=1"])
+    make_wheel(root, "dep", "1.0")
+    filler = disk.fill(leave=0)
+    with PyIndex(root) as index:
+        lock = write(tmp_path, index, sha(real_metadata(root)))
+        code = main(["lock", "verify", str(lock), "--cache-dir", str(disk.path), "--json", "-q"])
+    out, err = capsys.readouterr()
+    results = json.loads(out)["results"]
+    assert (code, err) == (0, ""), err
+    assert {(r["kind"], r["status"]) for r in results} == {("package", "ok"), ("requirement", "ok")}
+    assert leftovers(disk.path) == []  # no temporary file of a write that did not fit
+    filler.unlink()

@@ -145,8 +145,7 @@ class MetadataReader:
             found: dict[str, Any] = {"requires": sdist_requirements(path, package, file.filename)}
         except Unsettled as exc:
             found = {"unsettled": str(exc)}
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(cached, json.dumps(found, sort_keys=True).encode())
+        _remember(cached, json.dumps(found, sort_keys=True).encode())
         if "unsettled" in found:
             raise MetadataError(found["unsettled"])
         return list(found["requires"])
@@ -183,8 +182,7 @@ class MetadataReader:
             # what names the package; the caller's one parse checks the rest (a second parse of each file
             # was half of a rebuild's closure check: 0.05 s at 226 packages)
             _requires(data, package, file.filename, settled=False)
-            self.dir.mkdir(parents=True, exist_ok=True)
-            write_atomic(self.dir / pinned, data)
+            _remember(self.dir / pinned, data)
         return data
 
     def local_wheel_metadata(self, local: Path, file: PackageFile) -> bytes:
@@ -198,8 +196,7 @@ class MetadataReader:
             pass
         with open(local, "rb") as handle:
             data = read_wheel_metadata(handle, file.filename)
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(cached, data)
+        _remember(cached, data)
         return data
 
     def _sdist(self, lock: Lock, package: Package, file: PackageFile) -> Path:
@@ -396,3 +393,14 @@ def _requires(data: bytes, package: Package, filename: str, *, settled: bool) ->
         except InvalidRequirement as exc:
             raise MetadataError(f"Requires-Dist {str(text)!r} is not PEP 508: {exc}") from None
     return found
+
+
+def _remember(path: Path, data: bytes) -> None:
+    """Keep ``data`` at ``path`` for the next run, where the cache can take it: an entry here only saves a
+    later read, so a full or read-only cache costs that read, not the verify (which once ended at the first
+    metadata it could not keep, in one line naming no cache and with no table)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, data)
+    except OSError:
+        pass  # write_atomic removed its temporary file; what was read is returned all the same
