@@ -51,6 +51,7 @@ def test_a_cluster_file_is_data() -> None:
     ("change", "expected"),
     [
         (("name: glm5", "name: glm5\ncolour: red"), "c.yaml:2: colour: unknown key"),
+        (("name: glm5", f"name: {'a' * 251}"), "c.yaml:1: name: 251 characters long, at most 250"),  # NAME.json
         (("head_port: 6380", "head_port: '6380'"), "c.yaml:2: head_port: expected an integer"),
         (("head_port: 6380", "head_port: 70000"), "c.yaml:2: head_port: 70000 is not a port"),
         (
