@@ -21,7 +21,11 @@ import hashlib
 import json
 import os
 import re
+import signal
 import socket
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -450,6 +454,39 @@ def test_a_node_that_never_joins_is_removed_naming_the_job_api_asked(
         f"its log ends: {STUB_LOG}",
     )
     assert_nothing_left(docker_client, tmp_path / "state", "gaps-nojoin")
+
+
+@pytest.mark.docker
+@pytest.mark.registry
+def test_sigterm_while_up_waits_removes_every_node_and_the_state_as_ctrl_c_does(
+    images: Images, engine_url: str, docker_client: docker.DockerClient, tmp_path: Path
+) -> None:
+    """A real SIGTERM (a scheduler, ``kill``) to a real ``envrun cluster up`` whose two nodes are started and
+    waiting to join: it unwinds as Ctrl-C, exit 130, nothing left (it used to die at once, exit 143, its
+    containers running and its state file "starting")."""
+    port = free_block(1, 30000)
+    args = ["--temp-dir=/tmp/ray-gaps"]  # the head reports its address: the worker starts too
+    spec = write_cluster(
+        tmp_path / "c.yaml", "gaps-sigterm", [engine_url, engine_url], ray_start_args=args, dashboard_port=port
+    )
+    state = tmp_path / "state"
+    argv = [sys.executable, "-m", "envrun.cli.main", "cluster", "up", str(spec), "--image", images.node]
+    with (tmp_path / "stderr").open("wb") as err:
+        process = subprocess.Popen([*argv, "--cache-dir", str(state), "--timeout", "120"], stderr=err)
+    try:
+        deadline = time.monotonic() + 120
+        while "started envrun-gaps-sigterm-1" not in (tmp_path / "stderr").read_text():
+            assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "stderr").read_text()
+            time.sleep(0.2)
+        assert len(clusters_of(docker_client, "gaps-sigterm")) == 2 and state_path(state, "gaps-sigterm").exists()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 130
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert (tmp_path / "stderr").read_text().endswith("envrun: interrupted\n")
+    assert_nothing_left(docker_client, state, "gaps-sigterm")
 
 
 @dataclass
