@@ -152,6 +152,22 @@ def test_a_bad_file_stops_up_with_one_line_and_exit_2(tmp_path: Path, capsys: py
     assert not (tmp_path / "state").exists()
 
 
+@pytest.mark.parametrize("timeout", ["nan", "0", "-5", "inf", "soon"])
+def test_a_timeout_that_is_not_a_positive_number_of_seconds_stops_up_before_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], timeout: str
+) -> None:
+    """nan never timed out; 0 and negative ones were taken too."""
+    path = tmp_path / "c.yaml"
+    path.write_text(GOOD)
+    argv = ["cluster", "up", str(path), "--image", "x:1", "--timeout", timeout, "--cache-dir", str(tmp_path / "state")]
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == (
+        f"envrun: error: cluster up: argument --timeout: {timeout!r}: expected a positive number of seconds\n"
+    )
+    assert not (tmp_path / "state").exists()
+
+
 def test_ray_start_lines_of_head_and_worker() -> None:
     spec = parse_cluster_file(GOOD, "c.yaml")
     assert ray_start_command(spec, 0, None, 16) == (

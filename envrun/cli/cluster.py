@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -25,7 +26,9 @@ def add_cluster_command(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("cluster_file", type=Path, metavar="CLUSTER.yaml")
     up.add_argument("--image", required=True, metavar="REF", help="the image built from the lock, pushed")
     up.add_argument("--lock", type=Path, metavar="LOCK", help="the lock the image must carry (default: any)")
-    up.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS", help="for every node to join")
+    up.add_argument(
+        "--timeout", type=seconds, default=300.0, metavar="SECONDS", help="for every node to join (default 300)"
+    )
     up.set_defaults(handler=_up)
 
     status = actions.add_parser(
@@ -48,6 +51,17 @@ def add_cluster_command(subparsers: argparse._SubParsersAction) -> None:
         parser.add_argument(
             "--config", type=Path, help="config file (default: $ENVBUILD_CONFIG or ~/.config/envbuild/config.yaml)"
         )
+
+
+def seconds(text: str) -> float:
+    """A positive, finite number of seconds (nan would never time out)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive number of seconds")
+    return value
 
 
 def cluster_name(name: str) -> str:
