@@ -34,10 +34,12 @@ from typing import Any
 import docker
 import pytest
 
+from envbuild.data.jsonout import to_jsonable
 from envbuild.engine.client import Engine
 from envbuild.errors import EngineError
 from envbuild.image.plan import LOCK_LABEL
 from envrun.cli.main import main
+from envrun.cluster.info import ClusterInfo
 from envrun.cluster.netifs import interfaces, shown_interfaces
 from envrun.cluster.nodecheck import NodeAsk, engine_image_lines, job_address_line
 from envrun.cluster.onstore import listing, seen_markers, write_marker
@@ -487,6 +489,19 @@ def test_sigterm_while_up_waits_removes_every_node_and_the_state_as_ctrl_c_does(
             process.wait()
     assert (tmp_path / "stderr").read_text().endswith("envrun: interrupted\n")
     assert_nothing_left(docker_client, state, "gaps-sigterm")
+
+
+@pytest.mark.docker
+def test_status_json_always_has_other_nodes_and_up_s_never(
+    engine_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``other_nodes`` is [] when no node joined by hand (it was left out, as if status had not asked)."""
+    state = ClusterState("gaps-others", "up", "r/x@sha256:" + "a" * 64, LOCK_SHA, (engine_url,), None)
+    save_state(tmp_path, state)
+    assert main(["cluster", "status", "gaps-others", "--json", "--cache-dir", str(tmp_path)]) == 1  # no node
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["other_nodes"] == [] and shown["nodes"][0]["state"] == "missing"
+    assert "other_nodes" not in to_jsonable(ClusterInfo("gaps-others", None, ()))  # up's
 
 
 @dataclass
