@@ -273,6 +273,8 @@ def _wait_joined(address: str, spec: ClusterSpec, started: list[_Started], deadl
             _check_running(spec, node)
         try:
             alive = {n.name: n for n in ray_api.list_nodes(address, timeout=10) if n.alive}
+        except ray_api.RayAuthError:
+            raise  # a token it refuses: no wait mends that
         except EngineError:
             alive = {}  # the job API is still starting
         missing = [n for n in started if container_name(spec.name, n.index) not in alive]
