@@ -20,13 +20,14 @@ import logging
 import os
 import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from envbuild.data.tokens import bearer_problem
-from envbuild.errors import EngineError, InputError
+from envbuild.errors import EngineError, EnvbuildError, InputError
 from envbuild.fileio import open_regular
 from envrun import first_line
 
@@ -116,6 +117,18 @@ def submit(client: Any, address: str, argv: tuple[str, ...] | list[str], **optio
         return str(client.submit_job(entrypoint=shlex.join(argv), **options))
     except Exception as exc:
         raise EngineError(f"{address}: job submission failed: {first_line(exc)}") from None
+
+
+@contextmanager
+def following(address: str, job_id: str) -> Iterator[None]:
+    """Ray's client failing while a job is followed, stopped or asked about — the head gone mid-job is a
+    ``RuntimeError: WebSocket connection closed unexpectedly with close code 1006`` — as one EngineError."""
+    try:
+        yield
+    except EnvbuildError:
+        raise
+    except Exception as exc:  # Ray raises RuntimeError, ConnectionError, requests' errors by version
+        raise EngineError(f"{address}: lost Ray job {job_id}: {first_line(exc)} (is the cluster's head up?)") from None
 
 
 def tail_logs(client: Any, job_id: str, log: Callable[[str], None]) -> None:
