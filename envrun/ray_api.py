@@ -20,13 +20,14 @@ import logging
 import os
 import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from envbuild.data.tokens import bearer_problem
-from envbuild.errors import EngineError, InputError
+from envbuild.errors import EngineError, EnvbuildError, InputError
 from envbuild.fileio import open_regular
 from envrun import first_line
 
@@ -44,6 +45,11 @@ class RayNode:
     alive: bool
     head: bool
     npus: int  # its NPU resource
+
+
+class RayAuthError(EngineError):
+    """The cluster asked for a token envrun did not send, or refused the one it sent (401, 403): said at
+    once, never waited out as a head still starting."""
 
 
 def auth_headers() -> dict[str, str]:
@@ -81,9 +87,15 @@ def job_client(address: str) -> Any:
     try:
         return JobSubmissionClient(address, headers=headers)
     except Exception as exc:  # Ray raises ConnectionError, RuntimeError, ValueError by version
-        raise EngineError(
-            f"{address}: cannot reach the Ray job API: {first_line(exc)}{_token_hint(exc, headers)}"
-        ) from None
+        said = f"{address}: cannot reach the Ray job API: {first_line(exc)}{_token_hint(exc, headers)}"
+        raise (RayAuthError if _refused(exc) else EngineError)(said) from None
+
+
+def _refused(exc: BaseException) -> bool:
+    """Whether Ray's client met a 401 or 403 (its AuthenticationError)."""
+    from ray.exceptions import AuthenticationError
+
+    return isinstance(exc, AuthenticationError)
 
 
 def _token_hint(exc: BaseException, headers: dict[str, str]) -> str:
@@ -91,7 +103,11 @@ def _token_hint(exc: BaseException, headers: dict[str, str]) -> str:
     if "authentication" not in str(exc).lower():
         return ""
     if headers:
-        return " (envrun sent the token it found: it is not this cluster's)"
+        if os.environ.get("RAY_AUTH_TOKEN", "").strip():
+            source = "$RAY_AUTH_TOKEN"
+        else:
+            source = os.environ.get("RAY_AUTH_TOKEN_PATH") or "~/.ray/auth_token"
+        return f" (envrun sent the token it found: it is not this cluster's; it came from {source})"
     return " (envrun found no token in $RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)"
 
 
@@ -101,6 +117,18 @@ def submit(client: Any, address: str, argv: tuple[str, ...] | list[str], **optio
         return str(client.submit_job(entrypoint=shlex.join(argv), **options))
     except Exception as exc:
         raise EngineError(f"{address}: job submission failed: {first_line(exc)}") from None
+
+
+@contextmanager
+def following(address: str, job_id: str) -> Iterator[None]:
+    """Ray's client failing while a job is followed, stopped or asked about — the head gone mid-job is a
+    ``RuntimeError: WebSocket connection closed unexpectedly with close code 1006`` — as one EngineError."""
+    try:
+        yield
+    except EnvbuildError:
+        raise
+    except Exception as exc:  # Ray raises RuntimeError, ConnectionError, requests' errors by version
+        raise EngineError(f"{address}: lost Ray job {job_id}: {first_line(exc)} (is the cluster's head up?)") from None
 
 
 def tail_logs(client: Any, job_id: str, log: Callable[[str], None]) -> None:
@@ -143,15 +171,18 @@ def list_nodes(address: str, timeout: int = 30) -> list[RayNode]:
         from ray.util.state.common import ListApiOptions, StateResource
     except ImportError:
         raise InputError("Ray is needed here: pip install 'envbuild[ray]'") from None
+    headers = auth_headers()  # a token file that cannot be read is the user's to mend: InputError, as it is
     try:
         # ray.util.state.list_nodes, with the token: that function takes no headers
-        nodes: list[Any] = StateApiClient(address=address, headers=auth_headers()).list(
+        nodes: list[Any] = StateApiClient(address=address, headers=headers).list(
             StateResource.NODES,
             options=ListApiOptions(limit=10_000, timeout=timeout, detail=True),
             raise_on_missing_output=False,
         )
     except Exception as exc:
         said = first_line(exc)
+        if _refused(exc):
+            raise RayAuthError(f"{address}: the cluster refused envrun: {said}{_token_hint(exc, headers)}") from None
         if "Failed to connect to API server" in said:  # Ray's words then go on to `pip install ray[default]`
             said = "its dashboard does not answer there (is the head up, with its dashboard, at that address?)"
         raise EngineError(f"{address}: cannot list the cluster's nodes: {said}") from None

@@ -21,7 +21,11 @@ import hashlib
 import json
 import os
 import re
+import signal
 import socket
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -30,10 +34,12 @@ from typing import Any
 import docker
 import pytest
 
+from envbuild.data.jsonout import to_jsonable
 from envbuild.engine.client import Engine
 from envbuild.errors import EngineError
 from envbuild.image.plan import LOCK_LABEL
 from envrun.cli.main import main
+from envrun.cluster.info import ClusterInfo
 from envrun.cluster.netifs import interfaces, shown_interfaces
 from envrun.cluster.nodecheck import NodeAsk, engine_image_lines, job_address_line
 from envrun.cluster.onstore import listing, seen_markers, write_marker
@@ -450,6 +456,52 @@ def test_a_node_that_never_joins_is_removed_naming_the_job_api_asked(
         f"its log ends: {STUB_LOG}",
     )
     assert_nothing_left(docker_client, tmp_path / "state", "gaps-nojoin")
+
+
+@pytest.mark.docker
+@pytest.mark.registry
+def test_sigterm_while_up_waits_removes_every_node_and_the_state_as_ctrl_c_does(
+    images: Images, engine_url: str, docker_client: docker.DockerClient, tmp_path: Path
+) -> None:
+    """A real SIGTERM (a scheduler, ``kill``) to a real ``envrun cluster up`` whose two nodes are started and
+    waiting to join: it unwinds as Ctrl-C, exit 130, nothing left (it used to die at once, exit 143, its
+    containers running and its state file "starting")."""
+    port = free_block(1, 30000)
+    args = ["--temp-dir=/tmp/ray-gaps"]  # the head reports its address: the worker starts too
+    spec = write_cluster(
+        tmp_path / "c.yaml", "gaps-sigterm", [engine_url, engine_url], ray_start_args=args, dashboard_port=port
+    )
+    state = tmp_path / "state"
+    argv = [sys.executable, "-m", "envrun.cli.main", "cluster", "up", str(spec), "--image", images.node]
+    with (tmp_path / "stderr").open("wb") as err:
+        process = subprocess.Popen([*argv, "--cache-dir", str(state), "--timeout", "120"], stderr=err)
+    try:
+        deadline = time.monotonic() + 120
+        while "started envrun-gaps-sigterm-1" not in (tmp_path / "stderr").read_text():
+            assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "stderr").read_text()
+            time.sleep(0.2)
+        assert len(clusters_of(docker_client, "gaps-sigterm")) == 2 and state_path(state, "gaps-sigterm").exists()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 130
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert (tmp_path / "stderr").read_text().endswith("envrun: interrupted\n")
+    assert_nothing_left(docker_client, state, "gaps-sigterm")
+
+
+@pytest.mark.docker
+def test_status_json_always_has_other_nodes_and_up_s_never(
+    engine_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``other_nodes`` is [] when no node joined by hand (it was left out, as if status had not asked)."""
+    state = ClusterState("gaps-others", "up", "r/x@sha256:" + "a" * 64, LOCK_SHA, (engine_url,), None)
+    save_state(tmp_path, state)
+    assert main(["cluster", "status", "gaps-others", "--json", "--cache-dir", str(tmp_path)]) == 1  # no node
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["other_nodes"] == [] and shown["nodes"][0]["state"] == "missing"
+    assert "other_nodes" not in to_jsonable(ClusterInfo("gaps-others", None, ()))  # up's
 
 
 @dataclass

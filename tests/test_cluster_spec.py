@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from envbuild.data.jsonout import to_jsonable
-from envbuild.errors import CacheError
+from envbuild.errors import CacheError, InputError
 from envrun.bytecode import MOUNT, Bytecode
 from envrun.cli.main import main
 from envrun.cluster.nodecheck import capacity_line, data_lines, job_address_line, model_lines, node_lines
@@ -51,6 +51,7 @@ def test_a_cluster_file_is_data() -> None:
     ("change", "expected"),
     [
         (("name: glm5", "name: glm5\ncolour: red"), "c.yaml:2: colour: unknown key"),
+        (("name: glm5", f"name: {'a' * 251}"), "c.yaml:1: name: 251 characters long, at most 250"),  # NAME.json
         (("head_port: 6380", "head_port: '6380'"), "c.yaml:2: head_port: expected an integer"),
         (("head_port: 6380", "head_port: 70000"), "c.yaml:2: head_port: 70000 is not a port"),
         (
@@ -148,6 +149,22 @@ def test_a_bad_file_stops_up_with_one_line_and_exit_2(tmp_path: Path, capsys: py
     assert main(["cluster", "up", str(path), "--image", "x:1", "--cache-dir", str(tmp_path / "state")]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and f"{path}:7: nodes[1].engine" in err
+    assert not (tmp_path / "state").exists()
+
+
+@pytest.mark.parametrize("timeout", ["nan", "0", "-5", "inf", "soon"])
+def test_a_timeout_that_is_not_a_positive_number_of_seconds_stops_up_before_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], timeout: str
+) -> None:
+    """nan never timed out; 0 and negative ones were taken too."""
+    path = tmp_path / "c.yaml"
+    path.write_text(GOOD)
+    argv = ["cluster", "up", str(path), "--image", "x:1", "--timeout", timeout, "--cache-dir", str(tmp_path / "state")]
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == (
+        f"envrun: error: cluster up: argument --timeout: {timeout!r}: expected a positive number of seconds\n"
+    )
     assert not (tmp_path / "state").exists()
 
 
@@ -418,6 +435,37 @@ def test_down_without_a_cluster_is_a_no_op_and_status_says_so(
     assert "removed 0 container(s)" in capsys.readouterr().out
     assert main(["cluster", "status", "nothing", "--cache-dir", str(tmp_path)]) == 2
     assert "no cluster nothing is up" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["cluster", "down", "{outside}/precious"],  # the state file of another directory
+        ["cluster", "status", "../outside/precious"],
+        ["cluster", "down", "Bad Name!"],
+        ["cluster", "down", "a" * 251],  # its state file's name would be 256 characters
+        ["grpo-glm5", "--backend", "ray", "--cluster", "../outside/precious", "--dry-run"],
+    ],
+)
+def test_a_cluster_name_that_is_not_one_touches_no_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    """NAME names the state file: a path, or a name no state file has, is one line, exit 2, before any file
+    is read or removed (`down /elsewhere/precious` removed /elsewhere/precious.json)."""
+    state = ClusterState("precious", "up", "r/x@sha256:" + "a" * 64, "b" * 64, ("unix:///x",), "http://h:8265")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    precious = outside / "precious.json"
+    precious.write_text(json.dumps(state.to_json()))
+    cache = tmp_path / "cache"
+    (cache / "clusters").mkdir(parents=True)
+    words = [word.replace("{outside}", str(outside)) for word in argv]
+    assert main([*words, "--cache-dir", str(cache)]) == 2
+    err = capsys.readouterr().err
+    assert "is not a cluster name" in err or "a cluster name has at most 250" in err, err
+    assert err.count("\n") == 1 and precious.is_file()
+    with pytest.raises(InputError, match="cluster name: '../outside/precious' is not"):
+        state_path(cache, "../outside/precious")
 
 
 def test_the_host_engine_s_image_id_must_be_the_pinned_one() -> None:

@@ -433,6 +433,35 @@ def test_exports_the_nodes_cannot_be_asked_about_fail_the_audit(tiny: Tiny) -> N
 # --- Ray's job API -----------------------------------------------------------------------------------------
 
 
+class HeadLostMidJob:
+    """Ray's job client when the head dies while its job runs: the log stream breaks, every call after fails."""
+
+    def submit_job(self, **options: Any) -> str:
+        return str(options["submission_id"])
+
+    async def tail_job_logs(self, job_id: str) -> Any:
+        yield "step 1\n"
+        raise RuntimeError("WebSocket connection closed unexpectedly with close code 1006")
+
+    def get_job_status(self, job_id: str) -> Any:
+        raise ConnectionError("Failed to connect to Ray")
+
+
+def test_a_head_lost_mid_job_is_one_line_not_a_traceback(tiny: Tiny, monkeypatch: pytest.MonkeyPatch) -> None:
+    address = f"http://127.0.0.1:{closed_port()}"
+    plan = prepare_run(tiny.request(backend="ray", ray_address=address)).plan
+    monkeypatch.setattr(ray_api, "job_client", lambda _: HeadLostMidJob())
+    logged: list[str] = []
+    launcher = RayLauncher(address)
+    with pytest.raises(EngineError) as info:
+        launcher.launch(plan, logged.append)
+    assert str(info.value) == (
+        f"{address}: lost Ray job {launcher.job_id}: WebSocket connection closed unexpectedly with close code 1006 "
+        "(is the cluster's head up?)"
+    )
+    assert logged[-1] == "step 1\n"
+
+
 def test_a_ray_token_file_envrun_cannot_read_is_refused_naming_the_variable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

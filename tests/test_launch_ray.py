@@ -29,7 +29,7 @@ import pytest
 from envbuild.errors import EngineError
 from envrun.execute import TargetRefused, execute_run
 from envrun.prepare import PreparedRun, prepare_run
-from envrun.ray_api import auth_headers, job_client, list_nodes, submit
+from envrun.ray_api import RayAuthError, auth_headers, job_client, list_nodes, submit
 from envrun.rundir import read_status
 from tests.lib.leftovers import register
 from tests.lib.tinyrun import Tiny, envrun_until_sleeping
@@ -262,6 +262,37 @@ def test_a_client_without_the_token_is_told_so(ray_head: str, tmp_path: Path, mo
     assert auth_headers() == {"Authorization": f"Bearer {TOKEN}"}
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     assert auth_headers() == {}
+
+
+@pytest.mark.docker
+def test_status_says_a_token_problem_at_once_instead_of_dead_nodes(
+    ray_head: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A token the cluster refuses, or one that cannot be read, is said naming where it came from (up's
+    wait asks the same list): it used to show every node DEAD, and up waited out its timeout."""
+    from envrun.cli.main import main
+    from envrun.cluster.state import ClusterState, save_state
+
+    state = ClusterState("tokens", "up", "r/x@sha256:" + "a" * 64, "b" * 64, (os.environ["DOCKER_HOST"],), ray_head)
+    save_state(tmp_path, state)
+    status = ["cluster", "status", "tokens", "--cache-dir", str(tmp_path)]
+    (tmp_path / "wrong").write_text("not-the-token\n")
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "wrong"))
+    assert main(status) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"envrun: error: {ray_head}: the cluster refused envrun: Authentication failed") and (
+        f"it is not this cluster's; it came from {tmp_path / 'wrong'})\n" in err
+    )
+    assert err.count("\n") == 1
+    monkeypatch.delenv("RAY_AUTH_TOKEN_PATH")
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.ray/auth_token here
+    with pytest.raises(RayAuthError, match="the cluster refused envrun: Authentication required.*found no token in"):
+        list_nodes(ray_head)
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", "/nonexistent")
+    assert main(status) == 2
+    assert capsys.readouterr().err == (
+        "envrun: error: RAY_AUTH_TOKEN_PATH=/nonexistent: cannot read the Ray token there\n"
+    )
 
 
 def test_sigterm_stops_the_ray_job_and_records_it(ray_head: str, tiny: Tiny) -> None:

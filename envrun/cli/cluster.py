@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
 from envbuild.cli.common import StderrProgress, add_command_group
 from envbuild.config import load_config
 from envbuild.data.jsonout import to_jsonable
+from envbuild.errors import InputError
 
 
 def add_cluster_command(subparsers: argparse._SubParsersAction) -> None:
@@ -24,7 +26,9 @@ def add_cluster_command(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("cluster_file", type=Path, metavar="CLUSTER.yaml")
     up.add_argument("--image", required=True, metavar="REF", help="the image built from the lock, pushed")
     up.add_argument("--lock", type=Path, metavar="LOCK", help="the lock the image must carry (default: any)")
-    up.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS", help="for every node to join")
+    up.add_argument(
+        "--timeout", type=seconds, default=300.0, metavar="SECONDS", help="for every node to join (default 300)"
+    )
     up.set_defaults(handler=_up)
 
     status = actions.add_parser(
@@ -32,7 +36,7 @@ def add_cluster_command(subparsers: argparse._SubParsersAction) -> None:
         help="each node read live: container, image, lock, Ray node, alive or dead",
         description="Exit 0 when every node is alive, 1 otherwise.",
     )
-    status.add_argument("name", metavar="NAME")
+    status.add_argument("name", metavar="NAME", type=cluster_name)
     status.set_defaults(handler=_status)
 
     down = actions.add_parser("down", help="stop and remove every container of the cluster, on every host (idempotent)")
@@ -47,6 +51,26 @@ def add_cluster_command(subparsers: argparse._SubParsersAction) -> None:
         parser.add_argument(
             "--config", type=Path, help="config file (default: $ENVBUILD_CONFIG or ~/.config/envbuild/config.yaml)"
         )
+
+
+def seconds(text: str) -> float:
+    """A positive, finite number of seconds (nan would never time out)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive number of seconds")
+    return value
+
+
+def cluster_name(name: str) -> str:
+    """A cluster's name as its state file's (argparse refuses anything else: one line, exit 2)."""
+    from envrun.cluster.state import cluster_name_problem
+
+    if problem := cluster_name_problem(name):
+        raise argparse.ArgumentTypeError(problem)
+    return name
 
 
 def _cache_dir(args: argparse.Namespace) -> Path:
@@ -79,6 +103,7 @@ def _status(args: argparse.Namespace) -> int:
 def _down(args: argparse.Namespace) -> int:
     from envrun.cluster.manage import cluster_down
     from envrun.cluster.spec import load_cluster_file
+    from envrun.cluster.state import cluster_name_problem
 
     name: str = args.target
     hosts: tuple[str, ...] = ()
@@ -86,6 +111,8 @@ def _down(args: argparse.Namespace) -> int:
     if args.target.endswith((".yaml", ".yml")) or Path(args.target).is_file():
         spec = load_cluster_file(Path(args.target))
         name, hosts, timeout = spec.name, spec.engines, {"connect_timeout": spec.connect_timeout}
+    elif problem := cluster_name_problem(name):  # a path here would name a file outside the state directory
+        raise InputError(f"cluster down NAME: {problem} (nor a cluster file: none is there)")
     removed = cluster_down(name, _cache_dir(args), hosts, StderrProgress("envrun", args.quiet), **timeout)
     print(f"cluster {name}: removed {len(removed)} container(s)")
     return 0

@@ -18,6 +18,7 @@ from envbuild.config import load_config
 from envbuild.data.jsonout import to_jsonable
 from envbuild.errors import InputError
 from envbuild.escape import for_terminal
+from envrun.cli.cluster import cluster_name
 from envrun.cluster.spec import HCCL_PORTS_PER_NODE, check_ray_start_args
 from envrun.injob.spec import NODE_PORTS
 from envrun.plan import BACKENDS, RunParameters, Scheduled, Volume, render_plan_json, render_plan_text
@@ -65,7 +66,10 @@ def _add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=BACKENDS, default="local", help="where the job runs (default local)")
     p.add_argument("--ray-address", metavar="URL", help="Ray dashboard address for --backend ray")
     p.add_argument(
-        "--cluster", metavar="NAME", help="for --backend ray: the cluster `envrun cluster up` started (its job API)"
+        "--cluster",
+        metavar="NAME",
+        type=cluster_name,
+        help="for --backend ray: the cluster `envrun cluster up` started (its job API)",
     )
     p.add_argument(
         "--ray-ports",

@@ -47,7 +47,8 @@ class ClusterInfo:
     name: str
     address: str | None  # the job API URL (what `envrun grpo-glm5 --ray-address` takes)
     nodes: tuple[NodeInfo, ...]
-    other_nodes: tuple[OtherNode, ...] = jfield((), omit="empty")  # status only
+    # Status only, and always there ([] when none); None for up, which does not ask (not shown).
+    other_nodes: tuple[OtherNode, ...] | None = jfield(None, omit="none")
 
 
 def render_cluster(info: ClusterInfo) -> str:
@@ -59,6 +60,6 @@ def render_cluster(info: ClusterInfo) -> str:
             f"  {role} {node.host}  container {node.container[:12] or '-'}  ray node {node.ray_node_id or '-'}"
             f"  lock {node.lock_sha256 or '-'}  {node.npus} NPU(s){live}"
         )
-    for other in info.other_nodes:
+    for other in info.other_nodes or ():
         lines.append(f"  other  ray node {other.ray_node_id} ({other.name}, {other.ip}): not started by envrun cluster")
     return "\n".join(lines) + "\n"

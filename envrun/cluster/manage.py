@@ -38,6 +38,8 @@ def cluster_status(name: str, cache_dir: Path) -> ClusterInfo:
     if state.address:
         try:
             listed = ray_api.list_nodes(state.address, timeout=10)
+        except ray_api.RayAuthError:
+            raise  # the head answers, but not to envrun: its nodes are not dead
         except EngineError:
             pass  # the head is gone: every node shows as not alive
     ray_nodes: dict[str, ray_api.RayNode] = {}

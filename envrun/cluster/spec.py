@@ -34,6 +34,7 @@ from envbuild.data.urls import check_userinfo, redact_url
 from envbuild.data.yamlfile import read_capped
 from envbuild.errors import DataFileError, Problem
 from envbuild.lock.model import SAFE_NAME
+from envrun.cluster.state import CLUSTER_NAME_MAX
 from envrun.plan import Volume, mount_point
 
 ENGINE_SCHEMES = ("ssh", "tcp", "unix")
@@ -149,7 +150,9 @@ class NodeSpec:
 class ClusterSpec:
     """A Ray cluster of containers of one locked image; the first node is the head."""
 
-    name: str = field(metadata=meta(pattern=SAFE_NAME, expect="a safe name such as glm5"))
+    name: str = field(
+        metadata=meta(pattern=SAFE_NAME, max_length=CLUSTER_NAME_MAX, expect="a safe name such as glm5")
+    )  # the state file's name, less ".json"
     nodes: tuple[NodeSpec, ...]
     head_port: int = mfield(6379, check=check_port, description="the head's GCS port")
     hccl_ports: int = mfield(

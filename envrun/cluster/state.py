@@ -18,6 +18,7 @@ Two halves, because each answers a question the other cannot:
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -25,12 +26,25 @@ from typing import Any, Literal
 from envbuild.data.jsonout import fields_json
 from envbuild.errors import CacheError, InputError
 from envbuild.fileio import write_atomic
+from envbuild.lock.model import NAME_MAX, SAFE_NAME
 
 CLUSTER_LABEL = "io.envbuild.cluster.name"
 NODE_LABEL = "io.envbuild.cluster.node"  # the node's index in the cluster file
 NODE_ROLE_LABEL = "io.envbuild.cluster.role"  # head | worker
 STATE_VERSION = 1
 Phase = Literal["starting", "up"]
+# The name is the state file's name, less its ".json": one path component, never a path.
+CLUSTER_NAME_MAX = NAME_MAX - len(".json")
+CLUSTER_NAME = "a cluster name: lowercase letters, digits, '.', '_', '-', starting with a letter or digit"
+
+
+def cluster_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a cluster's (it names the state file: a path would escape the state directory)."""
+    if not re.fullmatch(SAFE_NAME, name):
+        return f"{name!r} is not {CLUSTER_NAME}"
+    if len(name) > CLUSTER_NAME_MAX:
+        return f"{len(name)} characters; a cluster name has at most {CLUSTER_NAME_MAX}"
+    return None
 
 
 def container_name(cluster: str, index: int) -> str:
@@ -106,6 +120,8 @@ _DOWN_BY_FILE = "; take the cluster down with its file (`envrun cluster down CLU
 
 
 def state_path(cache_dir: Path, name: str) -> Path:
+    if problem := cluster_name_problem(name):  # the callers check first; never a path outside the directory
+        raise InputError(f"cluster name: {problem}")
     return Path(cache_dir) / "clusters" / f"{name}.json"
 
 

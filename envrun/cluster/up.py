@@ -14,8 +14,9 @@ Order — nothing starts until every host has passed steps 1-3:
    in the cluster's own node list;
 5. the state is completed (phase ``up``, the job API address).
 
-A failure or Ctrl-C during 4-5 (a node that exits or does not join in time, a host lost) removes every
-container started, on every host, and the state file: nothing is left half-started.
+A failure, Ctrl-C or SIGTERM during 4-5 (a node that exits or does not join in time, a host lost, a
+scheduler or ``kill`` ending ``up``) removes every container started, on every host, and the state file:
+nothing is left half-started.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from envbuild.engine.client import Engine
 from envbuild.engine.transfer import Pulled
 from envbuild.errors import EngineError, EnvbuildError, InputError
 from envbuild.image.plan import LOCK_LABEL
+from envbuild.interrupts import sigterm_interrupts
 from envbuild.lock.io import LockFile
 from envbuild.lock.platform import OCI_ARCH
 from envbuild.progress import Progress, silent
@@ -88,7 +90,9 @@ def cluster_up(spec: ClusterSpec, options: UpOptions, progress: Progress = silen
             f"`envrun cluster down {spec.name}` first"
         )
     progress(f"connecting to {len(spec.engines)} host(s)")
-    with connected(spec.engines, spec.connect_timeout) as engines:  # every one closed, however up ends
+    # Every engine closed, however up ends; SIGTERM unwinds as Ctrl-C does, so the roll-back below removes
+    # what was started (killed by it, up left them running).
+    with connected(spec.engines, spec.connect_timeout) as engines, sigterm_interrupts():
         reference = pin_image(options.image, engines[spec.head.engine])
         hosts = _prepare_hosts(spec, engines, reference, progress)
         expected = options.lock.sha256 if options.lock else hosts[spec.head.engine].lock_sha256
@@ -269,6 +273,8 @@ def _wait_joined(address: str, spec: ClusterSpec, started: list[_Started], deadl
             _check_running(spec, node)
         try:
             alive = {n.name: n for n in ray_api.list_nodes(address, timeout=10) if n.alive}
+        except ray_api.RayAuthError:
+            raise  # a token it refuses: no wait mends that
         except EngineError:
             alive = {}  # the job API is still starting
         missing = [n for n in started if container_name(spec.name, n.index) not in alive]

@@ -148,18 +148,19 @@ class RayLauncher:
             metadata=metadata(plan),
         )
         log(f"envrun: submitted Ray job {self.job_id} to {self.address}\n")
-        try:
-            ray_api.tail_logs(client, self.job_id, log)
-            return self._result(client)
-        except KeyboardInterrupt:
-            client.stop_job(self.job_id)
-            ray_api.wait_terminal(client, self.job_id, STOP_TIMEOUT_SECONDS)
-            info = client.get_job_info(self.job_id)
-            return LaunchResult(
-                info.driver_exit_code,
-                interrupted=True,
-                detail=f"Ray job {self.job_id} stopped ({info.status.value})",
-            )
+        with ray_api.following(self.address, self.job_id):  # the head lost mid-job: one line, the run failed
+            try:
+                ray_api.tail_logs(client, self.job_id, log)
+                return self._result(client)
+            except KeyboardInterrupt:
+                client.stop_job(self.job_id)
+                ray_api.wait_terminal(client, self.job_id, STOP_TIMEOUT_SECONDS)
+                info = client.get_job_info(self.job_id)
+                return LaunchResult(
+                    info.driver_exit_code,
+                    interrupted=True,
+                    detail=f"Ray job {self.job_id} stopped ({info.status.value})",
+                )
 
     def _result(self, client: Any) -> LaunchResult:
         assert self.job_id is not None
