@@ -24,7 +24,7 @@ from envrun.cluster.nodes import (
     shared_npu_machines,
 )
 from envrun.cluster.spec import ClusterFileError, parse_cluster_file
-from envrun.cluster.state import ClusterState, load_state, save_state, state_path
+from envrun.cluster.state import ClusterState, claim_state, load_state, remove_state, save_state, state_path
 from envrun.preflight import ModelAudit, model_verdict
 
 GOOD = """\
@@ -482,3 +482,52 @@ def test_the_host_engine_s_image_id_must_be_the_pinned_one() -> None:
     stopped = replace(running, state="exited")
     assert "is exited" in engine_image_line("unix:///h", "envrun-g-0", stopped, pinned, "r").detail
     assert engine_image_line("unix:///h", "envrun-g-0", running, None, "r").status == "fail"
+
+
+RACE = """
+import sys
+from pathlib import Path
+from envbuild.errors import InputError
+from envrun.cluster.state import ClusterState, claim_state
+state = ClusterState("race", "starting", "r/x@sha256:" + "a" * 64, "b" * 64, ("unix:///e.sock",), None)
+sys.stdin.readline()  # all started: claim at once
+try:
+    claim_state(Path(sys.argv[1]), state)
+    print("recorded")
+except InputError as exc:
+    print(str(exc))
+"""
+
+
+def test_of_two_ups_of_one_name_one_records_it_and_the_others_are_refused(tmp_path: Path) -> None:
+    """Once both wrote the state (the later over the earlier) after one existence check each, and the loser's
+    roll-back removed the winner's file while its containers ran. Real processes, claiming at once."""
+    import subprocess
+    import sys
+
+    claims = [
+        subprocess.Popen(
+            [sys.executable, "-c", RACE, str(tmp_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(6)
+    ]
+    for claim in claims:
+        assert claim.stdin is not None
+        claim.stdin.write("go\n")
+        claim.stdin.flush()
+    said = sorted(claim.communicate(timeout=60)[0].strip() for claim in claims)
+    refused = f"cluster race is already recorded ({state_path(tmp_path, 'race')}); `envrun cluster down race` first"
+    assert said == [refused] * 5 + ["recorded"]
+    state = load_state(tmp_path, "race")
+    assert state is not None and state.phase == "starting"
+    assert [p.name for p in (tmp_path / "clusters").iterdir()] == ["race.json"]  # no temporary file left
+
+
+def test_a_roll_back_removes_only_the_state_it_recorded(tmp_path: Path) -> None:
+    state = ClusterState("mine", "starting", "r/x@sha256:" + "a" * 64, "b" * 64, ("unix:///e.sock",), None)
+    recorded = claim_state(tmp_path, state)
+    save_state(tmp_path, replace(state, phase="up"))  # replaced since (another writer's file, another inode)
+    remove_state(tmp_path, "mine", recorded)
+    assert load_state(tmp_path, "mine") is not None
+    remove_state(tmp_path, "mine", state_path(tmp_path, "mine").stat().st_ino)
+    assert load_state(tmp_path, "mine") is None

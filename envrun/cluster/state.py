@@ -18,7 +18,9 @@ Two halves, because each answers a question the other cannot:
 from __future__ import annotations
 
 import json
+import os
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -152,8 +154,37 @@ def save_state(cache_dir: Path, state: ClusterState) -> None:
         raise CacheError(f"{path}: cannot write the cluster state: {exc.strerror or exc}") from None
 
 
-def remove_state(cache_dir: Path, name: str) -> None:
-    state_path(cache_dir, name).unlink(missing_ok=True)
+def claim_state(cache_dir: Path, state: ClusterState) -> int:
+    """Record ``state`` (a cluster starting) where no state of its name is: the file appears whole, and only
+    if none was there (a hard link of a finished file, which fails on an existing name), so of two runs of ``up``
+    of one name one records it and the other is refused. Its inode, for :func:`remove_state`."""
+    path = state_path(cache_dir, state.name)
+    text = json.dumps(state.to_json(), indent=2, sort_keys=True) + "\n"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", encoding="utf-8") as tmp:
+            tmp.write(text)
+            tmp.flush()
+            os.link(tmp.name, path)
+    except FileExistsError:
+        raise InputError(
+            f"cluster {state.name} is already recorded ({path}); `envrun cluster down {state.name}` first"
+        ) from None
+    except OSError as exc:
+        raise CacheError(f"{path}: cannot write the cluster state: {exc.strerror or exc}") from None
+    return path.stat().st_ino
+
+
+def remove_state(cache_dir: Path, name: str, inode: int | None = None) -> None:
+    """Remove the cluster's state; with ``inode``, only while it is that file (an ``up`` rolling back
+    removes the state it recorded, never another's)."""
+    path = state_path(cache_dir, name)
+    try:
+        if inode is not None and path.stat().st_ino != inode:
+            return
+    except FileNotFoundError:
+        return
+    path.unlink(missing_ok=True)
 
 
 def require_state(cache_dir: Path, name: str) -> ClusterState:

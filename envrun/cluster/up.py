@@ -51,7 +51,15 @@ from envrun.cluster.nodes import (
     shared_npu_machines,
 )
 from envrun.cluster.spec import ClusterSpec, hccl_room, same_address
-from envrun.cluster.state import CLUSTER_LABEL, ClusterState, load_state, remove_state, save_state, state_path
+from envrun.cluster.state import (
+    CLUSTER_LABEL,
+    ClusterState,
+    claim_state,
+    load_state,
+    remove_state,
+    save_state,
+    state_path,
+)
 
 ADDRESS_FILE = "ray_current_cluster"  # where `ray start --head` writes the GCS address, in its temp dir
 POLL_SECONDS = 1.0
@@ -110,12 +118,12 @@ def cluster_up(spec: ClusterSpec, options: UpOptions, progress: Progress = silen
         state = ClusterState(
             spec.name, "starting", reference, expected, engines_of_nodes, None, spec.connect_timeout, ips
         )
-        save_state(options.cache_dir, state)
+        recorded = claim_state(options.cache_dir, state)  # another `up` of the name since the check above: refused
         started: list[_Started] = []
         try:
             address, node_ids = _start(spec, reference, hosts, started, options.join_timeout, progress)
         except BaseException as exc:
-            _roll_back(spec, started, options.cache_dir, exc)
+            _roll_back(spec, started, options.cache_dir, exc, recorded)
             raise
         save_state(options.cache_dir, replace(state, phase="up", address=address))
     nodes = tuple(
@@ -298,8 +306,11 @@ def _check_addresses(spec: ClusterSpec, started: list[_Started], alive: dict[str
             )
 
 
-def _roll_back(spec: ClusterSpec, started: list[_Started], cache_dir: Path, cause: BaseException) -> None:
-    """Remove what was started, workers first; keep the state file only if something could not be removed."""
+def _roll_back(
+    spec: ClusterSpec, started: list[_Started], cache_dir: Path, cause: BaseException, recorded: int
+) -> None:
+    """Remove what was started, workers first; keep the state file (the one this ``up`` recorded, inode
+    ``recorded``) only if something could not be removed."""
     left = []
     for node in reversed(started):
         try:
@@ -307,6 +318,6 @@ def _roll_back(spec: ClusterSpec, started: list[_Started], cache_dir: Path, caus
         except EngineError:
             left.append(f"{container_name(spec.name, node.index)} on {node.url}")
     if not left:
-        remove_state(cache_dir, spec.name)
+        remove_state(cache_dir, spec.name, recorded)
     elif isinstance(cause, EnvbuildError):
         cause.args = (f"{cause}; could not remove {', '.join(left)}: run `envrun cluster down {spec.name}`",)
