@@ -245,9 +245,10 @@ def package_file_locations(
     client: IndexClient | None = None,
 ) -> dict[str, FileLocation]:
     """Where each of the lock's files is downloaded from, as the index lists it now (no URL ``offline``;
-    an index out of reach, or one that no longer lists a file the lock pins, is RemoteError), and its size: that of its copy in the file cache under ``cache_dir`` (the bytes the lock's sha256 pins:
-    checked when they entered), else the size the index states (PEP 700) when it lists the lock's sha256,
-    else unknown. For a pylock.toml export."""
+    an index out of reach, or one that no longer lists a file the lock pins, is RemoteError), and its
+    size: that of its copy in the file cache under ``cache_dir`` (the bytes the lock's sha256 pins: checked
+    when they entered), else the size the index states (PEP 700) when it lists the lock's sha256, else
+    unknown. For a pylock.toml export."""
     listed: dict[str, IndexFile] = {}
     if not offline:
         index_client = client or IndexClient(session)

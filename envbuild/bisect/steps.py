@@ -97,8 +97,8 @@ class Unit:
 
     @property
     def label(self) -> str:
-        labels = {"source": f"source {self.name}", "base_image": "base image", "packages": "packages"}
-        return labels.get(self.kind, "lock settings" if self.kind == "settings" else self.kind)
+        labels = {"source": f"source {self.name}", "base_image": "base image", "settings": "lock settings"}
+        return labels.get(self.kind, self.kind)  # "packages", "installer"
 
     def source_at(self, commit: str) -> Source:
         """The source at one of its ``commits``: BAD's record (its requirements, install, waivers as BAD

@@ -133,6 +133,25 @@ def compose_yaml(data: bytes | str, file: str, error: type[DataFileError] = Data
         raise error([Problem(file, line, "", f"not valid YAML: {reason}")]) from None
 
 
+def node_line(root: yaml.Node, *path: str | int, nearest: bool = False) -> int:
+    """The 1-based line of the node at ``path`` (mapping keys and sequence indexes) under ``root``, for a
+    problem a check across fields finds. Where a step finds nothing: 0 (the file does not write that field),
+    or with ``nearest`` the step is passed over, so the line is that of the deepest node found."""
+    node = root
+    for step in path:
+        child = None
+        if isinstance(step, int) and isinstance(node, yaml.SequenceNode) and 0 <= step < len(node.value):
+            child = node.value[step]
+        elif isinstance(node, yaml.MappingNode):
+            child = next((value for key, value in node.value if key.value == step), None)
+        if child is None:
+            if not nearest:
+                return 0
+            continue
+        node = child
+    return node.start_mark.line + 1
+
+
 def _too_large(file: str) -> Problem:
     return Problem(file, 0, "", f"larger than {LIMIT_TEXT}, the limit for a YAML file envbuild reads")
 

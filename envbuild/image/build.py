@@ -153,7 +153,7 @@ def _verify_flags(offline: bool, strict: bool) -> list[str]:
 
 
 def check_options(read: LockFile, options: ImageOptions) -> None:
-    """:func:`~envbuild.image.early.check_image_options` of ``options``: what would make the build fail only
+    """:func:`~envbuild.image.options.check_image_options` of ``options``: what would make the build fail only
     at its end (or after everything is fetched), refused before anything starts, exit 2."""
     check_image_options(
         read, tags=options.tags, push=options.push, record_dir=options.record_dir, source=options.source

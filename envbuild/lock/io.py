@@ -22,7 +22,7 @@ from packaging.utils import (
 from packaging.version import InvalidVersion, Version
 
 from envbuild.data.typed import DECIMAL_INT, MAX_INT_DIGITS, Decoder
-from envbuild.data.yamlfile import LIMIT_TEXT, MAX_BYTES, compose_yaml, read_capped
+from envbuild.data.yamlfile import LIMIT_TEXT, MAX_BYTES, compose_yaml, node_line, read_capped
 from envbuild.errors import EnvbuildError, LockfileError, Problem
 from envbuild.fileio import write_atomic
 from envbuild.lock.model import LOCK_VERSION, LOCK_VERSIONS, Lock, Package, Source, Submodule
@@ -82,17 +82,6 @@ def _check_version(root: yaml.Node, file: str) -> int | None:
     raise LockfileError([Problem(file, 1, "version", f"required key is missing (add `version: {LOCK_VERSION}`)")])
 
 
-def _line_of(root: yaml.Node, *path: Any) -> int:
-    """The line of a node addressed by keys and indexes, for cross-field problems."""
-    node = root
-    for step in path:
-        if isinstance(step, int) and isinstance(node, yaml.SequenceNode):
-            node = node.value[step]
-        elif isinstance(node, yaml.MappingNode):
-            node = next((v for k, v in node.value if k.value == step), node)
-    return node.start_mark.line + 1
-
-
 def _field(*path: Any) -> str:
     """``sources[3].submodules[0]``: the field a problem names, from the keys and indexes of its node."""
     return "".join(f"[{step}]" if isinstance(step, int) else f".{step}" for step in path).lstrip(".")
@@ -116,7 +105,9 @@ def _duplicates(
         name = key(entry.name)
         if name in first:
             message = f"duplicate {noun}{entry.name!r} (first at {path[-1]}[{first[name]}])"
-            problems.append(Problem(file, _line_of(root, *path, j, "name"), f"{_field(*path, j)}.name", message))
+            problems.append(
+                Problem(file, node_line(root, *path, j, "name", nearest=True), f"{_field(*path, j)}.name", message)
+            )
         first.setdefault(name, j)
     return problems
 
@@ -140,7 +131,7 @@ def _cross_checks(lock: Lock, root: yaml.Node, file: str) -> list[Problem]:
             if dist is None:
                 continue
             where = f"packages[{i}].files[{j}].filename"
-            line = _line_of(root, "packages", i, "files", j, "filename")
+            line = node_line(root, "packages", i, "files", j, "filename", nearest=True)
             if dist.filename in names:
                 problems.append(Problem(file, line, where, f"duplicate file {dist.filename!r}"))
             names.add(dist.filename)
@@ -165,7 +156,7 @@ def _provided_twice(sources: tuple[Source, ...], root: yaml.Node, file: str) -> 
                 f"{source.distribution!r} is installed by source {sources[first[name]].name!r} too "
                 f"(sources[{first[name]}]): one distribution, one source"
             )
-            problems.append(Problem(file, _line_of(root, *path), _field(*path), message))
+            problems.append(Problem(file, node_line(root, *path, nearest=True), _field(*path), message))
         first.setdefault(name, j)
     return problems
 
@@ -176,13 +167,16 @@ def _installer_problems(installer: Package | None, root: yaml.Node, file: str) -
     if installer is None:
         return []
     if canonicalize_name(installer.name) != "uv":
-        line = _line_of(root, "installer", "name")
+        line = node_line(root, "installer", "name", nearest=True)
         return [Problem(file, line, "installer.name", f"{installer.name!r}: the only installer envbuild runs is uv")]
     problems = []
     for j, dist in enumerate(installer.files):
         if dist is None:
             continue
-        where, line = f"installer.files[{j}].filename", _line_of(root, "installer", "files", j, "filename")
+        where, line = (
+            f"installer.files[{j}].filename",
+            node_line(root, "installer", "files", j, "filename", nearest=True),
+        )
         message = _filename_mismatch(installer.name, installer.version, dist.filename)
         if message is None and not dist.filename.endswith(".whl"):
             message = f"{dist.filename}: the installer is run from its wheel; an sdist cannot be"
@@ -205,7 +199,7 @@ def _submodule_problems(
         name = _field(*here)
 
         def problem(key: str, message: str) -> None:  # called in this iteration only: the loop's names are its own
-            problems.append(Problem(file, _line_of(root, *here, key), f"{name}.{key}", message))  # noqa: B023
+            problems.append(Problem(file, node_line(root, *here, key, nearest=True), f"{name}.{key}", message))  # noqa: B023
 
         if sub.skipped:
             if sub.submodules:
@@ -377,16 +371,19 @@ def _with_entry_name(lock: Lock, field: str) -> str:
     return f"{field}: " if field else ""
 
 
-def changed_since_read(read: LockFile) -> str | None:
-    """Why the file ``read`` came from no longer holds those bytes (another writer, or a person, while a
-    command ran), or None when it still does."""
+def bytes_as_read(read: LockFile) -> bytes:
+    """The bytes of the file ``read`` came from, while they are still the ones it was read from; else
+    :class:`LockWriteRefused` (another writer, or a person, changed the file while a command ran)."""
     try:
         now = read_capped(read.path, LockfileError)
     except LockfileError as exc:
-        return exc.problems[0].message
+        raise LockWriteRefused(read.path, exc.problems[0].message) from None
     if hashlib.sha256(now).hexdigest() != read.sha256:
-        return "it changed since this command read it (another `lock update` or an edit, meanwhile); run it again"
-    return None
+        raise LockWriteRefused(
+            read.path,
+            "it changed since this command read it (another `lock update` or an edit, meanwhile); run it again",
+        )
+    return now
 
 
 def replace_lock_file(read: LockFile, text: str) -> None:
@@ -408,8 +405,7 @@ def replace_lock_file(read: LockFile, text: str) -> None:
                 raise LockWriteRefused(read.path, f"cannot read it again: {exc.strerror}") from None
             if (held.st_dev, held.st_ino) != (now.st_dev, now.st_ino):
                 continue  # replaced between the open and the lock: lock the file that is there now
-            if (why := changed_since_read(read)) is not None:
-                raise LockWriteRefused(read.path, why)
+            bytes_as_read(read)
             write_atomic(read.path, text)
             return
         finally:

@@ -23,15 +23,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.util import load_yaml_guess_indent
 
-from envbuild.lock.io import (
-    LockFile,
-    LockWriteRefused,
-    canonical,
-    changed_since_read,
-    checked_lock_text,
-    dump_lock,
-    parse_lock,
-)
+from envbuild.lock.io import LockFile, bytes_as_read, canonical, checked_lock_text, dump_lock, parse_lock
 from envbuild.lock.model import Lock
 
 _IDENTITY = ("name", "path", "filename")  # what names an entry of a list: a source, a submodule, a file
@@ -59,8 +51,8 @@ def text_over(read: LockFile, new: Lock, path: str | os.PathLike[str] | None = N
     """The text of ``new`` to write over the file ``read`` came from: its comments and layout kept where they
     can be, the file's own text when nothing changed; checked to read back as ``new`` where it is written
     (``path``, default ``read.path``), else :class:`~envbuild.lock.io.LockWriteRefused`."""
-    if path is None and (why := changed_since_read(read)) is not None:  # else another's change is merged in
-        raise LockWriteRefused(read.path, why)
+    if path is None:
+        bytes_as_read(read)  # over the file read, still as read: else another's change would be merged in
     old_text = read.path.read_text(encoding="utf-8")
     same = canonical(new) == canonical(read.lock)
     text, kept = (old_text, True) if same else updated_text(old_text, read.lock, new)

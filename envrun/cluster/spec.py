@@ -31,7 +31,7 @@ import yaml
 from envbuild.data.decode import decode_yaml
 from envbuild.data.typed import meta, mfield
 from envbuild.data.urls import check_userinfo, redact_url
-from envbuild.data.yamlfile import read_capped
+from envbuild.data.yamlfile import node_line, read_capped
 from envbuild.errors import DataFileError, Problem
 from envbuild.lock.model import SAFE_NAME
 from envrun.cluster.state import CLUSTER_NAME_MAX
@@ -183,32 +183,18 @@ def load_cluster_file(path: Path) -> ClusterSpec:
     return parse_cluster_file(read_capped(path, ClusterFileError), str(path))
 
 
-def _line(root: yaml.Node, *path: str | int) -> int:
-    """The line of the value at ``path`` (keys and list indexes) in the file; 0 where the file has none
-    (a field left to its default)."""
-    node: yaml.Node | None = root
-    for step in path:
-        if isinstance(step, str) and isinstance(node, yaml.MappingNode):
-            node = next((value for key, value in node.value if key.value == step), None)
-        elif isinstance(step, int) and isinstance(node, yaml.SequenceNode) and step < len(node.value):
-            node = node.value[step]
-        else:
-            node = None
-    return 0 if node is None else node.start_mark.line + 1
-
-
 def _port_problems(spec: ClusterSpec, root: yaml.Node, file: str, per_host: int) -> list[Problem]:
     """The file's ports apart: the head's GCS and job API ports, and both outside the HCCL ranges every
     node of a host takes from ``hccl_ports`` (``up`` would start nodes whose ports collide)."""
     problems = []
     if spec.head_port == spec.dashboard_port:
-        field_name = "dashboard_port" if _line(root, "dashboard_port") else "head_port"
+        field_name = "dashboard_port" if node_line(root, "dashboard_port") else "head_port"
         message = f"{spec.dashboard_port} is the head_port and the dashboard_port; give each its own port"
-        problems.append(Problem(file, _line(root, field_name), field_name, message))
+        problems.append(Problem(file, node_line(root, field_name), field_name, message))
     last = spec.hccl_ports + HCCL_PORTS_PER_NODE * max(per_host, 1) - 1
     for field_name, port in (("head_port", spec.head_port), ("dashboard_port", spec.dashboard_port)):
         if spec.hccl_ports <= port <= last:
-            line = _line(root, field_name) or _line(root, "hccl_ports")
+            line = node_line(root, field_name) or node_line(root, "hccl_ports")
             message = f"{port} is among HCCL's ports on each host ({spec.hccl_ports}-{last}, from hccl_ports)"
             problems.append(Problem(file, line, field_name, f"{message}; give a port outside them"))
     return problems
@@ -221,19 +207,21 @@ def parse_cluster_file(text: bytes | str, file: str = "<cluster>") -> ClusterSpe
         )
         per_host = max((sum(1 for n in spec.nodes if n.engine == e) for e in spec.engines), default=0)
         if problem := hccl_room(spec.hccl_ports, per_host):
-            problems.append(Problem(file, _line(root, "hccl_ports") or _line(root, "nodes"), "hccl_ports", problem))
+            problems.append(
+                Problem(file, node_line(root, "hccl_ports") or node_line(root, "nodes"), "hccl_ports", problem)
+            )
         problems += _port_problems(spec, root, file, per_host)
         for index, node in enumerate(spec.nodes):  # Ray, HCCL and Gloo reach each node at its own address
             ips = [n.ip for n in spec.nodes[:index]]
             first = next((i for i, ip in enumerate(ips) if ip and node.ip and same_address(ip, node.ip)), None)
             if first is not None:
                 message = f"{node.ip} is nodes[{first}]'s address too; give each node its own address"
-                problems.append(Problem(file, _line(root, "nodes", index, "ip"), f"nodes[{index}].ip", message))
+                problems.append(Problem(file, node_line(root, "nodes", index, "ip"), f"nodes[{index}].ip", message))
         seen: set[str] = set()
         for index, volume in enumerate(spec.volumes):
             point = mount_point(volume.container)
             if point in seen:
-                line = _line(root, "volumes", index, "container")
+                line = node_line(root, "volumes", index, "container")
                 problems.append(Problem(file, line, f"volumes[{index}].container", f"{point} is mounted twice"))
             seen.add(point)
         return problems
