@@ -4,12 +4,14 @@
   Ctrl-C, so scratch directories and the engine's half-made containers are removed on the way out.
 - :func:`stop_signals`: while a job runs, SIGINT and SIGTERM (a scheduler, ``timeout``, ``docker stop``)
   both unwind as :class:`KeyboardInterrupt`, and the caller learns which one came, for its record.
+- :func:`while_stopping`: once a stop is under way, SIGINT and SIGTERM call the stopper's own answer
+  (a job's process group killed) instead of raising, so a second Ctrl-C cannot cut the stop short.
 - :func:`deferred_interrupts`: a signal that arrives inside the block is delivered when it ends. For a
   call whose result must not be lost: an interrupt while the engine creates a container would leave
   the container there with its ID never learnt, so never removed. The caller puts the block inside
   the ``try`` whose ``finally`` removes what it made.
 
-Both act in the main thread only (Python runs signal handlers there); elsewhere they do nothing.
+All act in the main thread only (Python runs signal handlers there); elsewhere they do nothing.
 """
 
 from __future__ import annotations
@@ -59,6 +61,16 @@ def stop_signals(seen: list[str]) -> Iterator[None]:
         raise KeyboardInterrupt
 
     with _handled(interrupt):
+        yield
+
+
+@contextmanager
+def while_stopping(again: Callable[[], None]) -> Iterator[None]:
+    """SIGINT and SIGTERM inside the block call ``again`` (no exception): a second Ctrl-C while a job is
+    being stopped hurries the stop, never abandons it halfway with the job running and its record unwritten.
+    ``again`` runs as a signal handler, between two steps of the block: it must not write to a file or
+    stream the block may be writing to."""
+    with _handled(lambda signum, frame: again()):
         yield
 
 

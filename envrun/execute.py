@@ -83,17 +83,24 @@ def execute_plan(
     record.record_plan(plan, image_digest=digest)
     progress(f"run directory {record.path}")
     signals: list[str] = []
+    launched = False
     try:
         with stop_signals(signals):
             plan = _checked_target(skip_checks, plan, launcher, record, digest, progress)
+            launched = True
             result = launcher.launch(plan, record.log)
     except TargetRefused as exc:
         record.finish("refused", None, detail=str(exc))
         raise
     except KeyboardInterrupt:
-        record.finish(
-            "interrupted", None, detail=f"stopped on {signals[0] if signals else 'Ctrl-C'} before the job ran"
-        )
+        first = signals[0] if signals else "Ctrl-C"
+        if not launched:
+            detail = f"stopped on {first} before the job ran"
+        elif len(signals) > 1:  # a second signal while the launcher waited for the job it stopped (Ray, Slurm)
+            detail = f"stopped on {first}, then on {signals[-1]} before the job was seen to end"
+        else:
+            detail = f"stopped on {first} before the job was seen to end"
+        record.finish("interrupted", None, detail=detail)
         raise
     except BaseException as exc:
         record.finish("error", None, detail=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)

@@ -44,7 +44,7 @@ from envrun.cluster.netifs import interfaces, shown_interfaces
 from envrun.cluster.nodecheck import NodeAsk, engine_image_lines, job_address_line
 from envrun.cluster.onstore import listing, seen_markers, write_marker
 from envrun.cluster.spec import load_cluster_file
-from envrun.cluster.state import CLUSTER_LABEL, ClusterState, save_state, state_path
+from envrun.cluster.state import CLUSTER_LABEL, NODE_LABEL, ClusterState, save_state, state_path
 from envrun.cluster.storage import storage_line, unseen_files
 from envrun.cluster.up import UpOptions, cluster_up, pin_image
 from tests.lib.gitrepos import LoopbackServer, relay_both_ways
@@ -230,8 +230,10 @@ def up(capsys: pytest.CaptureFixture[str], spec: Path, image: str, state: Path, 
     return code, errors[0].removeprefix("envrun: error: ")
 
 
-def clusters_of(client: docker.DockerClient, name: str) -> list[str]:
-    return [c["Id"] for c in client.api.containers(all=True, filters={"label": f"{CLUSTER_LABEL}={name}"})]
+def clusters_of(client: docker.DockerClient, name: str, node: str | None = None) -> list[str]:
+    """The containers of cluster ``name`` (of its node ``node`` alone: "0" is the head), running or not."""
+    labels = [f"{CLUSTER_LABEL}={name}", *([f"{NODE_LABEL}={node}"] if node is not None else [])]
+    return [c["Id"] for c in client.api.containers(all=True, filters={"label": labels})]
 
 
 def assert_nothing_left(client: docker.DockerClient, state: Path, name: str) -> None:
@@ -460,35 +462,43 @@ def test_a_node_that_never_joins_is_removed_naming_the_job_api_asked(
 
 @pytest.mark.docker
 @pytest.mark.registry
+@pytest.mark.parametrize("signals", [1, 2], ids=["once", "again-while-it-removes"])
 def test_sigterm_while_up_waits_removes_every_node_and_the_state_as_ctrl_c_does(
-    images: Images, engine_url: str, docker_client: docker.DockerClient, tmp_path: Path
+    images: Images, engine_url: str, docker_client: docker.DockerClient, tmp_path: Path, signals: int
 ) -> None:
     """A real SIGTERM (a scheduler, ``kill``) to a real ``envrun cluster up`` whose two nodes are started and
     waiting to join: it unwinds as Ctrl-C, exit 130, nothing left (it used to die at once, exit 143, its
-    containers running and its state file "starting")."""
+    containers running and its state file "starting"). A second SIGTERM, sent once the worker is removed
+    and while the head is, does not cut the removal short."""
     port = free_block(1, 30000)
     args = ["--temp-dir=/tmp/ray-gaps"]  # the head reports its address: the worker starts too
-    spec = write_cluster(
-        tmp_path / "c.yaml", "gaps-sigterm", [engine_url, engine_url], ray_start_args=args, dashboard_port=port
-    )
+    name = f"gaps-sigterm-{signals}"
+    spec = write_cluster(tmp_path / "c.yaml", name, [engine_url, engine_url], ray_start_args=args, dashboard_port=port)
     state = tmp_path / "state"
     argv = [sys.executable, "-m", "envrun.cli.main", "cluster", "up", str(spec), "--image", images.node]
     with (tmp_path / "stderr").open("wb") as err:
         process = subprocess.Popen([*argv, "--cache-dir", str(state), "--timeout", "120"], stderr=err)
     try:
         deadline = time.monotonic() + 120
-        while "started envrun-gaps-sigterm-1" not in (tmp_path / "stderr").read_text():
+        while f"started envrun-{name}-1" not in (tmp_path / "stderr").read_text():
             assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "stderr").read_text()
             time.sleep(0.2)
-        assert len(clusters_of(docker_client, "gaps-sigterm")) == 2 and state_path(state, "gaps-sigterm").exists()
+        head, worker = clusters_of(docker_client, name, "0"), clusters_of(docker_client, name, "1")
+        assert len(head) == len(worker) == 1 and state_path(state, name).exists()
         process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=60) == 130
+        if signals == 2:
+            while clusters_of(docker_client, name, "1"):  # workers first
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            assert clusters_of(docker_client, name, "0") == head  # the head's removal is under way
+            process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 130, (tmp_path / "stderr").read_text()
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
     assert (tmp_path / "stderr").read_text().endswith("envrun: interrupted\n")
-    assert_nothing_left(docker_client, state, "gaps-sigterm")
+    assert_nothing_left(docker_client, state, name)
 
 
 @pytest.mark.docker

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from envbuild.interrupts import deferred_interrupts, sigterm_interrupts
+from envbuild.interrupts import deferred_interrupts, sigterm_interrupts, while_stopping
 from tests.lib.signals import default_sigint
 
 
@@ -62,6 +62,22 @@ def test_nested_blocks_deliver_at_the_outermost_end_even_when_the_block_fails() 
     with pytest.raises(KeyboardInterrupt), deferred_interrupts():
         os.kill(os.getpid(), signal.SIGINT)
         raise ValueError("the call failed")
+
+
+def test_while_stopping_each_signal_calls_the_answer_and_none_raises() -> None:
+    again: list[str] = []
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    with while_stopping(lambda: again.append("again")):
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(1000):  # bytecode boundaries, where Python runs its handlers
+            pass
+    assert again == ["again", "again"]
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+    with pytest.raises(KeyboardInterrupt):  # after the block, Ctrl-C is Ctrl-C again
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1000):
+            pass
 
 
 def test_nothing_happens_without_a_signal_and_nothing_in_other_threads() -> None:

@@ -35,6 +35,7 @@ from typing import Any
 import docker
 import pytest
 
+import envrun.schedule.slurm
 from envbuild.errors import EngineError, InputError
 from envbuild.image.plan import LOCK_LABEL
 from envrun import ray_api
@@ -42,7 +43,9 @@ from envrun.checkpoint.audit import NOT_A_MODEL_DIR, ModelAudit
 from envrun.cli.main import main
 from envrun.execute import RunOutcome, execute_run
 from envrun.exports import ExportSearch, export_verdict, search_from_answers
+from envrun.launch import local
 from envrun.launch.base import LaunchResult, LogSink
+from envrun.launch.local import LocalLauncher
 from envrun.launch.ray_backend import RayLauncher
 from envrun.plan import RunPlan, Scheduled, Volume
 from envrun.prepare import PreparedRun, prepare_run
@@ -306,7 +309,10 @@ def run_deaf_trainer(tiny: Tiny, *args: str, ctrl_c: int) -> tuple[RunOutcome, f
 
     threading.Thread(target=interrupt, daemon=True).start()
     try:
-        outcome = execute_run(prepared)
+        try:
+            outcome = execute_run(prepared)
+        except KeyboardInterrupt:  # not to pytest, which would end the whole session (a worker "crashed")
+            pytest.fail("a Ctrl-C escaped envrun's stop of the job")
     finally:
         pid = int(pid_file.read_text()) if pid_file.exists() else None
         left = pid is not None and alive(pid)
@@ -320,6 +326,30 @@ def test_a_second_ctrl_c_kills_a_trainer_that_goes_on_through_the_first(tiny: Ti
     outcome, took = run_deaf_trainer(tiny, ctrl_c=2)
     assert took < 15  # not the 20 s of grace one Ctrl-C gives it
     assert lines_in(tiny.tmp / "heard") == 1  # the first reached it; then SIGKILL
+    assert read_status(tiny.tmp / "run") == {
+        "status": "interrupted",
+        "exit_code": -9,
+        "detail": "stopped on Ctrl-C: process group stopped",
+    }
+    assert outcome.exit_status == 130
+
+
+def test_a_second_ctrl_c_that_comes_before_envrun_goes_on_with_its_stop_still_kills_the_trainer(
+    tiny: Tiny, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """envrun slow to go on once it passed the first Ctrl-C on (a loaded machine): the second, which the
+    trainer may outrun, still kills it, and is never an exception out of the stop (it once ended envrun
+    with the trainer running, and the record said the job never ran)."""
+    passed_on = local._signal_group
+
+    def slow(child: subprocess.Popen[str], sig: int) -> None:
+        passed_on(child, sig)
+        if sig == signal.SIGINT:
+            time.sleep(2)  # the second Ctrl-C comes in here, once the trainer heard the first
+
+    monkeypatch.setattr(local, "_signal_group", slow)
+    outcome, took = run_deaf_trainer(tiny, ctrl_c=2)
+    assert lines_in(tiny.tmp / "heard") == 1 and took < 15
     assert read_status(tiny.tmp / "run") == {
         "status": "interrupted",
         "exit_code": -9,
@@ -418,6 +448,40 @@ def test_ctrl_c_while_the_nodes_are_asked_records_the_run_as_stopped_before_the_
         "detail": "stopped on Ctrl-C before the job ran",
     }
     assert "submitted" not in (tiny.tmp / "run" / "output.log").read_text()  # nothing reached Ray
+
+
+def spin() -> None:
+    for _ in range(100_000):  # bytecode boundaries, where Python runs its handlers
+        pass
+
+
+class StoppedSlowly(LocalLauncher):
+    """The local launcher's checks; its launch a scheduler's job being stopped on Ctrl-C when a SIGTERM
+    comes (a user's second Ctrl-C, or the machine's shutdown) while the stop is waited for."""
+
+    def launch(self, plan: RunPlan, log: LogSink) -> LaunchResult:
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            spin()
+        except KeyboardInterrupt:
+            log("envrun: cancelling\n")
+            os.kill(os.getpid(), signal.SIGTERM)
+            spin()
+        raise AssertionError("no signal came")
+
+
+def test_a_second_signal_while_a_stopped_job_is_waited_for_is_not_recorded_as_before_the_job_ran(
+    tiny: Tiny, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prepared = prepare_run(tiny.request())
+    monkeypatch.setattr("envrun.execute.launcher_for", lambda plan, cluster: StoppedSlowly())
+    with pytest.raises(KeyboardInterrupt):
+        execute_run(prepared)
+    assert read_status(tiny.tmp / "run") == {
+        "status": "interrupted",
+        "exit_code": None,
+        "detail": "stopped on Ctrl-C, then on SIGTERM before the job was seen to end",
+    }
 
 
 def test_exports_the_nodes_cannot_be_asked_about_fail_the_audit(tiny: Tiny) -> None:
@@ -679,3 +743,46 @@ def test_a_held_job_cancelled_by_someone_else_is_recorded_as_interrupted(
     }
     fields = job_fields(job)
     assert fields is not None and fields["JobState"] == "CANCELLED"
+
+
+@pytest.mark.slurm
+def test_a_second_ctrl_c_as_envrun_cancels_the_job_still_cancels_it(
+    tiny: Tiny, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C twice, the second as envrun goes to ``scancel``: the job is cancelled all the same (it was
+    left holding its place in the queue, or its nodes, as envrun ended)."""
+    prepared = slurm_run(tiny, "--hold")
+    jobs: list[str] = []
+    launch, slurm = SlurmLauncher.launch, envrun.schedule.slurm._slurm
+
+    def interrupted(self: SlurmLauncher, plan: RunPlan, log: LogSink) -> LaunchResult:
+        def watch(line: str) -> None:
+            log(line)
+            if line.startswith("envrun: submitted Slurm job ") and not jobs:
+                jobs.append(line.split()[4].rstrip(";"))
+                os.kill(os.getpid(), signal.SIGINT)  # the first Ctrl-C
+                spin()
+
+        return launch(self, plan, watch)
+
+    def cancel(argv: list[str]) -> str:
+        if argv[0] == "scancel":
+            os.kill(os.getpid(), signal.SIGINT)  # the second, just before scancel runs
+            spin()
+        return slurm(argv)
+
+    monkeypatch.setattr(SlurmLauncher, "launch", interrupted)
+    monkeypatch.setattr(envrun.schedule.slurm, "_slurm", cancel)
+    try:
+        try:
+            outcome = execute_run(prepared)
+        except KeyboardInterrupt:
+            pytest.fail("the second Ctrl-C ended envrun before it cancelled the job")
+        (job,) = jobs
+        fields = job_fields(job)
+        assert fields is not None and fields["JobState"] == "CANCELLED"
+        assert (outcome.status, outcome.exit_status) == ("interrupted", 130)
+        assert read_status(tiny.tmp / "run")["detail"] == f"stopped on Ctrl-C: cancelled Slurm job {job} (CANCELLED)"
+    finally:
+        for job in jobs:
+            subprocess.run(["scancel", job], check=False, timeout=60)

@@ -23,11 +23,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from envbuild.errors import EngineError
 from envrun.execute import TargetRefused, execute_run
+from envrun.launch import ray_backend
 from envrun.prepare import PreparedRun, prepare_run
 from envrun.ray_api import RayAuthError, auth_headers, job_client, list_nodes, submit
 from envrun.rundir import read_status
@@ -233,6 +235,32 @@ def test_ctrl_c_stops_the_ray_job_and_records_interrupted(ray_head: str, tiny: T
     assert code == 130
     assert status["status"] == "interrupted" and "stopped on Ctrl-C" in status.get("detail", "")
     assert job == "STOPPED"
+
+
+def test_ctrl_c_as_the_job_is_submitted_stops_it(ray_head: str, tiny: Tiny, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C the moment Ray took the job (before envrun followed it) stops it there: it was left running on
+    the cluster, and the record said the job never ran."""
+    prepared = ray_run(tiny, ray_head, FAKE_TRAINER_SLEEP="300")
+    real = ray_backend.ray_api.submit
+
+    def submit_then_ctrl_c(*args: Any, **kwargs: Any) -> str:
+        job = real(*args, **kwargs)
+        jobs.append(job)
+        os.kill(os.getpid(), signal.SIGINT)
+        return job
+
+    jobs: list[str] = []
+    monkeypatch.setattr(ray_backend.ray_api, "submit", submit_then_ctrl_c)
+    try:
+        outcome = execute_run(prepared)
+    except KeyboardInterrupt:  # not to pytest, which would end the whole session
+        for job in jobs:
+            job_client(ray_head).stop_job(job)
+        pytest.fail("the Ctrl-C escaped envrun with the job submitted")
+    [job] = jobs
+    assert (outcome.status, outcome.exit_status) == ("interrupted", 130)
+    assert read_status(outcome.run_dir)["detail"].startswith(f"stopped on Ctrl-C: Ray job {job} stopped (")
+    assert job_client(ray_head).get_job_status(job).value == "STOPPED"
 
 
 def test_the_head_asks_for_its_token_and_envrun_sends_it(ray_head: str, ray_home: Path) -> None:

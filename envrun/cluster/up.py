@@ -16,7 +16,7 @@ Order — nothing starts until every host has passed steps 1-3:
 
 A failure, Ctrl-C or SIGTERM during 4-5 (a node that exits or does not join in time, a host lost, a
 scheduler or ``kill`` ending ``up``) removes every container started, on every host, and the state file:
-nothing is left half-started.
+nothing is left half-started (a second Ctrl-C or SIGTERM does not cut the removal short).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from envbuild.engine.client import Engine
 from envbuild.engine.transfer import Pulled
 from envbuild.errors import EngineError, EnvbuildError, InputError
 from envbuild.image.plan import LOCK_LABEL
-from envbuild.interrupts import sigterm_interrupts
+from envbuild.interrupts import sigterm_interrupts, while_stopping
 from envbuild.lock.io import LockFile
 from envbuild.lock.platform import OCI_ARCH
 from envbuild.progress import Progress, silent
@@ -123,7 +123,8 @@ def cluster_up(spec: ClusterSpec, options: UpOptions, progress: Progress = silen
         try:
             address, node_ids = _start(spec, reference, hosts, started, options.join_timeout, progress)
         except BaseException as exc:
-            _roll_back(spec, started, options.cache_dir, exc, recorded)
+            with while_stopping(lambda: None):  # a second Ctrl-C or SIGTERM must not leave nodes running
+                _roll_back(spec, started, options.cache_dir, exc, recorded)
             raise
         save_state(options.cache_dir, replace(state, phase="up", address=address))
     nodes = tuple(

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from envbuild.errors import InputError
+from envbuild.interrupts import while_stopping
 from envrun.launch.base import LaunchResult, LogSink, OnThisHost
 from envrun.plan import RunPlan
 
@@ -66,23 +67,23 @@ def _signal_group(child: subprocess.Popen[str], sig: int) -> None:
 
 def _stop(child: subprocess.Popen[str], log: LogSink) -> int | None:
     """SIGINT to the job's process group (what a trainer expects from Ctrl-C), SIGKILL after a grace
-    period or a second Ctrl-C; the job's last words still go to the log."""
-    _signal_group(child, signal.SIGINT)
+    period or a second Ctrl-C (or SIGTERM); the job's last words still go to the log. The second signal is
+    taken from before the first is passed on: it can never end envrun with the group left running."""
     graced = time.monotonic() + STOP_GRACE_SECONDS
     killer = threading.Timer(STOP_GRACE_SECONDS, _signal_group, (child, signal.SIGKILL))
-    killer.start()
-    try:
-        assert child.stdout is not None
-        for line in child.stdout:
-            log(line)
-        child.wait(timeout=max(0.0, graced - time.monotonic()))  # its output can end before it does
-    except KeyboardInterrupt:
-        _signal_group(child, signal.SIGKILL)
-    except subprocess.TimeoutExpired:
-        _signal_group(child, signal.SIGKILL)  # the grace is over (the killer may not have run yet)
-    finally:
-        killer.cancel()
-    try:
-        return child.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        return None
+    with while_stopping(lambda: _signal_group(child, signal.SIGKILL)):
+        _signal_group(child, signal.SIGINT)
+        killer.start()
+        try:
+            assert child.stdout is not None
+            for line in child.stdout:
+                log(line)
+            child.wait(timeout=max(0.0, graced - time.monotonic()))  # its output can end before it does
+        except subprocess.TimeoutExpired:
+            _signal_group(child, signal.SIGKILL)  # the grace is over (the killer may not have run yet)
+        finally:
+            killer.cancel()
+        try:
+            return child.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            return None

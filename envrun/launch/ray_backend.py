@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from envbuild.data.jsonout import to_jsonable
 from envbuild.errors import EngineError
+from envbuild.interrupts import deferred_interrupts, while_stopping
 from envbuild.progress import Progress
 from envrun import ray_api
 from envrun.launch.base import LaunchResult, LogSink
@@ -139,28 +140,34 @@ class RayLauncher:
 
     def launch(self, plan: RunPlan, log: LogSink) -> LaunchResult:
         client = ray_api.job_client(self.address)
-        self.job_id = ray_api.submit(
-            client,
-            self.address,
-            plan.argv,
-            runtime_env=runtime_env(plan),
-            submission_id=f"envrun-{plan.recipe}-{uuid.uuid4().hex[:12]}",
-            metadata=metadata(plan),
-        )
-        log(f"envrun: submitted Ray job {self.job_id} to {self.address}\n")
-        with ray_api.following(self.address, self.job_id):  # the head lost mid-job: one line, the run failed
-            try:
+        self.job_id = None
+        try:
+            with deferred_interrupts():  # Ctrl-C while it is submitted: taken once the job can be stopped
+                self.job_id = ray_api.submit(
+                    client,
+                    self.address,
+                    plan.argv,
+                    runtime_env=runtime_env(plan),
+                    submission_id=f"envrun-{plan.recipe}-{uuid.uuid4().hex[:12]}",
+                    metadata=metadata(plan),
+                )
+            log(f"envrun: submitted Ray job {self.job_id} to {self.address}\n")
+            with ray_api.following(self.address, self.job_id):  # the head lost mid-job: one line, the run failed
                 ray_api.tail_logs(client, self.job_id, log)
                 return self._result(client)
-            except KeyboardInterrupt:
-                client.stop_job(self.job_id)
+        except KeyboardInterrupt:
+            if self.job_id is None:
+                raise  # nothing was submitted
+            with ray_api.following(self.address, self.job_id):
+                with while_stopping(lambda: None):  # a second Ctrl-C must not leave the job running
+                    client.stop_job(self.job_id)
                 ray_api.wait_terminal(client, self.job_id, STOP_TIMEOUT_SECONDS)
                 info = client.get_job_info(self.job_id)
-                return LaunchResult(
-                    info.driver_exit_code,
-                    interrupted=True,
-                    detail=f"Ray job {self.job_id} stopped ({info.status.value})",
-                )
+            return LaunchResult(
+                info.driver_exit_code,
+                interrupted=True,
+                detail=f"Ray job {self.job_id} stopped ({info.status.value})",
+            )
 
     def _result(self, client: Any) -> LaunchResult:
         assert self.job_id is not None

@@ -22,6 +22,7 @@ from typing import IO, Any
 
 from envbuild.data.jsonout import to_jsonable
 from envbuild.errors import EngineError, InputError
+from envbuild.interrupts import deferred_interrupts, while_stopping
 from envbuild.progress import Progress
 from envrun.checkpoint.audit import ModelAudit
 from envrun.exports import ExportSearch
@@ -148,19 +149,27 @@ class SlurmLauncher:
     def launch(self, plan: RunPlan, log: LogSink) -> LaunchResult:
         job_dir = Path(plan.run_dir).absolute() / SUBDIR
         write_job(plan, job_dir, self.skip)
-        self.job_id = _slurm(["sbatch", "--parsable", f"--chdir={job_dir}", str(job_dir / "job.sbatch")]).strip()
-        self.job_id = self.job_id.split(";")[0]
-        log(f"envrun: submitted Slurm job {self.job_id}; its output: {job_dir}/slurm-{self.job_id}.out\n")
-        follower = _Follower(job_dir / f"slurm-{self.job_id}.out", log)
+        self.job_id = None
+        follower: _Follower | None = None
         try:
+            with deferred_interrupts():  # Ctrl-C while it is submitted: taken once the job can be cancelled
+                submitted = _slurm(["sbatch", "--parsable", f"--chdir={job_dir}", str(job_dir / "job.sbatch")])
+                self.job_id = submitted.strip().split(";")[0]
+            log(f"envrun: submitted Slurm job {self.job_id}; its output: {job_dir}/slurm-{self.job_id}.out\n")
+            follower = _Follower(job_dir / f"slurm-{self.job_id}.out", log)
             fields = self._follow(follower, deadline=None)
         except KeyboardInterrupt:
+            if self.job_id is None:
+                raise  # nothing was submitted
             log(f"envrun: cancelling Slurm job {self.job_id}\n")
-            _slurm(["scancel", self.job_id])
+            with while_stopping(lambda: None):  # a second Ctrl-C must not leave the job holding its nodes
+                _slurm(["scancel", self.job_id])
+            follower = follower or _Follower(job_dir / f"slurm-{self.job_id}.out", log)
             fields = self._follow(follower, deadline=time.monotonic() + CANCEL_SECONDS)
             follower.close()
             state = fields.get("JobState", "UNKNOWN")
             return LaunchResult(None, interrupted=True, detail=f"cancelled Slurm job {self.job_id} ({state})")
+        assert follower is not None
         follower.close()
         return self._result(plan, job_dir, fields)
 
