@@ -1,6 +1,6 @@
 """A run plan as JSON and back, whole: what a scheduler's job carries to the machine that runs it.
 
-:func:`envrun.plan.plan_to_json` is the record a user reads (``plan.json``); this is the plan itself, every
+:func:`envrun.planview.plan_to_json` is the record a user reads (``plan.json``); this is the plan itself, every
 field, so that the job started by a scheduler (:mod:`envrun.injob`) runs exactly the plan envrun prepared
 and checked on the submitting host, nothing re-derived there.
 """

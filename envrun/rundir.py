@@ -21,7 +21,8 @@ from typing import Any, Literal, TextIO
 from envbuild.data.jsonout import to_jsonable
 from envbuild.errors import CacheError
 from envbuild.fileio import write_atomic
-from envrun.plan import RunPlan, plan_to_json
+from envrun.plan import RunPlan
+from envrun.planview import plan_to_json
 
 # refused: where the job would run may not run it (a node on another lock); nothing was started.
 Status = Literal["succeeded", "failed", "interrupted", "error", "refused"]

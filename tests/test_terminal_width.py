@@ -255,7 +255,8 @@ def test_the_check_summary_names_what_did_not_reproduce() -> None:
 
 
 def test_envrun_plan_wraps_a_preflight_reason_and_keeps_its_command_whole() -> None:
-    from envrun.plan import RunPlan, render_plan_text
+    from envrun.plan import RunPlan
+    from envrun.planview import render_plan_text
     from envrun.preflightline import PreflightLine
 
     reason = "the model directory holds no config.json: " + " ".join(f"shard-{i:05d}.safetensors" for i in range(8))

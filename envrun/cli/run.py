@@ -21,7 +21,8 @@ from envbuild.escape import for_terminal
 from envrun.cli.cluster import cluster_name
 from envrun.cluster.spec import HCCL_PORTS_PER_NODE, check_ray_start_args
 from envrun.injob.spec import NODE_PORTS
-from envrun.plan import BACKENDS, RunParameters, Scheduled, Volume, render_plan_json, render_plan_text
+from envrun.plan import BACKENDS, RunParameters, Scheduled, Volume
+from envrun.planview import render_plan_json, render_plan_text
 from envrun.preflight import CHECKS
 from envrun.recipe import shipped_recipes
 
