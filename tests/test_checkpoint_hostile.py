@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import json
 import os
+import struct
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from safetensors import SafetensorError, safe_open
 
 from envbuild.errors import InputError
-from envrun.checkpoint import audit_checkpoint, render_audit
+from envrun.checkpoint import audit_checkpoint, read_safetensors_header, render_audit
 from tests.lib.ckptgen import (
     AuditRun,
     CheckpointSpec,
@@ -300,6 +303,47 @@ def test_a_config_of_many_objects_is_refused_unparsed(model: Path) -> None:
     (model / "config.json").write_text(json.dumps(config))
     with pytest.raises(InputError, match="config.json: 10,004 JSON objects and arrays, more than the 10,000"):
         audit_checkpoint(model)
+
+
+def with_header_text(shard: Path, edit: Callable[[bytes], bytes]) -> Path:
+    """Rewrite ``shard``'s header text through ``edit``, its data section unchanged."""
+    raw = shard.read_bytes()
+    size = struct.unpack("<Q", raw[:8])[0]
+    return write_raw_safetensors(shard, edit(raw[8 : 8 + size]), raw[8 + size :])
+
+
+def tensor_twice(raw: bytes) -> bytes:
+    # The first tensor's entry again, offsets and all: the data section still tiles.
+    name, entry = next((k, v) for k, v in json.loads(raw).items() if k != "__metadata__")
+    again = json.dumps({name: entry}, separators=(",", ":")).encode()[1:-1]
+    return raw.replace(b"{", b"{" + again + b",", 1)
+
+
+def field_twice(raw: bytes) -> bytes:
+    # A field twice in one entry: safetensors itself refuses to open the file.
+    return raw.replace(b'{"dtype":', b'{"dtype":"U8","dtype":', 1)
+
+
+@pytest.mark.parametrize(("edit", "loader_refuses"), [(tensor_twice, False), (field_twice, True)])
+def test_a_duplicate_in_a_header_with_metadata_is_malformed(
+    model: Path, edit: Callable[[bytes], bytes], loader_refuses: bool
+) -> None:
+    # Every shard transformers writes has __metadata__; its key once made up, in the count that decides
+    # whether to look for duplicates, for the one a duplicate loses, and the audit passed such a shard.
+    shard = with_header_text(model / SHARD, edit)
+    assert b'"__metadata__":{"format":"pt"}' in shard.read_bytes()
+    if loader_refuses:
+        with pytest.raises(SafetensorError, match="duplicate field"):
+            safe_open(str(shard), "np")
+    assert_refused(run_audit_guarded(model, "--json"), shard, "malformed header", "duplicate key")
+
+
+def test_a_header_with_spaces_before_its_colons_is_checked_for_duplicates(single: Path) -> None:
+    entry = '{"dtype" : "F32", "shape" : [2], "data_offsets" : [0, 8]}'
+    raw = f'{{"__metadata__" : {{"format" : "pt"}}, "a" : {entry}, "a" : {entry}}}'.encode()
+    shard = write_raw_safetensors(replace_with(single / SINGLE), raw, b"\0" * 8)
+    with pytest.raises(InputError, match="duplicate key 'a'"):
+        read_safetensors_header(shard)
 
 
 def test_a_dimension_beyond_64_bits_is_malformed(single: Path) -> None:
