@@ -224,6 +224,9 @@ def model_verdict(audit: ModelAudit, where: str = "") -> PreflightLine:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         unexpected = [shown_name(n) for n in audit.unexpected]
         more = f"; unexpected: {', '.join(unexpected[:5])}" if unexpected else ""
+        # A shard file the index names that is gone fails a loader even when it held only MTP tensors.
+        files = [shown_name(n) for n in audit.shards_missing]
+        more += f"; missing shard files: {', '.join(files[:5])}" if files else ""
         return PreflightLine(
             "model",
             "fail",

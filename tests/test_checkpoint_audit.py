@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,9 @@ from envrun.checkpoint.audit import ModelAudit, audit_model
 from envrun.checkpoint.modelnames import ModelNames, ModelNamesError, job_names
 from envrun.checkpoint.names import abbreviate_names
 from envrun.checkpoint.report import render_audit
+from envrun.exports import export_verdict, search_here
+from envrun.preflight import model_verdict
+from envrun.probe.report import ExportLayout
 from tests.lib.ckptgen import CheckpointSpec, layer_names, tensor_names, write_checkpoint
 
 SPEC = CheckpointSpec(layers=4, mtp_layers=1, first_k_dense=1, experts=4, shards=3)
@@ -492,3 +496,23 @@ def test_a_run_audits_with_the_model_s_names_or_fails_in_one_wording(tmp_path: P
     (tmp_path / "config.json").write_text("{")
     unreadable = audit_model(str(tmp_path), None).error or ""
     assert unreadable.startswith(f"{tmp_path}: checkpoint unreadable: {tmp_path / 'config.json'}: not readable JSON")
+
+
+def test_a_run_names_a_missing_shard_file_when_nothing_else_is_lost(tmp_path: Path) -> None:
+    """The MTP layer in a shard of its own, deleted while the index still names it (a loader then fails):
+    no tensor outside the MTP layer is lost, so the missing file is the whole reason, and a run's export
+    failure and preflight line once gave none ("/path:  (names: …)", "missing: -")."""
+    export = tmp_path / "ckpts/global_step_1/actor/model/huggingface"
+    write_checkpoint(export, CheckpointSpec(include_mtp=False))
+    index = json.loads((export / "model.safetensors.index.json").read_text())
+    gone = "model-00004-of-00004.safetensors"
+    index["weight_map"].update(dict.fromkeys(layer_names(SPEC, 4), gone))
+    (export / "model.safetensors.index.json").write_text(json.dumps(index))
+    audit = audit_model(str(export), None)
+    assert not audit.ok and audit.missing == audit.unexpected == () and audit.shards_missing == (gone,)
+    assert audit.failure.startswith(f"{export}: missing shard file {gone} (names: ")
+    assert ModelAudit.of_answer(to_jsonable(audit), "n1") == replace(audit, node="n1")  # as a node sends it
+    assert f"missing: -; missing shard files: {gone}; names: " in model_verdict(audit).detail
+    layout = ExportLayout(str(tmp_path / "ckpts"), "global_step_*/actor/model/huggingface", True, "save_freq=1", False)
+    (failure,) = export_verdict(layout, search_here(layout)).failures
+    assert failure == audit.failure

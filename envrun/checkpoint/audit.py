@@ -184,6 +184,7 @@ class ModelAudit:
     expected_from: str = ""  # the same, for people
     error: str | None = None  # what stopped the audit, naming the path: no names were compared
     node: str = jfield("", omit="empty")  # the node that holds it ("" on this host)
+    shards_missing: tuple[str, ...] = jfield((), omit="empty")  # files the index names that are not there
 
     @classmethod
     def of_answer(cls, answer: Mapping[str, Any], node: str = "") -> ModelAudit:
@@ -198,15 +199,18 @@ class ModelAudit:
             str(answer.get("expected_from") or ""),
             str(error) if error else None,
             node,
+            tuple(str(name) for name in answer.get("shards_missing") or ()),
         )
 
     @property
     def failure(self) -> str:
-        """Why it is not ok, in one line: the error (it names the path), or the first names lost."""
+        """Why it is not ok, in one line: the error (it names the path), or the first files and names lost."""
         where = f"{self.node}: " if self.node else ""
         if self.error:
             return f"{where}{self.error}"
-        lost = ", ".join([*self.missing[:3], *self.unexpected[:3]])
+        # A missing shard file can be all there is to say: one that held only MTP tensors loses no other.
+        files = [f"missing shard file {name}" for name in self.shards_missing[:3]]
+        lost = ", ".join([*files, *self.missing[:3], *self.unexpected[:3]])
         names = f" (names: {self.expected_from})" if self.expected_from else ""
         return f"{where}{self.path}: {lost}{names}"
 
@@ -226,7 +230,15 @@ def audit_model(path: str, names: ModelNames | None) -> ModelAudit:
         return ModelAudit(path, False, error=f"{path}: {error}: {exc}")
     except EnvbuildError as exc:
         return ModelAudit(path, False, error=f"{path}: checkpoint unreadable: {str(exc).splitlines()[0]}")
-    return ModelAudit(path, report.ok, report.missing, report.unexpected, report.check, report.expected_from)
+    return ModelAudit(
+        path,
+        report.ok,
+        report.missing,
+        report.unexpected,
+        report.check,
+        report.expected_from,
+        shards_missing=report.shards_missing,
+    )
 
 
 def _limit(held: _Held) -> int:
