@@ -9,6 +9,7 @@ or the job's python, answering what a broken or hostile one could.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import sys
@@ -196,3 +197,24 @@ def test_a_shard_deleted_after_the_listing_is_named(tmp_path: Path) -> None:
     with pytest.raises(SafetensorsHeaderError) as info:
         read_header(path)
     assert str(info.value) == f"{path}: cannot open: No such file or directory"
+
+
+# --- what the refusal of an architecture advises -----------------------------------------------------
+
+
+def test_a_quantised_checkpoint_is_not_advised_the_model_s_names(
+    tmp_path: Path, model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The model's own names do not cover a quantised checkpoint's scales, and the audit refuses them for
+    # one: the refusal once advised --model-python all the same, and following it got the refusal again.
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": "fp8"}}))
+    python, _ = interpreter(tmp_path, "print(json.dumps(answer))")
+    for extra in ([], ["--model-python", python]):
+        assert main(["checkpoint", "audit", str(model), "--json", *extra]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 1 and "quantization_config ('fp8')" in err, err
+        assert "--trust-uniform-layers" in err and "--model-python" not in err, err
+    (model / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))
+    assert main(["checkpoint", "audit", str(model), "--json"]) == 2  # the model's names do help here
+    assert "give it the model's own names (--model-python PYTHON)" in capsys.readouterr().err

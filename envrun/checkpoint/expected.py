@@ -76,7 +76,10 @@ def weak_check(layout: ModelLayout, config_path: Path, have_names: bool, trust: 
         return ""
     if trust:
         return layout.unsupported
-    fix = "" if have_names else "give it the model's own names (--model-python PYTHON) or "
+    # The model's own names help only an architecture no description covers: transformers builds a
+    # quantised model's weights unquantised, and no scale is among its names.
+    helps = not have_names and layout.quantization is None
+    fix = "give it the model's own names (--model-python PYTHON) or " if helps else ""
     raise UnsupportedArchitectureError(
         f"{config_path}: {layout.unsupported}: the audit cannot check that the checkpoint is complete; "
         f"{fix}ask for the weaker check by name (--trust-uniform-layers: layers alike, so a tensor lost "
