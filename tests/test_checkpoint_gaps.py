@@ -218,3 +218,18 @@ def test_a_quantised_checkpoint_is_not_advised_the_model_s_names(
     (model / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))
     assert main(["checkpoint", "audit", str(model), "--json"]) == 2  # the model's names do help here
     assert "give it the model's own names (--model-python PYTHON)" in capsys.readouterr().err
+
+
+def test_the_help_says_an_interpreter_that_gives_no_names_is_exit_1(
+    tmp_path: Path, model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Exit 1 once read, by the help, as "anything else is missing or unexpected" only: a script took a
+    # typo in --model-python (or a docker it could not reach) for a broken checkpoint.
+    assert main(["checkpoint", "audit", str(model), "--json", "--model-python", str(tmp_path / "no-python")]) == 1
+    assert capsys.readouterr().out == ""  # no report: nothing was checked
+    assert main(["checkpoint", "audit", "--help"]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert (
+        "1 if anything else is missing or unexpected, or if --model-python's python could not give the "
+        "model's names (no report then, even with --json: nothing was checked)" in said
+    ), said

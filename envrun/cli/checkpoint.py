@@ -15,7 +15,9 @@ def add_checkpoint_command(commands: argparse._SubParsersAction) -> None:
         "audit",
         help="check a checkpoint is complete except, at most, its MTP layers (reads headers only)",
         description="Exit 0 if complete (MTP layers may be absent), 1 if anything else is missing "
-        "or unexpected, 2 if the input cannot be read or its architecture cannot be checked.",
+        "or unexpected, or if --model-python's python could not give the model's names (no report "
+        "then, even with --json: nothing was checked), 2 if the input cannot be read or its "
+        "architecture cannot be checked.",
     )
     audit.add_argument("model_dir", type=Path, metavar="MODEL_DIR")
     audit.add_argument("--json", action="store_true", help="print the report as JSON (every name)")
