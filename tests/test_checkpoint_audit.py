@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from safetensors import safe_open
 
 from envbuild.data.jsonout import to_jsonable
 from envbuild.errors import InputError
@@ -338,6 +339,15 @@ def test_header_validation(tmp_path: Path, header: object, data: bytes, message:
         return
     with pytest.raises(SafetensorsHeaderError, match=message):
         read_safetensors_header(path)
+
+
+@pytest.mark.parametrize("dtype", ["F8_E4M3FNUZ", "F8_E5M2FNUZ"])
+def test_a_dtype_the_safetensors_reader_reads_is_known(tmp_path: Path, dtype: str) -> None:
+    # The reference reader (safetensors 0.8) opens these; the audit once refused them as unknown (exit 2).
+    path = _raw_file(tmp_path / "x.safetensors", {"a": {"dtype": dtype, "shape": [2], "data_offsets": [0, 2]}}, b"\0\0")
+    with safe_open(str(path), "np") as reference:
+        assert list(reference.keys()) == ["a"]
+    assert read_safetensors_header(path).tensors["a"] == (dtype, (2,), (0, 2))
 
 
 def test_header_length_beyond_the_file_or_absurd(tmp_path: Path) -> None:

@@ -45,9 +45,9 @@ MAX_DIMS = 64
 _SPACED_KEY = re.compile(rb'"[ \t\n\r]+:')
 
 # Bits per element. Sub-byte float types exist since safetensors 0.6 (F4, F6_*), so sizes are in
-# bits and a tensor's total must be a whole number of bytes.
+# bits and a tensor's total must be a whole number of bytes; the FNUZ float8 types are read by 0.8.
 DTYPE_BITS: dict[str, int] = {
-    **dict.fromkeys(("BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0"), 8),
+    **dict.fromkeys(("BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ"), 8),
     **dict.fromkeys(("I16", "U16", "F16", "BF16"), 16),
     **dict.fromkeys(("I32", "U32", "F32"), 32),
     **dict.fromkeys(("I64", "U64", "F64", "C64"), 64),
