@@ -29,6 +29,14 @@ lock and its files are never taken for stale. A write that fails for want of spa
 listing, a new repository) removes what it left at once and is a :class:`CacheError` (``no space left
 in the cache``), not an unreachable remote; a pack a killed fetch left on a full disk is cleared by the
 next listing that needs its room.
+
+A repository whose objects are damaged (a pack cut short, as an interrupted copy of the cache to another
+machine leaves it; a loose object a lost write emptied) makes git answer every later fetch with ``object
+… not found`` or ``did not send all necessary objects``: it believes it holds what it cannot read. So when
+a fetch fails, the repository's packs and loose objects are checked (:func:`damaged_objects`: each pack's
+trailer against its index, each loose object inflated whole); a damaged repository is replaced, under the
+lock, by an empty one (keeping its URL and listing) and the fetch is tried once more. It is a cache: what
+it held is fetched again.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ import re
 import shutil
 import tempfile
 import time
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -137,6 +146,25 @@ class GitCache:
             remove_stale_files(repo.path)
             yield repo, fd
 
+    def renewed_if_damaged(self, repo: CachedRepo) -> bool:
+        """Under ``repo``'s lock: when its objects are damaged (:func:`damaged_objects`), put an empty
+        repository in its place, with its URL and last listing, and say True (the caller fetches again)."""
+        if not damaged_objects(repo.path):
+            return False
+        try:
+            fresh = Path(tempfile.mkdtemp(prefix=f".tmp-{repo.path.stem}-", dir=self.root))
+            self.git.init_bare(fresh)
+            for name in (URL_FILE, LISTING_FILE):
+                if (repo.path / name).is_file():
+                    shutil.copyfile(repo.path / name, fresh / name)
+            broken = Path(tempfile.mkdtemp(prefix=f".tmp-{repo.path.stem}-damaged-", dir=self.root))
+            repo.path.rename(broken / "repository")
+            fresh.rename(repo.path)
+        except (GitError, OSError) as exc:
+            raise self.cache_error(exc) from None
+        shutil.rmtree(broken, ignore_errors=True)
+        return True
+
     def cache_error(self, exc: GitError | OSError) -> Exception:
         """A failed write into the cache as the user should see it: a full disk is the cache's fault
         (:class:`CacheError`, one line), any other git failure stays what it was."""
@@ -213,12 +241,16 @@ class GitCache:
                 return None
             if wanted and wanted <= set(self.git.commit_trees(repo.path, wanted)):
                 return None
-            try:
-                with refused_packs_removed(repo.path):
-                    return self.git.fetch(repo.path, url, refspecs, prune=prune, hold=fd)
-            except GitError as exc:
-                remove_stale_files(repo.path)  # what the failed git left: a partial pack may fill the disk
-                raise self.cache_error(exc) from None
+            for attempt in (1, 2):
+                try:
+                    with refused_packs_removed(repo.path):
+                        return self.git.fetch(repo.path, url, refspecs, prune=prune, hold=fd)
+                except GitError as exc:
+                    remove_stale_files(repo.path)  # what the failed git left: a partial pack may fill the disk
+                    if attempt == 1 and self.renewed_if_damaged(repo):
+                        continue
+                    raise self.cache_error(exc) from None
+            raise AssertionError("unreachable")  # pragma: no cover
 
     def fetch_objects(
         self, url: str, commit: str, oids: Iterable[str], *, trees: bool = False, max_bytes: int | None = None
@@ -241,6 +273,8 @@ class GitCache:
                 raise
             except GitError as exc:
                 remove_stale_files(repo.path)
+                # A damaged repository: the objects are fetched into a new one by the next fetch of the commit.
+                self.renewed_if_damaged(repo)
                 raise self.cache_error(exc) from None
             return True
 
@@ -312,6 +346,50 @@ def remove_stale_files(repo: Path) -> list[Path]:
                 removed.append(here / name)
                 dirnames.remove(name)
     return removed
+
+
+def damaged_objects(repo: Path) -> list[Path]:
+    """The packs and loose objects of a bare repository git cannot read whole: a pack shorter than its
+    header and trailer or ending in another checksum than its index names for it (an index shorter than
+    its own trailer), and a loose object that does not inflate to its end. A pack without its index is
+    not counted (git ignores it; :func:`remove_stale_files` and git's own rules see to it)."""
+    damaged: list[Path] = []
+    for index in sorted((repo / "objects" / "pack").glob("pack-*.idx")):
+        pack = index.with_suffix(".pack")
+        try:
+            with open(index, "rb") as handle:
+                handle.seek(0, os.SEEK_END)
+                size = handle.tell()
+                handle.seek(max(0, size - 40))
+                named = handle.read(20) if size >= 40 else b""
+            with open(pack, "rb") as handle:
+                handle.seek(0, os.SEEK_END)
+                size = handle.tell()
+                handle.seek(max(0, size - 20))
+                trailer = handle.read(20) if size >= 32 else b""
+        except FileNotFoundError:
+            continue
+        except OSError:
+            damaged.append(pack)
+            continue
+        if not named or trailer != named:
+            damaged.append(pack)
+    for path in sorted((repo / "objects").glob("[0-9a-f][0-9a-f]/*")):
+        inflate = zlib.decompressobj()
+        try:
+            with open(path, "rb") as handle:
+                while chunk := handle.read(1 << 16):
+                    inflate.decompress(chunk, 1 << 16)
+                    while inflate.unconsumed_tail:
+                        inflate.decompress(inflate.unconsumed_tail, 1 << 16)
+        except FileNotFoundError:
+            continue
+        except (OSError, zlib.error):
+            damaged.append(path)
+            continue
+        if not inflate.eof:
+            damaged.append(path)
+    return damaged
 
 
 def _pack_names(repo: Path) -> set[str]:
