@@ -139,6 +139,13 @@ def _verify(source: Source, up: Upstream, whole: WholeCommit | None = None) -> P
         return result("missing-ref", f"upstream has no {kind} named {ref}")
     head = same[ref]
     if kind == "tag":
+        if head != source.commit and listing.refs.get(f"tags/{ref}") == source.commit:
+            # `git ls-remote` prints an annotated tag's own object first: copied as the pin, the tag has not moved.
+            detail = (
+                f"the lock pins the object of annotated tag {ref} itself, not the commit it points at ({head}); "
+                "pin the commit (`envbuild lock update` does)"
+            )
+            return result("tag-moved", detail, upstream=head)
         if head != source.commit:
             return result("tag-moved", f"tag {ref} now points at {head}, not at the pinned commit", upstream=head)
         if source.tree is None:
