@@ -328,20 +328,24 @@ def remove_stale_files(repo: Path) -> list[Path]:
     """Remove what a killed git leaves in a bare repository. Call only under the repository's lock:
     then no git of ours is writing, so every one of these is stale."""
     removed: list[Path] = []
+    objects = repo / "objects"
     for dirpath, dirnames, filenames in os.walk(repo):
         here = Path(dirpath)
+        # git's temporary objects and quarantines are only ever under objects/: under refs/, a branch may be
+        # named tmp_ci or incoming-fix/x (a ref name cannot end in .lock, so that rule holds everywhere).
+        in_objects = here == objects or objects in here.parents
         for name in filenames:
             # *.lock: ref, packed-refs, config and shallow locks; tmp_*: half-received packs and
             # indexes; pack-*.keep: index-pack's marker, left when fetch died before updating refs.
             if (
                 name.endswith(".lock")
-                or name.startswith("tmp_")
-                or (name.startswith("pack-") and name.endswith(".keep"))
+                or (in_objects and name.startswith("tmp_"))
+                or (in_objects and name.startswith("pack-") and name.endswith(".keep"))
                 or _old_listing_temporary(here / name)
             ):
                 _unlink(here / name, removed)
         for name in list(dirnames):
-            if name.startswith(("incoming-", "tmp_objdir-")):  # fetch quarantine directories
+            if in_objects and name.startswith(("incoming-", "tmp_objdir-")):  # fetch quarantine directories
                 shutil.rmtree(here / name, ignore_errors=True)
                 removed.append(here / name)
                 dirnames.remove(name)
