@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from envbuild.cli import main
+from envbuild.git.damage import damaged_objects
 from tests.lib.gitrepos import Served, git
 from tests.lib.tinylock import branch_lock
 
@@ -69,3 +70,23 @@ def test_lock_fetch_fetches_anew_into_an_export_cache_whose_pack_was_cut_short(
     assert code == 0, out + err
     code, out, err = envbuild(capsys, "lock", "fetch", str(lock), "--cache-dir", str(cache))
     assert (code, "0 fetched now, 2 cached before" in out) == (0, True), out + err
+
+
+def test_damaged_objects_are_those_git_cannot_read_and_no_other(tmp_path: Path) -> None:
+    """A whole repository (loose objects and a pack) has none; a loose object cut short and a pack whose trailer
+    is not the one its index names are found; a pack without its index is git's to ignore."""
+    repo = tmp_path / "r.git"
+    git("init", "-q", "--bare", str(repo))
+    blobs = [git("hash-object", "-w", "--stdin", cwd=repo, stdin=f"blob {n}\n".encode() * 500) for n in range(3)]
+    git("repack", "-q", cwd=repo)  # nothing reachable: the pack is empty, the loose blobs stay
+    pack_of = git("pack-objects", "-q", str(repo / "objects" / "pack" / "pack"), cwd=repo, stdin=blobs[0].encode())
+    assert damaged_objects(repo) == []
+    loose = repo / "objects" / blobs[1][:2] / blobs[1][2:]
+    loose.chmod(0o644)
+    loose.write_bytes(loose.read_bytes()[:10])
+    pack = repo / "objects" / "pack" / f"pack-{pack_of}.pack"
+    pack.chmod(0o644)
+    with open(pack, "r+b") as handle:
+        handle.truncate(pack.stat().st_size - 1)
+    (repo / "objects" / "pack" / "pack-0.pack").write_bytes(b"PACK")  # no index: not git's either
+    assert damaged_objects(repo) == [pack, loose]

@@ -33,7 +33,7 @@ next listing that needs its room.
 A repository whose objects are damaged (a pack cut short, as an interrupted copy of the cache to another
 machine leaves it; a loose object a lost write emptied) makes git answer every later fetch with ``object
 … not found`` or ``did not send all necessary objects``: it believes it holds what it cannot read. So when
-a fetch fails, the repository's packs and loose objects are checked (:func:`damaged_objects`: each pack's
+a fetch fails, the repository's packs and loose objects are checked (:func:`~envbuild.git.damage.damaged_objects`: each pack's
 trailer against its index, each loose object inflated whole); a damaged repository is replaced, under the
 lock, by an empty one (keeping its URL and listing) and the fetch is tried once more. It is a cache: what
 it held is fetched again.
@@ -48,7 +48,6 @@ import re
 import shutil
 import tempfile
 import time
-import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -57,6 +56,7 @@ from pathlib import Path
 from envbuild.begun import Begun
 from envbuild.errors import CacheError
 from envbuild.fileio import write_atomic
+from envbuild.git.damage import damaged_objects
 from envbuild.git.process import IncomingTooLarge
 from envbuild.git.remote import GitError, GitRunner, RefListing
 from envbuild.lock.moves import LoggedCommit, Moved
@@ -350,50 +350,6 @@ def remove_stale_files(repo: Path) -> list[Path]:
                 removed.append(here / name)
                 dirnames.remove(name)
     return removed
-
-
-def damaged_objects(repo: Path) -> list[Path]:
-    """The packs and loose objects of a bare repository git cannot read whole: a pack shorter than its
-    header and trailer or ending in another checksum than its index names for it (an index shorter than
-    its own trailer), and a loose object that does not inflate to its end. A pack without its index is
-    not counted (git ignores it; :func:`remove_stale_files` and git's own rules see to it)."""
-    damaged: list[Path] = []
-    for index in sorted((repo / "objects" / "pack").glob("pack-*.idx")):
-        pack = index.with_suffix(".pack")
-        try:
-            with open(index, "rb") as handle:
-                handle.seek(0, os.SEEK_END)
-                size = handle.tell()
-                handle.seek(max(0, size - 40))
-                named = handle.read(20) if size >= 40 else b""
-            with open(pack, "rb") as handle:
-                handle.seek(0, os.SEEK_END)
-                size = handle.tell()
-                handle.seek(max(0, size - 20))
-                trailer = handle.read(20) if size >= 32 else b""
-        except FileNotFoundError:
-            continue
-        except OSError:
-            damaged.append(pack)
-            continue
-        if not named or trailer != named:
-            damaged.append(pack)
-    for path in sorted((repo / "objects").glob("[0-9a-f][0-9a-f]/*")):
-        inflate = zlib.decompressobj()
-        try:
-            with open(path, "rb") as handle:
-                while chunk := handle.read(1 << 16):
-                    inflate.decompress(chunk, 1 << 16)
-                    while inflate.unconsumed_tail:
-                        inflate.decompress(inflate.unconsumed_tail, 1 << 16)
-        except FileNotFoundError:
-            continue
-        except (OSError, zlib.error):
-            damaged.append(path)
-            continue
-        if not inflate.eof:
-            damaged.append(path)
-    return damaged
 
 
 def _pack_names(repo: Path) -> set[str]:
