@@ -22,6 +22,7 @@ from envbuild.git.remote import (
     RefListing,
     last_error_line,
 )
+from envbuild.git.upstream import ALL_REFS
 from envbuild.lock.model import Source
 from envbuild.locking import file_lock
 from envbuild.verify.sources import verify_source
@@ -337,3 +338,24 @@ def test_kill_9_of_envbuild_in_mid_fetch_leaves_no_git_writing_into_the_cache(
     result = verify_source(Source(name="big", repo=url, ref="main", ref_type="branch", commit=old), cache)
     assert (result.status, result.facts["ahead"]) == ("behind", 3)
     assert not list(repo.path.glob("objects/pack/tmp_*")) and not list(repo.path.rglob("*.lock"))
+
+
+@pytest.mark.gitdaemon
+def test_upstream_branches_named_like_gits_temporary_files_survive_the_lock(served: Served, tmp_path: Path) -> None:
+    """Taking a repository's lock clears what a killed git left; it once took upstream branches named tmp_ci
+    or incoming-fix/x for that too and deleted their refs, so the cache no longer mirrored the upstream's refs
+    and the next verify that needs every ref (a submodule's, a commit not on its branch) fetched them again,
+    every time a fetch had come between."""
+    upstream = served.repo("tmpnames")
+    upstream.commit()
+    for branch in ("tmp_ci", "incoming-fix/x", "tmp_objdir-y", "pack-1.keep"):
+        git("branch", branch, cwd=upstream.path)
+    url = served.url("tmpnames", "daemon-filter")
+    cache = GitCache(tmp_path / "git")
+    listing = cache.list_refs(url)
+    cache.fetch(url, ALL_REFS, prune=True)
+    assert cache.namespace_refs(url) == dict(listing.refs)
+    with cache.locked(url):
+        pass
+    assert cache.namespace_refs(url) == dict(listing.refs)
+    assert cache.fetch(url, ALL_REFS, prune=True, fresh=dict(listing.refs)) is None  # nothing to fetch again

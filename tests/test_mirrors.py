@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 
@@ -11,6 +12,8 @@ from envbuild.cli import main
 from envbuild.config import ConfigError, load_config, parse_config
 from envbuild.errors import InputError
 from envbuild.git.mirrors import Mirrors
+from tests.lib.gitrepos import Served, git
+from tests.lib.tinylock import branch_lock
 
 
 def test_longest_prefix_wins_and_a_url_is_rewritten_once() -> None:
@@ -148,3 +151,42 @@ def test_a_cache_dir_that_is_a_file_is_bad_input(
     assert code == 2
     assert err == f"envbuild: error: --cache-dir: {tmp_path / 'afile'} is not a directory\n"
     assert (tmp_path / "afile").read_text() == "not a cache\n"
+
+
+@pytest.mark.gitdaemon
+def test_a_verdict_from_a_mirror_not_yet_synced_names_the_mirror(
+    served: Served, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The lock was updated from upstream; the internal mirror syncs nightly and lacks today's commit and tag.
+    verify through it once said ``the pinned commit is on no upstream branch or tag`` and ``upstream has no
+    tag named v2``, and the user looked for a force-push upstream; the detail now names the mirror asked."""
+    upstream = served.repo("synced-up")
+    upstream.commit()
+    mirror_dir = served.base / "mirror"
+    mirror_dir.mkdir()
+    git("clone", "-q", "--bare", str(upstream.path), str(mirror_dir / "synced-up"))
+    new = upstream.commit()
+    git("tag", "v2", cwd=upstream.path)
+    lock = tmp_path / "m.lock.yaml"
+    text = branch_lock("m", "https://github.example/org/synced-up", new)
+    lock.write_text(
+        text
+        + text.split("sources:\n")[1]
+        .replace("- name: m", "- name: t")
+        .replace("ref: main", "ref: v2")
+        .replace("ref_type: branch", "ref_type: tag")
+    )
+    rule = f"https://github.example/org/={served.url('mirror/', 'daemon-filter')}"
+    code = main(["lock", "verify", str(lock), "--cache-dir", str(tmp_path / "cache"), "--mirror", rule, "--json"])
+    results = {row["name"]: row for row in json.loads(capsys.readouterr().out)["results"]}
+    assert code == 1
+    note = (
+        f" (asked the mirror {served.url('mirror/synced-up', 'daemon-filter')}; a mirror not yet synced with "
+        "https://github.example/org/synced-up lacks what is new)"
+    )
+    assert results["m"]["status"] == "missing-commit"
+    assert results["m"]["detail"] == "the pinned commit is on no upstream branch or tag" + note
+    assert (results["t"]["status"], results["t"]["detail"]) == ("missing-ref", "upstream has no tag named v2" + note)
+    # Asked without the mirror, upstream itself answers, with no note.
+    rule = f"https://github.example/org/={served.url('', 'daemon-filter')}"
+    assert main(["lock", "verify", str(lock), "--cache-dir", str(tmp_path / "cache"), "--mirror", rule, "-q"]) == 0

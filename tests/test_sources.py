@@ -334,3 +334,20 @@ def test_a_commit_whose_files_the_server_cannot_send_is_a_failing_pin_and_a_no_o
     assert f"cannot fetch the files of {pinned}" in built[0].detail
     no_op = verify_for_build(lock, "unsendable.lock.yaml", options, inputs=False).results
     assert [(r.name, r.status) for r in no_op if r.kind == "source"] == [("proj", "ok"), ("ok", "ok")]
+
+
+@pytest.mark.gitdaemon
+def test_a_pin_of_an_annotated_tags_own_object_is_not_called_a_moved_tag(served: Served, cache: GitCache) -> None:
+    """``git ls-remote`` prints an annotated tag's own object on its first line; copied into the lock as the
+    commit, verify once said ``tag v1 now points at <commit>, not at the pinned commit``: a release tag moved,
+    when nothing upstream had. The detail now says what the pin is, and how to pin the commit."""
+    project = build_project(served)
+    url = served.url(project.name, "daemon-filter")
+    tag_object = project.repo.rev("refs/tags/v1")
+    assert tag_object != project.main[1]  # annotated: its own object, peeled to main[1]
+    result = verify_source(project.source(url, ref="v1", ref_type="tag", commit=tag_object), cache)
+    assert (result.status, result.facts["upstream"]) == ("tag-moved", project.main[1])
+    assert result.detail == (
+        f"the lock pins the object of annotated tag v1 itself, not the commit it points at ({project.main[1]}); "
+        "pin the commit (`envbuild lock update` does)"
+    )

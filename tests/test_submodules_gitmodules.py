@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from envbuild.cli import main
 from envbuild.git.gitmodules import (
     GitmodulesEntry,
     RelativeURLError,
@@ -16,7 +17,8 @@ from envbuild.git.gitmodules import (
     resolve_url,
 )
 from envbuild.lock.model import Submodule
-from tests.lib.gitrepos import git
+from tests.lib.gitrepos import Served, git, make_repo
+from tests.lib.tinylock import branch_lock
 
 PARENTS = (
     "https://github.com/NVIDIA-NeMo/Megatron-Bridge.git",
@@ -150,6 +152,12 @@ def test_pairing_resolves_against_the_parent_and_keeps_skips_by_path() -> None:
             "megatron-bridge/lib/x: .gitmodules url",
         ),
         ({"lib/x": SHA}, {"x": entry("x", "lib/x", None)}, "names no url for submodule 'x'"),
+        (
+            {"lib/x": SHA},
+            {"x": entry("x", "lib/x", "file:///srv/mirrors/internal.git")},
+            "megatron-bridge/lib/x: .gitmodules url 'file:///srv/mirrors/internal.git' names a repository on this "
+            "machine, and its parent 'https://github.com/NVIDIA-NeMo/Megatron-Bridge.git' is not one",
+        ),
         ({"lib/x": SHA}, {"../../modules/x": entry("../../modules/x", "lib/x", "../x.git")}, "has a '..' component"),
         ({"-x": SHA}, {"x": entry("x", "-x", "../x.git")}, "megatron-bridge/-x: '-x' starts with '-'"),
         (
@@ -176,3 +184,37 @@ def test_a_skip_by_path_covers_an_unnamed_gitlink_and_a_stale_entry() -> None:
         Submodule(path="lib/x", skip="vendored copy, unused", commit=SHA),
         Submodule(path="lib/y", skip="removed upstream", repo="https://github.com/NVIDIA-NeMo/y.git"),
     )
+
+
+def test_a_local_url_is_a_submodule_only_of_a_local_parent_or_where_the_lock_skips_it() -> None:
+    """git's protocol.file.allow=user: a file:// submodule of a file:// parent (a repository of this machine
+    pointing at its neighbour) is recorded; of a remote parent only where the lock skips its path (never fetched)."""
+    local = pair_submodules({"x": SHA}, {"x": entry("x", "x", "../x.git")}, "file:///srv/git/p.git", (), "p")
+    assert (local.problems, local.records) == ((), (Submodule(path="x", repo="file:///srv/git/x.git", commit=SHA),))
+    skip = (Submodule(path="x", skip="not in the image"),)
+    skipped = pair_submodules({"x": SHA}, {"x": entry("x", "x", "file:///srv/x.git")}, PARENT, skip, "p")
+    assert skipped.problems == () and skipped.records[0].repo == "file:///srv/x.git"
+
+
+@pytest.mark.gitdaemon
+def test_an_upstreams_gitmodules_cannot_read_a_repository_of_this_machine(
+    served: Served, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A served upstream whose .gitmodules names file:// a repository of the build machine (its commit known:
+    a clone of a public repository with local work, an internal mirror's path): ``lock update`` once recorded
+    it and ``lock fetch`` read it into the cache, for the image. Now: one line naming the path, exit 2, the
+    lock and the cache's export untouched."""
+    local = make_repo(tmp_path / "local" / "internal")
+    secret = local.commit(files={"key.txt": "not for the image\n"})
+    upstream = served.repo("h-localsub")
+    commit = upstream.commit_gitlinks("vendor", {"vendor": secret}, {"v": ("vendor", local.path.as_uri())})
+    lock = tmp_path / "l.lock.yaml"
+    lock.write_text(branch_lock("l", served.url("h-localsub", "daemon-filter"), commit))
+    before = lock.read_bytes()
+    cache = tmp_path / "cache"
+    code = main(["lock", "update", str(lock), "--cache-dir", str(cache), "-q"])
+    out, err = capsys.readouterr()
+    assert code == 2, out + err
+    assert err.startswith(f"envbuild: error: l/vendor: .gitmodules url '{local.path.as_uri()}' names a repository ")
+    assert len(err.splitlines()) == 1 and lock.read_bytes() == before
+    assert not list(cache.glob("git*/internal-*.git"))  # the local repository was never read

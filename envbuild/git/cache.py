@@ -29,6 +29,14 @@ lock and its files are never taken for stale. A write that fails for want of spa
 listing, a new repository) removes what it left at once and is a :class:`CacheError` (``no space left
 in the cache``), not an unreachable remote; a pack a killed fetch left on a full disk is cleared by the
 next listing that needs its room.
+
+A repository whose objects are damaged (a pack cut short, as an interrupted copy of the cache to another
+machine leaves it; a loose object a lost write emptied) makes git answer every later fetch with ``object
+… not found`` or ``did not send all necessary objects``: it believes it holds what it cannot read. So when
+a fetch fails, the repository's packs and loose objects are checked (:func:`~envbuild.git.damage.damaged_objects`: each pack's
+trailer against its index, each loose object inflated whole); a damaged repository is replaced, under the
+lock, by an empty one (keeping its URL and listing) and the fetch is tried once more. It is a cache: what
+it held is fetched again.
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ from pathlib import Path
 from envbuild.begun import Begun
 from envbuild.errors import CacheError
 from envbuild.fileio import write_atomic
+from envbuild.git.damage import damaged_objects
 from envbuild.git.process import IncomingTooLarge
 from envbuild.git.remote import GitError, GitRunner, RefListing
 from envbuild.lock.moves import LoggedCommit, Moved
@@ -137,6 +146,25 @@ class GitCache:
             remove_stale_files(repo.path)
             yield repo, fd
 
+    def renewed_if_damaged(self, repo: CachedRepo) -> bool:
+        """Under ``repo``'s lock: when its objects are damaged (:func:`damaged_objects`), put an empty
+        repository in its place, with its URL and last listing, and say True (the caller fetches again)."""
+        if not damaged_objects(repo.path):
+            return False
+        try:
+            fresh = Path(tempfile.mkdtemp(prefix=f".tmp-{repo.path.stem}-", dir=self.root))
+            self.git.init_bare(fresh)
+            for name in (URL_FILE, LISTING_FILE):
+                if (repo.path / name).is_file():
+                    shutil.copyfile(repo.path / name, fresh / name)
+            broken = Path(tempfile.mkdtemp(prefix=f".tmp-{repo.path.stem}-damaged-", dir=self.root))
+            repo.path.rename(broken / "repository")
+            fresh.rename(repo.path)
+        except (GitError, OSError) as exc:
+            raise self.cache_error(exc) from None
+        shutil.rmtree(broken, ignore_errors=True)
+        return True
+
     def cache_error(self, exc: GitError | OSError) -> Exception:
         """A failed write into the cache as the user should see it: a full disk is the cache's fault
         (:class:`CacheError`, one line), any other git failure stays what it was."""
@@ -213,12 +241,16 @@ class GitCache:
                 return None
             if wanted and wanted <= set(self.git.commit_trees(repo.path, wanted)):
                 return None
-            try:
-                with refused_packs_removed(repo.path):
-                    return self.git.fetch(repo.path, url, refspecs, prune=prune, hold=fd)
-            except GitError as exc:
-                remove_stale_files(repo.path)  # what the failed git left: a partial pack may fill the disk
-                raise self.cache_error(exc) from None
+            for attempt in (1, 2):
+                try:
+                    with refused_packs_removed(repo.path):
+                        return self.git.fetch(repo.path, url, refspecs, prune=prune, hold=fd)
+                except GitError as exc:
+                    remove_stale_files(repo.path)  # what the failed git left: a partial pack may fill the disk
+                    if attempt == 1 and self.renewed_if_damaged(repo):
+                        continue
+                    raise self.cache_error(exc) from None
+            raise AssertionError("unreachable")  # pragma: no cover
 
     def fetch_objects(
         self, url: str, commit: str, oids: Iterable[str], *, trees: bool = False, max_bytes: int | None = None
@@ -241,6 +273,8 @@ class GitCache:
                 raise
             except GitError as exc:
                 remove_stale_files(repo.path)
+                # A damaged repository: the objects are fetched into a new one by the next fetch of the commit.
+                self.renewed_if_damaged(repo)
                 raise self.cache_error(exc) from None
             return True
 
@@ -294,20 +328,24 @@ def remove_stale_files(repo: Path) -> list[Path]:
     """Remove what a killed git leaves in a bare repository. Call only under the repository's lock:
     then no git of ours is writing, so every one of these is stale."""
     removed: list[Path] = []
+    objects = repo / "objects"
     for dirpath, dirnames, filenames in os.walk(repo):
         here = Path(dirpath)
+        # git's temporary objects and quarantines are only ever under objects/: under refs/, a branch may be
+        # named tmp_ci or incoming-fix/x (a ref name cannot end in .lock, so that rule holds everywhere).
+        in_objects = here == objects or objects in here.parents
         for name in filenames:
             # *.lock: ref, packed-refs, config and shallow locks; tmp_*: half-received packs and
             # indexes; pack-*.keep: index-pack's marker, left when fetch died before updating refs.
             if (
                 name.endswith(".lock")
-                or name.startswith("tmp_")
-                or (name.startswith("pack-") and name.endswith(".keep"))
+                or (in_objects and name.startswith("tmp_"))
+                or (in_objects and name.startswith("pack-") and name.endswith(".keep"))
                 or _old_listing_temporary(here / name)
             ):
                 _unlink(here / name, removed)
         for name in list(dirnames):
-            if name.startswith(("incoming-", "tmp_objdir-")):  # fetch quarantine directories
+            if in_objects and name.startswith(("incoming-", "tmp_objdir-")):  # fetch quarantine directories
                 shutil.rmtree(here / name, ignore_errors=True)
                 removed.append(here / name)
                 dirnames.remove(name)

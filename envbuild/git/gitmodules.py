@@ -10,7 +10,10 @@ and an entry of ``.gitmodules`` naming its path and URL. ``.gitmodules`` is read
 - a relative URL (``./`` or ``../``) is resolved against the parent's URL exactly as git resolves it
   (:func:`resolve_url`, git's ``relative_url``), and the result must pass the lock's URL rules;
 - a submodule name git's fsck would refuse (a ``..`` component) and a path the lock could not hold are
-  refused.
+  refused;
+- a ``file://`` URL under a parent that is not itself one is refused, as git refuses it
+  (``protocol.file.allow=user``): an upstream's ``.gitmodules`` may not have this machine's repositories
+  read into the cache and the image (a path the lock skips is kept: it is never fetched).
 
 The parent's URL is the lock's (before mirrors), so the lock records the upstream URL and mirrors apply
 to it as to any source's.
@@ -216,7 +219,18 @@ def _record(
         repo = resolve_url(parent_repo, entry.url)
     except RelativeURLError as exc:
         return None, f".gitmodules url {redact_url(entry.url)!r}: {exc}"
+    via = f" (resolved from {redact_url(entry.url)!r})" if repo != entry.url else ""
     if (problem := check_repo_url(repo)) is not None:
-        via = f" (resolved from {redact_url(entry.url)!r})" if repo != entry.url else ""
         return None, f".gitmodules url {problem}{via}"
+    if skip is None and _on_this_machine(repo) and not _on_this_machine(parent_repo):
+        # git refuses it too (protocol.file.allow=user): an upstream's tree must not read this machine's repositories.
+        return None, (
+            f".gitmodules url {redact_url(repo)!r}{via} names a repository on this machine, and its parent "
+            f"{redact_url(parent_repo)!r} is not one (git refuses it too){skip_it}"
+        )
     return Submodule(path=path, skip=skip, repo=repo, commit=commit), None
+
+
+def _on_this_machine(url: str) -> bool:
+    """A ``file://`` URL (the only local form a lock's URL rules allow)."""
+    return urlsplit(url).scheme.lower() == "file"

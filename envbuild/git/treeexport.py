@@ -27,11 +27,12 @@ tree are checked against their commits.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import tempfile
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -216,29 +217,49 @@ def fetch_commit(exporter: TreeExporter, pin: TreePin, *, absent: bool = False) 
                     hold=(lock_fd,),
                 )
 
-        try:
-            fetch("--depth=1", "origin", "--", f"+{pin.commit}:{EXPORT_NS}{pin.commit}")
-        except GitError as first:
-            # The server refuses wants by SHA: fetch the history of the refs that hold the commit.
-            unshallow = ["--unshallow"] if (repo.path / "shallow").exists() else []
+        for attempt in (1, 2):
             try:
-                fetch(*unshallow, "origin", "--", *pin.fallback)
-            except GitError as second:
-                if first.no_space or second.no_space:  # a full disk: say so, and leave no half-written pack
-                    remove_stale_files(repo.path)
-                    raise exporter.cache.cache_error(second if second.no_space else first) from None
-                raise ExportError(
-                    f"{pin.what}: cannot fetch the files of {pin.commit} from {url}: {first.reason}; {second.reason}"
-                ) from None
-            if pin.commit in git.commit_trees(repo.path, [pin.commit]):
-                git.run(["update-ref", f"{EXPORT_NS}{pin.commit}", pin.commit], repo=repo.path)
+                _fetch_whole(pin, repo, fetch, exporter.cache)
+                if not _complete(exporter, repo, pin.commit):
+                    raise ExportError(f"{pin.what}: {url} did not send the files of {pin.commit}")
+            except ExportError:
+                # A damaged repository (a pack cut short) refuses every fetch: fetch into a new one, once, with
+                # every commit the old one held (this build may have found them whole already).
+                held = git.run(["for-each-ref", "--format=%(refname)", "--", EXPORT_NS], repo=repo.path).split()
+                if attempt == 1 and exporter.cache.renewed_if_damaged(repo):
+                    refill = [f"+{ref[len(EXPORT_NS) :]}:{ref}" for ref in held if ref != f"{EXPORT_NS}{pin.commit}"]
+                    if refill:
+                        with contextlib.suppress(GitError):  # a commit gone upstream: fetched by its pin, if asked
+                            fetch("--depth=1", "origin", "--", *refill)
+                    continue
+                raise
+            break
         attributes = repo.path / "info" / "attributes"
         attributes.parent.mkdir(exist_ok=True)
         if not attributes.exists() or attributes.read_text(encoding="utf-8") != NEUTRAL_ATTRIBUTES:
             attributes.write_text(NEUTRAL_ATTRIBUTES, encoding="utf-8")
-        if not _complete(exporter, repo, pin.commit):
-            raise ExportError(f"{pin.what}: {url} did not send the files of {pin.commit}")
     return repo
+
+
+def _fetch_whole(pin: TreePin, repo: CachedRepo, fetch: Callable[..., None], cache: GitCache) -> None:
+    """Fetch ``pin``'s commit whole into ``repo`` (under its lock): by its ID, else the history of the refs
+    that hold it; ExportError when neither is sent (CacheError for a full disk)."""
+    try:
+        fetch("--depth=1", "origin", "--", f"+{pin.commit}:{EXPORT_NS}{pin.commit}")
+    except GitError as first:
+        # The server refuses wants by SHA: fetch the history of the refs that hold the commit.
+        unshallow = ["--unshallow"] if (repo.path / "shallow").exists() else []
+        try:
+            fetch(*unshallow, "origin", "--", *pin.fallback)
+        except GitError as second:
+            if first.no_space or second.no_space:  # a full disk: say so, and leave no half-written pack
+                remove_stale_files(repo.path)
+                raise cache.cache_error(second if second.no_space else first) from None
+            raise ExportError(
+                f"{pin.what}: cannot fetch the files of {pin.commit} from {repo.url}: {first.reason}; {second.reason}"
+            ) from None
+        if pin.commit in cache.git.commit_trees(repo.path, [pin.commit]):
+            cache.git.run(["update-ref", f"{EXPORT_NS}{pin.commit}", pin.commit], repo=repo.path)
 
 
 def export_tree(source: Source, dest: Path, exporter: TreeExporter) -> str:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from envbuild.data.urls import redact_url
 from envbuild.git.cache import GitCache
 from envbuild.git.files import OFFLINE_MISS
 from envbuild.git.mirrors import Mirrors
@@ -138,6 +139,13 @@ def _verify(source: Source, up: Upstream, whole: WholeCommit | None = None) -> P
         return result("missing-ref", f"upstream has no {kind} named {ref}")
     head = same[ref]
     if kind == "tag":
+        if head != source.commit and listing.refs.get(f"tags/{ref}") == source.commit:
+            # `git ls-remote` prints an annotated tag's own object first: copied as the pin, the tag has not moved.
+            detail = (
+                f"the lock pins the object of annotated tag {ref} itself, not the commit it points at ({head}); "
+                "pin the commit (`envbuild lock update` does)"
+            )
+            return result("tag-moved", detail, upstream=head)
         if head != source.commit:
             return result("tag-moved", f"tag {ref} now points at {head}, not at the pinned commit", upstream=head)
         if source.tree is None:
@@ -205,5 +213,20 @@ def _tree_verdict(source: Source, url: str, trees: dict[str, str]) -> PinResult 
     return _result(source, url, "tree-mismatch", detail, tree=actual)
 
 
+# What a source's refs decide: through a mirror, its refs were asked, and one not yet synced lacks what is new.
+_READ_FROM_REFS = frozenset({"missing-ref", "ref-type-changed", "tag-moved", "not-on-ref", "missing-commit"})
+
+
 def _result(source: Source, url: str, status: SourceStatus, detail: str, **facts: object) -> PinResult:
-    return PinResult("source", source.name, status, detail, {"url": url, "commit": source.commit, **facts})
+    return PinResult(
+        "source", source.name, status, detail + mirror_note(url, status), {"url": url, "commit": source.commit, **facts}
+    )
+
+
+def mirror_note(url: str, status: str) -> str:
+    """For a verdict read from the refs of a mirror (``url``, rewritten from the lock's URL): which mirror
+    answered, so that a mirror not yet synced is not taken for its upstream ("" for any other)."""
+    pinned = getattr(url, "pinned", url)
+    if status not in _READ_FROM_REFS or pinned == str(url):
+        return ""
+    return f" (asked the mirror {redact_url(url)}; a mirror not yet synced with {redact_url(pinned)} lacks what is new)"
