@@ -155,13 +155,20 @@ def run_node(spec: InJob, node: NodeIdentity) -> int:
 
 
 def main(argv: list[str]) -> int:
-    from envrun.injob.spec import identity, read_spec
+    from envrun.injob.spec import SpecError, identity, read_spec
 
     if len(argv) != 2 or argv[0] not in ("node", "check", "driver"):
         print("usage: python3 -m envrun.injob node|check|driver JOB_JSON", file=sys.stderr)
         return 2
     try:
         spec, node = read_spec(Path(argv[1])), identity()
+    except SpecError as exc:  # a spec envrun did not write: what is wrong, field by field
+        print(f"envrun: {argv[1]}: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except (OSError, ValueError) as exc:  # unreadable, no JSON, or an identity the scheduler got wrong
+        print(f"envrun: {argv[1]}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return 2
+    try:
         if argv[0] == "check":
             ok, line = own_check(spec, node, lock_facts())
             print(f"envrun: {line}", flush=True)
