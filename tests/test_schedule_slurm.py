@@ -284,6 +284,26 @@ def test_emit_kubernetes_writes_one_manifest_with_the_plan_and_envruns_code(
     assert job["kind"] == ("Job" if kind == "volcano" else "RayJob") and DIGEST in path.read_text()
 
 
+def test_emit_kubernetes_never_gives_two_runs_one_name(
+    tiny: Tiny, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Run ids past Kubernetes' length (a long recipe name before the UTC time), or differing only in case or
+    punctuation: each run its own manifest and its own objects, none replacing another's."""
+    import yaml
+
+    args = cli_args(tiny, "--image", DIGEST, "--npus-per-node", "16")
+    long = "grpo-glm5-2-megatron-a3-superpod"
+    runs = [f"{long}-20261207-090000", f"{long}-20261208-090000", "Run_A", "run-a", "2026-run", "grpo-run"]
+    for run in runs:
+        assert main([*args, "--run-dir", str(tmp_path / "runs" / run), "--emit", "volcano", str(tmp_path / "k8s")]) == 0
+    paths = [Path(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(set(paths)) == len(runs) == len(list((tmp_path / "k8s").iterdir()))
+    names = [list(yaml.safe_load_all(path.read_text()))[1]["metadata"]["name"] for path in paths]
+    assert len(set(names)) == len(runs) and names[-1] == "grpo-run"  # a valid name is kept as it is
+    assert all(len(name) <= 40 and name[0].isalpha() for name in names)
+    assert names[0].startswith(long[:20]) and names[3] == "run-a"
+
+
 def test_emit_kubernetes_mounts_a_file_volume_as_a_file(
     tiny: Tiny, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
