@@ -165,6 +165,19 @@ def test_what_kubernetes_would_refuse_is_refused_here(overrides: dict[str, Any])
     assert "\n" not in str(refused.value)
 
 
+@pytest.mark.parametrize(
+    "volumes",
+    [
+        (Volume("/a", "/runs"), Volume("/b", "/runs/")),  # the same mount point: a pod would keep one
+        (Volume("/a", "/opt/envrun/job/"),),
+        (Volume("/a", "/opt/envrun/bundle/."),),
+    ],
+)
+def test_a_mount_point_taken_twice_is_refused_however_it_is_spelled(volumes: tuple[Volume, ...]) -> None:
+    with pytest.raises(InputError, match="is mounted twice in a pod"):
+        job(volumes=volumes)
+
+
 @pytest.mark.parametrize("name", [INDEX_VAR, NAME_VAR, IP_VAR, HEAD_VAR, "HCCL_IF_IP"])
 def test_the_job_environment_cannot_set_who_a_node_is(name: str) -> None:
     with pytest.raises(InputError, match=name):

@@ -220,6 +220,31 @@ def test_the_cli_refuses_an_image_not_by_digest_before_reading_the_overrides(
 
 
 @pytest.mark.parametrize(
+    ("volumes", "message"),
+    [
+        (["/s/a:/runs", "/s/b:/runs/"], "--volume /s/b:/runs/: /runs is mounted twice (--volume /s/a:/runs too)"),
+        (["/s/a:/runs/./x:rw", "/s/b:/runs/x"], "--volume /s/b:/runs/x: /runs/x is mounted twice"),
+        (["/s/a:/data", "/s/b:/data"], "--volume /s/b:/data: /data is mounted twice"),
+        (["/s/a:/opt/envrun/job/code"], "--volume /s/a:/opt/envrun/job/code: it would hide the job's directory"),
+        (["/s/a:/opt/envrun"], "--volume /s/a:/opt/envrun: it would hide the job's directory (/opt/envrun/job"),
+    ],
+)
+@pytest.mark.parametrize("how", [["--backend", "slurm"], ["--emit", "volcano"], ["--emit", "sbatch"]])
+def test_volumes_no_node_could_mount_are_refused_before_anything_is_written(
+    tiny: Tiny, tmp_path: Path, capsys: pytest.CaptureFixture[str], volumes: list[str], message: str, how: list[str]
+) -> None:
+    """Before, the job was written (and submitted): each node's `docker run` failed with "Duplicate mount
+    point" once the job ran, a Kubernetes pod kept one of the two mounts, a volume over the job's directory
+    hid envrun's code from the node."""
+    target = tmp_path / "out"
+    args = [*cli_args(tiny, "--image", DIGEST), *how, *([str(target)] if how[0] == "--emit" else ["--dry-run"])]
+    assert main([*args, *(f"--volume={v}" for v in volumes)]) == 2
+    assert not target.exists()
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"envrun: error: {message}"), err
+
+
+@pytest.mark.parametrize(
     ("flag", "message"),
     [
         (["--ray-start-arg=--head"], "--ray-start-arg: --head is set by envrun cluster"),

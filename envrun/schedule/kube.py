@@ -69,7 +69,7 @@ from envbuild.data.reference import by_digest
 from envbuild.errors import InputError
 from envrun.cluster.onnet import NOSET
 from envrun.injob.spec import HEAD_VAR, INDEX_VAR, IP_VAR, JOB_DIR, NAME_VAR
-from envrun.plan import Volume
+from envrun.plan import Volume, mount_point
 
 NAME_MAX = 40  # Volcano's pods (and hostnames) <name>-worker-<i>, KubeRay's <name>-<5>-npu-worker-<5>: 63 at most
 CONFIGMAP_MAX = 1024 * 1024  # Kubernetes' limit on a ConfigMap's data and binaryData together (bytes)
@@ -151,7 +151,7 @@ def _problem(job: KubeJob) -> str | None:
         return f"Kubernetes job {job.name}: Volcano queue {job.queue!r} is not a DNS-1123 subdomain"
     if not _EXTENDED_RESOURCE.fullmatch(job.npu_resource):
         return f"Kubernetes job {job.name}: NPU resource {job.npu_resource!r}: expected a domain-prefixed name (huawei.com/Ascend910)"
-    paths = [v.container for v in job.volumes]
+    paths = [mount_point(v.container) for v in job.volumes]  # /runs/ and /runs/. are /runs
     for path in paths:
         if path in (JOB_DIR, BUNDLE_DIR, "/dev/shm") or paths.count(path) > 1:
             return f"Kubernetes job {job.name}: volume at {path}: the path is mounted twice in a pod"
