@@ -18,6 +18,7 @@ from envbuild.errors import InputError
 from envbuild.escape import for_terminal
 from envbuild.image.plan import IMAGE_ROOT
 from envbuild.lock.model import ENV_NAME
+from envrun.injob.spec import JOB_DIR
 from envrun.overrides import merge_overrides
 from envrun.preflightline import PreflightLine
 from envrun.probe.request import ProbeRequest
@@ -80,6 +81,26 @@ class Volume:
 
     def bind(self) -> dict[str, str]:
         return {"bind": self.container, "mode": self.mode}
+
+
+def _volumes_problem(volumes: tuple[Volume, ...], *, scheduled: bool) -> str | None:
+    """Why the ``--volume``\\ s cannot all be mounted in one container: two at one mount point (docker refuses
+    the container, "Duplicate mount point", on every node of a scheduled job once it runs; Kubernetes keeps
+    one of them), or, for a scheduler's job, one at, under or above the job's directory (envrun's code and
+    spec on each node)."""
+    seen: dict[str, Volume] = {}
+    for volume in volumes:
+        point, named = (
+            mount_point(volume.container),
+            f"--volume {for_terminal(volume.host)}:{for_terminal(volume.container)}",
+        )
+        if point in seen:
+            first = seen[point]
+            return f"{named}: {point} is mounted twice (--volume {for_terminal(first.host)}:{for_terminal(first.container)} too); give each its own path"
+        if scheduled and (point == JOB_DIR or point.startswith(JOB_DIR + "/") or JOB_DIR.startswith(point + "/")):
+            return f"{named}: it would hide the job's directory ({JOB_DIR}: envrun's code and the job's spec on each node); mount elsewhere"
+        seen[point] = volume
+    return None
 
 
 @dataclass(frozen=True)
@@ -284,6 +305,8 @@ def build_plan(
         raise InputError(
             "--volume: only the docker and slurm backends mount (a cluster's volumes are in its cluster file)"
         )
+    if problem := _volumes_problem(params.volumes, scheduled=params.backend == "slurm"):
+        raise InputError(problem)
     scheduled_by = f"--emit {params.emit}" if params.emit else "--backend slurm"
     if params.backend == "slurm" and not (params.image and by_digest(params.image)):
         shown = f"not {for_terminal(repr(params.image))}" if params.image else "none given"

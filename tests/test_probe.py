@@ -153,6 +153,22 @@ def test_a_driver_only_interpolation_and_too_few_npus_are_refused(
     )
 
 
+def test_a_cpu_count_ray_cannot_take_is_named_by_its_key_and_the_probe_still_reports(
+    verl: Venv, files: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The override check cannot type ray_init.num_cpus (verl's default is null); before, the probe itself
+    crashed on it ("the probe crashed: ValueError: could not convert string to float: 'auto'"), naming no
+    key and losing every import it had checked."""
+    auto = ("-o", "ray_kwargs.ray_init.num_cpus=auto")
+    code = main(cli_args(files, tmp_path / "cache", "--dry-run", "--json", *path_args(verl), cpus=auto))
+    out = json.loads(capsys.readouterr().out)
+    assert code == 2
+    (line,) = [c for c in out["preflight"] if c["name"] == CHECK]
+    assert line["status"] == "fail" and "crashed" not in line["detail"]
+    assert line["detail"].endswith("key ray_kwargs.ray_init.num_cpus: ray.init takes a number of CPUs, not 'auto'")
+    assert "ok" in [i["status"] for i in line["facts"]["imports"]]  # the imports were still checked
+
+
 @pytest.fixture(scope="module")
 def saving(verl: Venv, files: Path, tmp_path_factory: pytest.TempPathFactory) -> PreparedRun:
     """grpo-glm5 saving every step (so HF weights are exported), with the stand-in trainer as its entry

@@ -13,8 +13,9 @@ import pytest
 
 from envrun.checkpoint import audit_checkpoint, render_audit
 from envrun.checkpoint.modelnames import ModelNamesError, _parse_answer
+from envrun.cluster.nodecheck import cluster_cpu_line
 from envrun.probe.job_script import MARKER
-from envrun.probe.report import parse_report, probe_lines
+from envrun.probe.report import parse_report, probe_lines, ray_cpu_line
 from tests.lib.ckptgen import CheckpointSpec, write_checkpoint
 
 HOSTILE = {
@@ -38,6 +39,36 @@ def test_a_hostile_answer_is_a_report_never_a_traceback(answer: str) -> None:
     lines = probe_lines(report)
     assert lines and all("\n" not in line.detail for line in lines)
     json.dumps([line.facts for line in lines])  # what preflight.json records stays serialisable
+
+
+RAY_CPUS = {
+    "not an object": ([4], "facts.ray_cpus is a list, not an object"),
+    "needed as text": ({"needed": "many", "detected": 8}, 'facts.ray_cpus needed is "many", not a number'),
+    "needed missing": ({"detected": 8}, "facts.ray_cpus needed is missing, not a number"),
+    "detected NaN": ({"needed": 1, "detected": float("nan")}, "facts.ray_cpus detected is NaN, not a number"),
+    "num_cpus as text": ({"needed": 1, "detected": 8, "num_cpus": "auto"}, 'num_cpus is "auto", not a number or null'),
+    "parts of numbers": ({"needed": 1, "detected": 8, "parts": [1, 2]}, "parts is not a list of [what, CPUs] pairs"),
+    "names as text": ({"needed": 1, "detected": 8, "set_for_a_new_ray": "num_cpus"}, "set_for_a_new_ray is not"),
+}
+
+
+@pytest.mark.parametrize(("ray_cpus", "said"), RAY_CPUS.values(), ids=RAY_CPUS.keys())
+def test_hostile_cpu_facts_are_a_named_problem_never_a_traceback(ray_cpus: object, said: str) -> None:
+    """The CPUs the job's actors ask for, as this host's preflight and a cluster's node check judge them:
+    before, each of these ended envrun with a traceback (float() of text, a missing key, a bad pair)."""
+    answer = {"facts": {"ray_cpus": ray_cpus}, "problems": [], "imports": []}
+    report = parse_report("image x", MARKER + json.dumps(answer))
+    assert not report.ok and said in report.problems[0].detail
+    assert ray_cpu_line(report) is None  # the probe's own line refuses the run
+    assert cluster_cpu_line([{"name": "n1", "cpu_resource": 8, "probe": answer}]) is None
+    assert [line.status for line in probe_lines(report)] == ["fail"]
+
+
+def test_the_cpu_facts_the_script_writes_are_judged() -> None:
+    found = {"needed": 9.0, "parts": [["TaskRunner", 1.0], ["8 SimpleStorageUnit x 1", 8.0]], "num_cpus": None}
+    answer = {"facts": {"ray_cpus": {**found, "detected": 2.0, "set_for_a_new_ray": []}}}
+    line = ray_cpu_line(parse_report("image x", MARKER + json.dumps(answer)))
+    assert line is not None and line.status == "fail" and "num_cpus=9" in line.detail
 
 
 def test_an_answer_of_the_wrong_shape_is_named() -> None:

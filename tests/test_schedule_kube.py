@@ -165,6 +165,19 @@ def test_what_kubernetes_would_refuse_is_refused_here(overrides: dict[str, Any])
     assert "\n" not in str(refused.value)
 
 
+@pytest.mark.parametrize(
+    "volumes",
+    [
+        (Volume("/a", "/runs"), Volume("/b", "/runs/")),  # the same mount point: a pod would keep one
+        (Volume("/a", "/opt/envrun/job/"),),
+        (Volume("/a", "/opt/envrun/bundle/."),),
+    ],
+)
+def test_a_mount_point_taken_twice_is_refused_however_it_is_spelled(volumes: tuple[Volume, ...]) -> None:
+    with pytest.raises(InputError, match="is mounted twice in a pod"):
+        job(volumes=volumes)
+
+
 @pytest.mark.parametrize("name", [INDEX_VAR, NAME_VAR, IP_VAR, HEAD_VAR, "HCCL_IF_IP"])
 def test_the_job_environment_cannot_set_who_a_node_is(name: str) -> None:
     with pytest.raises(InputError, match=name):
@@ -255,6 +268,40 @@ def test_a_python_path_of_the_job_follows_envrun_code() -> None:
     assert rayjob(j)["spec"]["entrypoint"].startswith("PYTHONPATH=/opt/envrun/job/code:/opt/verl python3 ")
     with pytest.raises(InputError, match="PYTHONPATH"):
         job(env={"PYTHONPATH": "$HOME/lib"})
+
+
+def kubelet_expand(value: str, defined: dict[str, str]) -> str:
+    """What the kubelet makes of a container's env value (Kubernetes' ``third_party/forked/golang/expansion``,
+    as the EnvVar API documents it): ``$$`` is one ``$``; ``$(NAME)`` is NAME's value when an earlier variable
+    of the container defines it, else left as written."""
+    out, i = [], 0
+    while i < len(value):
+        if value[i] != "$" or i + 1 == len(value):
+            out.append(value[i])
+            i += 1
+        elif value[i + 1] == "$":
+            out.append("$")
+            i += 2
+        elif value[i + 1] == "(" and (end := value.find(")", i + 2)) != -1:
+            name = value[i + 2 : end]
+            out.append(defined.get(name, f"$({name})"))
+            i = end + 1
+        else:
+            out.append(value[i : i + 2])
+            i += 2
+    return "".join(out)
+
+
+def test_the_job_environment_reaches_every_container_as_written() -> None:
+    asked = {"A_TOKEN": "pa$$word", "B_OPTS": '--home=$(A_TOKEN) "q" $HOME', "C_TAIL": "cost$", "D_SPLIT": "$(x"}
+    for document in both(job(env=asked)):
+        for pod in templates(document).values():
+            for container in pod["initContainers"][1:] + pod["containers"]:
+                seen: dict[str, str] = {}
+                for variable in container["env"]:
+                    if "value" in variable:
+                        seen[variable["name"]] = kubelet_expand(variable["value"], seen)
+                assert {name: seen[name] for name in asked} == asked, container["name"]
 
 
 # --- Volcano -----------------------------------------------------------------------------------------------

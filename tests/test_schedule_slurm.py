@@ -220,6 +220,31 @@ def test_the_cli_refuses_an_image_not_by_digest_before_reading_the_overrides(
 
 
 @pytest.mark.parametrize(
+    ("volumes", "message"),
+    [
+        (["/s/a:/runs", "/s/b:/runs/"], "--volume /s/b:/runs/: /runs is mounted twice (--volume /s/a:/runs too)"),
+        (["/s/a:/runs/./x:rw", "/s/b:/runs/x"], "--volume /s/b:/runs/x: /runs/x is mounted twice"),
+        (["/s/a:/data", "/s/b:/data"], "--volume /s/b:/data: /data is mounted twice"),
+        (["/s/a:/opt/envrun/job/code"], "--volume /s/a:/opt/envrun/job/code: it would hide the job's directory"),
+        (["/s/a:/opt/envrun"], "--volume /s/a:/opt/envrun: it would hide the job's directory (/opt/envrun/job"),
+    ],
+)
+@pytest.mark.parametrize("how", [["--backend", "slurm"], ["--emit", "volcano"], ["--emit", "sbatch"]])
+def test_volumes_no_node_could_mount_are_refused_before_anything_is_written(
+    tiny: Tiny, tmp_path: Path, capsys: pytest.CaptureFixture[str], volumes: list[str], message: str, how: list[str]
+) -> None:
+    """Before, the job was written (and submitted): each node's `docker run` failed with "Duplicate mount
+    point" once the job ran, a Kubernetes pod kept one of the two mounts, a volume over the job's directory
+    hid envrun's code from the node."""
+    target = tmp_path / "out"
+    args = [*cli_args(tiny, "--image", DIGEST), *how, *([str(target)] if how[0] == "--emit" else ["--dry-run"])]
+    assert main([*args, *(f"--volume={v}" for v in volumes)]) == 2
+    assert not target.exists()
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"envrun: error: {message}"), err
+
+
+@pytest.mark.parametrize(
     ("flag", "message"),
     [
         (["--ray-start-arg=--head"], "--ray-start-arg: --head is set by envrun cluster"),
@@ -282,6 +307,26 @@ def test_emit_kubernetes_writes_one_manifest_with_the_plan_and_envruns_code(
     names = zipfile.ZipFile(io.BytesIO(base64.b64decode(config_map["binaryData"]["code.zip"]))).namelist()
     assert "envrun/injob/node.py" in names and "envbuild/errors.py" in names
     assert job["kind"] == ("Job" if kind == "volcano" else "RayJob") and DIGEST in path.read_text()
+
+
+def test_emit_kubernetes_never_gives_two_runs_one_name(
+    tiny: Tiny, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Run ids past Kubernetes' length (a long recipe name before the UTC time), or differing only in case or
+    punctuation: each run its own manifest and its own objects, none replacing another's."""
+    import yaml
+
+    args = cli_args(tiny, "--image", DIGEST, "--npus-per-node", "16")
+    long = "grpo-glm5-2-megatron-a3-superpod"
+    runs = [f"{long}-20261207-090000", f"{long}-20261208-090000", "Run_A", "run-a", "2026-run", "grpo-run"]
+    for run in runs:
+        assert main([*args, "--run-dir", str(tmp_path / "runs" / run), "--emit", "volcano", str(tmp_path / "k8s")]) == 0
+    paths = [Path(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(set(paths)) == len(runs) == len(list((tmp_path / "k8s").iterdir()))
+    names = [list(yaml.safe_load_all(path.read_text()))[1]["metadata"]["name"] for path in paths]
+    assert len(set(names)) == len(runs) and names[-1] == "grpo-run"  # a valid name is kept as it is
+    assert all(len(name) <= 40 and name[0].isalpha() for name in names)
+    assert names[0].startswith(long[:20]) and names[3] == "run-a"
 
 
 def test_emit_kubernetes_mounts_a_file_volume_as_a_file(

@@ -24,7 +24,7 @@ from envrun.cluster.onnode import MANIFEST, MARKER, TASK_TIMEOUT_SECONDS
 from envrun.cluster.spec import same_address
 from envrun.cluster.state import ClusterState, container_name
 from envrun.preflightline import PreflightLine
-from envrun.probe.report import RAY_RESOURCES, cpu_ask
+from envrun.probe.report import RAY_RESOURCES, cpu_ask, ray_cpus_problem
 
 if TYPE_CHECKING:  # the check runs inside the image too (envrun.injob), where no docker package is
     from envbuild.engine.jobs import ContainerState
@@ -185,6 +185,7 @@ def cluster_cpu_line(answers: list[dict[str, Any]]) -> PreflightLine | None:
             for a in answers
             if isinstance(a.get("probe"), dict)
             and isinstance(found := (a["probe"].get("facts") or {}).get("ray_cpus"), dict)
+            and ray_cpus_problem(found) is None  # else that node's probe line says what is wrong
         ),
         None,
     )

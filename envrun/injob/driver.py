@@ -44,8 +44,24 @@ def wait_for_nodes(address: str, spec: InJob) -> str | None:
 
 
 def drive(spec: InJob, head: NodeIdentity) -> int:
+    """The run on this job's Ray; its exit status. What envrun refuses on the way (a record directory an
+    earlier submission of the same job left, Ray's job API failing) is one line and its exit status."""
+    try:
+        return _drive(spec, head)
+    except EnvbuildError as exc:
+        say(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        return exc.exit_code
+
+
+def _drive(spec: InJob, head: NodeIdentity) -> int:
     address = f"http://{head.ip or '127.0.0.1'}:{spec.dashboard_port}"
     plan = replace(plan_from_record(dict(spec.plan)), backend="ray", ray_address=address)
+    if plan.run_dir.exists() or plan.run_dir.is_symlink():  # before waiting for the nodes: a job submitted again
+        say(
+            f"{plan.run_dir}: an earlier run of this job recorded itself there; nothing was run. Move it away, or "
+            "emit the run again (a run id, and a record, of its own)"
+        )
+        return 2
     say(f"waiting for {spec.nnodes} node(s) to join the head at {address}")
     missing = wait_for_nodes(address, spec)
     if missing is not None:

@@ -2,8 +2,8 @@
 run). Run as ``python3 -m envrun.injob node|check JOB_JSON``, with the node's identity in its environment
 (:mod:`.spec`).
 
-The check (before Ray, before the trainer, with the standard library alone: it judges any image): the lock the image recorded is the run's, and the node sees the
-NPUs the run needs on each node. A node that fails it prints one line naming itself and why, writes it to
+The check (before Ray, before the trainer, with the standard library alone: it judges any image): the lock the image recorded is the run's, the node sees the
+NPUs the run needs on each node, and no address the job's other machines need is a loopback one. A node that fails it prints one line naming itself and why, writes it to
 ``CHECKS_DIR`` when the job's directory is mounted (Slurm), and exits ``REFUSED``: it never joins, and the
 job ends without its trainer.
 
@@ -15,6 +15,7 @@ Gloo's interface (the one carrying the node's address), HCCL port ranges of its 
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import socket
@@ -53,10 +54,36 @@ def own_check(spec: InJob, node: NodeIdentity, facts: dict[str, Any]) -> tuple[b
     need = spec.npus_per_node or 0
     if len(devices) < need:
         problems.append(f"it sees {len(devices)} NPU(s), the run needs {need} on each node")
+    problems += address_problems(node)
     if problems:
         return False, f"{who(node)}: refused: " + "; ".join(problems)
     npus = f", {len(devices)} NPU(s) ({', '.join(devices)})" if devices else ", no NPU"
     return True, f"{who(node)}: ok: lock {spec.lock_sha256[:12]}{npus}"
+
+
+def _loopback(address: str | None) -> bool:
+    try:
+        return address is not None and ipaddress.ip_address(address).is_loopback
+    except ValueError:  # a name (Kubernetes' head): not ours to judge
+        return False
+
+
+def address_problems(node: NodeIdentity) -> list[str]:
+    """Addresses the job's other machines cannot reach: a loopback address (Debian's ``127.0.1.1 HOSTNAME``
+    in /etc/hosts, where Slurm's NodeAddr is the host's name) where the job's nodes are on more than one
+    machine. Without this the workers wait for the head at their own loopback until the join deadline."""
+    machines = node.machines
+    if len(set(machines)) < 2 or node.index >= len(machines):
+        return []  # one machine (loopback reaches every node), or machines unknown (Kubernetes: pod IPs)
+    bad = [f"its own address {node.ip}"] if _loopback(node.ip) else []
+    if node.index and _loopback(node.head) and machines[node.index] != machines[0]:
+        bad.append(f"the head's address {node.head}")
+    if not bad:
+        return []
+    return [
+        f"{' and '.join(bad)}: loopback, which the job's other machines ({', '.join(sorted(set(machines)))}) "
+        "cannot reach; give each node a NodeAddr they reach (slurm.conf), not a name /etc/hosts maps to loopback"
+    ]
 
 
 def record_check(node: NodeIdentity, ok: bool, line: str) -> None:
@@ -155,13 +182,20 @@ def run_node(spec: InJob, node: NodeIdentity) -> int:
 
 
 def main(argv: list[str]) -> int:
-    from envrun.injob.spec import identity, read_spec
+    from envrun.injob.spec import SpecError, identity, read_spec
 
     if len(argv) != 2 or argv[0] not in ("node", "check", "driver"):
         print("usage: python3 -m envrun.injob node|check|driver JOB_JSON", file=sys.stderr)
         return 2
     try:
         spec, node = read_spec(Path(argv[1])), identity()
+    except SpecError as exc:  # a spec envrun did not write: what is wrong, field by field
+        print(f"envrun: {argv[1]}: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except (OSError, ValueError) as exc:  # unreadable, no JSON, or an identity the scheduler got wrong
+        print(f"envrun: {argv[1]}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return 2
+    try:
         if argv[0] == "check":
             ok, line = own_check(spec, node, lock_facts())
             print(f"envrun: {line}", flush=True)

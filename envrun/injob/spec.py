@@ -4,6 +4,7 @@ each node is (its environment, set by the scheduler's rendering)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -43,18 +44,25 @@ class InJob:
         return {"version": SPEC_VERSION, **asdict(self)}
 
     @classmethod
-    def from_json(cls, document: Mapping[str, Any]) -> InJob:
+    def from_json(cls, document: Any) -> InJob:
+        """The spec ``document`` says; :class:`SpecError` naming every field of the wrong kind (a string where
+        a list belongs would become one argument per character, a port of text would fail only inside Ray)."""
+        if not isinstance(document, Mapping):
+            raise SpecError(f"expected a JSON object (envrun's job spec), not {type(document).__name__}")
         if document.get("version") != SPEC_VERSION:
-            raise ValueError(f"job spec version {document.get('version')!r}; this envrun reads {SPEC_VERSION}")
+            raise SpecError(f"job spec version {document.get('version')!r}; this envrun reads {SPEC_VERSION}")
+        problems = [f"field {name}: {why}" for name, why in _field_problems(document)]
+        if problems:
+            raise SpecError("; ".join(problems))
         return cls(
             plan=dict(document["plan"]),
-            lenient=bool(document["lenient"]),
-            nnodes=int(document["nnodes"]),
+            lenient=document["lenient"],
+            nnodes=document["nnodes"],
             npus_per_node=document.get("npus_per_node"),
             skip_checks=tuple(document.get("skip_checks") or ()),
-            head_port=int(document["head_port"]),
-            dashboard_port=int(document["dashboard_port"]),
-            hccl_ports=int(document["hccl_ports"]),
+            head_port=document["head_port"],
+            dashboard_port=document["dashboard_port"],
+            hccl_ports=document["hccl_ports"],
             node_ports=document.get("node_ports"),
             join_timeout=float(document["join_timeout"]),
             ray_start_args=tuple(document.get("ray_start_args") or ()),
@@ -63,6 +71,74 @@ class InJob:
     @property
     def lock_sha256(self) -> str:
         return str(self.plan["lock_sha256"])
+
+
+class SpecError(ValueError):
+    """A job spec envrun did not write (truncated, edited, of another kind): what is wrong, field by field."""
+
+
+def _is_int(value: Any, low: int, high: int = 1 << 62) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _is_strings(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
+
+
+_MISSING = object()
+
+
+def _field_problems(document: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(field, what is wrong with it) for each field of the wrong kind, in the spec's order."""
+    plan = document.get("plan", _MISSING)
+
+    def port(value: Any) -> bool:
+        return _is_int(value, 1, 65535)
+
+    def seconds(value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
+
+    checks: list[tuple[str, Any, bool, str]] = [
+        ("plan", plan, isinstance(plan, Mapping), "expected an object (the run plan)"),
+        (
+            "nnodes",
+            document.get("nnodes", _MISSING),
+            _is_int(document.get("nnodes"), 1),
+            "expected a whole number, at least 1",
+        ),
+        (
+            "lenient",
+            document.get("lenient", _MISSING),
+            isinstance(document.get("lenient"), bool),
+            "expected true or false",
+        ),
+        (
+            "join_timeout",
+            document.get("join_timeout", _MISSING),
+            seconds(document.get("join_timeout")),
+            "expected seconds above 0",
+        ),
+    ]
+    if isinstance(plan, Mapping):
+        found = plan.get("lock_sha256", _MISSING)
+        checks.append(("plan.lock_sha256", found, isinstance(found, str), "expected the lock's sha256"))
+    for name in ("head_port", "dashboard_port", "hccl_ports"):
+        checks.append(
+            (name, document.get(name, _MISSING), port(document.get(name)), "expected a TCP port (1 to 65535)")
+        )
+    for name, ok, why in (
+        ("npus_per_node", lambda v: _is_int(v, 0), "expected a whole number of NPUs, or null"),
+        ("node_ports", port, "expected a TCP port (1 to 65535), or null"),
+        ("skip_checks", _is_strings, "expected a list of check names"),
+        ("ray_start_args", _is_strings, "expected a list of `ray start` arguments"),
+    ):
+        value = document.get(name)
+        checks.append((name, value, value is None or ok(value), why))
+    return [
+        (name, f"missing; {why}" if value is _MISSING else f"{why}, not {json.dumps(value)[:60]}")
+        for name, value, ok, why in checks
+        if not ok
+    ]
 
 
 def read_spec(path: Path) -> InJob:

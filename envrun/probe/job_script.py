@@ -36,6 +36,7 @@ import ast
 import importlib
 import importlib.util
 import json
+import math
 import os
 import pickle
 import subprocess
@@ -333,14 +334,27 @@ class Probe:
         except Exception:
             detected = float(os.cpu_count() or 1)
         num_cpus = ray_init.get("num_cpus")
+        if num_cpus is not None:
+            num_cpus = self.number("ray_kwargs.ray_init.num_cpus", num_cpus, "ray.init takes a number of CPUs")
         self.facts["ray_cpus"] = {
             "needed": needed,
             "parts": parts,
-            "num_cpus": None if num_cpus is None else float(num_cpus),
+            "num_cpus": num_cpus,
             "detected": detected,
             # What ray.init refuses when it connects to a running cluster (a job on the Ray backend).
             "set_for_a_new_ray": sorted(k for k in RAY_INIT_NEW_CLUSTER_ONLY if ray_init.get(k) is not None),
         }
+
+    def number(self, key: str, value: Any, why: str) -> float | None:
+        """``value`` of config ``key`` as a number; None, and a problem naming the key, when it is none (the
+        job would fail on it: the probe says where instead of crashing, and its other findings stand)."""
+        try:
+            if isinstance(value, bool) or not math.isfinite(float(value)):
+                raise ValueError
+            return float(value)
+        except (TypeError, ValueError):
+            self.problem("config", f"{why}, not {value!r}", key=key)
+            return None
 
     def report(self, exports: dict[str, Any] | None = None) -> dict[str, Any]:
         return {

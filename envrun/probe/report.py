@@ -8,6 +8,8 @@ one ``ok`` line saying what was proven. The whole report rides on the first line
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -129,6 +131,8 @@ def _report(where: str, answer: Mapping[str, Any]) -> ProbeReport:
     facts = answer.get("facts") or {}
     if not isinstance(facts, dict):
         raise _Malformed("facts is not an object")
+    if "ray_cpus" in facts and (problem := ray_cpus_problem(facts["ray_cpus"])):
+        raise _Malformed(f"facts.ray_cpus {problem}")
     problems = tuple(
         ProbeProblem(str(p.get("what", "")), str(p.get("detail", "")), str(p.get("key", "")), str(p.get("module", "")))
         for p in _records(answer, "problems")
@@ -186,6 +190,35 @@ def probe_lines(report: ProbeReport) -> tuple[PreflightLine, ...]:
 
 
 RAY_RESOURCES = "ray-resources"  # envrun.preflight.RAY_CHECK
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _shown(value: Any) -> str:
+    return "missing" if value is None else json.dumps(value)[:40]
+
+
+def ray_cpus_problem(found: Any) -> str | None:
+    """What is wrong with the probe's ``ray_cpus`` facts (:meth:`job_script.Probe.ray_cpus`), which
+    :func:`ray_cpu_line` and the cluster's check compute with; None when they are what the script writes."""
+    if not isinstance(found, dict):
+        return f"is {_kind(found)}, not an object"
+    for key in ("needed", "detected"):
+        if not _number(found.get(key)):
+            return f"{key} is {_shown(found.get(key))}, not a number"
+    if found.get("num_cpus") is not None and not _number(found["num_cpus"]):
+        return f"num_cpus is {_shown(found['num_cpus'])}, not a number or null"
+    parts = found.get("parts") or []
+    if not isinstance(parts, (list, tuple)) or not all(
+        isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], str) and _number(p[1]) for p in parts
+    ):
+        return "parts is not a list of [what, CPUs] pairs"
+    asked = found.get("set_for_a_new_ray") or []
+    if not isinstance(asked, (list, tuple)) or not all(isinstance(key, str) for key in asked):
+        return "set_for_a_new_ray is not a list of names"
+    return None
 
 
 def cpu_ask(facts: Mapping[str, Any]) -> str:

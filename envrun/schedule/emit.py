@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import re
@@ -50,11 +51,21 @@ def locked_version(lock_file: str, name: str) -> str | None:
 
 
 def job_name(plan: RunPlan) -> str:
-    """The run's id as a Kubernetes name: lowercase letters, digits and '-', at most 40."""
-    name = re.sub(r"[^a-z0-9-]+", "-", plan.run_id.lower()).strip("-")[:40].strip("-")
-    if not name or not name[0].isalpha():
-        name = ("run-" + name)[:40].strip("-")
-    return name
+    """The run's id as a Kubernetes name (lowercase letters, digits and '-', at most ``NAME_MAX``): the id
+    itself when it is one; else what of it fits, then 8 hex digits of the id. Two runs never share a name
+    (a ConfigMap or Job of one run replaced by another's, or refused as existing), however long their
+    common start (``<recipe>-<UTC time>`` of a long recipe name is cut inside its time) or however they
+    differ in case or punctuation."""
+    from envrun.schedule.kube import NAME_MAX
+
+    run_id = plan.run_id
+    if len(run_id) <= NAME_MAX and re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", run_id):
+        return run_id
+    digest = hashlib.sha256(run_id.encode("utf-8", "surrogateescape")).hexdigest()[:8]
+    stem = re.sub(r"[^a-z0-9-]+", "-", run_id.lower()).strip("-")
+    if not stem[:1].isalpha():
+        stem = "run-" + stem
+    return f"{stem[: NAME_MAX - len(digest) - 1].rstrip('-')}-{digest}"
 
 
 def emit_target(kind: str, directory: Path) -> Path:

@@ -17,6 +17,8 @@ What every pod of both kinds gets:
 - who the node is (:mod:`envrun.injob.spec`) from the downward API: its pod's name and IP, HCCL's address
   (``HCCL_IF_IP``, the pod's IP), and ``RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES=1`` (verl's
   workers choose their NPUs, Ray must not narrow them);
+- the job's environment as written (each ``$`` doubled: the kubelet would expand ``$(NAME)`` and
+  make ``$$`` one ``$``);
 - the run's volumes as ``hostPath`` volumes (``type: Directory``: a missing host directory fails the
   pod's start instead of being made empty), read-only unless ``rw``, in the containers that run the job.
 
@@ -67,7 +69,7 @@ from envbuild.data.reference import by_digest
 from envbuild.errors import InputError
 from envrun.cluster.onnet import NOSET
 from envrun.injob.spec import HEAD_VAR, INDEX_VAR, IP_VAR, JOB_DIR, NAME_VAR
-from envrun.plan import Volume
+from envrun.plan import Volume, mount_point
 
 NAME_MAX = 40  # Volcano's pods (and hostnames) <name>-worker-<i>, KubeRay's <name>-<5>-npu-worker-<5>: 63 at most
 CONFIGMAP_MAX = 1024 * 1024  # Kubernetes' limit on a ConfigMap's data and binaryData together (bytes)
@@ -149,7 +151,7 @@ def _problem(job: KubeJob) -> str | None:
         return f"Kubernetes job {job.name}: Volcano queue {job.queue!r} is not a DNS-1123 subdomain"
     if not _EXTENDED_RESOURCE.fullmatch(job.npu_resource):
         return f"Kubernetes job {job.name}: NPU resource {job.npu_resource!r}: expected a domain-prefixed name (huawei.com/Ascend910)"
-    paths = [v.container for v in job.volumes]
+    paths = [mount_point(v.container) for v in job.volumes]  # /runs/ and /runs/. are /runs
     for path in paths:
         if path in (JOB_DIR, BUNDLE_DIR, "/dev/shm") or paths.count(path) > 1:
             return f"Kubernetes job {job.name}: volume at {path}: the path is mounted twice in a pod"
@@ -218,10 +220,17 @@ def _field(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
+def literal(value: str) -> str:
+    """``value`` as a container's env value that Kubernetes leaves as it is: the kubelet expands ``$(NAME)``
+    with the container's earlier variables and makes ``$$`` one ``$``, so every ``$`` is doubled (a value
+    ``pa$$word`` or ``--home=$(HOME)`` reaches the pod as written, as it reaches every other backend's job)."""
+    return value.replace("$", "$$")
+
+
 def _env(job: KubeJob, index: int | None, head: str | None) -> list[dict[str, Any]]:
     """The job's environment, then who the node is. ``index`` None: the command sets it (Volcano's
     workers, from ``VC_TASK_INDEX``)."""
-    env = [{"name": k, "value": v} for k, v in sorted(job.env.items()) if k not in ("PYTHONPATH", NOSET)]
+    env = [{"name": k, "value": literal(v)} for k, v in sorted(job.env.items()) if k not in ("PYTHONPATH", NOSET)]
     env += [
         {"name": "PYTHONPATH", "value": _python_path(job)},
         {"name": NOSET, "value": "1"},
