@@ -21,6 +21,7 @@ from typing import Any, Literal, TextIO
 from envbuild.data.jsonout import to_jsonable
 from envbuild.errors import CacheError
 from envbuild.fileio import write_atomic
+from envbuild.pipes import stdout_reader_gone
 from envrun.plan import RunPlan
 from envrun.planview import plan_to_json
 
@@ -60,8 +61,13 @@ class RunDir:
             self._log.flush()
             echo = sys.stdout if self._echo == "stdout" else self._echo  # sys.stdout as of now
             if echo is not None:
-                echo.write(text)
-                echo.flush()
+                try:
+                    echo.write(text)
+                    echo.flush()
+                except BrokenPipeError:
+                    if echo is not sys.stdout or not stdout_reader_gone():
+                        raise
+                    self._echo = None  # the terminal's reader went (a `| tee` stopped): the job goes on, logged here
 
     def record_json(self, name: str, document: Any) -> None:
         _write_json(self.path / name, document)

@@ -5,6 +5,9 @@ and the recipe's lock found by an installed envrun."""
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,7 @@ import pytest
 from envbuild import __version__
 from envbuild.cli import build_parser as envbuild_parser
 from envbuild.cli import main as envbuild
+from envbuild.cli.common import ArgumentParser, run
 from envbuild.config import load_config
 from envrun.cli.main import build_parser as envrun_parser
 from envrun.cli.main import main as envrun
@@ -175,3 +179,36 @@ def test_every_environment_variable_the_tool_reads_is_in_the_configuration_page(
     assert {"ENVBUILD_CACHE", "ENVBUILD_INDEX_DEADLINE", "RAY_AUTH_TOKEN"} <= set(reads)  # the walk finds them
     missing = {variable: where for variable, where in reads.items() if f"`{variable}`" not in page}
     assert not missing, f"docs/configuration.md does not list: {missing}"
+
+
+def test_a_reader_gone_from_stdout_ends_the_command_quietly_as_a_shell_s_tools_end() -> None:
+    """``envbuild lock schema | head -1`` once head has gone: exit 141 (128 + SIGPIPE), nothing said (it was
+    ``envbuild: error: Broken pipe``, exit 1)."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", "import sys; from envbuild.cli import main; sys.exit(main())", "lock", "schema"],
+            cwd=REPO,
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (141, "")
+
+
+def test_a_broken_pipe_to_anything_but_a_gone_reader_of_stdout_is_an_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A child process envbuild writes to that died is a failure to report, not a reader that asked for no more."""
+
+    def handler(args: argparse.Namespace) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    parser = ArgumentParser(prog="envbuild")
+    parser.set_defaults(handler=handler)
+    assert run("envbuild", parser, []) == 1
+    assert capsys.readouterr().err == "envbuild: error: Broken pipe\n"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from envrun.execute import execute_run
 from envrun.exports import UNCHECKED
 from envrun.prepare import PreparedRun, prepare_run
 from envrun.rundir import read_status
-from tests.lib.tinyrun import Tiny, envrun_until_sleeping
+from tests.lib.tinyrun import REPO, Tiny, envrun_until_sleeping
 
 
 def prepared_and_expected(tiny: Tiny, *overrides: str, **params: object) -> PreparedRun:
@@ -147,3 +148,27 @@ def test_a_hydra_trainer_writes_its_record_in_the_run_not_the_callers_directory(
     assert "hydra app: epochs 2" in (outcome.run_dir / "output.log").read_text()
     assert list(caller.iterdir()) == []  # nothing of Hydra's in the caller's directory
     assert (outcome.run_dir / "hydra" / ".hydra" / "overrides.yaml").is_file()
+
+
+def test_a_run_whose_stdout_reader_is_gone_goes_on_and_records_everything(tiny: Tiny) -> None:
+    """``envrun … | tee x`` whose tee was stopped (or ``| head -1`` that has its line): the job is not cut short
+    and no error is said; its output is still all in output.log and the run's exit status is the job's."""
+    prepared_and_expected(tiny.strict())
+    run_dir = tiny.tmp / "run"
+    args = tiny.args("--env", f"FAKE_TRAINER_EXPECT={tiny.expect_file}", "--run-dir", str(run_dir))
+    read, write = os.pipe()
+    os.close(read)  # the reader gone before the first line
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "envrun.cli.main", *args],
+            cwd=REPO,
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert read_status(run_dir) == {"status": "succeeded", "exit_code": 0}
+    assert "fake trainer: ok" in (run_dir / "output.log").read_text()

@@ -17,6 +17,7 @@ from envbuild.config import SourceOptions, load_config
 from envbuild.errors import EnvbuildError, InputError
 from envbuild.escape import for_terminal
 from envbuild.git.mirrors import Mirrors
+from envbuild.pipes import stdout_reader_gone
 
 if TYPE_CHECKING:
     from envbuild.verify.pins import VerifyOptions
@@ -69,7 +70,9 @@ def _run(prog: str, parser: argparse.ArgumentParser, argv: Sequence[str] | None)
         if handler is None:
             parser.print_help(sys.stderr)
             return 2
-        return handler(args)
+        status = handler(args)
+        sys.stdout.flush()  # here, not at exit: a reader gone (`| head`) is then seen below
+        return status
     except EnvbuildError as exc:
         if debug:
             traceback.print_exc()
@@ -77,6 +80,8 @@ def _run(prog: str, parser: argparse.ArgumentParser, argv: Sequence[str] | None)
             print(f"{prog}: error: {for_terminal(line)}", file=sys.stderr)
         return exc.exit_code
     except OSError as exc:  # a file the user named cannot be written or read: one line, never a traceback
+        if isinstance(exc, BrokenPipeError) and stdout_reader_gone():
+            return 141  # as a shell's tools end then (128 + SIGPIPE), saying nothing: the reader asked for no more
         if debug:
             traceback.print_exc()
         named = exc.filename2 or exc.filename  # for a rename, the target the user named, not our temporary
