@@ -5,8 +5,6 @@ and the recipe's lock found by an installed envrun."""
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,6 +19,7 @@ from envrun.cli.main import build_parser as envrun_parser
 from envrun.cli.main import main as envrun
 from envrun.prepare import resolve_lock
 from envrun.recipe import load_recipe, recipe_path
+from tests.lib.readergone import run_reader_gone
 from tests.lib.tinyrun import Tiny
 
 REPO = Path(__file__).resolve().parents[1]
@@ -184,19 +183,8 @@ def test_every_environment_variable_the_tool_reads_is_in_the_configuration_page(
 def test_a_reader_gone_from_stdout_ends_the_command_quietly_as_a_shell_s_tools_end() -> None:
     """``envbuild lock schema | head -1`` once head has gone: exit 141 (128 + SIGPIPE), nothing said (it was
     ``envbuild: error: Broken pipe``, exit 1)."""
-    read, write = os.pipe()
-    os.close(read)
-    try:
-        done = subprocess.run(
-            [sys.executable, "-c", "import sys; from envbuild.cli import main; sys.exit(main())", "lock", "schema"],
-            cwd=REPO,
-            stdout=write,
-            stderr=subprocess.PIPE,
-            text=True,
-            timeout=60,
-        )
-    finally:
-        os.close(write)
+    script = "import sys; from envbuild.cli import main; sys.exit(main())"
+    done = run_reader_gone([sys.executable, "-c", script, "lock", "schema"], timeout=60)
     assert (done.returncode, done.stderr) == (141, "")
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,7 +15,8 @@ from envrun.execute import execute_run
 from envrun.exports import UNCHECKED
 from envrun.prepare import PreparedRun, prepare_run
 from envrun.rundir import read_status
-from tests.lib.tinyrun import REPO, Tiny, envrun_until_sleeping
+from tests.lib.readergone import run_reader_gone
+from tests.lib.tinyrun import Tiny, envrun_until_sleeping
 
 
 def prepared_and_expected(tiny: Tiny, *overrides: str, **params: object) -> PreparedRun:
@@ -156,19 +156,7 @@ def test_a_run_whose_stdout_reader_is_gone_goes_on_and_records_everything(tiny: 
     prepared_and_expected(tiny.strict())
     run_dir = tiny.tmp / "run"
     args = tiny.args("--env", f"FAKE_TRAINER_EXPECT={tiny.expect_file}", "--run-dir", str(run_dir))
-    read, write = os.pipe()
-    os.close(read)  # the reader gone before the first line
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "envrun.cli.main", *args],
-            cwd=REPO,
-            stdout=write,
-            stderr=subprocess.PIPE,
-            text=True,
-            timeout=120,
-        )
-    finally:
-        os.close(write)
+    done = run_reader_gone([sys.executable, "-m", "envrun.cli.main", *args], timeout=120)
     assert (done.returncode, done.stderr) == (0, "")
     assert read_status(run_dir) == {"status": "succeeded", "exit_code": 0}
     assert "fake trainer: ok" in (run_dir / "output.log").read_text()
