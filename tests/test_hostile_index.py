@@ -16,7 +16,16 @@ from envbuild.cli import main
 from envbuild.errors import InputError, RemoteError
 from envbuild.index.client import MAX_DOWNLOAD, MAX_PAGE, IndexClient
 from envbuild.index.filecache import FileCache
-from tests.lib.pyindex import JSON_TYPE, PyIndex, Route, endless, one_line, wheels_at, write_file_index
+from tests.lib.pyindex import (
+    JSON_TYPE,
+    PyIndex,
+    Route,
+    endless,
+    make_sdist,
+    one_line,
+    wheels_at,
+    write_file_index,
+)
 
 WHEEL = "alpha-1.0-py3-none-any.whl"
 
@@ -287,3 +296,21 @@ def test_lock_verify_reports_a_hostile_index_in_one_line(
         f"index {index.url} answered a malformed page for alpha: files[0]: url 'file:///dev/zero' is not an http(s) URL"
     )
     assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("html_only", [False, True], ids=["json", "html"])
+def test_a_tar_gz_labelled_gzip_encoded_is_cached_as_the_bytes_sent(tmp_path: Path, html_only: bool) -> None:
+    """A host that serves an sdist with ``Content-Encoding: gzip`` (an S3 object uploaded so, a web server's
+    ``AddEncoding x-gzip .gz``) sends the file itself: its sha256 is the lock's, as pip and uv read it.
+    Undone, the .tar.gz became a .tar, refused as larger than the index states or as a wrong sha256."""
+    dists = wheels_at(tmp_path / "dists", "alpha")
+    sdist = make_sdist(dists, "alpha", "1.0")
+    data = sdist.read_bytes()
+    labelled = {"Content-Type": "application/x-tar", "Content-Encoding": "gzip", "Content-Length": str(len(data))}
+    with PyIndex(dists, html_only=html_only) as index:
+        index.route(f"/files/{sdist.name}", Route(200, labelled, data))
+        client = IndexClient()
+        listed = client.project(index.url, "alpha").file(sdist.name)
+        assert listed is not None
+        path = FileCache(tmp_path / "cache").fetch(listed.url, index.sha256(sdist.name), sdist.name, client.download)
+    assert path.read_bytes() == data

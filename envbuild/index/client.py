@@ -225,7 +225,8 @@ class IndexClient:
         if scheme not in ("http", "https"):
             raise RemoteError(f"{shown}: refusing to download: only http(s) URLs are fetched from an index")
         try:
-            # identity: the sha256 is of the file's bytes, and nothing to decompress means nothing to inflate.
+            # identity: the sha256 is of the file's bytes, and nothing to decompress means nothing to inflate;
+            # a host that labels the file gzip-encoded anyway has its bytes taken as sent (bounded's decode).
             headers = {"Accept-Encoding": "identity"}
             with (
                 Deadline(f"{shown}: download", seconds=None, min_rate=self.min_rate, grace=self.grace) as deadline,
@@ -233,7 +234,7 @@ class IndexClient:
             ):
                 if response.status_code != 200:
                     raise RemoteError(f"{shown}: HTTP {response.status_code}")
-                for chunk in bounded(response, limit, shown, bound):
+                for chunk in bounded(response, limit, shown, bound, decode=False):
                     deadline.received(len(chunk))
                     out.write(chunk)
         except requests.RequestException as exc:

@@ -19,7 +19,7 @@ from typing import Any
 
 import requests
 from urllib3.connectionpool import ConnectionPool
-from urllib3.exceptions import MaxRetryError, NameResolutionError
+from urllib3.exceptions import MaxRetryError, NameResolutionError, ProtocolError, ReadTimeoutError, SSLError
 from urllib3.response import BaseHTTPResponse
 from urllib3.util.retry import Retry
 
@@ -80,14 +80,30 @@ def retrying(session: requests.Session, retries: int = RETRIES) -> requests.Sess
     return session
 
 
-def bounded(response: requests.Response, limit: int, what: str, bound: str) -> Iterator[bytes]:
+def as_sent(response: requests.Response) -> Iterator[bytes]:
+    """The body in chunks as the server sent it, a ``Content-Encoding`` not undone: a file's sha256 is of
+    its bytes, and a host that labels a ``.tar.gz`` ``Content-Encoding: gzip`` (S3 objects uploaded so, a
+    web server's ``AddEncoding x-gzip .gz``) serves the file itself, as pip and uv read it. urllib3's
+    errors become requests', as :meth:`requests.Response.iter_content` makes them."""
+    try:
+        yield from response.raw.stream(CHUNK, decode_content=False)
+    except ProtocolError as exc:
+        raise requests.exceptions.ChunkedEncodingError(exc) from None
+    except ReadTimeoutError as exc:
+        raise requests.exceptions.ConnectionError(exc) from None
+    except SSLError as exc:
+        raise requests.exceptions.SSLError(exc) from None
+
+
+def bounded(response: requests.Response, limit: int, what: str, bound: str, *, decode: bool = True) -> Iterator[bytes]:
     """The body in chunks, refused as soon as it passes ``limit`` bytes (the declared length first, when it
-    is a number: one that is not, as urllib3 does, is no length, and the bytes that arrive are counted)."""
+    is a number: one that is not, as urllib3 does, is no length, and the bytes that arrive are counted).
+    ``decode=False``: the bytes as sent (:func:`as_sent`), for a file whose sha256 is checked."""
     declared = header_number(response.headers.get("Content-Length"))
     if declared is not None and declared > limit:
         raise RemoteError(f"{what} is {declared} bytes, more than {bound} ({limit} bytes); refused")
     received = 0
-    for chunk in response.iter_content(CHUNK):
+    for chunk in response.iter_content(CHUNK) if decode else as_sent(response):
         received += len(chunk)
         if received > limit:
             raise RemoteError(f"{what} passed {bound} ({limit} bytes); refused")
