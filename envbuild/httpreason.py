@@ -8,12 +8,14 @@ import re
 
 import requests
 
-from envbuild.data.urls import redact_urls
+from envbuild.data.urls import redact_url, redact_urls
 from envbuild.errors import RemoteError
 from envbuild.escape import for_terminal
 
 TLS_UNTRUSTED = "TLS certificate verification failed"
 _INCOMPLETE = re.compile(r"IncompleteRead\((\d+) bytes read, (\d+) more expected\)")
+# urllib3's own word for what the proxy did ('Unable to connect to proxy', 'Tunnel connection failed: 502 …').
+_PROXY_SAID = re.compile(r"ProxyError\('([^'\\]{1,200})'")
 # What to do about it, where a proxy that intercepts TLS re-signs every answer (docs/configuration.md).
 TLS_ADVICE = (
     "where a proxy intercepts TLS, give its CA certificate to envbuild's requests with REQUESTS_CA_BUNDLE=FILE "
@@ -27,7 +29,27 @@ def _show(text: str, limit: int = 200) -> str:
 
 
 def reason(exc: BaseException) -> str:
-    """A plain reason ("connection refused") instead of urllib3's nested repr."""
+    """A plain reason ("connection refused") instead of urllib3's nested repr; where the request went
+    through a proxy that failed it, the proxy's fault, naming the proxy (:func:`_through_proxy`)."""
+    if isinstance(exc, requests.exceptions.ProxyError):
+        return _through_proxy(exc)
+    return _plain(exc)
+
+
+def _through_proxy(exc: requests.exceptions.ProxyError) -> str:
+    """A proxy that did not answer or refused the tunnel is said as the proxy's fault: "connection refused"
+    alone sends the user to a host that was never asked. The proxy is the one the environment names for the
+    URL (envbuild sets none itself), shown without its user part (``http://user:pass@proxy:3128``)."""
+    url = exc.request.url if exc.request is not None else None
+    proxy = requests.utils.select_proxy(url, requests.utils.get_environ_proxies(url)) if url else None
+    said = _plain(exc)
+    if said.startswith(("HTTPConnectionPool(", "HTTPSConnectionPool(")) and (found := _PROXY_SAID.search(repr(exc))):
+        said = found[1][:1].lower() + found[1][1:]
+    named = f"the proxy {_show(redact_url(proxy))}" if proxy else "the proxy"
+    return f"{named} failed the request ({said}); it comes from $HTTPS_PROXY/$HTTP_PROXY, and $NO_PROXY names hosts reached directly"
+
+
+def _plain(exc: BaseException) -> str:
     text = repr(exc)
     for needle, said in (
         ("Connection refused", "connection refused"),
