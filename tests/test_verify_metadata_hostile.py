@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import io
 import json
+import random
 import shutil
 import struct
 import tarfile
 import textwrap
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -163,3 +165,24 @@ def test_what_a_hash_checked_sdist_settles_is_cached_by_its_sha256(tmp_path: Pat
     again = read_metadata(lock, MetadataReader(tmp_path / "cache", IndexClient(), offline=True))
     assert again["modern"].requires == first["modern"].requires == ("six>=1",)
     assert again["legacy"].requires is None and "decided when it is built" in again["legacy"].detail
+
+
+def test_a_range_answered_whole_after_ranges_were_served_is_read_at_its_offset(tmp_path: Path) -> None:
+    """A file host whose later answer ignores the range (200, the whole file: a balancer's other backend) is
+    read where the range asked, not from the file's start: the METADATA past the first 64 KiB was read from
+    offset 0 and the wheel said unreadable ('File name in directory … and header … differ')."""
+    dists = tmp_path / "dists"
+    dists.mkdir()
+    metadata = b"Metadata-Version: 2.1\nName: big\nVersion: 1.0\n"
+    with zipfile.ZipFile(dists / "big-1.0-py3-none-any.whl", "w") as wheel:  # stored: no member compresses
+        wheel.writestr("big/first.bin", random.Random(1).randbytes(300_000))
+        wheel.writestr("big-1.0.dist-info/METADATA", metadata)
+        wheel.writestr("big/last.bin", random.Random(2).randbytes(300_000))
+    with PyIndex(dists) as index:
+        client = IndexClient()
+        listed = client.project(index.url, "big").file("big-1.0-py3-none-any.whl")
+        assert listed is not None
+        handle = client.open_ranges(listed.url)  # the tail: a range answer
+        index.serve_ranges = False  # every later request answered whole
+        assert read_wheel_metadata(handle, "big-1.0-py3-none-any.whl") == metadata
+    assert len(index.ranges) == 1

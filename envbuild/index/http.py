@@ -216,8 +216,15 @@ class RangeFile(io.RawIOBase):
             raise RemoteError(f"{shown}: {reason(exc)}") from None
         self.fetched += len(data)
         if whole:  # the server ignored the range: what came is the whole file
+            if start is not None and len(data) != self.size:
+                raise RemoteError(
+                    f"{shown}: a range request answered with a file of {len(data)} bytes, not {self.size}"
+                )
             self._blocks = {0: bytes(data)}
-            return len(data), bytes(data[-self.BLOCK :]) if expect is None else bytes(data)
+            if start is None:
+                return len(data), bytes(data[-self.BLOCK :])
+            # a later answer whole (a host behind a balancer whose backends differ): the part asked, not its start
+            return self.size, bytes(data[start : start + (expect or 0)])
         total = _answers(content_range, len(data), start, expect)
         if total is None:
             said = show(content_range, 120) or "no Content-Range"
