@@ -57,7 +57,9 @@ class SourceOptions:
         return shlex.join(argv)
 
 
-def _check_cache_dir(value: str) -> str | None:
+def cache_dir_problem(value: str) -> str | None:
+    """Why a cache directory as written is refused (the file's ``cache_dir``, ``--cache-dir``), or None: an empty
+    one would be the working directory, filled with the cache's folders."""
     if not value or any(not c.isprintable() for c in value):
         return f"{shown(value)} is empty or contains control characters; give a directory path"
     return None
@@ -67,7 +69,7 @@ def _check_cache_dir(value: str) -> str | None:
 class ConfigFile:
     """The config file as written."""
 
-    cache_dir: str | None = mfield(None, check=_check_cache_dir, description="cache of repositories and files")
+    cache_dir: str | None = mfield(None, check=cache_dir_problem, description="cache of repositories and files")
     mirrors: dict[str, str] = field(default_factory=dict)
 
 

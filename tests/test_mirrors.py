@@ -12,6 +12,7 @@ from envbuild.cli import main
 from envbuild.config import ConfigError, load_config, parse_config
 from envbuild.errors import InputError
 from envbuild.git.mirrors import Mirrors
+from envrun.cli.main import main as envrun_main
 from tests.lib.gitrepos import Served, git
 from tests.lib.tinylock import branch_lock
 
@@ -151,6 +152,58 @@ def test_a_cache_dir_that_is_a_file_is_bad_input(
     assert code == 2
     assert err == f"envbuild: error: --cache-dir: {tmp_path / 'afile'} is not a directory\n"
     assert (tmp_path / "afile").read_text() == "not a cache\n"
+
+
+def test_an_empty_cache_dir_is_bad_input_not_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--cache-dir "$CACHE"` with CACHE unset: the working directory took the cache's folders (`lock add` left
+    git/ there, exit 0). Refused as the config file's `cache_dir: ""` is, by every command taking it."""
+    upstream = tmp_path / "upstream"
+    git("init", "-q", "-b", "main", str(upstream))
+    git("commit", "-q", "--allow-empty", "-m", "one", cwd=upstream)
+    git("tag", "v1", cwd=upstream)
+    lock = tmp_path / "l.yaml"
+    lock.write_text("version: 2\nname: x\nsources: []\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    said = "argument --cache-dir: '' is empty or contains control characters; give a directory path\n"
+    commands = [
+        (
+            main,
+            "envbuild: error: lock add: ",
+            ["lock", "add", str(lock), "r", str(upstream), "v1", "--install", "none"],
+        ),
+        (main, "envbuild: error: lock verify: ", ["lock", "verify", str(lock), "--offline"]),
+        (main, "envbuild: error: lock export: ", ["lock", "export", str(lock), "--format", "pylock", "--offline"]),
+        (envrun_main, "envrun: error: cluster status: ", ["cluster", "status", "c1"]),
+    ]
+    for command, prefix, argv in commands:
+        code = command([*argv, "--cache-dir", ""])
+        out, err = capsys.readouterr()
+        assert (code, out, err) == (2, "", prefix + said), argv
+    assert list(work.iterdir()) == []
+    assert lock.read_text() == "version: 2\nname: x\nsources: []\n"
+
+
+def test_a_cache_dir_that_is_a_file_is_bad_input_to_export_and_envrun(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`lock export --format pylock` and `envrun cluster` read the cache too: a file there said
+    'afile/files/sha256/…: Not a directory', exit 1; now as every other command, exit 2."""
+    lock = tmp_path / "l.yaml"
+    lock.write_text("version: 2\nname: x\nsources: []\n")
+    afile = tmp_path / "afile"
+    afile.write_text("not a cache\n")
+    for command, prefix, argv in [
+        (main, "envbuild", ["lock", "export", str(lock), "--format", "pylock", "--offline"]),
+        (envrun_main, "envrun", ["cluster", "status", "c1"]),
+    ]:
+        code = command([*argv, "--cache-dir", str(afile)])
+        out, err = capsys.readouterr()
+        assert (code, out, err) == (2, "", f"{prefix}: error: --cache-dir: {afile} is not a directory\n"), argv
+    assert afile.read_text() == "not a cache\n"
 
 
 @pytest.mark.gitdaemon
