@@ -260,7 +260,7 @@ def run_recipe_command(args: argparse.Namespace) -> int:
         )
         prepared.refuse_if_failed()
         return 0
-    outcome = execute_run(prepared, progress)
+    outcome = execute_run(prepared, progress, echo="stderr" if args.json else "stdout")  # --json: stdout is JSON
     for failure in outcome.export_failures:
         print(f"envrun: export audit FAILED: {for_terminal(failure)}", file=sys.stderr)  # a result, not progress
     if args.json:
