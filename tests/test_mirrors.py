@@ -114,6 +114,25 @@ def test_config_encoding_size_and_existence(tmp_path: Path, monkeypatch: pytest.
     assert load_config().mirrors == Mirrors()
 
 
+@pytest.mark.parametrize("target", ["/nonexistent/share/config.yaml", "config.yaml"])
+def test_a_default_config_that_is_a_dangling_symlink_or_a_loop_is_said(
+    target: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """~/.config/envbuild/config.yaml linked to a share not mounted (or to itself) was taken as absent: its
+    mirrors dropped without a word, and the verify went to github.com. Now it is refused, naming the file."""
+    (tmp_path / "envbuild").mkdir()
+    config = tmp_path / "envbuild" / "config.yaml"
+    config.symlink_to(target)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    monkeypatch.delenv("ENVBUILD_CONFIG", raising=False)
+    lock = tmp_path / "l.yaml"
+    lock.write_text("version: 2\nname: x\nsources: []\n")
+    code = main(["lock", "verify", str(lock), "--offline", "--cache-dir", str(tmp_path / "cache"), "--json"])
+    out, err = capsys.readouterr()
+    reason = "No such file or directory" if target.startswith("/") else "Too many levels of symbolic links"
+    assert (code, out, err) == (2, "", f"envbuild: error: {config}: cannot read: {reason}\n")
+
+
 def test_parse_config_reports_every_problem() -> None:
     with pytest.raises(ConfigError) as info:
         parse_config("cache_dir: 1\ncolour: 2\nmirrors:\n  'https://a/': 'https://t@b/'\n", "c.yaml")
