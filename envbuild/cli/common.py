@@ -17,7 +17,7 @@ from envbuild.config import Config, SourceOptions, cache_dir_problem, load_confi
 from envbuild.errors import EnvbuildError, InputError
 from envbuild.escape import for_terminal
 from envbuild.git.mirrors import Mirrors
-from envbuild.pipes import stdout_reader_gone
+from envbuild.pipes import escape_what_stdout_cannot_encode, stdout_reader_gone
 
 if TYPE_CHECKING:
     from envbuild.verify.pins import VerifyOptions
@@ -60,6 +60,7 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpa
 
 def _run(prog: str, parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    escape_what_stdout_cannot_encode()
     _offer_global_options(parser)
     try:
         try:
