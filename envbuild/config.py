@@ -57,7 +57,9 @@ class SourceOptions:
         return shlex.join(argv)
 
 
-def _check_cache_dir(value: str) -> str | None:
+def cache_dir_problem(value: str) -> str | None:
+    """Why a cache directory as written is refused (the file's ``cache_dir``, ``--cache-dir``), or None: an empty
+    one would be the working directory, filled with the cache's folders."""
     if not value or any(not c.isprintable() for c in value):
         return f"{shown(value)} is empty or contains control characters; give a directory path"
     return None
@@ -67,7 +69,7 @@ def _check_cache_dir(value: str) -> str | None:
 class ConfigFile:
     """The config file as written."""
 
-    cache_dir: str | None = mfield(None, check=_check_cache_dir, description="cache of repositories and files")
+    cache_dir: str | None = mfield(None, check=cache_dir_problem, description="cache of repositories and files")
     mirrors: dict[str, str] = field(default_factory=dict)
 
 
@@ -80,12 +82,15 @@ def _default(variable: str, xdg: str, home: str, *tail: str) -> Path:
 
 def load_config(path: Path | None = None) -> Config:
     """The config in force. A file named by ``--config`` or ``$ENVBUILD_CONFIG`` must exist (a typo must
-    not silently drop its mirrors); the default one may be absent. The cache directory: ``$ENVBUILD_CACHE``
+    not silently drop its mirrors); the default one may be absent, but not a symlink to nothing. The cache directory: ``$ENVBUILD_CACHE``
     over the file's ``cache_dir`` over the default, as pip and uv let the environment win over their files
     (a command line's ``--cache-dir`` wins over all three, in the command)."""
     named = path is not None or bool(os.environ.get("ENVBUILD_CONFIG"))
     path = path or _default("ENVBUILD_CONFIG", "XDG_CONFIG_HOME", ".config", "envbuild", "config.yaml")
-    parsed = parse_config(read_capped(path, ConfigError), str(path)) if named or path.exists() else ConfigFile()
+    # A default that is a symlink to nothing (a share not mounted) or a loop is there and unreadable: said, not
+    # taken as absent, which would drop its mirrors without a word.
+    present = named or os.path.lexists(path)
+    parsed = parse_config(read_capped(path, ConfigError), str(path)) if present else ConfigFile()
     cache_dir = Path(parsed.cache_dir).expanduser() if parsed.cache_dir else None
     if cache_dir is None or os.environ.get("ENVBUILD_CACHE"):
         cache_dir = _default("ENVBUILD_CACHE", "XDG_CACHE_HOME", ".cache", "envbuild")

@@ -101,7 +101,10 @@ def atomic_output(path: str | os.PathLike[str], *, mode: int | None = None, dura
     (``path`` untouched) when the block raises. ``durable=False`` skips the fsync, for scratch files
     of many GB that nobody reads after a crash."""
     target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:  # a directory missing or unwritable: said of the file asked for, not of our temporary
+        raise OSError(exc.errno, exc.strerror, os.fspath(path)) from None
     try:
         with os.fdopen(fd, "wb") as handle:
             yield handle

@@ -30,7 +30,7 @@ from envrun.preflight import PROBE_CHECK, TARGET_CHECK, failed
 from envrun.preflightline import PreflightLine
 from envrun.prepare import PreparedRun, launcher_for
 from envrun.probe.report import layout_of
-from envrun.rundir import RunDir, Status
+from envrun.rundir import Echo, RunDir, Status
 
 if TYPE_CHECKING:
     from envrun.cluster.state import ClusterState
@@ -59,11 +59,11 @@ class TargetRefused(EnvbuildError):
     """Where the job would run may not run it (a node on another lock); nothing was started (exit 1)."""
 
 
-def execute_run(prepared: PreparedRun, progress: Progress = silent) -> RunOutcome:
-    """Launch ``prepared`` and record it under its plan's run directory."""
+def execute_run(prepared: PreparedRun, progress: Progress = silent, *, echo: Echo = "stdout") -> RunOutcome:
+    """Launch ``prepared`` and record it under its plan's run directory; the job's output is shown on ``echo``."""
     prepared.refuse_if_failed()
     lenient = prepared.recipe.lenient_checkpoint is not None
-    return execute_plan(prepared.plan, prepared.skip_checks, lenient, progress, cluster=prepared.cluster)
+    return execute_plan(prepared.plan, prepared.skip_checks, lenient, progress, cluster=prepared.cluster, echo=echo)
 
 
 def execute_plan(
@@ -73,12 +73,13 @@ def execute_plan(
     progress: Progress = silent,
     *,
     cluster: ClusterState | None = None,
+    echo: Echo = "stdout",
 ) -> RunOutcome:
     """Launch a checked ``plan`` (its preflight passed) and record it: what a scheduler's job runs too
     (:mod:`envrun.injob`), with the plan envrun prepared on the submitting host. ``cluster``: the state of
     the cluster `envrun cluster up` started, when the run names it."""
     launcher = launcher_for(plan, cluster)
-    record = RunDir(plan.run_dir)
+    record = RunDir(plan.run_dir, echo)
     digest = _image_digest(plan)
     record.record_plan(plan, image_digest=digest)
     progress(f"run directory {record.path}")

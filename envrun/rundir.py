@@ -27,6 +27,9 @@ from envrun.planview import plan_to_json
 
 # refused: where the job would run may not run it (a node on another lock); nothing was started.
 Status = Literal["succeeded", "failed", "interrupted", "error", "refused"]
+# Where the job's output is shown besides output.log: the stream itself, none, or sys.stdout / sys.stderr as they
+# are when a line comes; stderr under `--json`, whose stdout holds the outcome's JSON alone.
+Echo = TextIO | None | Literal["stdout", "stderr"]
 
 
 def default_run_dir(recipe: str, base: Path = Path("runs")) -> Path:
@@ -36,7 +39,7 @@ def default_run_dir(recipe: str, base: Path = Path("runs")) -> Path:
 class RunDir:
     """Writes a run's record as it happens; ``log`` is safe to call from a log-streaming thread."""
 
-    def __init__(self, path: Path, echo: TextIO | None | Literal["stdout"] = "stdout") -> None:
+    def __init__(self, path: Path, echo: Echo = "stdout") -> None:
         self.path = Path(path)
         try:
             self.path.mkdir(parents=True, exist_ok=False)
@@ -59,7 +62,7 @@ class RunDir:
         with self._lock:
             self._log.write(text)
             self._log.flush()
-            echo = sys.stdout if self._echo == "stdout" else self._echo  # sys.stdout as of now
+            echo = sys.stdout if self._echo == "stdout" else sys.stderr if self._echo == "stderr" else self._echo
             if echo is not None:
                 try:
                     echo.write(text)

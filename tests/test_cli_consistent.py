@@ -5,6 +5,9 @@ and the recipe's lock found by an installed envrun."""
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -200,3 +203,36 @@ def test_a_broken_pipe_to_anything_but_a_gone_reader_of_stdout_is_an_error(
     parser.set_defaults(handler=handler)
     assert run("envbuild", parser, []) == 1
     assert capsys.readouterr().err == "envbuild: error: Broken pipe\n"
+
+
+@pytest.mark.parametrize(
+    ("settings", "e_acute"), [({"LC_ALL": "C", "PYTHONUTF8": "0"}, "\\u00e9"), ({"PYTHONIOENCODING": "latin-1"}, "é")]
+)
+def test_a_stdout_that_cannot_hold_a_character_gets_it_escaped_and_json_stays_json(
+    settings: dict[str, str], e_acute: str, tmp_path: Path
+) -> None:
+    """Where stdout's encoding is not UTF-8 (UTF-8 mode off in a C locale, a latin-1 locale), a value the lock
+    holds (an env value; a commit subject in a report) ended `lock diff` in a UnicodeEncodeError traceback,
+    with --json too. Now it is escaped as JSON's \\uXXXX: the JSON parses to the value, the text shows it."""
+    value = "émpty—日本😀"
+    old, new = tmp_path / "old.lock.yaml", tmp_path / "new.lock.yaml"
+    for path, env in ((old, "empty"), (new, value)):
+        path.write_text(
+            "version: 2\nname: x\nsources:\n- {name: lib, repo: 'https://example.org/lib.git', ref: main, "
+            f"ref_type: branch, commit: {'a' * 40}, install: {{mode: editable, env: {{NOTE: '{env}'}}}}}}\n",
+            encoding="utf-8",
+        )
+    env = {k: v for k, v in os.environ.items() if k not in ("LANG", "LC_ALL", "LC_CTYPE", "PYTHONIOENCODING")}
+    script = "import sys; from envbuild.cli import main; sys.exit(main())"
+    argv = [sys.executable, "-c", script, "lock", "diff", str(old), str(new), "--cache-dir", str(tmp_path / "c")]
+    for json_out in (True, False):
+        done = subprocess.run(
+            argv + ["--json"] * json_out, cwd=REPO, env={**env, **settings}, capture_output=True, timeout=60
+        )
+        assert (done.returncode, done.stderr) == (1, b"")
+        if json_out:
+            (change,) = json.loads(done.stdout.decode("latin-1"))["changes"]
+            assert change["fields"][0]["new"] == f"editable NOTE={value}"
+        else:
+            shown = f"NOTE={e_acute}mpty\\u2014\\u65e5\\u672c\\ud83d\\ude00\n"
+            assert done.stdout.decode("latin-1").endswith(shown)

@@ -320,3 +320,17 @@ def test_real_lock_exports(tmp_path: Path) -> None:
     assert len(yaml.safe_load(export_repos(lock))["repositories"]) == len(lock.sources)
     with pytest.raises(ValueError, match="unknown export format"):
         export_lock(lock, "conda")
+
+
+def test_output_into_a_directory_that_does_not_exist_names_the_file_asked_for(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`-o nodir/out.repos` said 'error: /…/nodir/.out.repos._60t1xz7.tmp: No such file or directory', a name the
+    user never gave; now the file asked for, and nothing is left behind."""
+    lock = tmp_path / "l.lock.yaml"
+    lock.write_text("version: 2\nname: x\nsources: []\n")
+    output = tmp_path / "nodir" / "out.repos"
+    assert main(["lock", "export", str(lock), "--format", "repos", "-o", str(output)]) == 1
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", f"envbuild: error: {output}: No such file or directory\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["l.lock.yaml"]

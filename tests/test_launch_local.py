@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from envrun.exports import UNCHECKED
 from envrun.prepare import PreparedRun, prepare_run
 from envrun.rundir import read_status
 from tests.lib.readergone import run_reader_gone
-from tests.lib.tinyrun import Tiny, envrun_until_sleeping
+from tests.lib.tinyrun import REPO, Tiny, envrun_until_sleeping
 
 
 def prepared_and_expected(tiny: Tiny, *overrides: str, **params: object) -> PreparedRun:
@@ -42,6 +43,26 @@ def test_local_run_through_the_cli_prints_the_outcome(tiny: Tiny, capsys: pytest
     assert main(tiny.args("--env", f"FAKE_TRAINER_EXPECT={tiny.expect_file}", "--run-dir", str(run_dir), "--json")) == 0
     last = capsys.readouterr().out.splitlines()[-1]
     assert json.loads(last) == {"exit_code": 0, "run_dir": str(run_dir), "status": "succeeded"}
+
+
+def test_json_run_prints_only_json_on_stdout(tiny: Tiny) -> None:
+    """`envrun run … --json > status.json` then `jq`: the job's own lines came first on stdout, and the file
+    was no JSON. With --json they are shown on stderr (and kept in output.log); stdout is the outcome alone."""
+    prepared_and_expected(tiny.strict())
+    run_dir = tiny.tmp / "run"
+    args = tiny.args("--env", f"FAKE_TRAINER_EXPECT={tiny.expect_file}", "--run-dir", str(run_dir), "--json")
+    done = subprocess.run(
+        [sys.executable, "-m", "envrun.cli.main", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"exit_code": 0, "run_dir": str(run_dir), "status": "succeeded"}
+    assert "fake trainer: ok" in done.stderr
+    assert "fake trainer: ok" in (run_dir / "output.log").read_text()
 
 
 def test_trainer_failure_is_recorded(tiny: Tiny) -> None:

@@ -90,3 +90,14 @@ def test_add_takes_a_local_repository_as_git_does_and_calls_a_tag_a_ref(
     assert f"{relative} is recorded as {repo.path.resolve().as_uri()}" in err
     assert "resolving gamma v1.0" in err and "branch" not in err  # a tag is not called a branch
     assert f"added gamma: tag v1.0 at {tagged}" in out
+
+
+def test_init_in_a_directory_that_does_not_exist_names_the_lock(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`lock init nodir/mine.lock.yaml` named our temporary (`nodir/.mine.lock.yaml.ejdu64rf.tmp`); now the lock."""
+    lock = tmp_path / "nodir" / "mine.lock.yaml"
+    assert main(["lock", "init", str(lock), "--name", "mine"]) == 1
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", f"envbuild: error: {lock}: No such file or directory\n")
+    assert list(tmp_path.iterdir()) == []

@@ -12,6 +12,7 @@ from envbuild.cli import main
 from envbuild.config import ConfigError, load_config, parse_config
 from envbuild.errors import InputError
 from envbuild.git.mirrors import Mirrors
+from envrun.cli.main import main as envrun_main
 from tests.lib.gitrepos import Served, git
 from tests.lib.tinylock import branch_lock
 
@@ -113,6 +114,25 @@ def test_config_encoding_size_and_existence(tmp_path: Path, monkeypatch: pytest.
     assert load_config().mirrors == Mirrors()
 
 
+@pytest.mark.parametrize("target", ["/nonexistent/share/config.yaml", "config.yaml"])
+def test_a_default_config_that_is_a_dangling_symlink_or_a_loop_is_said(
+    target: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """~/.config/envbuild/config.yaml linked to a share not mounted (or to itself) was taken as absent: its
+    mirrors dropped without a word, and the verify went to github.com. Now it is refused, naming the file."""
+    (tmp_path / "envbuild").mkdir()
+    config = tmp_path / "envbuild" / "config.yaml"
+    config.symlink_to(target)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    monkeypatch.delenv("ENVBUILD_CONFIG", raising=False)
+    lock = tmp_path / "l.yaml"
+    lock.write_text("version: 2\nname: x\nsources: []\n")
+    code = main(["lock", "verify", str(lock), "--offline", "--cache-dir", str(tmp_path / "cache"), "--json"])
+    out, err = capsys.readouterr()
+    reason = "No such file or directory" if target.startswith("/") else "Too many levels of symbolic links"
+    assert (code, out, err) == (2, "", f"envbuild: error: {config}: cannot read: {reason}\n")
+
+
 def test_parse_config_reports_every_problem() -> None:
     with pytest.raises(ConfigError) as info:
         parse_config("cache_dir: 1\ncolour: 2\nmirrors:\n  'https://a/': 'https://t@b/'\n", "c.yaml")
@@ -151,6 +171,58 @@ def test_a_cache_dir_that_is_a_file_is_bad_input(
     assert code == 2
     assert err == f"envbuild: error: --cache-dir: {tmp_path / 'afile'} is not a directory\n"
     assert (tmp_path / "afile").read_text() == "not a cache\n"
+
+
+def test_an_empty_cache_dir_is_bad_input_not_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--cache-dir "$CACHE"` with CACHE unset: the working directory took the cache's folders (`lock add` left
+    git/ there, exit 0). Refused as the config file's `cache_dir: ""` is, by every command taking it."""
+    upstream = tmp_path / "upstream"
+    git("init", "-q", "-b", "main", str(upstream))
+    git("commit", "-q", "--allow-empty", "-m", "one", cwd=upstream)
+    git("tag", "v1", cwd=upstream)
+    lock = tmp_path / "l.yaml"
+    lock.write_text("version: 2\nname: x\nsources: []\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    said = "argument --cache-dir: '' is empty or contains control characters; give a directory path\n"
+    commands = [
+        (
+            main,
+            "envbuild: error: lock add: ",
+            ["lock", "add", str(lock), "r", str(upstream), "v1", "--install", "none"],
+        ),
+        (main, "envbuild: error: lock verify: ", ["lock", "verify", str(lock), "--offline"]),
+        (main, "envbuild: error: lock export: ", ["lock", "export", str(lock), "--format", "pylock", "--offline"]),
+        (envrun_main, "envrun: error: cluster status: ", ["cluster", "status", "c1"]),
+    ]
+    for command, prefix, argv in commands:
+        code = command([*argv, "--cache-dir", ""])
+        out, err = capsys.readouterr()
+        assert (code, out, err) == (2, "", prefix + said), argv
+    assert list(work.iterdir()) == []
+    assert lock.read_text() == "version: 2\nname: x\nsources: []\n"
+
+
+def test_a_cache_dir_that_is_a_file_is_bad_input_to_export_and_envrun(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`lock export --format pylock` and `envrun cluster` read the cache too: a file there said
+    'afile/files/sha256/…: Not a directory', exit 1; now as every other command, exit 2."""
+    lock = tmp_path / "l.yaml"
+    lock.write_text("version: 2\nname: x\nsources: []\n")
+    afile = tmp_path / "afile"
+    afile.write_text("not a cache\n")
+    for command, prefix, argv in [
+        (main, "envbuild", ["lock", "export", str(lock), "--format", "pylock", "--offline"]),
+        (envrun_main, "envrun", ["cluster", "status", "c1"]),
+    ]:
+        code = command([*argv, "--cache-dir", str(afile)])
+        out, err = capsys.readouterr()
+        assert (code, out, err) == (2, "", f"{prefix}: error: --cache-dir: {afile} is not a directory\n"), argv
+    assert afile.read_text() == "not a cache\n"
 
 
 @pytest.mark.gitdaemon

@@ -13,11 +13,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from envbuild.config import SourceOptions, load_config
+from envbuild.config import Config, SourceOptions, cache_dir_problem, load_config
 from envbuild.errors import EnvbuildError, InputError
 from envbuild.escape import for_terminal
 from envbuild.git.mirrors import Mirrors
-from envbuild.pipes import stdout_reader_gone
+from envbuild.pipes import escape_what_stdout_cannot_encode, stdout_reader_gone
 
 if TYPE_CHECKING:
     from envbuild.verify.pins import VerifyOptions
@@ -60,6 +60,7 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpa
 
 def _run(prog: str, parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    escape_what_stdout_cannot_encode()
     _offer_global_options(parser)
     try:
         try:
@@ -144,7 +145,7 @@ def add_source_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--cache-dir",
-        type=Path,
+        type=cache_dir_argument,
         help="cache of bare repositories and files (default: $ENVBUILD_CACHE, config cache_dir or ~/.cache/envbuild)",
     )
     parser.add_argument("--offline", action="store_true", help="check against the cache alone; no network")
@@ -174,11 +175,25 @@ def source_settings(args: argparse.Namespace) -> tuple[Path, Mirrors]:
     mirrors = config.mirrors.merged(Mirrors.parse(args.mirror))
     if args.jobs < 1:
         raise InputError(f"--jobs: expected a positive number, got {args.jobs}")
-    cache_dir = args.cache_dir or config.cache_dir
+    return cache_dir_in_force(args, config), mirrors
+
+
+def cache_dir_argument(text: str) -> Path:
+    """``--cache-dir``'s type. An empty one (``--cache-dir "$CACHE"`` with ``CACHE`` unset) is refused as the
+    config file's ``cache_dir: ""`` is, not taken as ``.``: the working directory filled with the cache."""
+    if (problem := cache_dir_problem(text)) is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return Path(text)
+
+
+def cache_dir_in_force(args: argparse.Namespace, config: Config | None = None) -> Path:
+    """``--cache-dir``, else the config's (``$ENVBUILD_CACHE``, the file's, the default), for every command that
+    takes ``--cache-dir`` and ``--config``; one that exists as anything but a directory is bad input."""
+    cache_dir: Path = args.cache_dir or (config or load_config(args.config)).cache_dir
     if cache_dir.exists() and not cache_dir.is_dir():
         where = "--cache-dir" if args.cache_dir else "cache_dir (config file or $ENVBUILD_CACHE)"
         raise InputError(f"{where}: {cache_dir} is not a directory")
-    return cache_dir, mirrors
+    return cache_dir
 
 
 def command_words(option: str, text: str) -> tuple[str, ...]:

@@ -6,7 +6,15 @@ import argparse
 import sys
 from pathlib import Path
 
-from envbuild.cli.common import StderrProgress, add_source_options, render_json, source_settings, verify_options
+from envbuild.cli.common import (
+    StderrProgress,
+    add_source_options,
+    cache_dir_argument,
+    cache_dir_in_force,
+    render_json,
+    source_settings,
+    verify_options,
+)
 from envbuild.cli.lock_start import add_start_commands
 from envbuild.cli.width import output_width
 from envbuild.data.jsonout import to_jsonable
@@ -99,7 +107,7 @@ def add_lock_commands(subparsers: argparse._SubParsersAction) -> None:
     )
     export.add_argument(
         "--cache-dir",
-        type=Path,
+        type=cache_dir_argument,
         help="pylock: the cache whose package files give sizes (default: config cache_dir, $ENVBUILD_CACHE "
         "or ~/.cache/envbuild)",
     )
@@ -281,10 +289,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.output is not None and args.output.is_dir():
         raise InputError(f"-o {args.output}: is a directory; name the file to write")
     if args.format == "pylock":
-        from envbuild.config import load_config
         from envbuild.fetch import package_file_locations
 
-        cache_dir = args.cache_dir or load_config(args.config).cache_dir
+        cache_dir = cache_dir_in_force(args)
         text = export.export_pylock(lock, files=package_file_locations(lock, cache_dir=cache_dir, offline=args.offline))
     else:
         text = export.export_lock(lock, args.format)

@@ -8,8 +8,7 @@ import math
 import sys
 from pathlib import Path
 
-from envbuild.cli.common import StderrProgress, add_command_group
-from envbuild.config import load_config
+from envbuild.cli.common import StderrProgress, add_command_group, cache_dir_argument, cache_dir_in_force
 from envbuild.data.jsonout import to_jsonable
 from envbuild.errors import InputError
 
@@ -47,7 +46,9 @@ def add_cluster_command(subparsers: argparse._SubParsersAction) -> None:
     for parser in (up, status):
         parser.add_argument("--json", action="store_true", help="print the cluster as JSON")
     for parser in (up, status, down):
-        parser.add_argument("--cache-dir", type=Path, help="where cluster state lives (default: the config's)")
+        parser.add_argument(
+            "--cache-dir", type=cache_dir_argument, help="where cluster state lives (default: the config's)"
+        )
         parser.add_argument(
             "--config", type=Path, help="config file (default: $ENVBUILD_CONFIG or ~/.config/envbuild/config.yaml)"
         )
@@ -74,7 +75,7 @@ def cluster_name(name: str) -> str:
 
 
 def _cache_dir(args: argparse.Namespace) -> Path:
-    return args.cache_dir or load_config(args.config).cache_dir
+    return cache_dir_in_force(args)
 
 
 def _up(args: argparse.Namespace) -> int:

@@ -12,9 +12,8 @@ import json
 import sys
 from pathlib import Path
 
-from envbuild.cli.common import StderrProgress, command_words
+from envbuild.cli.common import StderrProgress, cache_dir_argument, cache_dir_in_force, command_words
 from envbuild.cli.width import output_width
-from envbuild.config import load_config
 from envbuild.data.jsonout import to_jsonable
 from envbuild.errors import InputError
 from envbuild.escape import for_terminal
@@ -143,7 +142,9 @@ def _add_options(p: argparse.ArgumentParser) -> None:
         "--verl-config", type=Path, metavar="DIR", help="an extracted verl/trainer/config to validate against"
     )
     p.add_argument(
-        "--cache-dir", type=Path, help="cache (default: $ENVBUILD_CACHE, config cache_dir or ~/.cache/envbuild)"
+        "--cache-dir",
+        type=cache_dir_argument,
+        help="cache (default: $ENVBUILD_CACHE, config cache_dir or ~/.cache/envbuild)",
     )
     p.add_argument("--offline", action="store_true", help="use only the cache for verl's config")
     p.add_argument(
@@ -233,7 +234,7 @@ def run_recipe_command(args: argparse.Namespace) -> int:
         ),
         lock=args.lock,
         verl_config=args.verl_config,
-        cache_dir=args.cache_dir or load_config(args.config).cache_dir,
+        cache_dir=cache_dir_in_force(args),
         offline=args.offline,
         dry_run=args.dry_run or bool(args.emit),
         skip_checks=tuple(args.skip_check),
@@ -259,7 +260,7 @@ def run_recipe_command(args: argparse.Namespace) -> int:
         )
         prepared.refuse_if_failed()
         return 0
-    outcome = execute_run(prepared, progress)
+    outcome = execute_run(prepared, progress, echo="stderr" if args.json else "stdout")  # --json: stdout is JSON
     for failure in outcome.export_failures:
         print(f"envrun: export audit FAILED: {for_terminal(failure)}", file=sys.stderr)  # a result, not progress
     if args.json:
