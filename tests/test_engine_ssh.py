@@ -25,6 +25,7 @@ from envbuild.engine.client import Engine
 from envbuild.engine.ssh import SshTarget, ssh_problem
 from envbuild.errors import EngineError, InputError
 from envrun.cli.main import main
+from envrun.cluster.engines import each_connected
 from tests.lib.services import PushedImage
 from tests.lib.sshhosts import SshClient, SshHost, keygen, ssh_agent, ssh_hosts
 
@@ -144,6 +145,27 @@ def test_the_users_agent_is_used(hosts: tuple[SshClient, list[SshHost]], monkeyp
         hidden.with_suffix(".pub").rename(client.key.with_suffix(".pub"))
 
 
+def test_thirty_hosts_behind_one_sshd_are_all_reached_though_it_drops_logins_beyond_ten(
+    hosts: tuple[SshClient, list[SshHost]],
+) -> None:
+    """32 nodes behind one ProxyJump host are 32 logins to its sshd at once; beyond MaxStartups (10, then 30%
+    of the rest dropped before the key exchange: Debian's default) sshd closes some, and ssh comes again."""
+    client, (first, _second) = hosts
+    aliases = [f"via-{index}" for index in range(30)]
+    for alias in aliases:
+        client.extra_config += [f"Host {alias}", "  HostName 127.0.0.1", f"  Port {first.port}", ""]
+    client.write()
+    try:
+        with each_connected([f"ssh://root@{alias}" for alias in aliases], 20) as answers:
+            failed = [str(answer) for answer in answers.values() if not isinstance(answer, Engine)]
+    finally:
+        client.extra_config = []
+        client.write()
+    assert failed == [], failed
+    assert "past MaxStartups" in (first.root / "sshd.log").read_text()  # sshd did drop some: they came again
+    assert ssh_children() == []
+
+
 @pytest.fixture()
 def silent_host(hosts: tuple[SshClient, list[SshHost]]) -> Iterator[str]:
     """A host whose port accepts connections and never says a word (a wedged sshd, a black-holing proxy)."""
@@ -231,6 +253,8 @@ def test_what_ssh_says_becomes_one_clause() -> None:
     assert "connection refused" in ssh_problem("ssh: connect to host x port 22: Connection refused\n", 30, target)
     assert "within 30 s" in ssh_problem("Connection timed out during banner exchange\n", 30, target)
     assert "resolve" in ssh_problem("ssh: Could not resolve hostname node-001: Name or service not known\n", 30, target)
+    dropped = "kex_exchange_identification: Connection closed by remote host\nConnection closed by UNKNOWN port 65535\n"
+    assert "MaxStartups" in ssh_problem(dropped, 30, target)
     assert ssh_problem("Warning: Permanently added x\nbash: docker: command not found\n", 30, target) == (
         "ssh: bash: docker: command not found"
     )

@@ -13,7 +13,8 @@ changed one always is. Each refusal is one line naming the host and the fix (:fu
 
 One master connection per host (``ControlMaster``, its socket in a private directory): the host is
 authenticated once, and each API connection is a session multiplexed over it (milliseconds, not a
-handshake). The connect deadline bounds the master's start (TCP, banner, key exchange, authentication:
+handshake); a login sshd closes before the key exchange (its ``MaxStartups``: many hosts behind one ProxyJump
+host) is made again. The connect deadline bounds the master's start (TCP, banner, key exchange, authentication:
 a host that accepts and then says nothing is given up on). ``ServerAliveInterval`` ends a connection
 whose host died mid-call. The master and every session are this process's children, each in a session
 of its own (a Ctrl-C on the terminal must not cut the connection a rollback still needs); :meth:`SshLink.close`
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -47,6 +49,7 @@ DIAL_STDIO = ("docker", "system", "dial-stdio")
 KEEPALIVE = ("-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4")  # a dead host found in ~60 s
 POLL = 0.02
 SESSION_END = 1.0  # seconds a session's ssh is given to exit on its own once its socket is closed
+LOGIN_ATTEMPTS = 8  # a master's login tried again while sshd closes it before the key exchange (MaxStartups)
 PLACEHOLDER_SOCKET = "unix:///nonexistent/envbuild-ssh-engine.sock"  # never dialled: the ssh adapter replaces it
 
 
@@ -112,12 +115,24 @@ def ssh_problem(said: str, timeout: float, target: SshTarget) -> str:
         )
     if "banner exchange" in text or "timed out" in text.lower():
         return f"no ssh answer within {timeout:g} s ({lines[-1]}); is the host up and its sshd answering?"
+    if _dropped_before_kex(said):
+        return (
+            "the host (or the ProxyJump host) closed the connection before the key exchange, every time asked: "
+            "its sshd refuses logins beyond its MaxStartups (10 at once by default) or from this address; "
+            f"raise MaxStartups there, or check its sshd's log ({lines[-1]})"
+        )
     if "Connection refused" in text:
         return "ssh: connection refused; is sshd running there, on that port?"
     if "Could not resolve hostname" in text:
         return "ssh cannot resolve the host name; give an address, or a Host entry of ~/.ssh/config"
     meaningful = [line for line in lines if not line.startswith(("Warning:", "@"))]
     return "ssh: " + (meaningful or lines or ["ssh exited without saying why"])[-1][:300]
+
+
+def _dropped_before_kex(said: str) -> bool:
+    """Whether sshd (the host's, or a ProxyJump host's) closed the connection before the key exchange: what
+    its MaxStartups does to the logins beyond its limit; a host key or a key refused comes later."""
+    return "kex_exchange_identification" in said and "Permission denied" not in said
 
 
 class SshLink:
@@ -163,9 +178,21 @@ class SshLink:
         argv = self._argv("-N", "-o", "ControlMaster=yes", "-o", "ControlPersist=no", *KEEPALIVE, *self.target.args())
         self._master = self._spawn(argv, self._master_log, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         deadline = time.monotonic() + self.connect_timeout + 2  # ssh's own ConnectTimeout usually ends it first
+        attempt = 0
         while not self._control.exists():  # ssh makes the control socket once the host is authenticated
             if self._master.poll() is not None:
                 said = self._said(self._master_log)
+                attempt += 1
+                if _dropped_before_kex(said) and attempt < LOGIN_ATTEMPTS and time.monotonic() < deadline - 1:
+                    # sshd's MaxStartups (10 unauthenticated at once, then a growing share dropped) closes
+                    # logins beyond its limit: many hosts behind one ProxyJump, or many aliases of one host.
+                    # It expects the client to come again, as a person at a terminal would.
+                    time.sleep(random.uniform(0.2, 0.5) * attempt)
+                    self._master_log.unlink(missing_ok=True)
+                    self._master = self._spawn(
+                        argv, self._master_log, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL
+                    )
+                    continue
                 raise EngineError(f"{self.target}: {ssh_problem(said, self.connect_timeout, self.target)}")
             if time.monotonic() > deadline:
                 # ssh's ConnectTimeout ends a connect or a silent banner; what outlasts it is a login that
