@@ -10,8 +10,10 @@ fix, within the connect deadline, with no ssh process left behind.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+import signal
 import socket
 import subprocess
 import threading
@@ -19,6 +21,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import docker.errors
 import pytest
 
 from envbuild.engine.client import Engine
@@ -27,7 +30,7 @@ from envbuild.errors import EngineError, InputError
 from envrun.cli.main import main
 from envrun.cluster.engines import each_connected
 from tests.lib.services import PushedImage
-from tests.lib.sshhosts import SshClient, SshHost, keygen, ssh_agent, ssh_hosts
+from tests.lib.sshhosts import SshClient, SshHost, descendants, keygen, ssh_agent, ssh_hosts
 
 pytestmark = [pytest.mark.docker, pytest.mark.sshd]
 
@@ -84,6 +87,35 @@ def test_a_pull_and_a_container_run_stream_over_ssh(
         out = engine.run(pushed_base_image.by_digest, ["sh", "-c", "echo out; echo err >&2; exit 3"])
         assert (out.exit_code, out.stdout, out.stderr) == (3, "out\n", "err\n")
         assert 1 <= len(ssh_children()) <= 4  # a master and the API's few connections, not one per call
+    assert ssh_children() == []
+
+
+@pytest.mark.registry
+def test_a_host_that_drops_mid_pull_is_one_line_naming_it(
+    hosts: tuple[SshClient, list[SshHost]], pushed_base_image: PushedImage
+) -> None:
+    """The host's sshd ends every session while the pull's stream is open (a host rebooted, a link cut)."""
+    _, (first, _second) = hosts
+    with contextlib.suppress(docker.errors.ImageNotFound):
+        first.client().images.remove(pushed_base_image.by_digest, force=True)  # the pull has layers to fetch
+    assert first.process is not None
+
+    def drop() -> None:
+        time.sleep(0.8)  # the pull's stream is open: its one 55 MB layer takes seconds to fetch and unpack
+        for pid in descendants(first.process.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    with Engine.connect(first.url) as engine:
+        cut = threading.Thread(target=drop)
+        cut.start()
+        try:
+            with pytest.raises(EngineError) as info:
+                engine.pull(pushed_base_image.by_digest)
+        finally:
+            cut.join()
+    message = str(info.value)
+    assert "\n" not in message and first.url in message and "broke mid-answer" in message, message
     assert ssh_children() == []
 
 
