@@ -198,6 +198,43 @@ def test_thirty_hosts_behind_one_sshd_are_all_reached_though_it_drops_logins_bey
     assert ssh_children() == []
 
 
+def test_the_users_interactive_settings_for_a_host_are_not_envruns(
+    hosts: tuple[SshClient, list[SshHost]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Host entry made for the user's own logins: a tmux to attach, the Ray dashboard forwarded (its port
+    held by the user's own login now), their agent forwarded. envrun's connection takes none of them."""
+    client, (first, _second) = hosts
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen(1)
+    port = held.getsockname()[1]
+    client.extra_config = [
+        "Host node-0",
+        "  RemoteCommand tmux new -A -s main",
+        f"  LocalForward 127.0.0.1:{port} 127.0.0.1:8265",
+        "  ExitOnForwardFailure yes",
+        "  ForwardAgent yes",
+        "",
+    ]
+    client.write()
+    try:
+        with ssh_agent(client.key, client.env) as agent:
+            monkeypatch.setenv("SSH_AUTH_SOCK", agent)
+            with Engine.connect(first.url, connect_timeout=10) as engine:
+                assert engine.client.info()["DockerRootDir"] == str(first.engine.root / "data")
+                assert engine._link is not None
+                session = engine._link.session(("echo", "agent=${SSH_AUTH_SOCK:-none}"))  # the login shell expands it
+                session.sock.settimeout(10)
+                said = b"".join(iter(lambda: session.sock.recv(4096), b""))
+                session.end()
+    finally:
+        held.close()
+        client.extra_config = []
+        client.write()
+    assert said == b"agent=none\n"  # the host's root cannot use the user's keys
+    assert ssh_children() == []
+
+
 @pytest.fixture()
 def silent_host(hosts: tuple[SshClient, list[SshHost]]) -> Iterator[str]:
     """A host whose port accepts connections and never says a word (a wedged sshd, a black-holing proxy)."""

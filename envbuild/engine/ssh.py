@@ -46,6 +46,14 @@ from envbuild.data.urls import redact_password
 from envbuild.errors import EngineError, InputError
 
 DIAL_STDIO = ("docker", "system", "dial-stdio")
+# What a user's ~/.ssh/config sets for their own interactive logins, never for envrun's: a RemoteCommand (a
+# tmux to attach) refuses every command; a LocalForward (the Ray dashboard's port) would be taken by envrun's
+# master for the whole run, or, with ExitOnForwardFailure, fail it while the user's own login holds the port;
+# an agent or X11 forwarded would be lent to every host for as long. The first value given wins in ssh.
+NOT_INTERACTIVE = (
+    "-o", "RemoteCommand=none", "-o", "ClearAllForwardings=yes", "-o", "PermitLocalCommand=no",
+    "-o", "ForwardAgent=no", "-o", "ForwardX11=no",
+)  # fmt: skip
 KEEPALIVE = ("-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4")  # a dead host found in ~60 s
 POLL = 0.02
 SESSION_END = 1.0  # seconds a session's ssh is given to exit on its own once its socket is closed
@@ -158,6 +166,7 @@ class SshLink:
             "-o", "BatchMode=yes",
             "-o", f"ConnectTimeout={max(1, math.ceil(self.connect_timeout))}",
             "-o", f"ControlPath={self._control}",
+            *NOT_INTERACTIVE,
             *options,
         ]  # fmt: skip
 
