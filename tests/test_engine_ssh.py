@@ -304,7 +304,16 @@ def test_cluster_up_refuses_a_host_it_cannot_trust_and_starts_nothing(
 
 @pytest.mark.parametrize(
     "url",
-    ["ssh://-oProxyCommand=touch%20x/", "ssh://-oProxyCommand=x", "ssh://-l@host", "ssh://root:pw@host", "ssh://"],
+    [
+        "ssh://-oProxyCommand=touch%20x/",
+        "ssh://-oProxyCommand=x",
+        "ssh://-l@host",
+        "ssh://root:pw@host",
+        "ssh://",
+        "ssh://root@node-0?x=1",  # dropped: the host would be reached, the query ignored
+        "ssh://root@node-0#x",
+        "ssh://root@node-0:0",
+    ],
 )
 def test_an_ssh_url_that_is_not_a_destination_is_refused(url: str) -> None:
     with pytest.raises(InputError):
@@ -315,6 +324,7 @@ def test_the_destination_names_only_what_the_url_names() -> None:
     # No -p 22 and no -l when the URL has none: the user's ssh config decides (docker-py's -p 22 overrides it).
     assert SshTarget.parse("ssh://node-001").args() == ["--", "node-001"]
     assert SshTarget.parse("ssh://root@node-001:2222").args() == ["-l", "root", "-p", "2222", "--", "node-001"]
+    assert str(SshTarget.parse("ssh://root@[::1]:2222")) == "ssh://root@[::1]:2222"  # said as written
 
 
 def test_what_ssh_says_becomes_one_clause() -> None:

@@ -80,6 +80,10 @@ class SshTarget:
         user = parts.username
         if parts.scheme != "ssh" or not host or parts.password is not None or parts.path not in ("", "/"):
             raise InputError(f"{redact_password(url)}: not an ssh://[user@]host[:port] address")
+        if "?" in url or "#" in url or port == 0:  # a query or fragment would be dropped, and the host reached
+            raise InputError(
+                f"{redact_password(url)}: not an ssh://[user@]host[:port] address (no query, no fragment, a port 1-65535)"
+            )
         if host.startswith("-") or (user or "").startswith("-") or any(c.isspace() for c in url):
             raise InputError(
                 f"{redact_password(url)}: a host or user starting with '-', or with spaces, is not an ssh destination"
@@ -95,7 +99,8 @@ class SshTarget:
 
     def __str__(self) -> str:
         user = f"{self.user}@" if self.user else ""
-        return f"ssh://{user}{self.host}" + (f":{self.port}" if self.port is not None else "")
+        host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 address, as the URL wrote it
+        return f"ssh://{user}{host}" + (f":{self.port}" if self.port is not None else "")
 
 
 def ssh_problem(said: str, timeout: float, target: SshTarget) -> str:
