@@ -145,6 +145,29 @@ def test_a_changed_host_key_is_refused_with_the_line_that_removes_the_old_one(
     assert "not the one known_hosts holds" in message and f'-R "[127.0.0.1]:{first.port}"' in message
 
 
+def test_host_keys_are_checked_though_the_users_config_says_strict_host_key_checking_no(
+    hosts: tuple[SshClient, list[SshHost]], tmp_path: Path
+) -> None:
+    """A cluster's ssh config often says ``StrictHostKeyChecking no``: ssh then takes a changed key, and an
+    unknown one, without a word. envrun takes neither, and says why it does not follow the config."""
+    client, (first, second) = hosts
+    other = keygen(tmp_path / "impostor", "another host key").split()
+    client.extra_config = ["Host *", "  StrictHostKeyChecking no", ""]
+    try:
+        with client.known_hosts([f"[127.0.0.1]:{first.port} {other[0]} {other[1]}", second.known_host_line]):
+            changed = refusal(first.url)
+        with client.known_hosts([second.known_host_line]):
+            unknown = refusal(first.url)
+            assert (client.home / ".ssh" / "known_hosts").read_text() == second.known_host_line + "\n"  # none added
+        with Engine.connect(first.url) as engine:  # a key known_hosts holds is taken as ever
+            assert engine.client.info()["DockerRootDir"] == str(first.engine.root / "data")
+    finally:
+        client.extra_config = []
+        client.write()
+    assert "not the one known_hosts holds" in changed and "`StrictHostKeyChecking no` is not followed" in changed
+    assert "not in known_hosts" in unknown and "`StrictHostKeyChecking no` is not followed" in unknown
+
+
 def test_a_key_the_host_does_not_take_is_refused(hosts: tuple[SshClient, list[SshHost]], tmp_path: Path) -> None:
     client, (first, _second) = hosts
     stranger = tmp_path / "stranger"

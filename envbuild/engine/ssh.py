@@ -8,8 +8,8 @@ ssh-agent and ``known_hosts`` apply exactly as they do for ``ssh host``; a port 
 when the URL names one (docker-py's ``-p 22`` overrides the config's Port).
 
 Host keys are ssh's to check, and always checked: ``BatchMode=yes`` means ssh never asks, so an unknown
-host key is refused (unless the user's own config says ``StrictHostKeyChecking accept-new``) and a
-changed one always is. Each refusal is one line naming the host and the fix (:func:`ssh_problem`).
+host key is refused (unless the user's own config says ``StrictHostKeyChecking accept-new``; its ``no`` is
+not followed) and a changed one always is. Each refusal is one line naming the host and the fix (:func:`ssh_problem`).
 
 One master connection per host (``ControlMaster``, its socket in a private directory): the host is
 authenticated once, and each API connection is a session multiplexed over it (milliseconds, not a
@@ -163,6 +163,7 @@ class SshLink:
         self._master: subprocess.Popen[bytes] | None = None
         self._sessions: set[subprocess.Popen[bytes]] = set()
         self._lock = threading.Lock()
+        self._host_keys: tuple[str, ...] = ()  # StrictHostKeyChecking=yes where the user's config says no
 
     def _argv(self, *options: str) -> list[str]:
         return [
@@ -171,6 +172,7 @@ class SshLink:
             "-o", "BatchMode=yes",
             "-o", f"ConnectTimeout={max(1, math.ceil(self.connect_timeout))}",
             "-o", f"ControlPath={self._control}",
+            *self._host_keys,
             *NOT_INTERACTIVE,
             *options,
         ]  # fmt: skip
@@ -187,8 +189,27 @@ class SshLink:
                     "(Debian: apt-get install openssh-client)"
                 ) from None
 
+    def _checks_host_keys(self) -> bool:
+        """Whether ssh, with the user's config for this host, refuses a changed host key (``ssh -G``, no network).
+
+        ``StrictHostKeyChecking no`` (common in clusters' configs, often with ``UserKnownHostsFile /dev/null``)
+        makes ssh take any key, a changed one too, without a word: the host must be checked all the same."""
+        try:
+            said = subprocess.run(
+                ["ssh", "-G", *self.target.args()],
+                capture_output=True,
+                text=True,
+                timeout=max(1.0, self.connect_timeout),
+                stdin=subprocess.DEVNULL,
+            ).stdout
+        except (OSError, subprocess.SubprocessError):
+            return True  # the master's own start says why ssh cannot run
+        return "stricthostkeychecking false" not in said.splitlines()
+
     def open(self) -> None:
         """Start the master; return once the host is authenticated, or raise one line saying why not."""
+        if not self._checks_host_keys():
+            self._host_keys = ("-o", "StrictHostKeyChecking=yes")
         argv = self._argv("-N", "-o", "ControlMaster=yes", "-o", "ControlPersist=no", *KEEPALIVE, *self.target.args())
         self._master = self._spawn(argv, self._master_log, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         deadline = time.monotonic() + self.connect_timeout + 2  # ssh's own ConnectTimeout usually ends it first
@@ -207,7 +228,13 @@ class SshLink:
                         argv, self._master_log, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL
                     )
                     continue
-                raise EngineError(f"{self.target}: {ssh_problem(said, self.connect_timeout, self.target)}")
+                problem = ssh_problem(said, self.connect_timeout, self.target)
+                if self._host_keys and "known_hosts" in problem:
+                    problem += (
+                        " (your ssh config's `StrictHostKeyChecking no` is not followed here: envrun never takes a "
+                        "host key unchecked)"
+                    )
+                raise EngineError(f"{self.target}: {problem}")
             if time.monotonic() > deadline:
                 # ssh's ConnectTimeout ends a connect or a silent banner; what outlasts it is a login that
                 # stalls: a name lookup, the host's sshd after the handshake, or the agent asked for the key.
