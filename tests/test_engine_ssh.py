@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -63,6 +64,22 @@ def test_each_host_is_reached_through_its_own_sshd_and_reaches_its_own_engine(
         assert ssh_children() == []
     log = (first.root / "sshd.log").read_text()
     assert "Accepted publickey for root" in log  # through that sshd, with the client's key
+
+
+@pytest.mark.parametrize("name", ["my tmp", "tmp%h"])
+def test_a_tmpdir_ssh_would_read_otherwise_still_holds_the_connection(
+    hosts: tuple[SshClient, list[SshHost]], monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """ssh splits a ControlPath at a space and expands its '%h': the control socket goes elsewhere."""
+    _, (first, _second) = hosts
+    odd = Path(tempfile.mkdtemp(prefix=f"{name}-", dir="/tmp"))  # short: a long TMPDIR is passed over anyway
+    monkeypatch.setattr(tempfile, "tempdir", str(odd))  # what TMPDIR sets (gettempdir() keeps its first answer)
+    try:
+        with Engine.connect(first.url, connect_timeout=10) as engine:
+            assert engine.client.info()["DockerRootDir"] == str(first.engine.root / "data")
+    finally:
+        odd.rmdir()  # nothing left in it
+    assert ssh_children() == []
 
 
 def test_docker_host_may_name_an_ssh_engine(

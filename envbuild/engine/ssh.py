@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import re
 import shutil
 import socket
 import subprocess
@@ -154,9 +155,11 @@ class SshLink:
     def __init__(self, target: SshTarget, *, connect_timeout: float) -> None:
         self.target = target
         self.connect_timeout = connect_timeout
-        # A unix socket path is at most 108 bytes: a short private directory, wherever TMPDIR points.
+        # A unix socket path is at most 108 bytes: a short private directory, wherever TMPDIR points; and ssh
+        # splits ControlPath at a space and expands its '%' and '~': such a TMPDIR is passed over for /tmp.
         base = tempfile.gettempdir()
-        self._dir = Path(tempfile.mkdtemp(prefix="envbuild-ssh-", dir=base if len(base) < 60 else "/tmp"))
+        plain = len(base) < 60 and re.fullmatch(r"[A-Za-z0-9/._+-]+", base) is not None
+        self._dir = Path(tempfile.mkdtemp(prefix="envbuild-ssh-", dir=base if plain else "/tmp"))
         self._control = self._dir / "c"
         self._master_log = self._dir / "master.log"
         self._session_log = self._dir / "sessions.log"
