@@ -27,6 +27,7 @@ import pytest
 
 from envbuild.engine.client import Engine
 from envbuild.engine.ssh import SshTarget, ssh_problem
+from envbuild.engine.transfer import directory_context
 from envbuild.errors import EngineError, InputError
 from envrun.cli.main import main
 from envrun.cluster.engines import each_connected
@@ -272,6 +273,31 @@ def test_the_users_interactive_settings_for_a_host_are_not_envruns(
         client.extra_config = []
         client.write()
     assert said == b"agent=none\n"  # the host's root cannot use the user's keys
+    assert ssh_children() == []
+
+
+def test_a_build_through_the_docker_cli_goes_over_envbuilds_own_checked_connection(
+    hosts: tuple[SshClient, list[SshHost]], tmp_path: Path
+) -> None:
+    """``envbuild image`` with ``DOCKER_HOST=ssh://…`` builds through the docker CLI where one serves: its ssh
+    runs over the engine's master, so the host entry's RemoteCommand does not break it, and no second login."""
+    client, (first, _second) = hosts
+    context = tmp_path / "context"
+    context.mkdir()
+    (context / "Dockerfile").write_text("FROM scratch\nCOPY a /a\n")
+    (context / "a").write_text(f"{tmp_path}\n")  # a build of its own
+    client.extra_config = ["Host node-0", "  RemoteCommand tmux new -A -s main", ""]
+    client.write()
+    logins = (first.root / "sshd.log").read_text().count("Accepted publickey")
+    try:
+        with Engine.connect(first.url, connect_timeout=10) as engine:
+            assert engine.build_cli is not None  # the CLI transport is what this is about
+            built = engine.buildkit_build(directory_context(context))
+    finally:
+        client.extra_config = []
+        client.write()
+    assert first.client().images.get(built.image_id).id == built.image_id  # built on that host's engine
+    assert (first.root / "sshd.log").read_text().count("Accepted publickey") == logins + 1  # the master's only
     assert ssh_children() == []
 
 

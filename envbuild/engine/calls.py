@@ -9,7 +9,7 @@ import os
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import docker
 import docker.errors
@@ -17,6 +17,9 @@ import requests
 import urllib3.exceptions
 
 from envbuild.errors import EngineError
+
+if TYPE_CHECKING:
+    from envbuild.engine.ssh import SshLink
 
 TIMEOUT = 3600  # seconds for one API call: a build step or a save of a multi-GB image
 CONNECT_TIMEOUT = 30  # seconds for the first answer of an engine
@@ -29,6 +32,7 @@ class EngineBase:
     client: docker.DockerClient
     api: docker.APIClient
     address: str
+    _link: SshLink | None  # the ssh master of an ssh:// engine
 
 
 def engine_address() -> str:

@@ -27,6 +27,7 @@ import math
 import os
 import random
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -247,6 +248,19 @@ class SshLink:
                     "is the host up and sshd answering, and does the agent answer (a key waiting for a touch)?"
                 )
             time.sleep(POLL)
+
+    def client_path(self) -> str:
+        """A directory holding an ``ssh`` for another program (the docker CLI) to run instead of the system's:
+        its sessions go over this master, with the options every session of this link has, so they reach
+        the host this link checked, and the user's RemoteCommand or forwardings do not break them."""
+        real = shutil.which("ssh") or "ssh"
+        bin_dir = self._dir / "bin"
+        if not (bin_dir / "ssh").exists():
+            bin_dir.mkdir(exist_ok=True)
+            argv = " ".join(shlex.quote(arg) for arg in [real, *self._argv("-o", "ControlMaster=no")[1:]])
+            (bin_dir / "ssh").write_text(f'#!/bin/sh\nexec {argv} "$@"\n')
+            (bin_dir / "ssh").chmod(0o700)
+        return str(bin_dir)
 
     def session(self, command: tuple[str, ...] = DIAL_STDIO) -> SshSession:
         """``command`` run on the host over the master; its stdin and stdout are the returned socket."""
