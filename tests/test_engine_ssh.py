@@ -133,7 +133,8 @@ def test_a_host_that_drops_mid_pull_is_one_line_naming_it(
         finally:
             cut.join()
     message = str(info.value)
-    assert "\n" not in message and first.url in message and "broke mid-answer" in message, message
+    # "the connection broke mid-answer" once the stream is open (a loaded machine may cut it a moment before)
+    assert "\n" not in message and f"the container engine at {first.url} stopped answering" in message, message
     assert ssh_children() == []
 
 
