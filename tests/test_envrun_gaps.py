@@ -439,6 +439,9 @@ def test_a_pinned_wheel_that_holds_no_usable_config_tree_is_refused(
 # --- cluster files and node answers --------------------------------------------------------------
 
 
+IGNORED = " (what follows '?' or '#' would be ignored)"
+
+
 @pytest.mark.parametrize(
     ("engine", "problem"),
     [
@@ -450,6 +453,9 @@ def test_a_pinned_wheel_that_holds_no_usable_config_tree_is_refused(
         ("tcp://:2375", "'tcp://:2375' has no host"),
         ("ssh://", "'ssh://' has no host"),
         ("tcp://node-002:2375/v1.43", "'tcp://node-002:2375/v1.43': an engine URL has no path"),
+        ("ssh://root@node-002?x=1", "'ssh://***@node-002?x=1': an engine URL has no query or fragment" + IGNORED),
+        ("ssh://root@node-002#a", "'ssh://***@node-002#a': an engine URL has no query or fragment" + IGNORED),
+        ("ssh://root@node-002:0", "'ssh://***@node-002:0': 0 is not a port (1-65535)"),
     ],
 )
 def test_an_engine_that_is_no_engine_url_is_named_by_line(engine: str, problem: str) -> None:

@@ -121,6 +121,7 @@ class Builds(EngineBase):
                     nocache=nocache,
                     tag=tag,
                     iidfile=scratch / "iid",
+                    ssh_path=link.client_path() if (link := getattr(self, "_link", None)) is not None else None,
                 )
         return self._built(image_id, build, say)
 

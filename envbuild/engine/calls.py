@@ -9,13 +9,17 @@ import os
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import docker
 import docker.errors
 import requests
+import urllib3.exceptions
 
 from envbuild.errors import EngineError
+
+if TYPE_CHECKING:
+    from envbuild.engine.ssh import SshLink
 
 TIMEOUT = 3600  # seconds for one API call: a build step or a save of a multi-GB image
 CONNECT_TIMEOUT = 30  # seconds for the first answer of an engine
@@ -28,6 +32,7 @@ class EngineBase:
     client: docker.DockerClient
     api: docker.APIClient
     address: str
+    _link: SshLink | None  # the ssh master of an ssh:// engine
 
 
 def engine_address() -> str:
@@ -43,6 +48,7 @@ def reason(exc: BaseException) -> str:
         ("Permission denied", "permission denied"),
         ("timed out", "timed out"),
         ("Connection aborted", "connection aborted"),
+        ("Connection broken", "the connection broke mid-answer"),
     ):
         if needle in text:
             return said
@@ -58,7 +64,9 @@ def engine_errors(what: str, address: str | None = None) -> Iterator[None]:
         yield
     except docker.errors.ImageNotFound as exc:
         raise EngineError(f"{what}: no such image ({reason(exc)})") from None
-    except (docker.errors.DockerException, requests.RequestException) as exc:
+    except (docker.errors.DockerException, requests.RequestException, urllib3.exceptions.HTTPError) as exc:
+        # A stream the SDK reads itself (a pull's, a build's, a save's) raises urllib3's own error when the
+        # connection breaks mid-answer (an ssh host dropped, dockerd killed): requests never wraps it.
         if isinstance(exc, docker.errors.APIError) and exc.response is not None:
             raise EngineError(f"{what}: {reason(exc)}") from None
         raise EngineError(

@@ -165,9 +165,11 @@ def cli_build(
     nocache: bool,
     tag: str | None,
     iidfile: Path,
+    ssh_path: str | None = None,
 ) -> str:
     """Build ``directory`` with the CLI against the engine at ``address``, no network; the image ID, which
-    the CLI writes into ``iidfile`` (the caller's to remove)."""
+    the CLI writes into ``iidfile`` (the caller's to remove). ``ssh_path``: a directory whose ``ssh`` the CLI
+    runs for an ``ssh://`` address (:meth:`.SshLink.client_path`), before the system's."""
     command = [cli.path, "build", "--progress=plain", "--network=none", "--iidfile", str(iidfile)]
     command += ["-f", str(directory / dockerfile)]
     command += ["--no-cache"] if nocache else []
@@ -175,6 +177,8 @@ def cli_build(
     command.append(str(directory))
     trace = PlainTrace(build)
     env = {**os.environ, "DOCKER_HOST": address, "DOCKER_BUILDKIT": "1", "BUILDKIT_PROGRESS": "plain"}
+    if ssh_path is not None:
+        env["PATH"] = os.pathsep.join([ssh_path, env.get("PATH", os.defpath)])
     code = _run(command, env, trace)
     if code != 0:
         raise build.failed(_last_error(trace.tail, code))

@@ -8,12 +8,13 @@ ssh-agent and ``known_hosts`` apply exactly as they do for ``ssh host``; a port 
 when the URL names one (docker-py's ``-p 22`` overrides the config's Port).
 
 Host keys are ssh's to check, and always checked: ``BatchMode=yes`` means ssh never asks, so an unknown
-host key is refused (unless the user's own config says ``StrictHostKeyChecking accept-new``) and a
-changed one always is. Each refusal is one line naming the host and the fix (:func:`ssh_problem`).
+host key is refused (unless the user's own config says ``StrictHostKeyChecking accept-new``; its ``no`` is
+not followed) and a changed one always is. Each refusal is one line naming the host and the fix (:func:`ssh_problem`).
 
 One master connection per host (``ControlMaster``, its socket in a private directory): the host is
 authenticated once, and each API connection is a session multiplexed over it (milliseconds, not a
-handshake). The connect deadline bounds the master's start (TCP, banner, key exchange, authentication:
+handshake); a login sshd closes before the key exchange (its ``MaxStartups``: many hosts behind one ProxyJump
+host) is made again. The connect deadline bounds the master's start (TCP, banner, key exchange, authentication:
 a host that accepts and then says nothing is given up on). ``ServerAliveInterval`` ends a connection
 whose host died mid-call. The master and every session are this process's children, each in a session
 of its own (a Ctrl-C on the terminal must not cut the connection a rollback still needs); :meth:`SshLink.close`
@@ -24,6 +25,9 @@ from __future__ import annotations
 
 import math
 import os
+import random
+import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -44,9 +48,18 @@ from envbuild.data.urls import redact_password
 from envbuild.errors import EngineError, InputError
 
 DIAL_STDIO = ("docker", "system", "dial-stdio")
+# What a user's ~/.ssh/config sets for their own interactive logins, never for envrun's: a RemoteCommand (a
+# tmux to attach) refuses every command; a LocalForward (the Ray dashboard's port) would be taken by envrun's
+# master for the whole run, or, with ExitOnForwardFailure, fail it while the user's own login holds the port;
+# an agent or X11 forwarded would be lent to every host for as long. The first value given wins in ssh.
+NOT_INTERACTIVE = (
+    "-o", "RemoteCommand=none", "-o", "ClearAllForwardings=yes", "-o", "PermitLocalCommand=no",
+    "-o", "ForwardAgent=no", "-o", "ForwardX11=no",
+)  # fmt: skip
 KEEPALIVE = ("-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4")  # a dead host found in ~60 s
 POLL = 0.02
 SESSION_END = 1.0  # seconds a session's ssh is given to exit on its own once its socket is closed
+LOGIN_ATTEMPTS = 8  # a master's login tried again while sshd closes it before the key exchange (MaxStartups)
 PLACEHOLDER_SOCKET = "unix:///nonexistent/envbuild-ssh-engine.sock"  # never dialled: the ssh adapter replaces it
 
 
@@ -69,6 +82,10 @@ class SshTarget:
         user = parts.username
         if parts.scheme != "ssh" or not host or parts.password is not None or parts.path not in ("", "/"):
             raise InputError(f"{redact_password(url)}: not an ssh://[user@]host[:port] address")
+        if "?" in url or "#" in url or port == 0:  # a query or fragment would be dropped, and the host reached
+            raise InputError(
+                f"{redact_password(url)}: not an ssh://[user@]host[:port] address (no query, no fragment, a port 1-65535)"
+            )
         if host.startswith("-") or (user or "").startswith("-") or any(c.isspace() for c in url):
             raise InputError(
                 f"{redact_password(url)}: a host or user starting with '-', or with spaces, is not an ssh destination"
@@ -84,7 +101,8 @@ class SshTarget:
 
     def __str__(self) -> str:
         user = f"{self.user}@" if self.user else ""
-        return f"ssh://{user}{self.host}" + (f":{self.port}" if self.port is not None else "")
+        host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 address, as the URL wrote it
+        return f"ssh://{user}{host}" + (f":{self.port}" if self.port is not None else "")
 
 
 def ssh_problem(said: str, timeout: float, target: SshTarget) -> str:
@@ -112,6 +130,12 @@ def ssh_problem(said: str, timeout: float, target: SshTarget) -> str:
         )
     if "banner exchange" in text or "timed out" in text.lower():
         return f"no ssh answer within {timeout:g} s ({lines[-1]}); is the host up and its sshd answering?"
+    if _dropped_before_kex(said):
+        return (
+            "the host (or the ProxyJump host) closed the connection before the key exchange, every time asked: "
+            "its sshd refuses logins beyond its MaxStartups (10 at once by default) or from this address; "
+            f"raise MaxStartups there, or check its sshd's log ({lines[-1]})"
+        )
     if "Connection refused" in text:
         return "ssh: connection refused; is sshd running there, on that port?"
     if "Could not resolve hostname" in text:
@@ -120,21 +144,30 @@ def ssh_problem(said: str, timeout: float, target: SshTarget) -> str:
     return "ssh: " + (meaningful or lines or ["ssh exited without saying why"])[-1][:300]
 
 
+def _dropped_before_kex(said: str) -> bool:
+    """Whether sshd (the host's, or a ProxyJump host's) closed the connection before the key exchange: what
+    its MaxStartups does to the logins beyond its limit; a host key or a key refused comes later."""
+    return "kex_exchange_identification" in said and "Permission denied" not in said
+
+
 class SshLink:
     """One host's ssh master connection, and the sessions multiplexed over it."""
 
     def __init__(self, target: SshTarget, *, connect_timeout: float) -> None:
         self.target = target
         self.connect_timeout = connect_timeout
-        # A unix socket path is at most 108 bytes: a short private directory, wherever TMPDIR points.
+        # A unix socket path is at most 108 bytes: a short private directory, wherever TMPDIR points; and ssh
+        # splits ControlPath at a space and expands its '%' and '~': such a TMPDIR is passed over for /tmp.
         base = tempfile.gettempdir()
-        self._dir = Path(tempfile.mkdtemp(prefix="envbuild-ssh-", dir=base if len(base) < 60 else "/tmp"))
+        plain = len(base) < 60 and re.fullmatch(r"[A-Za-z0-9/._+-]+", base) is not None
+        self._dir = Path(tempfile.mkdtemp(prefix="envbuild-ssh-", dir=base if plain else "/tmp"))
         self._control = self._dir / "c"
         self._master_log = self._dir / "master.log"
         self._session_log = self._dir / "sessions.log"
         self._master: subprocess.Popen[bytes] | None = None
         self._sessions: set[subprocess.Popen[bytes]] = set()
         self._lock = threading.Lock()
+        self._host_keys: tuple[str, ...] = ()  # StrictHostKeyChecking=yes where the user's config says no
 
     def _argv(self, *options: str) -> list[str]:
         return [
@@ -143,6 +176,8 @@ class SshLink:
             "-o", "BatchMode=yes",
             "-o", f"ConnectTimeout={max(1, math.ceil(self.connect_timeout))}",
             "-o", f"ControlPath={self._control}",
+            *self._host_keys,
+            *NOT_INTERACTIVE,
             *options,
         ]  # fmt: skip
 
@@ -158,15 +193,52 @@ class SshLink:
                     "(Debian: apt-get install openssh-client)"
                 ) from None
 
+    def _checks_host_keys(self) -> bool:
+        """Whether ssh, with the user's config for this host, refuses a changed host key (``ssh -G``, no network).
+
+        ``StrictHostKeyChecking no`` (common in clusters' configs, often with ``UserKnownHostsFile /dev/null``)
+        makes ssh take any key, a changed one too, without a word: the host must be checked all the same."""
+        try:
+            said = subprocess.run(
+                ["ssh", "-G", *self.target.args()],
+                capture_output=True,
+                text=True,
+                timeout=max(1.0, self.connect_timeout),
+                stdin=subprocess.DEVNULL,
+            ).stdout
+        except (OSError, subprocess.SubprocessError):
+            return True  # the master's own start says why ssh cannot run
+        return "stricthostkeychecking false" not in said.splitlines()
+
     def open(self) -> None:
         """Start the master; return once the host is authenticated, or raise one line saying why not."""
+        if not self._checks_host_keys():
+            self._host_keys = ("-o", "StrictHostKeyChecking=yes")
         argv = self._argv("-N", "-o", "ControlMaster=yes", "-o", "ControlPersist=no", *KEEPALIVE, *self.target.args())
         self._master = self._spawn(argv, self._master_log, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         deadline = time.monotonic() + self.connect_timeout + 2  # ssh's own ConnectTimeout usually ends it first
+        attempt = 0
         while not self._control.exists():  # ssh makes the control socket once the host is authenticated
             if self._master.poll() is not None:
                 said = self._said(self._master_log)
-                raise EngineError(f"{self.target}: {ssh_problem(said, self.connect_timeout, self.target)}")
+                attempt += 1
+                if _dropped_before_kex(said) and attempt < LOGIN_ATTEMPTS and time.monotonic() < deadline - 1:
+                    # sshd's MaxStartups (10 unauthenticated at once, then a growing share dropped) closes
+                    # logins beyond its limit: many hosts behind one ProxyJump, or many aliases of one host.
+                    # It expects the client to come again, as a person at a terminal would.
+                    time.sleep(random.uniform(0.2, 0.5) * attempt)
+                    self._master_log.unlink(missing_ok=True)
+                    self._master = self._spawn(
+                        argv, self._master_log, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL
+                    )
+                    continue
+                problem = ssh_problem(said, self.connect_timeout, self.target)
+                if self._host_keys and "known_hosts" in problem:
+                    problem += (
+                        " (your ssh config's `StrictHostKeyChecking no` is not followed here: envrun never takes a "
+                        "host key unchecked)"
+                    )
+                raise EngineError(f"{self.target}: {problem}")
             if time.monotonic() > deadline:
                 # ssh's ConnectTimeout ends a connect or a silent banner; what outlasts it is a login that
                 # stalls: a name lookup, the host's sshd after the handshake, or the agent asked for the key.
@@ -176,6 +248,19 @@ class SshLink:
                     "is the host up and sshd answering, and does the agent answer (a key waiting for a touch)?"
                 )
             time.sleep(POLL)
+
+    def client_path(self) -> str:
+        """A directory holding an ``ssh`` for another program (the docker CLI) to run instead of the system's:
+        its sessions go over this master, with the options every session of this link has, so they reach
+        the host this link checked, and the user's RemoteCommand or forwardings do not break them."""
+        real = shutil.which("ssh") or "ssh"
+        bin_dir = self._dir / "bin"
+        if not (bin_dir / "ssh").exists():
+            bin_dir.mkdir(exist_ok=True)
+            argv = " ".join(shlex.quote(arg) for arg in [real, *self._argv("-o", "ControlMaster=no")[1:]])
+            (bin_dir / "ssh").write_text(f'#!/bin/sh\nexec {argv} "$@"\n')
+            (bin_dir / "ssh").chmod(0o700)
+        return str(bin_dir)
 
     def session(self, command: tuple[str, ...] = DIAL_STDIO) -> SshSession:
         """``command`` run on the host over the master; its stdin and stdout are the returned socket."""

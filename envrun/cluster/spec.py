@@ -83,6 +83,10 @@ def check_engine_url(url: str) -> str | None:
         return f"{shown!r}: a tcp:// engine needs a port (dockerd's is usually 2375, or 2376 with TLS)"
     if parts.path not in ("", "/"):
         return f"{shown!r}: an engine URL has no path"
+    if "?" in url or "#" in url:  # dropped by ssh and docker alike: the host would be reached without it
+        return f"{shown!r}: an engine URL has no query or fragment (what follows '?' or '#' would be ignored)"
+    if port == 0:
+        return f"{shown!r}: 0 is not a port (1-65535)"
     return None
 
 
