@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
@@ -85,12 +85,22 @@ def load_config(path: Path | None = None) -> Config:
     not silently drop its mirrors); the default one may be absent, but not a symlink to nothing. The cache directory: ``$ENVBUILD_CACHE``
     over the file's ``cache_dir`` over the default, as pip and uv let the environment win over their files
     (a command line's ``--cache-dir`` wins over all three, in the command)."""
-    named = path is not None or bool(os.environ.get("ENVBUILD_CONFIG"))
+    from_env = path is None and bool(os.environ.get("ENVBUILD_CONFIG"))
+    named = path is not None or from_env
     path = path or _default("ENVBUILD_CONFIG", "XDG_CONFIG_HOME", ".config", "envbuild", "config.yaml")
     # A default that is a symlink to nothing (a share not mounted) or a loop is there and unreadable: said, not
     # taken as absent, which would drop its mirrors without a word.
     present = named or os.path.lexists(path)
-    parsed = parse_config(read_capped(path, ConfigError), str(path)) if present else ConfigFile()
+    try:
+        parsed = parse_config(read_capped(path, ConfigError), str(path)) if present else ConfigFile()
+    except ConfigError as exc:
+        if not from_env:
+            raise
+        # a file it cannot read, named in a profile long ago: the line says where the name came from
+        named_by = " (the file $ENVBUILD_CONFIG names)"
+        raise ConfigError(
+            [replace(p, message=p.message + named_by) if not p.line else p for p in exc.problems]
+        ) from None
     cache_dir = Path(parsed.cache_dir).expanduser() if parsed.cache_dir else None
     if cache_dir is None or os.environ.get("ENVBUILD_CACHE"):
         cache_dir = _default("ENVBUILD_CACHE", "XDG_CACHE_HOME", ".cache", "envbuild")

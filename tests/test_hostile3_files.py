@@ -91,7 +91,8 @@ def test_a_fifo_as_the_config_file_is_refused_at_once(tmp_path: Path, fifo: Path
     verify = ["lock", "verify", str(lock), "--offline", "--cache-dir", str(tmp_path / "cache")]
     by_option = one_error_line(run(ENVBUILD, [*verify, "--config", str(fifo)], tmp_path))
     by_environment = one_error_line(run(ENVBUILD, verify, tmp_path, ENVBUILD_CONFIG=str(fifo)))
-    assert by_option == by_environment == f"envbuild: error: {fifo}: not a regular file (a FIFO)"
+    assert by_option == f"envbuild: error: {fifo}: not a regular file (a FIFO)"
+    assert by_environment == f"{by_option} (the file $ENVBUILD_CONFIG names)"  # set long ago, in a profile
 
 
 @pytest.mark.parametrize(
@@ -103,7 +104,19 @@ def test_a_device_or_a_directory_is_refused_unread(tmp_path: Path, lock: Path, p
     assert line == f"envbuild: error: {named}: not a regular file ({kind})"
     verify = ["lock", "verify", str(lock), "--offline", "--cache-dir", str(tmp_path / "cache")]
     line = one_error_line(run(ENVBUILD, verify, tmp_path, ENVBUILD_CONFIG=named))
-    assert line == f"envbuild: error: {named}: not a regular file ({kind})"
+    assert line == f"envbuild: error: {named}: not a regular file ({kind}) (the file $ENVBUILD_CONFIG names)"
+
+
+def test_a_config_file_the_environment_names_that_is_not_there_says_where_its_name_came_from(
+    tmp_path: Path, lock: Path
+) -> None:
+    """A typo, or a file gone since a profile set the variable: the line names the variable as well as the file."""
+    verify = ["lock", "verify", str(lock), "--offline", "--cache-dir", str(tmp_path / "cache")]
+    missing = str(tmp_path / "gone" / "config.yaml")
+    line = one_error_line(run(ENVBUILD, verify, tmp_path, ENVBUILD_CONFIG=missing))
+    assert (
+        line == f"envbuild: error: {missing}: cannot read: No such file or directory (the file $ENVBUILD_CONFIG names)"
+    )
 
 
 def test_the_null_device_is_still_an_empty_config(tmp_path: Path, lock: Path) -> None:
