@@ -53,10 +53,14 @@ def _container_path(path: str) -> str | None:
     the host's files instead of the pinned trees the lock and the image check vouch for."""
     if problem := _absolute(path):
         return problem
-    point, root = mount_point(path), IMAGE_ROOT
-    if point == "/" or point == root or root.startswith(point.rstrip("/") + "/") or point.startswith(root + "/"):
-        return f"{path!r} would hide what the image installed from the lock ({root}); mount elsewhere"
+    if _overlaps(mount_point(path), IMAGE_ROOT):
+        return f"{path!r} would hide what the image installed from the lock ({IMAGE_ROOT}); mount elsewhere"
     return None
+
+
+def _overlaps(point: str, directory: str) -> bool:
+    """A mount at ``point`` would hide ``directory``, or some of it: it is at, above or under it."""
+    return point == directory or directory.startswith(point.rstrip("/") + "/") or point.startswith(directory + "/")
 
 
 @dataclass(frozen=True)
@@ -97,7 +101,7 @@ def _volumes_problem(volumes: tuple[Volume, ...], *, scheduled: bool) -> str | N
         if point in seen:
             first = seen[point]
             return f"{named}: {point} is mounted twice (--volume {for_terminal(first.host)}:{for_terminal(first.container)} too); give each its own path"
-        if scheduled and (point == JOB_DIR or point.startswith(JOB_DIR + "/") or JOB_DIR.startswith(point + "/")):
+        if scheduled and _overlaps(point, JOB_DIR):
             return f"{named}: it would hide the job's directory ({JOB_DIR}: envrun's code and the job's spec on each node); mount elsewhere"
         seen[point] = volume
     return None

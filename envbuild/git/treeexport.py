@@ -223,10 +223,12 @@ def fetch_commit(exporter: TreeExporter, pin: TreePin, *, absent: bool = False) 
                 if not _complete(exporter, repo, pin.commit):
                     raise ExportError(f"{pin.what}: {url} did not send the files of {pin.commit}")
             except ExportError:
+                if attempt == 2:
+                    raise
                 # A damaged repository (a pack cut short) refuses every fetch: fetch into a new one, once, with
                 # every commit the old one held (this build may have found them whole already).
                 held = git.run(["for-each-ref", "--format=%(refname)", "--", EXPORT_NS], repo=repo.path).split()
-                if attempt == 1 and exporter.cache.renewed_if_damaged(repo):
+                if exporter.cache.renewed_if_damaged(repo):
                     refill = [f"+{ref[len(EXPORT_NS) :]}:{ref}" for ref in held if ref != f"{EXPORT_NS}{pin.commit}"]
                     if refill:
                         with contextlib.suppress(GitError):  # a commit gone upstream: fetched by its pin, if asked

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,59 +85,42 @@ def _is_strings(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(item, str) for item in value)
 
 
+def _is_port(value: Any) -> bool:
+    return _is_int(value, 1, 65535)
+
+
+def _is_seconds(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
+
+
 _MISSING = object()
+# (field, required: a null or absent optional one is its default, the check a value passes, what it must be)
+_FIELDS: tuple[tuple[str, bool, Callable[[Any], bool], str], ...] = (
+    ("plan", True, lambda v: isinstance(v, Mapping), "expected an object (the run plan)"),
+    ("nnodes", True, lambda v: _is_int(v, 1), "expected a whole number, at least 1"),
+    ("lenient", True, lambda v: isinstance(v, bool), "expected true or false"),
+    ("join_timeout", True, _is_seconds, "expected seconds above 0"),
+    ("head_port", True, _is_port, "expected a TCP port (1 to 65535)"),
+    ("dashboard_port", True, _is_port, "expected a TCP port (1 to 65535)"),
+    ("hccl_ports", True, _is_port, "expected a TCP port (1 to 65535)"),
+    ("npus_per_node", False, lambda v: _is_int(v, 0), "expected a whole number of NPUs, or null"),
+    ("node_ports", False, _is_port, "expected a TCP port (1 to 65535), or null"),
+    ("skip_checks", False, _is_strings, "expected a list of check names"),
+    ("ray_start_args", False, _is_strings, "expected a list of `ray start` arguments"),
+)
 
 
 def _field_problems(document: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(field, what is wrong with it) for each field of the wrong kind, in the spec's order."""
-    plan = document.get("plan", _MISSING)
-
-    def port(value: Any) -> bool:
-        return _is_int(value, 1, 65535)
-
-    def seconds(value: Any) -> bool:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
-
-    checks: list[tuple[str, Any, bool, str]] = [
-        ("plan", plan, isinstance(plan, Mapping), "expected an object (the run plan)"),
-        (
-            "nnodes",
-            document.get("nnodes", _MISSING),
-            _is_int(document.get("nnodes"), 1),
-            "expected a whole number, at least 1",
-        ),
-        (
-            "lenient",
-            document.get("lenient", _MISSING),
-            isinstance(document.get("lenient"), bool),
-            "expected true or false",
-        ),
-        (
-            "join_timeout",
-            document.get("join_timeout", _MISSING),
-            seconds(document.get("join_timeout")),
-            "expected seconds above 0",
-        ),
-    ]
+    plan = document.get("plan")
+    found = [(name, document.get(name, _MISSING), required, ok, why) for name, required, ok, why in _FIELDS]
     if isinstance(plan, Mapping):
-        found = plan.get("lock_sha256", _MISSING)
-        checks.append(("plan.lock_sha256", found, isinstance(found, str), "expected the lock's sha256"))
-    for name in ("head_port", "dashboard_port", "hccl_ports"):
-        checks.append(
-            (name, document.get(name, _MISSING), port(document.get(name)), "expected a TCP port (1 to 65535)")
-        )
-    for name, ok, why in (
-        ("npus_per_node", lambda v: _is_int(v, 0), "expected a whole number of NPUs, or null"),
-        ("node_ports", port, "expected a TCP port (1 to 65535), or null"),
-        ("skip_checks", _is_strings, "expected a list of check names"),
-        ("ray_start_args", _is_strings, "expected a list of `ray start` arguments"),
-    ):
-        value = document.get(name)
-        checks.append((name, value, value is None or ok(value), why))
+        lock = plan.get("lock_sha256", _MISSING)
+        found.insert(4, ("plan.lock_sha256", lock, True, lambda v: isinstance(v, str), "expected the lock's sha256"))
     return [
         (name, f"missing; {why}" if value is _MISSING else f"{why}, not {json.dumps(value)[:60]}")
-        for name, value, ok, why in checks
-        if not ok
+        for name, value, required, ok, why in found
+        if (required or value not in (None, _MISSING)) and not ok(value)
     ]
 
 
