@@ -12,6 +12,9 @@
   the ``try`` whose ``finally`` removes what it made.
 
 All act in the main thread only (Python runs signal handlers there); elsewhere they do nothing.
+
+- :func:`forget_caught_interrupts`: at a command's end, so that an interrupt it caught and answered (exit
+  130, its record written) is not taken by the interpreter for one it never caught.
 """
 
 from __future__ import annotations
@@ -85,3 +88,15 @@ def deferred_interrupts() -> Iterator[None]:
     finally:
         for signum in dict.fromkeys(caught):
             signal.raise_signal(signum)
+
+
+def forget_caught_interrupts() -> None:
+    """CPython (3.11 here, Debian's and pyenv's) marks a :class:`KeyboardInterrupt` as unhandled when it
+    passes through code that ``exec`` or ``eval`` runs from a string (a dataclass or a namedtuple being made,
+    as a module is imported: Ray's, on a cluster's first call to it), even when the command catches it
+    further out. Under ``python -m`` the interpreter then ends the process by SIGINT at exit, instead of
+    with the status the command returned: ``envrun cluster up`` stopped by a SIGTERM during that import
+    removed its nodes, said "interrupted", and was seen to die by SIGINT, not to exit 130. Each run of a
+    string starts by clearing that mark; an interrupt that really is not caught marks it again on its way
+    out."""
+    exec("")

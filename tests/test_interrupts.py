@@ -118,3 +118,30 @@ def test_these_tests_pass_when_sigint_was_ignored_on_entry() -> None:
         timeout=300,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+# A command whose interrupt passes through code run from a string (as a dataclass or namedtuple is made while
+# Ray is first imported), run as `python -m` runs envrun's and envbuild's commands.
+EXEC_INTERRUPTED = """\
+import sys
+from envbuild.cli.common import ArgumentParser, run
+parser = ArgumentParser(prog="demo")
+parser.set_defaults(handler=lambda args: exec("raise KeyboardInterrupt"))
+sys.exit(run("demo", parser, None))
+"""
+
+
+def test_an_interrupt_caught_after_passing_through_exec_ends_with_130_not_by_sigint(tmp_path: Path) -> None:
+    """CPython marks such an interrupt unhandled, caught or not, and ``python -m`` then killed the process
+    by SIGINT at exit: `envrun cluster up` stopped by SIGTERM while it first imported Ray removed its
+    nodes, said "interrupted", and died by SIGINT instead of exiting 130."""
+    (tmp_path / "execdemo.py").write_text(EXEC_INTERRUPTED)
+    repo = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-m", "execdemo"],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(repo)])},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stderr) == (130, "demo: interrupted\n")

@@ -17,6 +17,7 @@ from envbuild.config import Config, SourceOptions, cache_dir_problem, load_confi
 from envbuild.errors import EnvbuildError, InputError
 from envbuild.escape import for_terminal
 from envbuild.git.mirrors import Mirrors
+from envbuild.interrupts import forget_caught_interrupts
 from envbuild.pipes import escape_what_stdout_cannot_encode, stdout_reader_gone
 
 if TYPE_CHECKING:
@@ -42,6 +43,7 @@ def run(prog: str, parser: argparse.ArgumentParser, argv: Sequence[str] | None) 
     finally:
         if argv is None:
             gc.freeze()
+            forget_caught_interrupts()  # an interrupt answered here ends with its status, not by SIGINT
 
 
 def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
