@@ -1,8 +1,9 @@
 """The only module that talks to Ray: its job submission API and its state API, both over HTTP to the
 head's dashboard (the "address", ``http://HEAD:8265``).
 
-``ray`` is an optional extra (``pip install 'envbuild[ray]'``), imported here only, when used. Nothing
-here joins the cluster as a driver: the client's Python and Ray need not be the cluster's.
+``ray`` is an optional extra (``pip install 'envbuild[ray]'``), imported here only, when used, with Ctrl-C
+and SIGTERM held until the import ends (:func:`ray_module`). Nothing here joins the cluster as a driver: the
+client's Python and Ray need not be the cluster's.
 
 Token authentication (Ray 2.60): ``ray start --head`` turns it on when a token exists and
 ``RAY_AUTH_MODE`` is unset (``maybe_enable_token_auth_if_token_available``), and its dashboard then
@@ -16,6 +17,7 @@ order: ``$RAY_AUTH_TOKEN``, the file ``$RAY_AUTH_TOKEN_PATH``, ``~/.ray/auth_tok
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import os
 import shlex
@@ -29,6 +31,7 @@ from typing import Any
 from envbuild.data.tokens import bearer_problem
 from envbuild.errors import EngineError, EnvbuildError, InputError
 from envbuild.fileio import open_regular
+from envbuild.interrupts import deferred_interrupts
 from envrun import first_line
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
@@ -73,11 +76,22 @@ def auth_headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-def job_client(address: str) -> Any:
+def ray_module(name: str) -> Any:
+    """Ray's module ``name``, imported with Ctrl-C and SIGTERM held until the import ends, then delivered.
+    Ray's Cython core (``ray._raylet``), as it is first imported, runs code whose errors it only prints
+    ("Exception ignored in: <module 'collections.abc'> … KeyboardInterrupt", then "Cython module failed to
+    patch module with custom type"): an interrupt that landed there was lost. ``envrun cluster up``
+    SIGTERMed as it first asked the head which nodes had joined went on waiting for them until its timeout,
+    its containers running. Without Ray: the extra to install, exit 2."""
     try:
-        from ray.job_submission import JobSubmissionClient
+        with deferred_interrupts():
+            return importlib.import_module(name)
     except ImportError:
         raise InputError("Ray is needed here: pip install 'envbuild[ray]'") from None
+
+
+def job_client(address: str) -> Any:
+    JobSubmissionClient = ray_module("ray.job_submission").JobSubmissionClient  # noqa: N806 (Ray's class)
     # Ray's client logs every package it makes and uploads for a job (the node check's py_modules) at
     # INFO: noise between envrun's own lines. (Its handler also keeps the stderr it was made with, which
     # may be closed by the time it writes: a "--- Logging error ---" traceback in envrun's output.)
@@ -93,9 +107,7 @@ def job_client(address: str) -> Any:
 
 def _refused(exc: BaseException) -> bool:
     """Whether Ray's client met a 401 or 403 (its AuthenticationError)."""
-    from ray.exceptions import AuthenticationError
-
-    return isinstance(exc, AuthenticationError)
+    return isinstance(exc, ray_module("ray.exceptions").AuthenticationError)
 
 
 def _token_hint(exc: BaseException, headers: dict[str, str]) -> str:
@@ -166,17 +178,13 @@ def run_job(address: str, argv: list[str], *, timeout: float, submission_id: str
 
 def list_nodes(address: str, timeout: int = 30) -> list[RayNode]:
     """Every node the cluster knows, alive or dead."""
-    try:
-        from ray.util.state import StateApiClient
-        from ray.util.state.common import ListApiOptions, StateResource
-    except ImportError:
-        raise InputError("Ray is needed here: pip install 'envbuild[ray]'") from None
+    state, common = ray_module("ray.util.state"), ray_module("ray.util.state.common")
     headers = auth_headers()  # a token file that cannot be read is the user's to mend: InputError, as it is
     try:
         # ray.util.state.list_nodes, with the token: that function takes no headers
-        nodes: list[Any] = StateApiClient(address=address, headers=headers).list(
-            StateResource.NODES,
-            options=ListApiOptions(limit=10_000, timeout=timeout, detail=True),
+        nodes: list[Any] = state.StateApiClient(address=address, headers=headers).list(
+            common.StateResource.NODES,
+            options=common.ListApiOptions(limit=10_000, timeout=timeout, detail=True),
             raise_on_missing_output=False,
         )
     except Exception as exc:

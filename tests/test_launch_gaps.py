@@ -38,6 +38,7 @@ import pytest
 import envrun.schedule.slurm
 from envbuild.errors import EngineError, InputError
 from envbuild.image.plan import LOCK_LABEL
+from envbuild.interrupts import sigterm_interrupts
 from envrun import ray_api
 from envrun.checkpoint.audit import NOT_A_MODEL_DIR, ModelAudit
 from envrun.cli.main import main
@@ -552,6 +553,34 @@ def test_without_ray_installed_a_ray_run_says_what_to_install(
     assert read_status(tiny.tmp / "run") == {"status": "error", "exit_code": None, "detail": said}
     with pytest.raises(InputError, match=r"^Ray is needed here: pip install 'envbuild\[ray\]'$"):
         ray_api.list_nodes(address)
+
+
+# A module whose import, as Ray's Cython core (ray._raylet) does when it is first imported, meets an
+# interrupt in code whose errors it only prints: "Exception ignored in: <module 'collections.abc'> …
+# KeyboardInterrupt", "Cython module failed to patch module with custom type".
+SWALLOWING_IMPORT = """\
+import os, signal, sys
+try:
+    os.kill(os.getpid(), signal.SIGTERM)
+    for _ in range(100_000):  # bytecode boundaries, where Python runs the SIGTERM handler
+        pass
+except BaseException as exc:
+    print(f"Exception ignored: {exc!r}", file=sys.stderr)
+"""
+
+
+def test_an_interrupt_during_rays_first_import_is_delivered_when_the_import_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It was lost: `envrun cluster up` SIGTERMed as it first imported Ray's state API went on waiting for
+    its nodes until its timeout, their containers running (caught in tests/test_cluster_gaps.py's SIGTERM
+    test under load, with py-spy: the main thread still in _wait_joined, Cython's lines on stderr)."""
+    (tmp_path / "raylike_core.py").write_text(SWALLOWING_IMPORT)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "raylike_core", raising=False)
+    with pytest.raises(KeyboardInterrupt), sigterm_interrupts():
+        ray_api.ray_module("raylike_core")
+    assert "raylike_core" in sys.modules  # imported whole: the interrupt came once it ended, not inside it
 
 
 class Dashboard(BaseHTTPRequestHandler):
